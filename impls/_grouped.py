@@ -1,0 +1,32 @@
+"""Helpers shared by the matmul-based contenders (bmm, einsum): GQA by grouping, masked softmax.
+
+GQA without copies: query head h reads kv head h // G, so q viewed as (B, Hkv, G, Sq, D) lines up with
+k and v as (B, Hkv, Sk, D). Masks are prepared in the same 5-D layout before timing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnbench.inputs import AttentionInputs
+
+
+def grouped_masks(inputs: AttentionInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(hidden, empty): hidden is (B|1, 1, 1, Sq, Sk) True where a key is masked out; empty is
+    (1, 1, 1, Sq, 1) True for query rows that see no key. Either is None when not needed."""
+    mask = inputs.bool_mask
+    hidden = None if mask is None else (~mask).unsqueeze(2)
+    empty = None if inputs.empty_rows is None else inputs.empty_rows.unsqueeze(2)
+    return hidden, empty
+
+
+def masked_softmax(
+    scores: torch.Tensor, hidden: torch.Tensor | None, empty: torch.Tensor | None
+) -> torch.Tensor:
+    """softmax over the last dim of (B, Hkv, G, Sq, Sk) scores with masked keys removed; empty rows -> 0."""
+    if hidden is not None:
+        scores = scores.masked_fill(hidden, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if empty is not None:
+        probs = probs.masked_fill(empty, 0.0)
+    return probs

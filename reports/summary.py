@@ -1,0 +1,50 @@
+"""The short table printed at the end of a run: median ms per workload × contender, or why not."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+GROUP = ["device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "mask", "pass"]
+
+
+def _cell(row: pd.Series) -> str:
+    if row["status"] == "ok":
+        return f"{row['median_ms']:.3g}"
+    if row["status"] == "incorrect":
+        return f"{row['median_ms']:.3g}!"
+    return row["status"]
+
+
+def summary_table(frame: pd.DataFrame) -> str:
+    """Median ms per workload (rows) and contender (columns); '!' marks an incorrect result's time."""
+    if frame.empty:
+        return "(no cases)"
+    cells = frame.assign(cell=frame.apply(_cell, axis=1))
+    table = cells.pivot_table(index=GROUP, columns="impl", values="cell", aggfunc="first", sort=False)
+    table = table.reindex(columns=list(dict.fromkeys(frame["impl"])))
+    ok = frame[frame["status"] == "ok"]
+    if not ok.empty:
+        fastest = ok.loc[ok.groupby(GROUP, sort=False)["median_ms"].idxmin()].set_index(GROUP)["impl"]
+        table["fastest"] = fastest.reindex(table.index)
+    table = table.fillna("")
+    table.index = [_label(key) for key in table.index]
+    table.columns.name = None
+    return table.to_string()
+
+
+def _label(key: tuple) -> str:
+    device, dtype, batch, heads, kv_heads, seq_q, seq_k, head_dim, mask, pass_ = key
+    heads_text = f"H{heads}" if heads == kv_heads else f"H{heads}/{kv_heads}"
+    seq_text = f"S{seq_q}" if seq_q == seq_k else f"S{seq_q}x{seq_k}"
+    return f"{device} {dtype} B{batch} {heads_text} {seq_text} D{head_dim} {mask} {pass_}"
+
+
+def status_counts(frame: pd.DataFrame) -> str:
+    counts = frame["status"].value_counts()
+    return ", ".join(f"{count} {status}" for status, count in counts.items())
+
+
+def non_ok_reasons(frame: pd.DataFrame) -> str:
+    """One line per distinct (contender, status, reason) that is not ok."""
+    bad = frame[frame["status"] != "ok"].drop_duplicates(["impl", "status", "reason"])
+    return "\n".join(f"  {r.impl}: {r.status} — {r.reason}" for r in bad.itertuples())

@@ -1,0 +1,28 @@
+"""attnbench — benchmark and profile attention implementations: correct kernels only, honest numbers.
+
+The public API is small: describe a problem with :class:`Workload`, write a :class:`Contender` (declare
+:class:`Capabilities`, return a zero-argument callable from ``prepare``), expose it through the
+``attnbench.impls`` entry point or :func:`register`, and run sweeps with the ``attnbench`` CLI.
+"""
+
+__version__ = "0.1.0"
+
+from attnbench.contender import Capabilities, Contender, Unsupported  # noqa: E402
+from attnbench.errors import UsageError  # noqa: E402
+from attnbench.inputs import AttentionInputs, make_inputs  # noqa: E402
+from attnbench.registry import register  # noqa: E402
+from attnbench.workload import MASKS, PASSES, Workload  # noqa: E402
+
+__all__ = [
+    "MASKS",
+    "PASSES",
+    "AttentionInputs",
+    "Capabilities",
+    "Contender",
+    "Unsupported",
+    "UsageError",
+    "Workload",
+    "__version__",
+    "make_inputs",
+    "register",
+]

@@ -1,0 +1,206 @@
+"""The ``attnbench`` command: list, run, suites, env.
+
+Bad input raises UsageError anywhere below; ``main`` prints it as one line and exits with code 2, before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from attnbench import registry
+from attnbench.errors import UsageError
+from attnbench.machine import command_line, environment
+from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
+from attnbench.results import RunWriter
+from attnbench.runner import RunOptions, run_cases
+from attnbench.suite import AXES, INT_AXES, coerce_axis, expand, load_suite, suite_names
+from attnbench.workload import DEVICES, canonical_dtype
+
+# CLI flag -> suite axis
+AXIS_FLAGS = {axis: "--" + axis.replace("_", "-") for axis in AXES}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not usage + message
+        raise UsageError(message)
+
+
+def _parse_list(axis: str, text: str) -> list[Any]:
+    flag = AXIS_FLAGS[axis]
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise UsageError(f"{flag} {text!r}: give a comma-separated list of values, e.g. {flag} a,b")
+    if axis in INT_AXES:
+        try:
+            values: list[Any] = [int(item) for item in items]
+        except ValueError:
+            raise UsageError(f"{flag} {text!r}: expected positive integers, e.g. {flag} 512,1024") from None
+    else:
+        values = items
+    if axis == "dtype":
+        values = [canonical_dtype(v) for v in values]
+    return coerce_axis(axis, values, flag)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, list[Any]]:
+    overrides = {}
+    for axis in AXES:
+        text = getattr(args, axis)
+        if text is not None:
+            overrides[axis] = _parse_list(axis, text)
+    for device in overrides.get("device", []):
+        if device not in DEVICES:
+            raise UsageError(f"--device {device!r} is not known; allowed: {', '.join(DEVICES)}")
+    return overrides
+
+
+def _check_devices(cases: list) -> None:
+    if any(w.device == "cuda" for _, w in cases) and not torch.cuda.is_available():
+        raise UsageError("device cuda: torch.cuda.is_available() is False on this machine; allowed here: cpu")
+
+
+def _default_out(suite: str) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path("runs") / f"{suite}-{stamp}"
+    n = 1
+    while out.exists():
+        n += 1
+        out = Path("runs") / f"{suite}-{stamp}-{n}"
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    suite = load_suite(args.suite)
+    overrides = _overrides(args)
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads {args.threads}: must be a positive integer")
+    if args.budget_s is not None and args.budget_s <= 0:
+        raise UsageError(f"--budget-s {args.budget_s}: must be a positive number of seconds")
+    entries = registry.load()
+    cases = expand(suite, overrides, sorted(entries))
+    _check_devices(cases)
+    out = Path(args.out) if args.out else _default_out(suite.name)
+    RunWriter.check_target(out)
+
+    threads = args.threads or torch.get_num_threads()
+    options = RunOptions(budget_s=args.budget_s or suite.budget_s, threads=threads, seed=args.seed)
+    meta: dict[str, Any] = {
+        "command": command_line(), "suite": suite.name, "overrides": overrides,
+        "budget_s": options.budget_s, "seed": options.seed, "n_cases": len(cases),
+        "start_time": dt.datetime.now().astimezone().isoformat(), "end_time": None, "finished": False,
+        "environment": environment(threads),
+    }  # fmt: skip
+    writer = RunWriter(out)
+    writer.start(meta)
+    progress = _progress(len(cases), args.progress)
+    interrupted = False
+    try:
+        run_cases(
+            cases, options,
+            on_row=lambda row: (writer.append(row), progress.update(1)),
+            on_start=lambda impl, w: progress.set_description_str(f"{impl} {w.label()}"),
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+        meta.update(end_time=dt.datetime.now().astimezone().isoformat(), finished=not interrupted)
+        frame = writer.finish(meta)
+    print(summary_table(frame))
+    print(f"\n{len(frame)} cases: {status_counts(frame)}")
+    reasons = non_ok_reasons(frame)
+    if reasons:
+        print(reasons)
+    print(f"results: {out / 'results.parquet'} (also results.csv, meta.json)")
+    if interrupted:
+        print("interrupted: the rows above were finished and saved", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _progress(total: int, mode: str) -> Any:
+    from tqdm import tqdm
+
+    disable = mode == "off" or (mode == "auto" and not sys.stderr.isatty())
+    return tqdm(total=total, unit="case", disable=disable, file=sys.stderr, dynamic_ncols=True)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    entries = registry.load()
+    records = []
+    for name, entry in sorted(entries.items()):
+        caps = entry.contender.capabilities if entry.contender is not None else None
+        records.append({
+            "name": name,
+            "available": entry.available,
+            "reason": entry.unavailable_reason or "",
+            "description": entry.contender.description if entry.contender is not None else "",
+            "devices": sorted(caps.devices) if caps else [],
+            "dtypes": sorted(caps.dtypes) if caps else [],
+            "masks": sorted(caps.masks) if caps else [],
+            "gqa": caps.gqa if caps else None,
+            "backward": caps.backward if caps else None,
+            "source": entry.source,
+        })  # fmt: skip
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    width = max(len(r["name"]) for r in records)
+    for r in records:
+        state = "available" if r["available"] else "unavailable"
+        detail = r["description"] if r["available"] else r["reason"]
+        print(f"{r['name']:<{width}}  {state:<11}  {','.join(r['devices']):<8}  {detail}")
+    return 0
+
+
+def cmd_suites(args: argparse.Namespace) -> int:
+    for name in suite_names():
+        suite = load_suite(name)
+        print(f"{name:<10} {suite.description}")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    print(json.dumps(environment(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="attnbench", description="Benchmark attention implementations.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p_list = commands.add_parser("list", help="contenders, their availability and the reason when not")
+    p_list.add_argument("--json", action="store_true", help="machine-readable output")
+    p_list.set_defaults(func=cmd_list)
+
+    p_run = commands.add_parser("run", help="run a suite and write a run folder")
+    p_run.add_argument("--suite", default="quick", help="suite name (see `attnbench suites`) or a .toml path")
+    p_run.add_argument("--out", help="run folder to create (default: runs/SUITE-TIMESTAMP)")
+    for axis, flag in AXIS_FLAGS.items():
+        p_run.add_argument(flag, dest=axis, metavar="LIST", help=f"override {axis} (comma-separated)")
+    p_run.add_argument("--threads", type=int, help="CPU threads (default: torch's default); recorded")
+    p_run.add_argument("--budget-s", type=float, help="timing budget per case in seconds (default: the suite's)")
+    p_run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p_run.add_argument("--progress", choices=["auto", "on", "off"], default="auto", help="progress bar")
+    p_run.set_defaults(func=cmd_run)
+
+    commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
+    commands.add_parser("env", help="what this machine is, as recorded in meta.json").set_defaults(func=cmd_env)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"attnbench: error: {exc}", file=sys.stderr)
+        return 2

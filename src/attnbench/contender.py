@@ -1,0 +1,81 @@
+"""The contract a contender (ours or a plugin's) fulfils.
+
+A contender declares what it supports in :class:`Capabilities`, says whether it can run on this
+machine at all (:meth:`Contender.availability`), and, given inputs and a workload, returns a
+**zero-argument callable** from :meth:`Contender.prepare`. Only that callable is timed: layout changes,
+mask building and compilation belong in ``prepare``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from attnbench.inputs import AttentionInputs
+from attnbench.workload import DTYPES, MASKS, PASSES, Workload
+
+ALL_DEVICES = frozenset({"cpu", "cuda"})
+ALL_DTYPES = frozenset(DTYPES) - {"float64"}
+ALL_MASKS = frozenset(MASKS)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a contender can run; anything else becomes an ``unsupported`` row with the reason."""
+
+    devices: frozenset[str] = ALL_DEVICES
+    dtypes: frozenset[str] = ALL_DTYPES
+    masks: frozenset[str] = ALL_MASKS
+    gqa: bool = True
+    cross: bool = True  # seq_q != seq_k
+    min_head_dim: int = 1
+    max_head_dim: int | None = None
+    backward: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    def unsupported_reason(self, w: Workload) -> str | None:
+        if w.device not in self.devices:
+            return f"device {w.device} not supported (supports {', '.join(sorted(self.devices))})"
+        if w.dtype not in self.dtypes:
+            return f"dtype {w.dtype} not supported (supports {', '.join(sorted(self.dtypes))})"
+        if w.mask not in self.masks:
+            return f"mask {w.mask} not supported (supports {', '.join(sorted(self.masks))})"
+        if w.kv_heads != w.heads and not self.gqa:
+            return "GQA/MQA (kv_heads < heads) not supported"
+        if w.seq_q != w.seq_k and not self.cross:
+            return "seq_q != seq_k not supported"
+        if w.head_dim < self.min_head_dim or (self.max_head_dim is not None and w.head_dim > self.max_head_dim):
+            return f"head_dim {w.head_dim} outside [{self.min_head_dim}, {self.max_head_dim or '∞'}]"
+        if w.pass_ != "fwd" and not self.backward:
+            return f"pass {w.pass_} needs backward support, which this contender does not declare"
+        return None
+
+
+class Unsupported(Exception):  # noqa: N818 - it is a verdict, not a failure
+    """Raised from ``prepare`` when a workload turns out unsupported only once tried (e.g. no kernel)."""
+
+
+class Contender(abc.ABC):
+    """Subclass, set ``name`` and ``capabilities``, implement ``prepare``; expose an instance."""
+
+    name: str = ""
+    description: str = ""
+    capabilities: Capabilities = Capabilities()
+
+    def availability(self) -> str | None:
+        """None when the contender can run here, else the reason it cannot (missing library, …)."""
+        return None
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        """Why this workload cannot run here (None if it can). Extend for rules Capabilities can't say."""
+        return self.capabilities.unsupported_reason(workload)
+
+    @abc.abstractmethod
+    def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
+        """Do all set-up, then return the zero-argument callable that computes the (B, Hq, Sq, D) output."""
+
+
+__all__ = ["ALL_DEVICES", "ALL_DTYPES", "ALL_MASKS", "PASSES", "Capabilities", "Contender", "Unsupported"]

@@ -1,0 +1,83 @@
+"""Seeded inputs for a workload: random normals (never zeros), plus the mask in the forms contenders use.
+
+Everything here is built before timing; contenders read these fields inside ``prepare`` so that mask
+construction and layout changes stay out of the timed callable.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.masks import dense_mask, has_empty_rows, padding_lengths
+from attnbench.workload import Workload
+
+DEFAULT_SEED = 0
+
+
+def workload_seed(workload: Workload, seed: int = DEFAULT_SEED) -> int:
+    """A stable per-workload seed, so each case gets different but reproducible data."""
+    return (seed * 1_000_003 + zlib.crc32(workload.label().encode())) % (2**63)
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionInputs:
+    """q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D), in the workload's dtype and device."""
+
+    workload: Workload
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    grad_out: torch.Tensor  # (B, Hq, Sq, D), the fixed upstream gradient for backward passes
+
+    @property
+    def scale(self) -> float:
+        return self.workload.softmax_scale
+
+    @property
+    def lengths(self) -> list[int] | None:
+        """Valid key lengths per batch element for the ``padding`` mask, else None."""
+        w = self.workload
+        return padding_lengths(w.batch, w.seq_k) if w.mask == "padding" else None
+
+    @functools.cached_property
+    def bool_mask(self) -> torch.Tensor | None:
+        """(B or 1, 1, Sq, Sk) bool, True = visible; None when the mask is ``none``."""
+        w = self.workload
+        return dense_mask(w.mask, w.batch, w.seq_q, w.seq_k, self.q.device)
+
+    @functools.cached_property
+    def empty_rows(self) -> torch.Tensor | None:
+        """(1, 1, Sq, 1) bool of query rows that see no key (their output must be zeros), or None."""
+        w = self.workload
+        if not has_empty_rows(w.mask, w.seq_q, w.seq_k):
+            return None
+        mask = self.bool_mask
+        assert mask is not None
+        return ~mask.any(dim=-1, keepdim=True)
+
+    def kv_expanded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """k and v repeated to Hq heads (query head h reads kv head h // group, as torch enable_gqa)."""
+        group = self.workload.gqa_group
+        if group == 1:
+            return self.k, self.v
+        return self.k.repeat_interleave(group, dim=1), self.v.repeat_interleave(group, dim=1)
+
+
+def make_inputs(workload: Workload, seed: int = DEFAULT_SEED, requires_grad: bool = False) -> AttentionInputs:
+    """Random normal q, k, v and upstream gradient for ``workload`` (deterministic per seed)."""
+    w = workload
+    generator = torch.Generator(device=w.device).manual_seed(workload_seed(w, seed))
+
+    def randn(*shape: int) -> torch.Tensor:
+        t = torch.randn(*shape, generator=generator, device=w.device, dtype=torch.float32)
+        return t.to(w.torch_dtype).requires_grad_(requires_grad)
+
+    q = randn(w.batch, w.heads, w.seq_q, w.head_dim)
+    k = randn(w.batch, w.kv_heads, w.seq_k, w.head_dim)
+    v = randn(w.batch, w.kv_heads, w.seq_k, w.head_dim)
+    grad_out = randn(w.batch, w.heads, w.seq_q, w.head_dim).detach()
+    return AttentionInputs(w, q, k, v, grad_out)

@@ -1,0 +1,67 @@
+"""What the run ran on: versions, device and CPU names, threads, driver, git commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import attnbench
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def git_commit() -> str | None:
+    """attnbench's own commit when it runs from a checkout, else None."""
+    source = Path(attnbench.__file__).resolve().parent
+    return _run(["git", "rev-parse", "HEAD"], cwd=source)
+
+
+def nvidia_driver() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    return _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+
+
+def environment(threads: int | None = None) -> dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    return {
+        "attnbench_version": attnbench.__version__,
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch_version": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": cuda,
+        "gpu_names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "nvidia_driver": nvidia_driver(),
+        "cpu_name": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "threads": threads if threads is not None else torch.get_num_threads(),
+    }
+
+
+def command_line() -> str:
+    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])

@@ -1,0 +1,132 @@
+"""One registry for built-in and third-party contenders.
+
+Both come through the entry-point group ``attnbench.impls`` (the built-ins are listed in attnbench's own
+pyproject). :func:`register` adds one in-process — handy in a notebook or a test — and goes through the
+same validation. A plugin that fails to import, or whose object is not a contender, is listed as
+unavailable with its error; it does not disturb the others. Two contenders with one name are an error
+naming both sources.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import TypeVar
+
+from attnbench.contender import Contender
+from attnbench.errors import UsageError
+
+GROUP = "attnbench.impls"
+
+
+class RegistryError(UsageError):
+    """Two contenders share a name, or a name cannot be used."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered contender, or the reason it could not be loaded or cannot run here."""
+
+    name: str
+    source: str
+    contender: Contender | None
+    unavailable_reason: str | None
+
+    @property
+    def available(self) -> bool:
+        return self.contender is not None and self.unavailable_reason is None
+
+
+_registered: dict[str, Entry] = {}  # from register(), kept across reloads
+_cache: dict[str, Entry] | None = None
+
+
+def _check_name(name: str, source: str) -> None:
+    if not name or any(c.isspace() or c == "," for c in name):
+        raise RegistryError(f"contender name {name!r} from {source} is not allowed: no commas or spaces, not empty")
+
+
+def _as_contender(obj: object, name: str) -> Contender:
+    """Accept a Contender instance or a Contender subclass (instantiated); else raise TypeError."""
+    if inspect.isclass(obj) and issubclass(obj, Contender):
+        obj = obj()
+    if not isinstance(obj, Contender):
+        raise TypeError(f"{name}: expected an attnbench.Contender instance or subclass, got {type(obj).__name__}")
+    if obj.name != name:
+        raise TypeError(f"entry-point name {name!r} differs from the contender's name {obj.name!r}")
+    return obj
+
+
+def _make_entry(name: str, source: str, loader: Callable[[], object]) -> Entry:
+    """Build an Entry, turning any failure to load or probe into an unavailable reason."""
+    try:
+        contender = _as_contender(loader(), name)
+    except Exception as exc:  # a plugin's import can fail in any way; it must not take the others down
+        return Entry(name, source, None, f"failed to load: {type(exc).__name__}: {exc}")
+    try:
+        reason = contender.availability()
+    except Exception as exc:  # an availability probe that raises means "not available", with why
+        reason = f"availability check raised {type(exc).__name__}: {exc}"
+    return Entry(name, source, contender, reason)
+
+
+def _source(ep: metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    where = f" ({dist.name} {dist.version})" if dist is not None else ""
+    return f"entry point {ep.name} = {ep.value}{where}"
+
+
+def _add(entries: dict[str, Entry], entry: Entry) -> None:
+    _check_name(entry.name, entry.source)
+    if entry.name in entries:
+        raise RegistryError(
+            f"contender name {entry.name!r} is registered twice: by {entries[entry.name].source} "
+            f"and by {entry.source}"
+        )
+    entries[entry.name] = entry
+
+
+def load(refresh: bool = False) -> dict[str, Entry]:
+    """All contenders by name (a copy), loading entry points on first use."""
+    global _cache
+    if _cache is None or refresh:
+        entries: dict[str, Entry] = {}
+        for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name):
+            _add(entries, _make_entry(ep.name, _source(ep), ep.load))
+        for entry in _registered.values():
+            _add(entries, entry)
+        _cache = entries
+    return dict(_cache)
+
+
+C = TypeVar("C", bound="Contender | type[Contender]")
+
+
+def register(obj: C) -> C:
+    """Register a contender in this process; use as a decorator on a Contender class or call on an instance."""
+    contender = _as_contender(obj, obj.name)
+    module = getattr(obj, "__module__", "?")
+    entry = _make_entry(contender.name, f"register() in {module}", lambda: contender)
+    existing = load()
+    _add(existing, entry)  # raises on a duplicate name before anything is kept
+    _registered[entry.name] = entry
+    if _cache is not None:
+        _cache[entry.name] = entry
+    return obj
+
+
+def unregister(name: str) -> None:
+    """Remove an in-process registration (tests use this to clean up)."""
+    _registered.pop(name, None)
+    if _cache is not None:
+        _cache.pop(name, None)
+
+
+def get(name: str) -> Entry:
+    """One contender by name; unknown names are a UsageError listing the known ones."""
+    entries = load()
+    if name not in entries:
+        raise UsageError(f"contender {name!r} is not known; known: {', '.join(sorted(entries))}")
+    return entries[name]

@@ -1,0 +1,116 @@
+"""Results rows and the run folder.
+
+Every planned case ends as exactly one row. Rows are appended to ``rows.jsonl`` as each case finishes
+(so a crash or Ctrl-C loses nothing finished); :meth:`RunWriter.finish` writes ``results.parquet``,
+``results.csv`` and ``meta.json``. Raw timing samples are kept: a list column in Parquet, a JSON string
+in CSV.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.errors import UsageError
+from attnbench.workload import Workload
+
+STATUSES = ("ok", "unavailable", "unsupported", "skipped", "oom", "timeout", "error", "incorrect")
+
+WORKLOAD_COLUMNS = [
+    "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "mask", "pass", "scale",
+]
+COLUMNS = [
+    "impl", *WORKLOAD_COLUMNS,
+    "status", "reason",
+    "median_ms", "iqr_ms", "n_samples", "calls_per_sample", "tflops", "flops",
+    "max_abs_err", "atol", "rtol", "checked_rows",
+    "setup_ms", "first_call_ms", "threads", "samples_ms",
+]  # fmt: skip
+
+
+def make_row(impl: str, workload: Workload, status: str, reason: str = "", **metrics: Any) -> dict[str, Any]:
+    """A full row: every column present (missing metrics are None), status validated."""
+    if status not in STATUSES:
+        raise ValueError(f"unknown status {status!r}")
+    if status != "ok" and not reason:
+        raise ValueError(f"status {status} needs a reason")
+    row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    row.update(workload.as_row())
+    row.update(impl=impl, status=status, reason=reason)
+    unknown = set(metrics) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown result columns {sorted(unknown)}")
+    row.update(metrics)
+    return row
+
+
+def _clean(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class RunWriter:
+    """Owns one run folder: refuses a non-empty one, appends rows, writes the final files."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.rows_path = out_dir / "rows.jsonl"
+        self.rows: list[dict[str, Any]] = []
+
+    @staticmethod
+    def check_target(out_dir: Path) -> None:
+        """Raise a UsageError if ``out_dir`` can't be used (call before any work is done)."""
+        if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+            raise UsageError(f"--out {out_dir}: already exists and is not an empty folder; choose a new one")
+
+    def start(self, meta: dict[str, Any]) -> None:
+        self.check_target(self.out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.rows_path.touch()
+        self._write_meta(meta)
+
+    def append(self, row: dict[str, Any]) -> None:
+        row = {key: _clean(value) for key, value in row.items()}
+        self.rows.append(row)
+        with self.rows_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+
+    def finish(self, meta: dict[str, Any]) -> pd.DataFrame:
+        frame = rows_to_frame(self.rows)
+        frame.to_parquet(self.out_dir / "results.parquet", index=False)
+        csv = frame.copy()
+        csv["samples_ms"] = csv["samples_ms"].map(lambda s: json.dumps(list(s)) if s is not None else "")
+        csv.to_csv(self.out_dir / "results.csv", index=False)
+        self._write_meta(meta)
+        return frame
+
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        tmp = self.out_dir / "meta.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        tmp.replace(self.out_dir / "meta.json")
+
+
+def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows in the documented column order and dtypes."""
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    for column in ("median_ms", "iqr_ms", "tflops", "flops", "max_abs_err", "atol", "rtol", "setup_ms",
+                   "first_call_ms", "scale"):  # fmt: skip
+        frame[column] = frame[column].astype("float64")
+    for column in ("n_samples", "calls_per_sample", "checked_rows", "threads"):
+        frame[column] = frame[column].astype("Int64")
+    return frame
+
+
+def load_results(run_dir: Path) -> pd.DataFrame:
+    """A run folder's results as a DataFrame (Parquet, else the rows written so far)."""
+    parquet = run_dir / "results.parquet"
+    if parquet.exists():
+        return pd.read_parquet(parquet)
+    rows_path = run_dir / "rows.jsonl"
+    if rows_path.exists():
+        return rows_to_frame([json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()])
+    raise UsageError(f"{run_dir}: no results.parquet or rows.jsonl; is this an attnbench run folder?")

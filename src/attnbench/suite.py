@@ -1,0 +1,142 @@
+"""Suites: named sweeps kept as TOML data in ``suites/``, expanded into (contender, Workload) cases.
+
+A suite file has an optional ``description``, ``budget_s`` (timing budget per case, seconds), a
+``[defaults]`` table and one or more ``[[sweep]]`` tables. Each sweep is the Cartesian product of its
+axes (defaults filled in); every axis takes one value or a list. Axes: impl, batch, heads, kv_heads,
+seq, seq_kv, head_dim, dtype, device, mask, pass. ``impl = "all"`` means every registered contender;
+kv_heads left out means kv_heads = heads, seq_kv left out means seq_kv = seq.
+
+Command-line overrides replace an axis in every sweep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from attnbench.errors import UsageError
+from attnbench.workload import Workload
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+INT_AXES = ("batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim")
+STR_AXES = ("impl", "dtype", "device", "mask", "pass")
+AXES = ("impl", "batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "dtype", "device", "mask", "pass")
+REQUIRED = ("batch", "heads", "seq", "head_dim")
+DEFAULTS: dict[str, list[Any]] = {"impl": ["all"], "dtype": ["float32"], "device": ["cpu"], "mask": ["none"],
+                                  "pass": ["fwd"]}  # fmt: skip
+TOP_KEYS = ("description", "budget_s", "defaults", "sweep")
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    budget_s: float
+    sweeps: tuple[dict[str, list[Any]], ...]
+
+
+def suite_names() -> list[str]:
+    """Names of the suites shipped in attnbench.suites."""
+    folder = resources.files("attnbench.suites")
+    return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def _read(name_or_path: str) -> tuple[str, str]:
+    """(suite name, TOML text) for a shipped suite name or a path to a .toml file."""
+    if name_or_path.endswith(".toml") or "/" in name_or_path:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise UsageError(f"suite file {name_or_path!r} does not exist")
+        return path.stem, path.read_text()
+    if name_or_path not in suite_names():
+        raise UsageError(f"suite {name_or_path!r} is not known; known: {', '.join(suite_names())} (or a .toml path)")
+    text = resources.files("attnbench.suites").joinpath(f"{name_or_path}.toml").read_text()
+    return name_or_path, text
+
+
+def coerce_axis(axis: str, value: Any, where: str) -> list[Any]:
+    """Validate one axis value (scalar or list) into a non-empty list of the axis' type."""
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise UsageError(f"{where}: {axis} is an empty list; give at least one value")
+    kind = int if axis in INT_AXES else str
+    for item in values:
+        if isinstance(item, bool) or not isinstance(item, kind):
+            raise UsageError(f"{where}: {axis} value {item!r} must be {'an integer' if kind is int else 'a string'}")
+        if kind is int and item < 1:
+            raise UsageError(f"{where}: {axis} value {item} must be a positive integer")
+    return values
+
+
+def _axes(table: Any, where: str) -> dict[str, list[Any]]:
+    if not isinstance(table, dict):
+        raise UsageError(f"{where}: must be a table of axes")
+    unknown = sorted(set(table) - set(AXES))
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(AXES)}")
+    return {axis: coerce_axis(axis, value, where) for axis, value in table.items()}
+
+
+def load_suite(name_or_path: str) -> Suite:
+    """Read and validate a suite; every problem is a UsageError naming the file, key and value."""
+    name, text = _read(name_or_path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"suite {name}: not valid TOML ({exc})") from None
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise UsageError(f"suite {name}: unknown top-level key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}")
+    budget = data.get("budget_s", 1.0)
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
+        raise UsageError(f"suite {name}: budget_s must be a positive number of seconds, got {budget!r}")
+    defaults = {**DEFAULTS, **_axes(data.get("defaults", {}), f"suite {name} [defaults]")}
+    raw_sweeps = data.get("sweep", [{}])
+    if not isinstance(raw_sweeps, list) or not raw_sweeps:
+        raise UsageError(f"suite {name}: [[sweep]] must be a non-empty array of tables")
+    sweeps = []
+    for index, table in enumerate(raw_sweeps, start=1):
+        where = f"suite {name} sweep {index}"
+        sweep = {**defaults, **_axes(table, where)}
+        missing = [axis for axis in REQUIRED if axis not in sweep]
+        if missing:
+            raise UsageError(f"{where}: missing axis {missing[0]!r}; required: {', '.join(REQUIRED)}")
+        sweeps.append(sweep)
+    return Suite(name, str(data.get("description", "")), float(budget), tuple(sweeps))
+
+
+def expand(suite: Suite, overrides: dict[str, list[Any]], known_impls: list[str]) -> list[tuple[str, Workload]]:
+    """All (contender, workload) cases, in sweep order, without duplicates; validates every value."""
+    cases: dict[tuple[str, Workload], None] = {}
+    for sweep in suite.sweeps:
+        axes = {**sweep, **overrides}
+        impls = _impls(axes["impl"], known_impls)
+        kv_options = axes.get("kv_heads")
+        seq_kv_options = axes.get("seq_kv")
+        for batch, heads, seq, head_dim, dtype, device, mask, pass_ in itertools.product(
+            axes["batch"], axes["heads"], axes["seq"], axes["head_dim"],
+            axes["dtype"], axes["device"], axes["mask"], axes["pass"],
+        ):  # fmt: skip
+            for kv_heads in kv_options or [heads]:
+                for seq_k in seq_kv_options or [seq]:
+                    workload = Workload(batch, heads, kv_heads, seq, seq_k, head_dim, dtype, device, mask, pass_)
+                    for impl in impls:
+                        cases[(impl, workload)] = None
+    return list(cases)
+
+
+def _impls(requested: list[str], known: list[str]) -> list[str]:
+    if "all" in requested:
+        return list(known)
+    for name in requested:
+        if name not in known:
+            raise UsageError(f"impl {name!r} is not known; known: {', '.join(known)} (or all)")
+    return list(dict.fromkeys(requested))
