@@ -50,16 +50,21 @@ def _parse_list(axis: str, text: str) -> list[Any]:
     return coerce_axis(axis, values, flag)
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, list[Any]]:
+def parse_axis_overrides(texts: dict[str, str]) -> dict[str, list[Any]]:
+    """{axis: 'a,b'} from flags (or pytest options) into validated value lists."""
     overrides = {}
-    for axis in AXES:
-        text = getattr(args, axis)
-        if text is not None:
-            overrides[axis] = _parse_list(axis, text)
+    for axis, text in texts.items():
+        if axis not in AXIS_FLAGS:
+            raise UsageError(f"axis {axis!r} is not known; allowed: {', '.join(AXES)}")
+        overrides[axis] = _parse_list(axis, text)
     for device in overrides.get("device", []):
         if device not in DEVICES:
             raise UsageError(f"--device {device!r} is not known; allowed: {', '.join(DEVICES)}")
     return overrides
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, list[Any]]:
+    return parse_axis_overrides({axis: getattr(args, axis) for axis in AXES if getattr(args, axis) is not None})
 
 
 def _check_devices(cases: list) -> None:
@@ -93,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     threads = args.threads or torch.get_num_threads()
     options = RunOptions(budget_s=args.budget_s or suite.budget_s, threads=threads, seed=args.seed)
     meta: dict[str, Any] = {
-        "command": command_line(), "suite": suite.name, "overrides": overrides,
+        "command": args.command_line, "suite": suite.name, "overrides": overrides,
         "budget_s": options.budget_s, "seed": options.seed, "n_cases": len(cases),
         "start_time": dt.datetime.now().astimezone().isoformat(), "end_time": None, "finished": False,
         "environment": environment(threads),
@@ -198,9 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
         args = build_parser().parse_args(argv)
+        args.command_line = command_line(argv)
         return int(args.func(args))
     except UsageError as exc:
         print(f"attnbench: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `attnbench list | head`: the reader left, nothing is wrong
+        sys.stderr.close()
+        return 0

@@ -6,7 +6,6 @@ import os
 import platform
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,5 +62,6 @@ def environment(threads: int | None = None) -> dict[str, Any]:
     }
 
 
-def command_line() -> str:
-    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+def command_line(argv: list[str]) -> str:
+    """The command as a user would retype it: `attnbench` and the arguments given."""
+    return shlex.join(["attnbench", *argv])

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from attnbench import registry
-from attnbench.check import check_output
+from attnbench.check import CheckResult, check_output
 from attnbench.contender import Unsupported
 from attnbench.flops import attention_flops, tflops
 from attnbench.inputs import make_inputs
@@ -41,20 +41,50 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
 
 
-def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, Any]:
-    """One (contender, workload) case to one row."""
+def not_runnable(impl: str, workload: Workload) -> tuple[str, str] | None:
+    """(status, reason) when a case can't run here — unavailable contender or unsupported workload."""
     entry = registry.get(impl)
-    if not entry.available:
-        return make_row(impl, workload, "unavailable", entry.unavailable_reason or "not available")
-    contender = entry.contender
-    assert contender is not None
-    reason = contender.unsupported_reason(workload)
+    if not entry.available or entry.contender is None:
+        return "unavailable", entry.unavailable_reason or "not available"
+    reason = entry.contender.unsupported_reason(workload)
     if reason is None and workload.pass_ != "fwd":
         reason = f"pass {workload.pass_}: timing and checking of backward passes is not in this version yet"
-    if reason is not None:
-        return make_row(impl, workload, "unsupported", reason)
+    return None if reason is None else ("unsupported", reason)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A case made ready to time: the callable, its correctness verdict and set-up costs."""
+
+    fn: Callable[[], object]
+    check: CheckResult
+    setup_ms: float
+    first_call_ms: float
+
+
+def prepare_checked(impl: str, workload: Workload, seed: int = 0) -> Prepared:
+    """Make inputs, prepare the contender, make its first call and check it against the reference.
+
+    Raises :class:`Unsupported` or whatever the contender raises.
+    """
+    contender = registry.get(impl).contender
+    assert contender is not None
+    inputs = make_inputs(workload, seed=seed)
+    start = time.perf_counter()
+    fn = contender.prepare(inputs, workload)
+    setup_ms = (time.perf_counter() - start) * 1e3
+    first_call_ms, output = call_once_ms(fn, workload.device)  # compilation, autotuning, lazy init
+    check = check_output(inputs, output)
+    return Prepared(fn, check, setup_ms, first_call_ms)
+
+
+def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, Any]:
+    """One (contender, workload) case to exactly one row, whatever happens inside it."""
+    verdict = not_runnable(impl, workload)
+    if verdict is not None:
+        return make_row(impl, workload, *verdict)
     try:
-        return _measure_case(impl, workload, contender.prepare, options)
+        return _measure_case(impl, workload, options)
     except Unsupported as exc:
         return make_row(impl, workload, "unsupported", str(exc))
     except Exception as exc:  # a contender may fail in any way; the sweep must go on
@@ -64,22 +94,17 @@ def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, An
         return make_row(impl, workload, status, _first_line(exc))
 
 
-def _measure_case(impl: str, workload: Workload, prepare: Callable[..., Any], options: RunOptions) -> dict[str, Any]:
-    inputs = make_inputs(workload, seed=options.seed)
-    start = time.perf_counter()
-    fn = prepare(inputs, workload)
-    setup_ms = (time.perf_counter() - start) * 1e3
-    first_call_ms, output = call_once_ms(fn, workload.device)  # compilation, autotuning, lazy init
-    check = check_output(inputs, output)
-    del output
-    warm_up(fn, workload.device, first_call_ms, options.budget_s)
-    timing = time_callable(fn, workload.device, options.threads, options.budget_s)
+def _measure_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, Any]:
+    prepared = prepare_checked(impl, workload, options.seed)
+    check = prepared.check
+    warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
+    timing = time_callable(prepared.fn, workload.device, options.threads, options.budget_s)
     metrics = dict(
         median_ms=timing.median_ms, iqr_ms=timing.iqr_ms, n_samples=timing.n_samples,
         calls_per_sample=timing.calls_per_sample, samples_ms=timing.samples_ms,
         flops=attention_flops(workload), tflops=tflops(workload, timing.median_ms),
         max_abs_err=check.max_abs_err, atol=check.atol, rtol=check.rtol, checked_rows=check.checked_rows,
-        setup_ms=setup_ms, first_call_ms=first_call_ms, threads=options.threads,
+        setup_ms=prepared.setup_ms, first_call_ms=prepared.first_call_ms, threads=options.threads,
     )  # fmt: skip
     status = "ok" if check.ok else "incorrect"
     return make_row(impl, workload, status, check.reason, **metrics)

@@ -62,17 +62,20 @@ def _read(name_or_path: str) -> tuple[str, str]:
     return name_or_path, text
 
 
-def coerce_axis(axis: str, value: Any, where: str) -> list[Any]:
-    """Validate one axis value (scalar or list) into a non-empty list of the axis' type."""
+def coerce_axis(axis: str, value: Any, label: str) -> list[Any]:
+    """Validate one axis value (scalar or list) into a non-empty list of the axis' type.
+
+    ``label`` names the value in messages: "--seq" for a flag, "suite quick sweep 1: seq" for a file.
+    """
     values = value if isinstance(value, list) else [value]
     if not values:
-        raise UsageError(f"{where}: {axis} is an empty list; give at least one value")
+        raise UsageError(f"{label} is an empty list; give at least one value")
     kind = int if axis in INT_AXES else str
     for item in values:
         if isinstance(item, bool) or not isinstance(item, kind):
-            raise UsageError(f"{where}: {axis} value {item!r} must be {'an integer' if kind is int else 'a string'}")
+            raise UsageError(f"{label} value {item!r} must be {'an integer' if kind is int else 'a string'}")
         if kind is int and item < 1:
-            raise UsageError(f"{where}: {axis} value {item} must be a positive integer")
+            raise UsageError(f"{label} value {item} must be a positive integer")
     return values
 
 
@@ -82,7 +85,7 @@ def _axes(table: Any, where: str) -> dict[str, list[Any]]:
     unknown = sorted(set(table) - set(AXES))
     if unknown:
         raise UsageError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(AXES)}")
-    return {axis: coerce_axis(axis, value, where) for axis, value in table.items()}
+    return {axis: coerce_axis(axis, value, f"{where}: {axis}") for axis, value in table.items()}
 
 
 def load_suite(name_or_path: str) -> Suite:

@@ -87,6 +87,7 @@ class Workload:
         """The workload's columns in a results row (`pass_` becomes `pass`)."""
         row = dataclasses.asdict(self)
         row["pass"] = row.pop("pass_")
+        row["scale"] = self.softmax_scale  # the scale actually used, also when it is the 1/sqrt(D) default
         return row
 
     def label(self) -> str:

@@ -1,0 +1,82 @@
+"""nox sessions for attnbench: `nox -l` lists them, `nox -s NAME -- ARGS` passes ARGS through.
+
+PyTorch is installed first, as an exact build, so that pip never resolves it itself: the default
+`torch==2.13.0` is the CPU build on machines that carry it locally and the CUDA build from the package
+index elsewhere on Linux. Set ATTNBENCH_TORCH to install another (e.g. "torch==2.13.0+cu128" with your
+own index settings).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.default_venv_backend = "venv"
+
+TORCH = os.environ.get("ATTNBENCH_TORCH", "torch==2.13.0")
+ROOT = Path(__file__).parent
+PACKAGES = ["src", "impls", "suites", "reports"]
+
+
+def install(session: nox.Session, *extras: str, editable: bool = False) -> None:
+    """torch first (exact build), then attnbench with the given extras."""
+    session.install(TORCH)
+    target = f".[{','.join(extras)}]" if extras else "."
+    session.install(*(["-e", target] if editable else [target]))
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the tests against a plain, non-editable install of attnbench."""
+    install(session, "test")
+    session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Check style with ruff and types with mypy."""
+    install(session, "lint")
+    session.run("ruff", "check", *PACKAGES, "tests", "noxfile.py", "examples")
+    session.run("ruff", "format", "--check", *PACKAGES, "tests", "noxfile.py", "examples")
+    # mypy cannot follow setuptools' package-dir mapping, so check a symlinked view of the import layout.
+    view = Path(session.create_tmp()) / "typecheck"
+    _import_layout(view)
+    session.run("mypy", str(view / "attnbench"))
+
+
+def _import_layout(view: Path) -> None:
+    """view/attnbench/ mirrors the installed package: src/attnbench files plus impls/, suites/, reports/."""
+    package = view / "attnbench"
+    if package.exists():
+        for link in package.iterdir():
+            link.unlink()
+    package.mkdir(parents=True, exist_ok=True)
+    for item in (ROOT / "src" / "attnbench").iterdir():
+        if item.suffix == ".py":
+            (package / item.name).symlink_to(item)
+    for sub in ("impls", "suites", "reports"):
+        (package / sub).symlink_to(ROOT / sub, target_is_directory=True)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Run the quick CPU benchmark into runs/ (arguments go to `attnbench run`)."""
+    install(session)
+    session.run("attnbench", "run", "--suite", "quick", *session.posargs)
+
+
+@nox.session(default=False)
+def bench_gpu(session: nox.Session) -> None:
+    """Run the gpu suite on CUDA into runs/ (arguments go to `attnbench run`)."""
+    install(session)
+    session.run("attnbench", "run", "--suite", "gpu", *session.posargs)
+
+
+@nox.session(default=False)
+def pytest_bench(session: nox.Session) -> None:
+    """Run a suite through pytest-benchmark (arguments go to pytest, e.g. --attnbench-suite standard)."""
+    install(session, "test")
+    session.run("pytest", "suites", "--benchmark-only", "-p", "no:cacheprovider", *session.posargs)

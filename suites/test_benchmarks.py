@@ -1,0 +1,45 @@
+"""The suites as pytest-benchmark cases, for people who live in pytest.
+
+Each case is checked against the float64 reference before it is timed (an incorrect contender fails
+the test); unavailable or unsupported cases skip with their reason. On CUDA the timed function
+synchronises, so pytest-benchmark's wall-clock timer measures the kernel, not the launch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbench.contender import Unsupported
+from attnbench.flops import attention_flops
+from attnbench.runner import not_runnable, prepare_checked
+from attnbench.workload import Workload
+
+
+def test_attention(benchmark: pytest.FixtureDef, attnbench_case: tuple[str, Workload]) -> None:
+    impl, workload = attnbench_case
+    verdict = not_runnable(impl, workload)
+    if verdict is not None:
+        pytest.skip(f"{verdict[0]}: {verdict[1]}")
+    if workload.device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("unavailable: torch.cuda.is_available() is False")
+    try:
+        prepared = prepare_checked(impl, workload)
+    except Unsupported as exc:
+        pytest.skip(f"unsupported: {exc}")
+    check = prepared.check
+    benchmark.extra_info.update(
+        impl=impl, **workload.as_row(), flops=attention_flops(workload),
+        max_abs_err=check.max_abs_err, atol=check.atol, rtol=check.rtol,
+        correct=check.ok, first_call_ms=prepared.first_call_ms, threads=torch.get_num_threads(),
+    )  # fmt: skip
+    assert check.ok, f"{impl} is incorrect: {check.reason}"
+    fn = prepared.fn
+    if workload.device == "cuda":
+
+        def timed() -> None:
+            fn()
+            torch.cuda.synchronize()
+    else:
+        timed = fn  # type: ignore[assignment]
+    benchmark(timed)

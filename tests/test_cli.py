@@ -1,0 +1,113 @@
+import json
+
+import pandas as pd
+import pytest
+
+from attnbench.results import COLUMNS
+from conftest import attnbench_cmd, run_subprocess
+
+BAD_INPUTS = [
+    (["run", "--suite", "nosuch"], "suite 'nosuch' is not known; known:"),
+    (["run", "--impl", "flash9"], "impl 'flash9' is not known; known:"),
+    (["run", "--dtype", "int4"], "dtype 'int4' is not known; allowed: float32"),
+    (["run", "--device", "tpu"], "--device 'tpu' is not known; allowed: cpu, cuda"),
+    (["run", "--seq", "0"], "--seq value 0 must be a positive integer"),
+    (["run", "--seq", "-512"], "--seq value -512 must be a positive integer"),
+    (["run", "--batch", "two"], "--batch 'two': expected positive integers"),
+    (["run", "--heads", "6", "--kv-heads", "4"], "heads 6 is not divisible by kv_heads 4"),
+    (["run", "--mask", "sliding_window"], "mask 'sliding_window' is not known; allowed: none, causal"),
+    (["run", "--pass", "backward"], "pass 'backward' is not known; allowed: fwd, bwd, fwd_bwd"),
+    (["run", "--seq", "512,,1024"], "--seq '512,,1024': give a comma-separated list"),
+    (["run", "--threads", "0"], "--threads 0: must be a positive integer"),
+    (["run", "--budget-s", "-1"], "--budget-s -1.0: must be a positive number"),
+    (["run", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["launch"], "invalid choice: 'launch'"),
+    (["run", "--suite", "missing/file.toml"], "suite file 'missing/file.toml' does not exist"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(*args, *(["--out", "x"] if args[0] == "run" and "--frobnicate" not in args else []))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnbench: error: ")
+    assert message in lines[0]
+    assert out == "" and list(tmp_path.iterdir()) == []
+
+
+def test_cuda_on_a_cpu_machine_is_refused(cli, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, _, err = cli("run", "--suite", "gpu", "--out", str(tmp_path / "r"))
+    assert code == 2 and "device cuda: torch.cuda.is_available() is False" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_existing_out_folder_is_refused(cli, tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    code, _, err = cli("run", "--impl", "bmm", "--out", str(tmp_path))
+    assert code == 2 and "already exists and is not an empty folder" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_bad_input_from_a_real_process_has_no_traceback(tmp_path):
+    result = run_subprocess(*attnbench_cmd("run", "--heads", "6", "--kv-heads", "4"), cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_list_shows_every_contender_with_reasons(cli):
+    code, out, _ = cli("list", "--json")
+    assert code == 0
+    records = {r["name"]: r for r in json.loads(out)}
+    assert {"naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "xformers",
+            "flex"} <= set(records)  # fmt: skip
+    for record in records.values():
+        assert record["available"] or record["reason"]
+    assert records["bmm"]["backward"] is True and records["naive"]["devices"] == ["cpu"]
+    code, text, _ = cli("list")
+    assert code == 0 and any(line.startswith("xformers ") and "unavailable" in line for line in text.splitlines())
+
+
+def test_run_writes_results_meta_and_summary(cli, tmp_path):
+    out = tmp_path / "run"
+    code, text, _ = cli("run", "--impl", "bmm,sdpa_math,xformers", "--seq", "64", "--mask", "none,padding",
+                        "--pass", "fwd,bwd", "--budget-s", "0.05", "--threads", "1", "--out", str(out))  # fmt: skip
+    assert code == 0
+    parquet = pd.read_parquet(out / "results.parquet")
+    csv = pd.read_csv(out / "results.csv")
+    # 2 sweeps x 2 masks x 2 passes x 3 impls, one row each
+    assert len(parquet) == len(csv) == 24
+    assert list(parquet.columns) == COLUMNS
+    assert not parquet.duplicated(["impl", "seq_q", "seq_k", "kv_heads", "mask", "pass"]).any()
+    fwd = parquet[(parquet["pass"] == "fwd") & parquet.impl.isin(["bmm", "sdpa_math"])]
+    assert (fwd.status == "ok").all() and (fwd.max_abs_err <= fwd.atol).all() and (fwd.threads == 1).all()
+    assert set(parquet[parquet.impl == "xformers"].status) == {"unavailable"}
+    assert (parquet[parquet.status != "ok"].reason.str.len() > 0).all()
+    assert json.loads(csv.samples_ms.dropna().iloc[0]) == list(parquet.samples_ms.dropna().iloc[0])
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["finished"] is True and meta["n_cases"] == 24 and meta["end_time"]
+    assert meta["environment"]["threads"] == 1 and meta["environment"]["torch_version"]
+    assert meta["command"].startswith("attnbench run --impl bmm,sdpa_math,xformers --seq 64")
+    assert "fastest" in text and "24 cases:" in text and "xformers: unavailable" in text
+    assert len((out / "rows.jsonl").read_text().splitlines()) == 24
+
+
+def test_default_run_folder_goes_under_runs(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, _ = cli("run", "--impl", "bmm", "--seq", "16", "--mask", "none", "--budget-s", "0.02")
+    assert code == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("quick-") and (run / "results.parquet").exists()
+
+
+def test_module_entry_point_env_and_suites(tmp_path):
+    env = run_subprocess(*attnbench_cmd("env"))
+    assert env.returncode == 0 and json.loads(env.stdout)["torch_version"]
+    suites = run_subprocess(*attnbench_cmd("suites"))
+    assert suites.returncode == 0 and suites.stdout.startswith("gpu ")

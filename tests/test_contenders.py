@@ -1,0 +1,90 @@
+"""Every built-in contender that can run here agrees with the float64 reference on small shapes."""
+
+import sys
+import types
+
+import pytest
+
+from attnbench import registry
+from attnbench.runner import not_runnable, prepare_checked, run_case, RunOptions
+from attnbench.workload import Workload
+
+BUILTINS = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "xformers", "flex"]
+CPU_RUNNABLE = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "flex"]
+SHAPES = [  # (batch, heads, kv_heads, seq_q, seq_k, head_dim): plain, GQA + Sq<Sk, MQA + Sq>Sk + odd head_dim
+    (1, 2, 2, 33, 33, 16),
+    (2, 4, 2, 17, 40, 32),
+    (3, 4, 1, 40, 17, 24),
+]
+
+
+def test_every_builtin_is_registered_through_the_entry_point_group():
+    entries = registry.load()
+    for name in BUILTINS:
+        assert name in entries
+        assert entries[name].source.startswith(f"entry point {name} = attnbench.impls.")
+
+
+@pytest.mark.parametrize("impl", CPU_RUNNABLE)
+@pytest.mark.parametrize("mask", ["none", "causal", "causal_bottom_right", "padding"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["plain", "gqa-cross", "mqa-more-queries"])
+def test_contender_matches_reference(impl, mask, shape):
+    workload = Workload(*shape, dtype="float32", device="cpu", mask=mask)
+    assert not_runnable(impl, workload) is None
+    prepared = prepare_checked(impl, workload)
+    assert prepared.check.ok, prepared.check.reason
+    assert prepared.check.max_abs_err < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["bmm", "sdpa_math", "sdpa_flash"])
+def test_bf16_contenders_within_tolerance(impl):
+    prepared = prepare_checked(impl, Workload(1, 4, 2, 64, 96, 64, dtype="bfloat16", mask="causal"))
+    assert prepared.check.ok, prepared.check.reason
+
+
+def test_explicit_scale_is_honoured():
+    workload = Workload(1, 2, 2, 8, 8, 4, scale=1.0)
+    for impl in CPU_RUNNABLE:
+        prepared = prepare_checked(impl, workload)
+        assert prepared.check.ok, (impl, prepared.check.reason)
+
+
+@pytest.mark.parametrize("impl", ["sdpa_efficient", "sdpa_cudnn"])
+def test_cuda_only_sdpa_backends_say_why_on_cpu(impl, monkeypatch):
+    entry = registry.load()[impl]
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert not entry.available
+    assert "CUDA-only backend" in (entry.unavailable_reason or "")
+
+
+def test_xformers_unavailable_without_cuda_names_the_reason(monkeypatch):
+    from attnbench.impls.xformers import contender
+
+    monkeypatch.setitem(sys.modules, "xformers", None)  # not installed
+    assert "xformers is not installed" in contender.availability()
+    fake = types.ModuleType("xformers")
+    fake.__version__ = "0.0.35"
+    monkeypatch.setitem(sys.modules, "xformers", fake)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert contender.availability() == (
+        "xformers 0.0.35 has no CPU operator for memory_efficient_attention; it needs CUDA"
+    )
+
+
+def test_naive_is_cpu_only():
+    row = run_case("naive", Workload(1, 1, 1, 4, 4, 4, device="cuda"), RunOptions())
+    assert row["status"] == "unsupported" and "device cuda not supported" in row["reason"]
+
+
+def test_flex_first_call_carries_the_compile():
+    prepared = prepare_checked("flex", Workload(1, 2, 2, 64, 64, 16, mask="causal"))
+    assert prepared.check.ok
+    import time
+
+    start = time.perf_counter()
+    prepared.fn()
+    steady_ms = (time.perf_counter() - start) * 1e3
+    assert prepared.first_call_ms > 10 * steady_ms

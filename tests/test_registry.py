@@ -1,0 +1,84 @@
+"""Registry behaviour: in-process registration, plugins that fail, duplicate names (via real entry points)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import attnbench
+from attnbench import registry
+from attnbench.registry import RegistryError
+from conftest import Shifted, attnbench_cmd, run_subprocess
+
+
+def _fake_distribution(site: Path, name: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
+    """Install a minimal distribution by hand: a dist-info with entry points, plus module files."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    lines = "\n".join(f"{key} = {value}" for key, value in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[attnbench.impls]\n{lines}\n")
+    for module, source in modules.items():
+        (site / f"{module}.py").write_text(source)
+
+
+def test_register_rejects_a_duplicate_naming_both_sources(planted):
+    class AlsoBmm(Shifted):
+        name = "bmm"
+
+    with pytest.raises(RegistryError) as caught:
+        attnbench.register(AlsoBmm)
+    message = str(caught.value)
+    assert "'bmm' is registered twice" in message
+    assert "entry point bmm = attnbench.impls.bmm:contender" in message and "register() in" in message
+
+
+def test_register_as_decorator_and_unregister(planted):
+    @attnbench.register
+    class Planted(Shifted):
+        name = "planted_decorated"
+
+    planted.append("planted_decorated")
+    assert registry.get("planted_decorated").available
+    assert isinstance(registry.get("planted_decorated").contender, Planted)
+
+
+def test_names_with_commas_are_refused():
+    class Comma(Shifted):
+        name = "a,b"
+
+    with pytest.raises(RegistryError, match="not allowed"):
+        attnbench.register(Comma)
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(attnbench.UsageError, match="contender 'nope' is not known; known: bmm"):
+        registry.get("nope")
+
+
+def test_broken_plugins_are_unavailable_and_disturb_nothing(tmp_path):
+    _fake_distribution(
+        tmp_path, "broken-plugins",
+        {"broken_import": "broken_module:contender", "not_a_contender": "plain_module:thing",
+         "wrong_name": "plain_module:contender"},
+        {"broken_module": "raise ImportError('needs libfoo.so')\n",
+         "plain_module": "from attnbench.impls.bmm import contender\nthing = 42\n"},
+    )  # fmt: skip
+    result = run_subprocess(*attnbench_cmd("list", "--json"), env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    by_name = {r["name"]: r for r in json.loads(result.stdout)}
+    assert by_name["broken_import"]["reason"] == "failed to load: ImportError: needs libfoo.so"
+    assert "expected an attnbench.Contender instance or subclass, got int" in by_name["not_a_contender"]["reason"]
+    assert "differs from the contender's name 'bmm'" in by_name["wrong_name"]["reason"]
+    assert not any(by_name[n]["available"] for n in ("broken_import", "not_a_contender", "wrong_name"))
+    assert by_name["bmm"]["available"] and by_name["sdpa_flash"]["available"]
+
+
+def test_duplicate_entry_point_names_are_an_error_naming_both(tmp_path):
+    _fake_distribution(tmp_path, "evil-twin", {"bmm": "twin:contender"}, {"twin": "contender = None\n"})
+    result = run_subprocess(*attnbench_cmd("list"), env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert "'bmm' is registered twice" in lines[0]
+    assert "attnbench.impls.bmm:contender (attnbench" in lines[0] and "twin:contender (evil-twin 1.0)" in lines[0]

@@ -1,0 +1,71 @@
+from pathlib import Path
+
+import pytest
+
+from attnbench import UsageError
+from attnbench.suite import expand, load_suite, suite_names
+
+KNOWN = ["bmm", "naive", "sdpa_flash"]
+
+
+def test_shipped_suites_load_and_expand():
+    assert {"quick", "standard", "gpu"} <= set(suite_names())
+    for name in suite_names():
+        suite = load_suite(name)
+        assert suite.description and suite.budget_s > 0
+        assert expand(suite, {}, sorted(["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "sdpa_efficient",
+                                         "sdpa_cudnn", "xformers", "flex"]))  # fmt: skip
+
+
+def test_quick_covers_every_mask_gqa_and_cross_attention():
+    cases = expand(load_suite("quick"), {}, KNOWN)
+    workloads = {w for _, w in cases}
+    assert {w.mask for w in workloads} == {"none", "causal", "causal_bottom_right", "padding"}
+    assert any(w.kv_heads < w.heads for w in workloads)
+    assert any(w.seq_q != w.seq_k for w in workloads)
+    assert {w.device for w in workloads} == {"cpu"}
+
+
+def test_gpu_suite_reaches_16k_in_half_precision():
+    workloads = {w for _, w in expand(load_suite("gpu"), {"impl": ["bmm"]}, ["bmm"])}
+    assert max(w.seq_q for w in workloads) == 16384
+    assert {w.dtype for w in workloads} == {"bfloat16", "float16"} and {w.device for w in workloads} == {"cuda"}
+
+
+def test_overrides_replace_axes_and_one_row_per_case():
+    cases = expand(load_suite("quick"), {"impl": ["bmm"], "seq": [64], "mask": ["none", "causal"],
+                                         "pass": ["fwd", "bwd"]}, KNOWN)  # fmt: skip
+    # sweep 1: 1 seq x 2 masks x 2 passes; sweep 2: kv_heads 2, seq_kv 256, same 4 combinations
+    assert len(cases) == 8 and len(set(cases)) == 8
+    assert {w.pass_ for _, w in cases} == {"fwd", "bwd"}
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[sweep]]\nbatch = 1\nheads = 2\nseq = 8\n", "missing axis 'head_dim'"),
+        ("[[sweep]]\nbatch = 1\nheads = 2\nseq = 8\nhead_dim = 8\nsequence = 3\n", "unknown key 'sequence'"),
+        ("[[sweep]]\nbatch = 0\nheads = 2\nseq = 8\nhead_dim = 8\n", "batch value 0 must be a positive integer"),
+        ("[[sweep]]\nbatch = '2'\nheads = 2\nseq = 8\nhead_dim = 8\n", "batch value '2' must be an integer"),
+        ("[[sweep]]\nbatch = []\nheads = 2\nseq = 8\nhead_dim = 8\n", "batch is an empty list"),
+        ("budget_s = -1\n[[sweep]]\nbatch = 1\n", "budget_s must be a positive number"),
+        ("[[sweep]\nbatch = 1\n", "not valid TOML"),
+        ("colour = 1\n", "unknown top-level key 'colour'"),
+    ],
+)
+def test_bad_suite_files_name_the_problem(tmp_path, text, message):
+    with pytest.raises(UsageError, match=message):
+        load_suite(_write(tmp_path, text))
+
+
+def test_unknown_suite_and_impl():
+    with pytest.raises(UsageError, match=r"suite 'huge' is not known; known: .*quick.*\(or a \.toml path\)"):
+        load_suite("huge")
+    with pytest.raises(UsageError, match="impl 'flash3' is not known"):
+        expand(load_suite("quick"), {"impl": ["flash3"]}, KNOWN)
