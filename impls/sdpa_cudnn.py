@@ -1,4 +1,4 @@
-"""``sdpa_cudnn`` — SDPA cuDNN backend, forced with sdpa_kernel so no other backend can stand in."""
+"""``sdpa_cudnn`` — torch SDPA's cuDNN backend, forced alone with sdpa_kernel (no fallback)."""
 
 from attnbench.impls._sdpa import SdpaBackend
 

@@ -1,4 +1,4 @@
-"""``sdpa_efficient`` — SDPA memory-efficient backend (xformers-derived CUTLASS kernel), forced with sdpa_kernel so no other backend can stand in."""
+"""``sdpa_efficient`` — torch SDPA's memory-efficient backend, forced alone with sdpa_kernel (no fallback)."""
 
 from attnbench.impls._sdpa import SdpaBackend
 

@@ -1,10 +1,10 @@
-"""``sdpa_flash`` — SDPA flash backend (FlashAttention-2 on CUDA, the fused flash kernel on CPU), forced with sdpa_kernel so no other backend can stand in."""
+"""``sdpa_flash`` — torch SDPA's flash backend, forced alone with sdpa_kernel (no fallback)."""
 
 from attnbench.impls._sdpa import SdpaBackend
 
 contender = SdpaBackend(
     "sdpa_flash",
     "FLASH_ATTENTION",
-    devices=frozenset({"cpu","cuda"}),
+    devices=frozenset({"cpu", "cuda"}),
     description="SDPA flash backend (FlashAttention-2 on CUDA, the fused flash kernel on CPU)",
 )

@@ -1,10 +1,10 @@
-"""``sdpa_math`` — SDPA math backend (reference composite of aten ops), forced with sdpa_kernel so no other backend can stand in."""
+"""``sdpa_math`` — torch SDPA's math backend, forced alone with sdpa_kernel (no fallback)."""
 
 from attnbench.impls._sdpa import SdpaBackend
 
 contender = SdpaBackend(
     "sdpa_math",
     "MATH",
-    devices=frozenset({"cpu","cuda"}),
+    devices=frozenset({"cpu", "cuda"}),
     description="SDPA math backend (reference composite of aten ops)",
 )

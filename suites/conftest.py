@@ -1,6 +1,6 @@
 """pytest-benchmark front end options: which suite to run and axis overrides, as on the CLI.
 
-    pytest suites/ --benchmark-only --attnbench-suite quick --attnbench-set impl=bmm,sdpa_flash
+pytest suites/ --benchmark-only --attnbench-suite quick --attnbench-set impl=bmm,sdpa_flash
 """
 
 from __future__ import annotations

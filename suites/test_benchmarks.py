@@ -7,6 +7,8 @@ synchronises, so pytest-benchmark's wall-clock timer measures the kernel, not th
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from attnbench.runner import not_runnable, prepare_checked
 from attnbench.workload import Workload
 
 
-def test_attention(benchmark: pytest.FixtureDef, attnbench_case: tuple[str, Workload]) -> None:
+def test_attention(benchmark: Any, attnbench_case: tuple[str, Workload]) -> None:
     impl, workload = attnbench_case
     verdict = not_runnable(impl, workload)
     if verdict is not None:

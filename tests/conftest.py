@@ -30,7 +30,9 @@ def cli(capsys: pytest.CaptureFixture[str]):
     return run
 
 
-def run_subprocess(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_subprocess(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run a command with this interpreter's environment (plus ``env``), capturing text output."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(args, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=600)

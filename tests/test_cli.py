@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from attnbench.results import COLUMNS
+
 from conftest import attnbench_cmd, run_subprocess
 
 BAD_INPUTS = [
@@ -71,13 +72,16 @@ def test_list_shows_every_contender_with_reasons(cli):
         assert record["available"] or record["reason"]
     assert records["bmm"]["backward"] is True and records["naive"]["devices"] == ["cpu"]
     code, text, _ = cli("list")
-    assert code == 0 and any(line.startswith("xformers ") and "unavailable" in line for line in text.splitlines())
+    assert code == 0 and any(
+        line.startswith("xformers ") and "unavailable" in line for line in text.splitlines()
+    )
 
 
 def test_run_writes_results_meta_and_summary(cli, tmp_path):
     out = tmp_path / "run"
     code, text, _ = cli("run", "--impl", "bmm,sdpa_math,xformers", "--seq", "64", "--mask", "none,padding",
-                        "--pass", "fwd,bwd", "--budget-s", "0.05", "--threads", "1", "--out", str(out))  # fmt: skip
+                        "--pass", "fwd,bwd", "--budget-s", "0.05", "--threads", "1",
+                        "--out", str(out))  # fmt: skip
     assert code == 0
     parquet = pd.read_parquet(out / "results.parquet")
     csv = pd.read_csv(out / "results.csv")

@@ -6,10 +6,20 @@ import types
 import pytest
 
 from attnbench import registry
-from attnbench.runner import not_runnable, prepare_checked, run_case, RunOptions
+from attnbench.runner import RunOptions, not_runnable, prepare_checked, run_case
 from attnbench.workload import Workload
 
-BUILTINS = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "xformers", "flex"]
+BUILTINS = [
+    "naive",
+    "bmm",
+    "einsum",
+    "sdpa_math",
+    "sdpa_flash",
+    "sdpa_efficient",
+    "sdpa_cudnn",
+    "xformers",
+    "flex",
+]
 CPU_RUNNABLE = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "flex"]
 SHAPES = [  # (batch, heads, kv_heads, seq_q, seq_k, head_dim): plain, GQA + Sq<Sk, MQA + Sq>Sk + odd head_dim
     (1, 2, 2, 33, 33, 16),

@@ -9,7 +9,8 @@ from conftest import REPO, run_subprocess
 def test_pytest_benchmark_front_end(tmp_path):
     report = tmp_path / "bench.json"
     result = run_subprocess(
-        sys.executable, "-m", "pytest", str(REPO / "suites"), "--benchmark-only", "-p", "no:cacheprovider", "-q", "-rs",
+        sys.executable, "-m", "pytest", str(REPO / "suites"), "--benchmark-only", "-p", "no:cacheprovider",
+        "-q", "-rs",
         "--attnbench-suite", "quick", "--attnbench-set", "impl=bmm,sdpa_flash,xformers",
         "--attnbench-set", "seq=64", "--attnbench-set", "mask=causal",
         "--benchmark-min-rounds=3", "--benchmark-max-time=0.05", f"--benchmark-json={report}",

@@ -4,6 +4,7 @@ from attnbench import register
 from attnbench.results import COLUMNS, STATUSES
 from attnbench.runner import RunOptions, run_case
 from attnbench.workload import Workload
+
 from conftest import Raising, Shifted
 
 FAST = RunOptions(budget_s=0.05, threads=1)

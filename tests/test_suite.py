@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from attnbench import UsageError
+from attnbench import UsageError, registry
 from attnbench.suite import expand, load_suite, suite_names
 
 KNOWN = ["bmm", "naive", "sdpa_flash"]
@@ -13,8 +13,7 @@ def test_shipped_suites_load_and_expand():
     for name in suite_names():
         suite = load_suite(name)
         assert suite.description and suite.budget_s > 0
-        assert expand(suite, {}, sorted(["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "sdpa_efficient",
-                                         "sdpa_cudnn", "xformers", "flex"]))  # fmt: skip
+        assert expand(suite, {}, sorted(registry.load()))
 
 
 def test_quick_covers_every_mask_gqa_and_cross_attention():
@@ -29,7 +28,9 @@ def test_quick_covers_every_mask_gqa_and_cross_attention():
 def test_gpu_suite_reaches_16k_in_half_precision():
     workloads = {w for _, w in expand(load_suite("gpu"), {"impl": ["bmm"]}, ["bmm"])}
     assert max(w.seq_q for w in workloads) == 16384
-    assert {w.dtype for w in workloads} == {"bfloat16", "float16"} and {w.device for w in workloads} == {"cuda"}
+    assert {w.dtype for w in workloads} == {"bfloat16", "float16"} and {w.device for w in workloads} == {
+        "cuda"
+    }
 
 
 def test_overrides_replace_axes_and_one_row_per_case():
@@ -51,7 +52,10 @@ def _write(tmp_path: Path, text: str) -> str:
     [
         ("[[sweep]]\nbatch = 1\nheads = 2\nseq = 8\n", "missing axis 'head_dim'"),
         ("[[sweep]]\nbatch = 1\nheads = 2\nseq = 8\nhead_dim = 8\nsequence = 3\n", "unknown key 'sequence'"),
-        ("[[sweep]]\nbatch = 0\nheads = 2\nseq = 8\nhead_dim = 8\n", "batch value 0 must be a positive integer"),
+        (
+            "[[sweep]]\nbatch = 0\nheads = 2\nseq = 8\nhead_dim = 8\n",
+            "batch value 0 must be a positive integer",
+        ),
         ("[[sweep]]\nbatch = '2'\nheads = 2\nseq = 8\nhead_dim = 8\n", "batch value '2' must be an integer"),
         ("[[sweep]]\nbatch = []\nheads = 2\nseq = 8\nhead_dim = 8\n", "batch is an empty list"),
         ("budget_s = -1\n[[sweep]]\nbatch = 1\n", "budget_s must be a positive number"),

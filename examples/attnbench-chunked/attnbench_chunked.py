@@ -25,7 +25,7 @@ class ChunkedAttention(Contender):
 
         def run():
             out = torch.empty_like(q)
-            for start, masked in zip(starts, hidden):
+            for start, masked in zip(starts, hidden, strict=True):
                 scores = q[:, :, start : start + CHUNK] @ k_t * scale  # (B, H, chunk, Sk)
                 if masked is not None:
                     scores = scores.masked_fill(masked, float("-inf"))

@@ -7,11 +7,11 @@ The public API is small: describe a problem with :class:`Workload`, write a :cla
 
 __version__ = "0.1.0"
 
-from attnbench.contender import Capabilities, Contender, Unsupported  # noqa: E402
-from attnbench.errors import UsageError  # noqa: E402
-from attnbench.inputs import AttentionInputs, make_inputs  # noqa: E402
-from attnbench.registry import register  # noqa: E402
-from attnbench.workload import MASKS, PASSES, Workload  # noqa: E402
+from attnbench.contender import Capabilities, Contender, Unsupported
+from attnbench.errors import UsageError
+from attnbench.inputs import AttentionInputs, make_inputs
+from attnbench.registry import register
+from attnbench.workload import MASKS, PASSES, Workload
 
 __all__ = [
     "MASKS",

@@ -52,7 +52,11 @@ def check_output(inputs: AttentionInputs, output: object) -> CheckResult:
     excess = diff - (atol + rtol * expected.abs())
     if diff.numel() and float(excess.max()) > 0:
         return CheckResult(
-            False, max_abs_err, atol, rtol, len(rows),
+            False,
+            max_abs_err,
+            atol,
+            rtol,
+            len(rows),
             f"max_abs_err {max_abs_err:.3g} over tolerance atol={atol:g} rtol={rtol:g} ({w.dtype})",
         )
     return CheckResult(True, max_abs_err, atol, rtol, len(rows))

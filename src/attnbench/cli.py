@@ -64,7 +64,9 @@ def parse_axis_overrides(texts: dict[str, str]) -> dict[str, list[Any]]:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, list[Any]]:
-    return parse_axis_overrides({axis: getattr(args, axis) for axis in AXES if getattr(args, axis) is not None})
+    return parse_axis_overrides(
+        {axis: getattr(args, axis) for axis in AXES if getattr(args, axis) is not None}
+    )
 
 
 def _check_devices(cases: list) -> None:
@@ -107,12 +109,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     writer.start(meta)
     progress = _progress(len(cases), args.progress)
     interrupted = False
+
+    def on_row(row: dict[str, Any]) -> None:
+        writer.append(row)
+        progress.update(1)
+
     try:
-        run_cases(
-            cases, options,
-            on_row=lambda row: (writer.append(row), progress.update(1)),
-            on_start=lambda impl, w: progress.set_description_str(f"{impl} {w.label()}"),
-        )  # fmt: skip
+        run_cases(cases, options, on_row, lambda impl, w: progress.set_description_str(f"{impl} {w.label()}"))
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -140,7 +143,7 @@ def _progress(total: int, mode: str) -> Any:
 
 def cmd_list(args: argparse.Namespace) -> int:
     entries = registry.load()
-    records = []
+    records: list[dict[str, Any]] = []
     for name, entry in sorted(entries.items()):
         caps = entry.contender.capabilities if entry.contender is not None else None
         records.append({
@@ -192,13 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
     for axis, flag in AXIS_FLAGS.items():
         p_run.add_argument(flag, dest=axis, metavar="LIST", help=f"override {axis} (comma-separated)")
     p_run.add_argument("--threads", type=int, help="CPU threads (default: torch's default); recorded")
-    p_run.add_argument("--budget-s", type=float, help="timing budget per case in seconds (default: the suite's)")
+    p_run.add_argument(
+        "--budget-s", type=float, help="timing budget per case in seconds (default: the suite's)"
+    )
     p_run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_run.add_argument("--progress", choices=["auto", "on", "off"], default="auto", help="progress bar")
     p_run.set_defaults(func=cmd_run)
 
     commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
-    commands.add_parser("env", help="what this machine is, as recorded in meta.json").set_defaults(func=cmd_env)
+    commands.add_parser("env", help="what this machine is, as recorded in meta.json").set_defaults(
+        func=cmd_env
+    )
     return parser
 
 

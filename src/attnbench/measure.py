@@ -54,16 +54,23 @@ def _from_samples(samples_ms: list[float], calls_per_sample: int) -> Timing:
 
 def time_cpu(fn: Callable[[], object], threads: int, budget_s: float) -> Timing:
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-    measurement = timer.adaptive_autorange(threshold=0.1, min_run_time=min(0.2, budget_s), max_run_time=budget_s)
+    measurement = timer.adaptive_autorange(
+        threshold=0.1, min_run_time=min(0.2, budget_s), max_run_time=budget_s
+    )
     samples_ms = [t * 1e3 for t in measurement.times]  # per-call time of each block
     return _from_samples(samples_ms, measurement.number_per_run)
 
 
-def time_cuda(fn: Callable[[], object], budget_s: float, min_samples: int = 10, max_samples: int = 1000) -> Timing:
-    start_events, end_events = [], []
+def time_cuda(
+    fn: Callable[[], object], budget_s: float, min_samples: int = 10, max_samples: int = 1000
+) -> Timing:
+    start_events: list[torch.cuda.Event] = []
+    end_events: list[torch.cuda.Event] = []
     torch.cuda.synchronize()
     deadline = time.perf_counter() + budget_s
-    while len(start_events) < max_samples and (len(start_events) < min_samples or time.perf_counter() < deadline):
+    while len(start_events) < max_samples and (
+        len(start_events) < min_samples or time.perf_counter() < deadline
+    ):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

@@ -45,7 +45,9 @@ _cache: dict[str, Entry] | None = None
 
 def _check_name(name: str, source: str) -> None:
     if not name or any(c.isspace() or c == "," for c in name):
-        raise RegistryError(f"contender name {name!r} from {source} is not allowed: no commas or spaces, not empty")
+        raise RegistryError(
+            f"contender name {name!r} from {source} is not allowed: no commas or spaces, not empty"
+        )
 
 
 def _as_contender(obj: object, name: str) -> Contender:
@@ -53,7 +55,9 @@ def _as_contender(obj: object, name: str) -> Contender:
     if inspect.isclass(obj) and issubclass(obj, Contender):
         obj = obj()
     if not isinstance(obj, Contender):
-        raise TypeError(f"{name}: expected an attnbench.Contender instance or subclass, got {type(obj).__name__}")
+        raise TypeError(
+            f"{name}: expected an attnbench.Contender instance or subclass, got {type(obj).__name__}"
+        )
     if obj.name != name:
         raise TypeError(f"entry-point name {name!r} differs from the contender's name {obj.name!r}")
     return obj
@@ -105,7 +109,7 @@ C = TypeVar("C", bound="Contender | type[Contender]")
 
 
 def register(obj: C) -> C:
-    """Register a contender in this process; use as a decorator on a Contender class or call on an instance."""
+    """Register a contender in this process: decorate a Contender class, or call with an instance."""
     contender = _as_contender(obj, obj.name)
     module = getattr(obj, "__module__", "?")
     entry = _make_entry(contender.name, f"register() in {module}", lambda: contender)

@@ -21,7 +21,17 @@ from attnbench.workload import Workload
 STATUSES = ("ok", "unavailable", "unsupported", "skipped", "oom", "timeout", "error", "incorrect")
 
 WORKLOAD_COLUMNS = [
-    "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "mask", "pass", "scale",
+    "device",
+    "dtype",
+    "batch",
+    "heads",
+    "kv_heads",
+    "seq_q",
+    "seq_k",
+    "head_dim",
+    "mask",
+    "pass",
+    "scale",
 ]
 COLUMNS = [
     "impl", *WORKLOAD_COLUMNS,
@@ -112,5 +122,7 @@ def load_results(run_dir: Path) -> pd.DataFrame:
         return pd.read_parquet(parquet)
     rows_path = run_dir / "rows.jsonl"
     if rows_path.exists():
-        return rows_to_frame([json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()])
+        return rows_to_frame(
+            [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+        )
     raise UsageError(f"{run_dir}: no results.parquet or rows.jsonl; is this an attnbench run folder?")

@@ -57,7 +57,9 @@ def _read(name_or_path: str) -> tuple[str, str]:
             raise UsageError(f"suite file {name_or_path!r} does not exist")
         return path.stem, path.read_text()
     if name_or_path not in suite_names():
-        raise UsageError(f"suite {name_or_path!r} is not known; known: {', '.join(suite_names())} (or a .toml path)")
+        raise UsageError(
+            f"suite {name_or_path!r} is not known; known: {', '.join(suite_names())} (or a .toml path)"
+        )
     text = resources.files("attnbench.suites").joinpath(f"{name_or_path}.toml").read_text()
     return name_or_path, text
 
@@ -74,7 +76,7 @@ def coerce_axis(axis: str, value: Any, label: str) -> list[Any]:
     for item in values:
         if isinstance(item, bool) or not isinstance(item, kind):
             raise UsageError(f"{label} value {item!r} must be {'an integer' if kind is int else 'a string'}")
-        if kind is int and item < 1:
+        if isinstance(item, int) and item < 1:
             raise UsageError(f"{label} value {item} must be a positive integer")
     return values
 
@@ -97,7 +99,9 @@ def load_suite(name_or_path: str) -> Suite:
         raise UsageError(f"suite {name}: not valid TOML ({exc})") from None
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
-        raise UsageError(f"suite {name}: unknown top-level key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}")
+        raise UsageError(
+            f"suite {name}: unknown top-level key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}"
+        )
     budget = data.get("budget_s", 1.0)
     if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
         raise UsageError(f"suite {name}: budget_s must be a positive number of seconds, got {budget!r}")
@@ -116,7 +120,9 @@ def load_suite(name_or_path: str) -> Suite:
     return Suite(name, str(data.get("description", "")), float(budget), tuple(sweeps))
 
 
-def expand(suite: Suite, overrides: dict[str, list[Any]], known_impls: list[str]) -> list[tuple[str, Workload]]:
+def expand(
+    suite: Suite, overrides: dict[str, list[Any]], known_impls: list[str]
+) -> list[tuple[str, Workload]]:
     """All (contender, workload) cases, in sweep order, without duplicates; validates every value."""
     cases: dict[tuple[str, Workload], None] = {}
     for sweep in suite.sweeps:
@@ -130,7 +136,9 @@ def expand(suite: Suite, overrides: dict[str, list[Any]], known_impls: list[str]
         ):  # fmt: skip
             for kv_heads in kv_options or [heads]:
                 for seq_k in seq_kv_options or [seq]:
-                    workload = Workload(batch, heads, kv_heads, seq, seq_k, head_dim, dtype, device, mask, pass_)
+                    workload = Workload(
+                        batch, heads, kv_heads, seq, seq_k, head_dim, dtype, device, mask, pass_
+                    )
                     for impl in impls:
                         cases[(impl, workload)] = None
     return list(cases)

@@ -23,7 +23,13 @@ DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
 }
 DEVICES = ("cpu", "cuda")
-DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp64": "float64"}
+DTYPE_ALIASES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp64": "float64",
+}
 
 
 def canonical_dtype(name: str) -> str:
@@ -94,6 +100,5 @@ class Workload:
         """A short, stable description, e.g. 'B2 H8/2 S128x256 D64 float32 cpu causal fwd'."""
         heads = f"H{self.heads}" if self.kv_heads == self.heads else f"H{self.heads}/{self.kv_heads}"
         seq = f"S{self.seq_q}" if self.seq_q == self.seq_k else f"S{self.seq_q}x{self.seq_k}"
-        return (
-            f"B{self.batch} {heads} {seq} D{self.head_dim} {self.dtype} {self.device} {self.mask} {self.pass_}"
-        )
+        rest = f"{self.dtype} {self.device} {self.mask} {self.pass_}"
+        return f"B{self.batch} {heads} {seq} D{self.head_dim} {rest}"
