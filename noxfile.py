@@ -21,17 +21,18 @@ ROOT = Path(__file__).parent
 PACKAGES = ["src", "impls", "suites", "reports"]
 
 
-def install(session: nox.Session, *extras: str, editable: bool = False) -> None:
-    """torch first (exact build), then attnbench with the given extras."""
+def install(session: nox.Session, *extras: str) -> None:
+    """torch first (exact build), then attnbench with the given extras, never letting pip swap torch."""
     session.install(TORCH)
-    target = f".[{','.join(extras)}]" if extras else "."
-    session.install(*(["-e", target] if editable else [target]))
+    constraint = Path(session.create_tmp()) / "torch-constraint.txt"
+    constraint.write_text(TORCH + "\n")
+    session.install("--constraint", str(constraint), f".[{','.join(extras)}]" if extras else ".")
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the tests against a plain, non-editable install of attnbench."""
-    install(session, "test")
+    install(session, "test", "xformers")
     session.run("pytest", "tests", *session.posargs)
 
 
@@ -64,14 +65,14 @@ def _import_layout(view: Path) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Run the quick CPU benchmark into runs/ (arguments go to `attnbench run`)."""
-    install(session)
+    install(session, "xformers")
     session.run("attnbench", "run", "--suite", "quick", *session.posargs)
 
 
 @nox.session(default=False)
 def bench_gpu(session: nox.Session) -> None:
     """Run the gpu suite on CUDA into runs/ (arguments go to `attnbench run`)."""
-    install(session)
+    install(session, "xformers")
     session.run("attnbench", "run", "--suite", "gpu", *session.posargs)
 
 

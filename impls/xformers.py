@@ -7,6 +7,9 @@ with k and v broadcast over the group, and padding uses an additive bias tensor.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +33,12 @@ class XformersMemoryEfficient(Contender):
 
     def availability(self) -> str | None:
         try:
-            import xformers
+            # xformers logs a multi-line warning on import when its CUDA extensions don't load; the
+            # reason below says what matters, so keep the warning off the user's screen.
+            with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                import xformers
+                import xformers.ops  # noqa: F401
         except Exception as exc:  # any import failure means unavailable, with the reason
             return f"xformers is not installed or failed to import ({type(exc).__name__}: {exc})"
         if not torch.cuda.is_available():

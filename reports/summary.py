@@ -16,12 +16,20 @@ def _cell(row: pd.Series) -> str:
 
 
 def summary_table(frame: pd.DataFrame) -> str:
-    """Median ms per workload (rows) and contender (columns); '!' marks an incorrect result's time."""
+    """Median ms per workload (rows) and contender (columns); '!' marks an incorrect result's time.
+
+    Cells that are not times name the status; contenders unavailable on every row are left out."""
     if frame.empty:
         return "(no cases)"
     cells = frame.assign(cell=frame.apply(_cell, axis=1))
     table = cells.pivot_table(index=GROUP, columns="impl", values="cell", aggfunc="first", sort=False)
-    table = table.reindex(columns=list(dict.fromkeys(frame["impl"])))
+    # Contenders unavailable everywhere only add columns of "unavailable"; their reason is listed below.
+    shown = [
+        impl
+        for impl in dict.fromkeys(frame["impl"])
+        if (frame[frame.impl == impl].status != "unavailable").any()
+    ]
+    table = table.reindex(columns=shown)
     ok = frame[frame["status"] == "ok"]
     if not ok.empty:
         fastest = ok.loc[ok.groupby(GROUP, sort=False)["median_ms"].idxmin()].set_index(GROUP)["impl"]

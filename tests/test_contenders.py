@@ -84,6 +84,17 @@ def test_xformers_unavailable_without_cuda_names_the_reason(monkeypatch):
     )
 
 
+def test_installed_xformers_without_cuda_says_it_has_no_cpu_operator():
+    import torch
+
+    pytest.importorskip("xformers")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    entry = registry.load()["xformers"]
+    assert not entry.available
+    assert "has no CPU operator for memory_efficient_attention; it needs CUDA" in (entry.unavailable_reason or "")
+
+
 def test_naive_is_cpu_only():
     row = run_case("naive", Workload(1, 1, 1, 4, 4, 4, device="cuda"), RunOptions())
     assert row["status"] == "unsupported" and "device cuda not supported" in row["reason"]

@@ -33,9 +33,14 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 
 
 def git_commit() -> str | None:
-    """attnbench's own commit when it runs from a checkout, else None."""
-    source = Path(attnbench.__file__).resolve().parent
-    return _run(["git", "rev-parse", "HEAD"], cwd=source)
+    """attnbench's commit: of the checkout it is imported from (editable install), else of the working
+    directory when that is an attnbench checkout (a plain install made from it, as nox does), else None."""
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=Path(attnbench.__file__).resolve().parent)
+    if commit is None:
+        pyproject = Path.cwd() / "pyproject.toml"
+        if pyproject.is_file() and 'name = "attnbench"' in pyproject.read_text():
+            commit = _run(["git", "rev-parse", "HEAD"], cwd=Path.cwd())
+    return commit
 
 
 def nvidia_driver() -> str | None:
