@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnbench.contender import Capabilities, Contender, Unsupported
+from attnbench.contender import Capabilities, Contender, Unsupported, output_bytes, score_matrix_bytes
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
@@ -52,6 +52,14 @@ class SdpaBackend(Contender):
         if reason is None and workload.device == "cuda" and not torch.cuda.is_available():
             reason = "torch.cuda.is_available() is False"
         return reason
+
+    def predicted_extra_bytes(self, workload: Workload) -> float:
+        if self.member != "MATH":
+            return super().predicted_extra_bytes(workload)
+        # The math backend materialises scores, probabilities and a masked copy, in at least fp32.
+        return score_matrix_bytes(workload, 3, element=max(4, workload.torch_dtype.itemsize)) + output_bytes(
+            workload
+        )
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         from torch.nn.attention import sdpa_kernel

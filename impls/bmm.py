@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from attnbench.contender import Capabilities, Contender
-from attnbench.impls._grouped import grouped_masks, masked_softmax
+from attnbench.impls._grouped import grouped_masks, masked_softmax, materialised_bytes
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
@@ -16,6 +16,9 @@ class BatchedMatmul(Contender):
     name = "bmm"
     description = "torch.bmm(q, kᵀ)·scale → masked softmax → torch.bmm(p, v); S² memory"
     capabilities = Capabilities(backward=True)
+
+    def predicted_extra_bytes(self, workload: Workload) -> float:
+        return materialised_bytes(workload)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         w = workload

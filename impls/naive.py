@@ -13,9 +13,12 @@ from collections.abc import Callable
 import torch
 
 from attnbench.contender import Capabilities, Contender
+from attnbench.flops import attention_flops
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import padding_lengths
 from attnbench.workload import Workload
+
+SECONDS_PER_ROW = 25e-6  # measured: ~21 µs per row at Sk=1024 on the 2-core dev machine
 
 
 def visible_prefix(w: Workload, b: int, i: int) -> int:
@@ -33,6 +36,11 @@ class NaiveLoop(Contender):
     name = "naive"
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ"
     capabilities = Capabilities(devices=frozenset({"cpu"}), backward=False)
+
+    def predicted_seconds(self, workload: Workload, matmul_flops_per_s: float) -> float:
+        """Python overhead dominates: about 25 µs per (batch, head, query) row on a 2-core CPU."""
+        rows = workload.batch * workload.heads * workload.seq_q
+        return rows * SECONDS_PER_ROW + attention_flops(workload) / matmul_flops_per_s
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         w = workload

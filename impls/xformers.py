@@ -38,7 +38,7 @@ class XformersMemoryEfficient(Contender):
             with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 import xformers
-                import xformers.ops  # noqa: F401
+                import xformers.ops
         except Exception as exc:  # any import failure means unavailable, with the reason
             return f"xformers is not installed or failed to import ({type(exc).__name__}: {exc})"
         if not torch.cuda.is_available():

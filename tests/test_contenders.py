@@ -92,7 +92,8 @@ def test_installed_xformers_without_cuda_says_it_has_no_cpu_operator():
         pytest.skip("this machine has CUDA")
     entry = registry.load()["xformers"]
     assert not entry.available
-    assert "has no CPU operator for memory_efficient_attention; it needs CUDA" in (entry.unavailable_reason or "")
+    reason = entry.unavailable_reason or ""
+    assert "has no CPU operator for memory_efficient_attention; it needs CUDA" in reason
 
 
 def test_naive_is_cpu_only():

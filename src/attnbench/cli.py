@@ -10,14 +10,17 @@ import argparse
 import datetime as dt
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 
 from attnbench import registry
+from attnbench.ceilings import load_ceilings
 from attnbench.errors import UsageError
 from attnbench.machine import command_line, environment
+from attnbench.noise import environment_warnings, result_warnings
 from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
 from attnbench.results import RunWriter
 from attnbench.runner import RunOptions, run_cases
@@ -89,8 +92,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = _overrides(args)
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads {args.threads}: must be a positive integer")
-    if args.budget_s is not None and args.budget_s <= 0:
-        raise UsageError(f"--budget-s {args.budget_s}: must be a positive number of seconds")
+    for flag, value in (("--budget-s", args.budget_s), ("--case-budget-s", args.case_budget_s)):
+        if value is not None and not value > 0:
+            raise UsageError(f"{flag} {value}: must be a positive number of seconds")
     entries = registry.load()
     cases = expand(suite, overrides, sorted(entries))
     _check_devices(cases)
@@ -98,10 +102,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     RunWriter.check_target(out)
 
     threads = args.threads or torch.get_num_threads()
-    options = RunOptions(budget_s=args.budget_s or suite.budget_s, threads=threads, seed=args.seed)
+    warnings = environment_warnings()
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    ceilings = {
+        device: load_ceilings(device, sorted({w.dtype for _, w in cases if w.device == device}), threads,
+                              remeasure=args.remeasure_ceilings)
+        for device in sorted({w.device for _, w in cases})
+    }  # fmt: skip
+    options = RunOptions(
+        budget_s=args.budget_s or suite.budget_s, case_budget_s=args.case_budget_s or suite.case_budget_s,
+        threads=threads, seed=args.seed, measure_memory=not args.no_memory, ceilings=ceilings,
+    )  # fmt: skip
     meta: dict[str, Any] = {
         "command": args.command_line, "suite": suite.name, "overrides": overrides,
-        "budget_s": options.budget_s, "seed": options.seed, "n_cases": len(cases),
+        "budget_s": options.budget_s, "case_budget_s": options.case_budget_s, "seed": options.seed,
+        "n_cases": len(cases), "ceilings": {device: asdict(c) for device, c in ceilings.items()},
+        "warnings": warnings,
         "start_time": dt.datetime.now().astimezone().isoformat(), "end_time": None, "finished": False,
         "environment": environment(threads),
     }  # fmt: skip
@@ -127,6 +144,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     reasons = non_ok_reasons(frame)
     if reasons:
         print(reasons)
+    late_warnings = result_warnings(frame)
+    if late_warnings:
+        meta["warnings"] = warnings + late_warnings
+        writer.write_meta(meta)
+    for warning in warnings + late_warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"results: {out / 'results.parquet'} (also results.csv, meta.json)")
     if interrupted:
         print("interrupted: the rows above were finished and saved", file=sys.stderr)
@@ -198,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument(
         "--budget-s", type=float, help="timing budget per case in seconds (default: the suite's)"
     )
+    p_run.add_argument("--case-budget-s", type=float, help="skip a case predicted to cost more (seconds)")
+    p_run.add_argument("--remeasure-ceilings", action="store_true", help="measure ceilings again")
+    p_run.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p_run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_run.add_argument("--progress", choices=["auto", "on", "off"], default="auto", help="progress bar")
     p_run.set_defaults(func=cmd_run)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnbench.flops import attention_flops
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import DTYPES, MASKS, PASSES, Workload
 
@@ -56,6 +57,15 @@ class Capabilities:
         return None
 
 
+def output_bytes(w: Workload) -> float:
+    return float(w.batch * w.heads * w.seq_q * w.head_dim * w.torch_dtype.itemsize)
+
+
+def score_matrix_bytes(w: Workload, copies: float, element: int | None = None) -> float:
+    """``copies`` (B, Hq, Sq, Sk) matrices, in ``element`` bytes each (default the workload's dtype)."""
+    return copies * w.batch * w.heads * w.seq_q * w.seq_k * (element or w.torch_dtype.itemsize)
+
+
 class Unsupported(Exception):
     """Raised from ``prepare`` when a workload turns out unsupported only once tried (e.g. no kernel)."""
 
@@ -75,9 +85,28 @@ class Contender(abc.ABC):
         """Why this workload cannot run here (None if it can). Extend for rules Capabilities can't say."""
         return self.capabilities.unsupported_reason(workload)
 
+    def predicted_extra_bytes(self, workload: Workload) -> float:
+        """Memory model: extra bytes one call needs at its peak, output included (used to skip cases
+        that would not fit). Default, a fused kernel: the output plus fp32 softmax statistics per row."""
+        return output_bytes(workload) + 8.0 * workload.batch * workload.heads * workload.seq_q
+
+    def predicted_seconds(self, workload: Workload, matmul_flops_per_s: float) -> float:
+        """Time model for one call; default: the FLOPs at the machine's measured matmul rate."""
+        return attention_flops(workload) / matmul_flops_per_s
+
     @abc.abstractmethod
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         """Do all set-up, then return the zero-argument callable that computes the (B, Hq, Sq, D) output."""
 
 
-__all__ = ["ALL_DEVICES", "ALL_DTYPES", "ALL_MASKS", "PASSES", "Capabilities", "Contender", "Unsupported"]
+__all__ = [
+    "ALL_DEVICES",
+    "ALL_DTYPES",
+    "ALL_MASKS",
+    "PASSES",
+    "Capabilities",
+    "Contender",
+    "Unsupported",
+    "output_bytes",
+    "score_matrix_bytes",
+]

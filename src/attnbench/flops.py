@@ -1,8 +1,12 @@
-"""One FLOP count for every contender (see DESIGN.md).
+"""One FLOP and byte count for every contender (see DESIGN.md).
 
-forward = 2·Hq·(D + Dv)·P, with P the exact number of (query, key) pairs the mask leaves visible summed
-over the batch — so causal with Sq ≠ Sk and padding are counted right, and a kernel that skips masked
-blocks is not credited with work it did not need to do. Backward is 2.5× forward, forward+backward 3.5×.
+forward FLOPs = 2·Hq·(D + Dv)·P, with P the exact number of (query, key) pairs the mask leaves visible
+summed over the batch — so causal with Sq ≠ Sk and padding are counted right, and a kernel that skips
+masked blocks is not credited with work it did not need to do. Backward is 2.5× forward,
+forward+backward 3.5×.
+
+Minimum bytes: what any implementation must move at least once. Forward reads q, k, v and writes o
+(k and v at Hkv heads); backward reads q, k, v, o, dO and writes dq, dk, dv.
 """
 
 from __future__ import annotations
@@ -20,6 +24,27 @@ def attention_flops(w: Workload) -> float:
     return forward * PASS_FACTOR[w.pass_]
 
 
+def attention_bytes(w: Workload) -> float:
+    """Minimum bytes one call of the workload's pass must read and write."""
+    element = w.torch_dtype.itemsize
+    q = w.batch * w.heads * w.seq_q * w.head_dim  # also o, dO, dq
+    kv = w.batch * w.kv_heads * w.seq_k * w.head_dim  # each of k, v, dk, dv
+    forward = q + 2 * kv + q
+    backward = 4 * q + 4 * kv  # read q, o, dO, k, v; write dq, dk, dv
+    per_pass = {"fwd": forward, "bwd": backward, "fwd_bwd": forward + backward}
+    return float(per_pass[w.pass_] * element)
+
+
+def intensity(w: Workload) -> float:
+    """Arithmetic intensity, FLOP per byte."""
+    return attention_flops(w) / attention_bytes(w)
+
+
 def tflops(w: Workload, median_ms: float) -> float:
     """Achieved TFLOP/s at the given per-call time."""
     return attention_flops(w) / (median_ms * 1e-3) / 1e12
+
+
+def gbps(w: Workload, median_ms: float) -> float:
+    """Achieved GB/s of minimum traffic at the given per-call time."""
+    return attention_bytes(w) / (median_ms * 1e-3) / 1e9

@@ -1,13 +1,21 @@
-"""Timing of a prepared zero-argument callable (first version; see issue 3 for the hardened one).
+"""Timing a prepared zero-argument callable, so that a figure attnbench prints can be quoted.
 
-CPU: torch.utils.benchmark's ``adaptive_autorange`` — it sizes blocks so that timer overhead is
-negligible, pins the thread count, and stops once the IQR is within 10 % of the median or the case's
-budget is spent. GPU: CUDA events around each call; the host waits only after the end event is recorded,
-so host syncs are not counted as kernel time.
+CPU — the samples come from torch.utils.benchmark's ``Timer.timeit`` (threads pinned to the run's
+count, calls blocked into samples of at least ``MIN_SAMPLE_S`` so timer overhead is negligible). We
+drive the loop ourselves rather than calling ``adaptive_autorange`` because its only stop rule is
+IQR/median < threshold, which accepts a median that still wanders by several percent between runs; we
+stop when the 95 % confidence interval of the median is within ``TARGET_CI`` of it, or the budget is
+spent.
+
+GPU — CUDA events around each call, the host waiting only after the end event (host syncs are not kernel
+time). Two figures: *warm* (back-to-back calls, L2 holding what the last call left) and *cold* (L2 flushed
+before each call, via triton.testing.do_bench, which does exactly that). Calls shorter than
+``GRAPH_BELOW_MS`` are replayed from a CUDA graph so launch overhead does not swamp them.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -15,6 +23,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.utils.benchmark as benchmark
+
+MIN_SAMPLE_S = 2e-3  # a CPU sample blocks calls until it lasts at least this long
+TARGET_CI = 0.01  # stop once the median's 95 % CI half-width is within 1 % of the median
+MIN_SAMPLES = 7
+MAX_SAMPLES = 10_000
+UNSTABLE_REL_IQR = 0.10  # flag a case whose IQR is 10 % of its median or more
+GRAPH_BELOW_MS = 0.05
 
 
 @dataclass(frozen=True)
@@ -24,6 +39,16 @@ class Timing:
     n_samples: int
     calls_per_sample: int
     samples_ms: list[float]
+    method: str  # how the samples were taken: torch.utils.benchmark, cuda_events or cuda_graph
+    cold_median_ms: float | None = None  # GPU: L2 flushed before each call
+
+    @property
+    def rel_iqr(self) -> float:
+        return self.iqr_ms / self.median_ms if self.median_ms > 0 else math.inf
+
+    @property
+    def unstable(self) -> bool:
+        return self.rel_iqr >= UNSTABLE_REL_IQR
 
 
 def synchronize(device: str) -> None:
@@ -40,58 +65,116 @@ def call_once_ms(fn: Callable[[], object], device: str) -> tuple[float, object]:
     return (time.perf_counter() - start) * 1e3, result
 
 
-def _quartiles(samples: list[float]) -> tuple[float, float, float]:
+def quartiles(samples: list[float]) -> tuple[float, float, float]:
     if len(samples) < 2:
         return samples[0], samples[0], samples[0]
     q1, median, q3 = statistics.quantiles(samples, n=4, method="inclusive")
     return q1, median, q3
 
 
-def _from_samples(samples_ms: list[float], calls_per_sample: int) -> Timing:
-    q1, median, q3 = _quartiles(samples_ms)
-    return Timing(median, q3 - q1, len(samples_ms), calls_per_sample, samples_ms)
+def median_ci_halfwidth(samples: list[float]) -> float:
+    """Half-width of a distribution-free 95 % confidence interval of the median (order statistics)."""
+    n = len(samples)
+    if n < 6:
+        return math.inf
+    ordered = sorted(samples)
+    spread = 1.96 * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - spread))
+    high = min(n - 1, math.ceil(n / 2 + spread))
+    return (ordered[high] - ordered[low]) / 2
 
 
-def time_cpu(fn: Callable[[], object], threads: int, budget_s: float) -> Timing:
+def _timing(samples_ms: list[float], calls: int, method: str, cold: float | None = None) -> Timing:
+    q1, median, q3 = quartiles(samples_ms)
+    return Timing(median, q3 - q1, len(samples_ms), calls, samples_ms, method, cold)
+
+
+def time_cpu(fn: Callable[[], object], threads: int, budget_s: float, estimate_s: float) -> Timing:
+    """Samples of ``fn`` on CPU until the median is pinned down or ``budget_s`` is spent."""
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-    measurement = timer.adaptive_autorange(
-        threshold=0.1, min_run_time=min(0.2, budget_s), max_run_time=budget_s
-    )
-    samples_ms = [t * 1e3 for t in measurement.times]  # per-call time of each block
-    return _from_samples(samples_ms, measurement.number_per_run)
+    calls = max(1, math.ceil(MIN_SAMPLE_S / max(estimate_s, 1e-9)))
+    samples_ms: list[float] = []
+    spent = 0.0
+    while len(samples_ms) < MAX_SAMPLES:
+        seconds = timer.timeit(calls).raw_times[0]  # one block of `calls` calls
+        samples_ms.append(seconds / calls * 1e3)
+        spent += seconds
+        if spent >= budget_s and len(samples_ms) >= 3:
+            break
+        if len(samples_ms) >= MIN_SAMPLES:
+            median = statistics.median(samples_ms)
+            if median_ci_halfwidth(samples_ms) <= TARGET_CI * median:
+                break
+    return _timing(samples_ms, calls, "torch.utils.benchmark")
 
 
-def time_cuda(
-    fn: Callable[[], object], budget_s: float, min_samples: int = 10, max_samples: int = 1000
-) -> Timing:
-    start_events: list[torch.cuda.Event] = []
-    end_events: list[torch.cuda.Event] = []
-    torch.cuda.synchronize()
+def _events_loop(fn: Callable[[], object], budget_s: float) -> list[float]:
+    starts: list[torch.cuda.Event] = []
+    ends: list[torch.cuda.Event] = []
     deadline = time.perf_counter() + budget_s
-    while len(start_events) < max_samples and (
-        len(start_events) < min_samples or time.perf_counter() < deadline
-    ):
+    torch.cuda.synchronize()
+    while len(starts) < MAX_SAMPLES and (len(starts) < MIN_SAMPLES or time.perf_counter() < deadline):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        start_events.append(start)
-        end_events.append(end)
-    samples_ms = [s.elapsed_time(e) for s, e in zip(start_events, end_events, strict=True)]
-    return _from_samples(samples_ms, 1)
+        starts.append(start)
+        ends.append(end)
+        if len(starts) % 50 == 0:
+            end.synchronize()  # bound the queue; the events already hold the GPU timestamps
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
-def warm_up(fn: Callable[[], object], device: str, first_call_ms: float, budget_s: float) -> None:
-    """A few more calls after the first, so caches, allocator pools and autotuners settle."""
+def _graph_samples(fn: Callable[[], object], budget_s: float, replays: int = 100) -> list[float] | None:
+    """Per-call times from replaying ``replays`` captured calls; None if ``fn`` can't be captured."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()  # warm the capture stream's allocator pool
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(replays):
+                fn()
+    except Exception:  # not every kernel or library can be captured; the caller falls back to events
+        return None
+    return [t / replays for t in _events_loop(graph.replay, budget_s)]
+
+
+def _cold_median_ms(fn: Callable[[], object], budget_s: float) -> float | None:
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        return None
+    times = do_bench(fn, warmup=5, rep=max(1, int(budget_s * 1e3)), return_mode="all")
+    return float(statistics.median(times))
+
+
+def time_cuda(fn: Callable[[], object], budget_s: float, estimate_s: float) -> Timing:
+    cold = _cold_median_ms(fn, budget_s / 2)
+    if estimate_s * 1e3 < GRAPH_BELOW_MS:
+        graph_samples = _graph_samples(fn, budget_s / 2)
+        if graph_samples is not None:
+            return _timing(graph_samples, 100, "cuda_graph", cold)
+    return _timing(_events_loop(fn, budget_s / 2), 1, "cuda_events", cold)
+
+
+def warm_up(fn: Callable[[], object], device: str, first_call_ms: float, budget_s: float) -> float:
+    """Calls after the first until caches, allocator pools and autotuners settle; returns the last
+    call's time in seconds, an estimate for block sizing."""
     calls = 1 if first_call_ms > 1e3 * budget_s / 4 else 3
+    elapsed_ms = first_call_ms
     for _ in range(calls):
-        fn()
-    synchronize(device)
+        elapsed_ms, _ = call_once_ms(fn, device)
+    return elapsed_ms / 1e3
 
 
-def time_callable(fn: Callable[[], object], device: str, threads: int, budget_s: float) -> Timing:
+def time_callable(
+    fn: Callable[[], object], device: str, threads: int, budget_s: float, estimate_s: float
+) -> Timing:
     """Median, IQR and raw per-call samples of ``fn`` on ``device`` within about ``budget_s`` seconds."""
     if device == "cuda":
-        return time_cuda(fn, budget_s)
-    return time_cpu(fn, threads, budget_s)
+        return time_cuda(fn, budget_s, estimate_s)
+    return time_cpu(fn, threads, budget_s, estimate_s)

@@ -36,9 +36,17 @@ WORKLOAD_COLUMNS = [
 COLUMNS = [
     "impl", *WORKLOAD_COLUMNS,
     "status", "reason",
-    "median_ms", "iqr_ms", "n_samples", "calls_per_sample", "tflops", "flops",
+    "median_ms", "iqr_ms", "n_samples", "calls_per_sample", "unstable", "timing_method", "cold_median_ms",
+    "tflops", "gbps", "flops", "bytes", "intensity", "pct_of_peak",
+    "peak_mem_mb", "predicted_ms", "predicted_mem_mb",
     "max_abs_err", "atol", "rtol", "checked_rows",
     "setup_ms", "first_call_ms", "threads", "samples_ms",
+]  # fmt: skip
+
+FLOAT_COLUMNS = [
+    "scale", "median_ms", "iqr_ms", "cold_median_ms", "tflops", "gbps", "flops", "bytes", "intensity",
+    "pct_of_peak", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "max_abs_err", "atol", "rtol",
+    "setup_ms", "first_call_ms",
 ]  # fmt: skip
 
 
@@ -80,7 +88,7 @@ class RunWriter:
         self.check_target(self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rows_path.touch()
-        self._write_meta(meta)
+        self.write_meta(meta)
 
     def append(self, row: dict[str, Any]) -> None:
         row = {key: _clean(value) for key, value in row.items()}
@@ -95,10 +103,10 @@ class RunWriter:
         csv = frame.copy()
         csv["samples_ms"] = csv["samples_ms"].map(lambda s: json.dumps(list(s)) if s is not None else "")
         csv.to_csv(self.out_dir / "results.csv", index=False)
-        self._write_meta(meta)
+        self.write_meta(meta)
         return frame
 
-    def _write_meta(self, meta: dict[str, Any]) -> None:
+    def write_meta(self, meta: dict[str, Any]) -> None:
         tmp = self.out_dir / "meta.json.tmp"
         tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
         tmp.replace(self.out_dir / "meta.json")
@@ -107,9 +115,9 @@ class RunWriter:
 def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Rows in the documented column order and dtypes."""
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    for column in ("median_ms", "iqr_ms", "tflops", "flops", "max_abs_err", "atol", "rtol", "setup_ms",
-                   "first_call_ms", "scale"):  # fmt: skip
+    for column in FLOAT_COLUMNS:
         frame[column] = frame[column].astype("float64")
+    frame["unstable"] = frame["unstable"].astype("boolean")
     for column in ("n_samples", "calls_per_sample", "checked_rows", "threads"):
         frame[column] = frame[column].astype("Int64")
     return frame

@@ -1,24 +1,27 @@
-"""Run planned cases: availability → support → prepare → first call → correctness gate → timing → row.
+"""Run planned cases: availability → support → prediction → prepare → first call → correctness gate →
+timing → memory pass → row.
 
-Every case ends as exactly one row, whatever happens inside it; rows are appended to the run folder as
-each case finishes.
+Every case ends as exactly one row, whatever happens inside it; rows are handed on as each case finishes.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from attnbench import registry
+from attnbench.ceilings import Ceilings
 from attnbench.check import CheckResult, check_output
 from attnbench.contender import Unsupported
-from attnbench.flops import attention_flops, tflops
+from attnbench.flops import attention_bytes, attention_flops, gbps, intensity, tflops
 from attnbench.inputs import make_inputs
 from attnbench.measure import call_once_ms, time_callable, warm_up
+from attnbench.memory import free_memory_bytes, peak_memory_mb
+from attnbench.predict import predict, skip_reason
 from attnbench.results import make_row
 from attnbench.workload import Workload
 
@@ -26,8 +29,11 @@ from attnbench.workload import Workload
 @dataclass(frozen=True)
 class RunOptions:
     budget_s: float = 1.0  # timing budget per case
+    case_budget_s: float = 60.0  # predicted cost over which a case is skipped
     threads: int = 1
     seed: int = 0
+    measure_memory: bool = True
+    ceilings: dict[str, Ceilings] = field(default_factory=dict)  # by device
 
 
 def _first_line(exc: BaseException) -> str:
@@ -83,29 +89,45 @@ def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, An
     verdict = not_runnable(impl, workload)
     if verdict is not None:
         return make_row(impl, workload, *verdict)
+    contender = registry.get(impl).contender
+    assert contender is not None
+    prediction = predict(contender, workload, options.ceilings.get(workload.device))
+    predicted = {"predicted_ms": prediction.ms, "predicted_mem_mb": prediction.mem_mb}
+    reason = skip_reason(prediction, options.case_budget_s, free_memory_bytes(workload.device))
+    if reason is not None:
+        return make_row(impl, workload, "skipped", reason, **predicted)
     try:
-        return _measure_case(impl, workload, options)
+        return _measure_case(impl, workload, options, predicted)
     except Unsupported as exc:
-        return make_row(impl, workload, "unsupported", str(exc))
+        return make_row(impl, workload, "unsupported", str(exc), **predicted)
     except Exception as exc:  # a contender may fail in any way; the sweep must go on
         status = "oom" if _is_oom(exc) else "error"
         if workload.device == "cuda":
             torch.cuda.empty_cache()
-        return make_row(impl, workload, status, _first_line(exc))
+        return make_row(impl, workload, status, _first_line(exc), **predicted)
 
 
-def _measure_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, Any]:
+def _measure_case(
+    impl: str, workload: Workload, options: RunOptions, predicted: dict[str, float]
+) -> dict[str, Any]:
     prepared = prepare_checked(impl, workload, options.seed)
     check = prepared.check
-    warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
-    timing = time_callable(prepared.fn, workload.device, options.threads, options.budget_s)
-    metrics = dict(
+    estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
+    timing = time_callable(prepared.fn, workload.device, options.threads, options.budget_s, estimate_s)
+    peak_mb = peak_memory_mb(prepared.fn, workload.device) if options.measure_memory else None
+    metrics: dict[str, Any] = dict(
         median_ms=timing.median_ms, iqr_ms=timing.iqr_ms, n_samples=timing.n_samples,
-        calls_per_sample=timing.calls_per_sample, samples_ms=timing.samples_ms,
-        flops=attention_flops(workload), tflops=tflops(workload, timing.median_ms),
+        calls_per_sample=timing.calls_per_sample, samples_ms=timing.samples_ms, unstable=timing.unstable,
+        timing_method=timing.method, cold_median_ms=timing.cold_median_ms,
+        flops=attention_flops(workload), bytes=attention_bytes(workload), intensity=intensity(workload),
+        tflops=tflops(workload, timing.median_ms), gbps=gbps(workload, timing.median_ms),
+        peak_mem_mb=peak_mb, **predicted,
         max_abs_err=check.max_abs_err, atol=check.atol, rtol=check.rtol, checked_rows=check.checked_rows,
         setup_ms=prepared.setup_ms, first_call_ms=prepared.first_call_ms, threads=options.threads,
     )  # fmt: skip
+    ceilings = options.ceilings.get(workload.device)
+    roof = ceilings.roofline_tflops(workload.dtype, metrics["intensity"]) if ceilings else None
+    metrics["pct_of_peak"] = 100 * metrics["tflops"] / roof if roof else None
     status = "ok" if check.ok else "incorrect"
     return make_row(impl, workload, status, check.reason, **metrics)
 

@@ -1,6 +1,7 @@
 """Suites: named sweeps kept as TOML data in ``suites/``, expanded into (contender, Workload) cases.
 
-A suite file has an optional ``description``, ``budget_s`` (timing budget per case, seconds), a
+A suite file has an optional ``description``, ``budget_s`` (timing budget per case, seconds),
+``case_budget_s`` (a case predicted to cost more is skipped, default 60 s), a
 ``[defaults]`` table and one or more ``[[sweep]]`` tables. Each sweep is the Cartesian product of its
 axes (defaults filled in); every axis takes one value or a list. Axes: impl, batch, heads, kv_heads,
 seq, seq_kv, head_dim, dtype, device, mask, pass. ``impl = "all"`` means every registered contender;
@@ -32,7 +33,7 @@ AXES = ("impl", "batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "dtyp
 REQUIRED = ("batch", "heads", "seq", "head_dim")
 DEFAULTS: dict[str, list[Any]] = {"impl": ["all"], "dtype": ["float32"], "device": ["cpu"], "mask": ["none"],
                                   "pass": ["fwd"]}  # fmt: skip
-TOP_KEYS = ("description", "budget_s", "defaults", "sweep")
+TOP_KEYS = ("description", "budget_s", "case_budget_s", "defaults", "sweep")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Suite:
     name: str
     description: str
     budget_s: float
+    case_budget_s: float
     sweeps: tuple[dict[str, list[Any]], ...]
 
 
@@ -102,9 +104,10 @@ def load_suite(name_or_path: str) -> Suite:
         raise UsageError(
             f"suite {name}: unknown top-level key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}"
         )
-    budget = data.get("budget_s", 1.0)
-    if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
-        raise UsageError(f"suite {name}: budget_s must be a positive number of seconds, got {budget!r}")
+    budgets = {key: data.get(key, default) for key, default in (("budget_s", 1.0), ("case_budget_s", 60.0))}
+    for key, budget in budgets.items():
+        if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
+            raise UsageError(f"suite {name}: {key} must be a positive number of seconds, got {budget!r}")
     defaults = {**DEFAULTS, **_axes(data.get("defaults", {}), f"suite {name} [defaults]")}
     raw_sweeps = data.get("sweep", [{}])
     if not isinstance(raw_sweeps, list) or not raw_sweeps:
@@ -117,7 +120,9 @@ def load_suite(name_or_path: str) -> Suite:
         if missing:
             raise UsageError(f"{where}: missing axis {missing[0]!r}; required: {', '.join(REQUIRED)}")
         sweeps.append(sweep)
-    return Suite(name, str(data.get("description", "")), float(budget), tuple(sweeps))
+    description = str(data.get("description", ""))
+    budget_s, case_budget_s = float(budgets["budget_s"]), float(budgets["case_budget_s"])
+    return Suite(name, description, budget_s, case_budget_s, tuple(sweeps))
 
 
 def expand(

@@ -1,0 +1,92 @@
+"""Environment warnings, pyperf-style: say when the machine is noisy or a result too thin to trust."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.measure import UNSTABLE_REL_IQR
+
+BUSY_PROCESS_SHARE = 0.2  # another process using a fifth of a core is worth a warning
+MIN_TRUSTED_SAMPLES = 5
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _load_warning() -> str | None:
+    cores = os.cpu_count() or 1
+    load1 = os.getloadavg()[0]
+    if load1 > 0.5 * cores + 0.5:
+        return f"load average {load1:.2f} on {cores} cores: other work competes for the CPU"
+    return None
+
+
+def _governor_warnings() -> list[str]:
+    paths = Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_governor")
+    governors = sorted({g for g in map(_read, paths) if g and g != "performance"})
+    warnings = [f"CPU frequency governor is {g!r}, not 'performance': timings drift" for g in governors]
+    if _read(Path("/sys/devices/system/cpu/intel_pstate/no_turbo")) == "0":
+        warnings.append("Turbo Boost is on: the clock, and so timings, depend on temperature and load")
+    return warnings
+
+
+def _cpu_ticks() -> dict[int, tuple[str, int]]:
+    ticks = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        text = _read(stat)
+        if not text:
+            continue
+        name = text[text.find("(") + 1 : text.rfind(")")]
+        fields = text[text.rfind(")") + 2 :].split()
+        ticks[int(stat.parent.name)] = (name, int(fields[11]) + int(fields[12]))  # utime + stime
+    return ticks
+
+
+def _busy_process_warnings(window_s: float = 0.25) -> list[str]:
+    if not Path("/proc/self/stat").exists():
+        return []
+    before = _cpu_ticks()
+    time.sleep(window_s)
+    after = _cpu_ticks()
+    hertz = os.sysconf("SC_CLK_TCK")
+    warnings = []
+    for pid, (name, used) in after.items():
+        if pid == os.getpid() or pid not in before:
+            continue
+        share = (used - before[pid][1]) / hertz / window_s
+        if share >= BUSY_PROCESS_SHARE:
+            warnings.append(f"process {pid} ({name}) uses {share:.0%} of a core")
+    return warnings
+
+
+def environment_warnings() -> list[str]:
+    """Warnings about the machine, taken just before a run starts."""
+    load = _load_warning()
+    return [*([load] if load else []), *_governor_warnings(), *_busy_process_warnings()]
+
+
+def result_warnings(frame: pd.DataFrame) -> list[str]:
+    """Warnings about the measurements themselves."""
+    ok = frame[frame["status"] == "ok"]
+    warnings = []
+    unstable = ok[ok["unstable"].fillna(False).astype(bool)]
+    if len(unstable):
+        warnings.append(
+            f"{len(unstable)} case(s) unstable (IQR ≥ {UNSTABLE_REL_IQR:.0%} of the median): "
+            + ", ".join(sorted(set(unstable["impl"])))
+        )
+    thin = ok[ok["n_samples"] < MIN_TRUSTED_SAMPLES]
+    if len(thin):
+        warnings.append(
+            f"{len(thin)} case(s) with fewer than {MIN_TRUSTED_SAMPLES} samples, too short to trust: "
+            "raise --budget-s"
+        )
+    return warnings

@@ -1,0 +1,63 @@
+"""Predict a case's time and memory before running it, and skip what would not fit.
+
+A CPU process that runs out of memory is killed, not caught, and a Python loop at 16k tokens would run
+for an hour; so every case is priced first. Time comes from the contender's model (by default its FLOPs
+at the machine's measured matmul rate — a lower bound); memory from its memory model (the extra memory
+one call needs, output included) plus the inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnbench.ceilings import Ceilings
+from attnbench.contender import Contender
+from attnbench.workload import Workload
+
+CALLS_AT_LEAST = 3  # first call, one warm-up, one sample: a case costs at least this many calls
+MEMORY_HEADROOM = 0.8  # use at most this fraction of the free memory
+FALLBACK_FLOPS_PER_S = 1e11  # when no ceiling was measured for the dtype
+
+
+def input_bytes(w: Workload) -> int:
+    """q, k, v, upstream gradient (B, H, S, D) in the workload's dtype."""
+    element = w.torch_dtype.itemsize
+    return element * w.head_dim * (2 * w.batch * w.heads * w.seq_q + 2 * w.batch * w.kv_heads * w.seq_k)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    seconds: float  # one call
+    extra_bytes: float  # one call's extra memory at its peak, output included
+    total_bytes: float  # with the inputs
+
+    @property
+    def ms(self) -> float:
+        return self.seconds * 1e3
+
+    @property
+    def mem_mb(self) -> float:
+        return self.extra_bytes / 2**20
+
+
+def predict(contender: Contender, w: Workload, ceilings: Ceilings | None) -> Prediction:
+    rate = FALLBACK_FLOPS_PER_S
+    if ceilings is not None and w.dtype in ceilings.matmul_tflops:
+        rate = ceilings.matmul_tflops[w.dtype] * 1e12
+    extra = contender.predicted_extra_bytes(w)
+    return Prediction(contender.predicted_seconds(w, rate), extra, extra + input_bytes(w))
+
+
+def skip_reason(prediction: Prediction, case_budget_s: float, free_bytes: int) -> str | None:
+    """Why a case must not run (over the per-case time budget or the free memory), else None."""
+    if prediction.seconds * CALLS_AT_LEAST > case_budget_s:
+        return (
+            f"predicted {prediction.seconds:.3g} s per call; {CALLS_AT_LEAST} calls exceed the case budget "
+            f"of {case_budget_s:g} s (raise --case-budget-s to run it)"
+        )
+    if prediction.total_bytes > MEMORY_HEADROOM * free_bytes:
+        return (
+            f"predicted {prediction.total_bytes / 2**30:.3g} GiB (inputs + {prediction.mem_mb:.0f} MiB "
+            f"extra) exceeds {MEMORY_HEADROOM:.0%} of the {free_bytes / 2**30:.3g} GiB free"
+        )
+    return None
