@@ -23,8 +23,8 @@ from attnbench.machine import command_line, environment
 from attnbench.noise import environment_warnings, result_warnings
 from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
 from attnbench.results import RunWriter
-from attnbench.runner import RunOptions, run_cases
-from attnbench.suite import AXES, INT_AXES, coerce_axis, expand, load_suite, suite_names
+from attnbench.runner import RunOptions, not_runnable, run_cases
+from attnbench.suite import AXES, DEFAULTS, INT_AXES, Suite, coerce_axis, expand, load_suite, suite_names
 from attnbench.workload import DEVICES, canonical_dtype
 
 # CLI flag -> suite axis
@@ -157,6 +157,44 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+PROFILE_WORKLOAD = {"batch": [1], "heads": [8], "seq": [1024], "head_dim": [64]}
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from attnbench.profiling import profile_case, write_tables
+
+    if args.calls < 1:
+        raise UsageError(f"--calls {args.calls}: must be a positive integer")
+    overrides = _overrides(args)
+    suite = Suite("profile", "", 1.0, 60.0, ({**DEFAULTS, **PROFILE_WORKLOAD},))
+    cases = expand(suite, overrides, sorted(registry.load()))
+    _check_devices(cases)
+    out = Path(args.out) if args.out else _default_out("profile")
+    RunWriter.check_target(out)
+    runnable = []
+    for impl, workload in cases:
+        verdict = not_runnable(impl, workload)
+        if verdict is None:
+            runnable.append((impl, workload))
+        else:
+            print(f"{impl} {workload.label()}: {verdict[0]} — {verdict[1]}", file=sys.stderr)
+    if not runnable:
+        raise UsageError("nothing to profile: every case is unavailable or unsupported (see above)")
+    out.mkdir(parents=True, exist_ok=True)
+    profiles = []
+    for impl, workload in runnable:
+        profile = profile_case(impl, workload, out, calls=args.calls, seed=args.seed)
+        profiles.append(profile)
+        shown = profile.top_ops[["op", "self_ms_per_call", "pct", "category"]].round(4)
+        print(f"\n{impl}  {workload.label()}  ({profile.calls} calls recorded)")
+        print(shown.to_string(index=False))
+        split = ", ".join(f"{r.category} {r.pct:.0f}%" for r in profile.breakdown.itertuples())
+        print(f"breakdown: {split}\ntrace: {profile.trace_path}")
+    top_path, breakdown_path = write_tables(profiles, out)
+    print(f"\ntables: {top_path}, {breakdown_path}")
+    return 0
+
+
 def _progress(total: int, mode: str) -> Any:
     from tqdm import tqdm
 
@@ -227,6 +265,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_run.add_argument("--progress", choices=["auto", "on", "off"], default="auto", help="progress bar")
     p_run.set_defaults(func=cmd_run)
+
+    p_profile = commands.add_parser("profile", help="torch.profiler traces and top operators per contender")
+    p_profile.add_argument("--out", help="folder to create (default: runs/profile-TIMESTAMP)")
+    for axis, flag in AXIS_FLAGS.items():
+        if axis != "pass":
+            p_profile.add_argument(flag, dest=axis, metavar="LIST", help=f"{axis} (comma-separated)")
+    p_profile.set_defaults(**{"pass": None})
+    p_profile.add_argument("--calls", type=int, default=5, help="most calls recorded per case (default 5)")
+    p_profile.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p_profile.set_defaults(func=cmd_profile)
 
     commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
     commands.add_parser("env", help="what this machine is, as recorded in meta.json").set_defaults(
