@@ -22,7 +22,7 @@ TOP_N = 15
 # Checked in order; the first pattern that matches an operator's name picks its category.
 CATEGORIES = [
     ("fused_attention", re.compile(r"attention|flash|fmha|cpp_fused|triton_|flex|CompiledFxGraph", re.I)),
-    ("matmul", re.compile(r"::(bmm|mm|addmm|baddbmm|matmul|einsum|dot|mv|addmv_?|linear)$|gemm|cutlass", re.I)),
+    ("matmul", re.compile(r"::(bmm|mm|addmm|baddbmm|matmul|einsum|dot|mv|addmv_?|linear)$|gemm", re.I)),
     ("softmax", re.compile(r"softmax|::(exp|amax|logsumexp|max|sum|div)_?$", re.I)),
     ("copies", re.compile(r"copy|clone|contiguous|::to$|::cat$|repeat|expand$|masked_fill|fill_", re.I)),
 ]
@@ -104,4 +104,3 @@ def write_tables(profiles: list[CaseProfile], out_dir: Path) -> tuple[Path, Path
     pd.concat(tops, ignore_index=True).to_csv(top_path, index=False)
     pd.concat(breakdowns, ignore_index=True).to_csv(breakdown_path, index=False)
     return top_path, breakdown_path
-
