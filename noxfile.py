@@ -36,6 +36,13 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "tests", *session.posargs)
 
 
+@nox.session(default=False)
+def timing_checks(session: nox.Session) -> None:
+    """Check the timing claims (agreement with blocked_autorange, repeatability) on a quiet machine."""
+    install(session, "test")
+    session.run("pytest", "tests", "-m", "timing", "-v", *session.posargs)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """Check style with ruff and types with mypy."""

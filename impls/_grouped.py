@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.contender import output_bytes, score_matrix_bytes
+from attnbench.contender import score_matrix_bytes
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
 
 def materialised_bytes(w: Workload) -> float:
-    """Memory model of the matmul-softmax-matmul contenders: scores and probabilities (plus the masked
-    copy of the scores when there is a mask), and the output."""
-    return score_matrix_bytes(w, 2 if w.mask == "none" else 3) + output_bytes(w)
+    """Memory model of the matmul-softmax-matmul contenders: scores and probabilities, plus the masked
+    copy of the scores when there is a mask."""
+    return score_matrix_bytes(w, 2 if w.mask == "none" else 3)
 
 
 def grouped_masks(inputs: AttentionInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:

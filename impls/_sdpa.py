@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnbench.contender import Capabilities, Contender, Unsupported, output_bytes, score_matrix_bytes
+from attnbench.contender import Capabilities, Contender, Unsupported, score_matrix_bytes
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
@@ -57,9 +57,7 @@ class SdpaBackend(Contender):
         if self.member != "MATH":
             return super().predicted_extra_bytes(workload)
         # The math backend materialises scores, probabilities and a masked copy, in at least fp32.
-        return score_matrix_bytes(workload, 3, element=max(4, workload.torch_dtype.itemsize)) + output_bytes(
-            workload
-        )
+        return score_matrix_bytes(workload, 3, element=max(4, workload.torch_dtype.itemsize))
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         from torch.nn.attention import sdpa_kernel

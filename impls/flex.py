@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from attnbench.contender import Capabilities, Contender, output_bytes, score_matrix_bytes
+from attnbench.contender import Capabilities, Contender, score_matrix_bytes
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
@@ -52,7 +52,7 @@ class FlexAttention(Contender):
         if workload.device == "cuda":
             return super().predicted_extra_bytes(workload)
         # Measured on CPU (torch 2.13): peak grows with Sq·Sk at about half a score matrix.
-        return score_matrix_bytes(workload, 0.6) + output_bytes(workload)
+        return score_matrix_bytes(workload, 0.6)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention

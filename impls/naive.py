@@ -15,10 +15,10 @@ import torch
 from attnbench.contender import Capabilities, Contender
 from attnbench.flops import attention_flops
 from attnbench.inputs import AttentionInputs
-from attnbench.masks import padding_lengths
+from attnbench.masks import padding_lengths, visible_pairs
 from attnbench.workload import Workload
 
-SECONDS_PER_ROW = 25e-6  # measured: ~21 µs per row at Sk=1024 on the 2-core dev machine
+SECONDS_PER_ROW = 15e-6  # Python and dispatch overhead of one row's five tensor operations
 
 
 def visible_prefix(w: Workload, b: int, i: int) -> int:
@@ -37,10 +37,14 @@ class NaiveLoop(Contender):
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ"
     capabilities = Capabilities(devices=frozenset({"cpu"}), backward=False)
 
-    def predicted_seconds(self, workload: Workload, matmul_flops_per_s: float) -> float:
-        """Python overhead dominates: about 25 µs per (batch, head, query) row on a 2-core CPU."""
-        rows = workload.batch * workload.heads * workload.seq_q
-        return rows * SECONDS_PER_ROW + attention_flops(workload) / matmul_flops_per_s
+    def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
+        """Per (batch, head, query) row: Python overhead, plus reading the visible keys and values (a
+        matrix-vector product is bandwidth-bound), plus the arithmetic."""
+        w = workload
+        rows = w.batch * w.heads * w.seq_q
+        key_value_bytes = visible_pairs(w.mask, w.batch, w.seq_q, w.seq_k) * w.heads * 2 * w.head_dim
+        key_value_bytes *= w.torch_dtype.itemsize
+        return rows * SECONDS_PER_ROW + key_value_bytes / bytes_per_s + attention_flops(w) / flops_per_s
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         w = workload

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,12 @@ from attnbench import registry
 from attnbench.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # One ceilings cache for the whole session (and its subprocesses), not the user's.
+    if "ATTNBENCH_CACHE_DIR" not in os.environ:
+        os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-test-cache-")
 
 
 @pytest.fixture

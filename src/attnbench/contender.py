@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnbench.flops import attention_flops
+from attnbench.flops import attention_bytes, attention_flops
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import DTYPES, MASKS, PASSES, Workload
 
@@ -86,13 +86,15 @@ class Contender(abc.ABC):
         return self.capabilities.unsupported_reason(workload)
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
-        """Memory model: extra bytes one call needs at its peak, output included (used to skip cases
-        that would not fit). Default, a fused kernel: the output plus fp32 softmax statistics per row."""
-        return output_bytes(workload) + 8.0 * workload.batch * workload.heads * workload.seq_q
+        """Memory model: working memory one call needs at its peak beyond its inputs and its output
+        (what ``peak_mem_mb`` measures; used to skip cases that would not fit). Default, a fused
+        kernel: fp32 softmax statistics per query row."""
+        return 8.0 * workload.batch * workload.heads * workload.seq_q
 
-    def predicted_seconds(self, workload: Workload, matmul_flops_per_s: float) -> float:
-        """Time model for one call; default: the FLOPs at the machine's measured matmul rate."""
-        return attention_flops(workload) / matmul_flops_per_s
+    def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
+        """Time model for one call, given the machine's measured matmul rate and copy bandwidth.
+        Default, the roofline: the FLOPs at the matmul rate or the minimum bytes at the bandwidth."""
+        return max(attention_flops(workload) / flops_per_s, attention_bytes(workload) / bytes_per_s)
 
     @abc.abstractmethod
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:

@@ -1,7 +1,11 @@
-"""Peak memory of one call, measured in a pass of its own (never while timing), and free memory.
+"""Peak working memory of one call, measured in a pass of its own (never while timing), and free memory.
+
+The figure is what a call allocates at its peak beyond its inputs and its output: the output is the
+same for every contender, so leaving it out shows what tells them apart — an S×S score matrix (bmm's
+memory grows 4× when S doubles) against a flash kernel's few row statistics.
 
 CUDA: reset the allocator's peak statistic, call, and take max_memory_allocated minus what was allocated
-before — the extra memory the call needed at its peak, output included.
+before, less the output's storage.
 
 CPU: PyTorch's CPU allocations bypass Python's allocator, so tracemalloc never sees them. The profiler
 with ``profile_memory=True`` records every allocation and free the CPU allocator makes, in order; the
@@ -37,33 +41,39 @@ def quiet_native_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _cpu_peak_bytes(fn: Callable[[], object]) -> int:
+def _storage_bytes(output: object) -> int:
+    if isinstance(output, torch.Tensor):
+        return output.untyped_storage().nbytes()
+    return 0
+
+
+def _cpu_peak_bytes(fn: Callable[[], object]) -> tuple[int, int]:
     from torch.profiler import ProfilerActivity, profile
 
     with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
+        output = fn()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     current = peak = 0
     for event in sorted(events, key=lambda e: e.start_ns()):
         if getattr(event.device_type(), "name", "") == "CPU":
             current += event.nbytes()
             peak = max(peak, current)
-    return peak
+    return peak, _storage_bytes(output)
 
 
-def _cuda_peak_bytes(fn: Callable[[], object]) -> int:
+def _cuda_peak_bytes(fn: Callable[[], object]) -> tuple[int, int]:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     baseline = torch.cuda.memory_allocated()
-    fn()
+    output = fn()
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - baseline
+    return torch.cuda.max_memory_allocated() - baseline, _storage_bytes(output)
 
 
 def peak_memory_mb(fn: Callable[[], object], device: str) -> float:
-    """Extra memory one call of ``fn`` needs at its peak, in MiB (its output included)."""
-    peak = _cuda_peak_bytes(fn) if device == "cuda" else _cpu_peak_bytes(fn)
-    return peak / MB
+    """Working memory one call of ``fn`` needs at its peak beyond inputs and output, in MiB."""
+    peak, output = _cuda_peak_bytes(fn) if device == "cuda" else _cpu_peak_bytes(fn)
+    return max(0, peak - output) / MB
 
 
 def free_memory_bytes(device: str) -> int:

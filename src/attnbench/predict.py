@@ -2,8 +2,8 @@
 
 A CPU process that runs out of memory is killed, not caught, and a Python loop at 16k tokens would run
 for an hour; so every case is priced first. Time comes from the contender's model (by default its FLOPs
-at the machine's measured matmul rate — a lower bound); memory from its memory model (the extra memory
-one call needs, output included) plus the inputs.
+at the machine's measured matmul rate — a lower bound); memory from its memory model (the working memory
+one call needs beyond inputs and output) plus the inputs and the output.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnbench.ceilings import Ceilings
-from attnbench.contender import Contender
+from attnbench.contender import Contender, output_bytes
 from attnbench.workload import Workload
 
 CALLS_AT_LEAST = 3  # first call, one warm-up, one sample: a case costs at least this many calls
 MEMORY_HEADROOM = 0.8  # use at most this fraction of the free memory
 FALLBACK_FLOPS_PER_S = 1e11  # when no ceiling was measured for the dtype
+FALLBACK_BYTES_PER_S = 1e10
+MEMORY_PASS_COST = 20  # the CPU memory pass (the profiler) can cost this many calls of op-heavy code
 
 
 def input_bytes(w: Workload) -> int:
@@ -28,8 +30,8 @@ def input_bytes(w: Workload) -> int:
 @dataclass(frozen=True)
 class Prediction:
     seconds: float  # one call
-    extra_bytes: float  # one call's extra memory at its peak, output included
-    total_bytes: float  # with the inputs
+    extra_bytes: float  # one call's working memory at its peak, beyond inputs and output
+    total_bytes: float  # with the inputs and the output
 
     @property
     def ms(self) -> float:
@@ -41,11 +43,13 @@ class Prediction:
 
 
 def predict(contender: Contender, w: Workload, ceilings: Ceilings | None) -> Prediction:
-    rate = FALLBACK_FLOPS_PER_S
-    if ceilings is not None and w.dtype in ceilings.matmul_tflops:
-        rate = ceilings.matmul_tflops[w.dtype] * 1e12
+    flops_per_s, bytes_per_s = FALLBACK_FLOPS_PER_S, FALLBACK_BYTES_PER_S
+    if ceilings is not None:
+        flops_per_s = ceilings.matmul_tflops.get(w.dtype, flops_per_s / 1e12) * 1e12
+        bytes_per_s = ceilings.copy_gbps * 1e9 or bytes_per_s
     extra = contender.predicted_extra_bytes(w)
-    return Prediction(contender.predicted_seconds(w, rate), extra, extra + input_bytes(w))
+    seconds = contender.predicted_seconds(w, flops_per_s, bytes_per_s)
+    return Prediction(seconds, extra, extra + input_bytes(w) + output_bytes(w))
 
 
 def skip_reason(prediction: Prediction, case_budget_s: float, free_bytes: int) -> str | None:

@@ -21,7 +21,7 @@ from attnbench.flops import attention_bytes, attention_flops, gbps, intensity, t
 from attnbench.inputs import make_inputs
 from attnbench.measure import call_once_ms, time_callable, warm_up
 from attnbench.memory import free_memory_bytes, peak_memory_mb
-from attnbench.predict import predict, skip_reason
+from attnbench.predict import MEMORY_PASS_COST, predict, skip_reason
 from attnbench.results import make_row
 from attnbench.workload import Workload
 
@@ -114,7 +114,9 @@ def _measure_case(
     check = prepared.check
     estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
     timing = time_callable(prepared.fn, workload.device, options.threads, options.budget_s, estimate_s)
-    peak_mb = peak_memory_mb(prepared.fn, workload.device) if options.measure_memory else None
+    # The memory pass re-runs the call under the profiler; leave it out where that alone would eat the budget.
+    affordable = timing.median_ms * 1e-3 * MEMORY_PASS_COST <= options.case_budget_s / 2
+    peak_mb = peak_memory_mb(prepared.fn, workload.device) if options.measure_memory and affordable else None
     metrics: dict[str, Any] = dict(
         median_ms=timing.median_ms, iqr_ms=timing.iqr_ms, n_samples=timing.n_samples,
         calls_per_sample=timing.calls_per_sample, samples_ms=timing.samples_ms, unstable=timing.unstable,

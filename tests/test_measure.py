@@ -1,0 +1,65 @@
+"""Timing mechanics (structure, not speed: machines are noisy, so no test asserts a duration)."""
+
+import math
+import time
+
+import pytest
+import torch
+
+from attnbench.measure import MIN_SAMPLES, median_ci_halfwidth, quartiles, time_cpu, warm_up
+
+
+def test_median_ci_uses_order_statistics():
+    assert math.isinf(median_ci_halfwidth([1.0, 2.0, 3.0]))
+    samples = [float(x) for x in range(1, 101)]  # n=100: ranks 50 ± 9.8 -> indices 40 and 60
+    assert median_ci_halfwidth(samples) == (61 - 41) / 2
+    assert median_ci_halfwidth([5.0] * 50) == 0.0
+
+
+def test_quartiles():
+    assert quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
+    assert quartiles([7.0]) == (7.0, 7.0, 7.0)
+
+
+def test_short_calls_are_blocked_into_samples():
+    x = torch.ones(8)
+    timing = time_cpu(lambda: x.add(1), threads=1, budget_s=0.2, estimate_s=1e-5)
+    assert timing.calls_per_sample == 200  # 2 ms samples of ~10 µs calls
+    assert timing.method == "torch.utils.benchmark"
+    assert timing.n_samples == len(timing.samples_ms) >= 3
+
+
+def test_stops_on_a_steady_median_before_the_budget():
+    timing = time_cpu(lambda: time.sleep(0.002), threads=1, budget_s=30.0, estimate_s=0.002)
+    assert MIN_SAMPLES <= timing.n_samples < 1000  # far fewer than 30 s of 2 ms samples
+    assert median_ci_halfwidth(timing.samples_ms) <= 0.01 * timing.median_ms
+
+
+def test_budget_bounds_a_noisy_case():
+    state = {"n": 0}
+
+    def jittery():
+        state["n"] += 1
+        time.sleep(0.001 * (1 + state["n"] % 7))  # 1–7 ms: the median never settles to 1 %
+
+    start = time.perf_counter()
+    timing = time_cpu(jittery, threads=1, budget_s=0.3, estimate_s=0.004)
+    assert time.perf_counter() - start < 3.0
+    assert timing.unstable and timing.rel_iqr >= 0.1
+
+
+def test_warm_up_returns_a_call_estimate():
+    estimate = warm_up(lambda: time.sleep(0.001), "cpu", first_call_ms=1.0, budget_s=1.0)
+    assert estimate >= 0.001
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_timing_reports_warm_cold_and_graphs_for_tiny_kernels():
+    from attnbench.measure import time_cuda
+
+    x = torch.ones(1024, device="cuda")
+    tiny = time_cuda(lambda: x.add(1), budget_s=0.2, estimate_s=5e-6)
+    assert tiny.method == "cuda_graph" and tiny.cold_median_ms is not None
+    big = torch.ones(4096, 4096, device="cuda")
+    large = time_cuda(lambda: big @ big, budget_s=0.2, estimate_s=1e-3)
+    assert large.method == "cuda_events" and large.median_ms > 0

@@ -1,0 +1,176 @@
+"""FLOP/byte columns, roofline, ceilings cache, peak memory, predictions and skips, warnings, profile."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from attnbench import registry
+from attnbench.ceilings import Ceilings, load_ceilings
+from attnbench.flops import attention_bytes, attention_flops
+from attnbench.memory import peak_memory_mb
+from attnbench.noise import _busy_process_warnings, result_warnings
+from attnbench.predict import predict, skip_reason
+from attnbench.runner import RunOptions, prepare_checked, run_case
+from attnbench.workload import Workload
+
+
+@pytest.fixture(scope="module")
+def cpu_ceilings():
+    return load_ceilings("cpu", ["float32"], torch.get_num_threads())
+
+
+def test_causal_cross_row_uses_exact_pairs_and_roofline(cpu_ceilings):
+    w = Workload(1, 8, 8, 1024, 4096, 64, mask="causal")
+    row = run_case("sdpa_flash", w, RunOptions(budget_s=0.05, threads=2, ceilings={"cpu": cpu_ceilings}))
+    assert row["status"] == "ok"
+    assert row["flops"] == 2 * 8 * 128 * (1024 * 1025 // 2)
+    assert row["tflops"] == pytest.approx(row["flops"] / (row["median_ms"] * 1e-3) / 1e12)
+    assert row["bytes"] == 4 * 64 * 8 * (2 * 1024 + 2 * 4096)
+    assert row["intensity"] == pytest.approx(row["flops"] / row["bytes"])
+    roof = min(cpu_ceilings.matmul_tflops["float32"], row["intensity"] * cpu_ceilings.copy_gbps / 1e3)
+    assert row["pct_of_peak"] == pytest.approx(100 * row["tflops"] / roof)
+
+
+def test_backward_bytes_and_flops():
+    fwd = Workload(2, 4, 2, 16, 32, 8)
+    both = Workload(2, 4, 2, 16, 32, 8, pass_="fwd_bwd")
+    assert attention_flops(both) == 3.5 * attention_flops(fwd)
+    q, kv = 2 * 4 * 16 * 8, 2 * 2 * 32 * 8
+    assert attention_bytes(both) == 4 * ((2 * q + 2 * kv) + (4 * q + 4 * kv))
+
+
+def test_ceilings_are_cached_and_remeasured(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("attnbench.ceilings.MATMUL_N", {"cpu": 256, "cuda": 256})
+    monkeypatch.setattr("attnbench.ceilings.COPY_BYTES", {"cpu": 2**22, "cuda": 2**22})
+    first = load_ceilings("cpu", ["float32"], 1)
+    assert first.matmul_tflops["float32"] > 0 and first.copy_gbps > 0
+    again = load_ceilings("cpu", ["float32"], 1)
+    assert again.measured_at == first.measured_at and again.matmul_tflops == first.matmul_tflops
+    cache = json.loads((tmp_path / "ceilings.json").read_text())
+    assert len(cache) == 1 and next(iter(cache)).startswith("cpu|")
+    more = load_ceilings("cpu", ["float32", "bfloat16"], 1)
+    assert set(more.matmul_tflops) == {"float32", "bfloat16"}
+    time.sleep(0.01)
+    fresh = load_ceilings("cpu", ["float32"], 1, remeasure=True)
+    assert fresh.measured_at != first.measured_at
+
+
+def test_roofline_is_min_of_compute_and_bandwidth():
+    c = Ceilings("cpu", "x", 1, "t", {"float32": 0.2}, copy_gbps=40.0)
+    assert c.roofline_tflops("float32", 1.0) == pytest.approx(0.04)  # bandwidth bound
+    assert c.roofline_tflops("float32", 100.0) == 0.2  # compute bound
+    assert c.roofline_tflops("bfloat16", 100.0) is None
+
+
+def _peak(impl, seq):
+    return peak_memory_mb(prepare_checked(impl, Workload(1, 8, 8, seq, seq, 64)).fn, "cpu")
+
+
+def test_peak_memory_shows_quadratic_and_linear_growth():
+    bmm_2k, bmm_4k = _peak("bmm", 2048), _peak("bmm", 4096)
+    flash_2k, flash_4k = _peak("sdpa_flash", 2048), _peak("sdpa_flash", 4096)
+    assert bmm_4k >= 4 * bmm_2k
+    assert flash_4k < 2.5 * flash_2k
+    assert bmm_2k >= 2 * 8 * 2048 * 2048 * 4 / 2**20  # scores and probabilities in fp32
+    assert flash_4k < bmm_4k / 50
+
+
+def test_memory_model_matches_measurement_for_bmm():
+    w = Workload(1, 8, 8, 1024, 1024, 64)
+    predicted = predict(registry.get("bmm").contender, w, None).mem_mb
+    assert predicted == pytest.approx(_peak("bmm", 1024), rel=0.1)
+
+
+def test_naive_loop_never_runs_away(cpu_ceilings):
+    start = time.perf_counter()
+    options = RunOptions(case_budget_s=30, ceilings={"cpu": cpu_ceilings})
+    row = run_case("naive", Workload(1, 8, 8, 16384, 16384, 64), options)
+    assert time.perf_counter() - start < 5
+    assert row["status"] == "skipped" and "exceed the case budget" in row["reason"]
+    assert row["predicted_ms"] > 10_000
+
+
+def test_cases_over_free_memory_are_skipped_before_running():
+    w = Workload(64, 32, 32, 65536, 65536, 128)
+    row = run_case("bmm", w, RunOptions(case_budget_s=1e9))
+    assert row["status"] == "skipped" and "GiB free" in row["reason"] and row["predicted_mem_mb"] > 1e6
+
+
+def test_skip_reason_thresholds():
+    from attnbench.predict import Prediction
+
+    assert skip_reason(Prediction(1.0, 0, 0), case_budget_s=10, free_bytes=10) is None
+    assert "case budget" in skip_reason(Prediction(4.0, 0, 0), case_budget_s=10, free_bytes=10)
+    assert "free" in skip_reason(Prediction(0.1, 9, 9), case_budget_s=10, free_bytes=10)
+
+
+def test_busy_processes_are_named():
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        warnings = _busy_process_warnings(window_s=0.5)
+    finally:
+        hog.kill()
+    assert any(f"process {hog.pid} (python" in w for w in warnings), warnings
+
+
+def test_result_warnings_flag_unstable_and_thin_cases():
+    frame = pd.DataFrame({"status": ["ok", "ok", "error"], "impl": ["a", "b", "c"],
+                          "unstable": [True, False, None], "n_samples": [10, 3, None]})  # fmt: skip
+    warnings = result_warnings(frame)
+    assert warnings[0].startswith("1 case(s) unstable") and warnings[0].endswith(": a")
+    assert warnings[1].startswith("1 case(s) with fewer than 5 samples")
+
+
+def test_profile_writes_traces_and_top_operators(cli, tmp_path):
+    out = tmp_path / "prof"
+    code, text, _ = cli("profile", "--impl", "bmm,sdpa_flash,xformers", "--seq", "256", "--out", str(out))
+    assert code == 0
+    traces = sorted(out.glob("*.trace.json"))
+    assert [t.name.split("__")[0] for t in traces] == ["bmm", "sdpa_flash"]
+    for trace in traces:
+        events = json.loads(trace.read_text())["traceEvents"]
+        assert any(e.get("name", "").startswith("aten::") for e in events)
+    top = pd.read_csv(out / "top_ops.csv")
+    assert set(top.impl) == {"bmm", "sdpa_flash"}
+    assert top[top.impl == "bmm"].op.iloc[0] in {"aten::bmm", "aten::_softmax"}
+    breakdown = pd.read_csv(out / "breakdown.csv")
+    bmm = breakdown[breakdown.impl == "bmm"].set_index("category")
+    assert bmm.loc["matmul", "pct"] > 20 and bmm.loc["softmax", "pct"] > 5
+    assert breakdown[breakdown.impl == "sdpa_flash"].set_index("category").loc["fused_attention", "pct"] > 80
+    assert "breakdown: " in text and "aten::bmm" in text
+
+
+def test_run_records_ceilings_memory_and_predictions(cli, tmp_path):
+    out = tmp_path / "run"
+    args = [
+        "--impl",
+        "bmm,sdpa_flash",
+        "--seq",
+        "128",
+        "--mask",
+        "none",
+        "--budget-s",
+        "0.05",
+        "--out",
+        str(out),
+    ]
+    code, _, _ = cli("run", *args)
+    assert code == 0
+    frame = pd.read_parquet(out / "results.parquet")
+    ok = frame[frame.status == "ok"]
+    assert len(ok) == 4
+    for column in ("pct_of_peak", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "gbps", "intensity"):
+        assert ok[column].notna().all() and (ok[column] > 0).all(), column
+    assert set(ok.timing_method) == {"torch.utils.benchmark"}
+    meta = json.loads((out / "meta.json").read_text())
+    assert (
+        meta["ceilings"]["cpu"]["matmul_tflops"]["float32"] > 0 and meta["ceilings"]["cpu"]["copy_gbps"] > 0
+    )
+    assert isinstance(meta["warnings"], list)
