@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from attnbench import registry
+from attnbench.allocator import configure_cpu_allocator
 from attnbench.cli import parse_axis_overrides
 from attnbench.suite import expand, load_suite
 
@@ -34,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if not sep:
             raise pytest.UsageError(f"--attnbench-set {item!r}: expected AXIS=LIST, e.g. seq=512,1024")
         pairs[axis.strip().replace("-", "_")] = value
+    configure_cpu_allocator("cached")  # as `attnbench run` does by default
     try:
         overrides = parse_axis_overrides(pairs)
         suite = load_suite(config.getoption("--attnbench-suite"))

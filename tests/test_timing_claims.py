@@ -7,11 +7,13 @@ import pytest
 import torch
 import torch.utils.benchmark as benchmark
 
+from attnbench.allocator import configure_cpu_allocator
 from attnbench.runner import RunOptions, prepare_checked, run_case
 from attnbench.workload import Workload
 
 pytestmark = pytest.mark.timing
 THREADS = torch.get_num_threads()
+configure_cpu_allocator("cached")  # as `attnbench run` does by default
 
 
 @pytest.mark.parametrize("impl", ["bmm", "sdpa_flash", "sdpa_math"])

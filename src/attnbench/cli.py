@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 import torch
 
 from attnbench import registry
+from attnbench.allocator import POLICIES, configure_cpu_allocator
 from attnbench.ceilings import load_ceilings
 from attnbench.errors import UsageError
 from attnbench.machine import command_line, environment
@@ -102,6 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     RunWriter.check_target(out)
 
     threads = args.threads or torch.get_num_threads()
+    allocator = configure_cpu_allocator(args.cpu_allocator)
     warnings = environment_warnings()
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -118,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "command": args.command_line, "suite": suite.name, "overrides": overrides,
         "budget_s": options.budget_s, "case_budget_s": options.case_budget_s, "seed": options.seed,
         "n_cases": len(cases), "ceilings": {device: asdict(c) for device, c in ceilings.items()},
-        "warnings": warnings,
+        "warnings": warnings, "cpu_allocator": allocator,
         "start_time": dt.datetime.now().astimezone().isoformat(), "end_time": None, "finished": False,
         "environment": environment(threads),
     }  # fmt: skip
@@ -262,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--case-budget-s", type=float, help="skip a case predicted to cost more (seconds)")
     p_run.add_argument("--remeasure-ceilings", action="store_true", help="measure ceilings again")
     p_run.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
+    p_run.add_argument(
+        "--cpu-allocator", choices=POLICIES, default="cached",
+        help="cached: malloc keeps freed memory, no page faults in timings (default); system: malloc as is",
+    )  # fmt: skip
     p_run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_run.add_argument("--progress", choices=["auto", "on", "off"], default="auto", help="progress bar")
     p_run.set_defaults(func=cmd_run)

@@ -25,8 +25,8 @@ import torch
 import torch.utils.benchmark as benchmark
 
 MIN_SAMPLE_S = 2e-3  # a CPU sample blocks calls until it lasts at least this long
-TARGET_CI = 0.01  # stop once the median's 95 % CI half-width is within 1 % of the median
-MIN_SAMPLES = 7
+TARGET_CI = 0.005  # stop once the median's 95 % CI half-width is within 0.5 % of the median
+MIN_SAMPLES = 10
 MAX_SAMPLES = 10_000
 UNSTABLE_REL_IQR = 0.10  # flag a case whose IQR is 10 % of its median or more
 GRAPH_BELOW_MS = 0.05
