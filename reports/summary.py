@@ -24,11 +24,7 @@ def summary_table(frame: pd.DataFrame) -> str:
     cells = frame.assign(cell=frame.apply(_cell, axis=1))
     table = cells.pivot_table(index=GROUP, columns="impl", values="cell", aggfunc="first", sort=False)
     # Contenders unavailable everywhere only add columns of "unavailable"; their reason is listed below.
-    shown = [
-        impl
-        for impl in dict.fromkeys(frame["impl"])
-        if (frame[frame.impl == impl].status != "unavailable").any()
-    ]
+    shown = [impl for impl in dict.fromkeys(frame["impl"]) if (frame[frame.impl == impl].status != "unavailable").any()]
     table = table.reindex(columns=shown)
     ok = frame[frame["status"] == "ok"]
     if not ok.empty:

@@ -72,9 +72,7 @@ def test_list_shows_every_contender_with_reasons(cli):
         assert record["available"] or record["reason"]
     assert records["bmm"]["backward"] is True and records["naive"]["devices"] == ["cpu"]
     code, text, _ = cli("list")
-    assert code == 0 and any(
-        line.startswith("xformers ") and "unavailable" in line for line in text.splitlines()
-    )
+    assert code == 0 and any(line.startswith("xformers ") and "unavailable" in line for line in text.splitlines())
 
 
 def test_run_writes_results_meta_and_summary(cli, tmp_path):

@@ -170,7 +170,5 @@ def test_run_records_ceilings_memory_and_predictions(cli, tmp_path):
         assert ok[column].notna().all() and (ok[column] > 0).all(), column
     assert set(ok.timing_method) == {"torch.utils.benchmark"}
     meta = json.loads((out / "meta.json").read_text())
-    assert (
-        meta["ceilings"]["cpu"]["matmul_tflops"]["float32"] > 0 and meta["ceilings"]["cpu"]["copy_gbps"] > 0
-    )
+    assert meta["ceilings"]["cpu"]["matmul_tflops"]["float32"] > 0 and meta["ceilings"]["cpu"]["copy_gbps"] > 0
     assert isinstance(meta["warnings"], list)

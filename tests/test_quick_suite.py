@@ -20,9 +20,7 @@ def test_quick_suite_gives_a_checked_row_for_every_contender(tmp_path):
     frame = pd.read_parquet(tmp_path / "run" / "results.parquet")
     ok = frame[frame.status == "ok"]
     for impl in CPU_CONTENDERS:
-        assert (frame[frame.impl == impl].status == "ok").all(), frame[frame.impl == impl][
-            ["status", "reason"]
-        ]
+        assert (frame[frame.impl == impl].status == "ok").all(), frame[frame.impl == impl][["status", "reason"]]
     assert (ok.max_abs_err <= ok.atol).all()
     xformers = frame[frame.impl == "xformers"]
     assert (xformers.status == "unavailable").all() and xformers.reason.str.contains("xformers").all()

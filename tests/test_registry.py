@@ -69,10 +69,7 @@ def test_broken_plugins_are_unavailable_and_disturb_nothing(tmp_path):
     assert result.returncode == 0, result.stderr
     by_name = {r["name"]: r for r in json.loads(result.stdout)}
     assert by_name["broken_import"]["reason"] == "failed to load: ImportError: needs libfoo.so"
-    assert (
-        "expected an attnbench.Contender instance or subclass, got int"
-        in by_name["not_a_contender"]["reason"]
-    )
+    assert "expected an attnbench.Contender instance or subclass, got int" in by_name["not_a_contender"]["reason"]
     assert "differs from the contender's name 'bmm'" in by_name["wrong_name"]["reason"]
     assert not any(by_name[n]["available"] for n in ("broken_import", "not_a_contender", "wrong_name"))
     assert by_name["bmm"]["available"] and by_name["sdpa_flash"]["available"]
@@ -85,7 +82,4 @@ def test_duplicate_entry_point_names_are_an_error_naming_both(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert "'bmm' is registered twice" in lines[0]
-    assert (
-        "attnbench.impls.bmm:contender (attnbench" in lines[0]
-        and "twin:contender (evil-twin 1.0)" in lines[0]
-    )
+    assert "attnbench.impls.bmm:contender (attnbench" in lines[0] and "twin:contender (evil-twin 1.0)" in lines[0]

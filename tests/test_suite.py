@@ -28,9 +28,7 @@ def test_quick_covers_every_mask_gqa_and_cross_attention():
 def test_gpu_suite_reaches_16k_in_half_precision():
     workloads = {w for _, w in expand(load_suite("gpu"), {"impl": ["bmm"]}, ["bmm"])}
     assert max(w.seq_q for w in workloads) == 16384
-    assert {w.dtype for w in workloads} == {"bfloat16", "float16"} and {w.device for w in workloads} == {
-        "cuda"
-    }
+    assert {w.dtype for w in workloads} == {"bfloat16", "float16"} and {w.device for w in workloads} == {"cuda"}
 
 
 def test_overrides_replace_axes_and_one_row_per_case():

@@ -22,9 +22,7 @@ def test_median_agrees_with_blocked_autorange(impl):
     torch.set_num_threads(THREADS)
     row = run_case(impl, w, RunOptions(budget_s=2.0, threads=THREADS))
     fn = prepare_checked(impl, w).fn
-    reference = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=THREADS).blocked_autorange(
-        min_run_time=1
-    )
+    reference = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=THREADS).blocked_autorange(min_run_time=1)
     ratio = row["median_ms"] / (reference.median * 1e3)
     assert 0.95 <= ratio <= 1.05, ratio
 

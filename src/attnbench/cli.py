@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
+import pandas as pd
 import torch
 
 from attnbench import registry
@@ -68,9 +69,7 @@ def parse_axis_overrides(texts: dict[str, str]) -> dict[str, list[Any]]:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, list[Any]]:
-    return parse_axis_overrides(
-        {axis: getattr(args, axis) for axis in AXES if getattr(args, axis) is not None}
-    )
+    return parse_axis_overrides({axis: getattr(args, axis) for axis in AXES if getattr(args, axis) is not None})
 
 
 def _check_devices(cases: list) -> None:
@@ -197,6 +196,51 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_paths(texts: list[str]) -> list[Path]:
+    paths = [Path(t) for t in texts]
+    for path in paths:
+        if not path.exists():
+            raise UsageError(f"{path}: no such run folder or file")
+    return paths
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from attnbench.reports.build import build_report
+
+    paths = _run_paths(args.runs)
+    out = Path(args.out) if args.out else _default_out("report")
+    html, pngs = build_report(paths, out, args.baseline, args.command_line)
+    print(f"report: {html}")
+    for png in pngs:
+        print(f"figure: {png}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from attnbench.reports.compare import Settings, compare_frames, load_pair, summary_line, write_compare
+
+    if not 0 < args.threshold < 1:
+        raise UsageError(f"--threshold {args.threshold}: must be a fraction between 0 and 1, e.g. 0.05")
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"--alpha {args.alpha}: must be between 0 and 1, e.g. 0.01")
+    base, new = _run_paths([args.base, args.new])
+    settings = Settings(threshold=args.threshold, alpha=args.alpha)
+    table = compare_frames(*load_pair(base, new), settings)
+    shown = table[["impl", "workload", "verdict", "ratio", "p_value", "note"]].copy()
+    shown["ratio"] = shown["ratio"].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
+    shown["p_value"] = shown["p_value"].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
+    print(shown.to_string(index=False))
+    print(summary_line(table, settings))
+    out = Path(args.out) if args.out else _default_out("compare")
+    html, png = write_compare(table, out, base, new, settings, args.command_line)
+    print(f"comparison: {html}" + (f", {png}" if png else ""))
+    slower = table[table["verdict"] == "slower"]
+    if len(slower):
+        print(f"{len(slower)} case(s) slower beyond {settings.threshold:.0%}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _progress(total: int, mode: str) -> Any:
     from tqdm import tqdm
 
@@ -258,9 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     for axis, flag in AXIS_FLAGS.items():
         p_run.add_argument(flag, dest=axis, metavar="LIST", help=f"override {axis} (comma-separated)")
     p_run.add_argument("--threads", type=int, help="CPU threads (default: torch's default); recorded")
-    p_run.add_argument(
-        "--budget-s", type=float, help="timing budget per case in seconds (default: the suite's)"
-    )
+    p_run.add_argument("--budget-s", type=float, help="timing budget per case in seconds (default: the suite's)")
     p_run.add_argument("--case-budget-s", type=float, help="skip a case predicted to cost more (seconds)")
     p_run.add_argument("--remeasure-ceilings", action="store_true", help="measure ceilings again")
     p_run.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
@@ -282,10 +324,22 @@ def build_parser() -> argparse.ArgumentParser:
     p_profile.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_profile.set_defaults(func=cmd_profile)
 
+    p_report = commands.add_parser("report", help="figures and one self-contained HTML page from runs")
+    p_report.add_argument("runs", nargs="+", metavar="RUN", help="run folders or pytest-benchmark .json files")
+    p_report.add_argument("--out", help="folder for report.html and PNGs (default: runs/report-TIMESTAMP)")
+    p_report.add_argument("--baseline", help="contender to compute speedups against (default: fastest torch one)")
+    p_report.set_defaults(func=cmd_report)
+
+    p_compare = commands.add_parser("compare", help="per-case verdicts between two runs; exit 1 if slower")
+    p_compare.add_argument("base", metavar="BASE", help="run folder or pytest-benchmark .json")
+    p_compare.add_argument("new", metavar="NEW", help="run folder or pytest-benchmark .json")
+    p_compare.add_argument("--threshold", type=float, default=0.05, help="practical floor (default 0.05 = 5%%)")
+    p_compare.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
+    p_compare.add_argument("--out", help="folder for compare.html and compare.png (default: runs/compare-…)")
+    p_compare.set_defaults(func=cmd_compare)
+
     commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
-    commands.add_parser("env", help="what this machine is, as recorded in meta.json").set_defaults(
-        func=cmd_env
-    )
+    commands.add_parser("env", help="what this machine is, as recorded in meta.json").set_defaults(func=cmd_env)
     return parser
 
 

@@ -48,9 +48,7 @@ class Capabilities:
             return "GQA/MQA (kv_heads < heads) not supported"
         if w.seq_q != w.seq_k and not self.cross:
             return "seq_q != seq_k not supported"
-        if w.head_dim < self.min_head_dim or (
-            self.max_head_dim is not None and w.head_dim > self.max_head_dim
-        ):
+        if w.head_dim < self.min_head_dim or (self.max_head_dim is not None and w.head_dim > self.max_head_dim):
             return f"head_dim {w.head_dim} outside [{self.min_head_dim}, {self.max_head_dim or '∞'}]"
         if w.pass_ != "fwd" and not self.backward:
             return f"pass {w.pass_} needs backward support, which this contender does not declare"

@@ -59,10 +59,9 @@ def environment(threads: int | None = None) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "cuda_available": cuda,
-        "gpu_names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        if cuda
-        else [],
+        "gpu_names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
         "nvidia_driver": nvidia_driver(),
+        "hostname": platform.node(),
         "cpu_name": cpu_name(),
         "cpu_count": os.cpu_count(),
         "threads": threads if threads is not None else torch.get_num_threads(),

@@ -29,9 +29,7 @@ def padding_lengths(batch: int, seq_k: int) -> list[int]:
     return [seq_k - (b * (seq_k - shortest)) // (batch - 1) for b in range(batch)]
 
 
-def dense_mask(
-    mask: str, batch: int, seq_q: int, seq_k: int, device: str | torch.device
-) -> torch.Tensor | None:
+def dense_mask(mask: str, batch: int, seq_q: int, seq_k: int, device: str | torch.device) -> torch.Tensor | None:
     """Boolean mask broadcastable to (B, H, Sq, Sk), True where a key is visible; None for ``none``."""
     if mask == "none":
         return None

@@ -171,9 +171,7 @@ def warm_up(fn: Callable[[], object], device: str, first_call_ms: float, budget_
     return elapsed_ms / 1e3
 
 
-def time_callable(
-    fn: Callable[[], object], device: str, threads: int, budget_s: float, estimate_s: float
-) -> Timing:
+def time_callable(fn: Callable[[], object], device: str, threads: int, budget_s: float, estimate_s: float) -> Timing:
     """Median, IQR and raw per-call samples of ``fn`` on ``device`` within about ``budget_s`` seconds."""
     if device == "cuda":
         return time_cuda(fn, budget_s, estimate_s)

@@ -86,7 +86,6 @@ def result_warnings(frame: pd.DataFrame) -> list[str]:
     thin = ok[ok["n_samples"] < MIN_TRUSTED_SAMPLES]
     if len(thin):
         warnings.append(
-            f"{len(thin)} case(s) with fewer than {MIN_TRUSTED_SAMPLES} samples, too short to trust: "
-            "raise --budget-s"
+            f"{len(thin)} case(s) with fewer than {MIN_TRUSTED_SAMPLES} samples, too short to trust: raise --budget-s"
         )
     return warnings

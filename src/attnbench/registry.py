@@ -45,9 +45,7 @@ _cache: dict[str, Entry] | None = None
 
 def _check_name(name: str, source: str) -> None:
     if not name or any(c.isspace() or c == "," for c in name):
-        raise RegistryError(
-            f"contender name {name!r} from {source} is not allowed: no commas or spaces, not empty"
-        )
+        raise RegistryError(f"contender name {name!r} from {source} is not allowed: no commas or spaces, not empty")
 
 
 def _as_contender(obj: object, name: str) -> Contender:
@@ -55,9 +53,7 @@ def _as_contender(obj: object, name: str) -> Contender:
     if inspect.isclass(obj) and issubclass(obj, Contender):
         obj = obj()
     if not isinstance(obj, Contender):
-        raise TypeError(
-            f"{name}: expected an attnbench.Contender instance or subclass, got {type(obj).__name__}"
-        )
+        raise TypeError(f"{name}: expected an attnbench.Contender instance or subclass, got {type(obj).__name__}")
     if obj.name != name:
         raise TypeError(f"entry-point name {name!r} differs from the contender's name {obj.name!r}")
     return obj
@@ -86,8 +82,7 @@ def _add(entries: dict[str, Entry], entry: Entry) -> None:
     _check_name(entry.name, entry.source)
     if entry.name in entries:
         raise RegistryError(
-            f"contender name {entry.name!r} is registered twice: by {entries[entry.name].source} "
-            f"and by {entry.source}"
+            f"contender name {entry.name!r} is registered twice: by {entries[entry.name].source} and by {entry.source}"
         )
     entries[entry.name] = entry
 

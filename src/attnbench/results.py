@@ -130,7 +130,5 @@ def load_results(run_dir: Path) -> pd.DataFrame:
         return pd.read_parquet(parquet)
     rows_path = run_dir / "rows.jsonl"
     if rows_path.exists():
-        return rows_to_frame(
-            [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
-        )
+        return rows_to_frame([json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()])
     raise UsageError(f"{run_dir}: no results.parquet or rows.jsonl; is this an attnbench run folder?")

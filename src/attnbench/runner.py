@@ -107,9 +107,7 @@ def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, An
         return make_row(impl, workload, status, _first_line(exc), **predicted)
 
 
-def _measure_case(
-    impl: str, workload: Workload, options: RunOptions, predicted: dict[str, float]
-) -> dict[str, Any]:
+def _measure_case(impl: str, workload: Workload, options: RunOptions, predicted: dict[str, float]) -> dict[str, Any]:
     prepared = prepare_checked(impl, workload, options.seed)
     check = prepared.check
     estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)

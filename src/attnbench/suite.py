@@ -59,9 +59,7 @@ def _read(name_or_path: str) -> tuple[str, str]:
             raise UsageError(f"suite file {name_or_path!r} does not exist")
         return path.stem, path.read_text()
     if name_or_path not in suite_names():
-        raise UsageError(
-            f"suite {name_or_path!r} is not known; known: {', '.join(suite_names())} (or a .toml path)"
-        )
+        raise UsageError(f"suite {name_or_path!r} is not known; known: {', '.join(suite_names())} (or a .toml path)")
     text = resources.files("attnbench.suites").joinpath(f"{name_or_path}.toml").read_text()
     return name_or_path, text
 
@@ -101,9 +99,7 @@ def load_suite(name_or_path: str) -> Suite:
         raise UsageError(f"suite {name}: not valid TOML ({exc})") from None
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
-        raise UsageError(
-            f"suite {name}: unknown top-level key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}"
-        )
+        raise UsageError(f"suite {name}: unknown top-level key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}")
     budgets = {key: data.get(key, default) for key, default in (("budget_s", 1.0), ("case_budget_s", 60.0))}
     for key, budget in budgets.items():
         if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
@@ -125,9 +121,7 @@ def load_suite(name_or_path: str) -> Suite:
     return Suite(name, description, budget_s, case_budget_s, tuple(sweeps))
 
 
-def expand(
-    suite: Suite, overrides: dict[str, list[Any]], known_impls: list[str]
-) -> list[tuple[str, Workload]]:
+def expand(suite: Suite, overrides: dict[str, list[Any]], known_impls: list[str]) -> list[tuple[str, Workload]]:
     """All (contender, workload) cases, in sweep order, without duplicates; validates every value."""
     cases: dict[tuple[str, Workload], None] = {}
     for sweep in suite.sweeps:
@@ -141,9 +135,7 @@ def expand(
         ):  # fmt: skip
             for kv_heads in kv_options or [heads]:
                 for seq_k in seq_kv_options or [seq]:
-                    workload = Workload(
-                        batch, heads, kv_heads, seq, seq_k, head_dim, dtype, device, mask, pass_
-                    )
+                    workload = Workload(batch, heads, kv_heads, seq, seq_k, head_dim, dtype, device, mask, pass_)
                     for impl in impls:
                         cases[(impl, workload)] = None
     return list(cases)

@@ -1,0 +1,29 @@
+"""`attnbench report`: load runs, draw the figures, write the HTML page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnbench.reports.frames import load_runs, machine_label
+from attnbench.reports.html import write_report
+from attnbench.reports.plots import draw_all
+
+
+def ceilings_by_key(runs: list) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """(machine, device, dtype) -> (matmul TFLOP/s, copy GB/s) from each run's meta.json."""
+    found: dict[tuple[str, str, str], tuple[float, float]] = {}
+    for run in runs:
+        machine = machine_label(run.meta.get("environment") or {})
+        for device, ceiling in (run.meta.get("ceilings") or {}).items():
+            for dtype, tflops in (ceiling.get("matmul_tflops") or {}).items():
+                found[(machine, device, dtype)] = (float(tflops), float(ceiling.get("copy_gbps") or 0))
+    return found
+
+
+def build_report(paths: list[Path], out_dir: Path, baseline: str | None, command: str) -> tuple[Path, list[Path]]:
+    """Write report.html and its PNGs into ``out_dir``; returns their paths."""
+    frame, runs = load_runs(paths)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = draw_all(frame, out_dir, baseline, ceilings_by_key(runs))
+    html = write_report(frame, runs, figures, out_dir, baseline, command)
+    return html, [path for _, path in figures]

@@ -1,0 +1,154 @@
+"""Load runs into one documented pandas schema.
+
+A run is either an attnbench run folder (``results.parquet`` or, for an interrupted run, ``rows.jsonl``,
+plus ``meta.json``) or a pytest-benchmark JSON file written by our pytest front end
+(``pytest suites/ --benchmark-json=FILE``). Every row gets the results columns (see
+``attnbench.results.COLUMNS``) plus:
+
+* ``run`` — which run it came from (the folder or file name, made unique);
+* ``machine`` — the machine it ran on (CPU or GPU name and host), so identical cases from different
+  machines never collide;
+* ``source`` — ``attnbench`` or ``pytest-benchmark``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.errors import UsageError
+from attnbench.results import COLUMNS, load_results, rows_to_frame
+
+EXTRA_COLUMNS = ["run", "machine", "source"]
+CASE_KEY = ["machine", "impl", "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim",
+            "mask", "pass"]  # fmt: skip
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    frame: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def machine_label(environment: dict[str, Any]) -> str:
+    gpus = environment.get("gpu_names") or []
+    device = gpus[0] if gpus else environment.get("cpu_name") or "unknown machine"
+    host = environment.get("hostname")
+    threads = environment.get("threads")
+    label = f"{device} ×{threads} threads" if threads and not gpus else device
+    return f"{label} @ {host}" if host else label
+
+
+def _load_meta(folder: Path) -> dict[str, Any]:
+    path = folder / "meta.json"
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError as exc:
+        raise UsageError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise UsageError(f"{path}: expected a JSON object")
+    return meta
+
+
+def _load_folder(path: Path) -> Run:
+    try:
+        frame = load_results(path)
+    except UsageError:
+        raise
+    except Exception as exc:  # pyarrow/pandas raise many types for a corrupt file; say which file
+        raise UsageError(f"{path}: results file is unreadable ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise UsageError(f"{path}: not an attnbench results file (missing columns: {', '.join(missing[:5])})")
+    meta = _load_meta(path)
+    return Run(path.name, path, frame, meta)
+
+
+def _pytest_benchmark_row(bench: dict[str, Any]) -> dict[str, Any]:
+    info = bench.get("extra_info") or {}
+    if "impl" not in info:
+        raise KeyError("extra_info has no attnbench workload (was it written by `pytest suites/`?)")
+    stats = bench["stats"]
+    median_ms = stats["median"] * 1e3
+    flops = info.get("flops")
+    row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    row.update({key: info.get(key) for key in COLUMNS if key in info})
+    row.update(
+        status="ok" if info.get("correct") else "incorrect",
+        reason="" if info.get("correct") else "over tolerance (pytest-benchmark run)",
+        median_ms=median_ms, iqr_ms=stats["iqr"] * 1e3, n_samples=stats["rounds"],
+        calls_per_sample=stats.get("iterations", 1), timing_method="pytest-benchmark",
+        tflops=flops / (median_ms * 1e-3) / 1e12 if flops else None,
+        samples_ms=[t * 1e3 for t in stats["data"]] if stats.get("data") else None,
+    )  # fmt: skip
+    return row
+
+
+def _load_pytest_benchmark(path: Path) -> Run:
+    try:
+        data = json.loads(path.read_text())
+        rows = [_pytest_benchmark_row(bench) for bench in data["benchmarks"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path}: not a pytest-benchmark JSON file from attnbench's suites ({exc})") from None
+    machine = data.get("machine_info", {})
+    environment = {"cpu_name": (machine.get("cpu") or {}).get("brand_raw"), "hostname": machine.get("node")}
+    meta = {"environment": environment, "command": "pytest suites/ --benchmark-json (pytest-benchmark)"}
+    return Run(path.stem, path, rows_to_frame(rows), meta)
+
+
+def load_run(path: Path) -> Run:
+    if path.is_dir():
+        return _load_folder(path)
+    if path.is_file() and path.suffix == ".json":
+        return _load_pytest_benchmark(path)
+    raise UsageError(f"{path}: not a run folder or a pytest-benchmark .json file")
+
+
+def load_runs(paths: list[Path]) -> tuple[pd.DataFrame, list[Run]]:
+    """All runs in one frame with ``run``, ``machine`` and ``source`` columns."""
+    runs = [load_run(p) for p in paths]
+    seen: dict[str, int] = {}
+    frames = []
+    for run in runs:
+        count = seen.get(run.name, 0)
+        seen[run.name] = count + 1
+        if count:
+            run.name = f"{run.name}#{count + 1}"
+        source = "pytest-benchmark" if run.path.is_file() else "attnbench"
+        machine = machine_label(run.meta.get("environment") or {})
+        frames.append(run.frame.assign(run=run.name, machine=machine, source=source))
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS + EXTRA_COLUMNS)
+    return frame, runs
+
+
+def workload_label(row: Mapping[str, Any], with_seq: bool = True) -> str:
+    """'cpu float32 B1 H8/2 S128x256 D64 causal fwd' from a results row (a dict or Series)."""
+    heads = f"H{row['heads']}" if row["heads"] == row["kv_heads"] else f"H{row['heads']}/{row['kv_heads']}"
+    seq = f"S{row['seq_q']}" if row["seq_q"] == row["seq_k"] else f"S{row['seq_q']}x{row['seq_k']}"
+    parts = [row["device"], row["dtype"], f"B{row['batch']}", heads, *([seq] if with_seq else []),
+             f"D{row['head_dim']}", row["mask"], row["pass"]]  # fmt: skip
+    return " ".join(str(p) for p in parts)
+
+
+def group_label(row: Mapping[str, Any]) -> str:
+    """A figure facet: the workload without the query length (the x axis); Sk kept when it differs."""
+    label = workload_label(row, with_seq=False)
+    return f"{label} Sk{row['seq_k']}" if row["seq_k"] != row["seq_q"] else label
+
+
+def labels(frame: pd.DataFrame, with_seq: bool = True) -> list[str]:
+    return [workload_label(r, with_seq) for r in frame.to_dict("records")]
+
+
+def finite(value: Any) -> bool:
+    return value is not None and isinstance(value, int | float) and math.isfinite(value)

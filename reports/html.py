@@ -1,0 +1,129 @@
+"""The self-contained HTML report: Jinja2 with autoescaping (every string from a contender, a plugin or
+an error message is shown as text), figures embedded as base64 PNGs, a little inline JavaScript to sort
+tables, nothing fetched from the network."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+
+import attnbench
+from attnbench.reports.frames import Run, finite, labels, machine_label, workload_label
+from attnbench.reports.plots import speedup_table
+
+RESULT_COLUMNS = ["run", "machine", "impl", "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k",
+                  "head_dim", "mask", "pass", "status", "reason", "median_ms", "iqr_ms", "n_samples", "tflops",
+                  "pct_of_peak", "peak_mem_mb", "max_abs_err", "first_call_ms"]  # fmt: skip
+NUMERIC = {"batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "median_ms", "iqr_ms", "n_samples",
+           "tflops", "pct_of_peak", "peak_mem_mb", "max_abs_err", "first_call_ms"}  # fmt: skip
+CAPTIONS = {
+    "latency.png": "median time per call; log axes; one colour per contender in every figure.",
+    "tflops.png": "achieved TFLOP/s from the shared FLOP count; the dashed line is the measured matmul peak.",
+    "memory.png": "working memory one call needs beyond inputs and output, measured in a separate pass.",
+    "speedup.png": "baseline median / contender median per workload; green is faster than the baseline.",
+    "roofline.png": "achieved TFLOP/s against arithmetic intensity, under the measured compute and bandwidth roof.",
+}
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _raw(value: Any) -> str:
+    return "" if not finite(value) else repr(float(value))
+
+
+def _headline(ok: pd.DataFrame, baseline: str | None) -> list[dict[str, str]]:
+    if ok.empty:
+        return []
+    ok = ok.assign(workload=labels(ok))
+    speedups, bases = speedup_table(ok, baseline)
+    rows = []
+    for (machine, workload), group in ok.groupby(["machine", "workload"], sort=False):
+        ranked = group.sort_values("median_ms")
+        best = ranked.iloc[0]
+        key = f"{machine} · {workload}" if ok["machine"].nunique() > 1 else workload
+        second = ranked.iloc[1] if len(ranked) > 1 else None
+        speed = speedups.get(key, {}).get(best["impl"]) if key in speedups else None
+        rows.append({
+            "machine": machine, "workload": workload, "fastest": best["impl"], "median": _fmt(best["median_ms"]),
+            "tflops": _fmt(best["tflops"]),
+            "runner_up": "" if second is None else second["impl"],
+            "margin": "" if second is None else f"{second['median_ms'] / best['median_ms']:.2f}×",
+            "baseline": bases.get(key, ""), "speedup": "" if speed is None else f"{speed:.2f}×",
+        })  # fmt: skip
+    return rows
+
+
+def _missing(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    bad = frame[frame["status"] != "ok"]
+    rows = []
+    for (status, impl, reason), group in bad.groupby(["status", "impl", "reason"], sort=False, dropna=False):
+        rows.append({"status": status, "impl": impl, "reason": reason, "count": len(group),
+                     "example": workload_label(group.iloc[0])})  # fmt: skip
+    return rows
+
+
+def _accuracy(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    checked = frame[frame["status"].isin(["ok", "incorrect"])]
+    rows = []
+    for (impl, dtype), group in checked.groupby(["impl", "dtype"], sort=True):
+        rows.append({"impl": impl, "dtype": dtype, "checked": len(group),
+                     "incorrect": int((group["status"] == "incorrect").sum()),
+                     "worst": _fmt(group["max_abs_err"].max()), "tolerance": _fmt(group["atol"].max())})  # fmt: skip
+    return rows
+
+
+def _run_block(run: Run) -> dict[str, Any]:
+    meta = run.meta
+    environment = dict(meta.get("environment") or {})
+    keys = ("ceilings", "cpu_allocator", "suite", "start_time", "end_time")
+    details = {"environment": environment, **{key: meta.get(key) for key in keys}}
+    return {
+        "name": run.name, "machine": machine_label(environment), "command": meta.get("command", "(unknown)"),
+        "warnings": meta.get("warnings") or [],
+        "environment": json.dumps({k: v for k, v in details.items() if v is not None}, indent=2, default=str),
+    }  # fmt: skip
+
+
+def write_report(
+    frame: pd.DataFrame,
+    runs: list[Run],
+    figures: list[tuple[str, Path]],
+    out_dir: Path,
+    baseline: str | None,
+    report_command: str,
+) -> Path:
+    template_text = resources.files("attnbench.reports").joinpath("templates/report.html.j2").read_text()
+    environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    template = environment.from_string(template_text)
+    ok = frame[frame["status"] == "ok"]
+    results = [
+        {"status": row["status"], "shown": {c: _fmt(row[c]) for c in RESULT_COLUMNS},
+         "raw": {c: _raw(row[c]) for c in NUMERIC}}
+        for row in frame.to_dict("records")
+    ]  # fmt: skip
+    html = template.render(
+        runs=[_run_block(run) for run in runs], n_rows=len(frame), version=attnbench.__version__,
+        generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        headline=_headline(ok, baseline),
+        figures=[{"title": title, "caption": CAPTIONS.get(path.name, ""),
+                  "data": base64.b64encode(path.read_bytes()).decode()} for title, path in figures],
+        result_columns=RESULT_COLUMNS, numeric=NUMERIC, results=results,
+        missing=_missing(frame), accuracy=_accuracy(frame), report_command=report_command,
+    )  # fmt: skip
+    path = out_dir / "report.html"
+    path.write_text(html)
+    return path

@@ -1,0 +1,221 @@
+"""Reports: report.html and figures from runs, escaping, pytest-benchmark input, merged machines, compare."""
+
+import json
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from PIL import Image
+
+import attnbench
+from attnbench import registry
+from attnbench.reports.compare import Settings, verdict
+
+from conftest import Shifted
+
+SMALL = ["--seq", "64,128", "--mask", "none,causal", "--budget-s", "0.03", "--threads", "1"]
+
+
+class Rows(HTMLParser):
+    """Collects the text of every cell of the results table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table: str | None = None
+        self.rows: list[list[str]] = []
+        self.in_cell = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.table = dict(attrs).get("id")
+        elif tag == "tr" and self.table == "results-table":
+            self.rows.append([])
+        elif tag == "td" and self.table == "results-table":
+            self.in_cell = True
+            self.rows[-1].append("")
+
+    def handle_endtag(self, tag):
+        if tag == "td":
+            self.in_cell = False
+
+    def handle_data(self, data):
+        if self.in_cell:
+            self.rows[-1][-1] += data
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """A run on this machine and a copy that claims to come from another machine."""
+    from attnbench.cli import main
+
+    root = tmp_path_factory.mktemp("runs")
+    assert main(["run", "--impl", "bmm,sdpa_flash,naive,xformers", *SMALL, "--out", str(root / "a")]) == 0
+    shutil.copytree(root / "a", root / "b")
+    meta = json.loads((root / "b" / "meta.json").read_text())
+    meta["environment"]["cpu_name"] = "Other CPU"
+    meta["environment"]["hostname"] = "elsewhere"
+    (root / "b" / "meta.json").write_text(json.dumps(meta))
+    return root / "a", root / "b"
+
+
+def test_report_has_figures_every_row_and_every_reason(cli, two_runs, tmp_path):
+    run, _ = two_runs
+    out = tmp_path / "report"
+    code, text, _ = cli("report", str(run), "--out", str(out))
+    assert code == 0
+    pngs = sorted(out.glob("*.png"))
+    assert {p.name for p in pngs} >= {"latency.png", "tflops.png", "memory.png", "speedup.png", "roofline.png"}
+    for png in pngs:
+        with Image.open(png) as image:
+            image.verify()
+    html = (out / "report.html").read_text()
+    frame = pd.read_parquet(run / "results.parquet")
+    parser = Rows()
+    parser.feed(html)
+    body = [row for row in parser.rows if row]
+    assert len(body) == len(frame)
+    for reason in frame[frame.status != "ok"].reason.unique():
+        assert reason.replace("'", "&#39;") in html
+    assert html.count("data:image/png;base64,") == len(pngs)
+    assert "http://" not in html and "https://" not in html and "<link" not in html  # self-contained
+    assert "attnbench run --impl bmm,sdpa_flash,naive,xformers" in html  # the command that made the run
+    assert f"report: {out / 'report.html'}" in text
+
+
+def test_merged_machines_never_collide(cli, two_runs, tmp_path):
+    from attnbench.reports.frames import load_runs
+
+    frame, runs = load_runs(list(two_runs))
+    assert frame["machine"].nunique() == 2 and [r.name for r in runs] == ["a", "b"]
+    key = ["machine", "impl", "seq_q", "seq_k", "kv_heads", "mask"]
+    assert not frame.duplicated(key).any()
+    out = tmp_path / "merged"
+    assert cli("report", *map(str, two_runs), "--out", str(out))[0] == 0
+    html = (out / "report.html").read_text()
+    assert "Other CPU" in html and "elsewhere" in html
+
+
+def test_contender_names_and_reasons_are_escaped(cli, planted, tmp_path):
+    class Evil(Shifted):
+        name = "<script>alert(1)</script>"
+
+    attnbench.register(Evil)
+    planted.append(Evil.name)
+    run = tmp_path / "run"
+    assert cli("run", "--impl", f"{Evil.name},bmm", "--seq", "32", "--mask", "none", "--budget-s", "0.02",
+               "--out", str(run))[0] == 0  # fmt: skip
+    assert cli("report", str(run), "--out", str(tmp_path / "rep"))[0] == 0
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert "<script>alert(1)</script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert len(re.findall(r"<script>", html)) == 1  # only the report's own table sorter
+
+
+def test_pytest_benchmark_json_is_a_run(cli, tmp_path):
+    from attnbench.reports.frames import load_runs
+
+    data = {
+        "machine_info": {"node": "bench-host", "cpu": {"brand_raw": "Test CPU"}},
+        "benchmarks": [
+            {
+                "extra_info": {
+                    "impl": "bmm",
+                    "device": "cpu",
+                    "dtype": "float32",
+                    "batch": 1,
+                    "heads": 8,
+                    "kv_heads": 8,
+                    "seq_q": 64,
+                    "seq_k": 64,
+                    "head_dim": 64,
+                    "mask": "none",
+                    "pass": "fwd",
+                    "scale": 0.125,
+                    "flops": 1e8,
+                    "max_abs_err": 1e-7,
+                    "atol": 1e-4,
+                    "rtol": 1e-4,
+                    "correct": True,
+                },
+                "stats": {"median": 0.001, "iqr": 0.0001, "rounds": 50, "iterations": 1, "data": [0.001, 0.0011]},
+            }
+        ],
+    }
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    frame, _ = load_runs([path])
+    row = frame.iloc[0]
+    assert row["status"] == "ok" and row["median_ms"] == 1.0 and row["source"] == "pytest-benchmark"
+    assert row["tflops"] == pytest.approx(0.1) and row["machine"] == "Test CPU @ bench-host"
+    assert cli("report", str(path), "--out", str(tmp_path / "rep"))[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda p: (p / "results.parquet").write_bytes(b"PAR1 truncated"), "results file is unreadable"),
+        (lambda p: (p / "meta.json").write_text("{not json"), "meta.json: not valid JSON"),
+        (lambda p: pd.DataFrame({"x": [1]}).to_parquet(p / "results.parquet"), "not an attnbench results file"),
+    ],
+)
+def test_bad_runs_are_one_line_errors(cli, two_runs, tmp_path, setup, message):
+    broken = tmp_path / "broken"
+    shutil.copytree(two_runs[0], broken)
+    setup(broken)
+    code, _, err = cli("report", str(broken), "--out", str(tmp_path / "rep"))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "rep").exists()
+
+
+def test_compare_same_run_has_no_slower_case(cli, two_runs, tmp_path):
+    run, _ = two_runs
+    code, text, _ = cli("compare", str(run), str(run), "--out", str(tmp_path / "cmp"))
+    assert code == 0
+    assert "slower" not in text.split("\n")[-3]  # summary line
+    assert (tmp_path / "cmp" / "compare.html").exists() and (tmp_path / "cmp" / "compare.png").exists()
+
+
+def _slowed_copy(run: Path, target: Path, impl: str, factor: float) -> Path:
+    shutil.copytree(run, target)
+    frame = pd.read_parquet(target / "results.parquet")
+    chosen = frame.impl == impl
+    frame.loc[chosen, "median_ms"] *= factor
+    frame["samples_ms"] = [
+        [s * factor for s in samples] if pick and samples is not None else samples
+        for samples, pick in zip(frame["samples_ms"], chosen, strict=True)
+    ]
+    frame.to_parquet(target / "results.parquet")
+    return target
+
+
+def test_compare_flags_a_contender_made_slower_and_exits_1(cli, two_runs, tmp_path):
+    run, _ = two_runs
+    slowed = _slowed_copy(run, tmp_path / "slow", "bmm", 1.5)
+    code, text, err = cli("compare", str(run), str(slowed), "--out", str(tmp_path / "cmp"))
+    assert code == 1 and "slower beyond 5%" in err
+    lines = [line for line in text.splitlines() if line.lstrip().startswith(("bmm", "sdpa_flash", "naive"))]
+    assert lines and all(("slower" in line) == line.lstrip().startswith("bmm") for line in lines)
+    assert "geometric-mean new/base" in text
+
+
+def test_verdict_rules():
+    base = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98] * 5
+    assert verdict(base, [x * 1.5 for x in base], Settings())[0] == "slower"
+    assert verdict(base, [x / 1.5 for x in base], Settings())[0] == "faster"
+    assert verdict(base, [x * 1.01 for x in base], Settings())[0] == "same"
+    assert verdict([1.0, 2.0, 3.0], [1.5, 2.5, 3.5], Settings(threshold=0.02))[0] == "unclear"
+    assert verdict([1.0, 1.1, 1.2], [1.5, 1.6, 1.7], Settings())[0] == "slower"  # p = 0.1, but clear-cut
+
+
+def test_compare_rejects_bad_settings(cli, two_runs):
+    code, _, err = cli("compare", str(two_runs[0]), str(two_runs[0]), "--threshold", "5")
+    assert code == 2 and "--threshold 5.0: must be a fraction" in err
+    code, _, err = cli("compare", str(two_runs[0]), "/no/such/run")
+    assert code == 2 and "/no/such/run: no such run folder or file" in err
+
+
+def test_registry_is_untouched_by_reports():
+    assert "bmm" in registry.load()
