@@ -77,6 +77,29 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def report(session: nox.Session) -> None:
+    """Write report.html and figures for run folders (default: the newest run under runs/)."""
+    install(session)
+    runs = session.posargs or [str(_newest_run())]
+    session.run("attnbench", "report", *runs)
+
+
+def _newest_run() -> Path:
+    runs = [p for p in (ROOT / "runs").glob("*") if (p / "results.parquet").exists()]
+    if not runs:
+        raise SystemExit("no run under runs/: run `nox -s bench` first, or pass run folders after --")
+    return max(runs, key=lambda p: p.stat().st_mtime)
+
+
+@nox.session(default=False)
+def report_check(session: nox.Session) -> None:
+    """Test the reports, in headless Chromium too (installed from Debian's packages when missing)."""
+    session.run("bash", ".ci/install-chromium", external=True)
+    install(session, "test")
+    session.run("pytest", "tests/test_reports.py", "tests/test_report_browser.py", "-rs", *session.posargs)
+
+
+@nox.session(default=False)
 def bench_gpu(session: nox.Session) -> None:
     """Run the gpu suite on CUDA into runs/ (arguments go to `attnbench run`)."""
     install(session, "xformers")
