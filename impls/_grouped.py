@@ -28,9 +28,7 @@ def grouped_masks(inputs: AttentionInputs) -> tuple[torch.Tensor | None, torch.T
     return hidden, empty
 
 
-def masked_softmax(
-    scores: torch.Tensor, hidden: torch.Tensor | None, empty: torch.Tensor | None
-) -> torch.Tensor:
+def masked_softmax(scores: torch.Tensor, hidden: torch.Tensor | None, empty: torch.Tensor | None) -> torch.Tensor:
     """softmax over the last dim of (B, Hkv, G, Sq, Sk) scores with masked keys removed; empty rows -> 0."""
     if hidden is not None:
         scores = scores.masked_fill(hidden, float("-inf"))

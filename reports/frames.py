@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,7 +130,7 @@ def load_runs(paths: list[Path]) -> tuple[pd.DataFrame, list[Run]]:
     return frame, runs
 
 
-def workload_label(row: Mapping[str, Any], with_seq: bool = True) -> str:
+def workload_label(row: Any, with_seq: bool = True) -> str:
     """'cpu float32 B1 H8/2 S128x256 D64 causal fwd' from a results row (a dict or Series)."""
     heads = f"H{row['heads']}" if row["heads"] == row["kv_heads"] else f"H{row['heads']}/{row['kv_heads']}"
     seq = f"S{row['seq_q']}" if row["seq_q"] == row["seq_k"] else f"S{row['seq_q']}x{row['seq_k']}"
@@ -140,7 +139,7 @@ def workload_label(row: Mapping[str, Any], with_seq: bool = True) -> str:
     return " ".join(str(p) for p in parts)
 
 
-def group_label(row: Mapping[str, Any]) -> str:
+def group_label(row: Any) -> str:
     """A figure facet: the workload without the query length (the x axis); Sk kept when it differs."""
     label = workload_label(row, with_seq=False)
     return f"{label} Sk{row['seq_k']}" if row["seq_k"] != row["seq_q"] else label

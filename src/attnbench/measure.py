@@ -26,7 +26,8 @@ import torch.utils.benchmark as benchmark
 
 MIN_SAMPLE_S = 2e-3  # a CPU sample blocks calls until it lasts at least this long
 TARGET_CI = 0.005  # stop once the median's 95 % CI half-width is within 0.5 % of the median
-MIN_SAMPLES = 10
+MIN_SAMPLES = 10  # before the confidence-interval rule may stop sampling
+MIN_TRUSTED = 5  # a budget-limited case still gets this many samples, up to twice its budget
 MAX_SAMPLES = 10_000
 UNSTABLE_REL_IQR = 0.10  # flag a case whose IQR is 10 % of its median or more
 GRAPH_BELOW_MS = 0.05
@@ -99,7 +100,8 @@ def time_cpu(fn: Callable[[], object], threads: int, budget_s: float, estimate_s
         seconds = timer.timeit(calls).raw_times[0]  # one block of `calls` calls
         samples_ms.append(seconds / calls * 1e3)
         spent += seconds
-        if spent >= budget_s and len(samples_ms) >= 3:
+        # Past the budget, stop once there are enough samples to trust (or ever, at twice the budget).
+        if (spent >= budget_s and len(samples_ms) >= MIN_TRUSTED) or (spent >= 2 * budget_s and len(samples_ms) >= 3):
             break
         if len(samples_ms) >= MIN_SAMPLES:
             median = statistics.median(samples_ms)

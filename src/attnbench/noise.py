@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.measure import UNSTABLE_REL_IQR
+from attnbench.measure import MIN_TRUSTED, UNSTABLE_REL_IQR
 
 BUSY_PROCESS_SHARE = 0.2  # another process using a fifth of a core is worth a warning
-MIN_TRUSTED_SAMPLES = 5
+MIN_TRUSTED_SAMPLES = MIN_TRUSTED
 
 
 def _read(path: Path) -> str | None:
