@@ -123,9 +123,14 @@ def load_runs(paths: list[Path]) -> tuple[pd.DataFrame, list[Run]]:
         seen[run.name] = count + 1
         if count:
             run.name = f"{run.name}#{count + 1}"
-        source = "pytest-benchmark" if run.path.is_file() else "attnbench"
-        machine = machine_label(run.meta.get("environment") or {})
-        frames.append(run.frame.assign(run=run.name, machine=machine, source=source))
+        own = {
+            "run": run.name,
+            "machine": machine_label(run.meta.get("environment") or {}),
+            "source": "pytest-benchmark" if run.path.is_file() else "attnbench",
+        }
+        # A merged folder already says, per row, which run and machine each row came from: keep that.
+        kept = {c: v for c, v in own.items() if c not in run.frame or run.frame[c].isna().all()}
+        frames.append(run.frame.assign(**kept))
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS + EXTRA_COLUMNS)
     return frame, runs
 

@@ -21,21 +21,37 @@ BAD_INPUTS = [
     (["run", "--seq", "512,,1024"], "--seq '512,,1024': give a comma-separated list"),
     (["run", "--threads", "0"], "--threads 0: must be a positive integer"),
     (["run", "--budget-s", "-1"], "--budget-s -1.0: must be a positive number"),
+    (["run", "--timeout-s", "0"], "--timeout-s 0.0: must be a positive number"),
+    (["run", "--shard", "4/3"], "--shard '4/3': I must be between 1 and N"),
+    (["run", "--shard", "half"], "--shard 'half': expected I/N"),
+    (["run", "--isolate", "maybe"], "argument --isolate: invalid choice: 'maybe'"),
+    (["run", "--cpu-allocator", "jemalloc"], "argument --cpu-allocator: invalid choice: 'jemalloc'"),
+    (["run", "--suite", "missing/file.toml"], "suite file 'missing/file.toml' does not exist"),
+    (["run", "--resume", "nowhere"], "--resume nowhere: not an attnbench run folder"),
     (["run", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["launch"], "invalid choice: 'launch'"),
-    (["run", "--suite", "missing/file.toml"], "suite file 'missing/file.toml' does not exist"),
+    (["report", "no/such/run"], "no/such/run: no such run folder or file"),
+    (["compare", "a", "b", "--alpha", "2"], "--alpha 2.0: must be between 0 and 1"),
+    (["merge", "a"], "the following arguments are required: --out"),
+    (["profile", "--impl", "nosuch"], "impl 'nosuch' is not known"),
+    (["profile", "--impl", "bmm", "--calls", "0"], "--calls 0: must be a positive integer"),
 ]
 
 
 @pytest.mark.parametrize(("args", "message"), BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
-    code, out, err = cli(*args, *(["--out", "x"] if args[0] == "run" and "--frobnicate" not in args else []))
+    needs_out = args[0] in {"run", "profile", "report"} and "--frobnicate" not in args and "--resume" not in args
+    code, out, err = cli(*args, *(["--out", "x"] if needs_out else []))
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attnbench: error: ")
     assert message in lines[0]
     assert out == "" and list(tmp_path.iterdir()) == []
+
+
+def test_at_least_twenty_kinds_of_bad_input():
+    assert len({message for _, message in BAD_INPUTS}) >= 20
 
 
 def test_cuda_on_a_cpu_machine_is_refused(cli, tmp_path):

@@ -1,4 +1,5 @@
-"""Every attnbench and pytest command in the README runs as written (the nox ones run in CI itself)."""
+"""Every attnbench and pytest command in the README runs as written (the nox ones run in CI itself; the
+SLURM script is covered by the shard, merge and resume tests)."""
 
 import re
 import shlex
@@ -13,6 +14,7 @@ README = (REPO / "README.md").read_text()
 
 def _commands(prefix: str) -> list[str]:
     blocks = re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL)
+    blocks = [block for block in blocks if not block.startswith("#!")]  # job scripts (SLURM) are examples
     lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
     return [line for line in lines if line.startswith(prefix)]
 

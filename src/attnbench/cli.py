@@ -10,23 +10,28 @@ import argparse
 import datetime as dt
 import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pandas as pd
-import torch
 
 from attnbench import registry
-from attnbench.allocator import POLICIES, configure_cpu_allocator
-from attnbench.ceilings import load_ceilings
+from attnbench.allocator import POLICIES
 from attnbench.errors import UsageError
 from attnbench.machine import command_line, environment
-from attnbench.noise import environment_warnings, result_warnings
-from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
 from attnbench.results import RunWriter
-from attnbench.runner import RunOptions, not_runnable, run_cases
-from attnbench.suite import AXES, DEFAULTS, INT_AXES, Suite, coerce_axis, expand, load_suite, suite_names
+from attnbench.runner import not_runnable
+from attnbench.suite import (
+    AXES,
+    DEFAULTS,
+    INT_AXES,
+    Suite,
+    check_devices,
+    coerce_axis,
+    expand,
+    load_suite,
+    suite_names,
+)
 from attnbench.workload import DEVICES, canonical_dtype
 
 # CLI flag -> suite axis
@@ -72,11 +77,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, list[Any]]:
     return parse_axis_overrides({axis: getattr(args, axis) for axis in AXES if getattr(args, axis) is not None})
 
 
-def _check_devices(cases: list) -> None:
-    if any(w.device == "cuda" for _, w in cases) and not torch.cuda.is_available():
-        raise UsageError("device cuda: torch.cuda.is_available() is False on this machine; allowed here: cpu")
-
-
 def _default_out(suite: str) -> Path:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path("runs") / f"{suite}-{stamp}"
@@ -88,73 +88,18 @@ def _default_out(suite: str) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    suite = load_suite(args.suite)
-    overrides = _overrides(args)
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads {args.threads}: must be a positive integer")
-    for flag, value in (("--budget-s", args.budget_s), ("--case-budget-s", args.case_budget_s)):
-        if value is not None and not value > 0:
-            raise UsageError(f"{flag} {value}: must be a positive number of seconds")
-    entries = registry.load()
-    cases = expand(suite, overrides, sorted(entries))
-    _check_devices(cases)
-    out = Path(args.out) if args.out else _default_out(suite.name)
+    from attnbench import run_command
+
+    return run_command.cmd_run(args, _overrides(args), _default_out(Path(args.suite).stem))
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from attnbench.reports.merge import merge_runs
+
+    out = Path(args.out)
     RunWriter.check_target(out)
-
-    threads = args.threads or torch.get_num_threads()
-    allocator = configure_cpu_allocator(args.cpu_allocator)
-    warnings = environment_warnings()
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    ceilings = {
-        device: load_ceilings(device, sorted({w.dtype for _, w in cases if w.device == device}), threads,
-                              remeasure=args.remeasure_ceilings)
-        for device in sorted({w.device for _, w in cases})
-    }  # fmt: skip
-    options = RunOptions(
-        budget_s=args.budget_s or suite.budget_s, case_budget_s=args.case_budget_s or suite.case_budget_s,
-        threads=threads, seed=args.seed, measure_memory=not args.no_memory, ceilings=ceilings,
-    )  # fmt: skip
-    meta: dict[str, Any] = {
-        "command": args.command_line, "suite": suite.name, "overrides": overrides,
-        "budget_s": options.budget_s, "case_budget_s": options.case_budget_s, "seed": options.seed,
-        "n_cases": len(cases), "ceilings": {device: asdict(c) for device, c in ceilings.items()},
-        "warnings": warnings, "cpu_allocator": allocator,
-        "start_time": dt.datetime.now().astimezone().isoformat(), "end_time": None, "finished": False,
-        "environment": environment(threads),
-    }  # fmt: skip
-    writer = RunWriter(out)
-    writer.start(meta)
-    progress = _progress(len(cases), args.progress)
-    interrupted = False
-
-    def on_row(row: dict[str, Any]) -> None:
-        writer.append(row)
-        progress.update(1)
-
-    try:
-        run_cases(cases, options, on_row, lambda impl, w: progress.set_description_str(f"{impl} {w.label()}"))
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        progress.close()
-        meta.update(end_time=dt.datetime.now().astimezone().isoformat(), finished=not interrupted)
-        frame = writer.finish(meta)
-    print(summary_table(frame))
-    print(f"\n{len(frame)} cases: {status_counts(frame)}")
-    reasons = non_ok_reasons(frame)
-    if reasons:
-        print(reasons)
-    late_warnings = result_warnings(frame)
-    if late_warnings:
-        meta["warnings"] = warnings + late_warnings
-        writer.write_meta(meta)
-    for warning in warnings + late_warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(f"results: {out / 'results.parquet'} (also results.csv, meta.json)")
-    if interrupted:
-        print("interrupted: the rows above were finished and saved", file=sys.stderr)
-        return 130
+    frame = merge_runs(_run_paths(args.runs), out, args.command_line)
+    print(f"merged {len(args.runs)} runs, {len(frame)} rows, {frame['machine'].nunique()} machine(s): {out}")
     return 0
 
 
@@ -169,7 +114,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     overrides = _overrides(args)
     suite = Suite("profile", "", 1.0, 60.0, ({**DEFAULTS, **PROFILE_WORKLOAD},))
     cases = expand(suite, overrides, sorted(registry.load()))
-    _check_devices(cases)
+    check_devices(cases)
     out = Path(args.out) if args.out else _default_out("profile")
     RunWriter.check_target(out)
     runnable = []
@@ -241,13 +186,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(total: int, mode: str) -> Any:
-    from tqdm import tqdm
-
-    disable = mode == "off" or (mode == "auto" and not sys.stderr.isatty())
-    return tqdm(total=total, unit="case", disable=disable, file=sys.stderr, dynamic_ncols=True)
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     entries = registry.load()
     records: list[dict[str, Any]] = []
@@ -311,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="cached: malloc keeps freed memory, no page faults in timings (default); system: malloc as is",
     )  # fmt: skip
     p_run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p_run.add_argument("--timeout-s", type=float, help="per-case limit; past it the case is `timeout` (default 120)")
+    p_run.add_argument(
+        "--isolate", choices=["worker", "none"], default="worker",
+        help="worker: run cases in a worker process, so a hung or crashing kernel costs one row (default)",
+    )  # fmt: skip
+    p_run.add_argument("--shard", metavar="I/N", help="run the I-th of N balanced, deterministic slices")
+    p_run.add_argument("--resume", metavar="RUN_DIR", help="run only the cases of RUN_DIR that have no row yet")
     p_run.add_argument("--progress", choices=["auto", "on", "off"], default="auto", help="progress bar")
     p_run.set_defaults(func=cmd_run)
 
@@ -329,6 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_report.add_argument("--out", help="folder for report.html and PNGs (default: runs/report-TIMESTAMP)")
     p_report.add_argument("--baseline", help="contender to compute speedups against (default: fastest torch one)")
     p_report.set_defaults(func=cmd_report)
+
+    p_merge = commands.add_parser("merge", help="join shards and runs from several machines into one results set")
+    p_merge.add_argument("runs", nargs="+", metavar="RUN", help="run folders or pytest-benchmark .json files")
+    p_merge.add_argument("--out", required=True, help="folder to create for the merged results")
+    p_merge.set_defaults(func=cmd_merge)
 
     p_compare = commands.add_parser("compare", help="per-case verdicts between two runs; exit 1 if slower")
     p_compare.add_argument("base", metavar="BASE", help="run folder or pytest-benchmark .json")

@@ -8,6 +8,7 @@ in CSV.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -71,11 +72,15 @@ def _clean(value: Any) -> Any:
 
 
 class RunWriter:
-    """Owns one run folder: refuses a non-empty one, appends rows, writes the final files."""
+    """Owns one run folder: refuses a non-empty one, appends rows, writes the final files.
+
+    ``plan.json`` lists every planned case, so ``attnbench run --resume`` can run what is missing.
+    """
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
         self.rows_path = out_dir / "rows.jsonl"
+        self.plan_path = out_dir / "plan.json"
         self.rows: list[dict[str, Any]] = []
 
     @staticmethod
@@ -84,11 +89,33 @@ class RunWriter:
         if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
             raise UsageError(f"--out {out_dir}: already exists and is not an empty folder; choose a new one")
 
-    def start(self, meta: dict[str, Any]) -> None:
+    def start(self, meta: dict[str, Any], plan: list[tuple[str, Workload]]) -> None:
         self.check_target(self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rows_path.touch()
+        entries = [{"impl": impl, "workload": dataclasses.asdict(w)} for impl, w in plan]
+        self.plan_path.write_text(json.dumps(entries) + "\n")
         self.write_meta(meta)
+
+    @classmethod
+    def reopen(cls, out_dir: Path) -> tuple[RunWriter, dict[str, Any], list[tuple[str, Workload]]]:
+        """An existing run folder for --resume: its writer (holding the finished rows), meta and plan."""
+        writer = cls(out_dir)
+        if not writer.plan_path.is_file() or not (out_dir / "meta.json").is_file():
+            raise UsageError(f"--resume {out_dir}: not an attnbench run folder (no plan.json and meta.json)")
+        try:
+            meta = json.loads((out_dir / "meta.json").read_text())
+            plan = [(e["impl"], Workload(**e["workload"])) for e in json.loads(writer.plan_path.read_text())]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--resume {out_dir}: plan.json or meta.json is damaged ({exc})") from None
+        lines = writer.rows_path.read_text().splitlines() if writer.rows_path.exists() else []
+        for line in lines:
+            try:
+                writer.rows.append(json.loads(line))
+            except ValueError:
+                break  # a line cut short by a kill: that case runs again
+        writer.rows_path.write_text("".join(json.dumps(row) + "\n" for row in writer.rows))
+        return writer, meta, plan
 
     def append(self, row: dict[str, Any]) -> None:
         row = {key: _clean(value) for key, value in row.items()}
@@ -99,10 +126,7 @@ class RunWriter:
 
     def finish(self, meta: dict[str, Any]) -> pd.DataFrame:
         frame = rows_to_frame(self.rows)
-        frame.to_parquet(self.out_dir / "results.parquet", index=False)
-        csv = frame.copy()
-        csv["samples_ms"] = csv["samples_ms"].map(lambda s: json.dumps(list(s)) if s is not None else "")
-        csv.to_csv(self.out_dir / "results.csv", index=False)
+        write_frame(frame, self.out_dir)
         self.write_meta(meta)
         return frame
 
@@ -110,6 +134,19 @@ class RunWriter:
         tmp = self.out_dir / "meta.json.tmp"
         tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
         tmp.replace(self.out_dir / "meta.json")
+
+
+def write_frame(frame: pd.DataFrame, out_dir: Path) -> None:
+    """results.parquet and results.csv (raw samples as a JSON list in the CSV)."""
+    frame.to_parquet(out_dir / "results.parquet", index=False)
+    csv = frame.copy()
+    csv["samples_ms"] = csv["samples_ms"].map(lambda s: json.dumps(list(s)) if s is not None else "")
+    csv.to_csv(out_dir / "results.csv", index=False)
+
+
+def case_key(impl: str, workload_row: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies a case within a run: the contender and the workload columns."""
+    return (impl, *(workload_row[c] for c in WORKLOAD_COLUMNS if c != "scale"))
 
 
 def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

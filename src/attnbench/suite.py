@@ -141,6 +141,14 @@ def expand(suite: Suite, overrides: dict[str, list[Any]], known_impls: list[str]
     return list(cases)
 
 
+def check_devices(cases: list[tuple[str, Workload]]) -> None:
+    """CUDA cases on a machine without CUDA are bad input, not a sweep of `unavailable` rows."""
+    import torch
+
+    if any(w.device == "cuda" for _, w in cases) and not torch.cuda.is_available():
+        raise UsageError("device cuda: torch.cuda.is_available() is False on this machine; allowed here: cpu")
+
+
 def _impls(requested: list[str], known: list[str]) -> list[str]:
     if "all" in requested:
         return list(known)

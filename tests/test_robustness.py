@@ -1,0 +1,198 @@
+"""Faults survived (raising, wrong, hung contenders), interrupt and resume, shards and merge."""
+
+import json
+import signal
+import subprocess
+import time
+
+import pandas as pd
+import pytest
+
+from attnbench.results import case_key
+
+from conftest import attnbench_cmd, run_subprocess
+
+PLANTED = """
+import time
+import torch
+from attnbench import Capabilities, Contender
+
+class _Base(Contender):
+    capabilities = Capabilities(devices=frozenset({"cpu"}))
+
+class Raises(_Base):
+    name = "planted_raises"
+    def prepare(self, inputs, workload):
+        def run():
+            raise RuntimeError("planted failure")
+        return run
+
+class Wrong(_Base):
+    name = "planted_wrong"
+    def prepare(self, inputs, workload):
+        q, k, v = inputs.q, inputs.k, inputs.v
+        return lambda: torch.softmax(q @ k.transpose(-1, -2) / workload.head_dim, dim=-1) @ v
+
+class Sleeper(_Base):
+    name = "planted_sleeper"
+    def prepare(self, inputs, workload):
+        return lambda: time.sleep(3600)
+"""
+
+
+@pytest.fixture(scope="module")
+def planted_site(tmp_path_factory):
+    """A distribution with three misbehaving contenders, installed by putting it on PYTHONPATH."""
+    site = tmp_path_factory.mktemp("site")
+    info = site / "planted-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: planted\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[attnbench.impls]\nplanted_raises = planted:Raises\nplanted_wrong = planted:Wrong\n"
+        "planted_sleeper = planted:Sleeper\n"
+    )
+    (site / "planted.py").write_text(PLANTED)
+    return {"PYTHONPATH": str(site)}
+
+
+@pytest.mark.slow
+def test_sweep_survives_raising_wrong_and_hung_contenders(planted_site, tmp_path):
+    out = tmp_path / "run"
+    impls = "planted_raises,planted_wrong,planted_sleeper,bmm,sdpa_math"
+    args = ["run", "--impl", impls, "--seq", "64", "--kv-heads", "8", "--mask", "none", "--budget-s", "0.05",
+            "--timeout-s", "4", "--out", str(out)]  # fmt: skip
+    start = time.perf_counter()
+    result = run_subprocess(*attnbench_cmd(*args), env=planted_site)
+    assert result.returncode == 0, result.stderr
+    assert time.perf_counter() - start < 120  # two hung cases cost their timeout, not an hour each
+    frame = pd.read_parquet(out / "results.parquet")
+    by_impl = frame.groupby("impl")["status"].agg(set)
+    assert by_impl["planted_raises"] == {"error"} and by_impl["planted_wrong"] == {"incorrect"}
+    assert by_impl["planted_sleeper"] == {"timeout"}
+    assert by_impl["bmm"] == {"ok"} and by_impl["sdpa_math"] == {"ok"}
+    reasons = frame.set_index("impl")["reason"]
+    assert (reasons["planted_raises"] == "RuntimeError: planted failure").all()
+    assert reasons["planted_sleeper"].str.contains("no result within --timeout-s 4 s").all()
+    assert "planted_wrong" not in result.stdout.split("fastest")[-1].split("\n\n")[0].split()[-2:]
+
+
+def _key_set(frame: pd.DataFrame) -> set:
+    return {case_key(row["impl"], row) for row in frame.to_dict("records")}
+
+
+@pytest.mark.slow
+def test_interrupt_then_resume_gives_the_full_case_set_once(tmp_path):
+    out = tmp_path / "run"
+    args = ["run", "--impl", "bmm,einsum,sdpa_math", "--seq", "128,256,512", "--mask", "none,causal",
+            "--budget-s", "0.3", "--isolate", "none", "--out", str(out)]  # fmt: skip
+    process = subprocess.Popen(attnbench_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rows = out / "rows.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not rows.exists() or len(rows.read_text().splitlines()) < 4):
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert f"attnbench run --resume {out}" in err
+    partial = pd.read_parquet(out / "results.parquet")
+    plan = json.loads((out / "plan.json").read_text())
+    assert 4 <= len(partial) < len(plan)
+
+    resumed = run_subprocess(*attnbench_cmd("run", "--resume", str(out)))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{len(partial)} of {len(plan)} cases done" in resumed.stderr
+    final = pd.read_parquet(out / "results.parquet")
+    assert len(final) == len(plan) and len(_key_set(final)) == len(final)
+    assert (final.status == "ok").all()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["finished"] is True and len(meta["resumed"]) == 1
+
+    fresh = tmp_path / "fresh"
+    full_args = [a if a != str(out) else str(fresh) for a in args]
+    assert run_subprocess(*attnbench_cmd(*full_args[:-2], "--out", str(fresh))).returncode == 0
+    assert _key_set(final) == _key_set(pd.read_parquet(fresh / "results.parquet"))
+
+
+@pytest.mark.slow
+def test_shards_merge_into_exactly_the_unsharded_cases(tmp_path):
+    sweep = ["--impl", "bmm,sdpa_flash,naive,xformers", "--seq", "32,64,128", "--mask", "none,causal",
+             "--budget-s", "0.02", "--isolate", "none"]  # fmt: skip
+    assert run_subprocess(*attnbench_cmd("run", *sweep, "--out", str(tmp_path / "all"))).returncode == 0
+    shards = []
+    for index in (1, 2, 3):
+        folder = tmp_path / f"shard{index}"
+        result = run_subprocess(*attnbench_cmd("run", *sweep, "--shard", f"{index}/3", "--out", str(folder)))
+        assert result.returncode == 0, result.stderr
+        shards.append(folder)
+    sizes = [len(pd.read_parquet(s / "results.parquet")) for s in shards]
+    assert min(sizes) > 0
+    merged = tmp_path / "merged"
+    result = run_subprocess(*attnbench_cmd("merge", *map(str, shards), "--out", str(merged)))
+    assert result.returncode == 0, result.stderr
+    frame = pd.read_parquet(merged / "results.parquet")
+    everything = pd.read_parquet(tmp_path / "all" / "results.parquet")
+    assert len(frame) == len(everything) == sum(sizes)
+    assert _key_set(frame) == _key_set(everything)
+    assert set(frame["run"]) == {"shard1", "shard2", "shard3"}
+    repeat = run_subprocess(*attnbench_cmd("merge", str(shards[0]), str(shards[0]), "--out", str(tmp_path / "x")))
+    assert repeat.returncode == 2 and "merge shards or machines, not repeats" in repeat.stderr
+
+
+def test_shards_are_balanced_and_deterministic():
+    from attnbench import registry
+    from attnbench.shard import case_cost, shard_cases
+    from attnbench.suite import expand, load_suite
+
+    cases = expand(load_suite("standard"), {}, sorted(registry.load()))
+    parts = [shard_cases(cases, i, 4) for i in range(1, 5)]
+    assert sorted(str(case) for part in parts for case in part) == sorted(map(str, cases))
+    loads = [sum(case_cost(*case) for case in part) for part in parts]
+    assert max(loads) <= 1.25 * min(loads)
+    assert parts == [shard_cases(cases, i, 4) for i in range(1, 5)]
+
+
+def test_resume_of_a_folder_that_is_not_a_run(cli, tmp_path):
+    code, _, err = cli("run", "--resume", str(tmp_path))
+    assert code == 2 and "not an attnbench run folder" in err
+    code, _, err = cli("run", "--resume", str(tmp_path), "--seq", "64")
+    assert code == 2 and "--resume takes the sweep from the run folder; drop --seq" in err
+
+
+def test_truncated_rows_file_resumes_cleanly(tmp_path):
+    from attnbench.results import RunWriter
+    from attnbench.workload import Workload
+
+    writer = RunWriter(tmp_path / "run")
+    w = Workload(1, 1, 1, 4, 4, 4)
+    writer.start({"settings": {}}, [("bmm", w)])
+    writer.rows_path.write_text('{"impl": "bmm", "status": "o')  # killed mid-write
+    reopened, _, plan = RunWriter.reopen(tmp_path / "run")
+    assert reopened.rows == [] and plan == [("bmm", w)]
+    assert reopened.rows_path.read_text() == ""
+
+
+def test_sigterm_is_an_interrupt():
+    from attnbench.run_command import sigterm_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
+        signal.raise_signal(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_worker_reports_how_it_died(tmp_path):
+    from attnbench.runner import RunOptions
+    from attnbench.worker import CaseWorker
+    from attnbench.workload import Workload
+
+    worker = CaseWorker(RunOptions(budget_s=0.02), "system", timeout_s=60)
+    try:
+        row = worker.run("bmm", Workload(1, 2, 2, 16, 16, 8))
+        assert row["status"] == "ok"
+        worker._process.kill()  # simulate a crash between cases
+        time.sleep(0.2)
+        row = worker.run("bmm", Workload(1, 2, 2, 16, 16, 8))
+        assert row["status"] == "error" and "worker process died" in row["reason"]
+        assert worker.run("bmm", Workload(1, 2, 2, 16, 16, 8))["status"] == "ok"  # a fresh worker took over
+    finally:
+        worker.close()
