@@ -47,12 +47,6 @@ class SdpaBackend(Contender):
             return f"SDPA {self.member} is a CUDA-only backend and torch.cuda.is_available() is False"
         return None
 
-    def unsupported_reason(self, workload: Workload) -> str | None:
-        reason = super().unsupported_reason(workload)
-        if reason is None and workload.device == "cuda" and not torch.cuda.is_available():
-            reason = "torch.cuda.is_available() is False"
-        return reason
-
     def predicted_extra_bytes(self, workload: Workload) -> float:
         if self.member != "MATH":
             return super().predicted_extra_bytes(workload)

@@ -42,12 +42,6 @@ class FlexAttention(Contender):
             return f"torch {torch.__version__} has no FlexAttention ({exc})"
         return None
 
-    def unsupported_reason(self, workload: Workload) -> str | None:
-        reason = super().unsupported_reason(workload)
-        if reason is None and workload.device == "cuda" and not torch.cuda.is_available():
-            reason = "torch.cuda.is_available() is False"
-        return reason
-
     def predicted_extra_bytes(self, workload: Workload) -> float:
         if workload.device == "cuda":
             return super().predicted_extra_bytes(workload)

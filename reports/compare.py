@@ -27,20 +27,9 @@ import pandas as pd
 from scipy.stats import mannwhitneyu
 
 from attnbench.reports.frames import load_runs, workload_label
+from attnbench.results import CASE_COLUMNS
 
-MATCH_ON = [
-    "impl",
-    "device",
-    "dtype",
-    "batch",
-    "heads",
-    "kv_heads",
-    "seq_q",
-    "seq_k",
-    "head_dim",
-    "mask",
-    "pass",
-]
+MATCH_ON = CASE_COLUMNS
 VERDICTS = ("faster", "slower", "same", "unclear")
 
 

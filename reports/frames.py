@@ -22,11 +22,10 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import UsageError
-from attnbench.results import COLUMNS, load_results, rows_to_frame
+from attnbench.results import CASE_COLUMNS, COLUMNS, load_results, rows_to_frame
 
 EXTRA_COLUMNS = ["run", "machine", "source"]
-CASE_KEY = ["machine", "impl", "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim",
-            "mask", "pass"]  # fmt: skip
+CASE_KEY = ["machine", *CASE_COLUMNS]  # identical cases from different machines never collide
 
 
 @dataclass

@@ -52,6 +52,8 @@ class Capabilities:
             return f"head_dim {w.head_dim} outside [{self.min_head_dim}, {self.max_head_dim or '∞'}]"
         if w.pass_ != "fwd" and not self.backward:
             return f"pass {w.pass_} needs backward support, which this contender does not declare"
+        if w.device == "cuda" and not torch.cuda.is_available():
+            return "device cuda: torch.cuda.is_available() is False"
         return None
 
 

@@ -34,6 +34,8 @@ WORKLOAD_COLUMNS = [
     "pass",
     "scale",
 ]
+# What identifies a case within one run (the scale follows from head_dim unless set).
+CASE_COLUMNS = ["impl", *(c for c in WORKLOAD_COLUMNS if c != "scale")]
 COLUMNS = [
     "impl", *WORKLOAD_COLUMNS,
     "status", "reason",
@@ -146,7 +148,7 @@ def write_frame(frame: pd.DataFrame, out_dir: Path) -> None:
 
 def case_key(impl: str, workload_row: dict[str, Any]) -> tuple[Any, ...]:
     """What identifies a case within a run: the contender and the workload columns."""
-    return (impl, *(workload_row[c] for c in WORKLOAD_COLUMNS if c != "scale"))
+    return (impl, *(workload_row[c] for c in CASE_COLUMNS[1:]))
 
 
 def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
