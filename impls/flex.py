@@ -42,6 +42,11 @@ class FlexAttention(Contender):
             return f"torch {torch.__version__} has no FlexAttention ({exc})"
         return None
 
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        if workload.pass_ != "fwd" and workload.device == "cpu":
+            return f"FlexAttention has no backward on CPU (torch {torch.__version__} raises NotImplementedError)"
+        return super().unsupported_reason(workload)
+
     def predicted_extra_bytes(self, workload: Workload) -> float:
         if workload.device == "cuda":
             return super().predicted_extra_bytes(workload)

@@ -110,3 +110,21 @@ def test_flex_first_call_carries_the_compile():
     prepared.fn()
     steady_ms = (time.perf_counter() - start) * 1e3
     assert prepared.first_call_ms > 10 * steady_ms
+
+
+@pytest.mark.slow
+def test_masks_cross_and_gqa_sweep_has_no_error_rows(cli, tmp_path):
+    out = tmp_path / "run"
+    args = ["--mask", "none,causal,causal_bottom_right,padding", "--seq", "48", "--seq-kv", "72",
+            "--heads", "8", "--kv-heads", "2", "--head-dim", "50", "--budget-s", "0.02",
+            "--no-memory"]  # fmt: skip
+    code, _, _ = cli("run", "--isolate", "none", *args, "--out", str(out))
+    assert code == 0
+    import pandas as pd
+
+    frame = pd.read_parquet(out / "results.parquet")
+    assert set(frame.status) <= {"ok", "unsupported", "unavailable"}, frame[frame.status == "error"].reason.tolist()
+    assert (frame[frame.status != "ok"].reason.str.len() > 0).all()
+    ok = frame[frame.status == "ok"]
+    assert {"naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "flex"} <= set(ok.impl)
+    assert (ok.max_abs_err <= ok.atol).all()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.inputs import AttentionInputs
-from attnbench.reference import reference_output, sample_rows
+from attnbench.reference import reference_grads, reference_output, sample_rows
 
 # (atol, rtol): pass when |out - ref| <= atol + rtol·|ref| everywhere. Chosen a few output ulps wide
 # for the dtype at |out| ≈ 1 (outputs are averages of unit normals), so rounding passes and a wrong
@@ -60,3 +60,37 @@ def check_output(inputs: AttentionInputs, output: object) -> CheckResult:
             f"max_abs_err {max_abs_err:.3g} over tolerance atol={atol:g} rtol={rtol:g} ({w.dtype})",
         )
     return CheckResult(True, max_abs_err, atol, rtol, len(rows))
+
+
+# Gradients are compared relative to their own largest magnitude (their scale depends on the shapes:
+# dk and dv sum over every query row), so the tolerance is a fraction of max|reference gradient|.
+GRAD_TOLERANCES: dict[str, float] = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-2, "bfloat16": 6e-2}
+
+
+@dataclass(frozen=True)
+class GradCheck:
+    ok: bool
+    grad_err: float  # max over dq, dk, dv of max|g − g_ref| / max|g_ref|
+    grad_tol: float
+    reason: str = ""
+
+
+def check_grads(inputs: AttentionInputs, grads: object) -> GradCheck:
+    """Compare a contender's (dq, dk, dv) with the float64 reference gradients."""
+    tolerance = GRAD_TOLERANCES[inputs.workload.dtype]
+    if not (isinstance(grads, tuple | list) and len(grads) == 3 and all(isinstance(g, torch.Tensor) for g in grads)):
+        return GradCheck(False, math.inf, tolerance, "backward did not give three gradient tensors")
+    worst, worst_name = 0.0, ""
+    for name, got, expected in zip(("dq", "dk", "dv"), grads, reference_grads(inputs), strict=True):
+        if tuple(got.shape) != tuple(expected.shape):
+            shapes = f"{name} shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+            return GradCheck(False, math.inf, tolerance, shapes)
+        got64 = got.detach().double()
+        if not torch.isfinite(got64).all():
+            return GradCheck(False, math.inf, tolerance, f"{name} holds NaN or inf")
+        error = float((got64 - expected).abs().max()) / max(float(expected.abs().max()), 1e-30)
+        if error > worst:
+            worst, worst_name = error, name
+    if worst > tolerance:
+        return GradCheck(False, worst, tolerance, f"{worst_name} error {worst:.3g} of its scale, over {tolerance:g}")
+    return GradCheck(True, worst, tolerance)

@@ -38,27 +38,58 @@ def _visible(inputs: AttentionInputs, batch_index: int, rows: torch.Tensor) -> t
     raise ValueError(f"reference has no rule for mask {w.mask!r}")
 
 
-def reference_output(inputs: AttentionInputs, rows: torch.Tensor) -> torch.Tensor:
-    """softmax(q·kᵀ·scale + mask)·v in float64 for the given query rows: (B, Hq, R, D).
-
-    Rows that see no key give zeros.
-    """
+def _attention(
+    inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
+    """softmax(q·kᵀ·scale + mask)·v in float64, differentiable: q (B, Hq, R, D) holds the given query rows,
+    k and v (B, Hkv, Sk, D). Rows that see no key give zeros."""
     w = inputs.workload
-    rows = rows.to(inputs.q.device)
     kv_head = torch.arange(w.heads, device=rows.device) // w.gqa_group  # query head -> kv head
     outputs = []
     for b in range(w.batch):  # one batch element at a time bounds the float64 score memory
-        q = inputs.q.detach()[b][:, rows].double()  # (Hq, R, D)
-        k = inputs.k.detach()[b][kv_head].double()  # (Hq, Sk, D)
-        v = inputs.v.detach()[b][kv_head].double()  # (Hq, Sk, D)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * w.softmax_scale  # (Hq, R, Sk)
+        keys, values = k[b][kv_head], v[b][kv_head]  # (Hq, Sk, D)
+        scores = torch.matmul(q[b], keys.transpose(-1, -2)) * w.softmax_scale  # (Hq, R, Sk)
         visible = _visible(inputs, b, rows)
         if visible is not None:
             scores = scores.masked_fill(~visible, float("-inf"))
-        row_max = scores.amax(dim=-1, keepdim=True)
+        row_max = scores.amax(dim=-1, keepdim=True).detach()
         row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
         weights = torch.exp(scores - row_max)
         total = weights.sum(dim=-1, keepdim=True)
         probs = torch.where(total > 0, weights / total.clamp_min(1e-300), torch.zeros_like(weights))
-        outputs.append(torch.matmul(probs, v))  # (Hq, R, D)
+        outputs.append(torch.matmul(probs, values))  # (Hq, R, D)
     return torch.stack(outputs)
+
+
+def reference_output(inputs: AttentionInputs, rows: torch.Tensor) -> torch.Tensor:
+    """The float64 output for the given query rows: (B, Hq, R, D)."""
+    rows = rows.to(inputs.q.device)
+    q = inputs.q.detach()[:, :, rows].double()
+    return _attention(inputs, q, inputs.k.detach().double(), inputs.v.detach().double(), rows)
+
+
+GRAD_CHUNK_ELEMENTS = 2**25  # float64 scores per chunk of query rows (256 MiB)
+
+
+def reference_grads(inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float64 gradients of ⟨output, grad_out⟩ with respect to q, k and v.
+
+    Every query row contributes to dk and dv, so no sampling here: query rows go through in chunks sized
+    to bound memory, dq chunk by chunk and dk, dv summed over the chunks.
+    """
+    w = inputs.workload
+    q = inputs.q.detach().double()
+    k = inputs.k.detach().double().requires_grad_()
+    v = inputs.v.detach().double().requires_grad_()
+    upstream = inputs.grad_out.double()
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    chunk = max(1, GRAD_CHUNK_ELEMENTS // (w.heads * w.seq_k))
+    for start in range(0, w.seq_q, chunk):
+        rows = torch.arange(start, min(start + chunk, w.seq_q), device=q.device)
+        q_rows = q[:, :, rows].clone().requires_grad_()
+        out = _attention(inputs, q_rows, k, v, rows)
+        g_q, g_k, g_v = torch.autograd.grad(out, (q_rows, k, v), upstream[:, :, rows])
+        dq[:, :, rows] = g_q
+        dk += g_k
+        dv += g_v
+    return dq, dk, dv

@@ -42,13 +42,14 @@ COLUMNS = [
     "median_ms", "iqr_ms", "n_samples", "calls_per_sample", "unstable", "timing_method", "cold_median_ms",
     "tflops", "gbps", "flops", "bytes", "intensity", "pct_of_peak",
     "peak_mem_mb", "predicted_ms", "predicted_mem_mb",
-    "max_abs_err", "atol", "rtol", "checked_rows",
+    "max_abs_err", "atol", "rtol", "checked_rows", "grad_err", "grad_tol",
     "setup_ms", "first_call_ms", "threads", "samples_ms",
 ]  # fmt: skip
 
 FLOAT_COLUMNS = [
     "scale", "median_ms", "iqr_ms", "cold_median_ms", "tflops", "gbps", "flops", "bytes", "intensity",
     "pct_of_peak", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "max_abs_err", "atol", "rtol",
+    "grad_err", "grad_tol",
     "setup_ms", "first_call_ms",
 ]  # fmt: skip
 

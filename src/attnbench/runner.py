@@ -15,10 +15,10 @@ import torch
 
 from attnbench import registry
 from attnbench.ceilings import Ceilings
-from attnbench.check import CheckResult, check_output
+from attnbench.check import CheckResult, GradCheck, check_grads, check_output
 from attnbench.contender import Unsupported
 from attnbench.flops import attention_bytes, attention_flops, gbps, intensity, tflops
-from attnbench.inputs import make_inputs
+from attnbench.inputs import AttentionInputs, make_inputs
 from attnbench.measure import call_once_ms, time_callable, warm_up
 from attnbench.memory import free_memory_bytes, peak_memory_mb
 from attnbench.predict import MEMORY_PASS_COST, predict, skip_reason
@@ -53,8 +53,6 @@ def not_runnable(impl: str, workload: Workload) -> tuple[str, str] | None:
     if not entry.available or entry.contender is None:
         return "unavailable", entry.unavailable_reason or "not available"
     reason = entry.contender.unsupported_reason(workload)
-    if reason is None and workload.pass_ != "fwd":
-        reason = f"pass {workload.pass_}: timing and checking of backward passes is not in this version yet"
     return None if reason is None else ("unsupported", reason)
 
 
@@ -62,26 +60,52 @@ def not_runnable(impl: str, workload: Workload) -> tuple[str, str] | None:
 class Prepared:
     """A case made ready to time: the callable, its correctness verdict and set-up costs."""
 
-    fn: Callable[[], object]
+    fn: Callable[[], object]  # what is timed: the forward, the backward, or both
     check: CheckResult
     setup_ms: float
     first_call_ms: float
+    grad_check: GradCheck | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.check.ok and (self.grad_check is None or self.grad_check.ok)
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(r for r in (self.check.reason, self.grad_check.reason if self.grad_check else "") if r)
+
+
+def _passes(inputs: AttentionInputs, forward: Callable[[], torch.Tensor]) -> Callable[[], object]:
+    """The callable to time for the workload's pass. Gradients come from torch.autograd.grad, which returns
+    them instead of accumulating into .grad, so nothing builds up between samples."""
+    leaves, upstream = (inputs.q, inputs.k, inputs.v), inputs.grad_out
+    if inputs.workload.pass_ == "fwd":
+        return forward
+    if inputs.workload.pass_ == "fwd_bwd":
+        return lambda: torch.autograd.grad(forward(), leaves, upstream)
+    output = forward()  # bwd: one forward outside the timed region, its graph kept for every sample
+    return lambda: torch.autograd.grad(output, leaves, upstream, retain_graph=True)
 
 
 def prepare_checked(impl: str, workload: Workload, seed: int = 0) -> Prepared:
-    """Make inputs, prepare the contender, make its first call and check it against the reference.
+    """Make inputs, prepare the contender, make its first call and check it against the float64 reference
+    (the output, and for backward passes the gradients of q, k and v).
 
     Raises :class:`Unsupported` or whatever the contender raises.
     """
     contender = registry.get(impl).contender
     assert contender is not None
-    inputs = make_inputs(workload, seed=seed)
+    inputs = make_inputs(workload, seed=seed, requires_grad=workload.pass_ != "fwd")
     start = time.perf_counter()
-    fn = contender.prepare(inputs, workload)
+    forward = contender.prepare(inputs, workload)
+    fn = _passes(inputs, forward)
     setup_ms = (time.perf_counter() - start) * 1e3
-    first_call_ms, output = call_once_ms(fn, workload.device)  # compilation, autotuning, lazy init
-    check = check_output(inputs, output)
-    return Prepared(fn, check, setup_ms, first_call_ms)
+    first_call_ms, result = call_once_ms(fn, workload.device)  # compilation, autotuning, lazy init
+    if workload.pass_ == "fwd":
+        return Prepared(fn, check_output(inputs, result), setup_ms, first_call_ms)
+    with torch.no_grad():
+        output = forward()
+    return Prepared(fn, check_output(inputs, output), setup_ms, first_call_ms, check_grads(inputs, result))
 
 
 def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, Any]:
@@ -109,7 +133,7 @@ def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, An
 
 def _measure_case(impl: str, workload: Workload, options: RunOptions, predicted: dict[str, float]) -> dict[str, Any]:
     prepared = prepare_checked(impl, workload, options.seed)
-    check = prepared.check
+    check, grad_check = prepared.check, prepared.grad_check
     estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
     timing = time_callable(prepared.fn, workload.device, options.threads, options.budget_s, estimate_s)
     # The memory pass re-runs the call under the profiler; leave it out where that alone would eat the budget.
@@ -123,13 +147,14 @@ def _measure_case(impl: str, workload: Workload, options: RunOptions, predicted:
         tflops=tflops(workload, timing.median_ms), gbps=gbps(workload, timing.median_ms),
         peak_mem_mb=peak_mb, **predicted,
         max_abs_err=check.max_abs_err, atol=check.atol, rtol=check.rtol, checked_rows=check.checked_rows,
+        grad_err=grad_check.grad_err if grad_check else None, grad_tol=grad_check.grad_tol if grad_check else None,
         setup_ms=prepared.setup_ms, first_call_ms=prepared.first_call_ms, threads=options.threads,
     )  # fmt: skip
     ceilings = options.ceilings.get(workload.device)
     roof = ceilings.roofline_tflops(workload.dtype, metrics["intensity"]) if ceilings else None
     metrics["pct_of_peak"] = 100 * metrics["tflops"] / roof if roof else None
-    status = "ok" if check.ok else "incorrect"
-    return make_row(impl, workload, status, check.reason, **metrics)
+    status = "ok" if prepared.ok else "incorrect"
+    return make_row(impl, workload, status, prepared.reason, **metrics)
 
 
 def run_cases(

@@ -1,0 +1,73 @@
+"""Backward passes: gradients of q, k, v against float64 reference gradients; nothing accumulates."""
+
+import pytest
+import torch
+
+from attnbench import Workload, make_inputs
+from attnbench.check import check_grads
+from attnbench.flops import attention_flops
+from attnbench.reference import reference_grads
+from attnbench.runner import RunOptions, prepare_checked, run_case
+
+AUTOGRAD_CPU = ["bmm", "einsum", "sdpa_math", "sdpa_flash"]
+
+
+def test_reference_grads_match_autograd_of_the_dense_formula():
+    w = Workload(2, 4, 2, 7, 9, 8, mask="causal_bottom_right")
+    inputs = make_inputs(w)
+    q, k, v = (t.double().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
+    scores = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) * w.softmax_scale
+    visible = torch.arange(9).view(1, 9) <= torch.arange(7).view(7, 1) + 2
+    out = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v.repeat_interleave(2, dim=1)
+    expected = torch.autograd.grad(out, (q, k, v), inputs.grad_out.double())
+    for got, want in zip(reference_grads(inputs), expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-12)
+
+
+def test_reference_grads_in_chunks_equal_one_chunk(monkeypatch):
+    inputs = make_inputs(Workload(1, 2, 1, 40, 24, 8, mask="padding"))
+    whole = reference_grads(inputs)
+    monkeypatch.setattr("attnbench.reference.GRAD_CHUNK_ELEMENTS", 2 * 24 * 3)  # 3 rows per chunk
+    for got, want in zip(reference_grads(inputs), whole, strict=True):
+        assert torch.allclose(got, want, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", AUTOGRAD_CPU)
+@pytest.mark.parametrize("pass_", ["bwd", "fwd_bwd"])
+@pytest.mark.parametrize("mask", ["none", "causal", "causal_bottom_right", "padding"])
+def test_gradients_match_reference(impl, pass_, mask):
+    prepared = prepare_checked(impl, Workload(2, 4, 2, 24, 40, 16, mask=mask, pass_=pass_))
+    assert prepared.ok, prepared.reason
+    assert prepared.grad_check is not None and prepared.grad_check.grad_err < 1e-5
+
+
+def test_wrong_gradients_are_caught():
+    inputs = make_inputs(Workload(1, 2, 2, 8, 8, 4, pass_="bwd"))
+    good = reference_grads(inputs)
+    assert check_grads(inputs, tuple(g.float() for g in good)).ok
+    bad = (good[0], good[1] * 1.1, good[2])
+    result = check_grads(inputs, bad)
+    assert not result.ok and result.reason.startswith("dk error")
+
+
+def test_repeated_backward_calls_give_the_same_gradients():
+    prepared = prepare_checked("bmm", Workload(1, 2, 2, 16, 16, 8, pass_="bwd"))
+    first, second = prepared.fn(), prepared.fn()
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)  # no accumulation between samples
+
+
+def test_backward_rows_and_flops(cli, tmp_path):
+    row = run_case("sdpa_flash", Workload(1, 4, 4, 64, 64, 16, pass_="fwd_bwd"), RunOptions(budget_s=0.02))
+    assert row["status"] == "ok" and row["grad_err"] < row["grad_tol"]
+    assert row["flops"] == 3.5 * attention_flops(Workload(1, 4, 4, 64, 64, 16))
+    row = run_case("flex", Workload(1, 4, 4, 64, 64, 16, pass_="bwd"), RunOptions(budget_s=0.02))
+    assert row["status"] == "unsupported" and "no backward on CPU" in row["reason"]
+    row = run_case("naive", Workload(1, 4, 4, 64, 64, 16, pass_="bwd"), RunOptions(budget_s=0.02))
+    assert row["status"] == "unsupported" and "backward" in row["reason"]
+
+
+def test_bf16_backward_within_tolerance():
+    prepared = prepare_checked("sdpa_flash", Workload(2, 4, 2, 33, 47, 24, dtype="bfloat16", mask="padding",
+                                                       pass_="fwd_bwd"))  # fmt: skip
+    assert prepared.ok, prepared.reason
