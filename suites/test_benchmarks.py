@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from attnbench import registry
 from attnbench.contender import Unsupported
-from attnbench.flops import attention_flops
 from attnbench.runner import not_runnable, prepare_checked
 from attnbench.workload import Workload
 
@@ -31,7 +31,7 @@ def test_attention(benchmark: Any, attnbench_case: tuple[str, Workload]) -> None
         pytest.skip(f"unsupported: {exc}")
     check = prepared.check
     benchmark.extra_info.update(
-        impl=impl, **workload.as_row(), flops=attention_flops(workload),
+        impl=impl, **workload.as_row(), flops=registry.get(impl).contender.flops(workload),
         max_abs_err=check.max_abs_err, atol=check.atol, rtol=check.rtol,
         correct=check.ok, first_call_ms=prepared.first_call_ms, threads=torch.get_num_threads(),
     )  # fmt: skip

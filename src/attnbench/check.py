@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,11 @@ class CheckResult:
     reason: str = ""
 
 
-def check_output(inputs: AttentionInputs, output: object) -> CheckResult:
+def check_output(
+    inputs: AttentionInputs,
+    output: object,
+    reference: Callable[[AttentionInputs, torch.Tensor], torch.Tensor] = reference_output,
+) -> CheckResult:
     """Compare ``output`` (B, Hq, Sq, D) with the float64 reference on sampled query rows."""
     w = inputs.workload
     atol, rtol = TOLERANCES[w.dtype]
@@ -43,7 +48,7 @@ def check_output(inputs: AttentionInputs, output: object) -> CheckResult:
             False, math.inf, atol, rtol, 0, f"output shape {tuple(output.shape)}, expected {expected_shape}"
         )
     rows = sample_rows(w.seq_q)
-    expected = reference_output(inputs, rows)
+    expected = reference(inputs, rows)
     got = output.detach()[:, :, rows.to(output.device)].double()
     diff = (got - expected).abs()
     if not torch.isfinite(got).all():

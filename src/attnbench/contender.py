@@ -76,6 +76,18 @@ class Contender(abc.ABC):
     name: str = ""
     description: str = ""
     capabilities: Capabilities = Capabilities()
+    kind: str = "attention"  # "attention": softmax(q·kᵀ·scale + mask)·v; "scoring": another score function
+
+    def flops(self, workload: Workload) -> float:
+        """Floating-point operations of one call; attention contenders all share one count (flops.py)."""
+        return attention_flops(workload)
+
+    def reference_output(self, inputs: AttentionInputs, rows: torch.Tensor) -> torch.Tensor:
+        """The float64 output this contender must reproduce, for the given query rows (B, Hq, R, Dv).
+        Attention contenders share ``attnbench.reference``; other kinds bring their own formula."""
+        from attnbench.reference import reference_output
+
+        return reference_output(inputs, rows)
 
     def availability(self) -> str | None:
         """None when the contender can run here, else the reason it cannot (missing library, …)."""

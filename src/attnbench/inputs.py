@@ -59,6 +59,19 @@ class AttentionInputs:
         assert mask is not None
         return ~mask.any(dim=-1, keepdim=True)
 
+    def parameter(self, name: str, *shape: int, std: float = 1.0) -> torch.Tensor:
+        """A named, seeded random parameter (a projection matrix, a scoring vector) in the workload's dtype:
+        the same tensor for the contender that uses it and for its float64 reference."""
+        cache = self.__dict__.setdefault("_parameters", {})
+        if name not in cache:
+            w = self.workload
+            seed = (workload_seed(w) + zlib.crc32(name.encode())) % (2**63)
+            generator = torch.Generator(device=w.device).manual_seed(seed)
+            values = torch.randn(*shape, generator=generator, device=w.device, dtype=torch.float32) * std
+            cache[name] = values.to(w.torch_dtype)
+        tensor: torch.Tensor = cache[name]
+        return tensor
+
     def kv_expanded(self) -> tuple[torch.Tensor, torch.Tensor]:
         """k and v repeated to Hq heads (query head h reads kv head h // group, as torch enable_gqa)."""
         group = self.workload.gqa_group

@@ -7,6 +7,8 @@ GQA heads by index, and works on a sample of query rows at long sequence lengths
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from attnbench.inputs import AttentionInputs
@@ -38,9 +40,13 @@ def _visible(inputs: AttentionInputs, batch_index: int, rows: torch.Tensor) -> t
     raise ValueError(f"reference has no rule for mask {w.mask!r}")
 
 
+Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (Hq, R, D), (Hq, Sk, D) -> (Hq, R, Sk)
+
+
 def _attention(
-    inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor
-) -> torch.Tensor:
+    inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
+    score: Score | None = None,
+) -> torch.Tensor:  # fmt: skip
     """softmax(q·kᵀ·scale + mask)·v in float64, differentiable: q (B, Hq, R, D) holds the given query rows,
     k and v (B, Hkv, Sk, D). Rows that see no key give zeros."""
     w = inputs.workload
@@ -48,7 +54,8 @@ def _attention(
     outputs = []
     for b in range(w.batch):  # one batch element at a time bounds the float64 score memory
         keys, values = k[b][kv_head], v[b][kv_head]  # (Hq, Sk, D)
-        scores = torch.matmul(q[b], keys.transpose(-1, -2)) * w.softmax_scale  # (Hq, R, Sk)
+        # (Hq, R, Sk): the scaled dot product, or the scoring suite's function
+        scores = torch.matmul(q[b], keys.transpose(-1, -2)) * w.softmax_scale if score is None else score(q[b], keys)
         visible = _visible(inputs, b, rows)
         if visible is not None:
             scores = scores.masked_fill(~visible, float("-inf"))
@@ -61,11 +68,12 @@ def _attention(
     return torch.stack(outputs)
 
 
-def reference_output(inputs: AttentionInputs, rows: torch.Tensor) -> torch.Tensor:
-    """The float64 output for the given query rows: (B, Hq, R, D)."""
+def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score | None = None) -> torch.Tensor:
+    """The float64 output for the given query rows: (B, Hq, R, D). ``score`` replaces the scaled dot
+    product (for the scoring suite's functions); the mask, softmax and weighting stay this module's."""
     rows = rows.to(inputs.q.device)
     q = inputs.q.detach()[:, :, rows].double()
-    return _attention(inputs, q, inputs.k.detach().double(), inputs.v.detach().double(), rows)
+    return _attention(inputs, q, inputs.k.detach().double(), inputs.v.detach().double(), rows, score)
 
 
 GRAD_CHUNK_ELEMENTS = 2**25  # float64 scores per chunk of query rows (256 MiB)

@@ -123,6 +123,12 @@ def unregister(name: str) -> None:
         _cache.pop(name, None)
 
 
+def sweep_names() -> list[str]:
+    """What ``impl = "all"`` means: every attention contender, and every plugin that failed to load (so
+    its failure shows). Contenders of another kind (scoring functions) are named explicitly."""
+    return sorted(n for n, e in load().items() if e.contender is None or e.contender.kind == "attention")
+
+
 def get(name: str) -> Entry:
     """One contender by name; unknown names are a UsageError listing the known ones."""
     entries = load()

@@ -32,6 +32,7 @@ WORKLOAD_COLUMNS = [
     "head_dim",
     "mask",
     "pass",
+    "hidden",
     "scale",
 ]
 # What identifies a case within one run (the scale follows from head_dim unless set).
@@ -158,7 +159,7 @@ def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for column in FLOAT_COLUMNS:
         frame[column] = frame[column].astype("float64")
     frame["unstable"] = frame["unstable"].astype("boolean")
-    for column in ("n_samples", "calls_per_sample", "checked_rows", "threads"):
+    for column in ("n_samples", "calls_per_sample", "checked_rows", "threads", "hidden"):
         frame[column] = frame[column].astype("Int64")
     return frame
 

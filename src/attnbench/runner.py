@@ -17,7 +17,7 @@ from attnbench import registry
 from attnbench.ceilings import Ceilings
 from attnbench.check import CheckResult, GradCheck, check_grads, check_output
 from attnbench.contender import Unsupported
-from attnbench.flops import attention_bytes, attention_flops, gbps, intensity, tflops
+from attnbench.flops import attention_bytes
 from attnbench.inputs import AttentionInputs, make_inputs
 from attnbench.measure import call_once_ms, time_callable, warm_up
 from attnbench.memory import free_memory_bytes, peak_memory_mb
@@ -101,11 +101,13 @@ def prepare_checked(impl: str, workload: Workload, seed: int = 0) -> Prepared:
     fn = _passes(inputs, forward)
     setup_ms = (time.perf_counter() - start) * 1e3
     first_call_ms, result = call_once_ms(fn, workload.device)  # compilation, autotuning, lazy init
+    reference = contender.reference_output
     if workload.pass_ == "fwd":
-        return Prepared(fn, check_output(inputs, result), setup_ms, first_call_ms)
+        return Prepared(fn, check_output(inputs, result, reference), setup_ms, first_call_ms)
     with torch.no_grad():
         output = forward()
-    return Prepared(fn, check_output(inputs, output), setup_ms, first_call_ms, check_grads(inputs, result))
+    grad_check = check_grads(inputs, result)
+    return Prepared(fn, check_output(inputs, output, reference), setup_ms, first_call_ms, grad_check)
 
 
 def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, Any]:
@@ -134,6 +136,9 @@ def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, An
 def _measure_case(impl: str, workload: Workload, options: RunOptions, predicted: dict[str, float]) -> dict[str, Any]:
     prepared = prepare_checked(impl, workload, options.seed)
     check, grad_check = prepared.check, prepared.grad_check
+    contender = registry.get(impl).contender
+    assert contender is not None
+    flops, traffic = contender.flops(workload), attention_bytes(workload)
     estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
     timing = time_callable(prepared.fn, workload.device, options.threads, options.budget_s, estimate_s)
     # The memory pass re-runs the call under the profiler; leave it out where that alone would eat the budget.
@@ -143,8 +148,8 @@ def _measure_case(impl: str, workload: Workload, options: RunOptions, predicted:
         median_ms=timing.median_ms, iqr_ms=timing.iqr_ms, n_samples=timing.n_samples,
         calls_per_sample=timing.calls_per_sample, samples_ms=timing.samples_ms, unstable=timing.unstable,
         timing_method=timing.method, cold_median_ms=timing.cold_median_ms,
-        flops=attention_flops(workload), bytes=attention_bytes(workload), intensity=intensity(workload),
-        tflops=tflops(workload, timing.median_ms), gbps=gbps(workload, timing.median_ms),
+        flops=flops, bytes=traffic, intensity=flops / traffic,
+        tflops=flops / (timing.median_ms * 1e-3) / 1e12, gbps=traffic / (timing.median_ms * 1e-3) / 1e9,
         peak_mem_mb=peak_mb, **predicted,
         max_abs_err=check.max_abs_err, atol=check.atol, rtol=check.rtol, checked_rows=check.checked_rows,
         grad_err=grad_check.grad_err if grad_check else None, grad_tol=grad_check.grad_tol if grad_check else None,

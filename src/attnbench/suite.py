@@ -4,7 +4,8 @@ A suite file has an optional ``description``, ``budget_s`` (timing budget per ca
 ``case_budget_s`` (a case predicted to cost more is skipped, default 60 s), a
 ``[defaults]`` table and one or more ``[[sweep]]`` tables. Each sweep is the Cartesian product of its
 axes (defaults filled in); every axis takes one value or a list. Axes: impl, batch, heads, kv_heads,
-seq, seq_kv, head_dim, dtype, device, mask, pass. ``impl = "all"`` means every registered contender;
+seq, seq_kv, head_dim, dtype, device, mask, pass, hidden (additive scoring's hidden size).
+``impl = "all"`` means every registered attention contender (scoring ones are named explicitly);
 kv_heads left out means kv_heads = heads, seq_kv left out means seq_kv = seq.
 
 Command-line overrides replace an axis in every sweep.
@@ -27,9 +28,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-INT_AXES = ("batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim")
+INT_AXES = ("batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "hidden")
 STR_AXES = ("impl", "dtype", "device", "mask", "pass")
-AXES = ("impl", "batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "dtype", "device", "mask", "pass")
+AXES = ("impl", "batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "dtype", "device", "mask", "pass", "hidden")
 REQUIRED = ("batch", "heads", "seq", "head_dim")
 DEFAULTS: dict[str, list[Any]] = {"impl": ["all"], "dtype": ["float32"], "device": ["cpu"], "mask": ["none"],
                                   "pass": ["fwd"]}  # fmt: skip
@@ -121,23 +122,30 @@ def load_suite(name_or_path: str) -> Suite:
     return Suite(name, description, budget_s, case_budget_s, tuple(sweeps))
 
 
-def expand(suite: Suite, overrides: dict[str, list[Any]], known_impls: list[str]) -> list[tuple[str, Workload]]:
-    """All (contender, workload) cases, in sweep order, without duplicates; validates every value."""
+def expand(
+    suite: Suite, overrides: dict[str, list[Any]], known_impls: list[str], default_impls: list[str] | None = None
+) -> list[tuple[str, Workload]]:
+    """All (contender, workload) cases, in sweep order, without duplicates; validates every value.
+
+    ``impl = "all"`` stands for ``default_impls`` (default: every known contender)."""
     cases: dict[tuple[str, Workload], None] = {}
     for sweep in suite.sweeps:
         axes = {**sweep, **overrides}
-        impls = _impls(axes["impl"], known_impls)
+        impls = _impls(axes["impl"], known_impls, default_impls)
         kv_options = axes.get("kv_heads")
         seq_kv_options = axes.get("seq_kv")
         for batch, heads, seq, head_dim, dtype, device, mask, pass_ in itertools.product(
             axes["batch"], axes["heads"], axes["seq"], axes["head_dim"],
             axes["dtype"], axes["device"], axes["mask"], axes["pass"],
         ):  # fmt: skip
-            for kv_heads in kv_options or [heads]:
-                for seq_k in seq_kv_options or [seq]:
-                    workload = Workload(batch, heads, kv_heads, seq, seq_k, head_dim, dtype, device, mask, pass_)
-                    for impl in impls:
-                        cases[(impl, workload)] = None
+            for kv_heads, seq_k, hidden in itertools.product(
+                kv_options or [heads], seq_kv_options or [seq], axes.get("hidden") or [None]
+            ):
+                workload = Workload(
+                    batch, heads, kv_heads, seq, seq_k, head_dim, dtype, device, mask, pass_, None, hidden
+                )
+                for impl in impls:
+                    cases[(impl, workload)] = None
     return list(cases)
 
 
@@ -149,9 +157,9 @@ def check_devices(cases: list[tuple[str, Workload]]) -> None:
         raise UsageError("device cuda: torch.cuda.is_available() is False on this machine; allowed here: cpu")
 
 
-def _impls(requested: list[str], known: list[str]) -> list[str]:
+def _impls(requested: list[str], known: list[str], default: list[str] | None) -> list[str]:
     if "all" in requested:
-        return list(known)
+        return list(known if default is None else default)
     for name in requested:
         if name not in known:
             raise UsageError(f"impl {name!r} is not known; known: {', '.join(known)} (or all)")

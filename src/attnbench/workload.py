@@ -55,6 +55,7 @@ class Workload:
     mask: str = "none"
     pass_: str = "fwd"
     scale: float | None = None  # None means 1/sqrt(head_dim)
+    hidden: int | None = None  # hidden size of additive scoring (the scoring suite); None elsewhere
 
     def __post_init__(self) -> None:
         for field in ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim"):
@@ -73,6 +74,10 @@ class Workload:
             raise UsageError(f"mask {self.mask!r} is not known; allowed: {', '.join(MASKS)}")
         if self.pass_ not in PASSES:
             raise UsageError(f"pass {self.pass_!r} is not known; allowed: {', '.join(PASSES)}")
+        if self.hidden is not None and (
+            isinstance(self.hidden, bool) or not isinstance(self.hidden, int) or self.hidden < 1
+        ):
+            raise UsageError(f"hidden must be a positive integer, got {self.hidden!r}")
         if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
             raise UsageError(f"scale must be a positive finite number, got {self.scale!r}")
 
@@ -100,5 +105,5 @@ class Workload:
         """A short, stable description, e.g. 'B2 H8/2 S128x256 D64 float32 cpu causal fwd'."""
         heads = f"H{self.heads}" if self.kv_heads == self.heads else f"H{self.heads}/{self.kv_heads}"
         seq = f"S{self.seq_q}" if self.seq_q == self.seq_k else f"S{self.seq_q}x{self.seq_k}"
-        rest = f"{self.dtype} {self.device} {self.mask} {self.pass_}"
+        rest = f"{self.dtype} {self.device} {self.mask} {self.pass_}" + (f" h{self.hidden}" if self.hidden else "")
         return f"B{self.batch} {heads} {seq} D{self.head_dim} {rest}"
