@@ -15,8 +15,9 @@ from attnbench.workload import Workload
 
 def materialised_bytes(w: Workload) -> float:
     """Memory model of the matmul-softmax-matmul contenders: scores and probabilities, plus the masked
-    copy of the scores when there is a mask."""
-    return score_matrix_bytes(w, 2 if w.mask == "none" else 3)
+    copy of the scores when there is a mask, plus one more for softmax's temporaries (a CPU process that
+    runs out of memory is killed, so the model errs on the high side)."""
+    return score_matrix_bytes(w, 3 if w.mask == "none" else 4)
 
 
 def grouped_masks(inputs: AttentionInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:

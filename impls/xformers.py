@@ -46,6 +46,11 @@ class XformersMemoryEfficient(Contender):
             return f"xformers {version} has no CPU operator for memory_efficient_attention; it needs CUDA"
         return None
 
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        if workload.module == "mha":
+            return "copies q into its (B, S, H, D) layout in prepare, so it can't read the mha module's projections"
+        return super().unsupported_reason(workload)
+
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         ops = _ops()
         w = workload

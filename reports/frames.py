@@ -25,6 +25,8 @@ from attnbench.errors import UsageError
 from attnbench.results import CASE_COLUMNS, COLUMNS, load_results, rows_to_frame
 
 EXTRA_COLUMNS = ["run", "machine", "source"]
+ESSENTIAL = ["impl", "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "mask", "pass",
+             "status", "reason", "median_ms"]  # fmt: skip
 CASE_KEY = ["machine", *CASE_COLUMNS]  # identical cases from different machines never collide
 
 
@@ -65,9 +67,10 @@ def _load_folder(path: Path) -> Run:
         raise
     except Exception as exc:  # pyarrow/pandas raise many types for a corrupt file; say which file
         raise UsageError(f"{path}: results file is unreadable ({type(exc).__name__}: {exc})") from None
-    missing = [c for c in COLUMNS if c not in frame.columns]
+    missing = [c for c in ESSENTIAL if c not in frame.columns]
     if missing:
         raise UsageError(f"{path}: not an attnbench results file (missing columns: {', '.join(missing[:5])})")
+    frame = frame.reindex(columns=list(dict.fromkeys([*COLUMNS, *frame.columns])))  # older runs lack newer columns
     meta = _load_meta(path)
     return Run(path.name, path, frame, meta)
 
@@ -140,6 +143,11 @@ def workload_label(row: Any, with_seq: bool = True) -> str:
     seq = f"S{row['seq_q']}" if row["seq_q"] == row["seq_k"] else f"S{row['seq_q']}x{row['seq_k']}"
     parts = [row["device"], row["dtype"], f"B{row['batch']}", heads, *([seq] if with_seq else []),
              f"D{row['head_dim']}", row["mask"], row["pass"]]  # fmt: skip
+    hidden, module = row.get("hidden"), row.get("module")
+    if hidden is not None and not pd.isna(hidden):
+        parts.append(f"h{int(hidden)}")
+    if module == "mha":
+        parts.append("mha")
     return " ".join(str(p) for p in parts)
 
 

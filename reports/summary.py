@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import pandas as pd
 
-GROUP = ["device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "mask", "pass"]
+GROUP = [
+    "device",
+    "dtype",
+    "batch",
+    "heads",
+    "kv_heads",
+    "seq_q",
+    "seq_k",
+    "head_dim",
+    "mask",
+    "pass",
+    "hidden",
+    "module",
+]
 
 
 def _cell(row: pd.Series) -> str:
@@ -22,12 +35,14 @@ def summary_table(frame: pd.DataFrame) -> str:
     if frame.empty:
         return "(no cases)"
     cells = frame.assign(cell=frame.apply(_cell, axis=1))
+    cells = cells.assign(hidden=cells["hidden"].fillna(0), module=cells["module"].fillna("core"))
     table = cells.pivot_table(index=GROUP, columns="impl", values="cell", aggfunc="first", sort=False)
     # Contenders unavailable everywhere only add columns of "unavailable"; their reason is listed below.
     shown = [impl for impl in dict.fromkeys(frame["impl"]) if (frame[frame.impl == impl].status != "unavailable").any()]
     table = table.reindex(columns=shown)
     ok = frame[frame["status"] == "ok"]
     if not ok.empty:
+        ok = cells[cells["status"] == "ok"]
         fastest = ok.loc[ok.groupby(GROUP, sort=False)["median_ms"].idxmin()].set_index(GROUP)["impl"]
         table["fastest"] = fastest.reindex(table.index)
     table = table.fillna("")
@@ -37,10 +52,11 @@ def summary_table(frame: pd.DataFrame) -> str:
 
 
 def _label(key: tuple) -> str:
-    device, dtype, batch, heads, kv_heads, seq_q, seq_k, head_dim, mask, pass_ = key
+    device, dtype, batch, heads, kv_heads, seq_q, seq_k, head_dim, mask, pass_, hidden, module = key
     heads_text = f"H{heads}" if heads == kv_heads else f"H{heads}/{kv_heads}"
     seq_text = f"S{seq_q}" if seq_q == seq_k else f"S{seq_q}x{seq_k}"
-    return f"{device} {dtype} B{batch} {heads_text} {seq_text} D{head_dim} {mask} {pass_}"
+    extra = (f" h{hidden}" if hidden else "") + (" mha" if module == "mha" else "")
+    return f"{device} {dtype} B{batch} {heads_text} {seq_text} D{head_dim} {mask} {pass_}{extra}"
 
 
 def status_counts(frame: pd.DataFrame) -> str:

@@ -23,6 +23,8 @@ def test_attention(benchmark: Any, attnbench_case: tuple[str, Workload]) -> None
     verdict = not_runnable(impl, workload)
     if verdict is not None:
         pytest.skip(f"{verdict[0]}: {verdict[1]}")
+    contender = registry.get(impl).contender
+    assert contender is not None
     if workload.device == "cuda" and not torch.cuda.is_available():
         pytest.skip("unavailable: torch.cuda.is_available() is False")
     try:
@@ -31,7 +33,7 @@ def test_attention(benchmark: Any, attnbench_case: tuple[str, Workload]) -> None
         pytest.skip(f"unsupported: {exc}")
     check = prepared.check
     benchmark.extra_info.update(
-        impl=impl, **workload.as_row(), flops=registry.get(impl).contender.flops(workload),
+        impl=impl, **workload.as_row(), flops=contender.flops(workload),
         max_abs_err=check.max_abs_err, atol=check.atol, rtol=check.rtol,
         correct=check.ok, first_call_ms=prepared.first_call_ms, threads=torch.get_num_threads(),
     )  # fmt: skip

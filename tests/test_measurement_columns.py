@@ -81,10 +81,10 @@ def test_peak_memory_shows_quadratic_and_linear_growth():
     assert flash_4k < bmm_4k / 50
 
 
-def test_memory_model_matches_measurement_for_bmm():
+def test_memory_model_errs_on_the_high_side_for_bmm():
     w = Workload(1, 8, 8, 1024, 1024, 64)
-    predicted = predict(registry.get("bmm").contender, w, None).mem_mb
-    assert predicted == pytest.approx(_peak("bmm", 1024), rel=0.1)
+    predicted, measured = predict(registry.get("bmm").contender, w, None).mem_mb, _peak("bmm", 1024)
+    assert measured <= predicted <= 1.6 * measured
 
 
 def test_naive_loop_never_runs_away(cpu_ceilings):

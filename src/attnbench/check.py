@@ -32,6 +32,28 @@ class CheckResult:
     reason: str = ""
 
 
+def compare(
+    output: object, expected: torch.Tensor, expected_shape: tuple[int, ...], atol: float, rtol: float, rows: int
+) -> CheckResult:
+    """``output`` (sliced to the checked rows) against ``expected`` in float64: pass when
+    |out − ref| ≤ atol + rtol·|ref| everywhere."""
+    if not isinstance(output, torch.Tensor):
+        return CheckResult(False, math.inf, atol, rtol, 0, f"returned {type(output).__name__}, not a tensor")
+    if tuple(output.shape) != expected_shape:
+        return CheckResult(
+            False, math.inf, atol, rtol, 0, f"output shape {tuple(output.shape)}, expected {expected_shape}"
+        )
+    got = output.detach().double()
+    if not torch.isfinite(got).all():
+        return CheckResult(False, math.inf, atol, rtol, rows, "output holds NaN or inf")
+    diff = (got - expected).abs()
+    max_abs_err = float(diff.max()) if diff.numel() else 0.0
+    if diff.numel() and float((diff - (atol + rtol * expected.abs())).max()) > 0:
+        reason = f"max_abs_err {max_abs_err:.3g} over tolerance atol={atol:g} rtol={rtol:g}"
+        return CheckResult(False, max_abs_err, atol, rtol, rows, reason)
+    return CheckResult(True, max_abs_err, atol, rtol, rows)
+
+
 def check_output(
     inputs: AttentionInputs,
     output: object,
@@ -40,31 +62,14 @@ def check_output(
     """Compare ``output`` (B, Hq, Sq, D) with the float64 reference on sampled query rows."""
     w = inputs.workload
     atol, rtol = TOLERANCES[w.dtype]
-    expected_shape = (w.batch, w.heads, w.seq_q, w.head_dim)
-    if not isinstance(output, torch.Tensor):
-        return CheckResult(False, math.inf, atol, rtol, 0, f"returned {type(output).__name__}, not a tensor")
-    if tuple(output.shape) != expected_shape:
-        return CheckResult(
-            False, math.inf, atol, rtol, 0, f"output shape {tuple(output.shape)}, expected {expected_shape}"
-        )
     rows = sample_rows(w.seq_q)
-    expected = reference(inputs, rows)
-    got = output.detach()[:, :, rows.to(output.device)].double()
-    diff = (got - expected).abs()
-    if not torch.isfinite(got).all():
-        return CheckResult(False, math.inf, atol, rtol, len(rows), "output holds NaN or inf")
-    max_abs_err = float(diff.max()) if diff.numel() else 0.0
-    excess = diff - (atol + rtol * expected.abs())
-    if diff.numel() and float(excess.max()) > 0:
-        return CheckResult(
-            False,
-            max_abs_err,
-            atol,
-            rtol,
-            len(rows),
-            f"max_abs_err {max_abs_err:.3g} over tolerance atol={atol:g} rtol={rtol:g} ({w.dtype})",
-        )
-    return CheckResult(True, max_abs_err, atol, rtol, len(rows))
+    expected_shape = (w.batch, w.heads, w.seq_q, w.head_dim)
+    if isinstance(output, torch.Tensor) and tuple(output.shape) == expected_shape:
+        output = output[:, :, rows.to(output.device)]
+        expected_shape = (w.batch, w.heads, len(rows), w.head_dim)
+    result = compare(output, reference(inputs, rows), expected_shape, atol, rtol, len(rows))
+    reason = result.reason + (f" ({w.dtype})" if result.reason.startswith("max_abs_err") else "")
+    return CheckResult(result.ok, result.max_abs_err, atol, rtol, result.checked_rows, reason)
 
 
 # Gradients are compared relative to their own largest magnitude (their scale depends on the shapes:

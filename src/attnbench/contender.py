@@ -76,7 +76,9 @@ class Contender(abc.ABC):
     name: str = ""
     description: str = ""
     capabilities: Capabilities = Capabilities()
-    kind: str = "attention"  # "attention": softmax(q·kᵀ·scale + mask)·v; "scoring": another score function
+    # "attention": softmax(q·kᵀ·scale + mask)·v; "scoring": another score function; "module": a whole
+    # multi-head attention module (projections included), compared with the mha module around a core
+    kind: str = "attention"
 
     def flops(self, workload: Workload) -> float:
         """Floating-point operations of one call; attention contenders all share one count (flops.py)."""
@@ -95,6 +97,12 @@ class Contender(abc.ABC):
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         """Why this workload cannot run here (None if it can). Extend for rules Capabilities can't say."""
+        if workload.module == "mha" and self.kind == "scoring":
+            return "a scoring function is not an attention core for the mha module"
+        if workload.module == "core" and self.kind == "module":
+            return "a whole multi-head attention module: it runs in the mha suite (module mha)"
+        if workload.module == "mha" and workload.pass_ != "fwd":
+            return "the mha module is timed forward only"
         return self.capabilities.unsupported_reason(workload)
 
     def predicted_extra_bytes(self, workload: Workload) -> float:

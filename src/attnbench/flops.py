@@ -18,9 +18,12 @@ PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 
 
 def attention_flops(w: Workload) -> float:
-    """Floating-point operations of one call of the workload's pass."""
+    """Floating-point operations of one call of the workload's pass (the mha module adds its four
+    d_model × d_model projections)."""
     pairs = visible_pairs(w.mask, w.batch, w.seq_q, w.seq_k)
     forward = 2.0 * w.heads * (w.head_dim + w.head_dim) * pairs
+    if w.module == "mha":
+        forward += 2.0 * w.d_model**2 * (2 * w.batch * w.seq_q + 2 * w.batch * w.seq_k)
     return forward * PASS_FACTOR[w.pass_]
 
 
@@ -31,6 +34,8 @@ def attention_bytes(w: Workload) -> float:
     kv = w.batch * w.kv_heads * w.seq_k * w.head_dim  # each of k, v, dk, dv
     forward = q + 2 * kv + q
     backward = 4 * q + 4 * kv  # read q, o, dO, k, v; write dq, dk, dv
+    if w.module == "mha":  # reads x (and the keys' input), the four weight matrices; writes the output
+        forward += 4 * w.d_model**2 + 2 * w.batch * w.seq_q * w.d_model + w.batch * w.seq_k * w.d_model
     per_pass = {"fwd": forward, "bwd": backward, "fwd_bwd": forward + backward}
     return float(per_pass[w.pass_] * element)
 

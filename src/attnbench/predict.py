@@ -15,7 +15,7 @@ from attnbench.contender import Contender, output_bytes
 from attnbench.workload import Workload
 
 CALLS_AT_LEAST = 3  # first call, one warm-up, one sample: a case costs at least this many calls
-MEMORY_HEADROOM = 0.8  # use at most this fraction of the free memory
+MEMORY_HEADROOM = 0.7  # use at most this fraction of the free memory (the rest: reference, allocator slack)
 FALLBACK_FLOPS_PER_S = 1e11  # when no ceiling was measured for the dtype
 FALLBACK_BYTES_PER_S = 1e10
 MEMORY_PASS_COST = 20  # the CPU memory pass (the profiler) can cost this many calls of op-heavy code

@@ -33,6 +33,7 @@ WORKLOAD_COLUMNS = [
     "mask",
     "pass",
     "hidden",
+    "module",
     "scale",
 ]
 # What identifies a case within one run (the scale follows from head_dim unless set).

@@ -4,7 +4,8 @@ A suite file has an optional ``description``, ``budget_s`` (timing budget per ca
 ``case_budget_s`` (a case predicted to cost more is skipped, default 60 s), a
 ``[defaults]`` table and one or more ``[[sweep]]`` tables. Each sweep is the Cartesian product of its
 axes (defaults filled in); every axis takes one value or a list. Axes: impl, batch, heads, kv_heads,
-seq, seq_kv, head_dim, dtype, device, mask, pass, hidden (additive scoring's hidden size).
+seq, seq_kv, head_dim, dtype, device, mask, pass, hidden (additive scoring's hidden size), module
+(``core``, or ``mha`` for the core inside a multi-head attention module).
 ``impl = "all"`` means every registered attention contender (scoring ones are named explicitly);
 kv_heads left out means kv_heads = heads, seq_kv left out means seq_kv = seq.
 
@@ -29,11 +30,12 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 INT_AXES = ("batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "hidden")
-STR_AXES = ("impl", "dtype", "device", "mask", "pass")
-AXES = ("impl", "batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "dtype", "device", "mask", "pass", "hidden")
+STR_AXES = ("impl", "dtype", "device", "mask", "pass", "module")
+AXES = ("impl", "batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "dtype", "device", "mask", "pass", "hidden",
+        "module")  # fmt: skip
 REQUIRED = ("batch", "heads", "seq", "head_dim")
 DEFAULTS: dict[str, list[Any]] = {"impl": ["all"], "dtype": ["float32"], "device": ["cpu"], "mask": ["none"],
-                                  "pass": ["fwd"]}  # fmt: skip
+                                  "pass": ["fwd"], "module": ["core"]}  # fmt: skip
 TOP_KEYS = ("description", "budget_s", "case_budget_s", "defaults", "sweep")
 
 
@@ -138,12 +140,11 @@ def expand(
             axes["batch"], axes["heads"], axes["seq"], axes["head_dim"],
             axes["dtype"], axes["device"], axes["mask"], axes["pass"],
         ):  # fmt: skip
-            for kv_heads, seq_k, hidden in itertools.product(
-                kv_options or [heads], seq_kv_options or [seq], axes.get("hidden") or [None]
+            for kv_heads, seq_k, hidden, module in itertools.product(
+                kv_options or [heads], seq_kv_options or [seq], axes.get("hidden") or [None], axes["module"]
             ):
-                workload = Workload(
-                    batch, heads, kv_heads, seq, seq_k, head_dim, dtype, device, mask, pass_, None, hidden
-                )
+                shape = (batch, heads, kv_heads, seq, seq_k, head_dim)
+                workload = Workload(*shape, dtype, device, mask, pass_, hidden=hidden, module=module)
                 for impl in impls:
                     cases[(impl, workload)] = None
     return list(cases)

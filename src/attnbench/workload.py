@@ -16,6 +16,7 @@ from attnbench.errors import UsageError
 
 MASKS = ("none", "causal", "causal_bottom_right", "padding")
 PASSES = ("fwd", "bwd", "fwd_bwd")
+MODULES = ("core", "mha")  # the attention core alone, or inside a multi-head attention module
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -56,6 +57,7 @@ class Workload:
     pass_: str = "fwd"
     scale: float | None = None  # None means 1/sqrt(head_dim)
     hidden: int | None = None  # hidden size of additive scoring (the scoring suite); None elsewhere
+    module: str = "core"  # "mha": projections, split heads, this core, merge, output projection
 
     def __post_init__(self) -> None:
         for field in ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim"):
@@ -78,6 +80,10 @@ class Workload:
             isinstance(self.hidden, bool) or not isinstance(self.hidden, int) or self.hidden < 1
         ):
             raise UsageError(f"hidden must be a positive integer, got {self.hidden!r}")
+        if self.module not in MODULES:
+            raise UsageError(f"module {self.module!r} is not known; allowed: {', '.join(MODULES)}")
+        if self.module == "mha" and self.kv_heads != self.heads:
+            raise UsageError(f"module mha needs kv_heads == heads (got {self.kv_heads} and {self.heads})")
         if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
             raise UsageError(f"scale must be a positive finite number, got {self.scale!r}")
 
@@ -88,6 +94,11 @@ class Workload:
     @property
     def softmax_scale(self) -> float:
         return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def d_model(self) -> int:
+        """Model width of the mha module: heads × head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def gqa_group(self) -> int:
@@ -105,5 +116,9 @@ class Workload:
         """A short, stable description, e.g. 'B2 H8/2 S128x256 D64 float32 cpu causal fwd'."""
         heads = f"H{self.heads}" if self.kv_heads == self.heads else f"H{self.heads}/{self.kv_heads}"
         seq = f"S{self.seq_q}" if self.seq_q == self.seq_k else f"S{self.seq_q}x{self.seq_k}"
-        rest = f"{self.dtype} {self.device} {self.mask} {self.pass_}" + (f" h{self.hidden}" if self.hidden else "")
+        rest = (
+            f"{self.dtype} {self.device} {self.mask} {self.pass_}"
+            + (f" h{self.hidden}" if self.hidden else "")
+            + (" mha" if self.module == "mha" else "")
+        )
         return f"B{self.batch} {heads} {seq} D{self.head_dim} {rest}"
