@@ -39,7 +39,9 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         overrides = parse_axis_overrides(pairs)
         suite = load_suite(config.getoption("--attnbench-suite"))
-        config.stash[CASES] = expand(suite, overrides, sorted(registry.load()), registry.sweep_names())
+        config.stash[CASES] = expand(
+            suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names()
+        )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
 

@@ -113,7 +113,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UsageError(f"--calls {args.calls}: must be a positive integer")
     overrides = _overrides(args)
     suite = Suite("profile", "", 1.0, 60.0, ({**DEFAULTS, **PROFILE_WORKLOAD},))
-    cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names())
+    cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names())
     check_devices(cases)
     out = Path(args.out) if args.out else _default_out("profile")
     RunWriter.check_target(out)

@@ -129,6 +129,12 @@ def sweep_names() -> list[str]:
     return sorted(n for n, e in load().items() if e.contender is None or e.contender.kind == "attention")
 
 
+def available_sweep_names() -> list[str]:
+    """What ``impl = "available"`` means: the attention contenders that can run on this machine."""
+    entries = load()
+    return [n for n in sweep_names() if entries[n].available]
+
+
 def get(name: str) -> Entry:
     """One contender by name; unknown names are a UsageError listing the known ones."""
     entries = load()

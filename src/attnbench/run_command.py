@@ -76,7 +76,7 @@ def _validate_numbers(args: argparse.Namespace) -> None:
 def _plan(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out: Path) -> tuple[Any, ...]:
     """A new run: its writer, meta, cases and options. Nothing is written yet."""
     suite = load_suite(args.suite)
-    cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names())
+    cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names())
     shard = parse_shard(args.shard) if args.shard else None
     if shard:
         cases = shard_cases(cases, *shard)

@@ -6,7 +6,8 @@ A suite file has an optional ``description``, ``budget_s`` (timing budget per ca
 axes (defaults filled in); every axis takes one value or a list. Axes: impl, batch, heads, kv_heads,
 seq, seq_kv, head_dim, dtype, device, mask, pass, hidden (additive scoring's hidden size), module
 (``core``, or ``mha`` for the core inside a multi-head attention module).
-``impl = "all"`` means every registered attention contender (scoring ones are named explicitly);
+``impl = "all"`` means every registered attention contender (scoring ones are named explicitly),
+``"available"`` those of them that can run on this machine;
 kv_heads left out means kv_heads = heads, seq_kv left out means seq_kv = seq.
 
 Command-line overrides replace an axis in every sweep.
@@ -125,15 +126,20 @@ def load_suite(name_or_path: str) -> Suite:
 
 
 def expand(
-    suite: Suite, overrides: dict[str, list[Any]], known_impls: list[str], default_impls: list[str] | None = None
+    suite: Suite,
+    overrides: dict[str, list[Any]],
+    known_impls: list[str],
+    default_impls: list[str] | None = None,
+    available_impls: list[str] | None = None,
 ) -> list[tuple[str, Workload]]:
     """All (contender, workload) cases, in sweep order, without duplicates; validates every value.
 
-    ``impl = "all"`` stands for ``default_impls`` (default: every known contender)."""
+    ``impl = "all"`` stands for ``default_impls`` (default: every known contender), ``"available"`` for
+    ``available_impls`` (those of them that can run on this machine; default: all of them)."""
     cases: dict[tuple[str, Workload], None] = {}
     for sweep in suite.sweeps:
         axes = {**sweep, **overrides}
-        impls = _impls(axes["impl"], known_impls, default_impls)
+        impls = _impls(axes["impl"], known_impls, default_impls, available_impls)
         kv_options = axes.get("kv_heads")
         seq_kv_options = axes.get("seq_kv")
         for batch, heads, seq, head_dim, dtype, device, mask, pass_ in itertools.product(
@@ -158,10 +164,15 @@ def check_devices(cases: list[tuple[str, Workload]]) -> None:
         raise UsageError("device cuda: torch.cuda.is_available() is False on this machine; allowed here: cpu")
 
 
-def _impls(requested: list[str], known: list[str], default: list[str] | None) -> list[str]:
-    if "all" in requested:
-        return list(known if default is None else default)
+def _impls(requested: list[str], known: list[str], default: list[str] | None, available: list[str] | None) -> list[str]:
+    keywords = {"all": known if default is None else default}
+    keywords["available"] = keywords["all"] if available is None else available
+    chosen: list[str] = []
     for name in requested:
-        if name not in known:
-            raise UsageError(f"impl {name!r} is not known; known: {', '.join(known)} (or all)")
-    return list(dict.fromkeys(requested))
+        if name in keywords:
+            chosen.extend(keywords[name])
+        elif name in known:
+            chosen.append(name)
+        else:
+            raise UsageError(f"impl {name!r} is not known; known: {', '.join(known)} (or all, available)")
+    return list(dict.fromkeys(chosen))
