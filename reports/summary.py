@@ -4,20 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-GROUP = [
-    "device",
-    "dtype",
-    "batch",
-    "heads",
-    "kv_heads",
-    "seq_q",
-    "seq_k",
-    "head_dim",
-    "mask",
-    "pass",
-    "hidden",
-    "module",
-]
+from attnbench.results import CASE_COLUMNS
+
+GROUP = CASE_COLUMNS[1:]  # the workload columns that identify a case
 
 
 def _cell(row: pd.Series) -> str:
