@@ -19,10 +19,12 @@ from attnbench.results import write_frame
 
 def merge_runs(paths: list[Path], out_dir: Path, command: str) -> pd.DataFrame:
     frame, runs = load_runs(paths)
-    repeated = frame[frame.duplicated(CASE_KEY, keep=False)]
-    if len(repeated):
-        first = repeated.iloc[0]
-        same = repeated[(repeated[CASE_KEY] == first[CASE_KEY]).all(axis=1)]["run"].tolist()
+    # As text, so that missing values (a workload without `hidden`) compare equal.
+    keys = pd.Series(["|".join(map(repr, row)) for row in frame[CASE_KEY].itertuples(index=False)], index=frame.index)
+    repeated = keys.duplicated(keep=False)
+    if repeated.any():
+        first = frame[repeated].iloc[0]
+        same = frame.loc[keys == keys[repeated].iloc[0], "run"].tolist()
         raise UsageError(
             f"case {first['impl']} {workload_label(first)} on {first['machine']} is in runs {', '.join(same)}: "
             "merge shards or machines, not repeats"

@@ -38,8 +38,8 @@ def test_raising_contender_is_an_error_row_with_the_first_line(planted):
     assert row["reason"] == "RuntimeError: planted failure"
 
 
-def test_backward_passes_are_unsupported_with_a_reason():
-    row = run_case("bmm", Workload(1, 2, 2, 8, 8, 4, pass_="fwd_bwd"), FAST)
+def test_backward_passes_of_a_forward_only_contender_are_unsupported_with_a_reason():
+    row = run_case("naive", Workload(1, 2, 2, 8, 8, 4, pass_="fwd_bwd"), FAST)
     assert row["status"] == "unsupported" and "backward" in row["reason"]
 
 
