@@ -38,18 +38,3 @@ def attention_bytes(w: Workload) -> float:
         forward += 4 * w.d_model**2 + 2 * w.batch * w.seq_q * w.d_model + w.batch * w.seq_k * w.d_model
     per_pass = {"fwd": forward, "bwd": backward, "fwd_bwd": forward + backward}
     return float(per_pass[w.pass_] * element)
-
-
-def intensity(w: Workload) -> float:
-    """Arithmetic intensity, FLOP per byte."""
-    return attention_flops(w) / attention_bytes(w)
-
-
-def tflops(w: Workload, median_ms: float) -> float:
-    """Achieved TFLOP/s at the given per-call time."""
-    return attention_flops(w) / (median_ms * 1e-3) / 1e12
-
-
-def gbps(w: Workload, median_ms: float) -> float:
-    """Achieved GB/s of minimum traffic at the given per-call time."""
-    return attention_bytes(w) / (median_ms * 1e-3) / 1e9
