@@ -19,8 +19,9 @@ BUILTINS = [
     "sdpa_cudnn",
     "xformers",
     "flex",
+    "fused_cpu",
 ]
-CPU_RUNNABLE = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "flex"]
+CPU_RUNNABLE = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "flex", "fused_cpu"]
 SHAPES = [  # (batch, heads, kv_heads, seq_q, seq_k, head_dim): plain, GQA + Sq<Sk, MQA + Sq>Sk + odd head_dim
     (1, 2, 2, 33, 33, 16),
     (2, 4, 2, 17, 40, 32),

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import attnbench_cmd, run_subprocess
 
-CPU_CONTENDERS = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "flex"]
+CPU_CONTENDERS = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "flex", "fused_cpu"]
 
 
 @pytest.mark.slow

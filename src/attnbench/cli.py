@@ -186,6 +186,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ratios(args: argparse.Namespace) -> int:
+    from attnbench.reports.frames import load_runs
+    from attnbench.reports.ratios import Bounds, failures, format_table, ratio_table, require, select
+
+    peers = [p for p in args.vs.split(",") if p]
+    if not peers:
+        raise UsageError("--vs: name at least one contender to compare with, e.g. --vs sdpa_flash,bmm")
+    frame, _ = load_runs(_run_paths([args.run]))
+    require(frame, [args.impl, *peers])
+    frame = select(frame, args.where)
+    if not (frame["impl"] == args.impl).any():
+        raise UsageError(f"no {args.impl} row matches --where {' '.join(args.where)}")
+    table = ratio_table(frame, args.impl, peers, best=args.best)
+    print(format_table(table))
+    bounds = Bounds(args.max_time_ratio, args.min_speedup, args.max_mem_ratio, args.min_pct_of_peak)
+    missed = failures(table, bounds)
+    for line in missed:
+        print(f"missed: {line}", file=sys.stderr)
+    if bounds.any():
+        print(f"{len(table) - len({m.split(':')[0] for m in missed})}/{len(table)} case(s) meet the bounds")
+    return 1 if missed else 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     entries = registry.load()
     records: list[dict[str, Any]] = []
@@ -287,6 +310,18 @@ def build_parser() -> argparse.ArgumentParser:
     p_compare.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
     p_compare.add_argument("--out", help="folder for compare.html and compare.png (default: runs/compare-…)")
     p_compare.set_defaults(func=cmd_compare)
+
+    p_ratios = commands.add_parser("ratios", help="one contender vs peers in one run; exit 1 if a bound is missed")
+    p_ratios.add_argument("run", metavar="RUN", help="run folder or pytest-benchmark .json")
+    p_ratios.add_argument("--impl", required=True, help="the contender to judge, e.g. fused_cpu")
+    p_ratios.add_argument("--vs", required=True, help="peers, comma-separated, e.g. sdpa_flash,bmm")
+    p_ratios.add_argument("--best", action="store_true", help="per case, compare with the fastest ok peer only")
+    p_ratios.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE", help="keep matching cases")
+    p_ratios.add_argument("--max-time-ratio", type=float, help="bound on impl median / peer median")
+    p_ratios.add_argument("--min-speedup", type=float, help="bound on peer median / impl median")
+    p_ratios.add_argument("--max-mem-ratio", type=float, help="bound on impl peak_mem_mb / peer peak_mem_mb")
+    p_ratios.add_argument("--min-pct-of-peak", type=float, help="bound on impl pct_of_peak (%% of the matmul rate)")
+    p_ratios.set_defaults(func=cmd_ratios)
 
     commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
     commands.add_parser("env", help="what this machine is, as recorded in meta.json").set_defaults(func=cmd_env)

@@ -1,0 +1,189 @@
+"""Build, cache and call the fused CPU kernel (``fused_cpu_kernel.cpp``), with no build system at all.
+
+The C++ source has a plain C entry point, so it needs neither torch's headers nor pybind11: one g++ call
+(about 2 s) builds a shared library that ctypes loads. The library is compiled at first use with
+``-O3 -march=native`` (so the vectors are AVX-512 where the CPU has it) and cached under
+``$ATTNBENCH_CACHE_DIR/kernels`` (default ``~/.cache/attnbench/kernels``), keyed by the source, the
+compiler, the flags and the CPU's feature flags — a cache shared between different machines never
+hands one a binary built for the other. ``$CXX`` picks the compiler (default ``g++``).
+
+Anything that goes wrong (no compiler, a compile error, a library that won't load) is kept as a
+one-line reason: the contender is then ``unavailable`` with it, never a crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnbench.ceilings import cache_dir
+
+SOURCE = Path(__file__).with_name("fused_cpu_kernel.cpp")
+FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-pthread")
+# Tried in order: vectors for this CPU with OpenMP, then without each (a compiler may lack either).
+VARIANTS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
+COMPILE_TIMEOUT_S = 180
+MASK_CODES = {"none": 0, "causal": 1, "causal_bottom_right": 2, "padding": 3}
+VECTOR = 16  # floats per vector in the kernel: the key axis of kᵀ and the head dim of v are padded to it
+
+
+class BuildError(RuntimeError):
+    """The kernel could not be built or loaded here; the message is the reason, in one line."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    library: ctypes.CDLL
+    path: Path
+
+    def scratch_floats(self, block_q: int, block_k: int, head_dim: int, padded_dim: int) -> int:
+        return int(self.library.attnbench_fused_scratch_floats(block_q, block_k, head_dim, padded_dim))
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        kt: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        kv_heads: int,
+        seq_k: int,
+        scale: float,
+        mask: str,
+        lengths: torch.Tensor | None,
+        block_q: int,
+        block_k: int,
+        threads: int,
+        scratch: torch.Tensor,
+    ) -> int:
+        """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D) over kt (B, Hkv, D, Skp) and v (B, Hkv, Sk, Dp),
+        all float32 and contiguous. Returns the number of score entries computed."""
+        batch, heads, seq_q, head_dim = q.shape
+        tiles = ctypes.c_int64(0)
+        status = self.library.attnbench_fused_forward(
+            q.data_ptr(),
+            kt.data_ptr(),
+            v.data_ptr(),
+            out.data_ptr(),
+            batch,
+            heads,
+            kv_heads,
+            seq_q,
+            seq_k,
+            head_dim,
+            kt.shape[-1],
+            v.shape[-1],
+            scale,
+            MASK_CODES[mask],
+            None if lengths is None else lengths.data_ptr(),
+            block_q,
+            block_k,
+            threads,
+            scratch.data_ptr(),
+            ctypes.byref(tiles),
+        )
+        if status != 0:
+            raise RuntimeError(f"fused_cpu kernel rejected its arguments (status {status})")
+        return tiles.value
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _compiler_version(compiler: str) -> str:
+    done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    return done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout else compiler
+
+
+def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> str | None:
+    """Compile SOURCE into target atomically; None on success, else the compiler's first error line."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        partial = Path(tmp) / target.name
+        try:
+            done = subprocess.run(
+                [compiler, *flags, str(SOURCE), "-o", str(partial)],
+                capture_output=True,
+                text=True,
+                timeout=COMPILE_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return f"{compiler} took longer than {COMPILE_TIMEOUT_S} s"
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
+            return f"{compiler} failed: {errors[0].strip() if errors else f'exit {done.returncode}'}"
+        os.replace(partial, target)  # atomic: a concurrent worker sees the old state or the whole library
+    return None
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    library.attnbench_fused_scratch_floats.restype = i64
+    library.attnbench_fused_scratch_floats.argtypes = [i64] * 4
+    library.attnbench_fused_forward.restype = ctypes.c_int
+    library.attnbench_fused_forward.argtypes = [ptr] * 4 + [i64] * 8 + [ctypes.c_float] + [i64, ptr] + [i64] * 3
+    library.attnbench_fused_forward.argtypes += [ptr, ctypes.POINTER(i64)]
+
+
+def load() -> Kernel:
+    """The built kernel, compiling it on first use; raises BuildError with the reason when it can't."""
+    built = _build()
+    if isinstance(built, str):
+        raise BuildError(built)
+    return built
+
+
+@functools.cache  # once per process, failures included: a missing compiler is not retried per case
+def _build() -> Kernel | str:
+    if platform.system() == "Windows":
+        return "the fused CPU kernel is built with g++/clang++ on Linux or macOS; not on Windows"
+    compiler = os.environ.get("CXX", "g++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler: {compiler!r} not found (install g++ or set $CXX)"
+    source = SOURCE.read_bytes()
+    failures = []
+    for variant in VARIANTS:
+        flags = FLAGS + variant
+        key = hashlib.sha256(
+            b"\0".join([source, " ".join(flags).encode(), _compiler_version(compiler).encode(), _cpu_flags().encode()])
+        ).hexdigest()[:16]
+        target = cache_dir() / "kernels" / f"fused_cpu-{key}.so"
+        if not target.exists():
+            failure = _compile(compiler, flags, target)
+            if failure is not None:
+                failures.append(failure)
+                continue
+        try:
+            library = ctypes.CDLL(str(target))
+        except OSError as exc:
+            failures.append(f"built {target.name} but could not load it: {exc}")
+            continue
+        _declare(library)
+        return Kernel(library, target)
+    return f"could not build the fused CPU kernel ({'; '.join(failures)})"
+
+
+def unavailable_reason() -> str | None:
+    try:
+        load()
+    except BuildError as exc:
+        return str(exc)
+    return None

@@ -1,0 +1,340 @@
+// attnbench fused_cpu: FlashAttention-style forward on the CPU, float32.
+//
+// out = softmax(q·kᵀ·scale + mask)·v, computed one block of BQ query rows at a time against blocks of
+// BK keys with the online-softmax recurrence (running row max m, running denominator l, rescaled
+// output accumulator), so no more than a BQ×BK tile of scores ever exists.
+//
+// Layouts (prepared by impls/fused_cpu.py, all float32, contiguous):
+//   q   (B, H,   Sq, D)     read as is; query head h uses kv head h / (H / Hkv) (GQA)
+//   kt  (B, Hkv, D,  Skp)   keys transposed, key axis padded with zeros to a multiple of 16
+//   v   (B, Hkv, Sk, Dp)    values, head dim padded with zeros to a multiple of 16
+//   out (B, H,   Sq, Dp)
+// Every mask we support gives each query row a prefix of visible keys [0, limit(row)): none, causal
+// (top-left), causal bottom-right and padding (per-batch lengths). Key blocks past the largest limit of
+// a query block are never visited, which is how causal does half the work; inside the boundary block
+// the scores past a row's limit are dropped. Rows with no visible key output zeros.
+//
+// Vectors are GCC/Clang vector extensions 16 floats wide: one AVX-512 register when built with
+// -march=native on such a CPU, two AVX2 registers (or four SSE) elsewhere. Scores are kept in base 2
+// (q is pre-multiplied by scale·log2 e) so the exponential is exp2 with a degree-7 polynomial.
+// Threads: an OpenMP team of nthreads (torch's own pool, see the end of the file; std::threads when
+// built without OpenMP) takes work items (batch, head, query block) from an atomic counter, largest first.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+constexpr int W = 16;  // floats per vector
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+typedef float vf_unaligned __attribute__((vector_size(64), aligned(4)));
+
+inline vf load(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
+inline void store(float* p, vf x) { *reinterpret_cast<vf_unaligned*>(p) = x; }
+inline vf splat(float s) { return vf{} + s; }
+
+inline float hmax(vf x) {
+  float r = x[0];
+  for (int i = 1; i < W; ++i) r = std::max(r, x[i]);
+  return r;
+}
+
+inline float hsum(vf x) {
+  float r = 0.f;
+  for (int i = 0; i < W; ++i) r += x[i];
+  return r;
+}
+
+// 2^x for x <= 0 (values below 2^-125 come out as about 2^-125, never read: see keep_below).
+inline vf exp2v(vf x) {
+  x = x < splat(-125.f) ? splat(-125.f) : x;
+  vf shifted = x + 0.5f;
+  vf n = __builtin_convertvector(__builtin_convertvector(shifted, vi), vf);
+  n = n > shifted ? n - 1.f : n;  // floor(x + 0.5): round to nearest
+  vf y = (x - n) * 0.6931471805599453f;  // |y| <= ln2 / 2
+  vf p = splat(1.f / 5040.f);
+  p = p * y + 1.f / 720.f;
+  p = p * y + 1.f / 120.f;
+  p = p * y + 1.f / 24.f;
+  p = p * y + 1.f / 6.f;
+  p = p * y + 0.5f;
+  p = p * y + 1.f;
+  p = p * y + 1.f;
+  const vi bits = (vi)p + (__builtin_convertvector(n, vi) << 23);  // p · 2^n
+  return (vf)bits;
+}
+
+// Lanes [0, count) of x, zeros elsewhere.
+inline vf keep_below(vf x, int count) {
+  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return lane < count ? x : vf{};
+}
+
+// S[R][NV·W] = Q[R][D] · KT[D][NV·W]
+template <int R, int NV>
+void qk_tile(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t d_len, float* s, int64_t lds) {
+  vf acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = vf{};
+  for (int64_t d = 0; d < d_len; ++d) {
+    vf k[NV];
+    for (int j = 0; j < NV; ++j) k[j] = load(kt + d * ldk + j * W);
+    for (int r = 0; r < R; ++r) {
+      vf qb = splat(q[r * ldq + d]);
+      for (int j = 0; j < NV; ++j) acc[r][j] += qb * k[j];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) store(s + r * lds + j * W, acc[r][j]);
+}
+
+// O[R][NV·W] += P[R][n] · V[n][NV·W]
+template <int R, int NV>
+void pv_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t n, float* o, int64_t ldo) {
+  vf acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = load(o + r * ldo + j * W);
+  for (int64_t c = 0; c < n; ++c) {
+    vf vv[NV];
+    for (int j = 0; j < NV; ++j) vv[j] = load(v + c * ldv + j * W);
+    for (int r = 0; r < R; ++r) {
+      vf pb = splat(p[r * ldp + c]);
+      for (int j = 0; j < NV; ++j) acc[r][j] += pb * vv[j];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) store(o + r * ldo + j * W, acc[r][j]);
+}
+
+constexpr int TILE_ROWS = 6;  // 6 rows × 4 vectors = 24 accumulators of AVX-512's 32 registers
+constexpr int TILE_VECS = 4;
+
+typedef void (*QkFn)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+typedef void (*PvFn)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+
+template <int R>
+struct Row {
+  static constexpr QkFn qk[TILE_VECS] = {qk_tile<R, 1>, qk_tile<R, 2>, qk_tile<R, 3>, qk_tile<R, 4>};
+  static constexpr PvFn pv[TILE_VECS] = {pv_tile<R, 1>, pv_tile<R, 2>, pv_tile<R, 3>, pv_tile<R, 4>};
+};
+
+const QkFn* const QK[TILE_ROWS] = {Row<1>::qk, Row<2>::qk, Row<3>::qk, Row<4>::qk, Row<5>::qk, Row<6>::qk};
+const PvFn* const PV[TILE_ROWS] = {Row<1>::pv, Row<2>::pv, Row<3>::pv, Row<4>::pv, Row<5>::pv, Row<6>::pv};
+
+// S[rows][cols] = Q[rows][D] · KT[D][cols]; cols a multiple of W.
+void qk_block(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t d_len, int64_t rows, int64_t cols,
+              float* s, int64_t lds) {
+  for (int64_t c = 0; c < cols; c += TILE_VECS * W) {
+    int nv = static_cast<int>(std::min<int64_t>(TILE_VECS, (cols - c) / W));
+    for (int64_t r = 0; r < rows; r += TILE_ROWS) {
+      int nr = static_cast<int>(std::min<int64_t>(TILE_ROWS, rows - r));
+      QK[nr - 1][nv - 1](q + r * ldq, ldq, kt + c, ldk, d_len, s + r * lds + c, lds);
+    }
+  }
+}
+
+// O[rows][Dp] += P[rows][n] · V[n][Dp]; Dp a multiple of W.
+void pv_block(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t n, int64_t rows, int64_t dp,
+              float* o, int64_t ldo) {
+  for (int64_t c = 0; c < dp; c += TILE_VECS * W) {
+    int nv = static_cast<int>(std::min<int64_t>(TILE_VECS, (dp - c) / W));
+    for (int64_t r = 0; r < rows; r += TILE_ROWS) {
+      int nr = static_cast<int>(std::min<int64_t>(TILE_ROWS, rows - r));
+      PV[nr - 1][nv - 1](p + r * ldp, ldp, v + c, ldv, n, o + r * ldo + c, ldo);
+    }
+  }
+}
+
+enum Mask : int64_t { NONE = 0, CAUSAL = 1, CAUSAL_BOTTOM_RIGHT = 2, PADDING = 3 };
+
+struct Problem {
+  const float* q;
+  const float* kt;
+  const float* v;
+  float* out;
+  int64_t batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp;
+  float scale_log2;  // scale · log2(e)
+  int64_t mask;
+  const int64_t* lengths;
+  int64_t block_q, block_k;
+
+  // Number of keys query row i of batch b sees: a prefix [0, limit).
+  int64_t limit(int64_t b, int64_t i) const {
+    switch (mask) {
+      case CAUSAL: return std::min(seq_k, i + 1);
+      case CAUSAL_BOTTOM_RIGHT: return std::clamp<int64_t>(i + 1 + seq_k - seq_q, 0, seq_k);
+      case PADDING: return std::clamp<int64_t>(lengths[b], 0, seq_k);
+      default: return seq_k;
+    }
+  }
+};
+
+// Per-thread working memory, carved from the caller's buffer (torch allocates it, so the benchmark's
+// memory measurement sees it): scaled q rows, score tile, output accumulator, row max, row sum.
+int64_t scratch_floats(int64_t block_q, int64_t block_k, int64_t head_dim, int64_t dp) {
+  return block_q * (head_dim + block_k + dp + 2);
+}
+
+struct Scratch {
+  float *q, *s, *o, *m, *l;
+  int64_t tiles = 0;  // score entries computed, for the block-skipping check
+  Scratch(const Problem& pb, float* base)
+      : q(base), s(q + pb.block_q * pb.head_dim), o(s + pb.block_q * pb.block_k), m(o + pb.block_q * pb.dp),
+        l(m + pb.block_q) {}
+};
+
+void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) {
+  const int64_t rows = std::min(pb.block_q, pb.seq_q - i0);
+  const int64_t D = pb.head_dim, Dp = pb.dp, BK = pb.block_k;
+  const int64_t hkv = h / (pb.heads / pb.kv_heads);
+  const float* q = pb.q + ((b * pb.heads + h) * pb.seq_q + i0) * D;
+  const float* kt = pb.kt + (b * pb.kv_heads + hkv) * D * pb.skp;
+  const float* v = pb.v + (b * pb.kv_heads + hkv) * pb.seq_k * Dp;
+  float* out = pb.out + ((b * pb.heads + h) * pb.seq_q + i0) * Dp;
+
+  float* qs = sc.q;
+  float* s = sc.s;
+  float* o = sc.o;
+  int64_t key_end = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = q[r * D + d] * pb.scale_log2;
+    key_end = std::max(key_end, pb.limit(b, i0 + r));
+    sc.m[r] = -std::numeric_limits<float>::infinity();
+    sc.l[r] = 0.f;
+  }
+  std::memset(o, 0, sizeof(float) * rows * Dp);
+
+  for (int64_t c0 = 0; c0 < key_end; c0 += BK) {
+    const int64_t n = std::min(BK, key_end - c0);
+    const int64_t nv = (n + W - 1) / W * W;  // kt's key axis is padded, so reading up to nv is safe
+    qk_block(qs, D, kt + c0, pb.skp, D, rows, nv, s, BK);
+    sc.tiles += rows * nv;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = s + r * BK;
+      const int64_t visible = std::clamp<int64_t>(pb.limit(b, i0 + r) - c0, 0, n);
+      if (visible == 0) {
+        std::memset(sr, 0, sizeof(float) * nv);
+        continue;
+      }
+      const int64_t full = visible / W * W;
+      vf vmax = splat(sc.m[r]);
+      for (int64_t c = 0; c < full; c += W) {
+        const vf x = load(sr + c);
+        vmax = x > vmax ? x : vmax;
+      }
+      float row_max = hmax(vmax);
+      for (int64_t c = full; c < visible; ++c) row_max = std::max(row_max, sr[c]);
+      const float alpha = std::exp2(sc.m[r] - row_max);  // 0 on the first visible block (m = -inf)
+      const vf m_new = splat(row_max);
+      vf total = vf{};
+      for (int64_t c = 0; c < full; c += W) {
+        vf p = exp2v(load(sr + c) - m_new);
+        store(sr + c, p);
+        total += p;
+      }
+      for (int64_t c = full; c < nv; c += W) {
+        vf p = keep_below(exp2v(load(sr + c) - m_new), static_cast<int>(visible - c));
+        store(sr + c, p);
+        total += p;
+      }
+      sc.l[r] = sc.l[r] * alpha + hsum(total);
+      if (alpha != 1.f) {
+        float* orow = o + r * Dp;
+        const vf a = splat(alpha);
+        for (int64_t d = 0; d < Dp; d += W) store(orow + d, load(orow + d) * a);
+      }
+      sc.m[r] = row_max;
+    }
+    pv_block(s, BK, v + c0 * Dp, Dp, n, rows, Dp, o, Dp);
+  }
+
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = sc.l[r] > 0.f ? 1.f / sc.l[r] : 0.f;  // a row with no visible key outputs zeros
+    const vf a = splat(inv);
+    for (int64_t d = 0; d < Dp; d += W) store(out + r * Dp + d, load(o + r * Dp + d) * a);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Floats of scratch one thread needs; attnbench_fused_forward takes nthreads times this.
+int64_t attnbench_fused_scratch_floats(int64_t block_q, int64_t block_k, int64_t head_dim, int64_t dp) {
+  return scratch_floats(block_q, block_k, head_dim, dp);
+}
+
+// Returns 0 on success, 1 on bad arguments, 2 when memory for the work list could not be allocated.
+// *tiles (when not null) receives the number of score entries computed: the block-skipping evidence.
+int attnbench_fused_forward(const float* q, const float* kt, const float* v, float* out, int64_t batch, int64_t heads,
+                            int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim, int64_t skp, int64_t dp,
+                            float scale, int64_t mask, const int64_t* lengths, int64_t block_q, int64_t block_k,
+                            int64_t nthreads, float* scratch, int64_t* tiles) {
+  if (batch < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 || head_dim < 1 ||
+      skp < seq_k || skp % W != 0 || dp < head_dim || dp % W != 0 || block_q < 1 || block_k < W || block_k % W != 0 ||
+      mask < NONE || mask > PADDING || (mask == PADDING && lengths == nullptr) || nthreads < 1 ||
+      scratch == nullptr)
+    return 1;
+  const Problem pb{q, kt, v, out, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
+                   scale * 1.4426950408889634f, mask, lengths, block_q, block_k};
+
+  struct Item {
+    int64_t b, h, i0, cost;
+  };
+  std::vector<Item> items;
+  try {
+    const int64_t blocks = (seq_q + block_q - 1) / block_q;
+    items.reserve(batch * heads * blocks);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < blocks; ++i) {
+        const int64_t i0 = i * block_q, last = std::min(seq_q, i0 + block_q) - 1;
+        const int64_t keys = std::max(pb.limit(b, i0), pb.limit(b, last));
+        for (int64_t h = 0; h < heads; ++h) items.push_back({b, h, i0, keys * (last - i0 + 1)});
+      }
+  } catch (...) {
+    return 2;
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> computed{0};
+  const int64_t per_thread = scratch_floats(block_q, block_k, head_dim, dp);
+  auto worker = [&](int64_t t) {
+    Scratch sc(pb, scratch + t * per_thread);
+    for (int64_t k; (k = next.fetch_add(1)) < static_cast<int64_t>(items.size());)
+      run_item(pb, items[k].b, items[k].h, items[k].i0, sc);
+    computed += sc.tiles;
+  };
+  const int64_t team = std::min<int64_t>(nthreads, static_cast<int64_t>(items.size()));
+#ifdef _OPENMP
+  // torch's own OpenMP runtime (libgomp.so.1 is already loaded by torch, so this library binds to it):
+  // the team is torch's intra-op pool, hot and not competing with it for the cores.
+#pragma omp parallel num_threads(static_cast<int>(team))
+  worker(omp_get_thread_num());
+#else
+  std::vector<std::thread> threads;
+  try {
+    for (int64_t t = 1; t < team; ++t) threads.emplace_back(worker, t);
+  } catch (...) {
+    // fewer threads than asked: the ones that started (and this one) still finish every item
+  }
+  worker(0);
+  for (auto& t : threads) t.join();
+#endif
+  if (tiles != nullptr) *tiles = computed.load();
+  return 0;
+}
+
+}  // extern "C"

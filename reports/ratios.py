@@ -1,0 +1,121 @@
+"""One contender against its peers within one run: time and memory ratios per case, and optional gates.
+
+``attnbench ratios RUN --impl fused_cpu --vs sdpa_flash,bmm`` pairs each ``fused_cpu`` row with the
+rows of the same case (every workload column equal, machine included) for each peer. With ``--best``
+the peers are one: per case, the fastest of them that ran ``ok``. Ratios are of medians, both
+measured in the same run, so machine drift between runs does not enter them.
+
+Gates (``--max-time-ratio``, ``--min-speedup``, ``--max-mem-ratio``, ``--min-pct-of-peak``) turn the
+table into a check: a case fails when a bound is missed, or when either side of it is not ``ok`` (an
+incorrect or missing row cannot pass a performance claim).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from attnbench.errors import UsageError
+from attnbench.reports.frames import CASE_KEY, workload_label
+
+WORKLOAD_KEY = [c for c in CASE_KEY if c != "impl"]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_time_ratio: float | None = None  # impl median / peer median
+    min_speedup: float | None = None  # peer median / impl median
+    max_mem_ratio: float | None = None  # impl peak_mem_mb / peer peak_mem_mb
+    min_pct_of_peak: float | None = None  # impl's pct_of_peak (% of the measured matmul rate)
+
+    def any(self) -> bool:
+        return any(v is not None for v in (self.max_time_ratio, self.min_speedup, self.max_mem_ratio,
+                                           self.min_pct_of_peak))  # fmt: skip
+
+
+def select(frame: pd.DataFrame, where: list[str]) -> pd.DataFrame:
+    """Rows matching every ``column=value`` (values compared as text, so seq_q=4096 works)."""
+    for condition in where:
+        column, sep, value = condition.partition("=")
+        if not sep or column not in WORKLOAD_KEY:
+            allowed = ", ".join(c for c in WORKLOAD_KEY if c != "machine")
+            raise UsageError(f"--where {condition!r}: expected COLUMN=VALUE with COLUMN one of {allowed}")
+        frame = frame[frame[column].astype(str) == value]
+    return frame
+
+
+def require(frame: pd.DataFrame, names: list[str]) -> None:
+    """Every named contender has rows in the run, or a one-line usage error naming those it has."""
+    present = set(frame["impl"])
+    for name in names:
+        if name not in present:
+            raise UsageError(f"contender {name!r} has no row in this run (it has: {', '.join(sorted(present))})")
+
+
+def ratio_table(frame: pd.DataFrame, impl: str, peers: list[str], best: bool = False) -> pd.DataFrame:
+    """One row per (case of ``impl``, peer): medians, ratios, peak memory and both statuses."""
+    ours = frame[frame["impl"] == impl]
+    theirs = frame[frame["impl"].isin(peers)]
+    if best:
+        ok = theirs[theirs["status"] == "ok"].sort_values("median_ms")
+        fastest = ok.drop_duplicates(WORKLOAD_KEY)
+        missing = theirs.drop_duplicates(WORKLOAD_KEY).merge(fastest[WORKLOAD_KEY], how="left", indicator=True)
+        theirs = pd.concat([fastest, missing[missing["_merge"] == "left_only"].drop(columns="_merge")])
+    keyed = theirs[[*WORKLOAD_KEY, "impl", "status", "median_ms", "peak_mem_mb"]]
+    pairs = ours.merge(keyed, on=WORKLOAD_KEY, how="left", suffixes=("", "_peer"))
+    table = pd.DataFrame({
+        "workload": [workload_label(r) for r in pairs.to_dict("records")],
+        "peer": pairs["impl_peer"].fillna("(none)"),
+        "impl_ms": pairs["median_ms"],
+        "peer_ms": pairs["median_ms_peer"],
+        "time_ratio": pairs["median_ms"] / pairs["median_ms_peer"],
+        "speedup": pairs["median_ms_peer"] / pairs["median_ms"],
+        "impl_mb": pairs["peak_mem_mb"],
+        "peer_mb": pairs["peak_mem_mb_peer"],
+        "mem_ratio": pairs["peak_mem_mb"] / pairs["peak_mem_mb_peer"],
+        "pct_of_peak": pairs["pct_of_peak"],
+        "status": pairs["status"],
+        "peer_status": pairs["status_peer"].fillna("missing"),
+    })  # fmt: skip
+    return table.reset_index(drop=True)
+
+
+def _missed(value: float, bound: float | None, above: bool) -> bool:
+    if bound is None:
+        return False
+    if value is None or not math.isfinite(value):
+        return True
+    return value < bound if above else value > bound
+
+
+def failures(table: pd.DataFrame, bounds: Bounds) -> list[str]:
+    """One line per case that misses a bound (or whose rows are not both ok when bounds are set)."""
+    if not bounds.any():
+        return []
+    lines = []
+    for row in table.to_dict("records"):
+        where = f"{row['workload']} vs {row['peer']}"
+        if row["status"] != "ok" or row["peer_status"] != "ok":
+            lines.append(f"{where}: status {row['status']} / {row['peer_status']}, both must be ok")
+            continue
+        checks = [
+            ("time ratio", row["time_ratio"], bounds.max_time_ratio, False),
+            ("speedup", row["speedup"], bounds.min_speedup, True),
+            ("memory ratio", row["mem_ratio"], bounds.max_mem_ratio, False),
+            ("% of peak", row["pct_of_peak"], bounds.min_pct_of_peak, True),
+        ]
+        for name, value, bound, above in checks:
+            if _missed(value, bound, above):
+                lines.append(f"{where}: {name} {value:.3g} {'<' if above else '>'} {bound:g}")
+    return lines
+
+
+def format_table(table: pd.DataFrame) -> str:
+    shown = table.copy()
+    formats = {"impl_ms": ".4g", "peer_ms": ".4g", "time_ratio": ".3f", "speedup": ".2f", "impl_mb": ".3g",
+               "peer_mb": ".3g", "mem_ratio": ".3g", "pct_of_peak": ".1f"}  # fmt: skip
+    for column, spec in formats.items():
+        shown[column] = shown[column].map(lambda v, s=spec: "" if v is None or pd.isna(v) else format(v, s))
+    return shown.to_string(index=False)

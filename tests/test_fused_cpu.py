@@ -1,0 +1,139 @@
+"""fused_cpu: correct on every mask, GQA, odd head dims, Sq ≠ Sk, across block boundaries, in fp32 and
+bf16; skips masked blocks; small working memory; unavailable with a reason when it cannot be built."""
+
+import os
+import stat
+
+import pytest
+import torch
+
+from attnbench import registry
+from attnbench.impls import _cpu_kernel
+from attnbench.impls.fused_cpu import BLOCK_K, BLOCK_Q, contender, fused_attention
+from attnbench.memory import peak_memory_mb
+from attnbench.runner import prepare_checked
+from attnbench.workload import Workload
+
+pytestmark = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")
+
+MASKS = ["none", "causal", "causal_bottom_right", "padding"]
+# (batch, heads, kv_heads, seq_q, seq_k, head_dim): several query and key blocks (128 × 256), ragged ends
+SHAPES = [
+    (2, 4, 2, 300, 600, 64),  # GQA, Sq < Sk, three key blocks, a partial query block
+    (2, 3, 1, 530, 270, 50),  # MQA, Sq > Sk (bottom-right leaves rows with no key), head_dim 50
+    (1, 2, 2, 129, 257, 96),  # one row / one key past a block edge
+    (3, 2, 2, 40, 40, 8),  # tiny head dim, one block
+    (1, 1, 1, 20, 33, 200),  # head dim over the 64-float register tile
+]
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_float64_reference(mask, shape):
+    prepared = prepare_checked("fused_cpu", Workload(*shape, dtype="float32", mask=mask))
+    assert prepared.check.ok, prepared.check.reason
+    assert prepared.check.max_abs_err < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("mask", ["causal_bottom_right", "padding"])
+def test_half_precision_inputs(dtype, mask):
+    prepared = prepare_checked("fused_cpu", Workload(2, 4, 2, 300, 260, 64, dtype=dtype, mask=mask))
+    assert prepared.check.ok, prepared.check.reason
+    output = prepared.fn()
+    assert isinstance(output, torch.Tensor) and output.dtype == getattr(torch, dtype)
+
+
+def test_explicit_scale_and_one_thread():
+    prepared = prepare_checked("fused_cpu", Workload(1, 2, 2, 200, 200, 32, scale=0.7, mask="causal"))
+    assert prepared.check.ok, prepared.check.reason
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 200, 32) for _ in range(3))
+    one, _ = fused_attention(q, k, v, scale=0.3, threads=1)
+    many, _ = fused_attention(q, k, v, scale=0.3, threads=3)
+    assert torch.equal(one, many)  # each row is computed by one thread in a fixed order
+
+
+def test_rows_that_see_no_key_are_zero():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 1, 50, 16), torch.randn(1, 1, 20, 16), torch.randn(1, 1, 20, 16)
+    out, _ = fused_attention(q, k, v, scale=0.25, mask="causal_bottom_right")
+    assert torch.all(out[0, 0, :30] == 0) and torch.all(out[0, 0, 30:].abs().sum(-1) > 0)
+
+
+def _tiles(seq: int, mask: str, lengths: list[int] | None = None) -> int:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(len(lengths or [0]), 2, seq, 64) for _ in range(3))
+    lengths_tensor = None if lengths is None else torch.tensor(lengths)
+    return fused_attention(q, k, v, scale=0.125, mask=mask, lengths=lengths_tensor)[1]
+
+
+def test_causal_skips_fully_masked_key_blocks():
+    seq = 2048
+    full = _tiles(seq, "none")
+    assert full == 2 * seq * seq  # every score of both heads, once
+    causal = _tiles(seq, "causal")
+    # query block i (128 rows) computes scores for keys up to its last row only: about half of them
+    assert BLOCK_K % BLOCK_Q == 0
+    expected = 2 * sum(BLOCK_Q * (i + 1) * BLOCK_Q for i in range(seq // BLOCK_Q))
+    assert causal == expected and causal / full < 0.56
+
+
+def test_padding_stops_at_each_length():
+    assert _tiles(1024, "padding", [1024, 256]) == 2 * 1024 * (1024 + 256)
+
+
+def test_working_memory_is_a_small_fraction_of_bmm():
+    workload = Workload(1, 8, 8, 1024, 1024, 64)
+    fused = prepare_checked("fused_cpu", workload)
+    bmm = prepare_checked("bmm", workload)
+    fused_mb, bmm_mb = peak_memory_mb(fused.fn, "cpu"), peak_memory_mb(bmm.fn, "cpu")
+    assert bmm_mb >= 64  # the 8 × 1024² fp32 scores are 32 MiB, and the probabilities as much again
+    assert fused_mb < bmm_mb / 8
+    assert fused_mb * 2**20 <= contender.predicted_extra_bytes(workload)
+
+
+def test_registered_through_the_entry_point():
+    entry = registry.load()["fused_cpu"]
+    assert entry.available and entry.source.startswith("entry point fused_cpu = attnbench.impls.fused_cpu:contender")
+    assert not entry.contender.capabilities.backward
+    reason = entry.contender.unsupported_reason(Workload(1, 1, 1, 8, 8, 8, device="cuda"))
+    assert reason and "device cuda" in reason
+
+
+@pytest.fixture
+def fresh_build(tmp_path, monkeypatch):
+    """An empty kernel cache and no remembered build, restored afterwards."""
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    _cpu_kernel._build.cache_clear()
+    yield tmp_path
+    _cpu_kernel._build.cache_clear()
+
+
+def test_first_use_builds_into_the_cache_then_reuses_it(fresh_build):
+    kernel = _cpu_kernel.load()
+    assert kernel.path.parent == fresh_build / "cache" / "kernels" and kernel.path.exists()
+    built = kernel.path.stat().st_mtime_ns
+    _cpu_kernel._build.cache_clear()
+    assert _cpu_kernel.load().path == kernel.path and kernel.path.stat().st_mtime_ns == built
+
+
+def test_missing_compiler_makes_it_unavailable_with_the_reason(fresh_build, monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    reason = contender.availability()
+    assert reason == "no C++ compiler: 'no-such-compiler' not found (install g++ or set $CXX)"
+    with pytest.raises(_cpu_kernel.BuildError):
+        contender.prepare(None, Workload(1, 1, 1, 8, 8, 8))  # type: ignore[arg-type]
+
+
+def test_failing_build_makes_it_unavailable_with_the_compiler_error(fresh_build, monkeypatch):
+    compiler = fresh_build / "broken-g++"
+    compiler.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo broken 1.0; exit 0; }\n'
+                        'echo "kernel.cpp:1:1: error: this compiler is broken" >&2\nexit 1\n')  # fmt: skip
+    compiler.chmod(compiler.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CXX", str(compiler))
+    reason = contender.availability() or ""
+    assert reason.startswith("could not build the fused CPU kernel (") and "error: this compiler is broken" in reason
+    assert "\n" not in reason
+    assert not list((fresh_build / "cache" / "kernels").glob("*.so"))  # nothing half-written left behind
+    assert os.environ["CXX"] == str(compiler)

@@ -1,0 +1,71 @@
+"""`attnbench ratios`: one contender against peers within one run, and the gates built on it."""
+
+import pandas as pd
+import pytest
+
+from attnbench.reports.frames import load_runs
+from attnbench.reports.ratios import ratio_table
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from attnbench.cli import main
+
+    out = tmp_path_factory.mktemp("ratios") / "run"
+    args = ["run", "--suite", "fused_cpu", "--impl", "fused_cpu,bmm,sdpa_flash,xformers", "--seq", "64,256",
+            "--budget-s", "0.03", "--threads", "1", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    return out
+
+
+def test_table_pairs_each_case_with_each_peer(cli, run):
+    code, text, _ = cli("ratios", str(run), "--impl", "fused_cpu", "--vs", "bmm,sdpa_flash")
+    assert code == 0
+    frame = pd.read_parquet(run / "results.parquet")
+    ours = frame[frame.impl == "fused_cpu"]
+    assert len([line for line in text.splitlines() if line.lstrip().startswith("cpu float32")]) == 2 * len(ours)
+    table = ratio_table(load_runs([run])[0], "fused_cpu", ["bmm", "sdpa_flash"])
+    for row in table.to_dict("records"):
+        seq = int(row["workload"].split(" S")[1].split(" ")[0])
+        mask = row["workload"].split(" ")[6]
+        pick = frame[(frame.seq_q == seq) & (frame["mask"] == mask)].set_index("impl")
+        assert row["time_ratio"] == pytest.approx(pick.median_ms["fused_cpu"] / pick.median_ms[row["peer"]])
+        assert row["mem_ratio"] == pytest.approx(pick.peak_mem_mb["fused_cpu"] / pick.peak_mem_mb[row["peer"]])
+
+
+def test_best_compares_with_the_fastest_ok_peer(run):
+    frame = load_runs([run])[0]
+    table = ratio_table(frame, "fused_cpu", ["bmm", "sdpa_flash", "xformers"], best=True)
+    assert len(table) == len(frame[frame.impl == "fused_cpu"])
+    peers = frame[frame.impl.isin(["bmm", "sdpa_flash"])]
+    fastest = peers.loc[peers.groupby(["seq_q", "mask"]).median_ms.idxmin()]
+    assert sorted(table.peer) == sorted(fastest.impl) and "xformers" not in set(table.peer)
+
+
+def test_bounds_pass_fail_and_name_the_case(cli, run):
+    code, text, _ = cli("ratios", str(run), "--impl", "fused_cpu", "--vs", "bmm", "--max-time-ratio", "1000")
+    assert code == 0 and "4/4 case(s) meet the bounds" in text
+    code, _, err = cli("ratios", str(run), "--impl", "fused_cpu", "--vs", "bmm", "--where", "seq_q=256",
+                       "--min-speedup", "1e6")  # fmt: skip
+    assert code == 1
+    missed = err.strip().splitlines()
+    assert len(missed) == 2 and all(m.startswith("missed: cpu float32 B1 H8 S256") and "speedup" in m for m in missed)
+
+
+def test_a_peer_that_did_not_run_fails_a_gate(cli, run):
+    code, _, err = cli("ratios", str(run), "--impl", "fused_cpu", "--vs", "xformers", "--max-time-ratio", "1")
+    assert code == 1 and "status ok / unavailable, both must be ok" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--impl", "nope", "--vs", "bmm"], "contender 'nope' has no row in this run"),
+        (["--impl", "fused_cpu", "--vs", ","], "--vs: name at least one contender"),
+        (["--impl", "fused_cpu", "--vs", "bmm", "--where", "colour=red"], "--where 'colour=red': expected COLUMN="),
+        (["--impl", "fused_cpu", "--vs", "bmm", "--where", "seq_q=3"], "no fused_cpu row matches --where seq_q=3"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(cli, run, args, message):
+    code, text, err = cli("ratios", str(run), *args)
+    assert code == 2 and message in err and err.count("\n") == 1 and text == ""
