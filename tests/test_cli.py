@@ -128,4 +128,6 @@ def test_module_entry_point_env_and_suites(tmp_path):
     env = run_subprocess(*attnbench_cmd("env"))
     assert env.returncode == 0 and json.loads(env.stdout)["torch_version"]
     suites = run_subprocess(*attnbench_cmd("suites"))
-    assert suites.returncode == 0 and suites.stdout.startswith("gpu ")
+    names = [line.split()[0] for line in suites.stdout.splitlines()]
+    assert suites.returncode == 0 and names == sorted(names)
+    assert {"quick", "standard", "gpu", "scoring", "mha", "fused_cpu", "fused_gpu"} <= set(names)

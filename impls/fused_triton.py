@@ -1,0 +1,120 @@
+"""``fused_triton`` — attnbench's own FlashAttention-2 forward kernel, written in Triton (CUDA).
+
+The kernel and its launcher live in ``_triton_flash.py`` (see its docstring for the design: masks as
+per-row key prefixes with fully masked key blocks skipped, GQA by head index, the head dim padded to a
+power of two, autotuned tiles). This file is the contender around it: ``prepare`` builds the padding
+lengths on the device once, and the timed callable only launches the kernel. It reads ``inputs.q``,
+``k`` and ``v`` at call time and passes their strides, so nothing is copied and the mha module's in-place
+projections are seen.
+
+Forward only: ``backward=False``, so the harness reports bwd and fwd_bwd cases as unsupported.
+
+Without a GPU, ``TRITON_INTERPRET=1`` (set before Triton defines the kernel, i.e. in the environment of
+the process) runs the same kernel in Triton's CPU interpreter; the contender then also accepts CPU
+workloads, so the whole harness can check its correctness on any machine. Its times mean nothing there;
+its time model then counts the interpreter's steps instead of FLOPs, so that the harness skips cases too
+long to interpret (with the prediction as the reason) instead of letting them time out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+
+from attnbench.contender import Capabilities, Contender
+from attnbench.inputs import AttentionInputs
+from attnbench.masks import padding_lengths
+from attnbench.workload import Workload
+
+NEEDS_CUDA = "needs a CUDA GPU (set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter, for correctness only)"
+# Triton's interpreter runs the grid in Python. Measured with Triton 3.9 on a 2-core x86 machine, whatever
+# the head dim: about 2 ms per (tile, key block) step and 4.5 ms more per tile.
+INTERPRETER_SECONDS_PER_BLOCK = 2e-3
+INTERPRETER_SECONDS_PER_TILE = 4.5e-3
+
+
+def _kernels() -> ModuleType:
+    """The kernel module, imported on first use: Triton is optional, and it decides at this import
+    whether the kernel is compiled for the GPU or interpreted on the CPU."""
+    from attnbench.impls import _triton_flash
+
+    return _triton_flash
+
+
+def _interpreted() -> bool:
+    try:
+        return bool(_kernels().INTERPRETED)
+    except Exception:  # no usable Triton: availability() reports why
+        return False
+
+
+def _interpreter_seconds(w: Workload) -> float:
+    """One call in Triton's interpreter: count the tiles and the key blocks the kernel visits (the same
+    bounds as its loops: up to the last row's key limit of each tile)."""
+    kernels = _kernels()
+    block_m, block_n = kernels.INTERPRETER_BLOCKS
+    offset = kernels.causal_offset(w.mask, w.seq_q, w.seq_k)
+    lengths = padding_lengths(w.batch, w.seq_k) if w.mask == "padding" else [w.seq_k] * w.batch
+    tiles = blocks = 0
+    for length in lengths:
+        for start in range(0, w.seq_q, block_m):
+            last_row = min(start + block_m, w.seq_q)
+            limit = length if offset is None else max(0, min(length, last_row + offset))
+            tiles += 1
+            blocks += math.ceil(limit / block_n)
+    return w.heads * (INTERPRETER_SECONDS_PER_TILE * tiles + INTERPRETER_SECONDS_PER_BLOCK * blocks)
+
+
+class FusedTriton(Contender):
+    name = "fused_triton"
+    description = "our Triton FlashAttention-2 forward kernel (CUDA; autotuned tiles, masked key blocks skipped)"
+    capabilities = Capabilities(
+        devices=frozenset({"cuda"}),
+        dtypes=frozenset({"float16", "bfloat16", "float32"}),
+        min_head_dim=16,
+        max_head_dim=256,
+        gqa=True,
+        cross=True,
+        backward=False,
+    )
+    # What Triton's CPU interpreter can run: the same, on CPU tensors too.
+    interpreter_capabilities = dataclasses.replace(capabilities, devices=frozenset({"cpu", "cuda"}))
+
+    def availability(self) -> str | None:
+        try:
+            kernels = _kernels()
+        except Exception as exc:  # ImportError, or a Triton too old or broken to define the kernel
+            return f"triton is not installed or failed to import ({type(exc).__name__}: {exc})"
+        if not kernels.INTERPRETED and not torch.cuda.is_available():
+            return NEEDS_CUDA
+        return None
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        if workload.device == "cpu" and _interpreted():
+            return self.interpreter_capabilities.unsupported_reason(workload)
+        return super().unsupported_reason(workload)
+
+    def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
+        if workload.device == "cpu" and _interpreted():
+            return _interpreter_seconds(workload)  # the interpreter's steps, not FLOPs, set its time
+        return super().predicted_seconds(workload, flops_per_s, bytes_per_s)
+
+    def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
+        flash_forward = _kernels().flash_forward
+        lengths = None
+        if workload.mask == "padding":
+            assert inputs.lengths is not None
+            lengths = torch.tensor(inputs.lengths, dtype=torch.int32, device=inputs.q.device)  # (B,)
+        scale, mask = inputs.scale, workload.mask
+
+        def run() -> torch.Tensor:
+            return flash_forward(inputs.q, inputs.k, inputs.v, scale=scale, mask=mask, lengths=lengths)
+
+        return run
+
+
+contender = FusedTriton()

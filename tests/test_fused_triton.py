@@ -1,0 +1,221 @@
+"""fused_triton, our Triton FlashAttention forward kernel, checked in Triton's CPU interpreter.
+
+Triton decides when a kernel is defined whether it is compiled or interpreted, so the checks run in a
+subprocess started with TRITON_INTERPRET=1: one process checks every case against the float64 reference
+through the harness's own correctness gate (``prepare_checked``), another drives ``attnbench run``.
+Shapes are small but chosen so that the interpreter's tiles (BLOCK_M 32, BLOCK_N 16) are split
+unevenly: several row tiles, partial last tiles, key blocks skipped, unmasked and boundary blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+
+from attnbench.check import TOLERANCES
+from attnbench.impls.fused_triton import NEEDS_CUDA, contender
+from attnbench.workload import Workload
+
+from conftest import attnbench_cmd, run_subprocess
+
+INTERPRETER = {"TRITON_INTERPRET": "1"}
+
+# For each case: the harness's correctness gate (for the mha module too); for the attention core also
+# the largest |output| on rows that see no key (must be exactly 0), the same check on q, k, v handed over
+# as non-contiguous views, and the output again with NaN written into k and v at the keys no query row
+# sees (it must not change: the kernel never reads them).
+_CHECK_CASES = """
+import json, sys
+import torch
+from attnbench.check import check_output
+from attnbench.impls.fused_triton import contender
+from attnbench.inputs import AttentionInputs, make_inputs
+from attnbench.runner import prepare_checked
+from attnbench.workload import Workload
+
+def strided(t):  # same values in (B, S, H, D) memory order, rows D + 8 apart
+    B, H, S, D = t.shape
+    return torch.empty(B, S, H, D + 8, dtype=t.dtype)[..., :D].transpose(1, 2).copy_(t)
+
+results = {}
+for name, spec in json.loads(sys.argv[1]).items():
+    w = Workload(**spec)
+    prepared = prepare_checked("fused_triton", w)
+    result = {"ok": prepared.ok, "max_abs_err": prepared.check.max_abs_err, "reason": prepared.reason}
+    if w.module == "core":
+        inputs = make_inputs(w)
+        out = prepared.fn()
+        empty = inputs.empty_rows
+        result["empty_rows_max"] = None if empty is None else float(out.masked_select(empty).abs().max())
+        view = AttentionInputs(w, strided(inputs.q), strided(inputs.k), strided(inputs.v), inputs.grad_out)
+        assert not any(t.is_contiguous() for t in (view.q, view.k, view.v))
+        check = check_output(view, contender.prepare(view, w)())
+        result["strided_ok"], result["strided_err"] = check.ok, check.max_abs_err
+        if inputs.bool_mask is not None:
+            unseen = ~inputs.bool_mask.any(dim=2).unsqueeze(-1)  # (B|1, 1, Sk, 1)
+            k, v = inputs.k.masked_fill(unseen, float("nan")), inputs.v.masked_fill(unseen, float("nan"))
+            poisoned = AttentionInputs(w, inputs.q, k, v, inputs.grad_out)
+            result["unseen_keys"] = int(unseen.sum())
+            result["unchanged_by_nan"] = torch.equal(contender.prepare(poisoned, w)(), out)
+    results[name] = result
+print(json.dumps(results))
+"""
+
+
+def _case(**spec: Any) -> dict[str, Any]:
+    return {"batch": 1, "heads": 2, "kv_heads": 2, "head_dim": 32, "dtype": "float32", "device": "cpu", **spec}
+
+
+CASES: dict[str, dict[str, Any]] = {
+    "none-S64": _case(seq_q=64, seq_k=64),
+    "causal-S80-D64": _case(seq_q=80, seq_k=80, head_dim=64, mask="causal"),
+    "causal-top-left-S48x80": _case(seq_q=48, seq_k=80, mask="causal"),
+    "causal-S40x16": _case(seq_q=40, seq_k=16, mask="causal"),
+    "bottom-right-S80x33-empty-rows-gqa": _case(
+        seq_q=80, seq_k=33, heads=4, kv_heads=2, head_dim=50, mask="causal_bottom_right"
+    ),
+    "bottom-right-S20x70-mqa": _case(seq_q=20, seq_k=70, heads=4, kv_heads=1, head_dim=50, mask="causal_bottom_right"),
+    "bottom-right-S1x70-decode": _case(seq_q=1, seq_k=70, mask="causal_bottom_right"),
+    "padding-B3-S37x70-gqa": _case(batch=3, seq_q=37, seq_k=70, heads=4, kv_heads=2, mask="padding"),
+    "padding-B1-S50": _case(seq_q=50, seq_k=50, head_dim=16, mask="padding"),
+    "none-D256": _case(seq_q=24, seq_k=40, head_dim=256),
+    "none-scale1-float16": _case(seq_q=40, seq_k=56, head_dim=96, dtype="float16", scale=1.0),
+    "causal-float16-gqa": _case(seq_q=64, seq_k=64, heads=4, kv_heads=1, mask="causal", dtype="float16"),
+    "padding-B2-float16": _case(batch=2, seq_q=33, seq_k=64, head_dim=50, mask="padding", dtype="float16"),
+    "bottom-right-bfloat16": _case(
+        seq_q=70, seq_k=40, heads=4, kv_heads=2, mask="causal_bottom_right", dtype="bfloat16"
+    ),
+    "padding-B2-bfloat16": _case(batch=2, seq_q=48, seq_k=48, head_dim=24, mask="padding", dtype="bfloat16"),
+    "mha-module-causal": _case(seq_q=40, seq_k=40, head_dim=16, mask="causal", module="mha"),
+    "mha-module-cross": _case(seq_q=24, seq_k=56, head_dim=16, module="mha"),
+}
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict[str, dict[str, Any]]:
+    """Every case of CASES, checked in one interpreter process."""
+    pytest.importorskip("triton")
+    result = run_subprocess(sys.executable, "-c", _CHECK_CASES, json.dumps(CASES), env=INTERPRETER)
+    assert result.returncode == 0, result.stderr[-3000:]
+    checked: dict[str, dict[str, Any]] = json.loads(result.stdout.strip().splitlines()[-1])
+    return checked
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_the_float64_reference_in_the_interpreter(interpreted, name):
+    spec, result = CASES[name], interpreted[name]
+    atol, _ = TOLERANCES[spec["dtype"]]
+    assert result["ok"], result["reason"]
+    assert result["max_abs_err"] <= atol
+    if spec.get("module", "core") == "core":  # the same kernel reading non-contiguous q, k, v
+        assert result["strided_ok"] and result["strided_err"] <= atol
+
+
+def test_rows_that_see_no_key_are_exactly_zero(interpreted):
+    # bottom-right causal with Sq 80 > Sk 33: the first 47 rows see no key
+    assert interpreted["bottom-right-S80x33-empty-rows-gqa"]["empty_rows_max"] == 0.0
+    assert interpreted["bottom-right-bfloat16"]["empty_rows_max"] == 0.0
+    assert interpreted["none-S64"]["empty_rows_max"] is None
+
+
+def test_keys_that_no_row_sees_are_never_read(interpreted):
+    unseen = {name: result for name, result in interpreted.items() if result.get("unseen_keys")}
+    assert {"causal-top-left-S48x80", "padding-B3-S37x70-gqa", "padding-B2-bfloat16"} <= set(unseen)
+    assert [name for name, result in unseen.items() if not result["unchanged_by_nan"]] == []
+
+
+def test_attnbench_run_checks_it_on_cpu_and_marks_backward_unsupported(tmp_path):
+    pytest.importorskip("triton")
+    out = tmp_path / "run"
+    # float32: its CPU ceilings are the ones the other CLI tests measure (float16's take minutes on CPU)
+    args = ["run", "--impl", "fused_triton", "--device", "cpu", "--batch", "2", "--heads", "4", "--kv-heads", "2",
+            "--seq", "48", "--seq-kv", "40", "--head-dim", "50", "--mask", "causal_bottom_right,padding",
+            "--pass", "fwd,bwd", "--budget-s", "0.05", "--threads", "1", "--no-memory", "--out", str(out)]  # fmt: skip
+    result = run_subprocess(*attnbench_cmd(*args), env=INTERPRETER)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = pd.read_parquet(out / "results.parquet")
+    assert len(rows) == 4 and set(rows.impl) == {"fused_triton"}
+    fwd, bwd = rows[rows["pass"] == "fwd"], rows[rows["pass"] == "bwd"]
+    assert (fwd.status == "ok").all() and (fwd.max_abs_err <= fwd.atol).all(), fwd[["status", "reason"]]
+    assert (bwd.status == "unsupported").all()
+    assert bwd.reason.str.contains("needs backward support").all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter is switched on")
+def test_without_cuda_or_interpreter_it_is_unavailable_with_the_reason():
+    pytest.importorskip("triton")
+    assert contender.availability() == NEEDS_CUDA
+    assert "TRITON_INTERPRET=1" in NEEDS_CUDA
+    cpu = Workload(1, 2, 2, 64, 64, 32, device="cpu")
+    assert contender.unsupported_reason(cpu) == "device cpu not supported (supports cuda)"
+
+
+def test_a_missing_triton_is_an_unavailable_reason(monkeypatch):
+    import attnbench.impls
+
+    monkeypatch.delitem(sys.modules, "attnbench.impls._triton_flash", raising=False)
+    monkeypatch.delattr(attnbench.impls, "_triton_flash", raising=False)
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now fails as if it weren't installed
+    assert contender.availability() == (
+        "triton is not installed or failed to import "
+        "(ModuleNotFoundError: import of triton halted; None in sys.modules)"
+    )
+
+
+def test_declared_capabilities():
+    caps = contender.capabilities
+    assert caps.devices == {"cuda"} and caps.dtypes == {"float16", "bfloat16", "float32"}
+    assert (caps.min_head_dim, caps.max_head_dim, caps.gqa, caps.cross, caps.backward) == (16, 256, True, True, False)
+    assert contender.interpreter_capabilities.devices == {"cpu", "cuda"}
+    bwd = Workload(1, 2, 2, 64, 64, 32, device="cuda", pass_="bwd")
+    assert caps.unsupported_reason(bwd) == "pass bwd needs backward support, which this contender does not declare"
+    too_wide = Workload(1, 2, 2, 64, 64, 300, device="cuda")
+    assert caps.unsupported_reason(too_wide) == "head_dim 300 outside [16, 256]"
+
+
+def test_in_the_interpreter_cpu_is_supported_and_its_time_is_priced_by_steps(monkeypatch):
+    pytest.importorskip("triton")
+    from attnbench.impls import fused_triton
+
+    monkeypatch.setattr(fused_triton, "_interpreted", lambda: True)
+    cpu = Workload(1, 2, 2, 64, 40, 32, device="cpu", mask="causal_bottom_right")
+    assert contender.unsupported_reason(cpu) is None
+    bwd = Workload(1, 2, 2, 64, 40, 32, device="cpu", pass_="bwd")
+    assert contender.unsupported_reason(bwd) == "pass bwd needs backward support, which this contender does not declare"
+    # 32-row tiles, 16-key blocks: rows 0-31 see at most keys < 8 (1 block), rows 32-63 all 40 (3 blocks)
+    tiles, blocks = 2, 1 + 3
+    expected = 2 * (
+        tiles * fused_triton.INTERPRETER_SECONDS_PER_TILE + blocks * fused_triton.INTERPRETER_SECONDS_PER_BLOCK
+    )
+    assert contender.predicted_seconds(cpu, 1e12, 1e11) == pytest.approx(expected)
+
+
+def test_autotuning_skips_tiles_that_cannot_win():
+    triton = pytest.importorskip("triton")
+    from attnbench.impls._triton_flash import _CUDA_TILES, _prune_configs
+
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in _CUDA_TILES]
+
+    def tiles(seq_q: int, head_dim: int) -> set[tuple[int, int]]:
+        kept = _prune_configs(configs, {"seq_q": seq_q, "Q": torch.empty(1, 1, 1, head_dim)})
+        return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in kept}
+
+    assert tiles(4096, 64) == {(m, n) for m, n, _, _ in _CUDA_TILES}
+    assert tiles(16, 64) == {(32, 32)}  # one query tile: taller ones compute only masked-out rows
+    assert tiles(4096, 256) == {(m, n) for m, n, _, _ in _CUDA_TILES if n <= 64}
+
+
+def test_padding_without_lengths_is_refused_before_launch():
+    pytest.importorskip("triton")
+    from attnbench.impls._triton_flash import flash_forward
+
+    q = torch.randn(2, 2, 16, 16)
+    with pytest.raises(ValueError, match="mask 'padding' needs lengths"):
+        flash_forward(q, q, q, scale=0.25, mask="padding")
