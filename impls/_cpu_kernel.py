@@ -34,7 +34,8 @@ FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-pthread")
 VARIANTS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
 COMPILE_TIMEOUT_S = 180
 MASK_CODES = {"none": 0, "causal": 1, "causal_bottom_right": 2, "padding": 3}
-VECTOR = 16  # floats per vector in the kernel: the key axis of kᵀ and the head dim of v are padded to it
+VECTOR = 16  # floats per vector in the kernel: the head dim of v is padded to it
+PANEL = 64  # keys per packed kᵀ panel (PANEL in the kernel; packed_keys() asks the kernel itself)
 
 
 class BuildError(RuntimeError):
@@ -49,15 +50,17 @@ class Kernel:
     def scratch_floats(self, block_q: int, block_k: int, head_dim: int, padded_dim: int) -> int:
         return int(self.library.attnbench_fused_scratch_floats(block_q, block_k, head_dim, padded_dim))
 
+    def packed_keys(self, seq_k: int) -> int:
+        return int(self.library.attnbench_fused_packed_keys(seq_k))
+
     def forward(
         self,
         q: torch.Tensor,
+        k: torch.Tensor,
         kt: torch.Tensor,
         v: torch.Tensor,
         out: torch.Tensor,
         *,
-        kv_heads: int,
-        seq_k: int,
         scale: float,
         mask: str,
         lengths: torch.Tensor | None,
@@ -66,12 +69,17 @@ class Kernel:
         threads: int,
         scratch: torch.Tensor,
     ) -> int:
-        """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D) over kt (B, Hkv, D, Skp) and v (B, Hkv, Sk, Dp),
-        all float32 and contiguous. Returns the number of score entries computed."""
+        """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D) over k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dp), all
+        float32 and contiguous; kt is scratch for B·Hkv·packed_keys(Sk)·D floats. Returns the number of score
+        entries computed."""
         batch, heads, seq_q, head_dim = q.shape
+        kv_heads, seq_k = k.shape[1], k.shape[2]
+        if kt.numel() < batch * kv_heads * self.packed_keys(seq_k) * head_dim:
+            raise ValueError(f"kt holds {kt.numel()} floats, fewer than the packed keys need")
         tiles = ctypes.c_int64(0)
         status = self.library.attnbench_fused_forward(
             q.data_ptr(),
+            k.data_ptr(),
             kt.data_ptr(),
             v.data_ptr(),
             out.data_ptr(),
@@ -81,7 +89,6 @@ class Kernel:
             seq_q,
             seq_k,
             head_dim,
-            kt.shape[-1],
             v.shape[-1],
             scale,
             MASK_CODES[mask],
@@ -139,7 +146,9 @@ def _declare(library: ctypes.CDLL) -> None:
     library.attnbench_fused_scratch_floats.restype = i64
     library.attnbench_fused_scratch_floats.argtypes = [i64] * 4
     library.attnbench_fused_forward.restype = ctypes.c_int
-    library.attnbench_fused_forward.argtypes = [ptr] * 4 + [i64] * 8 + [ctypes.c_float] + [i64, ptr] + [i64] * 3
+    library.attnbench_fused_packed_keys.restype = i64
+    library.attnbench_fused_packed_keys.argtypes = [i64]
+    library.attnbench_fused_forward.argtypes = [ptr] * 5 + [i64] * 7 + [ctypes.c_float] + [i64, ptr] + [i64] * 3
     library.attnbench_fused_forward.argtypes += [ptr, ctypes.POINTER(i64)]
 
 

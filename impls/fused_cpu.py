@@ -3,14 +3,14 @@
 The kernel (``fused_cpu_kernel.cpp``, built at first use, see ``_cpu_kernel.py``) walks blocks of
 BLOCK_Q query rows against blocks of BLOCK_K keys with the online softmax, so its working memory is a
 BLOCK_Q × BLOCK_K score tile per thread instead of the S×S matrix, and it never visits a key block the
-mask hides completely (causal does about half the work of none). Each thread's tiles — 128 query rows
+mask hides completely (causal does about half the work of none). Each thread's tiles — 256 query rows
 × 256 keys, the q rows, the output accumulator — fit its L2 cache; the inner products are register
-tiles of 6 rows × 64 floats.
+tiles of 6 rows × 64 floats, the exponential is AVX-512's scalef on a polynomial.
 
 Everything here is done in float32: bfloat16 and float16 inputs are widened on the way in (an O(S·D)
-copy) and the output narrowed on the way out. Besides that, each call makes kᵀ (the kernel's layout for
-q·kᵀ, key axis padded to 16) and, when head_dim is not a multiple of 16, v padded to it — O(S·D) too.
-All of it happens inside the timed call, because the mha module rewrites q, k and v before each call.
+copy) and the output narrowed on the way out. Besides that, the kernel packs kᵀ into panels of 64 keys
+in scratch memory this file allocates, and v is padded when head_dim is not a multiple of 16 — O(S·D)
+too. All of it happens inside the timed call, because the mha module rewrites q, k and v before each call.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from attnbench.impls import _cpu_kernel
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
-BLOCK_Q = 128
+BLOCK_Q = 256
 BLOCK_K = 256
 
 
@@ -48,15 +48,13 @@ def fused_attention(
     kernel = _cpu_kernel.load()
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
-    padded_keys = _round_up(seq_k, _cpu_kernel.VECTOR)
     padded_dim = _round_up(head_dim, _cpu_kernel.VECTOR)
     block_q = min(BLOCK_Q, seq_q)
     threads = threads or torch.get_num_threads()
 
     q32 = q.detach().to(torch.float32).contiguous()
-    kt = torch.empty(batch, kv_heads, head_dim, padded_keys, dtype=torch.float32)
-    kt[..., :seq_k].copy_(k.detach().transpose(-1, -2))
-    kt[..., seq_k:].zero_()
+    k32 = k.detach().to(torch.float32).contiguous()
+    kt = torch.empty(batch * kv_heads * kernel.packed_keys(seq_k) * head_dim)  # the kernel packs kᵀ here
     if padded_dim == head_dim:
         v32 = v.detach().to(torch.float32).contiguous()
     else:
@@ -66,11 +64,10 @@ def fused_attention(
     scratch = torch.empty(threads * kernel.scratch_floats(block_q, BLOCK_K, head_dim, padded_dim))
     tiles = kernel.forward(
         q32,
+        k32,
         kt,
         v32,
         out,
-        kv_heads=kv_heads,
-        seq_k=seq_k,
         scale=scale,
         mask=mask,
         lengths=lengths,
@@ -85,7 +82,7 @@ def fused_attention(
 
 class FusedCpu(Contender):
     name = "fused_cpu"
-    description = "ours: C++ online-softmax attention, 128×256 tiles, skips masked blocks, no S² memory"
+    description = "ours: C++ online-softmax attention, 256×256 tiles, skips masked blocks, no S² memory"
     capabilities = Capabilities(devices=frozenset({"cpu"}))
 
     def availability(self) -> str | None:
@@ -96,13 +93,13 @@ class FusedCpu(Contender):
         padded_dim = _round_up(w.head_dim, _cpu_kernel.VECTOR)
         widened = w.torch_dtype != torch.float32
         q_rows = w.batch * w.heads * w.seq_q
-        kv_rows = w.batch * w.kv_heads * _round_up(w.seq_k, _cpu_kernel.VECTOR)
-        floats = kv_rows * w.head_dim  # kᵀ
+        kv_rows = w.batch * w.kv_heads * w.seq_k
+        floats = w.batch * w.kv_heads * _round_up(w.seq_k, _cpu_kernel.PANEL) * w.head_dim  # packed kᵀ
         floats += kv_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # v in float32
-        floats += q_rows * w.head_dim if widened else 0  # q in float32
+        floats += (q_rows + kv_rows) * w.head_dim if widened else 0  # q and k in float32
         floats += q_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # the float32 output
         threads = torch.get_num_threads()
-        floats += threads * BLOCK_Q * (w.head_dim + BLOCK_K + padded_dim + 2)  # per-thread tiles
+        floats += threads * BLOCK_Q * (w.head_dim + BLOCK_K + padded_dim + 2 + _cpu_kernel.VECTOR)  # per thread
         return 4.0 * floats
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:

@@ -6,7 +6,10 @@
 //
 // Layouts (prepared by impls/fused_cpu.py, all float32, contiguous):
 //   q   (B, H,   Sq, D)     read as is; query head h uses kv head h / (H / Hkv) (GQA)
-//   kt  (B, Hkv, D,  Skp)   keys transposed, key axis padded with zeros to a multiple of 16
+//   k   (B, Hkv, Sk, D)     read once, to fill kt
+//   kt  (B, Hkv, Skp/64, D, 64)  scratch the kernel fills first: kᵀ in panels of 64 keys, each panel
+//                           contiguous (16 KiB at D=64) so that it stays in L1 while every row of a
+//                           query block reads it; the key axis padded with zeros to a multiple of 64
 //   v   (B, Hkv, Sk, Dp)    values, head dim padded with zeros to a multiple of 16
 //   out (B, H,   Sq, Dp)
 // Every mask we support gives each query row a prefix of visible keys [0, limit(row)): none, causal
@@ -33,6 +36,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -43,37 +49,54 @@ typedef float vf_unaligned __attribute__((vector_size(64), aligned(4)));
 
 inline vf load(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
 inline void store(float* p, vf x) { *reinterpret_cast<vf_unaligned*>(p) = x; }
-inline vf splat(float s) { return vf{} + s; }
+inline vf splat(float s) { return vf{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }  // one vbroadcastss
+
+// Horizontal max and sum by halving: four shuffles instead of fifteen lane extractions.
+template <typename Op>
+inline float reduce(vf x, Op op) {
+  const vi half = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
+  const vi quarter = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+  const vi eighth = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+  const vi pair = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+  x = op(x, __builtin_shuffle(x, half));
+  x = op(x, __builtin_shuffle(x, quarter));
+  x = op(x, __builtin_shuffle(x, eighth));
+  x = op(x, __builtin_shuffle(x, pair));
+  return x[0];
+}
 
 inline float hmax(vf x) {
-  float r = x[0];
-  for (int i = 1; i < W; ++i) r = std::max(r, x[i]);
-  return r;
+  return reduce(x, [](vf a, vf b) { return a > b ? a : b; });
 }
 
 inline float hsum(vf x) {
-  float r = 0.f;
-  for (int i = 0; i < W; ++i) r += x[i];
-  return r;
+  return reduce(x, [](vf a, vf b) { return a + b; });
 }
 
-// 2^x for x <= 0 (values below 2^-125 come out as about 2^-125, never read: see keep_below).
+// 2^x for x <= 0 (values below 2^-126 come out as about 2^-126 or 0, never read: see keep_below).
+// 2^x = 2^n · 2^f with n = round(x), |f| <= 1/2, and 2^f = e^(f·ln2) by its Taylor series to degree 7
+// (coefficients ln2^i / i!; relative error below 1e-8 before rounding).
 inline vf exp2v(vf x) {
-  x = x < splat(-125.f) ? splat(-125.f) : x;
-  vf shifted = x + 0.5f;
+  const float c[8] = {1.f, 0.6931471805599453f, 0.2402265069591007f, 0.0555041086648216f, 0.0096181291076285f,
+                      0.0013333558146428f, 0.0001540353039338f, 1.525273380405984e-05f};
+#ifdef __AVX512F__
+  const __m512 v = _mm512_max_ps((__m512)x, _mm512_set1_ps(-126.f));
+  const __m512 n = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(v, n);
+  __m512 p = _mm512_set1_ps(c[7]);
+  for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
+  return (vf)_mm512_scalef_ps(p, n);  // p · 2^n in one instruction
+#else
+  x = x < splat(-126.f) ? splat(-126.f) : x;
+  const vf shifted = x + 0.5f;
   vf n = __builtin_convertvector(__builtin_convertvector(shifted, vi), vf);
   n = n > shifted ? n - 1.f : n;  // floor(x + 0.5): round to nearest
-  vf y = (x - n) * 0.6931471805599453f;  // |y| <= ln2 / 2
-  vf p = splat(1.f / 5040.f);
-  p = p * y + 1.f / 720.f;
-  p = p * y + 1.f / 120.f;
-  p = p * y + 1.f / 24.f;
-  p = p * y + 1.f / 6.f;
-  p = p * y + 0.5f;
-  p = p * y + 1.f;
-  p = p * y + 1.f;
+  const vf f = x - n;
+  vf p = splat(c[7]);
+  for (int i = 6; i >= 0; --i) p = p * f + c[i];
   const vi bits = (vi)p + (__builtin_convertvector(n, vi) << 23);  // p · 2^n
   return (vf)bits;
+#endif
 }
 
 // Lanes [0, count) of x, zeros elsewhere.
@@ -82,46 +105,54 @@ inline vf keep_below(vf x, int count) {
   return lane < count ? x : vf{};
 }
 
-// S[R][NV·W] = Q[R][D] · KT[D][NV·W]
+// S[R][NV·W] = Q[R][D] · KT[D][NV·W]; rmax[R][W] = lane-wise max of itself and of the tile's rows, taken
+// while the scores are still in registers (the softmax then needs no pass of its own for the row max).
 template <int R, int NV>
-void qk_tile(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t d_len, float* s, int64_t lds) {
+void qk_tile(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t d_len, float* s, int64_t lds,
+             float* rmax) {
   vf acc[R][NV];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NV; ++j) acc[r][j] = vf{};
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] = vf{};
   for (int64_t d = 0; d < d_len; ++d) {
     vf k[NV];
-    for (int j = 0; j < NV; ++j) k[j] = load(kt + d * ldk + j * W);
-    for (int r = 0; r < R; ++r) {
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) k[j] = load(kt + d * ldk + j * W);
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
       vf qb = splat(q[r * ldq + d]);
-      for (int j = 0; j < NV; ++j) acc[r][j] += qb * k[j];
+      _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] += qb * k[j];
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NV; ++j) store(s + r * lds + j * W, acc[r][j]);
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+    vf m = load(rmax + r * W);
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) {
+      store(s + r * lds + j * W, acc[r][j]);
+      m = acc[r][j] > m ? acc[r][j] : m;
+    }
+    store(rmax + r * W, m);
+  }
 }
 
 // O[R][NV·W] += P[R][n] · V[n][NV·W]
 template <int R, int NV>
 void pv_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t n, float* o, int64_t ldo) {
   vf acc[R][NV];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NV; ++j) acc[r][j] = load(o + r * ldo + j * W);
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] = load(o + r * ldo + j * W);
   for (int64_t c = 0; c < n; ++c) {
     vf vv[NV];
-    for (int j = 0; j < NV; ++j) vv[j] = load(v + c * ldv + j * W);
-    for (int r = 0; r < R; ++r) {
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) vv[j] = load(v + c * ldv + j * W);
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
       vf pb = splat(p[r * ldp + c]);
-      for (int j = 0; j < NV; ++j) acc[r][j] += pb * vv[j];
+      _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] += pb * vv[j];
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NV; ++j) store(o + r * ldo + j * W, acc[r][j]);
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) store(o + r * ldo + j * W, acc[r][j]);
 }
 
 constexpr int TILE_ROWS = 6;  // 6 rows × 4 vectors = 24 accumulators of AVX-512's 32 registers
 constexpr int TILE_VECS = 4;
 
-typedef void (*QkFn)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+typedef void (*QkFn)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, float*);
 typedef void (*PvFn)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
 
 template <int R>
@@ -133,15 +164,26 @@ struct Row {
 const QkFn* const QK[TILE_ROWS] = {Row<1>::qk, Row<2>::qk, Row<3>::qk, Row<4>::qk, Row<5>::qk, Row<6>::qk};
 const PvFn* const PV[TILE_ROWS] = {Row<1>::pv, Row<2>::pv, Row<3>::pv, Row<4>::pv, Row<5>::pv, Row<6>::pv};
 
-// S[rows][cols] = Q[rows][D] · KT[D][cols]; cols a multiple of W.
-void qk_block(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t d_len, int64_t rows, int64_t cols,
-              float* s, int64_t lds) {
-  for (int64_t c = 0; c < cols; c += TILE_VECS * W) {
+constexpr int PANEL = TILE_VECS * W;  // keys per packed kᵀ panel
+
+// S[rows][cols] = Q[rows][D] · Kᵀ[D][cols], Kᵀ given as consecutive (D, PANEL) panels; cols a multiple of W.
+void qk_block(const float* q, int64_t ldq, const float* panels, int64_t d_len, int64_t rows, int64_t cols, float* s,
+              int64_t lds, float* rmax) {
+  for (int64_t c = 0; c < cols; c += PANEL) {
     int nv = static_cast<int>(std::min<int64_t>(TILE_VECS, (cols - c) / W));
+    const float* panel = panels + (c / PANEL) * d_len * PANEL;
     for (int64_t r = 0; r < rows; r += TILE_ROWS) {
       int nr = static_cast<int>(std::min<int64_t>(TILE_ROWS, rows - r));
-      QK[nr - 1][nv - 1](q + r * ldq, ldq, kt + c, ldk, d_len, s + r * lds + c, lds);
+      QK[nr - 1][nv - 1](q + r * ldq, ldq, panel, PANEL, d_len, s + r * lds + c, lds, rmax + r * W);
     }
+  }
+}
+
+// Panel p of kᵀ for one kv head: keys [p·PANEL, (p+1)·PANEL), zeros past seq_k.
+void pack_panel(const float* k, int64_t seq_k, int64_t d_len, int64_t p, float* panel) {
+  for (int64_t c = 0; c < PANEL; ++c) {
+    const int64_t key = p * PANEL + c;
+    for (int64_t d = 0; d < d_len; ++d) panel[d * PANEL + c] = key < seq_k ? k[key * d_len + d] : 0.f;
   }
 }
 
@@ -161,7 +203,8 @@ enum Mask : int64_t { NONE = 0, CAUSAL = 1, CAUSAL_BOTTOM_RIGHT = 2, PADDING = 3
 
 struct Problem {
   const float* q;
-  const float* kt;
+  const float* k;
+  float* kt;
   const float* v;
   float* out;
   int64_t batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp;
@@ -182,17 +225,18 @@ struct Problem {
 };
 
 // Per-thread working memory, carved from the caller's buffer (torch allocates it, so the benchmark's
-// memory measurement sees it): scaled q rows, score tile, output accumulator, row max, row sum.
+// memory measurement sees it): scaled q rows, score tile, output accumulator, row max, row sum, and the
+// score tile's lane-wise row maxima.
 int64_t scratch_floats(int64_t block_q, int64_t block_k, int64_t head_dim, int64_t dp) {
-  return block_q * (head_dim + block_k + dp + 2);
+  return block_q * (head_dim + block_k + dp + 2 + W);
 }
 
 struct Scratch {
-  float *q, *s, *o, *m, *l;
+  float *q, *s, *o, *m, *l, *tile_max;
   int64_t tiles = 0;  // score entries computed, for the block-skipping check
   Scratch(const Problem& pb, float* base)
       : q(base), s(q + pb.block_q * pb.head_dim), o(s + pb.block_q * pb.block_k), m(o + pb.block_q * pb.dp),
-        l(m + pb.block_q) {}
+        l(m + pb.block_q), tile_max(l + pb.block_q) {}
 };
 
 void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) {
@@ -200,7 +244,7 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
   const int64_t D = pb.head_dim, Dp = pb.dp, BK = pb.block_k;
   const int64_t hkv = h / (pb.heads / pb.kv_heads);
   const float* q = pb.q + ((b * pb.heads + h) * pb.seq_q + i0) * D;
-  const float* kt = pb.kt + (b * pb.kv_heads + hkv) * D * pb.skp;
+  const float* kt = pb.kt + (b * pb.kv_heads + hkv) * pb.skp * D;
   const float* v = pb.v + (b * pb.kv_heads + hkv) * pb.seq_k * Dp;
   float* out = pb.out + ((b * pb.heads + h) * pb.seq_q + i0) * Dp;
 
@@ -219,7 +263,8 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
   for (int64_t c0 = 0; c0 < key_end; c0 += BK) {
     const int64_t n = std::min(BK, key_end - c0);
     const int64_t nv = (n + W - 1) / W * W;  // kt's key axis is padded, so reading up to nv is safe
-    qk_block(qs, D, kt + c0, pb.skp, D, rows, nv, s, BK);
+    std::fill(sc.tile_max, sc.tile_max + rows * W, -std::numeric_limits<float>::infinity());
+    qk_block(qs, D, kt + c0 * D, D, rows, nv, s, BK, sc.tile_max);  // c0 is a multiple of PANEL
     sc.tiles += rows * nv;
     for (int64_t r = 0; r < rows; ++r) {
       float* sr = s + r * BK;
@@ -229,13 +274,18 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
         continue;
       }
       const int64_t full = visible / W * W;
-      vf vmax = splat(sc.m[r]);
-      for (int64_t c = 0; c < full; c += W) {
-        const vf x = load(sr + c);
-        vmax = x > vmax ? x : vmax;
+      float row_max;
+      if (visible == nv) {  // every column computed is visible: the tile's max is the row's
+        row_max = std::max(sc.m[r], hmax(load(sc.tile_max + r * W)));
+      } else {  // a boundary block (or padded keys): only the visible columns count
+        vf vmax = splat(sc.m[r]);
+        for (int64_t c = 0; c < full; c += W) {
+          const vf x = load(sr + c);
+          vmax = x > vmax ? x : vmax;
+        }
+        row_max = hmax(vmax);
+        for (int64_t c = full; c < visible; ++c) row_max = std::max(row_max, sr[c]);
       }
-      float row_max = hmax(vmax);
-      for (int64_t c = full; c < visible; ++c) row_max = std::max(row_max, sr[c]);
       const float alpha = std::exp2(sc.m[r] - row_max);  // 0 on the first visible block (m = -inf)
       const vf m_new = splat(row_max);
       vf total = vf{};
@@ -278,16 +328,20 @@ int64_t attnbench_fused_scratch_floats(int64_t block_q, int64_t block_k, int64_t
 
 // Returns 0 on success, 1 on bad arguments, 2 when memory for the work list could not be allocated.
 // *tiles (when not null) receives the number of score entries computed: the block-skipping evidence.
-int attnbench_fused_forward(const float* q, const float* kt, const float* v, float* out, int64_t batch, int64_t heads,
-                            int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim, int64_t skp, int64_t dp,
+// Keys kt holds per kv head: seq_k rounded up to whole panels. kt takes batch · kv_heads · head_dim times this.
+int64_t attnbench_fused_packed_keys(int64_t seq_k) { return (seq_k + PANEL - 1) / PANEL * PANEL; }
+
+int attnbench_fused_forward(const float* q, const float* k, float* kt, const float* v, float* out, int64_t batch,
+                            int64_t heads, int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim, int64_t dp,
                             float scale, int64_t mask, const int64_t* lengths, int64_t block_q, int64_t block_k,
                             int64_t nthreads, float* scratch, int64_t* tiles) {
   if (batch < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 || head_dim < 1 ||
-      skp < seq_k || skp % W != 0 || dp < head_dim || dp % W != 0 || block_q < 1 || block_k < W || block_k % W != 0 ||
+      dp < head_dim || dp % W != 0 || block_q < 1 || block_k < PANEL || block_k % PANEL != 0 ||
       mask < NONE || mask > PADDING || (mask == PADDING && lengths == nullptr) || nthreads < 1 ||
       scratch == nullptr)
     return 1;
-  const Problem pb{q, kt, v, out, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
+  const int64_t skp = attnbench_fused_packed_keys(seq_k), panels = batch * kv_heads * (skp / PANEL);
+  const Problem pb{q, k, kt, v, out, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
                    scale * 1.4426950408889634f, mask, lengths, block_q, block_k};
 
   struct Item {
@@ -317,13 +371,22 @@ int attnbench_fused_forward(const float* q, const float* kt, const float* v, flo
       run_item(pb, items[k].b, items[k].h, items[k].i0, sc);
     computed += sc.tiles;
   };
+  const int64_t per_head = skp / PANEL;
+  auto pack = [&](int64_t p) {  // panel p % per_head of kv head p / per_head
+    pack_panel(k + (p / per_head) * seq_k * head_dim, seq_k, head_dim, p % per_head, kt + p * PANEL * head_dim);
+  };
   const int64_t team = std::min<int64_t>(nthreads, static_cast<int64_t>(items.size()));
 #ifdef _OPENMP
   // torch's own OpenMP runtime (libgomp.so.1 is already loaded by torch, so this library binds to it):
   // the team is torch's intra-op pool, hot and not competing with it for the cores.
 #pragma omp parallel num_threads(static_cast<int>(team))
-  worker(omp_get_thread_num());
+  {
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) pack(p);  // all of kt, then the for's barrier
+    worker(omp_get_thread_num());
+  }
 #else
+  for (int64_t p = 0; p < panels; ++p) pack(p);
   std::vector<std::thread> threads;
   try {
     for (int64_t t = 1; t < team; ++t) threads.emplace_back(worker, t);

@@ -17,11 +17,11 @@ from attnbench.workload import Workload
 pytestmark = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")
 
 MASKS = ["none", "causal", "causal_bottom_right", "padding"]
-# (batch, heads, kv_heads, seq_q, seq_k, head_dim): several query and key blocks (128 × 256), ragged ends
+# (batch, heads, kv_heads, seq_q, seq_k, head_dim): several query and key blocks (256 × 256), ragged ends
 SHAPES = [
     (2, 4, 2, 300, 600, 64),  # GQA, Sq < Sk, three key blocks, a partial query block
     (2, 3, 1, 530, 270, 50),  # MQA, Sq > Sk (bottom-right leaves rows with no key), head_dim 50
-    (1, 2, 2, 129, 257, 96),  # one row / one key past a block edge
+    (1, 2, 2, 257, 257, 96),  # one row and one key past a block edge
     (3, 2, 2, 40, 40, 8),  # tiny head dim, one block
     (1, 1, 1, 20, 33, 200),  # head dim over the 64-float register tile
 ]
@@ -69,11 +69,11 @@ def _tiles(seq: int, mask: str, lengths: list[int] | None = None) -> int:
 
 
 def test_causal_skips_fully_masked_key_blocks():
-    seq = 2048
+    seq = 4096
     full = _tiles(seq, "none")
     assert full == 2 * seq * seq  # every score of both heads, once
     causal = _tiles(seq, "causal")
-    # query block i (128 rows) computes scores for keys up to its last row only: about half of them
+    # query block i (256 rows) computes scores for keys up to its last row only: about half of them
     assert BLOCK_K % BLOCK_Q == 0
     expected = 2 * sum(BLOCK_Q * (i + 1) * BLOCK_Q for i in range(seq // BLOCK_Q))
     assert causal == expected and causal / full < 0.56
