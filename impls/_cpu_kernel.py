@@ -142,14 +142,19 @@ def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> str | None:
 
 
 def _declare(library: ctypes.CDLL) -> None:
+    """The C signatures (fused_cpu_kernel.cpp's extern "C" block), so ctypes converts every argument."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     library.attnbench_fused_scratch_floats.restype = i64
     library.attnbench_fused_scratch_floats.argtypes = [i64] * 4
-    library.attnbench_fused_forward.restype = ctypes.c_int
     library.attnbench_fused_packed_keys.restype = i64
     library.attnbench_fused_packed_keys.argtypes = [i64]
-    library.attnbench_fused_forward.argtypes = [ptr] * 5 + [i64] * 7 + [ctypes.c_float] + [i64, ptr] + [i64] * 3
-    library.attnbench_fused_forward.argtypes += [ptr, ctypes.POINTER(i64)]
+    forward: list[type] = [ptr] * 5  # q, k, kt, v, out
+    forward += [i64] * 7  # batch, heads, kv_heads, seq_q, seq_k, head_dim, dp
+    forward += [ctypes.c_float, i64, ptr]  # scale, mask, lengths
+    forward += [i64] * 3  # block_q, block_k, nthreads
+    forward += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
+    library.attnbench_fused_forward.restype = ctypes.c_int
+    library.attnbench_fused_forward.argtypes = forward
 
 
 def load() -> Kernel:
