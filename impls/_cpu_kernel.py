@@ -74,8 +74,23 @@ class Kernel:
         entries computed."""
         batch, heads, seq_q, head_dim = q.shape
         kv_heads, seq_k = k.shape[1], k.shape[2]
+        tensors = {"q": q, "k": k, "kt": kt, "v": v, "out": out, "scratch": scratch}
+        for name, t in tensors.items():
+            if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError(f"{name} must be a contiguous float32 CPU tensor")
+        padded = v.shape[-1]
+        if k.shape[0] != batch or heads % kv_heads or v.shape[:3] != k.shape[:3] or k.shape[3] != head_dim:
+            raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if out.shape != (batch, heads, seq_q, padded) or padded < head_dim or padded % VECTOR:
+            raise ValueError(f"out must be {(batch, heads, seq_q, padded)} with the head dim padded to {VECTOR}")
         if kt.numel() < batch * kv_heads * self.packed_keys(seq_k) * head_dim:
             raise ValueError(f"kt holds {kt.numel()} floats, fewer than the packed keys need")
+        if scratch.numel() < threads * self.scratch_floats(block_q, block_k, head_dim, padded):
+            raise ValueError(f"scratch holds {scratch.numel()} floats, fewer than {threads} threads need")
+        if lengths is not None and (lengths.dtype != torch.int64 or lengths.shape != (batch,)):
+            raise ValueError(f"lengths must be int64 of shape ({batch},), got {lengths.dtype} {tuple(lengths.shape)}")
+        if mask == "padding" and lengths is None:
+            raise ValueError("mask 'padding' needs lengths")
         tiles = ctypes.c_int64(0)
         status = self.library.attnbench_fused_forward(
             q.data_ptr(),
@@ -89,7 +104,7 @@ class Kernel:
             seq_q,
             seq_k,
             head_dim,
-            v.shape[-1],
+            padded,
             scale,
             MASK_CODES[mask],
             None if lengths is None else lengths.data_ptr(),
@@ -115,7 +130,10 @@ def _cpu_flags() -> str:
 
 
 def _compiler_version(compiler: str) -> str:
-    done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return compiler  # the compile itself will then fail and say why
     return done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout else compiler
 
 

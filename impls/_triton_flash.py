@@ -70,7 +70,12 @@ _CUDA_TILES = [
     (64, 64, 4, 3),
     (64, 32, 4, 4),
     (32, 32, 2, 4),
+    # single-stage tiles for the widest rows (fp32 at head dim 256), where the pipelined ones don't fit
+    (64, 32, 4, 1),
+    (32, 16, 2, 1),
 ]
+# Shared memory one program may use: under an A100's 164 KiB (an H100 has 227 KiB).
+SHARED_MEMORY_BYTES = 160 * 1024
 INTERPRETER_BLOCKS = (32, 16)  # (BLOCK_M, BLOCK_N) under TRITON_INTERPRET=1
 CONFIGS = [
     triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages)
@@ -78,13 +83,31 @@ CONFIGS = [
 ]
 
 
+def shared_bytes(block_m: int, block_n: int, stages: int, block_d: int, itemsize: int) -> int:
+    """Shared memory a tile needs, roughly: the q tile once, a k and a v tile per pipeline stage."""
+    return itemsize * block_d * (block_m + 2 * block_n * max(1, stages))
+
+
 def _prune_configs(configs: list[Any], named_args: dict[str, Any], **kwargs: Any) -> list[Any]:
-    """Drop tiles that can't win before timing them: row blocks far taller than the query sequence (only
-    masked-out rows), and 128-wide key blocks at head dims over 128 (registers spill)."""
-    seq_q, head_dim = named_args["seq_q"], named_args["Q"].shape[-1]  # (older Tritons pass no kwargs)
+    """Drop tiles that can't win (or can't run) before timing them: row blocks far taller than the query
+    sequence (only masked-out rows), 128-wide key blocks at head dims over 128 (registers spill), and
+    tiles whose k/v pipeline would not fit in shared memory."""
+    q = named_args["Q"]
+    seq_q, head_dim = named_args["seq_q"], q.shape[-1]  # (older Tritons pass no kwargs)
+    block_d, itemsize = max(16, triton.next_power_of_2(head_dim)), q.element_size()
     rows = max(32, triton.next_power_of_2(seq_q))
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= rows and not (head_dim > 128 and c.kwargs["BLOCK_N"] > 64)]
-    return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+
+    def fits(c: Any) -> bool:
+        m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        return (
+            m <= rows
+            and not (head_dim > 128 and n > 64)
+            and shared_bytes(m, n, c.num_stages, block_d, itemsize) <= SHARED_MEMORY_BYTES
+        )
+
+    kept = [c for c in configs if fits(c)]
+    return kept or [min(configs, key=lambda c: shared_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages,
+                                                            block_d, itemsize))]  # fmt: skip
 
 
 @triton.jit
@@ -261,4 +284,4 @@ def flash_forward(
     return out
 
 
-__all__ = ["CONFIGS", "INTERPRETED", "INTERPRETER_BLOCKS", "causal_offset", "flash_forward"]
+__all__ = ["CONFIGS", "INTERPRETED", "INTERPRETER_BLOCKS", "causal_offset", "flash_forward", "shared_bytes"]

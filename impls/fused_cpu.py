@@ -51,6 +51,8 @@ def fused_attention(
     padded_dim = _round_up(head_dim, _cpu_kernel.VECTOR)
     block_q = min(BLOCK_Q, seq_q)
     threads = threads or torch.get_num_threads()
+    if lengths is not None:
+        lengths = lengths.to(torch.int64).contiguous()  # any integer tensor; the kernel reads int64
 
     q32 = q.detach().to(torch.float32).contiguous()
     k32 = k.detach().to(torch.float32).contiguous()

@@ -54,14 +54,23 @@ inline vf splat(float s) { return vf{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s
 // Horizontal max and sum by halving: four shuffles instead of fifteen lane extractions.
 template <typename Op>
 inline float reduce(vf x, Op op) {
+#ifndef __clang__
   const vi half = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
   const vi quarter = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
   const vi eighth = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
   const vi pair = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+#endif
+#ifdef __clang__
+  x = op(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  x = op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  x = op(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  x = op(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+#else
   x = op(x, __builtin_shuffle(x, half));
   x = op(x, __builtin_shuffle(x, quarter));
   x = op(x, __builtin_shuffle(x, eighth));
   x = op(x, __builtin_shuffle(x, pair));
+#endif
   return x[0];
 }
 
@@ -73,7 +82,7 @@ inline float hsum(vf x) {
   return reduce(x, [](vf a, vf b) { return a + b; });
 }
 
-// 2^x for x <= 0 (values below 2^-126 come out as about 2^-126 or 0, never read: see keep_below).
+// 2^x for x <= 0 (values below 2^-126 come out as about 2^-126 or 0: harmless in a sum of terms >= 1).
 // 2^x = 2^n · 2^f with n = round(x), |f| <= 1/2, and 2^f = e^(f·ln2) by its Taylor series to degree 7
 // (coefficients ln2^i / i!; relative error below 1e-8 before rounding).
 inline vf exp2v(vf x) {
@@ -94,7 +103,7 @@ inline vf exp2v(vf x) {
   const vf f = x - n;
   vf p = splat(c[7]);
   for (int i = 6; i >= 0; --i) p = p * f + c[i];
-  const vi bits = (vi)p + (__builtin_convertvector(n, vi) << 23);  // p · 2^n
+  const vi bits = (vi)p + __builtin_convertvector(n, vi) * (1 << 23);  // p · 2^n
   return (vf)bits;
 #endif
 }

@@ -21,6 +21,7 @@ from attnbench.errors import UsageError
 from attnbench.reports.frames import CASE_KEY, workload_label
 
 WORKLOAD_KEY = [c for c in CASE_KEY if c != "impl"]
+PAIR_KEY = [*WORKLOAD_KEY, "run"]  # a merged folder may hold one case from several runs: pair within a run
 
 
 @dataclass(frozen=True)
@@ -57,17 +58,21 @@ def require(frame: pd.DataFrame, names: list[str]) -> None:
 def ratio_table(frame: pd.DataFrame, impl: str, peers: list[str], best: bool = False) -> pd.DataFrame:
     """One row per (case of ``impl``, peer): medians, ratios, peak memory and both statuses."""
     ours = frame[frame["impl"] == impl]
-    theirs = frame[frame["impl"].isin(peers)]
-    if best:
-        ok = theirs[theirs["status"] == "ok"].sort_values("median_ms")
-        fastest = ok.drop_duplicates(WORKLOAD_KEY)
-        missing = theirs.drop_duplicates(WORKLOAD_KEY).merge(fastest[WORKLOAD_KEY], how="left", indicator=True)
-        theirs = pd.concat([fastest, missing[missing["_merge"] == "left_only"].drop(columns="_merge")])
-    keyed = theirs[[*WORKLOAD_KEY, "impl", "status", "median_ms", "peak_mem_mb"]]
-    pairs = ours.merge(keyed, on=WORKLOAD_KEY, how="left", suffixes=("", "_peer"))
+    columns = [*PAIR_KEY, "impl", "status", "median_ms", "peak_mem_mb"]
+    theirs = frame.loc[frame["impl"].isin(peers), columns]
+    if best:  # one peer per case: the fastest that ran ok, else any (its status then says why not)
+        ranked = theirs.assign(ok=theirs["status"] != "ok").sort_values(["ok", "median_ms"])
+        groups = [ranked.drop_duplicates(PAIR_KEY).drop(columns="ok")]
+    else:  # every peer for every case, even one the peer has no row for (status "missing")
+        groups = [theirs[theirs["impl"] == peer] for peer in peers]
+    merged = []
+    for peer, group in zip(["(best)"] if best else peers, groups, strict=True):
+        pairs = ours.merge(group, on=PAIR_KEY, how="left", suffixes=("", "_peer"))
+        merged.append(pairs.assign(impl_peer=pairs["impl_peer"].fillna("(none)" if best else peer)))
+    pairs = pd.concat(merged, ignore_index=True)
     table = pd.DataFrame({
         "workload": [workload_label(r) for r in pairs.to_dict("records")],
-        "peer": pairs["impl_peer"].fillna("(none)"),
+        "peer": pairs["impl_peer"],
         "impl_ms": pairs["median_ms"],
         "peer_ms": pairs["median_ms_peer"],
         "time_ratio": pairs["median_ms"] / pairs["median_ms_peer"],
@@ -90,15 +95,15 @@ def _missed(value: float, bound: float | None, above: bool) -> bool:
     return value < bound if above else value > bound
 
 
-def failures(table: pd.DataFrame, bounds: Bounds) -> list[str]:
-    """One line per case that misses a bound (or whose rows are not both ok when bounds are set)."""
+def failures(table: pd.DataFrame, bounds: Bounds) -> list[tuple[int, str]]:
+    """(table row, line) for each missed bound, and for each pair whose rows are not both ok when bounds are set."""
     if not bounds.any():
         return []
     lines = []
-    for row in table.to_dict("records"):
+    for index, row in enumerate(table.to_dict("records")):
         where = f"{row['workload']} vs {row['peer']}"
         if row["status"] != "ok" or row["peer_status"] != "ok":
-            lines.append(f"{where}: status {row['status']} / {row['peer_status']}, both must be ok")
+            lines.append((index, f"{where}: status {row['status']} / {row['peer_status']}, both must be ok"))
             continue
         checks = [
             ("time ratio", row["time_ratio"], bounds.max_time_ratio, False),
@@ -108,7 +113,7 @@ def failures(table: pd.DataFrame, bounds: Bounds) -> list[str]:
         ]
         for name, value, bound, above in checks:
             if _missed(value, bound, above):
-                lines.append(f"{where}: {name} {value:.3g} {'<' if above else '>'} {bound:g}")
+                lines.append((index, f"{where}: {name} {value:.3g} {'<' if above else '>'} {bound:g}"))
     return lines
 
 

@@ -137,3 +137,15 @@ def test_failing_build_makes_it_unavailable_with_the_compiler_error(fresh_build,
     assert "\n" not in reason
     assert not list((fresh_build / "cache" / "kernels").glob("*.so"))  # nothing half-written left behind
     assert os.environ["CXX"] == str(compiler)
+
+
+def test_lengths_of_any_integer_type_and_mismatched_shapes():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 2, 30, 16), torch.randn(2, 1, 40, 16), torch.randn(2, 1, 40, 16)
+    wide, _ = fused_attention(q, k, v, scale=0.25, mask="padding", lengths=torch.tensor([40, 7]))
+    narrow, _ = fused_attention(q, k, v, scale=0.25, mask="padding", lengths=torch.tensor([40, 7], dtype=torch.int32))
+    assert torch.equal(wide, narrow)
+    with pytest.raises(ValueError, match="lengths must be int64 of shape \\(2,\\)"):
+        fused_attention(q, k, v, scale=0.25, mask="padding", lengths=torch.tensor([40]))
+    with pytest.raises(ValueError, match="shapes don't match"):
+        fused_attention(q, k[..., :8], v, scale=0.25)

@@ -199,17 +199,21 @@ def test_in_the_interpreter_cpu_is_supported_and_its_time_is_priced_by_steps(mon
 
 def test_autotuning_skips_tiles_that_cannot_win():
     triton = pytest.importorskip("triton")
-    from attnbench.impls._triton_flash import _CUDA_TILES, _prune_configs
+    from attnbench.impls._triton_flash import _CUDA_TILES, SHARED_MEMORY_BYTES, _prune_configs, shared_bytes
 
     configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in _CUDA_TILES]
 
-    def tiles(seq_q: int, head_dim: int) -> set[tuple[int, int]]:
-        kept = _prune_configs(configs, {"seq_q": seq_q, "Q": torch.empty(1, 1, 1, head_dim)})
-        return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in kept}
+    def tiles(seq_q: int, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> set[tuple[int, int, int]]:
+        kept = _prune_configs(configs, {"seq_q": seq_q, "Q": torch.empty(1, 1, 1, head_dim, dtype=dtype)})
+        return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages) for c in kept}
 
-    assert tiles(4096, 64) == {(m, n) for m, n, _, _ in _CUDA_TILES}
-    assert tiles(16, 64) == {(32, 32)}  # one query tile: taller ones compute only masked-out rows
-    assert tiles(4096, 256) == {(m, n) for m, n, _, _ in _CUDA_TILES if n <= 64}
+    everything = {(m, n, s) for m, n, _, s in _CUDA_TILES}
+    assert tiles(4096, 64) == everything
+    assert tiles(16, 64) == {(m, n, s) for m, n, s in everything if m == 32}  # taller: only masked-out rows
+    wide = tiles(4096, 256)  # no 128-wide key blocks, and only tiles whose k/v stages fit in shared memory
+    assert wide and all(n <= 64 and shared_bytes(m, n, s, 256, 2) <= SHARED_MEMORY_BYTES for m, n, s in wide)
+    assert tiles(4096, 256, torch.float32) == {(64, 32, 1), (32, 16, 1)}  # fp32 at D 256: single-stage only
+    assert (128, 128, 2) not in tiles(4096, 128, torch.float32)  # its q tile and 2 k/v stages: 320 KiB
 
 
 def test_padding_without_lengths_is_refused_before_launch():

@@ -69,3 +69,14 @@ def test_a_peer_that_did_not_run_fails_a_gate(cli, run):
 def test_bad_input_is_one_line_and_exit_2(cli, run, args, message):
     code, text, err = cli("ratios", str(run), *args)
     assert code == 2 and message in err and err.count("\n") == 1 and text == ""
+
+
+def test_a_case_the_peer_lacks_shows_as_missing_and_runs_never_mix(run):
+    frame = load_runs([run])[0]
+    without = frame[~((frame.impl == "bmm") & (frame.seq_q == 256))]
+    table = ratio_table(without, "fused_cpu", ["bmm", "sdpa_flash"])
+    assert len(table) == 2 * len(frame[frame.impl == "fused_cpu"])
+    missing = table[table.peer_status == "missing"]
+    assert len(missing) == 2 and set(missing.peer) == {"bmm"} and missing.time_ratio.isna().all()
+    twice = pd.concat([frame, frame.assign(run="other")], ignore_index=True)  # a merged folder: one case, two runs
+    assert len(ratio_table(twice, "fused_cpu", ["bmm"])) == 2 * len(ratio_table(frame, "fused_cpu", ["bmm"]))

@@ -202,10 +202,10 @@ def cmd_ratios(args: argparse.Namespace) -> int:
     print(format_table(table))
     bounds = Bounds(args.max_time_ratio, args.min_speedup, args.max_mem_ratio, args.min_pct_of_peak)
     missed = failures(table, bounds)
-    for line in missed:
+    for _, line in missed:
         print(f"missed: {line}", file=sys.stderr)
     if bounds.any():
-        print(f"{len(table) - len({m.split(':')[0] for m in missed})}/{len(table)} case(s) meet the bounds")
+        print(f"{len(table) - len({index for index, _ in missed})}/{len(table)} case(s) meet the bounds")
     return 1 if missed else 0
 
 
