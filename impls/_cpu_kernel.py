@@ -35,7 +35,6 @@ VARIANTS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ()
 COMPILE_TIMEOUT_S = 180
 MASK_CODES = {"none": 0, "causal": 1, "causal_bottom_right": 2, "padding": 3}
 VECTOR = 16  # floats per vector in the kernel: the head dim of v is padded to it
-PANEL = 64  # keys per packed kᵀ panel (PANEL in the kernel; packed_keys() asks the kernel itself)
 
 
 class BuildError(RuntimeError):
@@ -190,13 +189,11 @@ def _build() -> Kernel | str:
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
         return f"no C++ compiler: {compiler!r} not found (install g++ or set $CXX)"
-    source = SOURCE.read_bytes()
+    identity = [SOURCE.read_bytes(), _compiler_version(compiler).encode(), _cpu_flags().encode()]
     failures = []
     for variant in VARIANTS:
         flags = FLAGS + variant
-        key = hashlib.sha256(
-            b"\0".join([source, " ".join(flags).encode(), _compiler_version(compiler).encode(), _cpu_flags().encode()])
-        ).hexdigest()[:16]
+        key = hashlib.sha256(b"\0".join([*identity, " ".join(flags).encode()])).hexdigest()[:16]
         target = cache_dir() / "kernels" / f"fused_cpu-{key}.so"
         if not target.exists():
             failure = _compile(compiler, flags, target)

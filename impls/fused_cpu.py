@@ -92,17 +92,17 @@ class FusedCpu(Contender):
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         w = workload
+        kernel = _cpu_kernel.load()  # predictions are made only for available contenders
         padded_dim = _round_up(w.head_dim, _cpu_kernel.VECTOR)
         widened = w.torch_dtype != torch.float32
         q_rows = w.batch * w.heads * w.seq_q
         kv_rows = w.batch * w.kv_heads * w.seq_k
-        floats = w.batch * w.kv_heads * _round_up(w.seq_k, _cpu_kernel.PANEL) * w.head_dim  # packed kᵀ
+        floats = w.batch * w.kv_heads * kernel.packed_keys(w.seq_k) * w.head_dim  # packed kᵀ
         floats += kv_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # v in float32
         floats += (q_rows + kv_rows) * w.head_dim if widened else 0  # q and k in float32
         floats += q_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # the float32 output
-        threads = torch.get_num_threads()
-        floats += threads * BLOCK_Q * (w.head_dim + BLOCK_K + padded_dim + 2 + _cpu_kernel.VECTOR)  # per thread
-        return 4.0 * floats
+        per_thread = kernel.scratch_floats(min(BLOCK_Q, w.seq_q), BLOCK_K, w.head_dim, padded_dim)
+        return 4.0 * (floats + torch.get_num_threads() * per_thread)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         _cpu_kernel.load()
