@@ -1,36 +1,45 @@
-"""`attnbench compare BASE NEW`: a verdict per case from the raw samples, not a bare threshold.
+"""`attnbench compare BASE NEW`: a verdict per case, calibrated by the noise the runs measured.
 
-For each case both runs measured correctly, the ratio of medians (new / base) and a two-sided
-Mann-Whitney U test on the raw samples decide:
+Two sources of evidence, by what the runs have:
 
-* ``faster`` / ``slower`` — the difference is beyond the practical floor *and* either significant
-  (p < alpha) or clear-cut: every new sample on the same side of every base sample (with three samples
-  a side, the smallest p-value the test can give is 0.1, so a slow case measured a few times would
-  otherwise never be called);
-* ``same`` — within the floor;
-* ``unclear`` — beyond the floor but not significant (too few or too noisy samples).
+* **per-repeat medians** (both runs made with ``--repeat N``, N ≥ 2): each case's N medians come from N
+  separate processes spread over the run, so their spread includes what changes between processes and over
+  minutes — the noise a run-vs-run comparison must beat. A one-sided Welch t-test on their logarithms
+  decides significance;
+* **within-run samples** only (``--repeat 1``): a Mann-Whitney U test on the raw samples. Those samples do
+  not see the drift between runs, so the verdicts say they are within-run only.
 
-The floor defaults to 5 %: on a shared two-core VM, medians of the same case drift by up to that much
-between runs minutes apart, and a gate must not fail on that. The geometric mean of the ratios summarises
-the comparison; the exit code is 1 when any case is slower (for CI gating).
+A case is ``slower`` / ``faster`` only when its change is beyond its **floor** — the larger of
+``--threshold`` and the noise the runs measured for that case (the relative range of the per-repeat
+medians, or the relative IQR of the samples) — *and* significant (p < alpha, or clear-cut: every new value
+beyond every base value), *and* not explained by the **run-wide shift**. A shared machine's speed moves
+all contenders alike between runs minutes apart; when the cases span two or more contenders, the median
+change over all cases is that shift, and a case must move beyond its floor relative to it too. A change the
+shift explains is ``unclear`` (machine drift, or a change everywhere: the runs can't tell which), never
+``slower``. ``same`` is within ``--threshold``; a change beyond it but within the measured noise is
+``unclear``, as is anything else that can't be decided.
+
+The geometric mean of the ratios summarises the comparison; the exit code is 1 when any case is slower.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.stats import mannwhitneyu
+from scipy.stats import mannwhitneyu, ttest_ind
 
+from attnbench.errors import UsageError
 from attnbench.reports.frames import load_runs, workload_label
 from attnbench.results import CASE_COLUMNS
 
 MATCH_ON = CASE_COLUMNS
 VERDICTS = ("faster", "slower", "same", "unclear")
+MIN_CASES_FOR_SHIFT = 3  # cases (over ≥ 2 contenders) needed before a run-wide shift is estimated
 
 
 @dataclass(frozen=True)
@@ -39,33 +48,118 @@ class Settings:
     alpha: float = 0.01
 
 
-def _samples(row: pd.Series) -> np.ndarray:
-    samples = row.get("samples_ms")
-    if samples is None or (isinstance(samples, float) and math.isnan(samples)) or len(samples) == 0:
-        return np.array([row["median_ms"]])
-    return np.asarray(samples, dtype=float)
+@dataclass(frozen=True)
+class Evidence:
+    """What one run measured for one case: the values compared and how noisy they are."""
+
+    values: np.ndarray  # per-repeat medians, or raw samples (ms)
+    basis: str  # "repeats" or "samples"
+    noise: float  # relative noise of this run for this case
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.values))
 
 
-def verdict(base_samples: Any, new_samples: Any, settings: Settings) -> tuple[str, float, float]:
-    """(verdict, new/base median ratio, p-value) for two sets of per-call samples."""
-    base, new = np.asarray(base_samples, dtype=float), np.asarray(new_samples, dtype=float)
-    ratio = float(np.median(new) / np.median(base))
-    if len(base) >= 2 and len(new) >= 2 and not (np.ptp(base) == 0 and np.ptp(new) == 0):
-        p_value = float(mannwhitneyu(base, new, alternative="two-sided").pvalue)
-    else:
-        p_value = 0.0 if ratio != 1.0 else 1.0
-    if abs(ratio - 1) <= settings.threshold:
-        return "same", ratio, p_value
-    separated = new.min() > base.max() if ratio > 1 else new.max() < base.min()
+def _listed(value: Any) -> list[float]:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return []
+    return [float(v) for v in value]
+
+
+def evidence(row: dict[str, Any] | pd.Series, suffix: str = "") -> Evidence:
+    """The per-repeat medians when there are two or more, else the raw samples (else the median alone).
+
+    Per-repeat medians are centred on the row's ``median_ms`` (their spread is kept), so that the
+    median_ms of the row is what is compared whatever else a tool rewrote."""
+    median = float(row[f"median_ms{suffix}"])
+    repeats = _listed(row.get(f"repeat_medians_ms{suffix}"))
+    if len(repeats) >= 2:
+        values = np.asarray(repeats) * (median / float(np.median(repeats)))
+        return Evidence(values, "repeats", float(values.max() / values.min() - 1))
+    samples = _listed(row.get(f"samples_ms{suffix}"))
+    if not samples:
+        return Evidence(np.array([median]), "samples", 0.0)
+    values = np.asarray(samples)
+    q1, q3 = np.percentile(values, [25, 75])
+    return Evidence(values, "samples", float((q3 - q1) / np.median(values)))
+
+
+def _p_value(base: np.ndarray, new: np.ndarray, basis: str, shift: float) -> float:
+    """One-sided p-value that ``new`` moved in the direction it did, beyond the run-wide shift (logs)."""
+    log_base, log_new = np.log(base), np.log(new) - shift
+    if len(base) < 2 or len(new) < 2:
+        return 0.0 if np.median(log_new) != np.median(log_base) else 1.0
+    if np.ptp(log_base) == 0 and np.ptp(log_new) == 0:
+        return 0.0 if log_new[0] != log_base[0] else 1.0
+    alternative = "greater" if np.median(log_new) > np.median(log_base) else "less"
+    if basis == "repeats":
+        return float(ttest_ind(log_new, log_base, equal_var=False, alternative=alternative).pvalue)
+    return float(mannwhitneyu(log_new, log_base, alternative=alternative).pvalue)
+
+
+def verdict(base: Any, new: Any, settings: Settings, shift: float = 0.0) -> tuple[str, float, float, float, str]:
+    """(verdict, new/base median ratio, p-value, floor, note) for one case.
+
+    ``base`` and ``new`` are :class:`Evidence` or plain lists of samples; ``shift`` is the run-wide change
+    (log of a ratio) that a case must move beyond."""
+    base_ev = base if isinstance(base, Evidence) else Evidence(np.asarray(base, float), "samples", 0.0)
+    new_ev = new if isinstance(new, Evidence) else Evidence(np.asarray(new, float), "samples", 0.0)
+    ratio = new_ev.median / base_ev.median
+    change = math.log(ratio)
+    floor = max(settings.threshold, base_ev.noise, new_ev.noise)
+    limit = math.log1p(floor)
+    basis = base_ev.basis if base_ev.basis == new_ev.basis else "samples"
+    p_value = _p_value(base_ev.values, new_ev.values, basis, shift)
+    if abs(change) <= math.log1p(settings.threshold):
+        return "same", ratio, p_value, floor, ""
+    if abs(change) <= limit:
+        return "unclear", ratio, p_value, floor, f"within the noise the runs measured ({floor:.1%})"
+    relative = change - shift
+    if abs(relative) <= limit or (relative > 0) != (change > 0):
+        note = f"the whole run moved {math.expm1(shift):+.1%}: machine drift or a change everywhere"
+        return "unclear", ratio, p_value, floor, note
+    adjusted = new_ev.values * math.exp(-shift)
+    separated = adjusted.min() > base_ev.values.max() if change > 0 else adjusted.max() < base_ev.values.min()
     if p_value >= settings.alpha and not separated:
-        return "unclear", ratio, p_value
-    return ("slower" if ratio > 1 else "faster"), ratio, p_value
+        return "unclear", ratio, p_value, floor, "beyond the floor but not significant"
+    return ("slower" if change > 0 else "faster"), ratio, p_value, floor, ""
 
 
-def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) -> pd.DataFrame:
-    """One row per case present in either run: verdict, ratio, p-value, or why it can't be compared."""
+@dataclass
+class Comparison:
+    """The per-case table and what the whole comparison rests on."""
+
+    table: pd.DataFrame
+    basis: str  # "repeats" or "samples"
+    shift: float  # run-wide change, log of a ratio (0 when not estimated)
+    shift_cases: int  # cases it was estimated from (0: not estimated)
+    notes: list[str] = field(default_factory=list)
+
+
+def repeat_count(frame: pd.DataFrame, name: str) -> int:
+    """How many repeats a run's ok rows have; a run mixing counts is bad input."""
+    ok = frame[frame["status"] == "ok"]
+    counts = {max(1, len(_listed(v))) for v in ok.get("repeat_medians_ms", pd.Series(dtype=object))} or {1}
+    if len(counts) > 1:
+        raise UsageError(f"{name} mixes rows with {' and '.join(map(str, sorted(counts)))} repeats; "
+                         "compare runs made with one --repeat")  # fmt: skip
+    return counts.pop()
+
+
+def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) -> Comparison:
+    """One row per case present in either run: verdict, ratio, p-value, floor, or why it can't be compared."""
+    base_repeats, new_repeats = repeat_count(base, "BASE"), repeat_count(new, "NEW")
+    if base_repeats != new_repeats:
+        raise UsageError(f"BASE has {base_repeats} repeat(s) per case and NEW {new_repeats}: "
+                         "compare runs made with the same --repeat")  # fmt: skip
     merged = base.merge(new, on=MATCH_ON, how="outer", suffixes=("_base", "_new"), indicator=True)
+    both = merged[(merged["_merge"] == "both") & (merged["status_base"] == "ok") & (merged["status_new"] == "ok")]
+    changes = np.log(both["median_ms_new"].astype(float) / both["median_ms_base"].astype(float))
+    estimate = len(both) >= MIN_CASES_FOR_SHIFT and both["impl"].nunique() >= 2
+    shift = float(np.median(changes)) if estimate else 0.0
     records: list[dict[str, Any]] = []
+    bases: set[str] = set()
     for row in merged.to_dict("records"):
         record = {key: row[key] for key in MATCH_ON}
         record["workload"] = workload_label(pd.Series(record))
@@ -74,14 +168,25 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
         elif row["status_base"] != "ok" or row["status_new"] != "ok":
             record.update(verdict="not comparable", note=f"base {row['status_base']}, new {row['status_new']}")
         else:
-            base_row = pd.Series({"samples_ms": row["samples_ms_base"], "median_ms": row["median_ms_base"]})
-            new_row = pd.Series({"samples_ms": row["samples_ms_new"], "median_ms": row["median_ms_new"]})
-            outcome, ratio, p_value = verdict(_samples(base_row), _samples(new_row), settings)
-            record.update(verdict=outcome, ratio=ratio, p_value=p_value, note="",
+            base_ev, new_ev = evidence(row, "_base"), evidence(row, "_new")
+            bases.add(base_ev.basis if base_ev.basis == new_ev.basis else "samples")
+            outcome, ratio, p_value, floor, note = verdict(base_ev, new_ev, settings, shift)
+            record.update(verdict=outcome, ratio=ratio, p_value=p_value, floor=floor, note=note,
                           base_ms=row["median_ms_base"], new_ms=row["median_ms_new"])  # fmt: skip
         records.append(record)
-    columns = ["impl", "workload", "verdict", "ratio", "p_value", "base_ms", "new_ms", "note", *MATCH_ON[1:]]
-    return pd.DataFrame.from_records(records).reindex(columns=columns)
+    columns = ["impl", "workload", "verdict", "ratio", "p_value", "floor", "base_ms", "new_ms", "note", *MATCH_ON[1:]]
+    table = pd.DataFrame.from_records(records).reindex(columns=columns)
+    basis = "repeats" if bases == {"repeats"} else "samples"
+    notes = []
+    if basis == "samples":
+        notes.append("verdicts are within-run only: the runs have no per-repeat medians (run with --repeat 3 "
+                     "to see the noise between processes and over time)")  # fmt: skip
+    if estimate:
+        notes.append(f"run-wide shift {math.expm1(shift):+.1%} (median over {len(both)} cases): a case must "
+                     "move beyond its floor relative to it")  # fmt: skip
+    elif len(both):
+        notes.append("one contender (or under 3 cases): no control for machine drift between the runs")
+    return Comparison(table, basis, shift, len(both) if estimate else 0, notes)
 
 
 def geometric_mean(ratios: pd.Series) -> float | None:
@@ -127,31 +232,36 @@ img{max-width:100%}</style></head><body>
 <h1>attnbench compare</h1>
 <p>base: <code>{{ base }}</code><br>new: <code>{{ new }}</code></p>
 <p>{{ summary }}</p>
+{% for note in notes %}<p class="note">{{ note }}</p>{% endfor %}
 {% if image %}<img src="data:image/png;base64,{{ image }}" alt="new/base ratio per case">{% endif %}
 <table><thead><tr><th>impl</th><th>workload</th><th>verdict</th><th>new/base</th><th>p-value</th>
-<th>base ms</th><th>new ms</th><th>note</th></tr></thead><tbody>
+<th>floor</th><th>base ms</th><th>new ms</th><th>note</th></tr></thead><tbody>
 {% for r in rows %}<tr><td>{{ r.impl }}</td><td>{{ r.workload }}</td><td class="{{ r.verdict }}">{{ r.verdict }}</td>
-<td>{{ r.ratio }}</td><td>{{ r.p_value }}</td><td>{{ r.base_ms }}</td><td>{{ r.new_ms }}</td><td>{{ r.note }}</td></tr>
+<td>{{ r.ratio }}</td><td>{{ r.p_value }}</td><td>{{ r.floor }}</td><td>{{ r.base_ms }}</td><td>{{ r.new_ms }}</td>
+<td>{{ r.note }}</td></tr>
 {% endfor %}</tbody></table>
 <p>Made with: <code>{{ command }}</code></p></body></html>
 """
 
 
-def summary_line(table: pd.DataFrame, settings: Settings) -> str:
+def summary_line(comparison: Comparison, settings: Settings) -> str:
+    table = comparison.table
     counts = table["verdict"].value_counts()
     parts = [f"{counts.get(v, 0)} {v}" for v in (*VERDICTS, "missing", "not comparable") if counts.get(v, 0)]
     mean = geometric_mean(table["ratio"])
     gm = f"; geometric-mean new/base {mean:.3f}" if mean is not None else ""
-    floor = f" (floor {settings.threshold:.0%}, alpha {settings.alpha:g})"
+    basis = "per-repeat medians" if comparison.basis == "repeats" else "within-run samples"
+    floor = f" (floor ≥ {settings.threshold:.0%} and the measured noise, alpha {settings.alpha:g}, from {basis})"
     return ", ".join(parts) + gm + floor
 
 
-def write_compare(table: pd.DataFrame, out_dir: Path, base: Path, new: Path, settings: Settings,
+def write_compare(comparison: Comparison, out_dir: Path, base: Path, new: Path, settings: Settings,
                   command: str) -> tuple[Path, Path | None]:  # fmt: skip
     import base64
 
     import jinja2
 
+    table = comparison.table
     out_dir.mkdir(parents=True, exist_ok=True)
     png = ratio_figure(table, out_dir / "compare.png", settings)
     image = base64.b64encode(png.read_bytes()).decode() if png else None
@@ -160,7 +270,7 @@ def write_compare(table: pd.DataFrame, out_dir: Path, base: Path, new: Path, set
         return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
     rows = [{"impl": r["impl"], "workload": r["workload"], "verdict": r["verdict"], "ratio": fmt(r["ratio"], ".3f"),
-             "p_value": fmt(r["p_value"], ".2g"), "base_ms": fmt(r["base_ms"], ".4g"),
+             "p_value": fmt(r["p_value"], ".2g"), "floor": fmt(r["floor"], ".1%"), "base_ms": fmt(r["base_ms"], ".4g"),
              "new_ms": fmt(r["new_ms"], ".4g"), "note": r["note"]} for r in table.to_dict("records")]  # fmt: skip
     html = (
         jinja2.Environment(autoescape=True)
@@ -168,7 +278,8 @@ def write_compare(table: pd.DataFrame, out_dir: Path, base: Path, new: Path, set
         .render(
             base=str(base),
             new=str(new),
-            summary=summary_line(table, settings),
+            summary=summary_line(comparison, settings),
+            notes=comparison.notes,
             image=image,
             rows=rows,
             command=command,

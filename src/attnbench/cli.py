@@ -170,18 +170,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"--alpha {args.alpha}: must be between 0 and 1, e.g. 0.01")
     base, new = _run_paths([args.base, args.new])
     settings = Settings(threshold=args.threshold, alpha=args.alpha)
-    table = compare_frames(*load_pair(base, new), settings)
-    shown = table[["impl", "workload", "verdict", "ratio", "p_value", "note"]].copy()
+    comparison = compare_frames(*load_pair(base, new), settings)
+    out = Path(args.out) if args.out else _default_out("compare")
+    table = comparison.table
+    shown = table[["impl", "workload", "verdict", "ratio", "p_value", "floor", "note"]].copy()
     shown["ratio"] = shown["ratio"].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
     shown["p_value"] = shown["p_value"].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
+    shown["floor"] = shown["floor"].map(lambda v: "" if pd.isna(v) else f"{v:.1%}")
     print(shown.to_string(index=False))
-    print(summary_line(table, settings))
-    out = Path(args.out) if args.out else _default_out("compare")
-    html, png = write_compare(table, out, base, new, settings, args.command_line)
+    print(summary_line(comparison, settings))
+    for note in comparison.notes:
+        print(f"note: {note}")
+    html, png = write_compare(comparison, out, base, new, settings, args.command_line)
     print(f"comparison: {html}" + (f", {png}" if png else ""))
     slower = table[table["verdict"] == "slower"]
     if len(slower):
-        print(f"{len(slower)} case(s) slower beyond {settings.threshold:.0%}", file=sys.stderr)
+        print(f"{len(slower)} case(s) slower beyond their floor (≥ {settings.threshold:.0%})", file=sys.stderr)
         return 1
     return 0
 
@@ -277,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--isolate", choices=["worker", "none"], default="worker",
         help="worker: run cases in a worker process, so a hung or crashing kernel costs one row (default)",
     )  # fmt: skip
+    p_run.add_argument(
+        "--repeat", metavar="N",
+        help="run every case N times, each pass in a fresh worker process; median_ms is the median of the "
+        "per-repeat medians (repeat_medians_ms), which compare uses (default 1)",
+    )  # fmt: skip
     p_run.add_argument("--shard", metavar="I/N", help="run the I-th of N balanced, deterministic slices")
     p_run.add_argument("--resume", metavar="RUN_DIR", help="run only the cases of RUN_DIR that have no row yet")
     p_run.add_argument("--progress", choices=["auto", "on", "off"], default="auto", help="progress bar")
@@ -306,7 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_compare = commands.add_parser("compare", help="per-case verdicts between two runs; exit 1 if slower")
     p_compare.add_argument("base", metavar="BASE", help="run folder or pytest-benchmark .json")
     p_compare.add_argument("new", metavar="NEW", help="run folder or pytest-benchmark .json")
-    p_compare.add_argument("--threshold", type=float, default=0.05, help="practical floor (default 0.05 = 5%%)")
+    p_compare.add_argument(
+        "--threshold",
+        type=float,
+        default=0.05,
+        help="smallest practical floor (default 0.05 = 5%%); a case's floor is the larger of this and the "
+        "noise the runs measured for it",
+    )
     p_compare.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
     p_compare.add_argument("--out", help="folder for compare.html and compare.png (default: runs/compare-…)")
     p_compare.set_defaults(func=cmd_compare)

@@ -7,6 +7,12 @@ IQR/median < threshold, which accepts a median that still wanders by several per
 stop when the 95 % confidence interval of the median is within ``TARGET_CI`` of it, or the budget is
 spent.
 
+Interleaved rounds — the contenders of one workload are timed together (:func:`time_cpu_rounds`): each
+round takes one sample of every contender still sampling, in an order shuffled per round from a seeded
+generator, until each one's stop rule is met. A shared machine's speed wanders by several per cent over
+minutes; timed one after another, contender A would get the fast minute and B the slow one, and their
+ratio would carry the drift. In rounds, the drift lands on all of them alike.
+
 GPU — CUDA events around each call, the host waiting only after the end event (host syncs are not kernel
 time). Two figures: *warm* (back-to-back calls, L2 holding what the last call left) and *cold* (L2 flushed
 before each call, via triton.testing.do_bench, which does exactly that). Calls shorter than
@@ -16,10 +22,11 @@ before each call, via triton.testing.do_bench, which does exactly that). Calls s
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.utils.benchmark as benchmark
@@ -42,6 +49,7 @@ class Timing:
     samples_ms: list[float]
     method: str  # how the samples were taken: torch.utils.benchmark, cuda_events or cuda_graph
     cold_median_ms: float | None = None  # GPU: L2 flushed before each call
+    rounds: int = 1  # rounds of the interleaved loop the workload's contenders were sampled in
 
     @property
     def rel_iqr(self) -> float:
@@ -90,24 +98,95 @@ def _timing(samples_ms: list[float], calls: int, method: str, cold: float | None
     return Timing(median, q3 - q1, len(samples_ms), calls, samples_ms, method, cold)
 
 
+@dataclass
+class _CpuSeries:
+    """One contender's samples in the interleaved loop: its timer, block size, samples and spent time."""
+
+    timer: benchmark.Timer
+    calls: int
+    samples_ms: list[float] = field(default_factory=list)
+    spent_s: float = 0.0
+
+    def take(self) -> None:
+        seconds = self.timer.timeit(self.calls).raw_times[0]  # one block of `calls` calls
+        self.samples_ms.append(seconds / self.calls * 1e3)
+        self.spent_s += seconds
+
+    def finished(self, budget_s: float) -> bool:
+        """The stop rule: the median's 95 % CI within TARGET_CI, or the budget spent (with enough samples
+        to trust, or ever at twice the budget)."""
+        n = len(self.samples_ms)
+        if n >= MAX_SAMPLES:
+            return True
+        if (self.spent_s >= budget_s and n >= MIN_TRUSTED) or (self.spent_s >= 2 * budget_s and n >= 3):
+            return True
+        return n >= MIN_SAMPLES and median_ci_halfwidth(self.samples_ms) <= TARGET_CI * statistics.median(
+            self.samples_ms
+        )
+
+
+class SampleError(Exception):
+    """A contender raised while being sampled; ``name`` says which, the cause is chained."""
+
+    def __init__(self, name: str, cause: BaseException) -> None:
+        super().__init__(f"{name}: {cause}")
+        self.name, self.cause = name, cause
+
+
+def time_cpu_rounds(
+    fns: dict[str, Callable[[], object]],
+    threads: int,
+    budget_s: float,
+    estimates_s: dict[str, float],
+    seed: int = 0,
+    on_sample: Callable[[str], None] | None = None,
+) -> dict[str, Timing | SampleError]:
+    """Time the callables of one workload in interleaved rounds (see the module docstring).
+
+    Each contender keeps its own stop rule and budget; ``on_sample(name)`` is called before each of its
+    samples (the worker uses it to know who is running). A contender that raises drops out with a
+    :class:`SampleError` in its place; the others go on."""
+    series = {
+        name: _CpuSeries(
+            benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads),
+            max(1, math.ceil(MIN_SAMPLE_S / max(estimates_s[name], 1e-9))),
+        )
+        for name, fn in fns.items()
+    }
+    failed: dict[str, SampleError] = {}
+    active = list(series)
+    generator = random.Random(seed)
+    rounds = 0
+    while active:
+        rounds += 1
+        order = active[:]
+        generator.shuffle(order)
+        for name in order:
+            if on_sample is not None:
+                on_sample(name)
+            try:
+                series[name].take()
+            except Exception as exc:  # a contender may fail on any call; the others go on
+                failed[name] = SampleError(name, exc)
+                active.remove(name)
+                continue
+            if series[name].finished(budget_s):
+                active.remove(name)
+    results: dict[str, Timing | SampleError] = dict(failed)
+    for name, one in series.items():
+        if name not in failed:
+            q1, median, q3 = quartiles(one.samples_ms)
+            results[name] = Timing(median, q3 - q1, len(one.samples_ms), one.calls, one.samples_ms,
+                                   "torch.utils.benchmark", rounds=rounds)  # fmt: skip
+    return results
+
+
 def time_cpu(fn: Callable[[], object], threads: int, budget_s: float, estimate_s: float) -> Timing:
     """Samples of ``fn`` on CPU until the median is pinned down or ``budget_s`` is spent."""
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-    calls = max(1, math.ceil(MIN_SAMPLE_S / max(estimate_s, 1e-9)))
-    samples_ms: list[float] = []
-    spent = 0.0
-    while len(samples_ms) < MAX_SAMPLES:
-        seconds = timer.timeit(calls).raw_times[0]  # one block of `calls` calls
-        samples_ms.append(seconds / calls * 1e3)
-        spent += seconds
-        # Past the budget, stop once there are enough samples to trust (or ever, at twice the budget).
-        if (spent >= budget_s and len(samples_ms) >= MIN_TRUSTED) or (spent >= 2 * budget_s and len(samples_ms) >= 3):
-            break
-        if len(samples_ms) >= MIN_SAMPLES:
-            median = statistics.median(samples_ms)
-            if median_ci_halfwidth(samples_ms) <= TARGET_CI * median:
-                break
-    return _timing(samples_ms, calls, "torch.utils.benchmark")
+    result = time_cpu_rounds({"fn": fn}, threads, budget_s, {"fn": estimate_s})["fn"]
+    if isinstance(result, SampleError):
+        raise result.cause
+    return result
 
 
 def _events_loop(fn: Callable[[], object], budget_s: float) -> list[float]:

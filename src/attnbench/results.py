@@ -42,11 +42,13 @@ COLUMNS = [
     "impl", *WORKLOAD_COLUMNS,
     "status", "reason",
     "median_ms", "iqr_ms", "n_samples", "calls_per_sample", "unstable", "timing_method", "cold_median_ms",
+    "rounds", "repeat_medians_ms",
     "tflops", "gbps", "flops", "bytes", "intensity", "pct_of_peak",
     "peak_mem_mb", "predicted_ms", "predicted_mem_mb",
     "max_abs_err", "atol", "rtol", "checked_rows", "grad_err", "grad_tol",
     "setup_ms", "first_call_ms", "threads", "samples_ms",
 ]  # fmt: skip
+LIST_COLUMNS = ["samples_ms", "repeat_medians_ms"]  # lists in Parquet, JSON strings in CSV
 
 FLOAT_COLUMNS = [
     "scale", "median_ms", "iqr_ms", "cold_median_ms", "tflops", "gbps", "flops", "bytes", "intensity",
@@ -86,7 +88,9 @@ class RunWriter:
         self.out_dir = out_dir
         self.rows_path = out_dir / "rows.jsonl"
         self.plan_path = out_dir / "plan.json"
+        self.repeats_path = out_dir / "repeats.jsonl"  # one row per finished repeat, with --repeat N > 1
         self.rows: list[dict[str, Any]] = []
+        self.partial: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # repeats of cases not yet complete
 
     @staticmethod
     def check_target(out_dir: Path) -> None:
@@ -113,13 +117,16 @@ class RunWriter:
             plan = [(e["impl"], Workload(**e["workload"])) for e in json.loads(writer.plan_path.read_text())]
         except (ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--resume {out_dir}: plan.json or meta.json is damaged ({exc})") from None
-        lines = writer.rows_path.read_text().splitlines() if writer.rows_path.exists() else []
-        for line in lines:
-            try:
-                writer.rows.append(json.loads(line))
-            except ValueError:
-                break  # a line cut short by a kill: that case runs again
+        writer.rows.extend(_read_jsonl(writer.rows_path))
         writer.rows_path.write_text("".join(json.dumps(row) + "\n" for row in writer.rows))
+        finished = {case_key(row["impl"], row) for row in writer.rows}
+        repeats = _read_jsonl(writer.repeats_path)
+        for row in repeats:
+            key = case_key(row["impl"], row)
+            if key not in finished:
+                writer.partial.setdefault(key, []).append(row)
+        if writer.repeats_path.exists():
+            writer.repeats_path.write_text("".join(json.dumps(row) + "\n" for row in repeats))
         return writer, meta, plan
 
     def append(self, row: dict[str, Any]) -> None:
@@ -128,6 +135,16 @@ class RunWriter:
         with self.rows_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
+
+    def append_repeat(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """Keep one repeat of a case (in repeats.jsonl too); returns every repeat of that case so far."""
+        row = {key: _clean(value) for key, value in row.items()}
+        with self.repeats_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+        rows = self.partial.setdefault(case_key(row["impl"], row), [])
+        rows.append(row)
+        return rows
 
     def finish(self, meta: dict[str, Any]) -> pd.DataFrame:
         frame = rows_to_frame(self.rows)
@@ -141,11 +158,23 @@ class RunWriter:
         tmp.replace(self.out_dir / "meta.json")
 
 
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file, up to a line cut short by a kill (that case runs again)."""
+    rows: list[dict[str, Any]] = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break
+    return rows
+
+
 def write_frame(frame: pd.DataFrame, out_dir: Path) -> None:
     """results.parquet and results.csv (raw samples as a JSON list in the CSV)."""
     frame.to_parquet(out_dir / "results.parquet", index=False)
     csv = frame.copy()
-    csv["samples_ms"] = csv["samples_ms"].map(lambda s: json.dumps(list(s)) if s is not None else "")
+    for column in LIST_COLUMNS:
+        csv[column] = csv[column].map(lambda s: json.dumps(list(s)) if s is not None else "")
     csv.to_csv(out_dir / "results.csv", index=False)
 
 
@@ -160,7 +189,7 @@ def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for column in FLOAT_COLUMNS:
         frame[column] = frame[column].astype("float64")
     frame["unstable"] = frame["unstable"].astype("boolean")
-    for column in ("n_samples", "calls_per_sample", "checked_rows", "threads", "hidden"):
+    for column in ("n_samples", "calls_per_sample", "checked_rows", "threads", "hidden", "rounds"):
         frame[column] = frame[column].astype("Int64")
     return frame
 

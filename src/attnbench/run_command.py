@@ -3,7 +3,8 @@
 Every finished row is on disk at once (rows.jsonl); Ctrl-C or SIGTERM stops after the case in hand and
 still writes a valid results file; ``--resume RUN_DIR`` runs only the planned cases with no row yet.
 Cases run in a worker process by default, so a hung kernel costs its ``--timeout-s`` and a crash costs
-one row, never the sweep.
+one row, never the sweep. The contenders of one workload run together, timed in interleaved rounds;
+``--repeat N`` runs the whole sweep N times, each pass in a fresh worker process (see repeats.py).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from attnbench.ceilings import Ceilings, load_ceilings
 from attnbench.errors import UsageError
 from attnbench.machine import environment
 from attnbench.noise import environment_warnings, result_warnings
+from attnbench.repeats import DECIDED_ONCE, merge_repeats
 from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
-from attnbench.results import RunWriter, case_key
-from attnbench.runner import RunOptions, not_runnable, run_case
+from attnbench.results import RunWriter, case_key, make_row
+from attnbench.runner import RunOptions, not_runnable, run_group
 from attnbench.shard import parse_shard, shard_cases
 from attnbench.suite import check_devices, expand, load_suite
 from attnbench.workload import Workload
@@ -64,9 +66,25 @@ def _measure_ceilings(cases: list[tuple[str, Workload]], threads: int, remeasure
     }
 
 
+def parse_repeat(text: str | int | None, isolate: str) -> int:
+    """--repeat: a positive number of worker processes each case runs in (default 1)."""
+    if text is None:
+        return 1
+    try:
+        repeat = int(text)
+    except ValueError:
+        repeat = 0
+    if repeat < 1 or str(text).strip() != str(repeat):
+        raise UsageError(f"--repeat {text}: must be a positive integer (the number of processes each case runs in)")
+    if repeat > 1 and isolate != "worker":
+        raise UsageError(f"--repeat {repeat} runs each case in separate worker processes; drop --isolate none")
+    return repeat
+
+
 def _validate_numbers(args: argparse.Namespace) -> None:
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads {args.threads}: must be a positive integer")
+    args.repeat = parse_repeat(args.repeat, args.isolate) if args.resume is None or args.repeat else None
     for flag, value in (("--budget-s", args.budget_s), ("--case-budget-s", args.case_budget_s),
                         ("--timeout-s", args.timeout_s)):  # fmt: skip
         if value is not None and not value > 0:
@@ -88,7 +106,7 @@ def _plan(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out
         "budget_s": budget_s, "case_budget_s": case_budget_s, "threads": args.threads or torch.get_num_threads(),
         "seed": args.seed, "measure_memory": not args.no_memory, "cpu_allocator": args.cpu_allocator,
         "timeout_s": args.timeout_s or max(120.0, 2 * case_budget_s), "isolate": args.isolate,
-        "remeasure_ceilings": args.remeasure_ceilings,
+        "remeasure_ceilings": args.remeasure_ceilings, "repeat": args.repeat,
     }  # fmt: skip
     meta = {"command": args.command_line, "suite": suite.name, "overrides": overrides,
             "shard": args.shard, "n_cases": len(cases), "settings": settings}  # fmt: skip
@@ -99,6 +117,7 @@ def _reopen(args: argparse.Namespace) -> tuple[Any, ...]:
     given = [f"--{flag.replace('_', '-')}" for flag in SWEEP_FLAGS if getattr(args, flag, None) not in (None, [])]
     given = [flag for flag in given if not (flag == "--suite" and args.suite == "quick")]  # quick: the default
     given += ["--out"] if args.out else []
+    given += ["--repeat"] if args.repeat else []
     if given:
         raise UsageError(f"--resume takes the sweep from the run folder; drop {', '.join(given)}")
     writer, meta, cases = RunWriter.reopen(Path(args.resume))
@@ -143,29 +162,71 @@ def cmd_run(args: argparse.Namespace, overrides: dict[str, list[Any]], default_o
     return 0
 
 
+def group_by_workload(cases: list[tuple[str, Workload]]) -> list[tuple[Workload, list[str]]]:
+    """The cases as (workload, contenders) groups, in the order workloads first appear."""
+    groups: dict[Workload, list[str]] = {}
+    for impl, workload in cases:
+        groups.setdefault(workload, []).append(impl)
+    return list(groups.items())
+
+
 def sweep(cases: list[tuple[str, Workload]], options: RunOptions, writer: RunWriter, settings: dict[str, Any],
           progress_mode: str) -> bool:  # fmt: skip
-    """Run the cases, appending each row as it finishes; True if interrupted."""
+    """Run the cases, appending each row as it finishes; True if interrupted.
+
+    The contenders of a workload run as one group (timed in interleaved rounds). With ``repeat`` N > 1 the
+    sweep is run N times, each pass in a fresh worker process; a case's row is written when its last
+    repeat is in (or at once when a repeat is not ok)."""
     from attnbench.worker import CaseWorker
 
+    repeat = int(settings.get("repeat") or 1)
     torch.set_num_threads(options.threads)
-    progress = _progress(len(cases), progress_mode)
-    worker = (
-        CaseWorker(options, settings["cpu_allocator"], settings["timeout_s"])
-        if settings["isolate"] == "worker"
-        else None
-    )
+    progress = _progress(len(cases) * repeat - sum(map(len, writer.partial.values())), progress_mode)
+    worker: CaseWorker | None = None
+    finished: set[tuple[Any, ...]] = set()
+
+    def keep(row: dict[str, Any]) -> None:
+        key = case_key(row["impl"], row)
+        if repeat == 1 or (row["status"] in DECIDED_ONCE and key not in writer.partial):
+            writer.append(merge_repeats([row]))
+            finished.add(key)
+            progress.update(repeat)
+            return
+        rows = writer.append_repeat(row)
+        progress.update(1)
+        if len(rows) == repeat or row["status"] != "ok":
+            writer.append(merge_repeats(rows))
+            finished.add(key)
+            progress.update(repeat - len(rows))
+            del writer.partial[key]
+
     try:
         with sigterm_as_interrupt():
-            for impl, workload in cases:
-                progress.set_description_str(f"{impl} {workload.label()}")
-                verdict = not_runnable(impl, workload)
-                if worker is None or verdict is not None:
-                    row = run_case(impl, workload, options)
-                else:
-                    row = worker.run(impl, workload)
-                writer.append(row)
-                progress.update(1)
+            for pass_number in range(repeat):
+                if worker is not None:  # every pass in a fresh process
+                    worker.close()
+                worker = (
+                    CaseWorker(options, settings["cpu_allocator"], settings["timeout_s"])
+                    if settings["isolate"] == "worker"
+                    else None
+                )
+                for workload, impls in group_by_workload(cases):
+                    todo = []
+                    for impl in impls:
+                        key = case_key(impl, workload.as_row())
+                        if key in finished or len(writer.partial.get(key, [])) > pass_number:
+                            continue
+                        verdict = not_runnable(impl, workload)
+                        if verdict is not None:
+                            keep(make_row(impl, workload, *verdict))
+                        else:
+                            todo.append(impl)
+                    if not todo:
+                        continue
+                    progress.set_description_str(f"{','.join(todo)} {workload.label()}")
+                    rows = worker.run_group(todo, workload) if worker else run_group(todo, workload, options)
+                    for row in rows:
+                        keep(row)
     except KeyboardInterrupt:
         return True
     finally:

@@ -1,13 +1,16 @@
 """Run planned cases: availability → support → prediction → prepare → first call → correctness gate →
 timing → memory pass → row.
 
-Every case ends as exactly one row, whatever happens inside it; rows are handed on as each case finishes.
+The contenders of one workload run as a group (:func:`run_group`): each is prepared, checked and warmed
+up, then all of them are timed together in interleaved rounds (measure.time_cpu_rounds), so machine drift
+lands on every contender alike; then each gets its memory pass. Every case ends as exactly one row,
+whatever happens inside it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +22,7 @@ from attnbench.check import CheckResult, GradCheck, check_grads, check_output
 from attnbench.contender import Unsupported
 from attnbench.flops import attention_bytes
 from attnbench.inputs import AttentionInputs, make_inputs
-from attnbench.measure import call_once_ms, time_callable, warm_up
+from attnbench.measure import SampleError, Timing, call_once_ms, time_callable, time_cpu_rounds, warm_up
 from attnbench.memory import free_memory_bytes, peak_memory_mb
 from attnbench.mha import check_module_output, wrap_core
 from attnbench.predict import MEMORY_PASS_COST, predict, skip_reason
@@ -118,6 +121,31 @@ def prepare_checked(impl: str, workload: Workload, seed: int = 0) -> Prepared:
 
 def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, Any]:
     """One (contender, workload) case to exactly one row, whatever happens inside it."""
+    return run_group([impl], workload, options)[0]
+
+
+Progress = Callable[[int], None]  # told the index (in the group) of the contender about to run
+
+
+@dataclass
+class _Ready:
+    """A contender of the group that passed its checks and is warmed up, waiting to be timed."""
+
+    prepared: Prepared
+    predicted: dict[str, float]
+    estimate_s: float
+
+
+def _failure_row(impl: str, workload: Workload, exc: BaseException, predicted: dict[str, float]) -> dict[str, Any]:
+    if isinstance(exc, Unsupported):
+        return make_row(impl, workload, "unsupported", str(exc), **predicted)
+    if workload.device == "cuda":
+        torch.cuda.empty_cache()
+    return make_row(impl, workload, "oom" if _is_oom(exc) else "error", _first_line(exc), **predicted)
+
+
+def _get_ready(impl: str, workload: Workload, options: RunOptions) -> _Ready | dict[str, Any]:
+    """Checks, prediction, prepare, correctness gate and warm-up; a row when the case ends here."""
     verdict = not_runnable(impl, workload)
     if verdict is not None:
         return make_row(impl, workload, *verdict)
@@ -129,31 +157,80 @@ def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, An
     if reason is not None:
         return make_row(impl, workload, "skipped", reason, **predicted)
     try:
-        return _measure_case(impl, workload, options, predicted)
-    except Unsupported as exc:
-        return make_row(impl, workload, "unsupported", str(exc), **predicted)
+        prepared = prepare_checked(impl, workload, options.seed)
+        estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
     except Exception as exc:  # a contender may fail in any way; the sweep must go on
-        status = "oom" if _is_oom(exc) else "error"
-        if workload.device == "cuda":
-            torch.cuda.empty_cache()
-        return make_row(impl, workload, status, _first_line(exc), **predicted)
+        return _failure_row(impl, workload, exc, predicted)
+    return _Ready(prepared, predicted, estimate_s)
 
 
-def _measure_case(impl: str, workload: Workload, options: RunOptions, predicted: dict[str, float]) -> dict[str, Any]:
-    prepared = prepare_checked(impl, workload, options.seed)
+def _time_group(
+    ready: dict[int, _Ready], workload: Workload, options: RunOptions, progress: Progress | None
+) -> dict[int, Timing | SampleError]:
+    """CPU: all ready contenders in interleaved rounds. CUDA: one after another (the GPU queue is timed by
+    events, where a shared host's drift matters far less)."""
+    if workload.device != "cpu":
+        timings: dict[int, Timing | SampleError] = {}
+        for index, one in ready.items():
+            if progress is not None:
+                progress(index)
+            try:
+                timings[index] = time_callable(
+                    one.prepared.fn, workload.device, options.threads, options.budget_s, one.estimate_s
+                )
+            except Exception as exc:
+                timings[index] = SampleError(str(index), exc)
+        return timings
+    fns = {str(index): one.prepared.fn for index, one in ready.items()}
+    estimates = {str(index): one.estimate_s for index, one in ready.items()}
+    on_sample = (lambda name: progress(int(name))) if progress is not None else None
+    results = time_cpu_rounds(fns, options.threads, options.budget_s, estimates, options.seed, on_sample)
+    return {int(name): result for name, result in results.items()}
+
+
+def run_group(
+    impls: list[str], workload: Workload, options: RunOptions, progress: Progress | None = None
+) -> list[dict[str, Any]]:
+    """The contenders of one workload to one row each (in the order given), timed in interleaved rounds."""
+    rows: dict[int, dict[str, Any]] = {}
+    ready: dict[int, _Ready] = {}
+    for index, impl in enumerate(impls):
+        if progress is not None:
+            progress(index)
+        outcome = _get_ready(impl, workload, options)
+        if isinstance(outcome, _Ready):
+            ready[index] = outcome
+        else:
+            rows[index] = outcome
+    timings = _time_group(ready, workload, options, progress) if ready else {}
+    for index, one in ready.items():
+        if progress is not None:
+            progress(index)
+        timing = timings[index]
+        if isinstance(timing, SampleError):
+            rows[index] = _failure_row(impls[index], workload, timing.cause, one.predicted)
+            continue
+        try:
+            rows[index] = _finish_row(impls[index], workload, options, one, timing)
+        except Exception as exc:
+            rows[index] = _failure_row(impls[index], workload, exc, one.predicted)
+    return [rows[index] for index in range(len(impls))]
+
+
+def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready, timing: Timing) -> dict[str, Any]:
+    """The memory pass and the row of a timed case."""
+    prepared, predicted = one.prepared, one.predicted
     check, grad_check = prepared.check, prepared.grad_check
     contender = registry.get(impl).contender
     assert contender is not None
     flops, traffic = contender.flops(workload), attention_bytes(workload)
-    estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
-    timing = time_callable(prepared.fn, workload.device, options.threads, options.budget_s, estimate_s)
     # The memory pass re-runs the call under the profiler; leave it out where that alone would eat the budget.
     affordable = timing.median_ms * 1e-3 * MEMORY_PASS_COST <= options.case_budget_s / 2
     peak_mb = peak_memory_mb(prepared.fn, workload.device) if options.measure_memory and affordable else None
     metrics: dict[str, Any] = dict(
         median_ms=timing.median_ms, iqr_ms=timing.iqr_ms, n_samples=timing.n_samples,
         calls_per_sample=timing.calls_per_sample, samples_ms=timing.samples_ms, unstable=timing.unstable,
-        timing_method=timing.method, cold_median_ms=timing.cold_median_ms,
+        timing_method=timing.method, cold_median_ms=timing.cold_median_ms, rounds=timing.rounds,
         flops=flops, bytes=traffic, intensity=flops / traffic,
         tflops=flops / (timing.median_ms * 1e-3) / 1e12, gbps=traffic / (timing.median_ms * 1e-3) / 1e9,
         peak_mem_mb=peak_mb, **predicted,
@@ -166,17 +243,3 @@ def _measure_case(impl: str, workload: Workload, options: RunOptions, predicted:
     metrics["pct_of_peak"] = 100 * metrics["tflops"] / roof if roof else None
     status = "ok" if prepared.ok else "incorrect"
     return make_row(impl, workload, status, prepared.reason, **metrics)
-
-
-def run_cases(
-    cases: Iterable[tuple[str, Workload]],
-    options: RunOptions,
-    on_row: Callable[[dict[str, Any]], None],
-    on_start: Callable[[str, Workload], None] | None = None,
-) -> None:
-    """Run each case in order, handing every finished row to ``on_row`` at once."""
-    torch.set_num_threads(options.threads)
-    for impl, workload in cases:
-        if on_start is not None:
-            on_start(impl, workload)
-        on_row(run_case(impl, workload, options))

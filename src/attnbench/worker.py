@@ -1,11 +1,19 @@
 """Run cases in a worker process, so that a hung or crashing kernel cannot take the sweep with it.
 
-One worker (spawned, so CUDA initialises cleanly) imports torch once and runs cases one after another.
-The parent waits for each row at most ``timeout_s``; past that it kills the worker, records a ``timeout``
-row and starts a fresh worker for the next case. A worker that dies mid-case (a segfault, the OOM killer)
-gives an ``error`` row naming how it died. Contenders come from the entry-point group, as in the parent;
-ones registered in-process with ``attnbench.register`` exist only in that process, so run those with
-``--isolate none``.
+One worker (spawned, so CUDA initialises cleanly) imports torch once and runs groups — the contenders of one
+workload, timed together in interleaved rounds (runner.run_group) — one after another. The worker writes
+the index of the contender it is busy with, and a step counter, into shared memory before every step
+(prepare, each timing sample, the memory pass); the parent watches them:
+
+* no step within ``timeout_s`` → that contender gets a ``timeout`` row, the worker is killed;
+* the worker process ends (a segfault, an abort, the OOM killer, ``os._exit``) → that contender gets an
+  ``error`` row saying how it died (signal or exit code). A closed pipe is a death, never a timeout: the
+  parent waits for the process to be reaped before it says how it ended.
+
+Either way the rest of the group runs again in a fresh worker, without the contender that failed, so one
+bad kernel costs its own row and nothing else. Contenders come from the entry-point group, as in the
+parent; ones registered in-process with ``attnbench.register`` exist only in that process, so run those
+with ``--isolate none``.
 """
 
 from __future__ import annotations
@@ -13,17 +21,21 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import signal
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
 from attnbench.results import make_row
-from attnbench.runner import RunOptions, run_case
+from attnbench.runner import RunOptions, run_group
 from attnbench.workload import Workload
 
 STARTUP_TIMEOUT_S = 300.0  # importing torch and probing every plugin
+POLL_S = 0.1  # how often the parent looks at the worker's progress
+REAP_S = 10.0  # a worker whose pipe closed gets this long to be reaped, so its exit status is known
+IDLE = -1  # the progress index between groups
 
 
-def _serve(conn: Connection, options: RunOptions, allocator: str) -> None:
+def _serve(conn: Connection, options: RunOptions, allocator: str, current: Any, steps: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     import torch
 
@@ -33,29 +45,51 @@ def _serve(conn: Connection, options: RunOptions, allocator: str) -> None:
     configure_cpu_allocator(allocator)
     torch.set_num_threads(options.threads)
     load()
+
+    def progress(index: int) -> None:
+        current.value = index
+        steps.value += 1
+
     conn.send("ready")
     while True:
         message = conn.recv()
         if message is None:
             return
-        impl, workload = message
-        conn.send(run_case(impl, workload, options))
+        impls, workload = message
+        rows = run_group(impls, workload, options, progress)
+        current.value = IDLE
+        conn.send(rows)
+
+
+def _how_it_died(code: int | None) -> str:
+    if code is None:
+        return "it closed its connection and was killed"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown"
+        return f"signal {-code} ({name})"
+    return f"exit code {code}"
 
 
 class CaseWorker:
-    """A worker process that turns (contender, workload) into a row, with a per-case time limit."""
+    """A worker process that turns the contenders of a workload into rows, with a per-step time limit."""
 
     def __init__(self, options: RunOptions, allocator: str, timeout_s: float) -> None:
         self.options, self.allocator, self.timeout_s = options, allocator, timeout_s
         self._context = mp.get_context("spawn")
+        self._current = self._context.Value("i", IDLE, lock=False)
+        self._steps = self._context.Value("q", 0, lock=False)
         self._process: Any = None
         self._conn: Connection | None = None
 
     def _start(self) -> Connection:
         parent, child = self._context.Pipe()
         self._process = self._context.Process(
-            target=_serve, args=(child, self.options, self.allocator), daemon=True, name="attnbench-worker"
-        )
+            target=_serve, args=(child, self.options, self.allocator, self._current, self._steps),
+            daemon=True, name="attnbench-worker",
+        )  # fmt: skip
         self._process.start()
         child.close()
         if not parent.poll(STARTUP_TIMEOUT_S) or parent.recv() != "ready":
@@ -65,22 +99,67 @@ class CaseWorker:
         return parent
 
     def run(self, impl: str, workload: Workload) -> dict[str, Any]:
+        """One case to one row."""
+        return self.run_group([impl], workload)[0]
+
+    def run_group(self, impls: list[str], workload: Workload) -> list[dict[str, Any]]:
+        """The contenders of one workload to one row each, in order; a contender that hangs or kills the
+        worker gets its own timeout or error row and the others run again in a fresh worker."""
+        rows: dict[int, dict[str, Any]] = {}
+        pending = list(range(len(impls)))
+        while pending:
+            outcome = self._attempt([impls[i] for i in pending], workload)
+            if isinstance(outcome, list):
+                rows.update(zip(pending, outcome, strict=True))
+                break
+            culprit, row = outcome
+            failed = pending[culprit] if 0 <= culprit < len(pending) else pending[0]
+            rows[failed] = row
+            pending.remove(failed)
+        return [rows[i] for i in range(len(impls))]
+
+    def _attempt(self, impls: list[str], workload: Workload) -> list[dict[str, Any]] | tuple[int, dict[str, Any]]:
+        """Rows for every contender, or (index of the contender that failed, its row)."""
         conn = self._conn or self._start()
+        self._current.value = 0
+        last_steps, last_progress = self._steps.value, time.monotonic()
         try:
-            conn.send((impl, workload))
-            if conn.poll(self.timeout_s):
-                row: dict[str, Any] = conn.recv()
-                return row
+            conn.send((impls, workload))
+            while True:
+                if conn.poll(POLL_S):
+                    rows: list[dict[str, Any]] = conn.recv()
+                    return rows
+                if not self._process.is_alive():
+                    break
+                if self._steps.value != last_steps:
+                    last_steps, last_progress = self._steps.value, time.monotonic()
+                elif time.monotonic() - last_progress > self.timeout_s:
+                    culprit = int(self._current.value)
+                    self._kill()
+                    reason = f"no result within --timeout-s {self.timeout_s:g} s; the worker was killed"
+                    return culprit, make_row(impls[max(culprit, 0)], workload, "timeout", reason)
         except (EOFError, OSError):
-            pass  # the worker died; say how below
-        if self._process is not None and self._process.is_alive():
-            self._kill()
-            reason = f"no result within --timeout-s {self.timeout_s:g} s; the worker was killed"
-            return make_row(impl, workload, "timeout", reason)
-        code = self._process.exitcode if self._process is not None else None
-        self._kill()
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return make_row(impl, workload, "error", f"the worker process died during the case ({how})")
+            pass  # the pipe closed: the worker died; say how below
+        culprit = int(self._current.value)
+        code = self._reap()
+        reason = f"the worker process died during the case ({_how_it_died(code)})"
+        return culprit, make_row(impls[max(culprit, 0)], workload, "error", reason)
+
+    def _reap(self) -> int | None:
+        """Wait for a dying worker to end and return its exit code (negative: the signal)."""
+        process, self._process = self._process, None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if process is None:
+            return None
+        process.join(REAP_S)
+        if process.is_alive():  # closed its end of the pipe but lives on: not a result we can use
+            process.kill()
+            process.join()
+            return None
+        code: int | None = process.exitcode
+        return code
 
     def _kill(self) -> None:
         if self._process is not None and self._process.is_alive():

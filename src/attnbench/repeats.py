@@ -1,0 +1,56 @@
+"""Repeats across processes: ``attnbench run --repeat N`` runs every case N times, each time in a fresh
+worker process, the passes spread over the run (pyperf's way of seeing between-process variance).
+
+The samples of one process see only the noise of that process; what changes between processes (memory
+layout, the allocator's history, the machine's speed minutes later) shows only between them. So a row keeps
+its per-repeat medians (``repeat_medians_ms``), its ``median_ms`` is their median, and its own within-run
+noise estimate (``iqr_ms``, the median of the repeats' IQRs) stays beside them. ``compare`` decides from the
+per-repeat medians when both runs have them.
+
+Each repeat's row goes to ``repeats.jsonl`` as it finishes, so an interrupted run resumes with the repeats it
+already has; the merged row goes to ``rows.jsonl`` when a case has all of them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+DECIDED_ONCE = ("unavailable", "unsupported", "skipped")  # no measurement: the same in every process
+RATE_COLUMNS = ("tflops", "gbps", "pct_of_peak", "pct_of_matmul")  # ∝ 1 / median_ms
+
+
+def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from the rows of one case's repeats (in the order they ran).
+
+    All ok: ``median_ms`` is the median of the repeats' medians and rates follow it; samples are pooled;
+    the worst error and the largest memory are kept. Any repeat not ok: that repeat's row, its reason
+    saying which repeat it was — a case that failed once is not ``ok``."""
+    if len(rows) == 1:
+        return {**rows[0], "repeat_medians_ms": [rows[0]["median_ms"]] if rows[0]["status"] == "ok" else None}
+    for number, row in enumerate(rows, start=1):
+        if row["status"] != "ok":
+            return {**row, "reason": f"repeat {number} of {len(rows)}: {row['reason']}", "repeat_medians_ms": None}
+    medians = [float(row["median_ms"]) for row in rows]
+    median = statistics.median(medians)
+    middle = min(rows, key=lambda row: abs(float(row["median_ms"]) - median))
+    merged = dict(middle)
+    merged.update(
+        median_ms=median,
+        repeat_medians_ms=medians,
+        iqr_ms=statistics.median(float(row["iqr_ms"]) for row in rows),
+        n_samples=sum(int(row["n_samples"]) for row in rows),
+        rounds=sum(int(row.get("rounds") or 0) for row in rows),
+        samples_ms=[s for row in rows for s in (row.get("samples_ms") or [])],
+        unstable=any(bool(row.get("unstable")) for row in rows),
+        first_call_ms=rows[0].get("first_call_ms"),
+        setup_ms=rows[0].get("setup_ms"),
+    )
+    for column in ("max_abs_err", "grad_err", "peak_mem_mb"):
+        values = [row[column] for row in rows if row.get(column) is not None]
+        merged[column] = max(values) if values else None
+    scale = float(middle["median_ms"]) / median
+    for column in RATE_COLUMNS:
+        if merged.get(column) is not None:
+            merged[column] = float(merged[column]) * scale
+    return merged
