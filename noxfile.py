@@ -135,6 +135,13 @@ def bench_fused(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def calibrate(session: nox.Session) -> None:
+    """Measure compare's false-alarm and detection rates on this machine (A/A runs, injected slowdowns)."""
+    install(session)
+    session.run("python", "-m", "attnbench.reports.calibrate", *session.posargs)
+
+
+@nox.session(default=False)
 def pytest_bench(session: nox.Session) -> None:
     """Run a suite through pytest-benchmark (arguments go to pytest, e.g. --attnbench-suite standard)."""
     install(session, "test")

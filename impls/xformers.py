@@ -8,6 +8,7 @@ with k and v broadcast over the group, and padding uses an additive bias tensor.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import io
 import warnings
 from collections.abc import Callable
@@ -32,6 +33,12 @@ class XformersMemoryEfficient(Contender):
     capabilities = Capabilities(devices=frozenset({"cuda"}), backward=True)
 
     def availability(self) -> str | None:
+        if not torch.cuda.is_available():  # say so without importing it (over a second, in every process)
+            try:
+                version = importlib.metadata.version("xformers")
+            except importlib.metadata.PackageNotFoundError:
+                return "xformers is not installed (pip install attnbench[xformers], on a CUDA machine)"
+            return f"xformers {version} has no CPU operator for memory_efficient_attention; it needs CUDA"
         try:
             # xformers logs a multi-line warning on import when its CUDA extensions don't load; the
             # reason below says what matters, so keep the warning off the user's screen.
@@ -41,9 +48,6 @@ class XformersMemoryEfficient(Contender):
                 import xformers.ops
         except Exception as exc:  # any import failure means unavailable, with the reason
             return f"xformers is not installed or failed to import ({type(exc).__name__}: {exc})"
-        if not torch.cuda.is_available():
-            version = getattr(xformers, "__version__", "?")
-            return f"xformers {version} has no CPU operator for memory_efficient_attention; it needs CUDA"
         return None
 
     def unsupported_reason(self, workload: Workload) -> str | None:

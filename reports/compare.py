@@ -11,7 +11,7 @@ Two sources of evidence, by what the runs have:
 
 A case is ``slower`` / ``faster`` only when its change is beyond its **floor** — the larger of
 ``--threshold`` and the noise the runs measured for that case (the relative range of the per-repeat
-medians, or the relative IQR of the samples) — *and* significant (p < alpha, or clear-cut: every new value
+medians, or the width of the 95 % confidence interval of the samples' median) — *and* significant (p < alpha, or clear-cut: every new value
 beyond every base value), *and* not explained by the **run-wide shift**. A shared machine's speed moves
 all contenders alike between runs minutes apart; when the cases span two or more contenders, the median
 change over all cases is that shift, and a case must move beyond its floor relative to it too. A change the
@@ -34,6 +34,7 @@ import pandas as pd
 from scipy.stats import mannwhitneyu, ttest_ind
 
 from attnbench.errors import UsageError
+from attnbench.measure import median_ci_halfwidth
 from attnbench.reports.frames import load_runs, workload_label
 from attnbench.results import CASE_COLUMNS
 
@@ -81,8 +82,12 @@ def evidence(row: dict[str, Any] | pd.Series, suffix: str = "") -> Evidence:
     if not samples:
         return Evidence(np.array([median]), "samples", 0.0)
     values = np.asarray(samples)
-    q1, q3 = np.percentile(values, [25, 75])
-    return Evidence(values, "samples", float((q3 - q1) / np.median(values)))
+    if len(samples) >= 6:
+        width = 2 * median_ci_halfwidth(samples)
+    else:
+        q1, q3 = np.percentile(values, [25, 75])
+        width = float(q3 - q1)
+    return Evidence(values, "samples", float(width / np.median(values)))
 
 
 def _p_value(base: np.ndarray, new: np.ndarray, basis: str, shift: float) -> float:

@@ -72,17 +72,24 @@ def test_cuda_only_sdpa_backends_say_why_on_cpu(impl, monkeypatch):
 
 
 def test_xformers_unavailable_without_cuda_names_the_reason(monkeypatch):
+    import importlib.metadata
+
     from attnbench.impls.xformers import contender
 
-    monkeypatch.setitem(sys.modules, "xformers", None)  # not installed
-    assert "xformers is not installed" in contender.availability()
-    fake = types.ModuleType("xformers")
-    fake.__version__ = "0.0.35"
-    monkeypatch.setitem(sys.modules, "xformers", fake)
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert "xformers is not installed" in contender.availability()
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.35")
     assert contender.availability() == (
         "xformers 0.0.35 has no CPU operator for memory_efficient_attention; it needs CUDA"
     )
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "xformers", None)  # on a CUDA machine the import decides
+    assert "xformers is not installed or failed to import" in contender.availability()
 
 
 def test_installed_xformers_without_cuda_says_it_has_no_cpu_operator():

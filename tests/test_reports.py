@@ -195,7 +195,7 @@ def test_compare_flags_a_contender_made_slower_and_exits_1(cli, two_runs, tmp_pa
     run, _ = two_runs
     slowed = _slowed_copy(run, tmp_path / "slow", "bmm", 1.5)
     code, text, err = cli("compare", str(run), str(slowed), "--out", str(tmp_path / "cmp"))
-    assert code == 1 and "slower beyond 5%" in err
+    assert code == 1 and "slower beyond their floor" in err
     lines = [line for line in text.splitlines() if line.lstrip().startswith(("bmm", "sdpa_flash", "naive"))]
     assert lines and all(("slower" in line) == line.lstrip().startswith("bmm") for line in lines)
     assert "geometric-mean new/base" in text

@@ -92,7 +92,12 @@ class CaseWorker:
         )  # fmt: skip
         self._process.start()
         child.close()
-        if not parent.poll(STARTUP_TIMEOUT_S) or parent.recv() != "ready":
+        try:
+            ready = parent.poll(STARTUP_TIMEOUT_S) and parent.recv() == "ready"
+        except (EOFError, OSError):  # it died while starting
+            ready = False
+        if not ready:
+            self._conn = parent
             self.close()
             raise RuntimeError("the attnbench worker process did not start")
         self._conn = parent

@@ -1,0 +1,111 @@
+"""compare calibrated by noise: A/A-safe under machine drift, still catching a real slowdown (issue 11)."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnbench.reports.calibrate import calibrate, slowed
+from attnbench.reports.compare import Evidence, Settings, compare_frames, evidence, verdict
+from attnbench.results import make_row, rows_to_frame
+from attnbench.workload import Workload
+
+IMPLS = ("bmm", "einsum", "sdpa_flash")
+WORKLOADS = [Workload(1, 8, 8, s, s, 64, mask=m) for s in (512, 1024) for m in ("none", "causal")]
+
+
+def fake_run(seed: int, speed: float = 1.0, noise: float = 0.02, repeats: int = 3) -> pd.DataFrame:
+    """A run of 3 contenders × 4 workloads whose per-repeat medians scatter by ``noise`` around a true time
+    scaled by the machine's ``speed`` that day."""
+    generator = np.random.default_rng(seed)
+    rows = []
+    for i, impl in enumerate(IMPLS):
+        for j, w in enumerate(WORKLOADS):
+            true_ms = (1 + i) * (1 + j) * speed
+            medians = list(true_ms * np.exp(generator.normal(0, noise, repeats)))
+            samples = [m * float(np.exp(generator.normal(0, 0.005))) for m in medians for _ in range(10)]
+            rows.append(make_row(impl, w, "ok", median_ms=float(np.median(medians)), iqr_ms=0.01 * true_ms,
+                                 samples_ms=samples, repeat_medians_ms=medians if repeats > 1 else None))  # fmt: skip
+    return rows_to_frame(rows)
+
+
+def save(frame: pd.DataFrame, folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    frame.to_parquet(folder / "results.parquet")
+    return folder
+
+
+def test_identical_code_on_a_drifting_machine_is_never_slower():
+    """Six A/A runs, the machine 0–9 % slower from run to run: no case of any pair is `slower`."""
+    speeds = [1.0, 1.04, 0.97, 1.09, 1.02, 0.99]
+    frames = [fake_run(seed, speed) for seed, speed in enumerate(speeds)]
+    result = calibrate(frames, Settings())
+    assert result["aa_decisions"] == 15 * 12 and result["aa_alarms"] == 0
+    caught = result["caught"]
+    assert isinstance(caught, dict)
+    assert caught[1.25][0] == caught[1.25][1]  # every case of a contender 25 % slower caught, in every pair
+
+
+def test_a_contender_made_slower_is_slower_in_every_case_and_compare_exits_1(cli, tmp_path):
+    base = save(fake_run(0), tmp_path / "base")
+    new = save(slowed(fake_run(1, speed=1.06), "einsum", 1.25), tmp_path / "new")
+    code, text, err = cli("compare", str(base), str(new), "--out", str(tmp_path / "cmp"))
+    assert code == 1 and "4 case(s) slower beyond their floor" in err
+    lines = [line.split() for line in text.splitlines() if line.lstrip().startswith(IMPLS)]
+    verdicts = {(words[0], " ".join(words[1:9])): words[9] for words in lines}
+    assert {v for (impl, _), v in verdicts.items() if impl == "einsum"} == {"slower"}
+    assert "slower" not in {v for (impl, _), v in verdicts.items() if impl != "einsum"}
+    assert "from per-repeat medians" in text and "run-wide shift +6" in text
+    aa = save(fake_run(2, speed=1.08), tmp_path / "aa")
+    code, text, _ = cli("compare", str(base), str(aa), "--out", str(tmp_path / "cmp2"))
+    assert code == 0 and " slower" not in text.split("note:")[0].split("\n")[-2]
+
+
+def test_a_case_inside_its_measured_noise_is_not_called(cli):
+    noisy = Evidence(np.array([1.0, 1.3, 1.1]), "repeats", 0.3)
+    moved = Evidence(np.array([1.25, 1.5, 1.35]), "repeats", 0.2)
+    outcome, ratio, _, floor, note = verdict(noisy, moved, Settings())
+    assert ratio == pytest.approx(1.35 / 1.1) and floor == pytest.approx(0.3)
+    assert outcome == "unclear" and "within the noise" in note
+
+
+def test_a_change_the_whole_run_shares_is_unclear_not_slower():
+    base = Evidence(np.array([1.0, 1.01, 0.99]), "repeats", 0.02)
+    new = Evidence(np.array([1.12, 1.13, 1.11]), "repeats", 0.02)
+    assert verdict(base, new, Settings())[0] == "slower"
+    outcome, *_, note = verdict(base, new, Settings(), shift=float(np.log(1.11)))
+    assert outcome == "unclear" and "the whole run moved +11.0%" in note
+
+
+def test_repeats_are_centred_on_the_stored_median():
+    row = {"median_ms": 2.0, "repeat_medians_ms": [1.0, 1.1, 0.9], "samples_ms": [1.0] * 5}
+    found = evidence(row)
+    assert found.basis == "repeats" and found.median == pytest.approx(2.0)
+    assert found.noise == pytest.approx(1.1 / 0.9 - 1)
+
+
+def test_without_repeats_the_verdicts_say_they_are_within_run_only(cli, tmp_path):
+    base = save(fake_run(0, repeats=1), tmp_path / "base")
+    new = save(fake_run(1, repeats=1), tmp_path / "new")
+    code, text, _ = cli("compare", str(base), str(new), "--out", str(tmp_path / "cmp"))
+    assert "verdicts are within-run only" in text and "from within-run samples" in text
+
+
+def test_runs_with_different_repeats_are_bad_input(cli, tmp_path):
+    base = save(fake_run(0, repeats=3), tmp_path / "base")
+    new = save(fake_run(1, repeats=1), tmp_path / "new")
+    code, _, err = cli("compare", str(base), str(new), "--out", str(tmp_path / "cmp"))
+    assert code == 2 and "BASE has 3 repeat(s) per case and NEW 1" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "cmp").exists()
+    mixed = pd.concat([fake_run(0, repeats=3).iloc[:6], fake_run(0, repeats=2).iloc[6:]])
+    code, _, err = cli("compare", str(save(mixed, tmp_path / "mixed")), str(base), "--out", str(tmp_path / "c2"))
+    assert code == 2 and "BASE mixes rows with 2 and 3 repeats" in err
+
+
+@pytest.mark.parametrize("value", ["-0.1", "0", "1.5"])
+def test_bad_threshold_is_one_line(cli, tmp_path, value):
+    base = save(fake_run(0), tmp_path / "base")
+    code, _, err = cli("compare", str(base), str(base), "--threshold", value, "--out", str(tmp_path / "cmp"))
+    assert code == 2 and f"--threshold {float(value)}: must be a fraction between 0 and 1" in err
+    assert not (tmp_path / "cmp").exists()

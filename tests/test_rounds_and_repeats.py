@@ -1,0 +1,154 @@
+"""Interleaved rounds, repeats across processes, and a dead worker told apart from a hung one (issue 11, 12)."""
+
+import json
+import statistics
+import time
+
+import pandas as pd
+import pytest
+
+from attnbench import register
+from attnbench.measure import SampleError, Timing, time_cpu_rounds
+from attnbench.repeats import merge_repeats
+from attnbench.runner import RunOptions, run_group
+from attnbench.workload import Workload
+
+from conftest import Raising, attnbench_cmd, run_subprocess
+
+FAST = RunOptions(budget_s=0.05, threads=1)
+SMALL = Workload(1, 2, 2, 32, 32, 16)
+
+
+def test_every_round_samples_each_contender_once_in_a_seeded_shuffled_order():
+    seen: list[str] = []
+    fns = {name: (lambda: None) for name in "abcd"}
+    results = time_cpu_rounds(fns, 1, 0.05, dict.fromkeys(fns, 1e-4), seed=3, on_sample=seen.append)
+    timings = list(results.values())
+    assert all(isinstance(t, Timing) for t in timings)
+    rounds = timings[0].rounds  # type: ignore[union-attr]
+    assert all(t.rounds == rounds for t in timings)  # type: ignore[union-attr]
+    assert len(seen) == sum(t.n_samples for t in timings)  # type: ignore[union-attr]
+    full = [seen[i : i + 4] for i in range(0, 4 * min(t.n_samples for t in timings), 4)]  # type: ignore[union-attr]
+    assert len(full) >= 3 and all(sorted(order) == list("abcd") for order in full)
+    assert len({tuple(order) for order in full}) > 1  # shuffled per round
+    again: list[str] = []
+    time_cpu_rounds(fns, 1, 0.05, dict.fromkeys(fns, 1e-4), seed=3, on_sample=again.append)
+    assert again[:8] == seen[:8]  # the shuffle is seeded
+
+
+def test_a_contender_that_raises_while_sampled_drops_out_alone():
+    calls = {"n": 0}
+
+    def flaky() -> None:
+        calls["n"] += 1
+        if calls["n"] > 50:
+            raise RuntimeError("gave up")
+
+    results = time_cpu_rounds({"good": lambda: None, "flaky": flaky}, 1, 0.05, {"good": 1e-4, "flaky": 1e-4})
+    assert isinstance(results["good"], Timing) and results["good"].n_samples >= 5
+    assert isinstance(results["flaky"], SampleError) and "gave up" in str(results["flaky"].cause)
+
+
+def test_group_rows_come_in_order_and_share_their_rounds(planted):
+    register(Raising())
+    planted.append(Raising.name)
+    rows = run_group(["bmm", Raising.name, "sdpa_math"], SMALL, FAST)
+    assert [row["impl"] for row in rows] == ["bmm", Raising.name, "sdpa_math"]
+    assert [row["status"] for row in rows] == ["ok", "error", "ok"]
+    assert rows[0]["rounds"] == rows[2]["rounds"] >= max(rows[0]["n_samples"], rows[2]["n_samples"])
+
+
+def _row(median: float, status: str = "ok", **extra: object) -> dict:
+    base = {"impl": "bmm", "status": status, "reason": "" if status == "ok" else "boom", "median_ms": median,
+            "iqr_ms": 0.1, "n_samples": 10, "rounds": 12, "samples_ms": [median] * 3, "unstable": False,
+            "tflops": 1.0 / median, "gbps": 2.0 / median, "pct_of_peak": 50.0 / median, "max_abs_err": 1e-6,
+            "grad_err": None, "peak_mem_mb": 1.0, "first_call_ms": 5.0, "setup_ms": 1.0}  # fmt: skip
+    return {**base, **extra}
+
+
+def test_merged_repeats_take_the_median_of_medians_and_keep_them():
+    merged = merge_repeats([_row(1.0), _row(1.3, peak_mem_mb=2.0), _row(1.1, max_abs_err=3e-6)])
+    assert merged["median_ms"] == 1.1 and merged["repeat_medians_ms"] == [1.0, 1.3, 1.1]
+    assert merged["n_samples"] == 30 and len(merged["samples_ms"]) == 9 and merged["rounds"] == 36
+    assert merged["peak_mem_mb"] == 2.0 and merged["max_abs_err"] == 3e-6
+    assert merged["tflops"] == pytest.approx(1 / 1.1) and merged["pct_of_peak"] == pytest.approx(50 / 1.1)
+    failed = merge_repeats([_row(1.0), _row(1.0, status="error")])
+    assert failed["status"] == "error" and failed["reason"] == "repeat 2 of 2: boom"
+
+
+def test_repeat_runs_each_case_in_separate_processes(tmp_path):
+    out = tmp_path / "run"
+    args = ["run", "--impl", "bmm,sdpa_math", "--seq", "64", "--mask", "none", "--budget-s", "0.03",
+            "--repeat", "2", "--out", str(out)]  # fmt: skip
+    result = run_subprocess(*attnbench_cmd(*args))
+    assert result.returncode == 0, result.stderr
+    frame = pd.read_parquet(out / "results.parquet")
+    ok = frame[frame["status"] == "ok"]
+    assert len(ok) == 4  # two contenders on the quick suite's two workloads
+    for row in ok.to_dict("records"):
+        assert len(row["repeat_medians_ms"]) == 2
+        assert row["median_ms"] == pytest.approx(statistics.median(row["repeat_medians_ms"]))
+        assert row["rounds"] >= 2
+    repeats = [json.loads(line) for line in (out / "repeats.jsonl").read_text().splitlines()]
+    assert len(repeats) == 8
+    assert json.loads((out / "meta.json").read_text())["settings"]["repeat"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--repeat", "0"], "--repeat 0: must be a positive integer"),
+        (["--repeat", "x"], "--repeat x: must be a positive integer"),
+        (["--repeat", "-2"], "--repeat -2: must be a positive integer"),
+        (["--repeat", "2", "--isolate", "none"], "--repeat 2 runs each case in separate worker processes"),
+    ],
+)
+def test_bad_repeat_is_one_line_and_writes_nothing(cli, tmp_path, args, message):
+    out = tmp_path / "run"
+    code, _, err = cli("run", "--impl", "bmm", "--seq", "64", "--out", str(out), *args)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+ABORTING = """
+import os
+from attnbench import Capabilities, Contender
+
+class Aborts(Contender):
+    name = "planted_abort"
+    capabilities = Capabilities(devices=frozenset({"cpu"}))
+    def prepare(self, inputs, workload):
+        os.abort()
+"""
+
+
+@pytest.mark.slow
+def test_a_contender_that_kills_its_process_is_an_error_every_time(tmp_path):
+    """24 consecutive crashing cases: 24 `error` rows saying how the worker died, none `timeout`; the
+    contenders timed beside it in the same workload still get their rows."""
+    site = tmp_path / "site"
+    info = site / "planted_abort-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: planted-abort\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[attnbench.impls]\nplanted_abort = planted_abort:Aborts\n")
+    (site / "planted_abort.py").write_text(ABORTING)
+    suite = tmp_path / "crashes.toml"
+    seqs = ", ".join(str(16 + i) for i in range(24))
+    suite.write_text(f'budget_s = 0.02\n[[sweep]]\nimpl = "planted_abort"\nbatch = 1\nheads = 2\n'
+                     f'head_dim = 8\nmask = "none"\nseq = [{seqs}]\n')  # fmt: skip
+    out = tmp_path / "run"
+    args = ["run", "--suite", str(suite), "--timeout-s", "60", "--out", str(out)]
+    start = time.perf_counter()
+    result = run_subprocess(*attnbench_cmd(*args), env={"PYTHONPATH": str(site)})
+    assert result.returncode == 0, result.stderr
+    frame = pd.read_parquet(out / "results.parquet")
+    assert len(frame) == 24 and set(frame["status"]) == {"error"}
+    assert frame["reason"].str.contains(r"worker process died during the case \(signal 6 \(SIGABRT\)\)").all()
+    assert time.perf_counter() - start < 24 * 60  # not one of them waited for its timeout
+    mixed = tmp_path / "mixed"
+    args = ["run", "--impl", "bmm,planted_abort,sdpa_math", "--seq", "32", "--kv-heads", "8", "--mask", "none",
+            "--head-dim", "8", "--budget-s", "0.02", "--out", str(mixed)]  # fmt: skip
+    result = run_subprocess(*attnbench_cmd(*args), env={"PYTHONPATH": str(site)})
+    assert result.returncode == 0, result.stderr
+    statuses = pd.read_parquet(mixed / "results.parquet").set_index("impl")["status"]
+    assert statuses.to_dict() == {"bmm": "ok", "planted_abort": "error", "sdpa_math": "ok"}
