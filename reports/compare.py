@@ -11,13 +11,13 @@ Two sources of evidence, by what the runs have:
 
 A case is ``slower`` / ``faster`` only when its change is beyond its **floor** — the larger of
 ``--threshold`` and the noise the runs measured for that case (the relative range of the per-repeat
-medians, or the width of the 95 % confidence interval of the samples' median) — *and* significant (p < alpha, or clear-cut: every new value
-beyond every base value), *and* not explained by the **run-wide shift**. A shared machine's speed moves
-all contenders alike between runs minutes apart; when the cases span two or more contenders, the median
-change over all cases is that shift, and a case must move beyond its floor relative to it too. A change the
-shift explains is ``unclear`` (machine drift, or a change everywhere: the runs can't tell which), never
-``slower``. ``same`` is within ``--threshold``; a change beyond it but within the measured noise is
-``unclear``, as is anything else that can't be decided.
+medians, or the width of the 95 % confidence interval of the samples' median) — *and* significant
+(p < alpha, or clear-cut: every new value beyond every base value), *and* not explained by the
+**run-wide shift**. A shared machine's speed moves all contenders alike between runs minutes apart; when
+the cases span two or more contenders, the median change over all cases is that shift, and a case must
+move beyond its floor relative to it too. A change the shift explains is ``unclear`` (machine drift, or a
+change everywhere: the runs can't tell which), never ``slower``. ``same`` is within ``--threshold``; a
+change beyond it but within the measured noise is ``unclear``, as is anything else that can't be decided.
 
 The geometric mean of the ratios summarises the comparison; the exit code is 1 when any case is slower.
 """

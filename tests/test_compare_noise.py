@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from attnbench.reports.calibrate import calibrate, slowed
-from attnbench.reports.compare import Evidence, Settings, compare_frames, evidence, verdict
+from attnbench.reports.compare import Evidence, Settings, evidence, verdict
 from attnbench.results import make_row, rows_to_frame
 from attnbench.workload import Workload
 
@@ -88,7 +88,7 @@ def test_repeats_are_centred_on_the_stored_median():
 def test_without_repeats_the_verdicts_say_they_are_within_run_only(cli, tmp_path):
     base = save(fake_run(0, repeats=1), tmp_path / "base")
     new = save(fake_run(1, repeats=1), tmp_path / "new")
-    code, text, _ = cli("compare", str(base), str(new), "--out", str(tmp_path / "cmp"))
+    _, text, _ = cli("compare", str(base), str(new), "--out", str(tmp_path / "cmp"))
     assert "verdicts are within-run only" in text and "from within-run samples" in text
 
 

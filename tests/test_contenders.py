@@ -1,7 +1,6 @@
 """Every built-in contender that can run here agrees with the float64 reference on small shapes."""
 
 import sys
-import types
 
 import pytest
 
