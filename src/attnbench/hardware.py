@@ -13,13 +13,19 @@ bf16 products into each of 16 fp32 lanes: 4 FLOP per lane; AVX512-FP16's ``vfmad
   tiles are not measured: on an AMX CPU the half-precision roof is then the dot-product rate or torch's
   matmul rate, whichever is higher (see ceilings.py).
 
+On more than one thread the figure is the higher of the team's rate and one thread's × the physical
+cores the team spans (``physical_cores``: SMT siblings count once): FMA throughput adds up across cores,
+and on a shared machine a moment when every core is free is rarer than one when a single core is.
+
 Bandwidth roof (GB/s): STREAM's triad, a[i] = b[i] + s·c[i], on three float32 arrays of
 ``triad_array_bytes()`` each (at least four times the last-level cache, so ≥ 12× it in all), split over
-the run's threads; 12 bytes per element (two reads, one write, no write-allocate: STREAM's convention, and
+the run's threads (or one thread, where that is faster: more threads never have less bandwidth); 12
+bytes per element (two reads, one write, no write-allocate: STREAM's convention, and
 the one attnbench's ``bytes`` column uses: minimum traffic, q, k, v read once, o written once).
 
-Each figure is the best of ``REPEATS`` timed calls of about ``CALL_S`` seconds after a warm-up: a roof is
-an upper bound, and on a shared machine the median would understate it (and push rows over 100 %).
+Each figure is the best of many timed calls after a warm-up (compute: calls of about ``CALL_S`` for
+``MEASURE_S``; triad: ``TRIAD_REPEATS`` passes): a roof is an upper bound, and on a shared machine the
+median would understate it (and push rows over 100 %).
 
 ``ATTNBENCH_CPU_ISA`` caps the instruction sets used, one of ``TIERS`` (e.g. ``avx2``: AVX2 FMA for
 float32, and the float32 rate for half precision; ``avx512``: AVX-512 FMA but no bf16/fp16 instruction):
@@ -42,9 +48,10 @@ from attnbench.native_build import Library, cpu_flags, load_library
 SOURCE = Path(__file__).with_name("hardware_kernels.cpp")
 ISA_ENV = "ATTNBENCH_CPU_ISA"
 TIERS = ("generic", "avx2", "avx512", "avx512_bf16", "avx512_fp16")  # each allows the ones before it
-CALL_S = 0.1  # one timed call of a compute kernel
-REPEATS = 5
-TRIAD_REPEATS = 10
+CALL_S = 0.002  # one timed call of a compute kernel: shorter than a scheduler time slice
+MEASURE_S = 0.5  # calls of one compute kernel are repeated for this long
+MIN_CALLS = 20
+TRIAD_REPEATS = 20
 MIN_TRIAD_ARRAY_BYTES = 64 * 2**20
 DEFAULT_LLC_BYTES = 32 * 2**20  # when the cache size can't be read
 
@@ -126,24 +133,56 @@ def choose_kernel(dtype: str, flags: frozenset[str], cap: str, compiled: set[str
     raise RuntimeError(f"no compute kernel for {dtype}")  # generic is always compiled and allowed
 
 
-def _flops_rate(lib: ctypes.CDLL, code: int, threads: int) -> float:
-    """FLOP/s of kernel ``code`` on ``threads`` threads: iterations sized to ~CALL_S, best of REPEATS."""
+def physical_cores() -> int:
+    """Distinct physical cores among the CPUs this process may run on (SMT siblings counted once)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text(), (topology / "core_id").read_text()))
+        except OSError:
+            cores.add((str(cpu), ""))
+    return max(1, len(cores))
+
+
+def _best_rate(lib: ctypes.CDLL, code: int, iters: int, threads: int) -> float:
+    """The best FLOP/s of calls of ``iters`` iterations on ``threads`` threads, made for MEASURE_S."""
     sink = ctypes.c_double(0.0)
-    iters = 1 << 12
-    while True:  # calibrate (and warm up: clocks, the thread team)
-        start = time.perf_counter()
-        lib.attnbench_hw_flops(code, iters, threads, ctypes.byref(sink))
-        seconds = time.perf_counter() - start
-        if seconds >= CALL_S / 4:
-            break
-        iters *= 4
-    iters = max(1, int(iters * CALL_S / seconds))
-    best = 0.0
-    for _ in range(REPEATS):
+    best, calls, deadline = 0.0, 0, time.perf_counter() + MEASURE_S
+    while calls < MIN_CALLS or time.perf_counter() < deadline:
         start = time.perf_counter()
         flops = lib.attnbench_hw_flops(code, iters, threads, ctypes.byref(sink))
         best = max(best, flops / (time.perf_counter() - start))
+        calls += 1
     return best
+
+
+def _flops_rate(lib: ctypes.CDLL, code: int, threads: int) -> tuple[float, str]:
+    """(FLOP/s, how) of kernel ``code`` on ``threads`` threads: the higher of the team's best call and one
+    thread's best call × the physical cores the team spans (FMA throughput adds up across cores, and on a
+    shared machine a moment when every core of a team is free is rarer than one when a single core is).
+    Calls of about CALL_S, many of them: a call no other process interrupts shows the hardware's rate."""
+    sink = ctypes.c_double(0.0)
+
+    def seconds(iters: int) -> float:
+        start = time.perf_counter()
+        lib.attnbench_hw_flops(code, iters, 1, ctypes.byref(sink))
+        return time.perf_counter() - start
+
+    iters = 1 << 10
+    while True:  # size the calls on one thread, warming up the clocks; the least of 3 ignores preemption
+        fastest = min(seconds(iters) for _ in range(3))
+        if fastest >= CALL_S or iters >= 1 << 40:
+            break
+        iters *= 2 if fastest >= CALL_S / 8 else 8
+    team = _best_rate(lib, code, iters, threads)
+    if threads == 1:
+        return team, "1 thread"
+    cores = min(threads, physical_cores())
+    single = _best_rate(lib, code, iters, 1)
+    how = f"{threads} threads (team {team / 1e9:.4g} GFLOP/s, one thread × {cores} cores {single * cores / 1e9:.4g})"
+    return max(team, single * cores), how
 
 
 def compute_tflops(dtypes: list[str], threads: int) -> dict[str, tuple[float, str]]:
@@ -151,15 +190,15 @@ def compute_tflops(dtypes: list[str], threads: int) -> dict[str, tuple[float, st
     built = load()
     flags, cap = cpu_flags(), isa_cap()
     compiled = {name for name, k in KERNELS.items() if built.library.attnbench_hw_compiled(k.code)}
-    rates: dict[str, float] = {}  # by kernel: bf16 without its instruction reuses the fp32 figure
+    rates: dict[str, tuple[float, str]] = {}  # by kernel: bf16 without its instruction reuses the fp32 figure
     found = {}
     for dtype in dtypes:
         name, note = choose_kernel(dtype, flags, cap, compiled)
         if name not in rates:
-            rates[name] = _flops_rate(built.library, KERNELS[name].code, threads) / 1e12
-        threading = f"{threads} thread{'s' if threads > 1 else ''}" + ("" if built.openmp else ", no OpenMP")
-        label = f"{KERNELS[name].label}, {threading}" + (f"; {note}" if note else "")
-        found[dtype] = (rates[name], label)
+            rates[name] = _flops_rate(built.library, KERNELS[name].code, threads)
+        rate, how = rates[name]
+        omp = "" if built.openmp else ", no OpenMP"
+        found[dtype] = (rate / 1e12, f"{KERNELS[name].label}, {how}{omp}" + (f"; {note}" if note else ""))
     return found
 
 
@@ -188,17 +227,17 @@ def triad_gbps(threads: int, array_bytes: int | None = None) -> tuple[float, str
     array_bytes = array_bytes or triad_array_bytes()
     n = array_bytes // 4
     a, b, c = torch.zeros(n), torch.full((n,), 1.0), torch.full((n,), 2.0)  # every page touched before timing
-    best = 0.0
-    for repeat in range(TRIAD_REPEATS + 1):  # the first call warms up
-        start = time.perf_counter()
-        built.library.attnbench_hw_triad(a.data_ptr(), b.data_ptr(), c.data_ptr(), 3.0, n, threads)
-        seconds = time.perf_counter() - start
-        if repeat > 0:
-            best = max(best, 12 * n / seconds / 1e9)
+    best = {threads: 0.0, 1: 0.0}
+    for repeat in range(TRIAD_REPEATS + 1):  # the first pass warms up
+        for team in best:
+            start = time.perf_counter()
+            built.library.attnbench_hw_triad(a.data_ptr(), b.data_ptr(), c.data_ptr(), 3.0, n, team)
+            seconds = time.perf_counter() - start
+            if repeat > 0:
+                best[team] = max(best[team], 12 * n / seconds / 1e9)
     if a[n // 2].item() != 7.0:
         raise RuntimeError("the triad kernel computed a wrong result")
-    threading = f"{threads} thread{'s' if threads > 1 else ''}" + ("" if built.openmp else ", no OpenMP")
-    method = (
-        f"triad a = b + s·c, 3 × {array_bytes / 2**20:g} MiB float32, 12 B/element (no write-allocate), {threading}"
-    )
-    return best, method
+    how = f"{threads} threads (one thread: {best[1]:.3g} GB/s)" if threads > 1 else "1 thread"
+    omp = "" if built.openmp else ", no OpenMP"
+    method = f"triad a = b + s·c, 3 × {array_bytes / 2**20:g} MiB float32, 12 B/element (no write-allocate), {how}{omp}"
+    return max(best.values()), method
