@@ -162,7 +162,9 @@ def _gpu_roofs(ceilings: Ceilings, dtypes: list[str]) -> None:
 
 
 def _key(device: str, threads: int) -> str:
-    return f"{device}|{_device_name(device)}|threads={threads}|torch={torch.__version__}|v{CACHE_VERSION}"
+    key = f"{device}|{_device_name(device)}|threads={threads}|torch={torch.__version__}|v{CACHE_VERSION}"
+    cap = hardware.isa_cap()  # a UsageError for an unknown ATTNBENCH_CPU_ISA, before anything is measured
+    return key if device != "cpu" or cap == hardware.TIERS[-1] else f"{key}|isa={cap}"
 
 
 def _from_cache(found: Any) -> Ceilings | None:
