@@ -78,14 +78,15 @@ def _device_name(device: str) -> str:
 
 
 def _seconds(fn: Any, device: str, threads: int) -> float:
-    """Median seconds per call: torch.utils.benchmark on CPU, CUDA events on GPU."""
+    """Seconds per call: the median of CUDA events on GPU; on CPU the fastest block of torch.utils.benchmark
+    (a rate the library reaches: on a shared CPU the median measures the neighbours too)."""
     if device == "cuda":
         from attnbench.measure import _events_loop
 
         fn()
         return statistics.median(_events_loop(fn, 0.5)) / 1e3
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-    return float(timer.blocked_autorange(min_run_time=0.5).median)
+    return float(min(timer.blocked_autorange(min_run_time=0.5).times))
 
 
 def measure_matmul_tflops(device: str, dtype: str, threads: int) -> float:
