@@ -210,3 +210,27 @@ def test_unknown_gpu_roof_is_the_measured_rates(monkeypatch, tmp_path):
     assert c.roof_tflops == {"float16": 600.0} and c.roof_gbps == 2900.0
     assert c.roof_source["float16"] == "measured matmul (device not in the datasheet table)"
     assert c.bandwidth_source == "measured copy (device not in the datasheet table)"
+
+
+def test_roofline_figure_draws_the_hardware_roof_solid_and_the_library_dashed():
+    from attnbench.reports.plots import Roofs, palette, roofline
+
+    ok = pd.DataFrame({"machine": ["m", "m"], "device": ["cpu", "cpu"], "dtype": ["float32"] * 2,
+                       "impl": ["bmm", "fused_cpu"], "intensity": [10.0, 100.0], "tflops": [0.05, 0.3]})  # fmt: skip
+    figure = roofline(ok, palette(["bmm", "fused_cpu"]), {("m", "cpu", "float32"): Roofs(0.48, 15.0, 0.19, 10.0)})
+    lines = {line.get_label(): line.get_linestyle() for line in figure.axes[0].get_lines()}
+    assert lines["hardware roof (0.48 TFLOP/s, 15 GB/s)"] == "-"
+    assert lines["torch matmul (0.19 TFLOP/s) and copy"] == "--"
+
+
+def test_report_environment_block_shows_both_ceilings():
+    from attnbench.reports.html import _ceilings
+
+    meta = {"ceilings": {"cpu": {"matmul_tflops": {"float32": 0.19}, "copy_gbps": 10.0,
+                                 "roof_tflops": {"float32": 0.48}, "roof_gbps": 15.0,
+                                 "roof_source": {"float32": "measured fma kernel: avx512f fma fp32"},
+                                 "bandwidth_source": "measured triad"}}}  # fmt: skip
+    assert _ceilings(meta) == [{"device": "cpu", "dtype": "float32", "roof": "0.48",
+                                "roof_source": "measured fma kernel: avx512f fma fp32", "matmul": "0.19",
+                                "roof_gbps": "15", "bandwidth_source": "measured triad",
+                                "copy_gbps": "10"}]  # fmt: skip
