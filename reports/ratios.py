@@ -29,7 +29,7 @@ class Bounds:
     max_time_ratio: float | None = None  # impl median / peer median
     min_speedup: float | None = None  # peer median / impl median
     max_mem_ratio: float | None = None  # impl peak_mem_mb / peer peak_mem_mb
-    min_pct_of_peak: float | None = None  # impl's pct_of_peak (% of the measured matmul rate)
+    min_pct_of_peak: float | None = None  # impl's pct_of_peak (% of the hardware roof)
 
     def any(self) -> bool:
         return any(v is not None for v in (self.max_time_ratio, self.min_speedup, self.max_mem_ratio,

@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_ratios.add_argument("--max-time-ratio", type=float, help="bound on impl median / peer median")
     p_ratios.add_argument("--min-speedup", type=float, help="bound on peer median / impl median")
     p_ratios.add_argument("--max-mem-ratio", type=float, help="bound on impl peak_mem_mb / peer peak_mem_mb")
-    p_ratios.add_argument("--min-pct-of-peak", type=float, help="bound on impl pct_of_peak (%% of the matmul rate)")
+    p_ratios.add_argument("--min-pct-of-peak", type=float, help="bound on impl pct_of_peak (%% of the hardware roof)")
     p_ratios.set_defaults(func=cmd_ratios)
 
     commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
