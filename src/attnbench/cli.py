@@ -203,7 +203,8 @@ def cmd_ratios(args: argparse.Namespace) -> int:
         raise UsageError(f"no {args.impl} row matches --where {' '.join(args.where)}")
     table = ratio_table(frame, args.impl, peers, best=args.best)
     print(format_table(table))
-    bounds = Bounds(args.max_time_ratio, args.min_speedup, args.max_mem_ratio, args.min_pct_of_peak)
+    bounds = Bounds(args.max_time_ratio, args.min_speedup, args.max_mem_ratio, args.min_pct_of_peak,
+                    args.min_pct_of_matmul)  # fmt: skip
     missed = failures(table, bounds)
     for _, line in missed:
         print(f"missed: {line}", file=sys.stderr)
@@ -332,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_ratios.add_argument("--min-speedup", type=float, help="bound on peer median / impl median")
     p_ratios.add_argument("--max-mem-ratio", type=float, help="bound on impl peak_mem_mb / peer peak_mem_mb")
     p_ratios.add_argument("--min-pct-of-peak", type=float, help="bound on impl pct_of_peak (%% of the hardware roof)")
+    p_ratios.add_argument("--min-pct-of-matmul", type=float, help="bound on impl pct_of_matmul (%% of torch's matmul)")
     p_ratios.set_defaults(func=cmd_ratios)
 
     commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
