@@ -6,17 +6,22 @@ from pathlib import Path
 
 from attnbench.reports.frames import load_runs, machine_label
 from attnbench.reports.html import write_report
-from attnbench.reports.plots import draw_all
+from attnbench.reports.plots import Roofs, draw_all
 
 
-def ceilings_by_key(runs: list) -> dict[tuple[str, str, str], tuple[float, float]]:
-    """(machine, device, dtype) -> (matmul TFLOP/s, copy GB/s) from each run's meta.json."""
-    found: dict[tuple[str, str, str], tuple[float, float]] = {}
+def ceilings_by_key(runs: list) -> dict[tuple[str, str, str], Roofs]:
+    """(machine, device, dtype) -> the hardware roofs and the library's rates from each run's meta.json
+    (a run made before hardware roofs were measured gets its matmul and copy rates for both)."""
+    found: dict[tuple[str, str, str], Roofs] = {}
     for run in runs:
         machine = machine_label(run.meta.get("environment") or {})
         for device, ceiling in (run.meta.get("ceilings") or {}).items():
+            copy = float(ceiling.get("copy_gbps") or 0)
+            roof_gbps = float(ceiling.get("roof_gbps") or copy)
+            roofs = ceiling.get("roof_tflops") or {}
             for dtype, tflops in (ceiling.get("matmul_tflops") or {}).items():
-                found[(machine, device, dtype)] = (float(tflops), float(ceiling.get("copy_gbps") or 0))
+                roof = float(roofs.get(dtype) or tflops)
+                found[(machine, device, dtype)] = Roofs(roof, roof_gbps, float(tflops), copy)
     return found
 
 

@@ -21,15 +21,16 @@ from attnbench.reports.plots import speedup_table
 
 RESULT_COLUMNS = ["run", "machine", "impl", "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k",
                   "head_dim", "mask", "pass", "status", "reason", "median_ms", "iqr_ms", "n_samples", "tflops",
-                  "pct_of_peak", "peak_mem_mb", "max_abs_err", "first_call_ms"]  # fmt: skip
+                  "pct_of_peak", "pct_of_matmul", "peak_mem_mb", "max_abs_err", "first_call_ms"]  # fmt: skip
 NUMERIC = {"batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "median_ms", "iqr_ms", "n_samples",
-           "tflops", "pct_of_peak", "peak_mem_mb", "max_abs_err", "first_call_ms"}  # fmt: skip
+           "tflops", "pct_of_peak", "pct_of_matmul", "peak_mem_mb", "max_abs_err", "first_call_ms"}  # fmt: skip
 CAPTIONS = {
     "latency.png": "median time per call; log axes; one colour per contender in every figure.",
     "tflops.png": "achieved TFLOP/s from the shared FLOP count; the dashed line is the measured matmul peak.",
     "memory.png": "working memory one call needs beyond inputs and output, measured in a separate pass.",
     "speedup.png": "baseline median / contender median per workload; green is faster than the baseline.",
-    "roofline.png": "achieved TFLOP/s against arithmetic intensity, under the measured compute and bandwidth roof.",
+    "roofline.png": "achieved TFLOP/s against arithmetic intensity: the solid line is the hardware roof (own FMA "
+    "and triad kernels, or the GPU's datasheet), the dashed one torch's matmul and copy rates.",
 }
 
 
@@ -86,6 +87,19 @@ def _accuracy(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
+def _ceilings(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """One line per device and dtype: the hardware roofs with their sources and the library's rates."""
+    rows = []
+    for device, c in (meta.get("ceilings") or {}).items():
+        for dtype, matmul in (c.get("matmul_tflops") or {}).items():
+            rows.append({"device": device, "dtype": dtype,
+                         "roof": _fmt((c.get("roof_tflops") or {}).get(dtype)),
+                         "roof_source": (c.get("roof_source") or {}).get(dtype, ""), "matmul": _fmt(matmul),
+                         "roof_gbps": _fmt(c.get("roof_gbps")), "bandwidth_source": c.get("bandwidth_source", ""),
+                         "copy_gbps": _fmt(c.get("copy_gbps"))})  # fmt: skip
+    return rows
+
+
 def _run_block(run: Run) -> dict[str, Any]:
     meta = run.meta
     environment = dict(meta.get("environment") or {})
@@ -93,7 +107,7 @@ def _run_block(run: Run) -> dict[str, Any]:
     details = {"environment": environment, **{key: meta.get(key) for key in keys}}
     return {
         "name": run.name, "machine": machine_label(environment), "command": meta.get("command", "(unknown)"),
-        "warnings": meta.get("warnings") or [],
+        "warnings": meta.get("warnings") or [], "ceilings": _ceilings(meta),
         "environment": json.dumps({k: v for k, v in details.items() if v is not None}, indent=2, default=str),
     }  # fmt: skip
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import matplotlib
 
@@ -140,27 +140,41 @@ def speedup(ok: pd.DataFrame, colours: dict[str, Any], baseline: str | None) -> 
     return figure
 
 
-def roofline(
-    ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str, str, str], tuple[float, float]]
-) -> Any:
+class Roofs(NamedTuple):
+    """One (machine, device, dtype)'s ceilings from meta.json: TFLOP/s and GB/s."""
+
+    roof_tflops: float  # the hardware's compute roof (FMA kernel or datasheet)
+    roof_gbps: float  # the hardware's bandwidth roof (triad or datasheet)
+    matmul_tflops: float  # torch's matmul rate
+    copy_gbps: float  # torch's copy rate
+
+
+def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str, str, str], Roofs]) -> Any:
+    """Achieved TFLOP/s against arithmetic intensity, under the hardware roofline (solid) and the library's
+    (dashed: torch's matmul and copy rates)."""
     points = ok[ok["intensity"].notna() & ok["tflops"].notna()]
     keys = sorted(set(zip(points["machine"], points["device"], points["dtype"], strict=True)) & set(ceilings))
     if not keys:
         return None
     figure, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 4.2), squeeze=False)
     for axis, key in zip(axes[0], keys, strict=True):
-        peak, bandwidth_gbps = ceilings[key]
+        roofs = ceilings[key]
+        peak, bandwidth_gbps = roofs.roof_tflops, roofs.roof_gbps
         rows = points[(points["machine"] == key[0]) & (points["device"] == key[1]) & (points["dtype"] == key[2])]
         low, high = rows["intensity"].min() / 4, rows["intensity"].max() * 4
         x = np.geomspace(low, high, 200)
-        axis.plot(x, np.minimum(peak, x * bandwidth_gbps / 1e3), color="black", linewidth=1.2, label="roofline")
+        axis.plot(x, np.minimum(peak, x * bandwidth_gbps / 1e3), color="black", linewidth=1.2,
+                  label=f"hardware roof ({peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s)")  # fmt: skip
+        axis.plot(x, np.minimum(roofs.matmul_tflops, x * roofs.copy_gbps / 1e3), color="black", linewidth=1,
+                  linestyle="--", label=f"torch matmul ({roofs.matmul_tflops:.3g} TFLOP/s) and copy")  # fmt: skip
         sns.scatterplot(data=rows, x="intensity", y="tflops", hue="impl", hue_order=[i for i in colours
                         if i in set(rows["impl"])], palette=colours, ax=axis, s=40)  # fmt: skip
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.set_xlabel("arithmetic intensity (FLOP/byte)")
         axis.set_ylabel("achieved TFLOP/s")
-        axis.set_title(f"{key[0]}\n{key[1]} {key[2]}: peak {peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s", size=8)
+        axis.set_title(f"{key[0]}\n{key[1]} {key[2]}: hardware roof {peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s",
+                       size=8)  # fmt: skip
         axis.grid(True, which="both", alpha=0.25)
         axis.legend(fontsize=7)
     figure.tight_layout()
@@ -178,14 +192,14 @@ def draw_all(
     frame: pd.DataFrame,
     out_dir: Path,
     baseline: str | None,
-    ceilings: dict[tuple[str, str, str], tuple[float, float]],
+    ceilings: dict[tuple[str, str, str], Roofs],
 ) -> list[tuple[str, Path]]:
     """Every figure the data allows, as (title, PNG path)."""
     ok = plottable(frame)
     if ok.empty:
         return []
     colours = palette(sorted(set(ok["impl"])))
-    peaks = {key: value[0] for key, value in ceilings.items()}
+    peaks = {key: value.matmul_tflops for key, value in ceilings.items()}
     makers: list[tuple[str, str, Callable[[], Any]]] = [
         ("Latency vs sequence length", "latency.png", lambda: latency(ok, colours)),
         ("Throughput vs sequence length", "tflops.png", lambda: throughput(ok, colours, peaks)),

@@ -125,8 +125,10 @@ def test_default_run_folder_goes_under_runs(cli, tmp_path, monkeypatch):
 
 
 def test_module_entry_point_env_and_suites(tmp_path):
-    env = run_subprocess(*attnbench_cmd("env"))
+    env = run_subprocess(*attnbench_cmd("env", "--dtype", "fp32"))
     assert env.returncode == 0 and json.loads(env.stdout)["torch_version"]
+    cpu = json.loads(env.stdout)["ceilings"]["cpu"]
+    assert cpu["roof_tflops"]["float32"] >= cpu["matmul_tflops"]["float32"] > 0 and cpu["roof_source"]["float32"]
     suites = run_subprocess(*attnbench_cmd("suites"))
     names = [line.split()[0] for line in suites.stdout.splitlines()]
     assert suites.returncode == 0 and names == sorted(names)

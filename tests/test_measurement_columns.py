@@ -32,8 +32,11 @@ def test_causal_cross_row_uses_exact_pairs_and_roofline(cpu_ceilings):
     assert row["tflops"] == pytest.approx(row["flops"] / (row["median_ms"] * 1e-3) / 1e12)
     assert row["bytes"] == 4 * 64 * 8 * (2 * 1024 + 2 * 4096)
     assert row["intensity"] == pytest.approx(row["flops"] / row["bytes"])
-    roof = min(cpu_ceilings.matmul_tflops["float32"], row["intensity"] * cpu_ceilings.copy_gbps / 1e3)
+    roof = min(cpu_ceilings.roof_tflops["float32"], row["intensity"] * cpu_ceilings.roof_gbps / 1e3)
     assert row["pct_of_peak"] == pytest.approx(100 * row["tflops"] / roof)
+    library = min(cpu_ceilings.matmul_tflops["float32"], row["intensity"] * cpu_ceilings.copy_gbps / 1e3)
+    assert row["pct_of_matmul"] == pytest.approx(100 * row["tflops"] / library)
+    assert row["host_overhead_us"] is None  # a GPU figure
 
 
 def test_backward_bytes_and_flops():
@@ -48,24 +51,29 @@ def test_ceilings_are_cached_and_remeasured(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr("attnbench.ceilings.MATMUL_N", {"cpu": 256, "cuda": 256})
     monkeypatch.setattr("attnbench.ceilings.COPY_BYTES", {"cpu": 2**22, "cuda": 2**22})
+    monkeypatch.setattr("attnbench.hardware.MEASURE_S", 0.02)
+    monkeypatch.setattr("attnbench.hardware.triad_array_bytes", lambda: 2**22)
     first = load_ceilings("cpu", ["float32"], 1)
     assert first.matmul_tflops["float32"] > 0 and first.copy_gbps > 0
+    assert first.roof_tflops["float32"] >= first.matmul_tflops["float32"] and first.roof_gbps >= first.copy_gbps
     again = load_ceilings("cpu", ["float32"], 1)
     assert again.measured_at == first.measured_at and again.matmul_tflops == first.matmul_tflops
     cache = json.loads((tmp_path / "ceilings.json").read_text())
-    assert len(cache) == 1 and next(iter(cache)).startswith("cpu|")
+    assert len(cache) == 1 and next(iter(cache)).startswith("cpu|") and next(iter(cache)).endswith("|v2")
     more = load_ceilings("cpu", ["float32", "bfloat16"], 1)
-    assert set(more.matmul_tflops) == {"float32", "bfloat16"}
+    assert set(more.matmul_tflops) == set(more.roof_tflops) == set(more.roof_source) == {"float32", "bfloat16"}
     time.sleep(0.01)
     fresh = load_ceilings("cpu", ["float32"], 1, remeasure=True)
     assert fresh.measured_at != first.measured_at
 
 
 def test_roofline_is_min_of_compute_and_bandwidth():
-    c = Ceilings("cpu", "x", 1, "t", {"float32": 0.2}, copy_gbps=40.0)
-    assert c.roofline_tflops("float32", 1.0) == pytest.approx(0.04)  # bandwidth bound
-    assert c.roofline_tflops("float32", 100.0) == 0.2  # compute bound
+    c = Ceilings("cpu", "x", 1, "t", {"float32": 0.2}, copy_gbps=40.0, roof_tflops={"float32": 0.5}, roof_gbps=50.0)
+    assert c.roofline_tflops("float32", 1.0) == pytest.approx(0.05)  # bandwidth bound
+    assert c.roofline_tflops("float32", 100.0) == 0.5  # compute bound
     assert c.roofline_tflops("bfloat16", 100.0) is None
+    assert c.matmul_roofline_tflops("float32", 1.0) == pytest.approx(0.04)  # the library's rates
+    assert c.matmul_roofline_tflops("float32", 100.0) == 0.2
 
 
 def _peak(impl, seq):
@@ -166,9 +174,11 @@ def test_run_records_ceilings_memory_and_predictions(cli, tmp_path):
     frame = pd.read_parquet(out / "results.parquet")
     ok = frame[frame.status == "ok"]
     assert len(ok) == 4
-    for column in ("pct_of_peak", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "gbps", "intensity"):
+    for column in ("pct_of_peak", "pct_of_matmul", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "gbps"):
         assert ok[column].notna().all() and (ok[column] > 0).all(), column
-    assert set(ok.timing_method) == {"torch.utils.benchmark"}
+    assert set(ok.timing_method) == {"torch.utils.benchmark"} and ok.host_overhead_us.isna().all()
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["ceilings"]["cpu"]["matmul_tflops"]["float32"] > 0 and meta["ceilings"]["cpu"]["copy_gbps"] > 0
+    cpu = meta["ceilings"]["cpu"]
+    assert cpu["matmul_tflops"]["float32"] > 0 and cpu["copy_gbps"] > 0
+    assert cpu["roof_tflops"]["float32"] > 0 and cpu["roof_gbps"] > 0 and cpu["roof_source"]["float32"]
     assert isinstance(meta["warnings"], list)

@@ -52,6 +52,15 @@ def test_bounds_pass_fail_and_name_the_case(cli, run):
     assert len(missed) == 2 and all(m.startswith("missed: cpu float32 B1 H8 S256") and "speedup" in m for m in missed)
 
 
+def test_pct_bounds_judge_the_hardware_roof_and_the_matmul_rate(cli, run):
+    base = ["ratios", str(run), "--impl", "fused_cpu", "--vs", "bmm", "--where", "seq_q=256"]
+    assert cli(*base, "--min-pct-of-peak", "0.001", "--min-pct-of-matmul", "0.001")[0] == 0
+    code, _, err = cli(*base, "--min-pct-of-peak", "101")  # above the hardware roof: never met
+    assert code == 1 and all("% of peak" in line for line in err.strip().splitlines())
+    code, _, err = cli(*base, "--min-pct-of-matmul", "1e9")
+    assert code == 1 and all("% of matmul" in line for line in err.strip().splitlines())
+
+
 def test_a_peer_that_did_not_run_fails_a_gate(cli, run):
     code, _, err = cli("ratios", str(run), "--impl", "fused_cpu", "--vs", "xformers", "--max-time-ratio", "1")
     assert code == 1 and "status ok / unavailable, both must be ok" in err

@@ -72,6 +72,9 @@ def test_report_has_figures_every_row_and_every_reason(cli, two_runs, tmp_path):
         with Image.open(png) as image:
             image.verify()
     html = (out / "report.html").read_text()
+    roof_source = json.loads((run / "meta.json").read_text())["ceilings"]["cpu"]["roof_source"]["float32"]
+    assert "<th>hardware roof TFLOP/s</th>" in html and "<th>torch matmul TFLOP/s</th>" in html
+    assert roof_source in html
     frame = pd.read_parquet(run / "results.parquet")
     parser = Rows()
     parser.feed(html)

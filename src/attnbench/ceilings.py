@@ -1,30 +1,45 @@
-"""The machine's measured ceilings: matmul rate per dtype and memory copy bandwidth, per device.
+"""The machine's ceilings per device: the hardware roof every row is placed under, and the library's rates.
+
+- ``roof_tflops[dtype]``, ``roof_gbps``: the hardware roofline. CPU: the throughput of this CPU's widest
+  FMA or dot-product instruction and STREAM-triad bandwidth, measured by attnbench's own kernels
+  (hardware.py); GPU: the vendor's datasheet (datasheet.py) where the device is known, else the measured
+  rates below. ``roof_source`` / ``bandwidth_source`` say which, with the instruction set used, or
+  ``fallback: … (reason)`` when the kernels could not be built here. A roof is an upper bound, so on CPU
+  it is the higher of the kernel's and torch's matmul rate (torch may use units the kernel does not,
+  such as AMX tiles); its source then says so.
+- ``matmul_tflops[dtype]``, ``copy_gbps``: torch's own large matmul and device copy, measured: what "as
+  fast as the library" means.
+
+``pct_of_peak`` = achieved TFLOP/s ÷ ``roofline_tflops`` (the hardware roof: min(compute roof, intensity ×
+bandwidth roof)); ``pct_of_matmul`` = achieved ÷ ``matmul_roofline_tflops`` (the same with torch's matmul
+and copy rates). A row above 100 % of the hardware roof is a measurement defect.
 
 Measured once per machine and cached (``$ATTNBENCH_CACHE_DIR`` or ``~/.cache/attnbench``), keyed by
 device name, thread count and torch version; ``attnbench run --remeasure-ceilings`` measures again.
-Every result row is then placed on the roofline they define: ``pct_of_peak`` is the achieved FLOP/s as a
-percentage of min(matmul rate, intensity × bandwidth).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import statistics
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.utils.benchmark as benchmark
 
+from attnbench import datasheet, hardware
 from attnbench.machine import cpu_name
+from attnbench.native_build import BuildError, cache_dir
 from attnbench.workload import DTYPES
+
+__all__ = ["Ceilings", "cache_dir", "load_ceilings"]
 
 # Square matmul sizes: big enough to reach the sustained rate, small enough to measure in about a second.
 MATMUL_N = {"cpu": 2048, "cuda": 8192}
 COPY_BYTES = {"cpu": 256 * 2**20, "cuda": 2 * 2**30}
+CACHE_VERSION = 2  # bumped when fields are added: older entries are measured again
 
 
 @dataclass
@@ -33,23 +48,29 @@ class Ceilings:
     device_name: str
     threads: int
     torch_version: str
-    matmul_tflops: dict[str, float] = field(default_factory=dict)
-    copy_gbps: float = 0.0
+    matmul_tflops: dict[str, float] = field(default_factory=dict)  # torch's matmul, per dtype
+    copy_gbps: float = 0.0  # torch's device copy (read + write)
+    roof_tflops: dict[str, float] = field(default_factory=dict)  # hardware compute roof, per dtype
+    roof_gbps: float = 0.0  # hardware bandwidth roof
+    roof_source: dict[str, str] = field(default_factory=dict)  # per dtype: how the compute roof was found
+    bandwidth_source: str = ""
+    kernel_tflops: dict[str, float] = field(default_factory=dict)  # CPU: attnbench's FMA kernel, per dtype
+    triad_gbps: float | None = None  # CPU: attnbench's triad kernel
     measured_at: str = ""
 
     def roofline_tflops(self, dtype: str, intensity: float) -> float | None:
-        """Attainable TFLOP/s at this arithmetic intensity (FLOP/byte), or None if not measured."""
-        peak = self.matmul_tflops.get(dtype)
-        if peak is None or self.copy_gbps <= 0:
-            return None
-        return min(peak, intensity * self.copy_gbps / 1e3)
+        """The hardware roof at this arithmetic intensity (FLOP/byte), in TFLOP/s; None if not measured."""
+        return _roofline(self.roof_tflops.get(dtype), self.roof_gbps, intensity)
+
+    def matmul_roofline_tflops(self, dtype: str, intensity: float) -> float | None:
+        """The library's roof at this intensity: min(torch's matmul rate, intensity × torch's copy rate)."""
+        return _roofline(self.matmul_tflops.get(dtype), self.copy_gbps, intensity)
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("ATTNBENCH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attnbench"
-    )
-    return Path(root)
+def _roofline(peak: float | None, gbps: float, intensity: float) -> float | None:
+    if peak is None or gbps <= 0:
+        return None
+    return min(peak, intensity * gbps / 1e3)
 
 
 def _device_name(device: str) -> str:
@@ -57,14 +78,15 @@ def _device_name(device: str) -> str:
 
 
 def _seconds(fn: Any, device: str, threads: int) -> float:
-    """Median seconds per call: torch.utils.benchmark on CPU, CUDA events on GPU."""
+    """Seconds per call: the median of CUDA events on GPU; on CPU the fastest block of torch.utils.benchmark
+    (a rate the library reaches: on a shared CPU the median measures the neighbours too)."""
     if device == "cuda":
         from attnbench.measure import _events_loop
 
         fn()
         return statistics.median(_events_loop(fn, 0.5)) / 1e3
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-    return float(timer.blocked_autorange(min_run_time=0.5).median)
+    return float(min(timer.blocked_autorange(min_run_time=0.5).times))
 
 
 def measure_matmul_tflops(device: str, dtype: str, threads: int) -> float:
@@ -85,8 +107,72 @@ def measure_copy_gbps(device: str, threads: int) -> float:
     return 2 * COPY_BYTES[device] / seconds / 1e9  # read once, write once
 
 
+def _cpu_compute_roofs(ceilings: Ceilings, dtypes: list[str]) -> None:
+    """roof_tflops for ``dtypes``: the FMA kernel's rate, or torch's matmul where that is higher or the
+    kernel can't be built (the reason recorded)."""
+    try:
+        measured = hardware.compute_tflops(dtypes, ceilings.threads)
+    except (BuildError, OSError, RuntimeError) as exc:
+        for dtype in dtypes:
+            ceilings.roof_tflops[dtype] = ceilings.matmul_tflops[dtype]
+            ceilings.roof_source[dtype] = f"fallback: matmul ({exc})"
+        return
+    for dtype in dtypes:
+        rate, isa = measured[dtype]
+        ceilings.kernel_tflops[dtype] = rate
+        matmul = ceilings.matmul_tflops[dtype]
+        if matmul > rate:
+            ceilings.roof_tflops[dtype] = matmul
+            ceilings.roof_source[dtype] = f"measured matmul: faster than the fma kernel ({isa}: {rate:.3g} TFLOP/s)"
+        else:
+            ceilings.roof_tflops[dtype] = rate
+            ceilings.roof_source[dtype] = f"measured fma kernel: {isa}"
+
+
+def _cpu_bandwidth_roof(ceilings: Ceilings) -> None:
+    try:
+        ceilings.triad_gbps, method = hardware.triad_gbps(ceilings.threads)
+    except (BuildError, OSError, RuntimeError) as exc:
+        ceilings.roof_gbps, ceilings.bandwidth_source = ceilings.copy_gbps, f"fallback: copy ({exc})"
+        return
+    if ceilings.copy_gbps > ceilings.triad_gbps:
+        ceilings.roof_gbps = ceilings.copy_gbps
+        ceilings.bandwidth_source = f"measured copy: faster than the triad ({method}: {ceilings.triad_gbps:.3g} GB/s)"
+    else:
+        ceilings.roof_gbps, ceilings.bandwidth_source = ceilings.triad_gbps, f"measured {method}"
+
+
+def _gpu_roofs(ceilings: Ceilings, dtypes: list[str]) -> None:
+    """The datasheet's peaks where the device is known, else the measured matmul and copy rates."""
+    sheet = datasheet.lookup(ceilings.device_name)
+    for dtype in dtypes:
+        if sheet is not None and dtype in sheet.tflops:
+            ceilings.roof_tflops[dtype] = sheet.tflops[dtype]
+            ceilings.roof_source[dtype] = f"datasheet {sheet.name} (dense {dtype})"
+        else:
+            ceilings.roof_tflops[dtype] = ceilings.matmul_tflops[dtype]
+            why = "device not in the datasheet table" if sheet is None else f"no {dtype} figure for {sheet.name}"
+            ceilings.roof_source[dtype] = f"measured matmul ({why})"
+    if sheet is not None:
+        ceilings.roof_gbps, ceilings.bandwidth_source = sheet.gbps, f"datasheet {sheet.name}"
+    else:
+        ceilings.roof_gbps, ceilings.bandwidth_source = (
+            ceilings.copy_gbps,
+            "measured copy (device not in the datasheet table)",
+        )
+
+
 def _key(device: str, threads: int) -> str:
-    return f"{device}|{_device_name(device)}|threads={threads}|torch={torch.__version__}"
+    key = f"{device}|{_device_name(device)}|threads={threads}|torch={torch.__version__}|v{CACHE_VERSION}"
+    cap = hardware.isa_cap()  # a UsageError for an unknown ATTNBENCH_CPU_ISA, before anything is measured
+    return key if device != "cpu" or cap == hardware.TIERS[-1] else f"{key}|isa={cap}"
+
+
+def _from_cache(found: Any) -> Ceilings | None:
+    try:
+        return Ceilings(**found)
+    except TypeError:
+        return None  # written by another attnbench version: measure again
 
 
 def load_ceilings(device: str, dtypes: list[str], threads: int, remeasure: bool = False) -> Ceilings:
@@ -98,14 +184,21 @@ def load_ceilings(device: str, dtypes: list[str], threads: int, remeasure: bool 
         cache = {}
     key = _key(device, threads)
     found = cache.get(key)
-    ceilings = Ceilings(**found) if found and not remeasure else None
+    ceilings = _from_cache(found) if isinstance(found, dict) and not remeasure else None
+    fresh = ceilings is None
     if ceilings is None:
         ceilings = Ceilings(device, _device_name(device), threads, torch.__version__)
         ceilings.copy_gbps = measure_copy_gbps(device, threads)
-    missing = [d for d in dtypes if d not in ceilings.matmul_tflops]
+    missing = [d for d in dtypes if d not in ceilings.matmul_tflops or d not in ceilings.roof_tflops]
     for dtype in missing:
         ceilings.matmul_tflops[dtype] = measure_matmul_tflops(device, dtype, threads)
-    if missing or found is None or remeasure:
+    if device == "cuda":
+        _gpu_roofs(ceilings, sorted(ceilings.matmul_tflops))
+    elif missing:
+        _cpu_compute_roofs(ceilings, missing)
+    if fresh and device != "cuda":
+        _cpu_bandwidth_roof(ceilings)
+    if missing or fresh:
         ceilings.measured_at = dt.datetime.now().astimezone().isoformat()
         cache[key] = asdict(ceilings)
         try:

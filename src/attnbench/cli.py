@@ -10,13 +10,16 @@ import argparse
 import datetime as dt
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pandas as pd
+import torch
 
 from attnbench import registry
 from attnbench.allocator import POLICIES
+from attnbench.ceilings import load_ceilings
 from attnbench.errors import UsageError
 from attnbench.machine import command_line, environment
 from attnbench.results import RunWriter
@@ -204,7 +207,8 @@ def cmd_ratios(args: argparse.Namespace) -> int:
         raise UsageError(f"no {args.impl} row matches --where {' '.join(args.where)}")
     table = ratio_table(frame, args.impl, peers, best=args.best)
     print(format_table(table))
-    bounds = Bounds(args.max_time_ratio, args.min_speedup, args.max_mem_ratio, args.min_pct_of_peak)
+    bounds = Bounds(args.max_time_ratio, args.min_speedup, args.max_mem_ratio, args.min_pct_of_peak,
+                    args.min_pct_of_matmul)  # fmt: skip
     missed = failures(table, bounds)
     for _, line in missed:
         print(f"missed: {line}", file=sys.stderr)
@@ -249,7 +253,15 @@ def cmd_suites(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    print(json.dumps(environment(), indent=2))
+    """The environment as meta.json records it, and this machine's ceilings per device (cached ones; what
+    is missing is measured)."""
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads {args.threads}: must be a positive integer")
+    dtypes = [canonical_dtype(name.strip()) for name in args.dtype.split(",") if name.strip()]
+    threads = args.threads or torch.get_num_threads()
+    devices = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+    ceilings = {device: asdict(load_ceilings(device, dtypes, threads, args.remeasure)) for device in devices}
+    print(json.dumps({**environment(threads), "ceilings": ceilings}, indent=2))
     return 0
 
 
@@ -335,11 +347,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_ratios.add_argument("--max-time-ratio", type=float, help="bound on impl median / peer median")
     p_ratios.add_argument("--min-speedup", type=float, help="bound on peer median / impl median")
     p_ratios.add_argument("--max-mem-ratio", type=float, help="bound on impl peak_mem_mb / peer peak_mem_mb")
-    p_ratios.add_argument("--min-pct-of-peak", type=float, help="bound on impl pct_of_peak (%% of the matmul rate)")
+    p_ratios.add_argument("--min-pct-of-peak", type=float, help="bound on impl pct_of_peak (%% of the hardware roof)")
+    p_ratios.add_argument("--min-pct-of-matmul", type=float, help="bound on impl pct_of_matmul (%% of torch's matmul)")
     p_ratios.set_defaults(func=cmd_ratios)
 
     commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
-    commands.add_parser("env", help="what this machine is, as recorded in meta.json").set_defaults(func=cmd_env)
+    p_env = commands.add_parser("env", help="what this machine is and its ceilings, as recorded in meta.json")
+    p_env.add_argument("--dtype", default="float32,bfloat16", metavar="LIST", help="ceilings of these dtypes")
+    p_env.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
+    p_env.add_argument("--remeasure", action="store_true", help="measure the ceilings again")
+    p_env.set_defaults(func=cmd_env)
     return parser
 
 

@@ -17,10 +17,20 @@ GPU — CUDA events around each call, the host waiting only after the end event 
 time). Two figures: *warm* (back-to-back calls, L2 holding what the last call left) and *cold* (L2 flushed
 before each call, via triton.testing.do_bench, which does exactly that). Calls shorter than
 ``GRAPH_BELOW_MS`` are replayed from a CUDA graph so launch overhead does not swamp them.
+
+Events time the GPU, but when the GPU waits for the host (argument binding, an autotuner's dispatch: tens
+of µs, as long as a small attention kernel) the wait lands between a start and an end event. So each
+group of calls is preceded by a device-side sleep (``torch.cuda._sleep``) sized to ``SLEEP_COVER`` times
+the host's time to enqueue the group (measured on the group before): the queue is then ahead of the host
+and the events see kernels only (``timing_method`` ``cuda_events+sleep``; ``cuda_graph`` for replays).
+The host's own cost is a figure of its own: ``host_overhead_us`` = median wall time of a call with the GPU
+synchronised around it, minus the kernel time (the median).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import random
 import statistics
@@ -38,6 +48,10 @@ MIN_TRUSTED = 5  # a budget-limited case still gets this many samples, up to twi
 MAX_SAMPLES = 10_000
 UNSTABLE_REL_IQR = 0.10  # flag a case whose IQR is 10 % of its median or more
 GRAPH_BELOW_MS = 0.05
+SLEEP_COVER = 1.5  # the device-side sleep lasts this many times the host's time to enqueue its group
+MAX_SLEEP_MS = 50.0  # a group is cut short so that its sleep stays under this
+SYNC_EVERY = 50  # most calls in one group (between two waits for the GPU)
+HOST_CALLS = 5  # synchronised calls whose median wall time gives host_overhead_us
 
 
 @dataclass(frozen=True)
@@ -47,9 +61,10 @@ class Timing:
     n_samples: int
     calls_per_sample: int
     samples_ms: list[float]
-    method: str  # how the samples were taken: torch.utils.benchmark, cuda_events or cuda_graph
+    method: str  # how the samples were taken: torch.utils.benchmark, cuda_events+sleep or cuda_graph
     cold_median_ms: float | None = None  # GPU: L2 flushed before each call
     rounds: int = 1  # rounds of the interleaved loop the workload's contenders were sampled in
+    host_overhead_us: float | None = None  # GPU: synchronised wall time per call minus the kernel time
 
     @property
     def rel_iqr(self) -> float:
@@ -189,22 +204,68 @@ def time_cpu(fn: Callable[[], object], threads: int, budget_s: float, estimate_s
     return result
 
 
+@functools.cache
+def _sleep_cycles_per_ms() -> float:
+    """GPU clock cycles that ``torch.cuda._sleep`` spins per millisecond, timed once with events."""
+    cycles = 1_000_000
+    torch.cuda._sleep(cycles)  # warm up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / max(start.elapsed_time(end), 1e-3)
+
+
+def _group_size(host_ms: float, kernel_ms: float, deadline: float, kept: int) -> int:
+    """Calls in the next group: at most SYNC_EVERY, a sleep under MAX_SLEEP_MS, and within the budget
+    (but enough to reach MIN_SAMPLES)."""
+    left_ms = (deadline - time.perf_counter()) * 1e3
+    wanted = max(MIN_SAMPLES - kept, int(left_ms / kernel_ms), 1)
+    return max(1, min(SYNC_EVERY, wanted, MAX_SAMPLES - kept, int(MAX_SLEEP_MS / (SLEEP_COVER * host_ms))))
+
+
 def _events_loop(fn: Callable[[], object], budget_s: float) -> list[float]:
+    """Per-call GPU times (ms) from an event pair around each call, the queue kept ahead of the host.
+
+    Calls go in groups of up to SYNC_EVERY; each group is preceded by a device-side sleep lasting
+    SLEEP_COVER × the host's time to enqueue the previous group (a first group of one call, not kept,
+    measures it), so the GPU starts the group's kernels only once the host has queued them all."""
+    cycles_per_ms = _sleep_cycles_per_ms()
     starts: list[torch.cuda.Event] = []
     ends: list[torch.cuda.Event] = []
+    host_ms: float | None = None  # host time to enqueue one call
+    kernel_ms = 1.0  # GPU time of one call, from the last group's last pair
     deadline = time.perf_counter() + budget_s
     torch.cuda.synchronize()
     while len(starts) < MAX_SAMPLES and (len(starts) < MIN_SAMPLES or time.perf_counter() < deadline):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        starts.append(start)
-        ends.append(end)
-        if len(starts) % 50 == 0:
-            end.synchronize()  # bound the queue; the events already hold the GPU timestamps
+        probe = host_ms is None
+        group = 1 if host_ms is None else _group_size(host_ms, kernel_ms, deadline, len(starts))
+        sleep_ms = min(MAX_SLEEP_MS, SLEEP_COVER * group * (host_ms if host_ms is not None else 1.0))
+        torch.cuda._sleep(int(cycles_per_ms * sleep_ms))
+        pairs = []
+        enqueue_start = time.perf_counter()
+        for _ in range(group):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            pairs.append((start, end))
+        host_ms = max((time.perf_counter() - enqueue_start) * 1e3 / group, 1e-3)
+        pairs[-1][1].synchronize()  # bound the queue; the events already hold the GPU timestamps
+        kernel_ms = max(pairs[-1][0].elapsed_time(pairs[-1][1]), 1e-3)
+        if not probe:
+            starts += [s for s, _ in pairs]
+            ends += [e for _, e in pairs]
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
+def _host_overhead_us(fn: Callable[[], object], kernel_ms: float) -> float:
+    """Median wall time of HOST_CALLS calls, each with the GPU synchronised before and after, minus the
+    kernel time: what the host adds to a call that nothing overlaps (µs)."""
+    walls = [call_once_ms(fn, "cuda")[0] for _ in range(HOST_CALLS)]
+    return (statistics.median(walls) - kernel_ms) * 1e3
 
 
 def _graph_samples(fn: Callable[[], object], budget_s: float, replays: int = 100) -> list[float] | None:
@@ -235,11 +296,14 @@ def _cold_median_ms(fn: Callable[[], object], budget_s: float) -> float | None:
 
 def time_cuda(fn: Callable[[], object], budget_s: float, estimate_s: float) -> Timing:
     cold = _cold_median_ms(fn, budget_s / 2)
+    timing = None
     if estimate_s * 1e3 < GRAPH_BELOW_MS:
         graph_samples = _graph_samples(fn, budget_s / 2)
         if graph_samples is not None:
-            return _timing(graph_samples, 100, "cuda_graph", cold)
-    return _timing(_events_loop(fn, budget_s / 2), 1, "cuda_events", cold)
+            timing = _timing(graph_samples, 100, "cuda_graph", cold)
+    if timing is None:
+        timing = _timing(_events_loop(fn, budget_s / 2), 1, "cuda_events+sleep", cold)
+    return dataclasses.replace(timing, host_overhead_us=_host_overhead_us(fn, timing.median_ms))
 
 
 def warm_up(fn: Callable[[], object], device: str, first_call_ms: float, budget_s: float) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -83,9 +84,35 @@ def result_warnings(frame: pd.DataFrame) -> list[str]:
             f"{len(unstable)} case(s) unstable (IQR ≥ {UNSTABLE_REL_IQR:.0%} of the median): "
             + ", ".join(sorted(set(unstable["impl"])))
         )
+    over = _over_roof_warning(ok)
+    if over:
+        warnings.append(over)
     thin = ok[ok["n_samples"] < MIN_TRUSTED_SAMPLES]
     if len(thin):
         warnings.append(
             f"{len(thin)} case(s) with fewer than {MIN_TRUSTED_SAMPLES} samples, too short to trust: raise --budget-s"
         )
     return warnings
+
+
+def _case_label(row: dict[Any, Any]) -> str:
+    """'cpu float32 B1 H8/2 S1024x4096 D64 causal fwd': the row's case columns."""
+    kv, sk = row.get("kv_heads"), row.get("seq_k")
+    heads = f"H{row.get('heads')}" + (f"/{kv}" if kv not in (None, row.get("heads")) else "")
+    seq = f"S{row.get('seq_q')}" + (f"x{sk}" if sk not in (None, row.get("seq_q")) else "")
+    parts = [row.get("device"), row.get("dtype"), f"B{row.get('batch')}", heads, seq, f"D{row.get('head_dim')}",
+             row.get("mask"), row.get("pass")]  # fmt: skip
+    return " ".join(str(p) for p in parts if p is not None)
+
+
+def _over_roof_warning(ok: pd.DataFrame) -> str | None:
+    """Rows above 100 % of the hardware roof: no kernel runs faster than the hardware, so the timing or the
+    FLOP count of such a row is wrong. Each is named: contender, case, percentage."""
+    if "pct_of_peak" not in ok:
+        return None
+    over = ok[ok["pct_of_peak"].astype("float64") > 100]
+    if over.empty:
+        return None
+    named = [f"{r['impl']} at {_case_label(r)} ({r['pct_of_peak']:.0f} %)" for r in over.to_dict("records")]
+    return (f"{len(over)} row(s) above 100 % of the hardware roof (pct_of_peak), a measurement defect: "
+            + "; ".join(named))  # fmt: skip

@@ -42,8 +42,8 @@ COLUMNS = [
     "impl", *WORKLOAD_COLUMNS,
     "status", "reason",
     "median_ms", "iqr_ms", "n_samples", "calls_per_sample", "unstable", "timing_method", "cold_median_ms",
-    "rounds", "repeat_medians_ms",
-    "tflops", "gbps", "flops", "bytes", "intensity", "pct_of_peak",
+    "rounds", "repeat_medians_ms", "host_overhead_us",
+    "tflops", "gbps", "flops", "bytes", "intensity", "pct_of_peak", "pct_of_matmul",
     "peak_mem_mb", "predicted_ms", "predicted_mem_mb",
     "max_abs_err", "atol", "rtol", "checked_rows", "grad_err", "grad_tol",
     "setup_ms", "first_call_ms", "threads", "samples_ms",
@@ -52,9 +52,10 @@ LIST_COLUMNS = ["samples_ms", "repeat_medians_ms"]  # lists in Parquet, JSON str
 
 FLOAT_COLUMNS = [
     "scale", "median_ms", "iqr_ms", "cold_median_ms", "tflops", "gbps", "flops", "bytes", "intensity",
-    "pct_of_peak", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "max_abs_err", "atol", "rtol",
+    "pct_of_peak", "pct_of_matmul", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "max_abs_err", "atol", "rtol",
     "grad_err", "grad_tol",
     "setup_ms", "first_call_ms",
+    "host_overhead_us",
 ]  # fmt: skip
 
 

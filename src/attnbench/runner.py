@@ -231,6 +231,7 @@ def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready,
         median_ms=timing.median_ms, iqr_ms=timing.iqr_ms, n_samples=timing.n_samples,
         calls_per_sample=timing.calls_per_sample, samples_ms=timing.samples_ms, unstable=timing.unstable,
         timing_method=timing.method, cold_median_ms=timing.cold_median_ms, rounds=timing.rounds,
+        host_overhead_us=timing.host_overhead_us,
         flops=flops, bytes=traffic, intensity=flops / traffic,
         tflops=flops / (timing.median_ms * 1e-3) / 1e12, gbps=traffic / (timing.median_ms * 1e-3) / 1e9,
         peak_mem_mb=peak_mb, **predicted,
@@ -240,6 +241,8 @@ def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready,
     )  # fmt: skip
     ceilings = options.ceilings.get(workload.device)
     roof = ceilings.roofline_tflops(workload.dtype, metrics["intensity"]) if ceilings else None
-    metrics["pct_of_peak"] = 100 * metrics["tflops"] / roof if roof else None
+    metrics["pct_of_peak"] = 100 * metrics["tflops"] / roof if roof else None  # of the hardware roof
+    matmul = ceilings.matmul_roofline_tflops(workload.dtype, metrics["intensity"]) if ceilings else None
+    metrics["pct_of_matmul"] = 100 * metrics["tflops"] / matmul if matmul else None
     status = "ok" if prepared.ok else "incorrect"
     return make_row(impl, workload, status, prepared.reason, **metrics)
