@@ -85,7 +85,7 @@ def _schema_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
     if not {"meta", "runs", "rows"} <= tables:
         raise UsageError(f"{path}: a DuckDB file but not an attnbench store (tables: {', '.join(sorted(tables))})")
     found = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    version = int(found[0]) if found else 0
+    version = int(found[0]) if found and str(found[0]).isdigit() else 0
     if not 1 <= version <= SCHEMA_VERSION:
         raise UsageError(
             f"{path}: store schema version {found and found[0]}; this attnbench reads 1 to {SCHEMA_VERSION}"
