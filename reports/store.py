@@ -106,7 +106,8 @@ def _migrate(con: duckdb.DuckDBPyConnection, version: int) -> None:
     while version < SCHEMA_VERSION:
         MIGRATIONS[version](con)
         version += 1
-    con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+    con.execute("DELETE FROM meta WHERE key = 'schema_version'")
+    con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 
 
 def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
