@@ -1,9 +1,10 @@
 """Geometry of one trend panel: a case's median over runs, its noise band and its steps, one line per machine.
 
 Numbers only — the template draws them as inline SVG (so every string in it is escaped by Jinja2).
-x is either the run's position in time order (``commit``: evenly spaced, labelled by commit) or its
-start time (``date``: spaced by time). y is logarithmic, so a step of one ratio looks the same size at
-any time scale; the band is median · exp(±√v) with v the run's variance from ``reports.changes``.
+x is either the commit (``commit``: commits evenly spaced in the order of their first run, every
+machine's run of one commit at one x) or the run's start time (``date``: spaced by time). y is
+logarithmic, so a step of one ratio looks the same size at any level; the band is median · exp(±√v)
+with v the run's variance from ``reports.changes``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.reports.changes import SeriesChanges
+from attnbench.reports.changes import Point, SeriesChanges
 
 WIDTH, HEIGHT = 620, 230
-LEFT, RIGHT, TOP, BOTTOM = 58, 12, 12, 58
+LEFT, RIGHT, TOP, BOTTOM = 58, 36, 14, 58
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
 X_MODES = ("commit", "date")
 
@@ -46,39 +47,44 @@ def _y_scale(values: list[float]) -> tuple[Any, list[dict[str, Any]]]:
     return y, [{"y": y(t), "label": _fmt_ms(t)} for t in ticks]
 
 
-def _x_positions(order: list[tuple[Any, str]], mode: str) -> dict[str, float]:
-    """x of each run id; ``order`` is (started_at, run_id) of every run in the panel, sorted."""
+def _x_key(point: Point, mode: str) -> str:
+    """What shares one x: in ``commit`` mode the commit (a dirty tree apart from the clean one); a run
+    without a recorded commit, and every run in ``date`` mode, stands alone."""
+    if mode == "commit" and point.commit:
+        return commit_label(point.commit, point.dirty) + point.commit
+    return point.run_id
+
+
+def _x_positions(points: list[Point], mode: str) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """x of each run id and the axis ticks (at most 24 labels)."""
     span = WIDTH - LEFT - RIGHT
-    if len(order) == 1:
-        return {order[0][1]: LEFT + span / 2}
-    if mode == "date":
-        first, last = pd.Timestamp(order[0][0]), pd.Timestamp(order[-1][0])
-        total = (last - first).total_seconds() or 1.0
-        return {rid: round(LEFT + span * (pd.Timestamp(t) - first).total_seconds() / total, 1) for t, rid in order}
-    return {rid: round(LEFT + span * k / (len(order) - 1), 1) for k, (_, rid) in enumerate(order)}
-
-
-def _x_ticks(order: list[tuple[Any, str]], xs: dict[str, float], labels: dict[str, str]) -> list[dict[str, Any]]:
-    every = max(1, math.ceil(len(order) / 24))
-    return [{"x": xs[rid], "label": labels[rid]} for k, (_, rid) in enumerate(order) if k % every == 0]
+    first_seen: dict[str, tuple[pd.Timestamp, Point]] = {}
+    for point in sorted(points, key=lambda p: (pd.Timestamp(p.started_at), p.run_id)):
+        first_seen.setdefault(_x_key(point, mode), (pd.Timestamp(point.started_at), point))
+    keys = list(first_seen)
+    if mode == "date" and len(keys) > 1:
+        start, stop = first_seen[keys[0]][0], first_seen[keys[-1]][0]
+        total = (stop - start).total_seconds() or 1.0
+        at = {key: LEFT + span * (stamp - start).total_seconds() / total for key, (stamp, _) in first_seen.items()}
+    else:
+        at = {key: LEFT + span * (k / (len(keys) - 1) if len(keys) > 1 else 0.5) for k, key in enumerate(keys)}
+    xs = {p.run_id: round(at[_x_key(p, mode)], 1) for p in points}
+    every = max(1, math.ceil(len(keys) / 24))
+    ticks = []
+    for k, key in enumerate(keys):
+        stamp, point = first_seen[key]
+        label = commit_label(point.commit, point.dirty) if mode == "commit" else f"{stamp:%m-%d %H:%M}"
+        if k % every == 0:
+            ticks.append({"x": round(at[key], 1), "label": label})
+    return xs, ticks
 
 
 def panel(series: dict[str, SeriesChanges], colours: dict[str, str], mode: str) -> dict[str, Any]:
     """One panel: ``series`` maps machine → its changes; returns what the template's macro draws."""
-    runs: dict[str, tuple[Any, str]] = {}
-    for changes in series.values():
-        for point in changes.points:
-            runs[point.run_id] = (point.started_at, point.run_id)
-    order = sorted(runs.values(), key=lambda item: (pd.Timestamp(item[0]), item[1]))
-    xs = _x_positions(order, mode)
-    labels: dict[str, str] = {}
+    xs, x_ticks = _x_positions([p for changes in series.values() for p in changes.points], mode)
     values: list[float] = []
     for changes in series.values():
         for point, v in zip(changes.points, changes.variances, strict=True):
-            stamp = pd.Timestamp(point.started_at)
-            labels[point.run_id] = (
-                commit_label(point.commit, point.dirty) if mode == "commit" else stamp.strftime("%m-%d %H:%M")
-            )
             values += [point.median_ms * math.exp(-math.sqrt(v)), point.median_ms * math.exp(math.sqrt(v))]
     y, y_ticks = _y_scale(values)
     lines = []
@@ -107,5 +113,5 @@ def panel(series: dict[str, SeriesChanges], colours: dict[str, str], mode: str) 
         })  # fmt: skip
     return {
         "width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
-        "bottom": HEIGHT - BOTTOM, "y_ticks": y_ticks, "x_ticks": _x_ticks(order, xs, labels), "lines": lines,
+        "bottom": HEIGHT - BOTTOM, "y_ticks": y_ticks, "x_ticks": x_ticks, "lines": lines,
     }  # fmt: skip
