@@ -90,7 +90,7 @@ def runs_table(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return con.execute("SELECT * FROM runs ORDER BY started_at, run_id").df()
 
 
-def _label(row: dict[str, Any]) -> str:
+def _label(row: dict[Any, Any]) -> str:
     extras = [f"{c}={row[c]}" for c in CASE_COLUMNS if c not in LABELLED and not _missing(row.get(c))]
     return " ".join([workload_label(row), *extras])
 
@@ -99,7 +99,7 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
 
 
-def _point(row: dict[str, Any]) -> Point:
+def _point(row: dict[Any, Any]) -> Point:
     sigma, source = run_noise(row["median_ms"], row["iqr_ms"], row["samples_ms"], row["repeat_medians_ms"])
     dirty = None if _missing(row["git_dirty"]) else bool(row["git_dirty"])
     commit = None if _missing(row["git_commit"]) else str(row["git_commit"])
