@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -73,6 +75,16 @@ def read_changes(path: Path) -> pd.DataFrame:
     return pd.read_csv(path / "changes.csv", dtype={"commit_before": str, "commit_after": str})
 
 
+def stored_series(db: Path) -> str:
+    """Each run's median and relative IQR per contender, for a failure message."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        sql = "SELECT impl, run, round(median_ms, 4), round(iqr_ms / median_ms, 3) FROM rows ORDER BY impl, run"
+        return "\n".join(map(str, con.execute(sql).fetchall()))
+    finally:
+        con.close()
+
+
 def fingerprint(path: Path) -> tuple[bytes, int]:
     return path.read_bytes(), path.stat().st_mtime_ns
 
@@ -95,8 +107,9 @@ def history(tmp_path_factory):
         for n in range(1, 11):
             commits.append(commit(repo, n))
             mp.setenv("ATTNBENCH_SLOWABLE_FACTOR", "1.25" if n >= 6 else "1")
-            args = ["run", "--impl", "slowable,steady", *ONE_CASE, "--budget-s", "0.05", "--no-memory",
-                    "--isolate", "none", "--progress", "off", "--out", f"runs/r{n:02d}"]  # fmt: skip
+            # one thread: a tiny SDPA on two threads of a loaded machine waits ms at OpenMP barriers
+            args = ["run", "--impl", "slowable,steady", *ONE_CASE, "--budget-s", "0.05", "--no-memory", "--threads",
+                    "1", "--isolate", "none", "--progress", "off", "--out", f"runs/r{n:02d}"]  # fmt: skip
             assert main(args + (["--store"] if n % 2 else [])) == 0
         assert main(["store", *(f"runs/r{n:02d}" for n in range(2, 11, 2))]) == 0
     registry.load(refresh=True)
@@ -108,7 +121,7 @@ def test_history_finds_exactly_the_planted_step_and_fails_on_it(history, cli, tm
     _, db, commits = history
     code, out, err = cli("history", "--db", str(db), "--out", str(tmp_path / "page"))
     assert code == 0, err
-    assert out.startswith("10 runs, 2 cases on 1 machine(s): 1 step(s)")
+    assert out.startswith("10 runs, 2 cases on 1 machine(s): 1 step(s)"), out + stored_series(db)
     changes = read_changes(tmp_path / "page")
     assert len(changes) == 1, changes
     step = changes.iloc[0]
@@ -151,13 +164,18 @@ def test_storing_runs_again_adds_nothing(history, cli):
 
 
 @pytest.mark.slow
-def test_readme_sql_runs_through_python(history):
-    _, db, _ = history
-    query = "select impl, count(*) as runs, median(median_ms) as ms from rows where status = 'ok' group by impl"
-    script = f"import duckdb; print(duckdb.connect({str(db)!r}, read_only=True).sql({query!r}).fetchall())"
-    result = run_subprocess(sys.executable, "-c", script)
+def test_readme_sql_runs_through_python_and_the_duckdb_cli(history):
+    repo, _, _ = history
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    lines = [line for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.DOTALL) for line in block.splitlines()]
+    (python,) = [line for line in lines if line.startswith('python -c "import duckdb')]
+    result = run_subprocess(sys.executable, *shlex.split(python)[1:], cwd=repo)
     assert result.returncode == 0, result.stderr
-    assert "('slowable', 10," in result.stdout and "('steady', 10," in result.stdout
+    assert re.search(r"slowable\s*│\s*10\s*│", result.stdout) and re.search(r"steady\s*│\s*10\s*│", result.stdout)
+    (cli_line,) = [line for line in lines if line.startswith("duckdb runs/attnbench.duckdb")]
+    if shutil.which("duckdb"):  # the command-line shell is a separate install
+        result = run_subprocess(*shlex.split(cli_line), cwd=repo)
+        assert result.returncode == 0 and "slowable" in result.stdout, result.stderr
 
 
 @pytest.mark.slow
