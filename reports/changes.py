@@ -106,9 +106,14 @@ class SeriesChanges:
 
 
 def _finite_positive(values: Any) -> list[float]:
+    """The finite, positive numbers of a list-like value; [] for a missing value (None, NaN, NA)."""
     if values is None or isinstance(values, str | float | int):
         return []
-    return [float(v) for v in values if v is not None and math.isfinite(float(v)) and float(v) > 0]
+    try:
+        numbers = [float(v) for v in values if v is not None]
+    except TypeError:  # pandas NA and other scalars that are not lists
+        return []
+    return [v for v in numbers if math.isfinite(v) and v > 0]
 
 
 def run_noise(median_ms: float, iqr_ms: Any, samples_ms: Any, repeat_medians_ms: Any) -> tuple[float, str]:

@@ -69,6 +69,8 @@ def load_history(con: duckdb.DuckDBPyConnection, impls: list[str], where: list[s
     conditions = _parse_where(where, columns)
     wanted = [*CASE_COLUMNS, "machine", *NOISE_COLUMNS]
     select = [f'r."{c}"' if c in columns["rows"] else f'NULL AS "{c}"' for c in dict.fromkeys(wanted)]
+    machine = 'COALESCE(r."machine", runs."machine")' if "machine" in columns["rows"] else 'runs."machine"'
+    select = [f'{machine} AS "machine"' if item in ('r."machine"', 'NULL AS "machine"') else item for item in select]
     select += [f'runs."{c}" AS "run_{c}"' if c == "name" else f'runs."{c}"' for c in RUN_COLUMNS]
     sql = f"SELECT r.run_id, {', '.join(select)} FROM rows r JOIN runs USING (run_id) WHERE r.status = 'ok'"
     params: list[Any] = []

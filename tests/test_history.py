@@ -282,6 +282,10 @@ def test_columns_a_newer_attnbench_adds_are_added_with_null_for_old_rows(cli, tm
     ).fetchall()
     con.close()
     assert rows == [("newer", 128, False, "DOUBLE"), ("run", None, True, "DOUBLE")]
+    for run_name, noise in (("newer", "repeats"), ("run", "samples")):
+        code, _, err = cli("history", "--db", str(db), "--where", f"run={run_name}", "--out", str(tmp_path / run_name))
+        assert code == 0, err
+        assert f"noise: {noise}</div>" in (tmp_path / run_name / "history.html").read_text()
 
 
 def test_workdir_git_records_commit_and_dirty_flag(tmp_path):
