@@ -120,9 +120,14 @@ def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
 
 def check_store(path: Path) -> None:
     """Raise a UsageError unless ``path`` is absent (a new store) or a store this attnbench can read."""
+    if path.is_dir():
+        raise UsageError(f"--db {path}: is a folder; give a database file, e.g. {DEFAULT_DB}")
     if path.exists():
-        with open_store(path, write=False):
-            pass
+        con = _connect(path, read_only=True)
+        try:
+            _schema_version(con, path)  # raises for another program's database or a newer schema
+        finally:
+            con.close()
     elif path.parent.exists() and not path.parent.is_dir():
         raise UsageError(f"--db {path}: {path.parent} is not a folder")
 

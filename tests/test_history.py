@@ -213,7 +213,17 @@ def test_missing_and_corrupt_databases_are_one_line_exit_2(cli, tmp_path):
     code, _, err = cli("store", str(tmp_path / "no-such-run"), "--db", str(corrupt))
     assert code == 2 and "no such run folder" in err
     assert fingerprint(corrupt) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.duckdb"]
+    foreign = tmp_path / "foreign.duckdb"
+    con = duckdb.connect(str(foreign))
+    con.execute("CREATE TABLE accounts (id INTEGER)")
+    con.close()
+    before = fingerprint(foreign)
+    code, _, err = cli("store", str(tmp_path / "no-such-run"), "--db", str(foreign))
+    assert code == 2 and "no such run folder" in err
+    code, _, err = cli("history", "--db", str(foreign), "--out", str(tmp_path / "out"))
+    assert code == 2 and err.count("\n") == 1 and "not an attnbench store (tables: accounts)" in err
+    assert fingerprint(foreign) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.duckdb", "foreign.duckdb"]
 
 
 def _v1_store(path: Path) -> None:
@@ -263,6 +273,11 @@ def test_columns_a_newer_attnbench_adds_are_added_with_null_for_old_rows(cli, tm
     run = tmp_path / "run"
     assert cli("run", "--impl", "bmm", *ONE_CASE, "--budget-s", "0.02", "--no-memory", "--isolate", "none",
                "--progress", "off", "--out", str(run))[0] == 0  # fmt: skip
+    foreign = tmp_path / "foreign.duckdb"
+    duckdb.connect(str(foreign)).execute("CREATE TABLE accounts (id INTEGER)").close()
+    before = fingerprint(foreign)
+    code, _, err = cli("store", str(run), "--db", str(foreign))
+    assert code == 2 and "not an attnbench store (tables: accounts)" in err and fingerprint(foreign) == before
     db = tmp_path / "store.duckdb"
     assert cli("store", str(run), "--db", str(db))[0] == 0
     newer = tmp_path / "newer"
@@ -352,7 +367,8 @@ def test_history_bar_with_cpu_work_and_bmm_beside_it(tmp_path):
     for n in range(1, 11):
         commits.append(commit(repo, n))
         case = ["--seq", "128", "--seq-kv", "128", "--batch", "1", "--kv-heads", "8", "--mask", "none"]
-        args = ["run", "--impl", "slowable,bmm", *case, "--budget-s", "0.05", "--out", f"runs/r{n:02d}", "--store"]
+        args = ["run", "--impl", "slowable,bmm", *case, "--budget-s", "0.05", "--threads", "1",
+                "--out", f"runs/r{n:02d}", "--store"]  # fmt: skip
         factor = {"ATTNBENCH_SLOWABLE_FACTOR": "1.25" if n >= 6 else "1"}
         done = run_subprocess(*attnbench_cmd(*args), env={**env, **factor}, cwd=repo)
         assert done.returncode == 0, done.stderr[-2000:]

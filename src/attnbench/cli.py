@@ -213,9 +213,9 @@ def cmd_ratios(args: argparse.Namespace) -> int:
 
 
 def cmd_store(args: argparse.Namespace) -> int:
-    from attnbench.reports.store import store_runs
+    from attnbench.reports.store import DEFAULT_DB, store_runs
 
-    db = Path(args.db)
+    db = Path(args.db) if args.db else DEFAULT_DB
     for stored in store_runs([Path(r) for r in args.runs], db):
         print(f"{stored.action:<9} {stored.name} (run_id {stored.run_id}, {stored.n_rows} rows)")
     print(f"store: {db}")
@@ -224,7 +224,7 @@ def cmd_store(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     from attnbench.reports import history
-    from attnbench.reports.store import open_store
+    from attnbench.reports.store import DEFAULT_DB, open_store
 
     if not 0 < args.alpha < 1:
         raise UsageError(f"--alpha {args.alpha}: must be between 0 and 1, e.g. 0.001")
@@ -233,11 +233,15 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
         raise UsageError(f"--fail-on-regression {args.fail_on_regression}: must be a percentage ≥ 0, e.g. 10")
     impls = [name for name in (args.impl or "").split(",") if name]
-    with open_store(Path(args.db), write=False) as con:
+    out = Path(args.out) if args.out else _default_out("history")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder")
+    db = Path(args.db) if args.db else DEFAULT_DB
+    with open_store(db, write=False) as con:
         frame = history.load_history(con, impls, args.where)
         runs = history.runs_table(con)
     if frame.empty:
-        raise UsageError(f"--db {args.db}: no ok row to draw (with the --impl and --where given)")
+        raise UsageError(f"--db {db}: no ok row to draw (with the --impl and --where given)")
     cases = history.case_histories(frame, args.alpha, args.min_change)
     changes = history.change_records(cases)
     n_machines = frame["machine"].nunique()
@@ -248,7 +252,6 @@ def cmd_history(args: argparse.Namespace) -> int:
         size = f"{row['change_pct']:+.1f}% {row['direction']}"
         print(f"{row['impl']}  {row['workload']}{where}  {commits}  {size}  confidence {row['confidence']:.4f}"
               f"  (runs {row['runs_before']}/{row['runs_after']}, noise: {row['noise']})")  # fmt: skip
-    out = Path(args.out) if args.out else _default_out("history")
     settings = {"alpha": args.alpha, "floor": f"max({args.min_change:.0%}, the series' typical noise)",
                 "noise": "per-repeat medians where the run has them, else the run's own IQR"}  # fmt: skip
     html = history.write_history(cases, changes, runs, out, args.x, args.command_line, settings)
@@ -265,15 +268,13 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def _add_history_commands(commands: Any) -> None:
-    from attnbench.reports.store import DEFAULT_DB
-
     p_store = commands.add_parser("store", help="add run folders to the DuckDB results store (SQL over every run)")
     p_store.add_argument("runs", nargs="+", metavar="RUN", help="run folders or pytest-benchmark .json files")
-    p_store.add_argument("--db", default=str(DEFAULT_DB), help=f"the store (default {DEFAULT_DB}; created if missing)")
+    p_store.add_argument("--db", help="the store (default runs/attnbench.duckdb; created if missing)")
     p_store.set_defaults(func=cmd_store)
 
     p_history = commands.add_parser("history", help="trend per case across stored runs, steps found; history.html")
-    p_history.add_argument("--db", default=str(DEFAULT_DB), help=f"the store (default {DEFAULT_DB})")
+    p_history.add_argument("--db", help="the store (default runs/attnbench.duckdb)")
     p_history.add_argument("--impl", help="contenders to keep, comma-separated (default: all)")
     p_history.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE",
                            help="keep rows whose column (of rows or runs) equals VALUE; repeatable")  # fmt: skip
