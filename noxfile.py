@@ -93,6 +93,28 @@ def _newest_run() -> Path:
 
 
 @nox.session(default=False)
+def history(session: nox.Session) -> None:
+    """Store the newest runs under runs/ in runs/attnbench.duckdb and draw runs/history/history.html.
+
+    Arguments go to `attnbench history` (e.g. --impl fused_cpu --fail-on-regression 10)."""
+    install(session)
+    runs = _newest_runs(HISTORY_RUNS)
+    if not runs:
+        raise SystemExit("no run under runs/: run `nox -s bench` first")
+    db = str(ROOT / "runs" / "attnbench.duckdb")
+    session.run("attnbench", "store", *map(str, runs), "--db", db)
+    session.run("attnbench", "history", "--db", db, "--out", str(ROOT / "runs" / "history"), *session.posargs)
+
+
+HISTORY_RUNS = 50  # the newest run folders `nox -s history` stores (storing one twice adds nothing)
+
+
+def _newest_runs(count: int) -> list[Path]:
+    runs = [p for p in (ROOT / "runs").glob("*") if (p / "results.parquet").exists()]
+    return sorted(runs, key=lambda p: p.stat().st_mtime)[-count:]
+
+
+@nox.session(default=False)
 def report_check(session: nox.Session) -> None:
     """Test the reports, in headless Chromium too (installed from Debian's packages when missing)."""
     session.run("bash", ".ci/install-chromium", external=True)

@@ -217,6 +217,85 @@ def cmd_ratios(args: argparse.Namespace) -> int:
     return 1 if missed else 0
 
 
+# --- history: the results store and trends across runs -------------------------------------------------
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    from attnbench.reports.store import DEFAULT_DB, store_runs
+
+    db = Path(args.db) if args.db else DEFAULT_DB
+    for stored in store_runs([Path(r) for r in args.runs], db):
+        print(f"{stored.action:<9} {stored.name} (run_id {stored.run_id}, {stored.n_rows} rows)")
+    print(f"store: {db}")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from attnbench.reports import history
+    from attnbench.reports.store import DEFAULT_DB, open_store
+
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"--alpha {args.alpha}: must be between 0 and 1, e.g. 0.001")
+    if not args.min_change >= 0:
+        raise UsageError(f"--min-change {args.min_change}: must be a fraction ≥ 0, e.g. 0.05")
+    if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
+        raise UsageError(f"--fail-on-regression {args.fail_on_regression}: must be a percentage ≥ 0, e.g. 10")
+    impls = [name for name in (args.impl or "").split(",") if name]
+    out = Path(args.out) if args.out else _default_out("history")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder")
+    db = Path(args.db) if args.db else DEFAULT_DB
+    with open_store(db, write=False) as con:
+        frame = history.load_history(con, impls, args.where)
+        runs = history.runs_table(con)
+    if frame.empty:
+        raise UsageError(f"--db {db}: no ok row to draw (with the --impl and --where given)")
+    cases = history.case_histories(frame, args.alpha, args.min_change)
+    changes = history.change_records(cases)
+    n_machines = frame["machine"].nunique()
+    print(f"{frame['run_id'].nunique()} runs, {len(cases)} cases on {n_machines} machine(s): {len(changes)} step(s)")
+    for row in changes.to_dict("records"):
+        where = f"  [{row['machine']}]" if n_machines > 1 else ""
+        commits = f"{str(row['commit_before'])[:7]} → {str(row['commit_after'])[:7]}"
+        size = f"{row['change_pct']:+.1f}% {row['direction']}"
+        print(f"{row['impl']}  {row['workload']}{where}  {commits}  {size}  confidence {row['confidence']:.4f}"
+              f"  (runs {row['runs_before']}/{row['runs_after']}, noise: {row['noise']})")  # fmt: skip
+    settings = {"alpha": args.alpha, "floor": f"max({args.min_change:.0%}, the series' typical noise)",
+                "noise": "per-repeat medians where the run has them, else the run's own IQR"}  # fmt: skip
+    html = history.write_history(cases, changes, runs, out, args.x, args.command_line, settings)
+    print(f"history: {html} (steps also in {out / 'changes.csv'})")
+    if args.fail_on_regression is not None:
+        bad = history.regressions(changes, args.fail_on_regression)
+        for row in bad.to_dict("records"):
+            print(f"regression: {row['impl']} {row['workload']} on {row['machine']}: {row['change_pct']:+.1f}% "
+                  f"from {str(row['commit_before'])[:7]} to {str(row['commit_after'])[:7]} "
+                  f"(beyond {args.fail_on_regression:g}%)", file=sys.stderr)  # fmt: skip
+        if len(bad):
+            return 1
+    return 0
+
+
+def _add_history_commands(commands: Any) -> None:
+    p_store = commands.add_parser("store", help="add run folders to the DuckDB results store (SQL over every run)")
+    p_store.add_argument("runs", nargs="+", metavar="RUN", help="run folders or pytest-benchmark .json files")
+    p_store.add_argument("--db", help="the store (default runs/attnbench.duckdb; created if missing)")
+    p_store.set_defaults(func=cmd_store)
+
+    p_history = commands.add_parser("history", help="trend per case across stored runs, steps found; history.html")
+    p_history.add_argument("--db", help="the store (default runs/attnbench.duckdb)")
+    p_history.add_argument("--impl", help="contenders to keep, comma-separated (default: all)")
+    p_history.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE",
+                           help="keep rows whose column (of rows or runs) equals VALUE; repeatable")  # fmt: skip
+    p_history.add_argument("--out", help="folder for history.html and changes.csv (default: runs/history-…)")
+    p_history.add_argument("--x", choices=["commit", "date"], default="commit", help="x axis (default commit)")
+    p_history.add_argument("--alpha", type=float, default=0.001, help="significance of a step (default 0.001)")
+    p_history.add_argument("--min-change", type=float, default=0.05,
+                           help="smallest step reported, a fraction (default 0.05; never below the noise)")  # fmt: skip
+    p_history.add_argument("--fail-on-regression", type=float, metavar="PCT",
+                           help="exit 1 when a series' newest step is a slowdown beyond PCT per cent")  # fmt: skip
+    p_history.set_defaults(func=cmd_history)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     entries = registry.load()
     records: list[dict[str, Any]] = []
@@ -301,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--shard", metavar="I/N", help="run the I-th of N balanced, deterministic slices")
     p_run.add_argument("--resume", metavar="RUN_DIR", help="run only the cases of RUN_DIR that have no row yet")
     p_run.add_argument("--progress", choices=["auto", "on", "off"], default="auto", help="progress bar")
+    p_run.add_argument("--store", action="store_true", help="add the run to the results store as it finishes")
+    p_run.add_argument("--db", help="the store for --store (default runs/attnbench.duckdb)")
     p_run.set_defaults(func=cmd_run)
 
     p_profile = commands.add_parser("profile", help="torch.profiler traces and top operators per contender")
@@ -351,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_ratios.add_argument("--min-pct-of-matmul", type=float, help="bound on impl pct_of_matmul (%% of torch's matmul)")
     p_ratios.set_defaults(func=cmd_ratios)
 
+    _add_history_commands(commands)
     commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
     p_env = commands.add_parser("env", help="what this machine is and its ceilings, as recorded in meta.json")
     p_env.add_argument("--dtype", default="float32,bfloat16", metavar="LIST", help="ceilings of these dtypes")

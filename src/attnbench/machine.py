@@ -43,6 +43,19 @@ def git_commit() -> str | None:
     return commit
 
 
+def workdir_git(path: Path | None = None) -> dict[str, Any]:
+    """The git state of the folder attnbench runs in (the code under test when a kernel's repository runs
+    it): ``workdir_commit`` (HEAD) and ``workdir_dirty`` (tracked files changed; untracked ones, such as
+    run folders, do not count). Both None outside a git repository. ``attnbench store`` files a run under
+    this commit, falling back to ``git_commit``."""
+    where = path or Path.cwd()
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=where)
+    if commit is None:
+        return {"workdir_commit": None, "workdir_dirty": None}
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where)
+    return {"workdir_commit": commit, "workdir_dirty": status is not None}
+
+
 def nvidia_driver() -> str | None:
     if not torch.cuda.is_available():
         return None
@@ -54,6 +67,7 @@ def environment(threads: int | None = None) -> dict[str, Any]:
     return {
         "attnbench_version": attnbench.__version__,
         "git_commit": git_commit(),
+        **workdir_git(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch_version": torch.__version__,

@@ -125,8 +125,22 @@ def _reopen(args: argparse.Namespace) -> tuple[Any, ...]:
     return writer, meta, cases
 
 
+def _store_target(args: argparse.Namespace) -> Path | None:
+    """--store's database, checked before anything runs (a corrupt one is a usage error, nothing written)."""
+    if not getattr(args, "store", False):
+        if getattr(args, "db", None):
+            raise UsageError("--db is for --store: add --store to keep the run in the results store")
+        return None
+    from attnbench.reports.store import DEFAULT_DB, check_store
+
+    db = Path(args.db) if args.db else DEFAULT_DB
+    check_store(db)
+    return db
+
+
 def cmd_run(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out: Path) -> int:
     _validate_numbers(args)
+    store_db = _store_target(args)
     resuming = args.resume is not None
     writer, meta, cases = _reopen(args) if resuming else _plan(args, overrides, default_out)
     settings = meta["settings"]
@@ -155,6 +169,11 @@ def cmd_run(args: argparse.Namespace, overrides: dict[str, list[Any]], default_o
     meta.update(end_time=now(), finished=not interrupted)
     frame = writer.finish(meta)
     _summarise(frame, writer, meta, warnings)
+    if store_db is not None:
+        from attnbench.reports.store import store_runs
+
+        (stored,) = store_runs([writer.out_dir], store_db)
+        print(f"stored: {stored.action} in {store_db} (run_id {stored.run_id})")
     if interrupted:
         print(f"interrupted: finished rows are saved; continue with: attnbench run --resume {writer.out_dir}",
               file=sys.stderr)  # fmt: skip

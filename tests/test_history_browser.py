@@ -1,0 +1,126 @@
+"""history.html in headless Chromium: it loads without errors, draws a trend per case, filters, escapes.
+
+The store holds one real run and copies of it on two machines and six commits whose medians are
+derived (scaled) from the real ones — the page is under test here, not the detection (tests/test_history.py).
+Skipped, with the reason, where Chromium, chromedriver or selenium is missing (`bash .ci/install-chromium`).
+"""
+
+import json
+import os
+import shutil
+
+import pandas as pd
+import pytest
+
+os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager reach for the network
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="needs Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)",
+)
+ODD = "<i>odd</i>"
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1800", f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    from attnbench.cli import main
+
+    root = tmp_path_factory.mktemp("history-page")
+    base = root / "base"
+    args = ["run", "--impl", "bmm,sdpa_math", "--seq", "32", "--mask", "none,causal", "--batch", "1",
+            "--kv-heads", "8", "--seq-kv", "32", "--budget-s", "0.02", "--no-memory", "--isolate", "none",
+            "--progress", "off"]  # fmt: skip
+    assert main([*args, "--out", str(base)]) == 0
+    frame = pd.read_parquet(base / "results.parquet")
+    meta = json.loads((base / "meta.json").read_text())
+    folders = []
+    for host in ("box-a", "box-b"):
+        for n in range(6):
+            folder = root / f"{host}-{n}"
+            folder.mkdir()
+            scale = 1.5 if (host == "box-a" and n >= 3) else 1.0  # box-a: bmm 50 % slower from commit 3
+            derived = frame.copy()
+            slowed = derived["impl"] == "bmm"
+            derived.loc[slowed, "median_ms"] *= scale
+            derived["iqr_ms"] = derived["median_ms"] * 0.01  # a quiet machine's spread, whatever the load now
+            derived.loc[derived["impl"] == "sdpa_math", "impl"] = ODD if n == 5 else "sdpa_math"
+            derived.to_parquet(folder / "results.parquet")
+            environment = {**meta["environment"], "hostname": host, "workdir_commit": f"{n + 10:x}" * 20,
+                           "workdir_dirty": n == 4}  # fmt: skip
+            start = f"2026-11-{n + 10}T12:00:00+00:00"
+            (folder / "meta.json").write_text(json.dumps({**meta, "environment": environment, "start_time": start}))
+            folders.append(str(folder))
+    db = root / "store.duckdb"
+    assert main(["store", *folders, "--db", str(db)]) == 0
+    assert main(["history", "--db", str(db), "--out", str(root / "page")]) == 0
+    return root / "page"
+
+
+def _visible(browser, selector):
+    return browser.execute_script(
+        f"return Array.from(document.querySelectorAll({selector!r})).filter(e => e.getClientRects().length > 0).length"
+    )
+
+
+def test_history_page_draws_every_case_and_its_steps(browser, page):
+    browser.get((page / "history.html").as_uri())
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    changes = pd.read_csv(page / "changes.csv")
+    assert len(changes) == 2 and set(changes["impl"]) == {"bmm"} and set(changes["direction"]) == {"slower"}
+    assert _visible(browser, "#changes-table tbody tr") == 2
+    assert _visible(browser, "section.case") == 6  # bmm, sdpa_math and the odd one, ×2 masks
+    circles = browser.execute_script(
+        "return Array.from(document.querySelectorAll('section.case')).map(s => s.querySelectorAll('circle').length)"
+    )
+    assert sorted(circles) == [2, 2, 10, 10, 12, 12]  # runs per case over both machines
+    assert _visible(browser, "line.step.slower") == 2
+    browser.save_screenshot(str(page / "screenshot.png"))
+
+
+def test_history_page_filters_by_contender_case_machine_and_steps(browser, page):
+    browser.get((page / "history.html").as_uri())
+    browser.execute_script("var s = document.getElementById('impl-filter'); s.value = 'sdpa_math';"
+                           "s.dispatchEvent(new Event('change'));")  # fmt: skip
+    assert _visible(browser, "section.case") == 2 and _visible(browser, "#changes-table tbody tr") == 0
+    assert browser.find_element("id", "shown-count").text == "2 of 6 cases shown"
+    browser.execute_script("var s = document.getElementById('impl-filter'); s.value = '';"
+                           "s.dispatchEvent(new Event('change'));"
+                           "var c = document.getElementById('case-filter'); c.value = 'causal';"
+                           "c.dispatchEvent(new Event('input'));")  # fmt: skip
+    assert _visible(browser, "section.case") == 3
+    browser.execute_script("var c = document.getElementById('case-filter'); c.value = '';"
+                           "c.dispatchEvent(new Event('input'));"
+                           "var o = document.getElementById('changes-only'); o.click();")  # fmt: skip
+    assert _visible(browser, "section.case") == 2
+    machine = browser.execute_script("return document.getElementById('machine-filter').options[2].value")
+    browser.execute_script(f"var m = document.getElementById('machine-filter'); m.value = {machine!r};"
+                           "m.dispatchEvent(new Event('change'));")  # fmt: skip
+    assert "box-b" in machine and _visible(browser, "g.machine") == 2
+    assert _visible(browser, "#changes-table tbody tr") == 0
+
+
+def test_history_page_escapes_names(browser, page):
+    browser.get((page / "history.html").as_uri())
+    assert browser.execute_script("return document.querySelectorAll('section.case i').length") == 0
+    titles = browser.execute_script(
+        "return Array.from(document.querySelectorAll('section.case h3')).map(h => h.textContent)"
+    )
+    assert any(title.startswith(ODD) for title in titles)
