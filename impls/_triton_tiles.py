@@ -5,7 +5,7 @@ Definitions:
 * A **tile** is (BLOCK_M query rows, BLOCK_N keys, num_warps, num_stages) for one kernel ("fwd", "dkdv",
   "dq"). BLOCK_D (the head dim padded to a power of two) follows from the inputs.
 * The **shared-memory estimate** of a tile counts what one program keeps in shared memory: its resident
-  operand tiles once and its streamed ones once per pipeline stage (``shared_bytes``). The cap is the
+  operand tiles once and its streamed ones once per buffer in flight, num_stages − 1 (``shared_bytes``). The cap is the
   device's own per-block limit (``max_shared_memory``: 227 KiB on an H100, 163 KiB on an A100), read from
   the driver, not a fixed number.
 * The **tuning key** buckets the sequence lengths to their next power of two (``tuning_key``), so a sweep
@@ -44,6 +44,7 @@ def _tiles(*specs: tuple[int, int, int, int]) -> tuple[Tile, ...]:
 
 # Forward: FlashAttention-2's tiles on Ampere, plus Hopper's deeper pipelines (128×128 with 3–4 stages fits
 # an H100's 227 KiB at D 128 in bf16) and single-stage tiles for the widest rows (fp32 at D 256).
+# fmt: off
 CUDA_TILES: dict[str, tuple[Tile, ...]] = {
     "fwd": _tiles(
         (128, 128, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
@@ -61,6 +62,7 @@ CUDA_TILES: dict[str, tuple[Tile, ...]] = {
         (64, 16, 4, 2), (32, 16, 2, 1),
     ),
 }
+# fmt: on
 # Under TRITON_INTERPRET=1: one tile per kernel whose row and key blocks don't line up, so the tests
 # exercise partial tiles and boundary blocks from both sides.
 INTERPRETER_TILES: dict[str, Tile] = {
@@ -79,7 +81,7 @@ def shared_bytes(kernel: str, tile: Tile, block_d: int, itemsize: int) -> int:
     (res_m, res_n), (str_m, str_n) = _OPERANDS[kernel]
     resident = res_m * tile.block_m + res_n * tile.block_n
     streamed = str_m * tile.block_m + str_n * tile.block_n
-    return itemsize * block_d * (resident + streamed * max(1, tile.num_stages))
+    return itemsize * block_d * (resident + streamed * max(1, tile.num_stages - 1))
 
 
 def max_shared_memory(device: torch.device) -> int:

@@ -75,7 +75,9 @@ def _interpreter_seconds(w: Workload) -> float:
 
 class FusedTriton(Contender):
     name = "fused_triton"
-    description = "our Triton FlashAttention-2 kernels, forward and backward (CUDA; tiles tuned once, masked blocks skipped)"
+    description = (
+        "our Triton FlashAttention-2 kernels, forward and backward (CUDA; tiles tuned once, masked blocks skipped)"
+    )
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
         dtypes=frozenset({"float16", "bfloat16", "float32"}),
