@@ -156,3 +156,36 @@ def test_in_the_interpreter_fp32_dots_are_ieee(monkeypatch):
     q = torch.empty(1, 2, 8, 32)
     assert _triton_flash.make_plan(q, q, q).constants()["INPUT_PRECISION"] == "ieee"
     assert _triton_flash.make_plan(q, q, q).candidates("fwd") == [_triton_tiles.INTERPRETER_TILES["fwd"]]
+
+
+def test_gpu_smoke_without_cuda_says_so_and_exits_0(monkeypatch, capsys):
+    from attnbench.impls import _triton_smoke
+
+    monkeypatch.setattr(_triton_flash, "INTERPRETED", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _triton_smoke.main() == 0
+    assert capsys.readouterr().out == (
+        "gpu_smoke: no CUDA device here, nothing to check (fused_triton's configs need a GPU)\n"
+    )
+
+
+def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsys):
+    from attnbench.impls import _triton_smoke
+
+    forced: list[tuple[str, Tile]] = []
+    bad = CUDA_TILES["dq"][2]
+
+    def check_case(case: Workload, tiles: dict[str, Tile]) -> str:
+        ((kernel, tile),) = tiles.items()
+        forced.append((kernel, tile))
+        return "dq error 0.5 of its scale, over 0.06" if tile == bad else ""
+
+    monkeypatch.setattr(_triton_smoke, "check_case", check_case)
+    monkeypatch.setattr(_triton_smoke, "check_far_offsets", lambda device: "")
+    monkeypatch.setattr(_triton_smoke, "_candidates", lambda case, kernel: list(CUDA_TILES[kernel]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _triton_smoke.main() == 1
+    cases = len(_triton_smoke.SMOKE_CASES)
+    assert forced == [(kernel, tile) for kernel, tiles in CUDA_TILES.items() for tile in tiles for _ in range(cases)]
+    out = capsys.readouterr().out
+    assert f"FAILED dq {bad} on " in out and f"gpu_smoke: {cases} failure(s)" in out
