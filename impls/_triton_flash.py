@@ -224,18 +224,26 @@ def _row_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int, int
 
 
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, store_lse: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: Plan,
+    store_lse: bool = False,
+    visited: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """O (B, Hq, Sq, D) and, with ``store_lse``, the row log-sum-exp (B, Hq, Sq) fp32 in log2 units."""
+    """O (B, Hq, Sq, D) and, with ``store_lse``, the row log-sum-exp (B, Hq, Sq) fp32 in log2 units.
+    ``visited`` (tests): an int32 (B·Hq, row tiles, 2) tensor that receives, per program, the number of
+    key blocks it visits and how many of them are unmasked."""
     out = q.new_empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim)
     lse = torch.empty(plan.batch, plan.heads, plan.seq_q, dtype=torch.float32, device=q.device) if store_lse else None
     doc_stride = plan.doc_start.stride(0) if plan.doc_start is not None else 0
 
     def launch(tile: Tile) -> None:
         kernels._forward_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
-            q, k, v, out, lse, *plan.tables(), *q.stride(), *k.stride(), *v.stride(), *out.stride(), doc_stride,
-            *plan.scalars(), plan.heads, plan.heads // plan.kv_heads, plan.seq_q, plan.seq_k,
-            plan.causal_offset or 0, plan.window, **plan.constants(), STORE_LSE=store_lse, **tile.launch_kwargs(),
+            q, k, v, out, lse, *plan.tables(), visited, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            doc_stride, *plan.scalars(), plan.heads, plan.heads // plan.kv_heads, plan.seq_q, plan.seq_k,
+            plan.causal_offset or 0, plan.window, **plan.constants(), STORE_LSE=store_lse,
+            COUNT_BLOCKS=visited is not None, **tile.launch_kwargs(),
         )  # fmt: skip
 
     launch(plan.tile("fwd", q, k, launch))

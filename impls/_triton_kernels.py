@@ -116,7 +116,7 @@ def _block_bounds(lo_first, hi_first, lo_last, hi_last, whole, BLOCK: tl.constex
 
 @triton.jit
 def _tanh(x):
-    t = tl.math.exp2(-2.0 * LOG2E * tl.abs(x))
+    t = tl.math.exp2(tl.abs(x) * (-2.0 * LOG2E))
     y = (1.0 - t) / (1.0 + t)
     return tl.where(x < 0, -y, y)
 
@@ -167,14 +167,14 @@ def _attend(acc, m_i, l_i, q, k_base, v_base, start_n, offs_n, rows, lo, hi, key
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, Out, Lse, Lengths, DocStart, DocEnd, Slopes,
+    Q, K, V, Out, Lse, Lengths, DocStart, DocEnd, Slopes, Visited,
     stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od, stride_doc,
     sm_scale, qk_scale, softcap, heads, gqa_group, seq_q, seq_k, causal_offset, window,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr, PADDED: tl.constexpr, DOCS: tl.constexpr, SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, COUNT_BLOCKS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     batch_head = tl.program_id(0)
     tile = tl.program_id(1)
@@ -204,6 +204,12 @@ def _forward_kernel(
     lo_last, hi_last = _row_ranges(last_row, b, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc,
                                    CAUSAL, WINDOW, PADDED, DOCS)  # fmt: skip
     start, full_start, full_end, end = _block_bounds(lo_first, hi_first, lo_last, hi_last, 1, BLOCK_N)
+    if COUNT_BLOCKS:  # (tests) the key blocks this tile visits, and how many of them are unmasked
+        unmasked = tl.cdiv(full_end - full_start, BLOCK_N)
+        visited = tl.cdiv(full_start - start, BLOCK_N) + unmasked + tl.cdiv(tl.maximum(end - full_end, 0), BLOCK_N)
+        at = Visited + 2 * (_offsets(batch_head, tl.num_programs(1)) + tile)
+        tl.store(at, visited)
+        tl.store(at + 1, unmasked)
 
     q_ptrs = (Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + _offsets(rows, stride_qm)[:, None]
               + offs_d[None, :] * stride_qd)  # fmt: skip
