@@ -46,8 +46,10 @@ def _offsets(index, stride):
 @triton.jit
 def _dot(a, b, acc, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        result = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        result = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    return result
 
 
 @triton.jit
@@ -124,7 +126,8 @@ def _tanh(x):
 @triton.jit
 def _scores(qk, rows, keys, sm_scale, qk_scale, softcap, slope, alibi_offset,
             SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):  # fmt: skip
-    """(s, c, dmod): the log2-unit scores are s·c; dmod = d(modified score)/d(scaled score) (softcap)."""
+    """(s, c, dmod): the log2-unit scores are s·c; dmod = d(modified score)/d(scaled score) (softcap).
+    One return at the end: the compiler wants a single return type per specialisation."""
     if SOFTCAP or ALIBI:
         s = qk * sm_scale
         dmod = 1.0
@@ -134,8 +137,13 @@ def _scores(qk, rows, keys, sm_scale, qk_scale, softcap, slope, alibi_offset,
             dmod = 1.0 - t * t
         if ALIBI:
             s = s - slope * tl.abs(rows + alibi_offset - keys).to(tl.float32)
-        return s * LOG2E, 1.0, dmod
-    return qk, qk_scale, 1.0
+        s = s * LOG2E
+        c = 1.0
+    else:
+        s = qk
+        c = qk_scale
+        dmod = 1.0
+    return s, c, dmod
 
 
 @triton.jit
