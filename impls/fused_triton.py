@@ -33,7 +33,7 @@ from attnbench.workload import Workload
 NEEDS_CUDA = "needs a CUDA GPU (set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter, for correctness only)"
 # Triton's interpreter runs the grid in Python. Measured with Triton 3.9 on a 2-core x86 machine, whatever
 # the head dim: about 2 ms per (tile, key block) step and 4.5 ms more per tile; the backward's steps (dK/dV
-# and dQ together) cost about BACKWARD_STEPS times the forward's.
+# and dQ together) cost 1.8–3.5 times the forward's (measured on three shapes): BACKWARD_STEPS.
 INTERPRETER_SECONDS_PER_BLOCK = 2e-3
 INTERPRETER_SECONDS_PER_TILE = 4.5e-3
 BACKWARD_STEPS = 3.0
