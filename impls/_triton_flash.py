@@ -165,7 +165,13 @@ class Plan:
         return self.tiles[kernel]
 
     def tune(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool = False) -> None:
-        """Choose every tile now (outside any timed region) by running the kernels once."""
+        """Choose every tile now (outside any timed region), running the kernels once when there is a
+        choice to time (not in the interpreter, where each kernel has one tile)."""
+        kernels = KERNELS if backward else ("fwd",)
+        single = {kernel: self.candidates(kernel) for kernel in kernels}
+        if all(len(tiles) == 1 for tiles in single.values()):
+            self.tiles.update({kernel: tiles[0] for kernel, tiles in single.items()})
+            return
         with torch.no_grad():
             out, lse = forward(q, k, v, self, store_lse=backward)
         if backward:
