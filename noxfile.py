@@ -164,6 +164,13 @@ def calibrate(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def gpu_smoke(session: nox.Session) -> None:
+    """Force every fused_triton tile once, forward and backward, against float64 on a CUDA GPU (exit 0 without one)."""
+    install(session, "triton")
+    session.run("python", "-m", "attnbench.impls._triton_smoke", *session.posargs)
+
+
+@nox.session(default=False)
 def pytest_bench(session: nox.Session) -> None:
     """Run a suite through pytest-benchmark (arguments go to pytest, e.g. --attnbench-suite standard)."""
     install(session, "test")

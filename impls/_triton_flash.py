@@ -1,53 +1,49 @@
-"""A FlashAttention-2 forward kernel in Triton, and its launcher :func:`flash_forward`.
+"""fused_triton's Python side: the attention function, its plan, the launches and the autograd wrapper.
 
-One program computes one (BLOCK_M query rows, query head, batch) tile of the output, streaming the keys
-and values of its kv head in BLOCK_N blocks with the online-softmax recurrence: a running row maximum
-``m``, a running denominator ``l`` and an unnormalised fp32 accumulator, rescaled by ``exp2(m_old − m_new)``
-whenever the maximum grows. The softmax scale is folded together with log2(e) so that ``exp2`` replaces
-``exp``; the (Sq, Sk) score matrix never exists in memory.
+``flash_attention(q, k, v, ...)`` computes softmax(q·kᵀ·scale + mask [+ score modifiers])·v with the
+kernels of ``_triton_kernels`` (their docstring has the algorithm) and, when q, k or v require grad,
+records a backward that runs the FlashAttention-2 backward kernels. Its keyword arguments:
 
-Design points:
+* ``mask``: one of attnbench's masks (``none``, ``causal`` top-left, ``causal_bottom_right``,
+  ``padding`` with ``lengths``, an int32 (B,) tensor of valid key counts);
+* ``window=W``: a sliding window, key j visible to row i iff i + (Sk − Sq) − W < j ≤ i + (Sk − Sq);
+* ``document_ids`` (B, S) or ``cu_seqlens`` (n + 1,) offsets shared by the batch: row i sees key j iff
+  both lie in the same document and j ≤ i (Sq = Sk); documents are runs of equal ids;
+* ``softcap=c``: scores ← c·tanh(scores/c), before the mask;
+* ``alibi=True``: score += −slope_h·|i + (Sk − Sq) − j|, slope_h = 2^(−8(h+1)/H).
 
-* **Masks as key prefixes.** Every mask attnbench knows leaves each query row a prefix of the keys
-  visible: row i of batch b sees keys j < limit(b, i), with limit = Sk for ``none``, min(Sk, i + 1 + offset)
-  for the causal masks (offset 0 top-left, Sk − Sq bottom-right) and min(Sk, lengths[b]) for ``padding``.
-  A tile's rows therefore share the keys below its *first* row's limit (processed without any masking)
-  and need nothing past its *last* row's limit: key blocks beyond it are skipped, so causal does about
-  half the work, and only the boundary blocks in between pay for the element-wise mask. With a causal mask
-  the row tiles are launched last-first, so the longest ones don't run alone at the end.
-* **Empty rows.** A row whose limit is 0 (bottom-right causal with Sq > Sk) keeps m = −inf and l = 0;
-  the recurrence substitutes 0 for an infinite maximum so that no ``inf − inf`` appears, and the final
-  division writes zeros for such rows, as torch SDPA does.
-* **GQA.** Query head h reads kv head h // G (G = Hq / Hkv) by index: k and v are never expanded.
-* **Head dims that are not powers of two.** ``tl.arange`` needs a power of two, so the head dimension is
-  padded to BLOCK_D = next_power_of_2(D) (at least 16, the smallest ``tl.dot`` tile); loads fill the
-  padding with zeros (adding nothing to q·kᵀ) and stores leave it out. The sequence axes are masked the
-  same way, so any Sq and Sk work.
-* **Any strides.** Strides are kernel arguments, so q, k and v are read where they lie (no copies);
-  batch and head offsets are 64-bit so large tensors don't overflow.
-* **Precision.** Scores, softmax statistics and the accumulator are fp32; p is cast to v's dtype for the
-  second matmul (as FlashAttention does). fp32 inputs use ``input_precision="ieee"``: TF32 would miss
-  attnbench's fp32 tolerance. (In the interpreter only, bfloat16 operands go to ``tl.dot`` as fp32, whose
-  bfloat16 support is missing there; see ``_dot``.)
-* **Autotuning.** Block sizes, warps and pipeline stages are tuned per (Sq, Sk, D, mask, dtype) on CUDA;
-  the first call of a new shape carries the tuning (attnbench reports it as ``first_call_ms``). Under
-  ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, for correctness checks) one small configuration is
-  used, because tuning there would take minutes; BLOCK_M ≠ BLOCK_N there on purpose, so the tests
-  exercise tiles whose row and key blocks don't line up.
+A :class:`Plan` holds everything about a call that does not change between calls (mask tables built on
+the device, flags, scale) and the tile chosen for each kernel; fused_triton builds it and tunes it in
+``prepare`` (``plan.tune``), so each timed call launches ``kernel[grid](..., BLOCK_M=…, num_warps=…)``
+directly. Tile choice, pruning and the tuning cache are in ``_triton_tiles``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from typing import Any
 
 import torch
 import triton
-import triton.language as tl
 
+from attnbench.impls import _triton_kernels as kernels
+from attnbench.impls._triton_tiles import (
+    CUDA_TILES,
+    INTERPRETER_TILES,
+    Tile,
+    choose,
+    max_shared_memory,
+    prune,
+    tuning_key,
+)
 from attnbench.workload import MASKS
 
 LOG2_E = 1.4426950408889634
+# fp32 dots on CUDA: three TF32 passes give fp32-level products (plain TF32 misses attnbench's 1e-4).
+FP32_CUDA_PRECISION = "tf32x3"
+PREPROCESS_BLOCK_M = 32
 
 
 def _interpreting() -> bool:
@@ -59,175 +55,7 @@ def _interpreting() -> bool:
 
 
 INTERPRETED = _interpreting()
-
-# (BLOCK_M, BLOCK_N, num_warps, num_stages): the usual FlashAttention-2 tiles on Ampere/Hopper.
-_CUDA_TILES = [
-    (128, 128, 8, 2),
-    (128, 64, 8, 3),
-    (128, 64, 4, 3),
-    (128, 32, 4, 4),
-    (64, 128, 4, 2),
-    (64, 64, 4, 3),
-    (64, 32, 4, 4),
-    (32, 32, 2, 4),
-    # single-stage tiles for the widest rows (fp32 at head dim 256), where the pipelined ones don't fit
-    (64, 32, 4, 1),
-    (32, 16, 2, 1),
-]
-# Shared memory one program may use: under an A100's 164 KiB (an H100 has 227 KiB).
-SHARED_MEMORY_BYTES = 160 * 1024
-INTERPRETER_BLOCKS = (32, 16)  # (BLOCK_M, BLOCK_N) under TRITON_INTERPRET=1
-CONFIGS = [
-    triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages)
-    for m, n, warps, stages in ([(*INTERPRETER_BLOCKS, 1, 1)] if INTERPRETED else _CUDA_TILES)
-]
-
-
-def shared_bytes(block_m: int, block_n: int, stages: int, block_d: int, itemsize: int) -> int:
-    """Shared memory a tile needs, roughly: the q tile once, a k and a v tile per pipeline stage."""
-    return itemsize * block_d * (block_m + 2 * block_n * max(1, stages))
-
-
-def _prune_configs(configs: list[Any], named_args: dict[str, Any], **kwargs: Any) -> list[Any]:
-    """Drop tiles that can't win (or can't run) before timing them: row blocks far taller than the query
-    sequence (only masked-out rows), 128-wide key blocks at head dims over 128 (registers spill), and
-    tiles whose k/v pipeline would not fit in shared memory."""
-    q = named_args["Q"]
-    seq_q, head_dim = named_args["seq_q"], q.shape[-1]  # (older Tritons pass no kwargs)
-    block_d, itemsize = max(16, triton.next_power_of_2(head_dim)), q.element_size()
-    rows = max(32, triton.next_power_of_2(seq_q))
-
-    def fits(c: Any) -> bool:
-        m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-        return (
-            m <= rows
-            and not (head_dim > 128 and n > 64)
-            and shared_bytes(m, n, c.num_stages, block_d, itemsize) <= SHARED_MEMORY_BYTES
-        )
-
-    kept = [c for c in configs if fits(c)]
-    return kept or [min(configs, key=lambda c: shared_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages,
-                                                            block_d, itemsize))]  # fmt: skip
-
-
-@triton.jit
-def _dot(a, b, acc, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """a·b (+ acc) in fp32. ``UPCAST`` (interpreter and bfloat16 only) converts the operands to fp32 first:
-    the interpreter's tl.dot multiplies bfloat16 bit patterns as integers (triton-lang/triton#11584), while
-    fp32 products of bfloat16 values are exactly what the tensor cores compute."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-
-
-@triton.jit
-def _attend_block(
-    acc, m_i, l_i, q, k_block_ptrs, v_block_ptrs, start_n, offs_n, d_ok, row_limit, key_limit, qk_scale,
-    stride_kn, stride_vn,
-    MASKED: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """One BLOCK_N block of keys into the running (acc, m, l) of a tile. ``MASKED`` blocks load only keys
-    below ``key_limit`` and hide keys at or past each row's ``row_limit``; unmasked blocks lie wholly
-    below every row's limit."""
-    keys = start_n + offs_n  # (BLOCK_N,)
-    k_ptrs = k_block_ptrs + start_n * stride_kn
-    v_ptrs = v_block_ptrs + start_n * stride_vn
-    if MASKED:
-        k_t = tl.load(k_ptrs, mask=d_ok[:, None] & (keys[None, :] < key_limit), other=0.0)  # (BLOCK_D, BLOCK_N)
-        v = tl.load(v_ptrs, mask=(keys[:, None] < key_limit) & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
-    else:
-        k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-    qk = _dot(q, k_t, None, INPUT_PRECISION, UPCAST) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
-    if MASKED:
-        qk = tl.where(keys[None, :] < row_limit[:, None], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: avoid inf - inf
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_use = m_new
-    p = tl.math.exp2(qk - m_use[:, None])
-    alpha = tl.math.exp2(m_i - m_use)  # 0 on a row's first visible block (m_i = -inf)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], INPUT_PRECISION, UPCAST)
-    return acc, m_new, l_i
-
-
-@triton.autotune(
-    configs=CONFIGS,
-    key=["seq_q", "seq_k", "HEAD_DIM", "CAUSAL", "PADDED"],  # Triton adds the tensors' dtypes to the key
-    prune_configs_by={"early_config_prune": _prune_configs},
-)
-@triton.jit
-def _flash_forward_kernel(
-    Q, K, V, Out, Lengths,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_om, stride_od,
-    qk_scale, heads, gqa_group, seq_q, seq_k, causal_offset,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PADDED: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    tile = tl.program_id(0)
-    if CAUSAL:  # the last row tiles see the most keys: start them first, so the short ones fill the tail
-        tile = tl.num_programs(0) - 1 - tile
-    start_m = tile * BLOCK_M
-    batch_head = tl.program_id(1)
-    b = (batch_head // heads).to(tl.int64)
-    h = batch_head % heads
-    kv_h = (h // gqa_group).to(tl.int64)  # GQA: query head h reads kv head h // G
-    h = h.to(tl.int64)
-
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM  # BLOCK_D pads the head dim to a power of two
-    m_ok = offs_m < seq_q
-
-    # Row i sees keys j < row_limit[i]. first_limit / last_limit: the limits of the tile's first and last
-    # real rows (the smallest and largest, since limits never decrease down the rows).
-    row_limit = tl.zeros([BLOCK_M], dtype=tl.int32) + seq_k
-    first_limit = seq_k
-    last_limit = seq_k
-    if CAUSAL:
-        row_limit = tl.minimum(row_limit, offs_m + 1 + causal_offset)
-        first_limit = tl.minimum(first_limit, start_m + 1 + causal_offset)
-        last_limit = tl.minimum(last_limit, tl.minimum(start_m + BLOCK_M, seq_q) + causal_offset)
-    if PADDED:
-        length = tl.load(Lengths + b)
-        row_limit = tl.minimum(row_limit, length)
-        first_limit = tl.minimum(first_limit, length)
-        last_limit = tl.minimum(last_limit, length)
-    first_limit = tl.maximum(first_limit, 0)
-    last_limit = tl.maximum(last_limit, 0)
-
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
-    k_block_ptrs = K + b * stride_kb + kv_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-    v_block_ptrs = V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-
-    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-    # Key blocks every row of the tile sees in full: no masking at all.
-    unmasked_end = (first_limit // BLOCK_N) * BLOCK_N
-    for start_n in range(0, unmasked_end, BLOCK_N):
-        acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, k_block_ptrs, v_block_ptrs, start_n, offs_n, d_ok, row_limit, last_limit,
-            qk_scale, stride_kn, stride_vn, False, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
-    # Boundary blocks, up to the last row's limit; blocks past it are skipped.
-    for start_n in range(unmasked_end, last_limit, BLOCK_N):
-        acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q, k_block_ptrs, v_block_ptrs, start_n, offs_n, d_ok, row_limit, last_limit,
-            qk_scale, stride_kn, stride_vn, True, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
-
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # rows that saw no key: acc = 0, so zeros
-    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+KERNELS = ("fwd", "dkdv", "dq")
 
 
 def causal_offset(mask: str, seq_q: int, seq_k: int) -> int | None:
@@ -239,21 +67,133 @@ def causal_offset(mask: str, seq_q: int, seq_k: int) -> int | None:
     return None
 
 
-def flash_forward(
+def alibi_slopes(heads: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """ALiBi's slopes 2^(−8(h+1)/H), h = 0 … H − 1, fp32 (H,)."""
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], dtype=torch.float32, device=device)
+
+
+def document_bounds(
+    document_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, batch: int, seq: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token (start, end) of its document, int32 (B, S) each, from ids (B, S) or offsets (n + 1,)."""
+    if cu_seqlens is not None:
+        offsets = cu_seqlens.to("cpu", torch.int64)
+        if offsets[0] != 0 or offsets[-1] != seq or bool((offsets[1:] < offsets[:-1]).any()):
+            raise ValueError(f"cu_seqlens must rise from 0 to the sequence length {seq}, got {offsets.tolist()}")
+        document_ids = torch.repeat_interleave(torch.arange(len(offsets) - 1), offsets.diff()).expand(batch, seq)
+    assert document_ids is not None
+    ids = document_ids.to("cpu", torch.int64)
+    if ids.shape != (batch, seq):
+        raise ValueError(f"document_ids must have shape {(batch, seq)}, got {tuple(ids.shape)}")
+    starts, ends = torch.empty(batch, seq, dtype=torch.int32), torch.empty(batch, seq, dtype=torch.int32)
+    for b in range(batch):
+        values, counts = torch.unique_consecutive(ids[b], return_counts=True)
+        if len(values) != len(torch.unique(values)):
+            raise ValueError("document_ids: each document must be one run of equal ids")
+        ends_b = torch.cumsum(counts, 0)
+        starts[b] = torch.repeat_interleave(ends_b - counts, counts).to(torch.int32)
+        ends[b] = torch.repeat_interleave(ends_b, counts).to(torch.int32)
+    return starts.to(device), ends.to(device)
+
+
+@dataclasses.dataclass
+class Plan:
+    """What a call needs besides q, k, v: flags, scalars, device tables, and the chosen tiles."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    scale: float
+    causal_offset: int | None = None
+    window: int = 0
+    lengths: torch.Tensor | None = None  # int32 (B,)
+    doc_start: torch.Tensor | None = None  # int32 (B, S)
+    doc_end: torch.Tensor | None = None
+    softcap: float = 0.0
+    slopes: torch.Tensor | None = None  # fp32 (Hq,)
+    tiles: dict[str, Tile] = dataclasses.field(default_factory=dict)
+
+    @property
+    def block_d(self) -> int:
+        return max(16, triton.next_power_of_2(self.head_dim))
+
+    def features(self) -> tuple[Any, ...]:
+        """The mask family and score modifiers: part of the tuning key."""
+        return (self.causal_offset is not None, self.window > 0, self.lengths is not None,
+                self.doc_start is not None, self.softcap > 0, self.slopes is not None)  # fmt: skip
+
+    def constants(self) -> dict[str, Any]:
+        """The constexpr arguments every kernel shares."""
+        interpreted_bf16 = INTERPRETED and self.dtype == torch.bfloat16
+        fp32 = "ieee" if INTERPRETED else FP32_CUDA_PRECISION
+        return {
+            "HEAD_DIM": self.head_dim,
+            "BLOCK_D": self.block_d,
+            "EVEN_D": self.block_d == self.head_dim,
+            "CAUSAL": self.causal_offset is not None,
+            "WINDOW": self.window > 0,
+            "PADDED": self.lengths is not None,
+            "DOCS": self.doc_start is not None,
+            "SOFTCAP": self.softcap > 0,
+            "ALIBI": self.slopes is not None,
+            "INPUT_PRECISION": fp32 if self.dtype == torch.float32 else "tf32",
+            "UPCAST": interpreted_bf16,
+        }
+
+    def scalars(self) -> tuple[Any, ...]:
+        return (self.scale, self.scale * LOG2_E, self.softcap or 1.0)
+
+    def tables(self) -> tuple[Any, ...]:
+        return (self.lengths, self.doc_start, self.doc_end, self.slopes)
+
+    def candidates(self, kernel: str) -> list[Tile]:
+        if INTERPRETED:
+            return [INTERPRETER_TILES[kernel]]
+        return prune(kernel, CUDA_TILES[kernel], seq_q=self.seq_q, seq_k=self.seq_k, head_dim=self.head_dim,
+                     itemsize=self.dtype.itemsize, shared_cap=max_shared_memory(self.device))  # fmt: skip
+
+    def tile(self, kernel: str, q: torch.Tensor, k: torch.Tensor, launch: Any) -> Tile:
+        """The tile of ``kernel``: the one chosen already, or chosen now (timed once per tuning key)."""
+        if kernel not in self.tiles:
+            key = tuning_key(kernel, q, k, self.features())
+            self.tiles[kernel] = choose(key, self.candidates(kernel), launch)
+        return self.tiles[kernel]
+
+    def tune(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool = False) -> None:
+        """Choose every tile now (outside any timed region), running the kernels once when there is a
+        choice to time (not in the interpreter, where each kernel has one tile)."""
+        kernels = KERNELS if backward else ("fwd",)
+        single = {kernel: self.candidates(kernel) for kernel in kernels}
+        if all(len(tiles) == 1 for tiles in single.values()):
+            self.tiles.update({kernel: tiles[0] for kernel, tiles in single.items()})
+            return
+        with torch.no_grad():
+            out, lse = forward(q, k, v, self, store_lse=backward)
+        if backward:
+            assert lse is not None
+            backward_grads(q, k, v, out, lse, torch.ones_like(out), self)
+
+
+def make_plan(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    scale: float,
+    scale: float | None = None,
     mask: str = "none",
     lengths: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """softmax(q·kᵀ·scale + mask)·v for q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D), any strides; returns
-    a new (B, Hq, Sq, D) tensor in q's dtype.
-
-    ``mask`` is one of attnbench's masks; ``padding`` needs ``lengths``, an int32 tensor (B,) of valid
-    key counts on q's device (build it once, outside any timed region).
-    """
+    window: int | None = None,
+    document_ids: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    softcap: float | None = None,
+    alibi: bool = False,
+) -> Plan:
+    """Validate a call's arguments and build its plan (tables on q's device)."""
     B, Hq, Sq, D = q.shape
     _, Hkv, Sk, _ = k.shape
     if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or Hq % Hkv:
@@ -264,24 +204,130 @@ def flash_forward(
         raise ValueError(f"unknown mask {mask!r}; known: {', '.join(MASKS)}")
     if mask == "padding" and (lengths is None or lengths.shape != (B,) or lengths.dtype != torch.int32):
         raise ValueError("mask 'padding' needs lengths: an int32 tensor of shape (B,)")
-    offset = causal_offset(mask, Sq, Sk)
-    out = q.new_empty(B, Hq, Sq, D)
+    plan = Plan(B, Hq, Hkv, Sq, Sk, D, q.dtype, q.device, 1.0 / math.sqrt(D) if scale is None else scale)
+    plan.causal_offset = causal_offset(mask, Sq, Sk)
+    plan.lengths = lengths if mask == "padding" else None
+    if window is not None:
+        if window < 1 or mask not in ("none", "causal_bottom_right"):
+            raise ValueError(f"window must be ≥ 1 with mask none or causal_bottom_right, got {window} with {mask}")
+        plan.causal_offset, plan.window = Sk - Sq, window
+    if document_ids is not None or cu_seqlens is not None:
+        if Sq != Sk or mask not in ("none", "causal") or window is not None:
+            raise ValueError("documents need Sq == Sk, mask none or causal, and no window")
+        plan.causal_offset = 0
+        plan.doc_start, plan.doc_end = document_bounds(document_ids, cu_seqlens, B, Sq, q.device)
+    if softcap is not None:
+        if not softcap > 0:
+            raise ValueError(f"softcap must be > 0, got {softcap}")
+        plan.softcap = float(softcap)
+    if alibi:
+        plan.slopes = alibi_slopes(Hq, q.device)
+    return plan
 
-    def grid(meta: dict[str, Any]) -> tuple[int, int]:
-        return triton.cdiv(Sq, meta["BLOCK_M"]), B * Hq
 
-    _flash_forward_kernel[grid](
-        q, k, v, out, lengths if mask == "padding" else None,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        scale * LOG2_E, Hq, Hq // Hkv, Sq, Sk, offset or 0,
-        HEAD_DIM=D,
-        BLOCK_D=max(16, triton.next_power_of_2(D)),
-        CAUSAL=offset is not None,
-        PADDED=mask == "padding",
-        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=INTERPRETED and q.dtype == torch.bfloat16,
+def _row_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int, int]:
+    return heads * plan.batch, triton.cdiv(length, block)  # batch·heads on axis 0: axis 1 caps at 65535
+
+
+def forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: Plan,
+    store_lse: bool = False,
+    visited: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """O (B, Hq, Sq, D) and, with ``store_lse``, the row log-sum-exp (B, Hq, Sq) fp32 in log2 units.
+    ``visited`` (tests): an int32 (B·Hq, row tiles, 2) tensor that receives, per program, the number of
+    key blocks it visits and how many of them are unmasked."""
+    out = q.new_empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim)
+    lse = torch.empty(plan.batch, plan.heads, plan.seq_q, dtype=torch.float32, device=q.device) if store_lse else None
+    doc_stride = plan.doc_start.stride(0) if plan.doc_start is not None else 0
+
+    def launch(tile: Tile) -> None:
+        kernels._forward_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
+            q, k, v, out, lse, *plan.tables(), visited, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            doc_stride, *plan.scalars(), plan.heads, plan.heads // plan.kv_heads, plan.seq_q, plan.seq_k,
+            plan.causal_offset or 0, plan.window, **plan.constants(), STORE_LSE=store_lse,
+            COUNT_BLOCKS=visited is not None, **tile.launch_kwargs(),
+        )  # fmt: skip
+
+    launch(plan.tile("fwd", q, k, launch))
+    return out, lse
+
+
+def backward_grads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
+    plan: Plan,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv) for upstream gradient ``grad_out``, from the forward's output and log-sum-exp."""
+    delta = torch.empty_like(lse)
+    kernels._preprocess_kernel[_row_grid(plan, plan.heads, PREPROCESS_BLOCK_M, plan.seq_q)](
+        out, grad_out, delta, *out.stride(), *grad_out.stride(), plan.heads, plan.seq_q,
+        HEAD_DIM=plan.head_dim, BLOCK_D=plan.block_d, BLOCK_M=PREPROCESS_BLOCK_M,
     )  # fmt: skip
-    return out
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    doc_stride = plan.doc_start.stride(0) if plan.doc_start is not None else 0
+    shared = (*plan.scalars(),)
+    group = plan.heads // plan.kv_heads
+
+    def launch_dkdv(tile: Tile) -> None:
+        kernels._dkdv_kernel[_row_grid(plan, plan.kv_heads, tile.block_n, plan.seq_k)](
+            q, k, v, grad_out, lse, delta, dk, dv, *plan.tables(), *q.stride(), *k.stride(), *v.stride(),
+            *grad_out.stride(), *dk.stride(), *dv.stride(), doc_stride, *shared, plan.heads, plan.kv_heads, group,
+            plan.seq_q, plan.seq_k, plan.causal_offset or 0, plan.window, **plan.constants(), **tile.launch_kwargs(),
+        )  # fmt: skip
+
+    def launch_dq(tile: Tile) -> None:
+        kernels._dq_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
+            q, k, v, grad_out, lse, delta, dq, *plan.tables(), *q.stride(), *k.stride(), *v.stride(),
+            *grad_out.stride(), *dq.stride(), doc_stride, *shared, plan.heads, group, plan.seq_q, plan.seq_k,
+            plan.causal_offset or 0, plan.window, **plan.constants(), **tile.launch_kwargs(),
+        )  # fmt: skip
+
+    launch_dkdv(plan.tile("dkdv", q, k, launch_dkdv))
+    launch_dq(plan.tile("dq", q, k, launch_dq))
+    return dq, dk, dv
 
 
-__all__ = ["CONFIGS", "INTERPRETED", "INTERPRETER_BLOCKS", "causal_offset", "flash_forward", "shared_bytes"]
+class _FlashAttention(torch.autograd.Function):
+    """Forward saves q, k, v, O and the log-sum-exp; backward runs the FlashAttention-2 kernels."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
+        out, lse = forward(q, k, v, plan, store_lse=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        return (*backward_grads(q, k, v, out, lse, grad_out, ctx.plan), None)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
+    """Attention with a ready plan: through autograd when a gradient is wanted, else the forward alone."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out: torch.Tensor = _FlashAttention.apply(q, k, v, plan)
+        return out
+    return forward(q, k, v, plan)[0]
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> torch.Tensor:
+    """softmax(q·kᵀ·scale + mask)·v for q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D), any strides; a new
+    (B, Hq, Sq, D) tensor in q's dtype, differentiable. ``options``: see the module docstring."""
+    return attend(q, k, v, make_plan(q, k, v, **options))
+
+
+__all__ = [
+    "INTERPRETED",
+    "INTERPRETER_TILES",
+    "Plan",
+    "alibi_slopes",
+    "attend",
+    "causal_offset",
+    "document_bounds",
+    "flash_attention",
+    "make_plan",
+]

@@ -1,13 +1,13 @@
-"""``fused_triton`` — attnbench's own FlashAttention-2 forward kernel, written in Triton (CUDA).
+"""``fused_triton`` — attnbench's own FlashAttention-2 kernels, forward and backward, written in Triton (CUDA).
 
-The kernel and its launcher live in ``_triton_flash.py`` (see its docstring for the design: masks as
-per-row key prefixes with fully masked key blocks skipped, GQA by head index, the head dim padded to a
-power of two, autotuned tiles). This file is the contender around it: ``prepare`` builds the padding
-lengths on the device once, and the timed callable only launches the kernel. It reads ``inputs.q``,
-``k`` and ``v`` at call time and passes their strides, so nothing is copied and the mha module's in-place
-projections are seen.
-
-Forward only: ``backward=False``, so the harness reports bwd and fwd_bwd cases as unsupported.
+The kernels are in ``_triton_kernels.py`` (design: masks as per-row key ranges with fully masked blocks
+skipped, GQA by head index, the head dim padded to a power of two, a backward that recomputes P from the
+saved log-sum-exp); the attention function, its plan and the autograd wrapper in ``_triton_flash.py``;
+tile candidates and tuning in ``_triton_tiles.py``. This file is the contender around them: ``prepare``
+builds the plan (padding lengths on the device) and tunes every kernel the pass needs once, so the timed
+callable launches the chosen tiles directly. It reads ``inputs.q``, ``k`` and ``v`` at call time and passes
+their strides, so nothing is copied and the mha module's in-place projections are seen. ``bwd`` and
+``fwd_bwd`` go through torch.autograd into the backward kernels (``backward=True``).
 
 Without a GPU, ``TRITON_INTERPRET=1`` (set before Triton defines the kernel, i.e. in the environment of
 the process) runs the same kernel in Triton's CPU interpreter; the contender then also accepts CPU
@@ -32,9 +32,11 @@ from attnbench.workload import Workload
 
 NEEDS_CUDA = "needs a CUDA GPU (set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter, for correctness only)"
 # Triton's interpreter runs the grid in Python. Measured with Triton 3.9 on a 2-core x86 machine, whatever
-# the head dim: about 2 ms per (tile, key block) step and 4.5 ms more per tile.
+# the head dim: about 2 ms per (tile, key block) step and 4.5 ms more per tile; the backward's steps (dK/dV
+# and dQ together) cost 1.8–3.5 times the forward's (measured on three shapes): BACKWARD_STEPS.
 INTERPRETER_SECONDS_PER_BLOCK = 2e-3
 INTERPRETER_SECONDS_PER_TILE = 4.5e-3
+BACKWARD_STEPS = 3.0
 
 
 def _kernels() -> ModuleType:
@@ -56,7 +58,8 @@ def _interpreter_seconds(w: Workload) -> float:
     """One call in Triton's interpreter: count the tiles and the key blocks the kernel visits (the same
     bounds as its loops: up to the last row's key limit of each tile)."""
     kernels = _kernels()
-    block_m, block_n = kernels.INTERPRETER_BLOCKS
+    tile = kernels.INTERPRETER_TILES["fwd"]
+    block_m, block_n = tile.block_m, tile.block_n
     offset = kernels.causal_offset(w.mask, w.seq_q, w.seq_k)
     lengths = padding_lengths(w.batch, w.seq_k) if w.mask == "padding" else [w.seq_k] * w.batch
     tiles = blocks = 0
@@ -66,12 +69,15 @@ def _interpreter_seconds(w: Workload) -> float:
             limit = length if offset is None else max(0, min(length, last_row + offset))
             tiles += 1
             blocks += math.ceil(limit / block_n)
-    return w.heads * (INTERPRETER_SECONDS_PER_TILE * tiles + INTERPRETER_SECONDS_PER_BLOCK * blocks)
+    forward = w.heads * (INTERPRETER_SECONDS_PER_TILE * tiles + INTERPRETER_SECONDS_PER_BLOCK * blocks)
+    return forward * {"fwd": 1.0, "bwd": BACKWARD_STEPS, "fwd_bwd": 1.0 + BACKWARD_STEPS}[w.pass_]
 
 
 class FusedTriton(Contender):
     name = "fused_triton"
-    description = "our Triton FlashAttention-2 forward kernel (CUDA; autotuned tiles, masked key blocks skipped)"
+    description = (
+        "our Triton FlashAttention-2 kernels, forward and backward (CUDA; tiles tuned once, masked blocks skipped)"
+    )
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
         dtypes=frozenset({"float16", "bfloat16", "float32"}),
@@ -79,7 +85,7 @@ class FusedTriton(Contender):
         max_head_dim=256,
         gqa=True,
         cross=True,
-        backward=False,
+        backward=True,
     )
     # What Triton's CPU interpreter can run: the same, on CPU tensors too.
     interpreter_capabilities = dataclasses.replace(capabilities, devices=frozenset({"cpu", "cuda"}))
@@ -104,16 +110,20 @@ class FusedTriton(Contender):
         return super().predicted_seconds(workload, flops_per_s, bytes_per_s)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
-        flash_forward = _kernels().flash_forward
+        kernels = _kernels()
         lengths = None
         if workload.mask == "padding":
             assert inputs.lengths is not None
             lengths = torch.tensor(inputs.lengths, dtype=torch.int32, device=inputs.q.device)  # (B,)
-        scale, mask = inputs.scale, workload.mask
+        q, k, v = inputs.q, inputs.k, inputs.v
+        plan = kernels.make_plan(q, k, v, scale=inputs.scale, mask=workload.mask, lengths=lengths)
+        plan.tune(q.detach(), k.detach(), v.detach(), backward=workload.pass_ != "fwd")  # once, untimed
+        attend = kernels.attend
 
         def run() -> torch.Tensor:
-            return flash_forward(inputs.q, inputs.k, inputs.v, scale=scale, mask=mask, lengths=lengths)
+            return attend(inputs.q, inputs.k, inputs.v, plan)
 
+        run.plan = plan  # type: ignore[attr-defined]  # the tiles it launches, for tests and reports
         return run
 
 

@@ -1,10 +1,12 @@
-"""fused_triton, our Triton FlashAttention forward kernel, checked in Triton's CPU interpreter.
+"""fused_triton, our Triton FlashAttention kernels (forward and backward), checked in Triton's CPU interpreter.
 
 Triton decides when a kernel is defined whether it is compiled or interpreted, so the checks run in a
 subprocess started with TRITON_INTERPRET=1: one process checks every case against the float64 reference
-through the harness's own correctness gate (``prepare_checked``), another drives ``attnbench run``.
-Shapes are small but chosen so that the interpreter's tiles (BLOCK_M 32, BLOCK_N 16) are split
-unevenly: several row tiles, partial last tiles, key blocks skipped, unmasked and boundary blocks.
+through the harness's own correctness gates (``prepare_checked``: the output, and for bwd/fwd_bwd the
+gradients), another drives ``attnbench run``. Shapes are small but chosen so that the interpreter's
+tiles (forward and dQ: 32 rows × 16 keys; dK/dV: 16 rows × 32 keys) are split unevenly: several row
+tiles, partial last tiles, blocks skipped, unmasked and boundary blocks. Tile choice and the launch path
+of the timed callable are checked in this process with the kernels mocked (no GPU needed).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench.check import TOLERANCES
+from attnbench.check import GRAD_TOLERANCES, TOLERANCES
 from attnbench.impls.fused_triton import NEEDS_CUDA, contender
 from attnbench.workload import Workload
 
@@ -29,11 +31,12 @@ INTERPRETER = {"TRITON_INTERPRET": "1"}
 # For each case: the harness's correctness gate (for the mha module too); for the attention core also
 # the largest |output| on rows that see no key (must be exactly 0), the same check on q, k, v handed over
 # as non-contiguous views, and the output again with NaN written into k and v at the keys no query row
-# sees (it must not change: the kernel never reads them).
+# sees (it must not change: the kernel never reads them). Backward cases: the gradient gate, dq on rows
+# that see no key and dk, dv at keys no row sees (exactly 0), and the gradients of non-contiguous views.
 _CHECK_CASES = """
 import json, sys
 import torch
-from attnbench.check import check_output
+from attnbench.check import check_grads, check_output
 from attnbench.impls.fused_triton import contender
 from attnbench.inputs import AttentionInputs, make_inputs
 from attnbench.runner import prepare_checked
@@ -43,12 +46,36 @@ def strided(t):  # same values in (B, S, H, D) memory order, rows D + 8 apart
     B, H, S, D = t.shape
     return torch.empty(B, S, H, D + 8, dtype=t.dtype)[..., :D].transpose(1, 2).copy_(t)
 
+def unseen_keys(inputs):  # (B|1, 1, Sk, 1) keys that no query row sees
+    return ~inputs.bool_mask.any(dim=2).unsqueeze(-1)
+
+def backward_checks(w, spec, prepared):
+    inputs = make_inputs(w, requires_grad=True)
+    dq, dk, dv = prepared.fn()
+    grad = prepared.grad_check
+    result = {"grad_ok": grad.ok, "grad_err": grad.grad_err, "grad_tol": grad.grad_tol}
+    empty = inputs.empty_rows
+    result["empty_rows_dq_max"] = None if empty is None else float(dq.masked_select(empty).abs().max())
+    if inputs.bool_mask is not None and bool(unseen_keys(inputs).any()):
+        unseen = unseen_keys(inputs)
+        result["unseen_dk_dv_max"] = max(float(g.masked_select(unseen).abs().max()) for g in (dk, dv))
+    if not spec.get("strided_grads"):
+        return result
+    leaves = [strided(t.detach()).requires_grad_() for t in (inputs.q, inputs.k, inputs.v)]
+    view = AttentionInputs(w, *leaves, inputs.grad_out)
+    grads = torch.autograd.grad(contender.prepare(view, w)(), leaves, inputs.grad_out)
+    check = check_grads(view, grads)
+    result["strided_grad_ok"], result["strided_grad_err"] = check.ok, check.grad_err
+    return result
+
 results = {}
 for name, spec in json.loads(sys.argv[1]).items():
-    w = Workload(**spec)
+    w = Workload(**{key: value for key, value in spec.items() if key != "strided_grads"})
     prepared = prepare_checked("fused_triton", w)
     result = {"ok": prepared.ok, "max_abs_err": prepared.check.max_abs_err, "reason": prepared.reason}
-    if w.module == "core":
+    if w.pass_ != "fwd":
+        result.update(backward_checks(w, spec, prepared))
+    elif w.module == "core":
         inputs = make_inputs(w)
         out = prepared.fn()
         empty = inputs.empty_rows
@@ -58,12 +85,22 @@ for name, spec in json.loads(sys.argv[1]).items():
         check = check_output(view, contender.prepare(view, w)())
         result["strided_ok"], result["strided_err"] = check.ok, check.max_abs_err
         if inputs.bool_mask is not None:
-            unseen = ~inputs.bool_mask.any(dim=2).unsqueeze(-1)  # (B|1, 1, Sk, 1)
+            unseen = unseen_keys(inputs)
             k, v = inputs.k.masked_fill(unseen, float("nan")), inputs.v.masked_fill(unseen, float("nan"))
             poisoned = AttentionInputs(w, inputs.q, k, v, inputs.grad_out)
             result["unseen_keys"] = int(unseen.sum())
             result["unchanged_by_nan"] = torch.equal(contender.prepare(poisoned, w)(), out)
     results[name] = result
+
+# gpu_smoke's own checks, run here in the interpreter: its 64-bit offset case (q, k, v rows 2^26 elements
+# apart, the last past 2^31: a 5 GiB buffer of address space of which only 40 rows' pages are touched) and
+# its forced-tile loop on one tiny case with a few tiles.
+from attnbench.impls._triton_smoke import check_far_offsets, smoke
+from attnbench.impls._triton_tiles import Tile
+results["far-offsets"] = {"reason": check_far_offsets("cpu")}
+tiny = Workload(1, 4, 2, 40, 24, 50, dtype="float32", mask="causal_bottom_right", pass_="fwd_bwd")
+forced = {"fwd": [Tile(16, 32, 1, 1)], "dkdv": [Tile(32, 16, 1, 1)], "dq": [Tile(16, 16, 1, 1)]}
+results["smoke"] = {"failures": smoke("cpu", cases=[tiny], tiles=forced)}
 print(json.dumps(results))
 """
 
@@ -94,7 +131,43 @@ CASES: dict[str, dict[str, Any]] = {
     "padding-B2-bfloat16": _case(batch=2, seq_q=48, seq_k=48, head_dim=24, mask="padding", dtype="bfloat16"),
     "mha-module-causal": _case(seq_q=40, seq_k=40, head_dim=16, mask="causal", module="mha"),
     "mha-module-cross": _case(seq_q=24, seq_k=56, head_dim=16, module="mha"),
+    # backward: every mask, GQA 4/2 and 4/1, head_dim 50 and 96, Sq ≠ Sk, the three dtypes
+    "bwd-none-S40x24-gqa-D50": _case(
+        seq_q=40, seq_k=24, heads=4, kv_heads=2, head_dim=50, pass_="bwd", strided_grads=True
+    ),
+    "bwd-causal-S40x70-D96": _case(seq_q=40, seq_k=70, head_dim=96, mask="causal", pass_="fwd_bwd"),
+    "bwd-bottom-right-S70x33-mqa": _case(
+        seq_q=70, seq_k=33, heads=4, kv_heads=1, mask="causal_bottom_right", pass_="bwd"
+    ),
+    "bwd-padding-B3-S33x50-gqa-D50": _case(
+        batch=3,
+        seq_q=33,
+        seq_k=50,
+        heads=4,
+        kv_heads=2,
+        head_dim=50,
+        mask="padding",
+        pass_="fwd_bwd",
+        strided_grads=True,
+    ),
+    "bwd-causal-float16-mqa": _case(
+        seq_q=48, seq_k=48, heads=4, kv_heads=1, head_dim=64, mask="causal", dtype="float16", pass_="bwd"
+    ),
+    "bwd-bottom-right-bfloat16-S24x56": _case(
+        seq_q=24,
+        seq_k=56,
+        heads=4,
+        kv_heads=2,
+        mask="causal_bottom_right",
+        dtype="bfloat16",
+        pass_="fwd_bwd",
+        strided_grads=True,
+    ),
+    "bwd-padding-float16-D96": _case(
+        batch=2, seq_q=20, seq_k=40, head_dim=96, mask="padding", dtype="float16", pass_="bwd"
+    ),
 }
+BACKWARD = [name for name, spec in CASES.items() if spec.get("pass_", "fwd") != "fwd"]
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +186,34 @@ def test_matches_the_float64_reference_in_the_interpreter(interpreted, name):
     atol, _ = TOLERANCES[spec["dtype"]]
     assert result["ok"], result["reason"]
     assert result["max_abs_err"] <= atol
-    if spec.get("module", "core") == "core":  # the same kernel reading non-contiguous q, k, v
+    if name in BACKWARD:  # the gradient gate, for contiguous (and some non-contiguous) q, k, v
+        assert result["grad_ok"] and result["grad_err"] <= GRAD_TOLERANCES[spec["dtype"]]
+        if spec.get("strided_grads"):
+            assert result["strided_grad_ok"] and result["strided_grad_err"] <= GRAD_TOLERANCES[spec["dtype"]]
+    elif spec.get("module", "core") == "core":  # the same kernel reading non-contiguous q, k, v
         assert result["strided_ok"] and result["strided_err"] <= atol
+
+
+def test_offsets_past_two_to_the_31_elements_are_64_bit(interpreted):
+    # the interpreter wraps int32 arithmetic like the GPU does: with 32-bit row offsets this case reads
+    # outside the buffer (it crashed the process when tried)
+    assert (40 - 1) << 26 > 2**31
+    assert interpreted["far-offsets"]["reason"] == ""
+
+
+def test_gpu_smokes_forced_tiles_pass_in_the_interpreter(interpreted):
+    assert interpreted["smoke"]["failures"] == []
+
+
+def test_gradients_are_exactly_zero_where_nothing_is_seen(interpreted):
+    # bottom-right Sq 70 > Sk 33: rows 0-36 see no key, so their dq is 0
+    assert interpreted["bwd-bottom-right-S70x33-mqa"]["empty_rows_dq_max"] == 0.0
+    # keys no row sees (causal top-left Sq 40 < Sk 70: keys 40-69; padding: keys past each length): dk = dv = 0
+    unseen = {
+        name: interpreted[name]["unseen_dk_dv_max"] for name in BACKWARD if "unseen_dk_dv_max" in interpreted[name]
+    }
+    assert {"bwd-causal-S40x70-D96", "bwd-padding-B3-S33x50-gqa-D50", "bwd-padding-float16-D96"} <= set(unseen)
+    assert set(unseen.values()) == {0.0}
 
 
 def test_rows_that_see_no_key_are_exactly_zero(interpreted):
@@ -130,7 +229,7 @@ def test_keys_that_no_row_sees_are_never_read(interpreted):
     assert [name for name, result in unseen.items() if not result["unchanged_by_nan"]] == []
 
 
-def test_attnbench_run_checks_it_on_cpu_and_marks_backward_unsupported(tmp_path):
+def test_attnbench_run_checks_forward_and_backward_on_cpu(tmp_path):
     pytest.importorskip("triton")
     out = tmp_path / "run"
     # float32: its CPU ceilings are the ones the other CLI tests measure (float16's take minutes on CPU)
@@ -143,8 +242,7 @@ def test_attnbench_run_checks_it_on_cpu_and_marks_backward_unsupported(tmp_path)
     assert len(rows) == 4 and set(rows.impl) == {"fused_triton"}
     fwd, bwd = rows[rows["pass"] == "fwd"], rows[rows["pass"] == "bwd"]
     assert (fwd.status == "ok").all() and (fwd.max_abs_err <= fwd.atol).all(), fwd[["status", "reason"]]
-    assert (bwd.status == "unsupported").all()
-    assert bwd.reason.str.contains("needs backward support").all()
+    assert (bwd.status == "ok").all() and (bwd.grad_err <= bwd.grad_tol).all(), bwd[["status", "reason"]]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -172,10 +270,8 @@ def test_a_missing_triton_is_an_unavailable_reason(monkeypatch):
 def test_declared_capabilities():
     caps = contender.capabilities
     assert caps.devices == {"cuda"} and caps.dtypes == {"float16", "bfloat16", "float32"}
-    assert (caps.min_head_dim, caps.max_head_dim, caps.gqa, caps.cross, caps.backward) == (16, 256, True, True, False)
+    assert (caps.min_head_dim, caps.max_head_dim, caps.gqa, caps.cross, caps.backward) == (16, 256, True, True, True)
     assert contender.interpreter_capabilities.devices == {"cpu", "cuda"}
-    bwd = Workload(1, 2, 2, 64, 64, 32, device="cuda", pass_="bwd")
-    assert caps.unsupported_reason(bwd) == "pass bwd needs backward support, which this contender does not declare"
     too_wide = Workload(1, 2, 2, 64, 64, 300, device="cuda")
     assert caps.unsupported_reason(too_wide) == "head_dim 300 outside [16, 256]"
 
@@ -187,39 +283,21 @@ def test_in_the_interpreter_cpu_is_supported_and_its_time_is_priced_by_steps(mon
     monkeypatch.setattr(fused_triton, "_interpreted", lambda: True)
     cpu = Workload(1, 2, 2, 64, 40, 32, device="cpu", mask="causal_bottom_right")
     assert contender.unsupported_reason(cpu) is None
-    bwd = Workload(1, 2, 2, 64, 40, 32, device="cpu", pass_="bwd")
-    assert contender.unsupported_reason(bwd) == "pass bwd needs backward support, which this contender does not declare"
+    bwd = Workload(1, 2, 2, 64, 40, 32, device="cpu", mask="causal_bottom_right", pass_="fwd_bwd")
+    assert contender.unsupported_reason(bwd) is None
     # 32-row tiles, 16-key blocks: rows 0-31 see at most keys < 8 (1 block), rows 32-63 all 40 (3 blocks)
     tiles, blocks = 2, 1 + 3
     expected = 2 * (
         tiles * fused_triton.INTERPRETER_SECONDS_PER_TILE + blocks * fused_triton.INTERPRETER_SECONDS_PER_BLOCK
     )
     assert contender.predicted_seconds(cpu, 1e12, 1e11) == pytest.approx(expected)
-
-
-def test_autotuning_skips_tiles_that_cannot_win():
-    triton = pytest.importorskip("triton")
-    from attnbench.impls._triton_flash import _CUDA_TILES, SHARED_MEMORY_BYTES, _prune_configs, shared_bytes
-
-    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in _CUDA_TILES]
-
-    def tiles(seq_q: int, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> set[tuple[int, int, int]]:
-        kept = _prune_configs(configs, {"seq_q": seq_q, "Q": torch.empty(1, 1, 1, head_dim, dtype=dtype)})
-        return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages) for c in kept}
-
-    everything = {(m, n, s) for m, n, _, s in _CUDA_TILES}
-    assert tiles(4096, 64) == everything
-    assert tiles(16, 64) == {(m, n, s) for m, n, s in everything if m == 32}  # taller: only masked-out rows
-    wide = tiles(4096, 256)  # no 128-wide key blocks, and only tiles whose k/v stages fit in shared memory
-    assert wide and all(n <= 64 and shared_bytes(m, n, s, 256, 2) <= SHARED_MEMORY_BYTES for m, n, s in wide)
-    assert tiles(4096, 256, torch.float32) == {(64, 32, 1), (32, 16, 1)}  # fp32 at D 256: single-stage only
-    assert (128, 128, 2) not in tiles(4096, 128, torch.float32)  # its q tile and 2 k/v stages: 320 KiB
+    assert contender.predicted_seconds(bwd, 1e12, 1e11) == pytest.approx(expected * (1 + fused_triton.BACKWARD_STEPS))
 
 
 def test_padding_without_lengths_is_refused_before_launch():
     pytest.importorskip("triton")
-    from attnbench.impls._triton_flash import flash_forward
+    from attnbench.impls._triton_flash import flash_attention
 
     q = torch.randn(2, 2, 16, 16)
     with pytest.raises(ValueError, match="mask 'padding' needs lengths"):
-        flash_forward(q, q, q, scale=0.25, mask="padding")
+        flash_attention(q, q, q, scale=0.25, mask="padding")

@@ -1,0 +1,139 @@
+"""``nox -s gpu_smoke``: every fused_triton tile forced once, forward and backward, against float64.
+
+Autotuning only ever runs the fastest tile of each kernel, so a tile that computes garbage could hide
+until some shape makes it the fastest. This forces each candidate tile of each kernel ("fwd", "dkdv",
+"dq") in turn on a few small cases chosen to cross block edges (Sq ≠ Sk, GQA, head dims 64 and 96,
+every mask, bf16 and fp32, the latter with the tf32x3 dots), checks the output and the gradients with the
+harness's own gates (``check_output``, ``check_grads``), and runs one case whose q, k, v rows lie past
+2^31 elements (64-bit offsets). Tiles the device's shared memory rules out are listed as pruned, tiles
+that fail to compile as unfit (the tuner skips those); a wrong result makes the exit status 1.
+
+Without CUDA (and without ``TRITON_INTERPRET=1``) it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from attnbench.check import check_grads, check_output
+from attnbench.impls._triton_tiles import CUDA_TILES, Tile
+from attnbench.inputs import make_inputs
+from attnbench.workload import Workload
+
+SMOKE_CASES = (
+    Workload(2, 4, 2, 190, 257, 64, dtype="bfloat16", mask="causal_bottom_right", pass_="fwd_bwd"),
+    Workload(2, 4, 1, 257, 257, 96, dtype="bfloat16", mask="causal", pass_="fwd_bwd"),
+    Workload(3, 2, 2, 130, 200, 64, dtype="float32", mask="padding", pass_="fwd_bwd"),
+    Workload(1, 2, 2, 100, 70, 96, dtype="float32", mask="none", pass_="fwd_bwd"),
+)
+
+
+def _with_device(w: Workload, device: str) -> Workload:
+    return Workload(w.batch, w.heads, w.kv_heads, w.seq_q, w.seq_k, w.head_dim, dtype=w.dtype, device=device,
+                    mask=w.mask, pass_=w.pass_)  # fmt: skip
+
+
+def check_case(w: Workload, forced: dict[str, Tile]) -> str:
+    """'' when fused_triton with the ``forced`` tiles passes both gates on ``w``, else the reason."""
+    from attnbench.impls import _triton_flash as flash
+
+    inputs = make_inputs(w, requires_grad=True)
+    lengths = None
+    if w.mask == "padding":
+        assert inputs.lengths is not None
+        lengths = torch.tensor(inputs.lengths, dtype=torch.int32, device=inputs.q.device)
+    plan = flash.make_plan(inputs.q, inputs.k, inputs.v, scale=inputs.scale, mask=w.mask, lengths=lengths)
+    for kernel in ("fwd", "dkdv", "dq"):  # the kernels not forced take their first candidate: nothing is timed
+        plan.tiles[kernel] = forced.get(kernel) or plan.candidates(kernel)[0]
+    out = flash.attend(inputs.q, inputs.k, inputs.v, plan)
+    grads = torch.autograd.grad(out, (inputs.q, inputs.k, inputs.v), inputs.grad_out)
+    output, gradients = check_output(inputs, out), check_grads(inputs, grads)
+    return "; ".join(reason for reason in (output.reason, gradients.reason) if reason)
+
+
+def check_far_offsets(device: str) -> str:
+    """'' when a causal fwd+bwd on fp16 views whose rows lie 2^26 elements apart (the last past 2^31
+    elements) matches float64, else the reason."""
+    from attnbench.impls import _triton_flash as flash
+
+    rows, dim = 40, 32
+    buffer = torch.empty(rows << 26, dtype=torch.float16, device=device)
+    generator = torch.Generator().manual_seed(0)
+    views = []
+    for column in range(3):
+        view = buffer.as_strided((1, 1, rows, dim), (0, 0, 1 << 26, 1), column * dim)
+        view.copy_(torch.randn(1, 1, rows, dim, generator=generator))
+        views.append(view)
+    q, k, v = views
+    plan = flash.make_plan(q, k, v, mask="causal")
+    out, lse = flash.forward(q, k, v, plan, store_lse=True)
+    assert lse is not None
+    grads = flash.backward_grads(q, k, v, out, lse, torch.ones_like(out), plan)
+    q64, k64, v64 = (t.double().requires_grad_() for t in views)
+    visible = torch.ones(rows, rows, dtype=torch.bool, device=device).tril()
+    scores = (q64 @ k64.transpose(-1, -2) * dim**-0.5).masked_fill(~visible, float("-inf"))
+    ref = torch.softmax(scores, -1) @ v64
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), torch.ones_like(ref))
+    out_err = float((out.double() - ref).abs().max())
+    grad_err = max(float((g.double() - r).abs().max() / r.abs().max()) for g, r in zip(grads, ref_grads, strict=True))
+    if out_err > 3e-3 or grad_err > 1e-2:
+        return f"offsets past 2^31: max_abs_err {out_err:.3g}, grad error {grad_err:.3g}"
+    return ""
+
+
+def _candidates(case: Workload, kernel: str) -> list[Tile]:
+    """The tiles the tuner would consider for ``case`` on its device (every tile in the interpreter)."""
+    from attnbench.impls import _triton_flash as flash
+
+    if flash.INTERPRETED:
+        return list(CUDA_TILES[kernel])
+    q = torch.empty(case.batch, case.heads, case.seq_q, case.head_dim, dtype=case.torch_dtype, device=case.device)
+    k = torch.empty(case.batch, case.kv_heads, case.seq_k, case.head_dim, dtype=case.torch_dtype, device=case.device)
+    return flash.make_plan(q, k, k).candidates(kernel)
+
+
+def smoke(
+    device: str, cases: Sequence[Workload] = SMOKE_CASES, tiles: dict[str, Sequence[Tile]] | None = None
+) -> list[str]:
+    """Force each tile of each kernel (default: all of CUDA_TILES) on every case; print one line per tile;
+    return the failures."""
+    failures = []
+    for kernel, kernel_tiles in (tiles or CUDA_TILES).items():
+        for tile in kernel_tiles:
+            ran, skipped = 0, []
+            for case in (_with_device(w, device) for w in cases):
+                if tile not in _candidates(case, kernel):
+                    skipped.append(f"pruned for {case.dtype} D{case.head_dim}")
+                    continue
+                try:
+                    reason = check_case(case, {kernel: tile})
+                except Exception as exc:  # e.g. OutOfResources: the tuner times such a tile as inf
+                    skipped.append(f"unfit ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+                    continue
+                ran += 1
+                if reason:
+                    failures.append(f"{kernel} {tile} on {case.label()}: {reason}")
+            print(f"{kernel} {tile}: {ran} cases checked" + (f"; {', '.join(skipped)}" if skipped else ""))
+    far = check_far_offsets(device)
+    print("64-bit offsets: " + (far or "ok"))
+    return failures + ([far] if far else [])
+
+
+def main() -> int:
+    from attnbench.impls import _triton_flash as flash
+
+    if not torch.cuda.is_available() and not flash.INTERPRETED:
+        print("gpu_smoke: no CUDA device here, nothing to check (fused_triton's configs need a GPU)")
+        return 0
+    failures = smoke("cuda" if torch.cuda.is_available() else "cpu")
+    for failure in failures:
+        print("FAILED", failure)
+    print(f"gpu_smoke: {len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

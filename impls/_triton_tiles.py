@@ -1,0 +1,180 @@
+"""Tile choice for fused_triton's kernels: the candidate tiles, pruning by shared memory, and tuning once.
+
+Definitions:
+
+* A **tile** is (BLOCK_M query rows, BLOCK_N keys, num_warps, num_stages) for one kernel ("fwd", "dkdv",
+  "dq"). BLOCK_D (the head dim padded to a power of two) follows from the inputs.
+* The **shared-memory estimate** of a tile counts what one program keeps in shared memory: its resident
+  operand tiles once (twice for fp32, whose tf32x3 dots keep a high and a low part) and its streamed
+  ones once per pipeline stage (``shared_bytes``). Against ``triton.compile`` for sm_90 (Triton 3.9,
+  launch-like specialisation) it is exact for the forward (bf16 and fp32) and within 0–35 % above for the
+  backward kernels; tests/test_fused_triton_compile.py checks it. The cap is the
+  device's own per-block limit (``max_shared_memory``: 227 KiB on an H100, 163 KiB on an A100), read from
+  the driver, not a fixed number.
+* The **tuning key** buckets the sequence lengths to their next power of two (``tuning_key``), so a sweep
+  over S = 1000, 1500, 2000 tunes twice, not three times; head dim, dtype, mask family, score modifiers
+  and the device stay exact.
+* **Tuning once.** ``choose`` times every pruned candidate with ``triton.testing.do_bench`` the first time
+  a key is seen and caches the fastest; after that it is a dictionary lookup. fused_triton calls it in
+  ``prepare``, so the timed callable launches the chosen tile directly: no autotuner dispatch per call.
+  Under ``TRITON_INTERPRET=1`` there is one small tile per kernel and nothing is timed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def launch_kwargs(self) -> dict[str, int]:
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "num_warps": self.num_warps,
+                "num_stages": self.num_stages}  # fmt: skip
+
+
+def _tiles(*specs: tuple[int, int, int, int]) -> tuple[Tile, ...]:
+    return tuple(Tile(*spec) for spec in specs)
+
+
+# Forward: FlashAttention-2's tiles on Ampere, plus Hopper's deeper pipelines (128×128 with 3 stages fits an
+# H100's 227 KiB at D 128 in bf16, 4 stages at D 64) and single-stage tiles for the widest rows (D 256).
+# fmt: off
+CUDA_TILES: dict[str, tuple[Tile, ...]] = {
+    "fwd": _tiles(
+        (128, 128, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
+        (64, 128, 4, 3), (64, 128, 4, 2), (128, 32, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4), (32, 32, 2, 4),
+        (64, 32, 4, 1), (32, 16, 2, 1),
+    ),
+    # dK/dV: a program owns BLOCK_N keys and streams BLOCK_M query rows (narrow query blocks, as FA-2).
+    "dkdv": _tiles(
+        (32, 128, 4, 3), (32, 128, 8, 2), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 2),
+        (16, 64, 4, 2), (16, 32, 2, 1),
+    ),
+    # dQ: a program owns BLOCK_M query rows and streams BLOCK_N keys.
+    "dq": _tiles(
+        (128, 32, 4, 3), (128, 32, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 2),
+        (64, 16, 4, 2), (32, 16, 2, 1),
+    ),
+}
+# fmt: on
+# Under TRITON_INTERPRET=1: one tile per kernel whose row and key blocks don't line up, so the tests
+# exercise partial tiles and boundary blocks from both sides.
+INTERPRETER_TILES: dict[str, Tile] = {
+    "fwd": Tile(32, 16, 1, 1),
+    "dkdv": Tile(16, 32, 1, 1),
+    "dq": Tile(32, 16, 1, 1),
+}
+# (resident, streamed) operand rows of one program, in units of (BLOCK_M, BLOCK_N): fwd keeps q and
+# streams k, v; dkdv keeps k, v and streams q, dO; dq keeps q, dO and streams k, v.
+_OPERANDS = {"fwd": ((1, 0), (0, 2)), "dkdv": ((0, 2), (2, 0)), "dq": ((2, 0), (0, 2))}
+FALLBACK_SHARED_MEMORY = 160 * 1024  # only when no device can be asked (tests, the interpreter)
+
+
+def shared_bytes(kernel: str, tile: Tile, block_d: int, itemsize: int) -> int:
+    """Shared memory one program of ``kernel`` needs with ``tile``, roughly (see the module docstring)."""
+    (res_m, res_n), (str_m, str_n) = _OPERANDS[kernel]
+    resident = (res_m * tile.block_m + res_n * tile.block_n) * (2 if itemsize == 4 else 1)
+    streamed = str_m * tile.block_m + str_n * tile.block_n
+    return itemsize * block_d * (resident + streamed * max(1, tile.num_stages))
+
+
+def max_shared_memory(device: torch.device) -> int:
+    """The per-block shared-memory limit of ``device`` (opt-in maximum), from Triton's driver or torch."""
+    if device.type != "cuda":
+        return FALLBACK_SHARED_MEMORY
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        import triton
+
+        return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # an older Triton: torch knows it too
+        props = torch.cuda.get_device_properties(index)
+        return int(getattr(props, "shared_memory_per_block_optin", FALLBACK_SHARED_MEMORY))
+
+
+def prune(
+    kernel: str, tiles: Sequence[Tile], *, seq_q: int, seq_k: int, head_dim: int, itemsize: int, shared_cap: int
+) -> list[Tile]:
+    """Drop tiles that can't win or can't run before timing them: blocks far longer than their sequence
+    (only masked-out rows or keys), 128-wide streamed blocks at head dims over 128 (registers spill), and
+    tiles over the shared-memory cap. Never empty: the smallest tile stays if nothing else fits."""
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    rows, keys = max(16, 1 << (seq_q - 1).bit_length()), max(16, 1 << (seq_k - 1).bit_length())
+    wide = 64 if head_dim > 128 else 128
+
+    def fits(t: Tile) -> bool:
+        streamed = t.block_n if kernel in ("fwd", "dq") else t.block_m
+        return (
+            t.block_m <= max(32, rows)
+            and t.block_n <= max(32, keys)
+            and streamed <= wide
+            and shared_bytes(kernel, t, block_d, itemsize) <= shared_cap
+        )
+
+    kept = [t for t in tiles if fits(t)]
+    return kept or [min(tiles, key=lambda t: shared_bytes(kernel, t, block_d, itemsize))]
+
+
+def length_bucket(length: int) -> int:
+    """The next power of two ≥ ``length``: lengths in one bucket share a tuned tile."""
+    return 1 << max(0, length - 1).bit_length()
+
+
+def tuning_key(kernel: str, q: torch.Tensor, k: torch.Tensor, features: Hashable) -> tuple[Hashable, ...]:
+    """What a tuned tile is reused for: kernel, bucketed lengths, exact head dim, GQA group, dtype,
+    mask family and score modifiers (``features``), device."""
+    return (kernel, length_bucket(q.shape[2]), length_bucket(k.shape[2]), q.shape[3], q.shape[1] // k.shape[1],
+            str(q.dtype), features, str(q.device))  # fmt: skip
+
+
+_CHOSEN: dict[tuple[Hashable, ...], Tile] = {}
+
+
+def time_tile(launch: Callable[[Tile], object], tile: Tile) -> float:
+    """Median milliseconds of ``launch(tile)`` on the GPU; inf if the tile fails to compile or run."""
+    import triton
+
+    try:
+        return float(triton.testing.do_bench(lambda: launch(tile), warmup=5, rep=20))
+    except Exception:  # OutOfResources and the like: this tile simply can't run here
+        return math.inf
+
+
+def choose(key: tuple[Hashable, ...], candidates: Sequence[Tile], launch: Callable[[Tile], object]) -> Tile:
+    """The tile for ``key``: cached, or the fastest candidate (timed once), or the only one."""
+    if key not in _CHOSEN:
+        if len(candidates) == 1:
+            _CHOSEN[key] = candidates[0]
+        else:
+            timings = {tile: time_tile(launch, tile) for tile in candidates}
+            _CHOSEN[key] = min(candidates, key=lambda t: timings[t])
+    return _CHOSEN[key]
+
+
+def clear_cache() -> None:
+    """Forget every tuned tile (tests)."""
+    _CHOSEN.clear()
+
+
+__all__ = [
+    "CUDA_TILES",
+    "INTERPRETER_TILES",
+    "Tile",
+    "choose",
+    "clear_cache",
+    "length_bucket",
+    "max_shared_memory",
+    "prune",
+    "shared_bytes",
+    "time_tile",
+    "tuning_key",
+]

@@ -1,0 +1,109 @@
+"""fused_triton's kernels compiled for a Hopper GPU (sm_90) on this machine, which has none.
+
+The interpreter runs the kernels' Python, not Triton's compiler, so it cannot see what only compiling
+shows (a construct the code generator rejects, a tile that needs more shared memory than estimated).
+``triton.compile`` needs no GPU: these tests capture the launches fused_triton makes (each
+``kernel[grid](...)`` becomes a compile with the argument specialisation a real launch would get —
+16-byte aligned pointers, strides of 1 as constants, multiples of 16 marked divisible) and check that
+every kernel compiles, with every mask family and score modifier, and that the shared memory the
+compiler allots matches ``shared_bytes``, the estimate that prunes tiles against the device's limit.
+Compiling takes seconds per kernel, so only a few tiles are compiled; ``nox -s gpu_smoke`` runs them all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from attnbench.impls import _triton_flash, _triton_kernels  # noqa: E402
+from attnbench.impls._triton_tiles import Tile, shared_bytes  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32"}
+
+
+def _compile(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Compile ``fn`` for sm_90 specialised like Triton's launcher would for these arguments."""
+    options = {"num_warps": kwargs.pop("num_warps", 4), "num_stages": kwargs.pop("num_stages", 3)}
+    values = {**dict(zip(fn.arg_names, args, strict=False)), **kwargs}
+    signature: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for index, name in enumerate(fn.arg_names):
+        value = values[name]
+        if name in kwargs or value is None or (isinstance(value, int) and value == 1):
+            signature[name], constants[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TYPES[value.dtype]
+            attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn, signature, constants, attrs), target=HOPPER, options=options)
+
+
+@pytest.fixture()
+def compiled(monkeypatch):
+    """Launches become sm_90 compiles: {kernel name: compiled kernel}, filled as fused_triton launches."""
+    kernels: dict[str, Any] = {}
+
+    class Capture:
+        def __init__(self, fn: Any) -> None:
+            self.fn = fn
+
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> None:
+                kernels[self.fn.__name__] = _compile(self.fn, args, dict(kwargs))
+
+            return launch
+
+    for name in ("_forward_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"):
+        monkeypatch.setattr(_triton_kernels, name, Capture(getattr(_triton_kernels, name)))
+    monkeypatch.setattr(_triton_flash, "INTERPRETED", False)
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said out loud
+    return kernels
+
+
+def _tensors(dtype: torch.dtype, head_dim: int, seq: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty(2, 8, seq, head_dim, dtype=dtype), torch.empty(2, 2, seq, head_dim, dtype=dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "tile", "options"),
+    [
+        (torch.bfloat16, 128, Tile(128, 128, 8, 3), {"cu_seqlens": torch.tensor([0, 300, 1024])}),  # 224 KiB
+        (torch.float32, 64, Tile(64, 64, 4, 3), {"window": 100, "softcap": 30.0, "alibi": True}),  # tf32x3
+    ],
+)
+def test_the_forward_compiles_for_sm90_with_the_estimated_shared_memory(compiled, dtype, head_dim, tile, options):
+    q, k = _tensors(dtype, head_dim)
+    plan = _triton_flash.make_plan(q, k, k, **options)
+    plan.tiles["fwd"] = tile
+    _triton_flash.forward(q, k, k, plan, store_lse=True)
+    kernel = compiled["_forward_kernel"]
+    assert kernel.metadata.shared == shared_bytes("fwd", tile, head_dim, dtype.itemsize)
+
+
+@pytest.mark.slow
+def test_the_backward_compiles_for_sm90_within_the_estimate(compiled):
+    q, k = _tensors(torch.bfloat16, 96)  # head dim 96: padded to 128, EVEN_D off
+    lengths = torch.tensor([1000, 700], dtype=torch.int32)
+    plan = _triton_flash.make_plan(q, k, k, mask="padding", lengths=lengths, softcap=20.0, alibi=True)
+    plan.tiles.update({"dkdv": Tile(32, 128, 4, 3), "dq": Tile(128, 32, 4, 3)})
+    out, lse = torch.empty_like(q), torch.empty(2, 8, 1024)
+    _triton_flash.backward_grads(q, k, k, out, lse, out, plan)
+    assert set(compiled) == {"_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"}
+    for name, kernel in (("dkdv", "_dkdv_kernel"), ("dq", "_dq_kernel")):
+        used, estimate = compiled[kernel].metadata.shared, shared_bytes(name, plan.tiles[name], 128, 2)
+        assert 0.6 * estimate <= used <= estimate + 1024, (name, used, estimate)  # + the row statistics

@@ -1,0 +1,194 @@
+"""fused_triton's GPU-facing host side, checked without a GPU: tile pruning by the device's shared memory,
+tuning once per length bucket in ``prepare``, and a timed callable that launches the chosen tile directly.
+
+The kernels are replaced by recorders (``kernel[grid](*args, **kwargs)`` is logged, nothing runs) and the
+timing of a candidate by a fake, so these tests see exactly what a CUDA machine would launch. That the
+kernels compute the right thing is checked in the interpreter (tests/test_fused_triton.py) and, on a
+GPU, by ``nox -s gpu_smoke``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from attnbench.impls import _triton_flash, _triton_kernels, _triton_tiles  # noqa: E402
+from attnbench.impls._triton_tiles import CUDA_TILES, Tile, prune, shared_bytes  # noqa: E402
+from attnbench.impls.fused_triton import contender  # noqa: E402
+from attnbench.inputs import make_inputs  # noqa: E402
+from attnbench.workload import Workload  # noqa: E402
+
+H100_SHARED, A100_SHARED = 227 * 1024, 163 * 1024
+
+
+def _fwd(seq: int, head_dim: int, cap: int, dtype: torch.dtype = torch.bfloat16) -> set[Tile]:
+    return set(prune("fwd", CUDA_TILES["fwd"], seq_q=seq, seq_k=seq, head_dim=head_dim,
+                     itemsize=dtype.itemsize, shared_cap=cap))  # fmt: skip
+
+
+def test_pruning_follows_the_devices_shared_memory():
+    hopper, ampere = _fwd(4096, 128, H100_SHARED), _fwd(4096, 128, A100_SHARED)
+    # 128×128 with 3 stages at D128 bf16: q tile + 3 k/v stages = 2·128·(128 + 3·256) B = 224 KiB (what
+    # triton.compile reports for sm_90, tests/test_fused_triton_compile.py); with 4 stages 288 KiB
+    assert shared_bytes("fwd", Tile(128, 128, 8, 3), 128, 2) == 224 * 1024
+    assert Tile(128, 128, 8, 3) in hopper and Tile(128, 128, 8, 3) not in ampere
+    assert Tile(128, 128, 8, 4) not in hopper and Tile(128, 128, 8, 4) in _fwd(4096, 64, H100_SHARED)
+    assert {Tile(128, 64, 8, 3), Tile(64, 128, 4, 2), Tile(128, 128, 8, 2)} <= hopper & ampere
+    for cap, kept in ((H100_SHARED, hopper), (A100_SHARED, ampere)):
+        assert all(shared_bytes("fwd", t, 128, 2) <= cap for t in kept)
+        assert all(shared_bytes("fwd", t, 128, 2) > cap for t in set(CUDA_TILES["fwd"]) - kept)
+    # fp32 at head dim 256: only single-stage tiles fit, and on an A100 only the smallest
+    assert _fwd(4096, 256, H100_SHARED, torch.float32) == {Tile(64, 32, 4, 1), Tile(32, 16, 2, 1)}
+    assert _fwd(4096, 256, A100_SHARED, torch.float32) == {Tile(32, 16, 2, 1)}
+    assert {t.block_m for t in _fwd(16, 64, H100_SHARED)} == {32}  # taller tiles would be masked-out rows
+    assert _fwd(4096, 64, 1024) == {Tile(32, 16, 2, 1)}  # nothing fits: the smallest tile stays
+    dkdv = prune("dkdv", CUDA_TILES["dkdv"], seq_q=4096, seq_k=4096, head_dim=256, itemsize=2, shared_cap=A100_SHARED)
+    assert dkdv and all(t.block_m <= 64 and shared_bytes("dkdv", t, 256, 2) <= A100_SHARED for t in dkdv)
+
+
+def test_the_shared_memory_cap_is_read_from_the_device(monkeypatch):
+    asked = []
+
+    def properties(index: int) -> dict[str, int]:
+        asked.append(index)
+        return {"max_shared_mem": H100_SHARED}
+
+    fake = SimpleNamespace(utils=SimpleNamespace(get_device_properties=properties))
+    monkeypatch.setattr(triton.runtime.driver, "_active", fake)
+    assert _triton_tiles.max_shared_memory(torch.device("cuda", 1)) == H100_SHARED and asked == [1]
+    assert _triton_tiles.max_shared_memory(torch.device("cpu")) == _triton_tiles.FALLBACK_SHARED_MEMORY
+
+
+def test_lengths_share_a_tuned_tile_within_a_power_of_two_bucket():
+    def key(seq_q: int, seq_k: int, head_dim: int = 64) -> tuple[Any, ...]:
+        q, k = torch.empty(1, 8, seq_q, head_dim), torch.empty(1, 2, seq_k, head_dim)
+        return _triton_tiles.tuning_key("fwd", q, k, ("causal",))
+
+    assert [_triton_tiles.length_bucket(n) for n in (1, 100, 128, 129, 3000)] == [1, 128, 128, 256, 4096]
+    assert key(100, 1000) == key(120, 600) != key(300, 1000)
+    assert key(100, 1000) != key(100, 1000, head_dim=80)  # the head dim stays exact
+
+
+class _Recorder:
+    """Stands in for a @triton.jit kernel: ``kernel[grid](*args, **kwargs)`` is logged, nothing runs."""
+
+    def __init__(self, name: str, log: list[tuple[str, Any, dict[str, Any]]]) -> None:
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: self.log.append((self.name, grid, kwargs))
+
+
+@pytest.fixture()
+def mocked_gpu(monkeypatch):
+    """Kernels replaced by recorders, the CUDA tile lists in force, candidate timing faked and counted:
+    (launch log, list of timed tiles)."""
+    log: list[tuple[str, Any, dict[str, Any]]] = []
+    timed: list[Tile] = []
+    for name in ("_forward_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"):
+        monkeypatch.setattr(_triton_kernels, name, _Recorder(name, log))
+    monkeypatch.setattr(_triton_flash, "INTERPRETED", False)
+    fastest = {Tile(128, 64, 8, 3), Tile(64, 128, 8, 2), Tile(128, 64, 8, 2)}  # one per kernel
+
+    def fake_time(launch: Any, tile: Tile) -> float:
+        timed.append(tile)
+        return 1.0 if tile in fastest else 2.0
+
+    monkeypatch.setattr(_triton_tiles, "time_tile", fake_time)
+    _triton_tiles.clear_cache()
+    yield log, timed
+    _triton_tiles.clear_cache()
+
+
+def test_prepare_tunes_once_and_the_timed_call_launches_the_chosen_tile(mocked_gpu):
+    log, timed = mocked_gpu
+    w = Workload(2, 4, 2, 1000, 1000, 64, dtype="bfloat16", mask="causal", pass_="fwd_bwd")
+    inputs = make_inputs(w, requires_grad=True)
+    run = contender.prepare(inputs, w)
+    plan = run.plan
+    assert plan.tiles == {"fwd": Tile(128, 64, 8, 3), "dkdv": Tile(64, 128, 8, 2), "dq": Tile(128, 64, 8, 2)}
+    assert len(timed) == sum(len(plan.candidates(kernel)) for kernel in ("fwd", "dkdv", "dq")) > 3
+
+    timed.clear()
+    log.clear()
+    for _ in range(3):  # the timed callable of fwd_bwd
+        torch.autograd.grad(run(), (inputs.q, inputs.k, inputs.v), inputs.grad_out)
+    assert timed == []  # no tuning, no autotuner: straight to kernel[grid]
+    assert [name for name, _, _ in log] == ["_forward_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"] * 3
+    launched = {name: (grid, kwargs) for name, grid, kwargs in log}
+    for name, kernel in (("_forward_kernel", "fwd"), ("_dkdv_kernel", "dkdv"), ("_dq_kernel", "dq")):
+        _, kwargs = launched[name]
+        tile = plan.tiles[kernel]
+        assert (kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["num_warps"], kwargs["num_stages"]) == (
+            tile.block_m, tile.block_n, tile.num_warps, tile.num_stages)  # fmt: skip
+        assert kwargs["EVEN_D"] is True and kwargs["BLOCK_D"] == 64 and kwargs["CAUSAL"] is True
+    # batch·heads on grid axis 0 (axis 1 is capped at 65535); dK/dV per kv head and key block
+    assert launched["_forward_kernel"][0] == (2 * 4, triton.cdiv(1000, 128))
+    assert launched["_dkdv_kernel"][0] == (2 * 2, triton.cdiv(1000, 128))
+
+    # another length in the same power-of-two bucket reuses the tiles: nothing timed
+    w2 = Workload(2, 4, 2, 900, 1000, 64, dtype="bfloat16", mask="causal")
+    assert contender.prepare(make_inputs(w2), w2).plan.tiles["fwd"] == Tile(128, 64, 8, 3) and timed == []
+    w3 = Workload(2, 4, 2, 3000, 3000, 64, dtype="bfloat16", mask="causal")
+    contender.prepare(make_inputs(w3), w3)
+    assert timed and {t.block_m for t in timed} == {t.block_m for t in CUDA_TILES["fwd"]}
+
+
+def test_head_dims_and_precision_chosen_per_call(mocked_gpu):
+    log, _ = mocked_gpu
+    for head_dim, dtype, even, block_d, precision in (
+        (64, "float32", True, 64, "tf32x3"),  # fp32 on CUDA: three TF32 passes
+        (50, "float16", False, 64, "tf32"),  # not a power of two: loads masked on the head dim
+        (16, "bfloat16", True, 16, "tf32"),
+        (96, "float32", False, 128, "tf32x3"),
+    ):
+        log.clear()
+        w = Workload(1, 2, 2, 64, 64, head_dim, dtype=dtype)
+        contender.prepare(make_inputs(w), w)()
+        kwargs = log[-1][2]
+        assert (kwargs["EVEN_D"], kwargs["BLOCK_D"], kwargs["INPUT_PRECISION"]) == (even, block_d, precision)
+
+
+def test_in_the_interpreter_fp32_dots_are_ieee(monkeypatch):
+    monkeypatch.setattr(_triton_flash, "INTERPRETED", True)
+    q = torch.empty(1, 2, 8, 32)
+    assert _triton_flash.make_plan(q, q, q).constants()["INPUT_PRECISION"] == "ieee"
+    assert _triton_flash.make_plan(q, q, q).candidates("fwd") == [_triton_tiles.INTERPRETER_TILES["fwd"]]
+
+
+def test_gpu_smoke_without_cuda_says_so_and_exits_0(monkeypatch, capsys):
+    from attnbench.impls import _triton_smoke
+
+    monkeypatch.setattr(_triton_flash, "INTERPRETED", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _triton_smoke.main() == 0
+    assert capsys.readouterr().out == (
+        "gpu_smoke: no CUDA device here, nothing to check (fused_triton's configs need a GPU)\n"
+    )
+
+
+def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsys):
+    from attnbench.impls import _triton_smoke
+
+    forced: list[tuple[str, Tile]] = []
+    bad = CUDA_TILES["dq"][2]
+
+    def check_case(case: Workload, tiles: dict[str, Tile]) -> str:
+        ((kernel, tile),) = tiles.items()
+        forced.append((kernel, tile))
+        return "dq error 0.5 of its scale, over 0.06" if tile == bad else ""
+
+    monkeypatch.setattr(_triton_smoke, "check_case", check_case)
+    monkeypatch.setattr(_triton_smoke, "check_far_offsets", lambda device: "")
+    monkeypatch.setattr(_triton_smoke, "_candidates", lambda case, kernel: list(CUDA_TILES[kernel]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _triton_smoke.main() == 1
+    cases = len(_triton_smoke.SMOKE_CASES)
+    assert forced == [(kernel, tile) for kernel, tiles in CUDA_TILES.items() for tile in tiles for _ in range(cases)]
+    out = capsys.readouterr().out
+    assert f"FAILED dq {bad} on " in out and f"gpu_smoke: {cases} failure(s)" in out
