@@ -4,8 +4,9 @@ One worker (spawned, so CUDA initialises cleanly) imports torch once and runs ca
 The parent waits for each row at most ``timeout_s``; past that it kills the worker, records a ``timeout``
 row and starts a fresh worker for the next case. A worker that dies mid-case (a segfault, the OOM killer)
 gives an ``error`` row naming how it died. Contenders come from the entry-point group, as in the parent;
-ones registered in-process with ``attnbench.register`` exist only in that process, so run those with
-``--isolate none``.
+ones registered in-process with ``attnbench.register`` are registered again in the worker from their class
+references (``module:qualname``, see :func:`attnbench.registry.in_process_references`); a class that cannot
+be imported by reference (defined in ``__main__`` or in a function) needs ``--isolate none``.
 """
 
 from __future__ import annotations
@@ -23,16 +24,18 @@ from attnbench.workload import Workload
 STARTUP_TIMEOUT_S = 300.0  # importing torch and probing every plugin
 
 
-def _serve(conn: Connection, options: RunOptions, allocator: str) -> None:
+def _serve(conn: Connection, options: RunOptions, allocator: str, references: tuple[str, ...] = ()) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     import torch
 
     from attnbench.allocator import configure_cpu_allocator
-    from attnbench.registry import load
+    from attnbench.registry import load, register_reference
 
     configure_cpu_allocator(allocator)
     torch.set_num_threads(options.threads)
     load()
+    for reference in references:  # contenders the parent registered in-process
+        register_reference(reference)
     conn.send("ready")
     while True:
         message = conn.recv()
@@ -45,17 +48,17 @@ def _serve(conn: Connection, options: RunOptions, allocator: str) -> None:
 class CaseWorker:
     """A worker process that turns (contender, workload) into a row, with a per-case time limit."""
 
-    def __init__(self, options: RunOptions, allocator: str, timeout_s: float) -> None:
+    def __init__(self, options: RunOptions, allocator: str, timeout_s: float, references: tuple[str, ...] = ()) -> None:
         self.options, self.allocator, self.timeout_s = options, allocator, timeout_s
+        self.references = references  # module:qualname of contenders registered in the parent
         self._context = mp.get_context("spawn")
         self._process: Any = None
         self._conn: Connection | None = None
 
     def _start(self) -> Connection:
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(
-            target=_serve, args=(child, self.options, self.allocator), daemon=True, name="attnbench-worker"
-        )
+        args = (child, self.options, self.allocator, self.references)
+        self._process = self._context.Process(target=_serve, args=args, daemon=True, name="attnbench-worker")
         self._process.start()
         child.close()
         if not parent.poll(STARTUP_TIMEOUT_S) or parent.recv() != "ready":
