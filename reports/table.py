@@ -67,6 +67,7 @@ def _options(table: pd.DataFrame) -> dict[str, Any]:
         "display_logo_when_loading": False,
         "maxBytes": 0,  # never downsample: every row is in the table
         "showIndex": False,
+        "text_in_header_can_be_selected": False,  # a click anywhere on a heading sorts (not only on its arrow)
         "format_floats_in_python": False,  # numbers go to the page as numbers (sortable), rounded above
         "classes": "display compact cell-border",
         "style": "width:100%;margin:0",
@@ -75,9 +76,9 @@ def _options(table: pd.DataFrame) -> dict[str, Any]:
         "scrollX": True,
         "layout": {
             "top1": "searchPanes",
-            "topStart": ["pageLength", "buttons"],
+            "topStart": "buttons",  # itables moves the buttons here unless a layout value is exactly "buttons"
             "topEnd": "search",
-            "bottomStart": "info",
+            "bottomStart": ["pageLength", "info"],
             "bottomEnd": "paging",
         },
         "buttons": [{"extend": "colvis", "text": "Columns", "columns": ":not(.dtr-control)"}],
