@@ -44,7 +44,7 @@ def x_axis(group: pd.DataFrame) -> str | None:
     return None
 
 
-def _size_key(row: dict[str, Any], x: str | None) -> tuple[Any, ...]:
+def _size_key(row: Any, x: str | None) -> tuple[Any, ...]:
     """The sizes that tell the facets of a family apart: every size but x (and what moves with x)."""
     key = {size: row[size] for size in SIZES if size != x}
     if x == "seq_q":
@@ -54,7 +54,7 @@ def _size_key(row: dict[str, Any], x: str | None) -> tuple[Any, ...]:
     return tuple(key.items())
 
 
-def _title(row: dict[str, Any], x: str | None) -> str:
+def _title(row: Any, x: str | None) -> str:
     """'cpu float32 B1 H8 D64 none fwd' with the x axis' own size left out."""
     heads = f"H{row['heads']}" if row["heads"] == row["kv_heads"] else f"H{row['heads']}/{row['kv_heads']}"
     if x == "heads":

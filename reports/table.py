@@ -32,7 +32,7 @@ LEFT_OUT = ["samples_ms"]  # raw samples: in results.parquet, too long for a tab
 SIGNIFICANT = 4  # digits kept in float cells (the files keep full precision)
 
 
-def _shape(row: dict[str, Any]) -> str:
+def _shape(row: Any) -> str:
     """'B1 H8/2 S128x256 D64' — the workload label without device, dtype, mask and pass (own columns)."""
     short = {**row, "device": "", "dtype": "", "mask": "", "pass": ""}
     return workload_label(short).strip()
