@@ -1,6 +1,7 @@
 """The self-contained HTML report: Jinja2 with autoescaping (every string from a contender, a plugin or
-an error message is shown as text), figures embedded as base64 PNGs, a little inline JavaScript to sort
-tables, nothing fetched from the network."""
+an error message is shown as text), figures embedded as base64 PNGs, the table of every row made by itables
+(DataTables, embedded; see ``table.py``), a little inline JavaScript to sort the small tables, nothing
+fetched from the network."""
 
 from __future__ import annotations
 
@@ -13,17 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 import pandas as pd
 
 import attnbench
-from attnbench.reports.frames import Run, finite, labels, machine_label, workload_label
+from attnbench.reports.frames import Run, labels, machine_label, workload_label
 from attnbench.reports.plots import speedup_table
+from attnbench.reports.table import results_table_html
 
-RESULT_COLUMNS = ["run", "machine", "impl", "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k",
-                  "head_dim", "mask", "pass", "status", "reason", "median_ms", "iqr_ms", "n_samples", "tflops",
-                  "pct_of_peak", "pct_of_matmul", "peak_mem_mb", "max_abs_err", "first_call_ms"]  # fmt: skip
-NUMERIC = {"batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "median_ms", "iqr_ms", "n_samples",
-           "tflops", "pct_of_peak", "pct_of_matmul", "peak_mem_mb", "max_abs_err", "first_call_ms"}  # fmt: skip
 CAPTIONS = {
     "latency.png": "median time per call; log axes; one colour per contender in every figure.",
     "tflops.png": "achieved TFLOP/s from the shared FLOP count; the dashed line is the measured matmul peak.",
@@ -40,10 +38,6 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def _raw(value: Any) -> str:
-    return "" if not finite(value) else repr(float(value))
 
 
 def _headline(ok: pd.DataFrame, baseline: str | None) -> list[dict[str, str]]:
@@ -124,18 +118,14 @@ def write_report(
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = environment.from_string(template_text)
     ok = frame[frame["status"] == "ok"]
-    results = [
-        {"status": row["status"], "shown": {c: _fmt(row[c]) for c in RESULT_COLUMNS},
-         "raw": {c: _raw(row[c]) for c in NUMERIC}}
-        for row in frame.to_dict("records")
-    ]  # fmt: skip
+    table_bundle, results_table = results_table_html(frame)
     html = template.render(
         runs=[_run_block(run) for run in runs], n_rows=len(frame), version=attnbench.__version__,
         generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         headline=_headline(ok, baseline),
         figures=[{"title": title, "caption": CAPTIONS.get(path.name, ""),
                   "data": base64.b64encode(path.read_bytes()).decode()} for title, path in figures],
-        result_columns=RESULT_COLUMNS, numeric=NUMERIC, results=results,
+        table_bundle=markupsafe.Markup(table_bundle), results_table=markupsafe.Markup(results_table),
         missing=_missing(frame), accuracy=_accuracy(frame), report_command=report_command,
     )  # fmt: skip
     path = out_dir / "report.html"

@@ -1,5 +1,7 @@
 """The report's figures, drawn with seaborn: one colour per contender across every figure, log axes
-where sizes double, facets by workload group (device, dtype, mask, heads, …) and by machine."""
+where sizes double, a panel per workload group and machine (``facets.py``: what varies in a group goes on
+x — sequence length, key length, heads, head_dim or batch — and a group run at one size is drawn as
+points by contender)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from attnbench.reports.facets import AXIS_LABELS, Facet, facets
 from attnbench.reports.frames import group_label, labels
 
 KNOWN_ORDER = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
@@ -57,44 +60,67 @@ def _log2_x(axis: Any) -> None:
     axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
 
 
-def _line_figure(ok: pd.DataFrame, y: str, ylabel: str, colours: dict[str, Any], logy: bool = True) -> Any:
-    groups = list(dict.fromkeys(ok["group"]))
-    grid = sns.relplot(
-        data=ok, x="seq_q", y=y, hue="impl", hue_order=list(colours), palette=colours, col="group",
-        col_order=groups, col_wrap=min(3, len(groups)), kind="line", marker="o", height=3.2, aspect=1.35,
-        facet_kws={"sharey": False, "sharex": False},
-    )  # fmt: skip
-    for axis in grid.axes.flat:
-        _log2_x(axis)
+def _facet_figure(
+    ok: pd.DataFrame, y: str, ylabel: str, colours: dict[str, Any], logy: bool = True
+) -> tuple[Any, list[tuple[Facet, Any]]]:
+    """A panel per facet: lines against its x axis, or points by contender where it has one size; returns the
+    figure and each facet with its axes."""
+    panels = facets(ok)
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.4 * columns, 3.4 * rows), squeeze=False)
+    for axis, panel in zip(axes.flat, panels, strict=False):
+        _draw_panel(axis, panel, y, colours)
         if logy:
             axis.set_yscale("log")
+        axis.set_ylabel(ylabel)
+        axis.set_title(panel.title, size=8)
         axis.grid(True, which="major", alpha=0.3)
-    grid.set_titles("{col_name}", size=8)
-    grid.set_axis_labels("sequence length (queries)", ylabel)
-    return grid
+    for axis in list(axes.flat)[len(panels) :]:
+        axis.set_visible(False)
+    shown = [impl for impl in colours if impl in set(ok["impl"])]
+    handles = [matplotlib.lines.Line2D([], [], color=colours[i], marker="o", label=i) for i in shown]
+    figure.legend(handles=handles, title="impl", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    figure.tight_layout()
+    return figure, [(panel, axis) for axis, panel in zip(axes.flat, panels, strict=False)]
+
+
+def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any]) -> None:
+    order = [impl for impl in colours if impl in set(panel.rows["impl"])]
+    if panel.x is None:
+        # a point per contender on the panel's (log) y axis: a bar from an arbitrary log floor would mislead
+        sns.stripplot(data=panel.rows, x="impl", y=y, hue="impl", order=order, hue_order=order, palette=colours,
+                      jitter=False, size=8, ax=axis, legend=False)  # fmt: skip
+        axis.set_xlabel("")
+        axis.tick_params(axis="x", labelrotation=30, labelsize=7)
+        return
+    sns.lineplot(data=panel.rows, x=panel.x, y=y, hue="impl", hue_order=order, palette=colours, marker="o", ax=axis,
+                 legend=False)  # fmt: skip
+    _log2_x(axis)
+    axis.set_xlabel(AXIS_LABELS[panel.x])
 
 
 def latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
-    return _line_figure(ok, "median_ms", "median time per call (ms)", colours)
+    return _facet_figure(ok, "median_ms", "median time per call (ms)", colours)[0]
 
 
 def throughput(ok: pd.DataFrame, colours: dict[str, Any], peaks: dict[tuple[str, str, str], float]) -> Any:
-    grid = _line_figure(ok, "tflops", "TFLOP/s", colours)
-    for group, axis in grid.axes_dict.items():
-        rows = ok[ok["group"] == group].iloc[0]
+    figure, panels = _facet_figure(ok, "tflops", "TFLOP/s", colours)
+    for panel, axis in panels:
+        rows = panel.rows.iloc[0]
         peak = peaks.get((rows["machine"], rows["device"], rows["dtype"]))
         if peak:
             axis.axhline(peak, color="black", linestyle="--", linewidth=1)
             axis.annotate(f"measured matmul peak {peak:.3g}", (0.02, peak), xycoords=("axes fraction", "data"),
                           va="bottom", fontsize=7)  # fmt: skip
-    return grid
+    return figure
 
 
 def memory(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
     with_memory = ok[ok["peak_mem_mb"].notna() & (ok["peak_mem_mb"] > 0)]
     if with_memory.empty:
         return None
-    return _line_figure(with_memory, "peak_mem_mb", "peak working memory (MiB)", colours)
+    return _facet_figure(with_memory, "peak_mem_mb", "peak working memory (MiB)", colours)[0]
 
 
 def speedup_table(ok: pd.DataFrame, baseline: str | None) -> tuple[pd.DataFrame, pd.Series]:
@@ -201,9 +227,9 @@ def draw_all(
     colours = palette(sorted(set(ok["impl"])))
     peaks = {key: value.matmul_tflops for key, value in ceilings.items()}
     makers: list[tuple[str, str, Callable[[], Any]]] = [
-        ("Latency vs sequence length", "latency.png", lambda: latency(ok, colours)),
-        ("Throughput vs sequence length", "tflops.png", lambda: throughput(ok, colours, peaks)),
-        ("Peak working memory vs sequence length", "memory.png", lambda: memory(ok, colours)),
+        ("Latency", "latency.png", lambda: latency(ok, colours)),
+        ("Throughput", "tflops.png", lambda: throughput(ok, colours, peaks)),
+        ("Peak working memory", "memory.png", lambda: memory(ok, colours)),
         ("Speedup over the baseline", "speedup.png", lambda: speedup(ok, colours, baseline)),
         ("Roofline", "roofline.png", lambda: roofline(ok, colours, ceilings)),
     ]

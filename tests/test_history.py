@@ -292,9 +292,7 @@ def test_columns_a_newer_attnbench_adds_are_added_with_null_for_old_rows(cli, tm
     (newer / "meta.json").write_text(json.dumps(meta))
     assert cli("store", str(newer), "--db", str(db))[0] == 0
     con = duckdb.connect(str(db), read_only=True)
-    rows = con.execute(
-        'SELECT run, "window", len(repeat_medians_ms), typeof(batch) FROM rows ORDER BY run'
-    ).fetchall()
+    rows = con.execute('SELECT run, "window", len(repeat_medians_ms), typeof(batch) FROM rows ORDER BY run').fetchall()
     con.close()
     assert rows == [("newer", 128, 3, "DOUBLE"), ("run", None, 1, "DOUBLE")]  # one repeat: its own median
     for run_name, noise in (("newer", "repeats"), ("run", "samples")):

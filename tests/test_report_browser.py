@@ -10,6 +10,8 @@ import shutil
 import pandas as pd
 import pytest
 
+from conftest import Shifted
+
 os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager reach for the network
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -18,6 +20,13 @@ pytestmark = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
     reason="needs Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)",
 )
+TABLE = "#results-table"
+
+
+class Evil(Shifted):
+    """A wrong contender (rows `incorrect`) whose name is HTML; importable, so it runs in the worker too."""
+
+    name = "<script>alert(1)</script>"
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +37,8 @@ def browser(tmp_path_factory):
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-quic", f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
+                 "--disable-quic", "--window-size=1400,1000",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -38,43 +48,135 @@ def browser(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
+    import attnbench
+    from attnbench import registry
     from attnbench.cli import main
 
-    root = tmp_path_factory.mktemp("browser")
-    args = ["--impl", "bmm,sdpa_flash,naive,xformers", "--seq", "64,128", "--mask", "none,causal"]
-    assert main(["run", *args, "--budget-s", "0.03", "--out", str(root / "run")]) == 0
-    assert main(["report", str(root / "run"), "--out", str(root / "report")]) == 0
-    return root / "run", root / "report" / "report.html"
+    attnbench.register(Evil)
+    try:
+        root = tmp_path_factory.mktemp("browser")
+        args = ["--impl", f"bmm,sdpa_flash,naive,xformers,{Evil.name}", "--seq", "64,128", "--mask", "none,causal"]
+        assert main(["run", *args, "--budget-s", "0.03", "--out", str(root / "run")]) == 0
+        assert main(["report", str(root / "run"), "--out", str(root / "report")]) == 0
+    finally:
+        registry.unregister(Evil.name)
+    return pd.read_parquet(root / "run" / "results.parquet"), root / "report" / "report.html"
 
 
-def test_report_loads_without_errors_and_every_image_decodes(browser, report):
-    run, html = report
+def _open(browser, html):
     browser.get(html.as_uri())
-    errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
-    assert errors == []
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements("css selector", f"{TABLE}_wrapper .dtsp-searchPane"))
+
+
+def _severe(browser):
+    return [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def _header_cells(browser):
+    """The main table's visible column headings (the filter panes are small tables of their own)."""
+    return browser.execute_script(
+        f"return Array.from(document.querySelector('{TABLE}').closest('.dt-scroll')"
+        ".querySelectorAll('.dt-scroll-head th'))"
+    )
+
+
+def _headers(browser):
+    return [h.get_attribute("textContent") for h in _header_cells(browser)]  # also where scrolled out of view
+
+
+def _show_all_rows(browser):
+    from selenium.webdriver.support.ui import Select
+
+    Select(browser.find_element("css selector", f"{TABLE}_wrapper .dt-length select")).select_by_visible_text("All")
+
+
+def _column(browser, name):
+    index = _headers(browser).index(name)
+    return browser.execute_script(
+        f"return Array.from(document.querySelectorAll('{TABLE} tbody tr'))"
+        f".map(r => r.children[{index}] ? r.children[{index}].textContent : null)"
+    )
+
+
+def _pick(browser, pane, value):
+    """Click ``value`` in the filter pane of column ``pane`` (panes redraw asynchronously: wait for it)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def entry(_):
+        for container in browser.find_elements("css selector", f"{TABLE}_wrapper div.dtsp-searchPane"):
+            placeholders = container.find_elements("css selector", "input.dtsp-paneInputButton")
+            if placeholders and placeholders[0].get_attribute("placeholder") == pane:
+                for name in container.find_elements("css selector", "span.dtsp-name"):
+                    if name.get_attribute("textContent") == value:
+                        return name
+        return False
+
+    name = WebDriverWait(browser, 10).until(entry, f"no {value!r} in the {pane} pane")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", name)
+    name.click()
+
+
+def test_report_loads_without_errors_offline_and_every_row_is_in_the_table(browser, report):
+    frame, html = report
+    _open(browser, html)
+    assert _severe(browser) == []
     images = browser.execute_script(
         "return Array.from(document.images).map(i => [i.alt, i.complete && i.naturalWidth > 0])"
     )
     assert len(images) >= 4 and all(ok for _, ok in images), images
-    rows = browser.execute_script(
-        "return Array.from(document.querySelectorAll('#results-table tbody tr')).map(r => r.dataset.status)"
-    )
-    frame = pd.read_parquet(run / "results.parquet")
-    assert sorted(rows) == sorted(frame["status"])
+    fetched = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert all(url.startswith(("data:", "blob:", "file:")) for url in fetched), fetched  # nothing from a network
+    assert len(browser.find_elements("css selector", f"{TABLE} tbody tr")) == 25  # one page
+    _show_all_rows(browser)
+    assert sorted(_column(browser, "status")) == sorted(frame["status"])
+    assert sorted(_column(browser, "impl")) == sorted(frame["impl"])  # the HTML name shows as text
+    assert "median_ms" in _headers(browser) and "iqr_ms" not in _headers(browser)  # default columns
     page = browser.find_element("tag name", "body").text
     for reason in frame[frame.status != "ok"].reason.unique():
         assert reason in page
+    from selenium.common.exceptions import NoAlertPresentException
+
+    with pytest.raises(NoAlertPresentException):  # the contender's name never ran as a script
+        _ = browser.switch_to.alert
 
 
-def test_results_table_sorts_by_a_clicked_column(browser, report):
+def test_filter_by_contender_and_status_shows_exactly_those_rows(browser, report):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    frame, html = report
+    _open(browser, html)
+    _show_all_rows(browser)
+    for impl, status in (("bmm", "ok"), (Evil.name, "incorrect")):
+        browser.find_element("css selector", f"{TABLE}_wrapper button.dtsp-clearAll").click()
+        _pick(browser, "impl", impl)
+        _pick(browser, "status", status)
+        expected = frame[(frame.impl == impl) & (frame.status == status)]
+        assert len(expected) >= 4
+        count = len(expected)
+        WebDriverWait(browser, 10).until(lambda _, count=count: len(_column(browser, "impl")) == count)
+        assert _column(browser, "impl") == [impl] * len(expected)
+        assert _column(browser, "status") == [status] * len(expected)
+        shown = sorted(zip(_column(browser, "shape"), _column(browser, "mask"), strict=True))
+        assert len(shown) == len(expected) and len(set(shown)) == len(expected)
+    assert _severe(browser) == []
+
+
+def test_sort_a_column_and_show_a_hidden_one(browser, report):
     _, html = report
-    browser.get(html.as_uri())
-    headers = browser.find_elements("css selector", "#results-table th")
-    index = [h.text for h in headers].index("median_ms")
-    headers[index].click()
-    values = browser.execute_script(
-        f"return Array.from(document.querySelectorAll('#results-table tbody tr'))"
-        f".map(r => r.children[{index}].getAttribute('data-value')).filter(v => v !== '').map(Number)"
-    )
-    assert values == sorted(values) and len(values) >= 4
-    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    _open(browser, html)
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    (median,) = [h for h in _header_cells(browser) if h.get_attribute("textContent") == "median_ms"]
+    median.click()
+    WebDriverWait(browser, 10).until(lambda _: "dt-ordering-asc" in median.get_attribute("class"))  # drawn async
+    values = [float(v) for v in _column(browser, "median_ms") if v]
+    assert values == sorted(values) and len(values) >= 10
+    assert "iqr_ms" not in _headers(browser)
+    browser.find_element("css selector", f"{TABLE}_wrapper button.buttons-colvis").click()
+    (entry,) = [b for b in browser.find_elements("css selector", ".dt-button-collection button") if b.text == "iqr_ms"]
+    entry.click()
+    WebDriverWait(browser, 10).until(lambda _: "iqr_ms" in _headers(browser))
+    assert any(v for v in _column(browser, "iqr_ms"))
+    assert _severe(browser) == []

@@ -3,7 +3,6 @@
 import json
 import re
 import shutil
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
@@ -19,31 +18,12 @@ from conftest import Shifted
 SMALL = ["--seq", "64,128", "--mask", "none,causal", "--budget-s", "0.03", "--threads", "1"]
 
 
-class Rows(HTMLParser):
-    """Collects the text of every cell of the results table."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.table: str | None = None
-        self.rows: list[list[str]] = []
-        self.in_cell = False
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "table":
-            self.table = dict(attrs).get("id")
-        elif tag == "tr" and self.table == "results-table":
-            self.rows.append([])
-        elif tag == "td" and self.table == "results-table":
-            self.in_cell = True
-            self.rows[-1].append("")
-
-    def handle_endtag(self, tag):
-        if tag == "td":
-            self.in_cell = False
-
-    def handle_data(self, data):
-        if self.in_cell:
-            self.rows[-1][-1] += data
+def table_rows(html: str) -> list[list]:
+    """The rows the results table is given (itables' DataTables arguments in the page); the browser test
+    checks what the interactive table shows."""
+    start = html.index("let dt_args = ") + len("let dt_args = ")
+    arguments = json.loads(html[start : html.index(";\n", start)])
+    return json.loads(arguments["data_json"])
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +56,14 @@ def test_report_has_figures_every_row_and_every_reason(cli, two_runs, tmp_path):
     assert "<th>hardware roof TFLOP/s</th>" in html and "<th>torch matmul TFLOP/s</th>" in html
     assert roof_source in html
     frame = pd.read_parquet(run / "results.parquet")
-    parser = Rows()
-    parser.feed(html)
-    body = [row for row in parser.rows if row]
-    assert len(body) == len(frame)
+    rows = table_rows(html)
+    assert len(rows) == len(frame) and sorted(r[0] for r in rows) == sorted(frame.impl)
     for reason in frame[frame.status != "ok"].reason.unique():
         assert reason.replace("'", "&#39;") in html
     assert html.count("data:image/png;base64,") == len(pngs)
-    assert "http://" not in html and "https://" not in html and "<link" not in html  # self-contained
+    # Self-contained: nothing loads from elsewhere (links for a reader to follow are fine).
+    fetching = re.findall(r"<(\w+)[^>]*\b(?:src|href)\s*=\s*[\"']?https?://", html)
+    assert set(fetching) <= {"a"} and "<link" not in html and "url(http" not in html and "@import" not in html
     assert "attnbench run --impl bmm,sdpa_flash,naive,xformers" in html  # the command that made the run
     assert f"report: {out / 'report.html'}" in text
 
@@ -108,13 +88,14 @@ def test_contender_names_and_reasons_are_escaped(cli, planted, tmp_path):
     attnbench.register(Evil)
     planted.append(Evil.name)
     run = tmp_path / "run"
+    # Evil is a local class, which the worker process cannot import: run it in this process.
     assert cli("run", "--impl", f"{Evil.name},bmm", "--seq", "32", "--mask", "none", "--budget-s", "0.02",
-               "--out", str(run))[0] == 0  # fmt: skip
+               "--isolate", "none", "--out", str(run))[0] == 0  # fmt: skip
     assert cli("report", str(run), "--out", str(tmp_path / "rep"))[0] == 0
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "<script>alert(1)</script>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
-    assert len(re.findall(r"<script>", html)) == 1  # only the report's own table sorter
+    assert html.count("alert(1)") == html.count("&lt;script&gt;alert(1)&lt;/script&gt;")  # every time escaped
 
 
 def test_pytest_benchmark_json_is_a_run(cli, tmp_path):

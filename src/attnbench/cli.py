@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from attnbench import registry
-from attnbench.allocator import POLICIES
+from attnbench.allocator import POLICIES, configure_cpu_allocator
 from attnbench.ceilings import load_ceilings
 from attnbench.errors import UsageError
 from attnbench.machine import command_line, environment
@@ -114,6 +114,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     if args.calls < 1:
         raise UsageError(f"--calls {args.calls}: must be a positive integer")
+    if not args.budget_s > 0:
+        raise UsageError(f"--budget-s {args.budget_s:g}: must be a positive number of seconds")
     overrides = _overrides(args)
     suite = Suite("profile", "", 1.0, 60.0, ({**DEFAULTS, **PROFILE_WORKLOAD},))
     cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names())
@@ -130,14 +132,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not runnable:
         raise UsageError("nothing to profile: every case is unavailable or unsupported (see above)")
     out.mkdir(parents=True, exist_ok=True)
+    configure_cpu_allocator("cached")  # as `run` does by default, so the median is the run's
     profiles = []
     for impl, workload in runnable:
-        profile = profile_case(impl, workload, out, calls=args.calls, seed=args.seed)
+        profile = profile_case(impl, workload, out, calls=args.calls, seed=args.seed, budget_s=args.budget_s)
         profiles.append(profile)
         shown = profile.top_ops[["op", "self_ms_per_call", "pct", "category"]].round(4)
-        print(f"\n{impl}  {workload.label()}  ({profile.calls} calls recorded)")
+        print(f"\n{impl}  {workload.label()}  median {profile.median_ms:.4g} ms per call, "
+              f"{profile.profiled_ms:.4g} ms profiled ({profile.calls} calls recorded)")  # fmt: skip
         print(shown.to_string(index=False))
-        split = ", ".join(f"{r.category} {r.pct:.0f}%" for r in profile.breakdown.itertuples())
+        split = ", ".join(f"{r.category} {r.ms_per_call:.3g} ms ({r.pct:.0f}%)" for r in profile.breakdown.itertuples())
         print(f"breakdown: {split}\ntrace: {profile.trace_path}")
     top_path, breakdown_path = write_tables(profiles, out)
     print(f"\ntables: {top_path}, {breakdown_path}")
@@ -392,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_profile.set_defaults(**{"pass": None})
     p_profile.add_argument("--calls", type=int, default=5, help="most calls recorded per case (default 5)")
     p_profile.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p_profile.add_argument("--budget-s", type=float, default=1.0, help="timing budget for each case's median (1)")
     p_profile.set_defaults(func=cmd_profile)
 
     p_report = commands.add_parser("report", help="figures and one self-contained HTML page from runs")

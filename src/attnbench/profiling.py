@@ -1,19 +1,35 @@
 """`attnbench profile`: where the time goes, per contender.
 
-For each case: prepare and check as a run does, warm up, then record a few calls with torch.profiler.
-Writes a Chrome/Perfetto trace per case, a table of the top operators (or kernels, on CUDA) by self
-time, and a breakdown of the time into matmul / softmax / copies / fused attention / other.
+For each case: prepare and check as a run does, warm up, time it with the run's median method
+(:func:`attnbench.measure.time_callable`), then record a few calls with torch.profiler, each call under its
+own ``record_function`` range named ``attnbench.call:<impl>``. Writes a Chrome/Perfetto trace per case, a
+table of the top operators (or kernels, on CUDA) by self time, and a breakdown of each call into categories.
+
+Definitions (per call, from the profiled calls):
+
+* an operator's category comes from its name (``CATEGORIES``): matmul, softmax, copies, fused_attention,
+  else ``other``;
+* ``kernel (outside torch ops)`` (CPU) — time inside the contender's range that no torch operator in it
+  accounts for: the range's self time. A kernel called through ctypes or a third-party library that does
+  not go through torch's dispatcher runs there (with the Python glue of the call, usually microseconds);
+* ``unattributed`` — the profiled wall time of a call that nothing above accounts for (the range's own
+  entry and exit, synchronisation, profiler overhead; on CUDA also gaps between kernels);
+* the categories are then scaled by ``median_ms / profiled_ms`` so that a case's breakdown adds up to its
+  measured median (the profiler slows calls down a little; the split is what it measures, the total is the
+  run's figure). ``breakdown.csv`` keeps ``median_ms``, ``profiled_ms`` and the unscaled ``profiled_ms_per_call``.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import torch
 
-from attnbench.measure import call_once_ms, synchronize
+from attnbench.measure import synchronize, time_callable, warm_up
 from attnbench.memory import quiet_native_stderr
 from attnbench.runner import prepare_checked
 from attnbench.workload import Workload
@@ -27,6 +43,10 @@ CATEGORIES = [
     ("copies", re.compile(r"copy|clone|contiguous|::to$|::cat$|repeat|expand$|masked_fill|fill_", re.I)),
 ]
 PROFILE_SECONDS = 0.1  # record at most about this much run time (a Python-loop trace grows fast)
+RANGE_PREFIX = "attnbench.call:"  # each profiled call runs under the range RANGE_PREFIX + impl
+OUTSIDE_OPS = "kernel (outside torch ops)"
+UNATTRIBUTED = "unattributed"
+UNNAMED = ("other", UNATTRIBUTED)  # categories that say nothing about where the time went
 
 
 def category(op_name: str) -> str:
@@ -41,57 +61,86 @@ class CaseProfile:
     impl: str
     workload: Workload
     calls: int  # calls recorded
+    median_ms: float  # the case's median per call, timed as a run times it
+    profiled_ms: float  # wall time per call while the profiler recorded
     trace_path: Path
-    top_ops: pd.DataFrame  # op, self_ms_per_call, count_per_call, pct
-    breakdown: pd.DataFrame  # category, ms_per_call, pct
+    top_ops: pd.DataFrame  # op, self_ms_per_call, count_per_call, pct (of profiled_ms), category
+    breakdown: pd.DataFrame  # category, ms_per_call (scaled to median_ms), pct, profiled_ms_per_call
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
 
 
-def profile_case(impl: str, workload: Workload, out_dir: Path, calls: int = 5, seed: int = 0) -> CaseProfile:
-    """Profile ``calls`` calls of a checked case; write its trace into ``out_dir``."""
+def profile_case(
+    impl: str, workload: Workload, out_dir: Path, calls: int = 5, seed: int = 0, budget_s: float = 1.0
+) -> CaseProfile:
+    """Time, then profile ``calls`` calls of a checked case; write its trace into ``out_dir``."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     prepared = prepare_checked(impl, workload, seed)
     if not prepared.check.ok:
         raise RuntimeError(f"{impl} is incorrect on {workload.label()}: {prepared.check.reason}")
-    for _ in range(2):
-        prepared.fn()
-    call_ms, _ = call_once_ms(prepared.fn, workload.device)
-    calls = max(1, min(calls, int(PROFILE_SECONDS * 1e3 / max(call_ms, 1e-3))))
+    estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, budget_s)
+    timing = time_callable(prepared.fn, workload.device, torch.get_num_threads(), budget_s, estimate_s)
+    calls = max(1, min(calls, int(PROFILE_SECONDS * 1e3 / max(timing.median_ms, 1e-3))))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if workload.device == "cuda" else [])
+    name = RANGE_PREFIX + impl
+    wall_s = 0.0
     with quiet_native_stderr(), profile(activities=activities) as prof:
         for _ in range(calls):
-            with record_function(f"attnbench::{impl}"):
+            synchronize(workload.device)
+            start = time.perf_counter()
+            with record_function(name):
                 prepared.fn()
             synchronize(workload.device)
+            wall_s += time.perf_counter() - start
     trace_path = out_dir / f"{_slug(impl)}__{_slug(workload.label())}.trace.json"
     prof.export_chrome_trace(str(trace_path))
-    top, breakdown = _tables(prof.key_averages(), workload.device, calls)
-    return CaseProfile(impl, workload, calls, trace_path, top, breakdown)
+    profiled_ms = wall_s * 1e3 / calls
+    top, breakdown = _tables(prof.key_averages(), name, workload.device, calls, profiled_ms, timing.median_ms)
+    return CaseProfile(impl, workload, calls, timing.median_ms, profiled_ms, trace_path, top, breakdown)
 
 
-def _tables(averages: list, device: str, calls: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Self time per operator (kernel time on CUDA), per call, ranked; and its split by category."""
+def _tables(
+    averages: list, range_name: str, device: str, calls: int, profiled_ms: float, median_ms: float
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Self time per operator (kernel time on CUDA), per call, ranked; and the call split by category,
+    scaled to add up to ``median_ms`` (see the module docstring)."""
     on_gpu = device == "cuda"
     records = []
     for event in averages:
-        if event.key.startswith("attnbench::") or event.key.startswith("ProfilerStep"):
+        if event.key.startswith("ProfilerStep") or (event.key.startswith(RANGE_PREFIX) and event.key != range_name):
             continue
-        self_us = getattr(event, "self_device_time_total", 0.0) if on_gpu else event.self_cpu_time_total
+        if event.key == range_name:
+            if on_gpu:
+                continue  # host time of the call, not device time; on CUDA third-party kernels show by name
+            self_us, op_category = event.self_cpu_time_total, OUTSIDE_OPS
+        else:
+            self_us = getattr(event, "self_device_time_total", 0.0) if on_gpu else event.self_cpu_time_total
+            op_category = category(event.key)
         if self_us > 0:
             records.append({"op": event.key, "self_ms_per_call": self_us / 1e3 / calls,
-                            "count_per_call": event.count / calls})  # fmt: skip
-    top = pd.DataFrame(records, columns=["op", "self_ms_per_call", "count_per_call"])
+                            "count_per_call": event.count / calls, "category": op_category})  # fmt: skip
+    top = pd.DataFrame(records, columns=["op", "self_ms_per_call", "count_per_call", "category"])
     top = top.sort_values("self_ms_per_call", ascending=False, ignore_index=True)
-    total = top["self_ms_per_call"].sum()
-    top["pct"] = 100 * top["self_ms_per_call"] / total if total > 0 else 0.0
-    top["category"] = top["op"].map(category)
-    breakdown = top.groupby("category", as_index=False)[["self_ms_per_call", "pct"]].sum()
-    breakdown = breakdown.rename(columns={"self_ms_per_call": "ms_per_call"})
+    top.insert(3, "pct", 100 * top["self_ms_per_call"] / profiled_ms if profiled_ms > 0 else 0.0)
+    split = top.groupby("category")["self_ms_per_call"].sum()
+    split[UNATTRIBUTED] = max(0.0, profiled_ms - float(split.sum()))
+    total = float(split.sum())
+    breakdown = pd.DataFrame({"category": split.index, "profiled_ms_per_call": split.to_numpy()})
+    scale = median_ms / total if total > 0 else 0.0
+    breakdown.insert(1, "ms_per_call", breakdown["profiled_ms_per_call"] * scale)
+    breakdown.insert(2, "pct", 100 * breakdown["ms_per_call"] / median_ms if median_ms > 0 else 0.0)
+    breakdown = breakdown.assign(median_ms=median_ms, profiled_ms=profiled_ms)
     return top.head(TOP_N), breakdown.sort_values("ms_per_call", ascending=False, ignore_index=True)
+
+
+def named_share(breakdown: pd.DataFrame) -> float:
+    """Fraction of a case's measured median that named categories (not ``other``/``unattributed``) explain."""
+    named = breakdown.loc[~breakdown["category"].isin(UNNAMED), "ms_per_call"].sum()
+    median = float(breakdown["median_ms"].iloc[0]) if len(breakdown) else 0.0
+    return float(named) / median if median > 0 else 0.0
 
 
 def write_tables(profiles: list[CaseProfile], out_dir: Path) -> tuple[Path, Path]:

@@ -9,6 +9,7 @@ naming both sources.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,6 +115,53 @@ def register(obj: C) -> C:
     if _cache is not None:
         _cache[entry.name] = entry
     return obj
+
+
+def class_reference(contender: Contender) -> tuple[str | None, str]:
+    """``("module:qualname", "")`` for the contender's class when another process can import it by that
+    reference, else ``(None, why not)``: a class defined in ``__main__`` (a notebook, a script) or inside a
+    function has no such reference. The worker process re-creates the contender from it (no arguments)."""
+    cls = type(contender)
+    module, qualname = cls.__module__, cls.__qualname__
+    if module == "__main__":
+        return None, f"its class {qualname} is defined in __main__ (a notebook or a script)"
+    if "<locals>" in qualname:
+        return None, f"its class {module}.{qualname} is defined inside a function"
+    try:
+        found: object = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        return None, f"its class cannot be imported as {module}:{qualname} ({type(exc).__name__}: {exc})"
+    if found is not cls:
+        return None, f"{module}:{qualname} names another object than its class"
+    return f"{module}:{qualname}", ""
+
+
+def in_process_references() -> tuple[dict[str, str], dict[str, str]]:
+    """Contenders added with :func:`register`, split into ``({name: "module:qualname"}, {name: why not})``."""
+    references, problems = {}, {}
+    for name, entry in _registered.items():
+        if entry.contender is None:
+            continue
+        reference, why = class_reference(entry.contender)
+        if reference is None:
+            problems[name] = why
+        else:
+            references[name] = reference
+    return references, problems
+
+
+def register_reference(reference: str) -> None:
+    """Import ``module:qualname`` and register the class (used in the worker process)."""
+    module, _, qualname = reference.partition(":")
+    found: object = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    if not (inspect.isclass(found) and issubclass(found, Contender)):
+        raise TypeError(f"{reference} is not an attnbench.Contender subclass")
+    if found.name not in load():  # already there when the module registers it on import
+        register(found)
 
 
 def unregister(name: str) -> None:

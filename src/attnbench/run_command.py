@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import torch
@@ -33,7 +33,7 @@ from attnbench.reports.summary import non_ok_reasons, status_counts, summary_tab
 from attnbench.results import RunWriter, case_key, make_row
 from attnbench.runner import RunOptions, not_runnable, run_group
 from attnbench.shard import parse_shard, shard_cases
-from attnbench.suite import check_devices, expand, load_suite
+from attnbench.suite import Suite, check_devices, expand, load_suite
 from attnbench.workload import Workload
 
 SWEEP_FLAGS = ("suite", "impl", "batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "dtype", "device",
@@ -93,7 +93,7 @@ def _validate_numbers(args: argparse.Namespace) -> None:
 
 def _plan(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out: Path) -> tuple[Any, ...]:
     """A new run: its writer, meta, cases and options. Nothing is written yet."""
-    suite = load_suite(args.suite)
+    suite = args.suite if isinstance(args.suite, Suite) else load_suite(args.suite)
     cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names())
     shard = parse_shard(args.shard) if args.shard else None
     if shard:
@@ -138,12 +138,41 @@ def _store_target(args: argparse.Namespace) -> Path | None:
     return db
 
 
-def cmd_run(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out: Path) -> int:
+class Finished(NamedTuple):
+    """What :func:`run_sweep` leaves: the results frame and what the summary needs."""
+
+    frame: pd.DataFrame
+    writer: RunWriter
+    meta: dict[str, Any]
+    warnings: list[str]
+    interrupted: bool
+    store_db: Path | None = None  # --store: the results database to add the run to
+
+
+def _check_worker_can_load(cases: list[tuple[str, Workload]], isolate: str) -> None:
+    """A contender registered in this process runs in the worker only if the worker can import its class."""
+    if isolate != "worker":
+        return
+    _, problems = registry.in_process_references()
+    for impl in dict.fromkeys(impl for impl, _ in cases):
+        if impl in problems:
+            raise UsageError(
+                f"contender {impl!r} was registered in this process and {problems[impl]}, so the worker process "
+                'cannot load it: define it in an importable module, or run in this process with isolate="none" '
+                "(--isolate none)"
+            )
+
+
+def run_sweep(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out: Path) -> Finished:
+    """Plan the sweep (or reopen it with --resume), run it, save the run folder; print only warnings.
+
+    Shared by ``attnbench run`` (:func:`cmd_run`) and the Python API (:func:`attnbench.run`)."""
     _validate_numbers(args)
     store_db = _store_target(args)
     resuming = args.resume is not None
     writer, meta, cases = _reopen(args) if resuming else _plan(args, overrides, default_out)
     settings = meta["settings"]
+    _check_worker_can_load(cases, settings["isolate"])
     done = {case_key(row["impl"], row) for row in writer.rows}
     todo = [(impl, w) for impl, w in cases if case_key(impl, {**w.as_row()}) not in done]
     allocator = configure_cpu_allocator(settings["cpu_allocator"])
@@ -167,7 +196,11 @@ def cmd_run(args: argparse.Namespace, overrides: dict[str, list[Any]], default_o
         writer.start(meta, cases)
     interrupted = sweep(todo, options, writer, settings, args.progress)
     meta.update(end_time=now(), finished=not interrupted)
-    frame = writer.finish(meta)
+    return Finished(writer.finish(meta), writer, meta, warnings, interrupted, store_db)
+
+
+def cmd_run(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out: Path) -> int:
+    frame, writer, meta, warnings, interrupted, store_db = run_sweep(args, overrides, default_out)
     _summarise(frame, writer, meta, warnings)
     if store_db is not None:
         from attnbench.reports.store import store_runs
@@ -219,13 +252,14 @@ def sweep(cases: list[tuple[str, Workload]], options: RunOptions, writer: RunWri
             progress.update(repeat - len(rows))
             del writer.partial[key]
 
+    references = tuple(registry.in_process_references()[0].values())  # contenders register()ed here
     try:
         with sigterm_as_interrupt():
             for pass_number in range(repeat):
                 if worker is not None:  # every pass in a fresh process
                     worker.close()
                 worker = (
-                    CaseWorker(options, settings["cpu_allocator"], settings["timeout_s"])
+                    CaseWorker(options, settings["cpu_allocator"], settings["timeout_s"], references)
                     if settings["isolate"] == "worker"
                     else None
                 )

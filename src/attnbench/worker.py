@@ -12,8 +12,9 @@ the index of the contender it is busy with, and a step counter, into shared memo
 
 Either way the rest of the group runs again in a fresh worker, without the contender that failed, so one
 bad kernel costs its own row and nothing else. Contenders come from the entry-point group, as in the
-parent; ones registered in-process with ``attnbench.register`` exist only in that process, so run those
-with ``--isolate none``.
+parent; ones registered in-process with ``attnbench.register`` are registered again in the worker from their
+class references (``module:qualname``, see :func:`attnbench.registry.in_process_references`); a class that
+cannot be imported by reference (defined in ``__main__`` or in a function) needs ``--isolate none``.
 """
 
 from __future__ import annotations
@@ -35,16 +36,20 @@ REAP_S = 10.0  # a worker whose pipe closed gets this long to be reaped, so its 
 IDLE = -1  # the progress index between groups
 
 
-def _serve(conn: Connection, options: RunOptions, allocator: str, current: Any, steps: Any) -> None:
+def _serve(
+    conn: Connection, options: RunOptions, allocator: str, current: Any, steps: Any, references: tuple[str, ...] = ()
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     import torch
 
     from attnbench.allocator import configure_cpu_allocator
-    from attnbench.registry import load
+    from attnbench.registry import load, register_reference
 
     configure_cpu_allocator(allocator)
     torch.set_num_threads(options.threads)
     load()
+    for reference in references:  # contenders the parent registered in-process
+        register_reference(reference)
 
     def progress(index: int) -> None:
         current.value = index
@@ -76,8 +81,9 @@ def _how_it_died(code: int | None) -> str:
 class CaseWorker:
     """A worker process that turns the contenders of a workload into rows, with a per-step time limit."""
 
-    def __init__(self, options: RunOptions, allocator: str, timeout_s: float) -> None:
+    def __init__(self, options: RunOptions, allocator: str, timeout_s: float, references: tuple[str, ...] = ()) -> None:
         self.options, self.allocator, self.timeout_s = options, allocator, timeout_s
+        self.references = references  # module:qualname of contenders registered in the parent
         self._context = mp.get_context("spawn")
         self._current = self._context.Value("i", IDLE, lock=False)
         self._steps = self._context.Value("q", 0, lock=False)
@@ -86,10 +92,8 @@ class CaseWorker:
 
     def _start(self) -> Connection:
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(
-            target=_serve, args=(child, self.options, self.allocator, self._current, self._steps),
-            daemon=True, name="attnbench-worker",
-        )  # fmt: skip
+        args = (child, self.options, self.allocator, self._current, self._steps, self.references)
+        self._process = self._context.Process(target=_serve, args=args, daemon=True, name="attnbench-worker")
         self._process.start()
         child.close()
         try:

@@ -1,0 +1,104 @@
+"""The report's table of every row: a DataTables table made by itables in its offline mode.
+
+What the reader gets, all inside the one HTML file (itables embeds its DataTables bundle, base64-encoded;
+nothing is fetched): a default set of readable columns (``SHOWN``) with every other results column one
+click away (the "Columns" button), filter panes by contender, status, mask, dtype and device
+(DataTables SearchPanes), a text search over every column, sorting, and pages of ``PAGE_LENGTH`` rows.
+
+Escaping: itables escapes ``&``, ``<`` and ``>`` in every string cell and column name (its default,
+``allow_html=False``), so a contender named ``<script>…</script>`` or an error message with HTML shows as
+text; those escaped strings are what the page's JSON carries, so no cell can close its ``<script>``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+from itables import to_html_datatable
+from itables.javascript import generate_init_offline_itables_html
+from itables.options import dt_bundle
+
+from attnbench.reports.frames import workload_label
+
+TABLE_ID = "results-table"
+PAGE_LENGTH = 25
+# Shown by default, in this order; ``shape`` is B, H (/Hkv), S (xSk), D in one readable cell.
+SHOWN = ["impl", "shape", "mask", "pass", "dtype", "device", "status", "median_ms", "tflops", "gbps", "pct_of_peak",
+         "peak_mem_mb", "max_abs_err", "reason"]  # fmt: skip
+FILTERS = ["impl", "status", "mask", "dtype", "device"]  # a SearchPanes pane each
+LEFT_OUT = ["samples_ms"]  # raw samples: in results.parquet, too long for a table cell
+SIGNIFICANT = 4  # digits kept in float cells (the files keep full precision)
+
+
+def _shape(row: Any) -> str:
+    """'B1 H8/2 S128x256 D64' — the workload label without device, dtype, mask and pass (own columns)."""
+    short = {**row, "device": "", "dtype": "", "mask": "", "pass": ""}
+    return workload_label(short).strip()
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT}g}") if math.isfinite(value) else math.nan
+
+
+def table_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame the table shows: ``SHOWN`` first, then every other column, floats rounded for reading."""
+    records = frame.to_dict("records")
+    table = frame.drop(columns=[c for c in LEFT_OUT if c in frame.columns]).copy()
+    table["shape"] = [_shape(r) for r in records]
+    rest = [c for c in table.columns if c not in SHOWN]
+    table = table[[c for c in SHOWN if c in table.columns] + rest]
+    for column in table.columns:
+        if pd.api.types.is_float_dtype(table[column]):
+            # pandas' nullable Float64: a missing value goes to the page as null, an empty cell (not "NaN")
+            table[column] = table[column].map(_round).astype("Float64")
+    return table.reset_index(drop=True)
+
+
+def _options(table: pd.DataFrame) -> dict[str, Any]:
+    columns = list(table.columns)
+    hidden = [i for i, c in enumerate(columns) if c not in SHOWN]
+    panes = [columns.index(c) for c in FILTERS if c in columns]
+    reason = [columns.index("reason")] if "reason" in columns else []
+    return {
+        "table_id": TABLE_ID,
+        "connected": False,  # the DataTables bundle is embedded in the page, not fetched
+        "display_logo_when_loading": False,
+        "maxBytes": 0,  # never downsample: every row is in the table
+        "showIndex": False,
+        "text_in_header_can_be_selected": False,  # a click anywhere on a heading sorts (not only on its arrow)
+        "format_floats_in_python": False,  # numbers go to the page as numbers (sortable), rounded above
+        "classes": "display compact cell-border",
+        "style": "width:100%;margin:0",
+        "pageLength": PAGE_LENGTH,
+        "lengthMenu": [10, 25, 50, 100, {"label": "All", "value": -1}],
+        "scrollX": True,
+        "layout": {
+            "top1": "searchPanes",
+            "topStart": "buttons",  # itables moves the buttons here unless a layout value is exactly "buttons"
+            "topEnd": "search",
+            "bottomStart": ["pageLength", "info"],
+            "bottomEnd": "paging",
+        },
+        "buttons": [{"extend": "colvis", "text": "Columns", "columns": ":not(.dtr-control)"}],
+        "searchPanes": {
+            "columns": panes,
+            "cascadePanes": True,
+            "viewTotal": True,
+            "layout": f"columns-{len(panes)}",
+            "threshold": 1.0,  # a pane for every filter column, however many distinct values it has
+        },
+        "columnDefs": [
+            {"targets": hidden, "visible": False},
+            {"targets": reason, "className": "reason-cell"},
+            {"targets": panes, "searchPanes": {"show": True}},  # also a column with one value (e.g. one dtype)
+            {"targets": [columns.index("shape")], "className": "dt-nowrap"},
+        ],
+    }
+
+
+def results_table_html(frame: pd.DataFrame) -> tuple[str, str]:
+    """(the offline DataTables bundle, to include once, before the table; the table itself) as HTML."""
+    table = table_frame(frame)
+    return generate_init_offline_itables_html(dt_bundle), to_html_datatable(table, **_options(table))

@@ -1,0 +1,118 @@
+"""`attnbench.run()`: a sweep from Python with the CLI's axes, validation and messages; the results frame
+back; a run folder only when `out` is given; contenders registered in-process run in the worker when their
+class can be imported by reference (issue 12 item 7)."""
+
+import re
+import tempfile
+
+import pandas as pd
+import pytest
+import torch
+
+import attnbench
+from attnbench.results import COLUMNS
+
+from conftest import REPO
+
+FAST = {"budget_s": 0.02, "memory": False}
+
+
+class WorkerSdpa(attnbench.Contender):
+    """Registered in-process by a test; importable as test_api:WorkerSdpa, so the worker can load it."""
+
+    name = "planted_worker_sdpa"
+    capabilities = attnbench.Capabilities(devices=frozenset({"cpu"}))
+
+    def prepare(self, inputs, workload):
+        q, k, v = inputs.q, inputs.k, inputs.v
+        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """A private temporary folder and working directory, to see that nothing is left behind."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return temp, work
+
+
+def _ours(folder):
+    """What attnbench left in a temporary folder (torch keeps its own caches there, e.g. torchinductor_*)."""
+    return [p.name for p in folder.iterdir() if not p.name.startswith("torchinductor")]
+
+
+def test_readme_example_returns_the_results_frame_and_writes_nothing(scratch, capsys):
+    """The README's notebook example, run as written: attnbench.run(impl=["bmm", "sdpa_flash"], seq=[256, 512])."""
+    readme = (REPO / "README.md").read_text()
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL) if "attnbench.run(" in b]
+    assert len(example.strip().splitlines()) <= 5 and 'impl=["bmm", "sdpa_flash"], seq=[256, 512]' in example
+    namespace: dict = {}
+    exec(example, namespace)
+    frame = namespace["frame"]
+    assert isinstance(frame, pd.DataFrame) and list(frame.columns) == COLUMNS
+    assert sorted(zip(frame.impl, frame.seq_q, strict=True)) == [
+        ("bmm", 256), ("bmm", 512), ("sdpa_flash", 256), ("sdpa_flash", 512)
+    ]  # fmt: skip
+    assert set(frame.status) == {"ok"} and (frame.median_ms > 0).all()
+    assert (frame.batch == 1).all() and (frame.heads == 8).all() and (frame.head_dim == 64).all()
+    printed = capsys.readouterr().out
+    assert "sdpa_flash" in printed and "median_ms" in printed
+    temp, work = scratch
+    assert _ours(temp) == [] and list(work.iterdir()) == []
+
+
+def test_out_writes_the_run_folder(tmp_path):
+    out = tmp_path / "run"
+    frame = attnbench.run("quick", impl="bmm", seq=128, mask="none", out=out, isolate="none", **FAST)
+    saved = pd.read_parquet(out / "results.parquet")
+    assert len(frame) == len(saved) == 2  # quick's two sweeps at seq 128
+    assert list(saved.impl) == list(frame.impl) and (out / "meta.json").exists()
+    assert "attnbench.run(suite='quick', impl='bmm'" in (out / "meta.json").read_text()
+
+
+BAD = [
+    ({"seq": [256, -1]}, ["--seq", "256,-1"]),
+    ({"seq": "x"}, ["--seq", "x"]),
+    ({"impl": "nosuch"}, ["--impl", "nosuch"]),
+    ({"dtype": ["float31"]}, ["--dtype", "float31"]),
+    ({"device": "tpu"}, ["--device", "tpu"]),
+    ({"mask": "diagonal"}, ["--mask", "diagonal"]),
+    ({"threads": 0}, ["--threads", "0"]),
+    ({"budget_s": -1}, ["--budget-s", "-1"]),
+    ({"isolate": "maybe"}, ["--isolate", "maybe"]),
+    ({"suite": "nosuch"}, ["--suite", "nosuch"]),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "flags"), BAD, ids=[f[0] for _, f in BAD])
+def test_bad_values_raise_the_cli_message(cli, scratch, kwargs, flags):
+    code, _, err = cli("run", *[f"{f}={v}" for f, v in zip(flags[::2], flags[1::2], strict=True)], "--out", "x")
+    assert code == 2
+    with pytest.raises(attnbench.UsageError) as caught:
+        attnbench.run(**kwargs)
+    assert err.strip() == f"attnbench: error: {caught.value}"
+    temp, work = scratch
+    assert _ours(temp) == [] and list(work.iterdir()) == []
+
+
+def test_a_registered_importable_contender_runs_in_the_worker(planted):
+    attnbench.register(WorkerSdpa)
+    planted.append(WorkerSdpa.name)
+    frame = attnbench.run(impl=[WorkerSdpa.name, "bmm"], seq=64, isolate="worker", **FAST)
+    assert list(frame.status) == ["ok", "ok"], list(frame.reason)
+
+
+def test_a_notebook_class_needs_isolate_none(planted):
+    class Local(WorkerSdpa):
+        name = "planted_local_sdpa"
+
+    attnbench.register(Local)
+    planted.append(Local.name)
+    with pytest.raises(attnbench.UsageError, match=r"defined inside a function.*isolate=\"none\""):
+        attnbench.run(impl=Local.name, seq=64, **FAST)
+    frame = attnbench.run(impl=Local.name, seq=64, isolate="none", **FAST)
+    assert list(frame.status) == ["ok"]
