@@ -88,7 +88,8 @@ def run(
     given = dict(zip(AXIS_ARGUMENTS, (impl, batch, heads, kv_heads, seq, seq_kv, head_dim, dtype, device, mask,
                                       pass_, hidden, module), strict=True))  # fmt: skip
     options = {"threads": threads, "budget_s": budget_s, "case_budget_s": case_budget_s, "timeout_s": timeout_s,
-               "repeat": repeat, "seed": seed, "cpu_allocator": cpu_allocator, "isolate": isolate, "progress": progress}  # fmt: skip
+               "repeat": repeat, "seed": seed, "cpu_allocator": cpu_allocator, "isolate": isolate,
+               "progress": progress}  # fmt: skip
     argv = _argv(suite, given, options) + ([] if memory else ["--no-memory"])
     with tempfile.TemporaryDirectory(prefix="attnbench-run-") as scratch:
         target = Path(out) if out is not None else Path(scratch) / "run"
