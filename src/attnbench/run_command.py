@@ -31,11 +31,12 @@ from attnbench.reports.summary import non_ok_reasons, status_counts, summary_tab
 from attnbench.results import RunWriter, case_key
 from attnbench.runner import RunOptions, not_runnable, run_case
 from attnbench.shard import parse_shard, shard_cases
-from attnbench.suite import check_devices, expand, load_suite
+from attnbench.suite import check_devices, expand, load_suite, model_suite
 from attnbench.workload import Workload
 
 SWEEP_FLAGS = ("suite", "impl", "batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "dtype", "device",
-               "mask", "pass", "shard")  # fmt: skip
+               "mask", "pass", "shard", "window", "documents", "score_mod", "softcap", "page_size", "model",
+               "phase")  # fmt: skip
 
 
 def now() -> str:
@@ -75,7 +76,7 @@ def _validate_numbers(args: argparse.Namespace) -> None:
 
 def _plan(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out: Path) -> tuple[Any, ...]:
     """A new run: its writer, meta, cases and options. Nothing is written yet."""
-    suite = load_suite(args.suite)
+    suite = load_suite(args.suite or "quick") if args.suite or not overrides.get("model") else model_suite()
     cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names())
     shard = parse_shard(args.shard) if args.shard else None
     if shard:
