@@ -37,7 +37,7 @@ LIMITS: dict[str, int] = {
     "head_dim": 2**12,
     "hidden": 2**16,
     "window": 2**24,
-    "documents": 2**24,
+    "documents": 2**16,
     "page_size": 2**16,
 }
 MAX_SOFTCAP = 1e6
