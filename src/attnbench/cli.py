@@ -230,6 +230,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             "devices": sorted(caps.devices) if caps else [],
             "dtypes": sorted(caps.dtypes) if caps else [],
             "masks": sorted(caps.masks) if caps else [],
+            "score_mods": sorted(caps.score_mods) if caps else [],
+            "paged": caps.paged if caps else "",
             "gqa": caps.gqa if caps else None,
             "backward": caps.backward if caps else None,
             "source": entry.source,

@@ -73,11 +73,16 @@ def _attention(
     k and v (B, Hkv, Sk, D). Rows that see no key give zeros."""
     w = inputs.workload
     kv_head = torch.arange(w.heads, device=rows.device) // w.gqa_group  # query head -> kv head
+    group, count = w.gqa_group, len(rows)
     outputs = []
-    for b in range(w.batch):  # one batch element at a time bounds the float64 score memory
-        keys, values = k[b][kv_head], v[b][kv_head]  # (Hq, Sk, D)
-        # (Hq, R, Sk): the scaled dot product, or the scoring suite's function
-        scores = torch.matmul(q[b], keys.transpose(-1, -2)) * w.softmax_scale if score is None else score(q[b], keys)
+    for b in range(w.batch):  # one batch element at a time bounds the float64 memory (k and v included)
+        keys, values = k[b].double(), v[b].double()  # (Hkv, Sk, D)
+        if score is None:  # query head h = kv head h // G: grouped, so k and v are never repeated
+            grouped = q[b].double().reshape(w.kv_heads, group, count, -1)
+            scores = torch.matmul(grouped, keys.unsqueeze(1).transpose(-1, -2)).view(w.heads, count, w.seq_k)
+            scores = scores * w.softmax_scale
+        else:  # the scoring suite's function, on keys repeated to Hq heads
+            scores = score(q[b].double(), keys[kv_head])
         scores = _modified(inputs, scores, rows)
         visible = _visible(inputs, b, rows)
         if visible is not None:
@@ -87,7 +92,8 @@ def _attention(
         weights = torch.exp(scores - row_max)
         total = weights.sum(dim=-1, keepdim=True)
         probs = torch.where(total > 0, weights / total.clamp_min(1e-300), torch.zeros_like(weights))
-        outputs.append(torch.matmul(probs, values))  # (Hq, R, D)
+        grouped_probs = probs.reshape(w.kv_heads, group, count, w.seq_k)
+        outputs.append(torch.matmul(grouped_probs, values.unsqueeze(1)).reshape(w.heads, count, -1))  # (Hq, R, Dv)
     return torch.stack(outputs)
 
 
@@ -96,7 +102,7 @@ def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score |
     product (for the scoring suite's functions); the mask, softmax and weighting stay this module's."""
     rows = rows.to(inputs.q.device)
     q = inputs.q.detach()[:, :, rows].double()
-    return _attention(inputs, q, inputs.k.detach().double(), inputs.v.detach().double(), rows, score)
+    return _attention(inputs, q, inputs.k.detach(), inputs.v.detach(), rows, score)
 
 
 GRAD_CHUNK_ELEMENTS = 2**25  # float64 scores per chunk of query rows (256 MiB)
