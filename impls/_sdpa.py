@@ -74,8 +74,11 @@ class SdpaBackend(Contender):
     def predicted_extra_bytes(self, workload: Workload) -> float:
         if self.member != "MATH":
             return super().predicted_extra_bytes(workload) + mask_bytes(workload)
-        # The math backend materialises scores, probabilities and a masked copy, in at least fp32.
-        return score_matrix_bytes(workload, 3, element=max(4, workload.torch_dtype.itemsize)) + mask_bytes(workload)
+        # The math backend materialises scores, probabilities and a masked copy, in at least fp32, and copies
+        # k (measured on CPU, torch 2.13: one (B, Hq, Sk, D) copy; with GQA k and v expanded to Hq heads too).
+        w, element = workload, max(4, workload.torch_dtype.itemsize)
+        copies = (1 + (2 if w.kv_heads != w.heads else 0)) * w.batch * w.heads * w.seq_k * w.head_dim * element
+        return score_matrix_bytes(w, 3, element=element) + copies + mask_bytes(w)
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.score_mod == "softcap":

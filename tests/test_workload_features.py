@@ -275,3 +275,19 @@ def test_bad_feature_values_are_usage_errors():
         Workload(1, 1, 1, 8, 8, 8, page_size=12)
     with pytest.raises(UsageError, match="past the sane upper bound for seq_q; allowed: 1 to 16777216"):
         Workload(1, 1, 1, 2**25, 8, 8)
+
+
+@pytest.mark.slow  # FlexAttention compiles for each case (tens of seconds on 2 cores)
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"mask": "document", "documents": 3, "score_mod": "softcap", "softcap": 2.0},
+        {"mask": "sliding_window", "window": 40, "score_mod": "alibi", "page_size": 16},  # paged: read natively
+    ],
+    ids=str,
+)
+def test_flex_runs_the_features_through_mask_mod_score_mod_and_pages(features):
+    seq_q = 128 if features["mask"] == "document" else 4
+    w = Workload(2, 4, 2, seq_q, 128, 16, **features)
+    prepared = prepare_checked("flex", w)
+    assert prepared.check.ok, prepared.reason
