@@ -4,6 +4,12 @@ Each backend is its own contender (sdpa_math.py, sdpa_flash.py, …) so that a s
 masquerade as another: the call runs under ``sdpa_kernel([backend])`` alone, and when that backend has
 no kernel for the workload torch raises, which we report as ``unsupported`` with torch's own warnings
 as the reason.
+
+Masks other than top-left causal go in as SDPA users pass them: a dense boolean ``attn_mask``, or an
+additive float one carrying alibi's bias with −inf where the mask hides a key; that mask is built in
+``prepare`` and its memory is part of the memory model. softcap has no place in SDPA (it would need the
+scores), so it is unsupported; a paged cache is gathered back into contiguous k and v inside the timed
+call.
 """
 
 from __future__ import annotations
@@ -16,9 +22,25 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnbench.contender import Capabilities, Contender, Unsupported, score_matrix_bytes
+from attnbench.contender import ALL_MASKS, Capabilities, Contender, Unsupported, score_matrix_bytes
+from attnbench.impls._grouped import key_values
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
+
+SOFTCAP = "score_mod softcap not supported: SDPA takes a mask, not a function of the scores (softcap needs tanh)"
+
+
+def mask_bytes(w: Workload) -> float:
+    """The mask SDPA is given, and the k and v gathered out of a paged cache."""
+    extra = 0.0
+    if w.score_mod == "alibi":  # additive float mask: one per head, per batch element for padding
+        extra += (w.batch if w.mask == "padding" else 1) * w.heads * w.seq_q * w.seq_k * w.torch_dtype.itemsize
+    elif w.mask not in ("none", "causal"):  # boolean mask
+        extra += (w.batch if w.mask == "padding" else 1) * w.seq_q * w.seq_k
+    if w.page_size:
+        extra += 2.0 * w.batch * w.kv_heads * w.seq_k * w.head_dim * w.torch_dtype.itemsize
+    return extra
+
 
 _NO_KERNEL = re.compile(r"No available kernel|No viable backend", re.IGNORECASE)
 
@@ -36,7 +58,9 @@ class SdpaBackend(Contender):
         self.name = name
         self.member = member
         self.description = description
-        self.capabilities = Capabilities(devices=devices, backward=True)
+        self.capabilities = Capabilities(
+            devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True
+        )
 
     def availability(self) -> str | None:
         try:
@@ -49,26 +73,43 @@ class SdpaBackend(Contender):
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         if self.member != "MATH":
-            return super().predicted_extra_bytes(workload)
-        # The math backend materialises scores, probabilities and a masked copy, in at least fp32.
-        return score_matrix_bytes(workload, 3, element=max(4, workload.torch_dtype.itemsize))
+            return super().predicted_extra_bytes(workload) + mask_bytes(workload)
+        # The math backend materialises scores, probabilities and a masked copy, in at least fp32, and copies
+        # k (measured on CPU, torch 2.13: one (B, Hq, Sk, D) copy; with GQA k and v expanded to Hq heads too).
+        w, element = workload, max(4, workload.torch_dtype.itemsize)
+        copies = (1 + (2 if w.kv_heads != w.heads else 0)) * w.batch * w.heads * w.seq_k * w.head_dim * element
+        return score_matrix_bytes(w, 3, element=element) + copies + mask_bytes(w)
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        if workload.score_mod == "softcap":
+            return SOFTCAP
+        return super().unsupported_reason(workload)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         from torch.nn.attention import sdpa_kernel
 
         backend = _backend(self.member)
         kwargs: dict[str, Any] = {"scale": inputs.scale}
-        if workload.mask == "causal":
+        empty = None
+        if inputs.alibi_bias is not None:  # additive: alibi's bias, −inf where the mask hides a key
+            additive = inputs.alibi_bias  # (1, H, Sq, Sk)
+            if inputs.bool_mask is not None:
+                additive = additive.masked_fill(~inputs.bool_mask, float("-inf"))
+            kwargs["attn_mask"] = additive
+            empty = inputs.empty_rows  # rows of −inf only would come out NaN; the definition says zeros
+        elif workload.mask == "causal":
             kwargs["is_causal"] = True  # top-left, which is torch's definition
         elif workload.mask != "none":
             kwargs["attn_mask"] = inputs.bool_mask  # (B|1, 1, Sq, Sk) bool, True = visible
         if workload.kv_heads != workload.heads:
             kwargs["enable_gqa"] = True
-        q, k, v = inputs.q, inputs.k, inputs.v
+        q, kv = inputs.q, key_values(inputs)
 
         def run() -> torch.Tensor:
+            k, v = kv()
             with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, **kwargs)
+                out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+            return out if empty is None else out.masked_fill(empty, 0.0)
 
         _probe(run)
         return run

@@ -1,4 +1,9 @@
-"""``bmm`` — two batched matmuls around a softmax, materialising the (B, H, Sq, Sk) score matrix."""
+"""``bmm`` — two batched matmuls around a softmax, materialising the (B, H, Sq, Sk) score matrix.
+
+Every mask comes as a dense boolean mask, the score modifiers act on the materialised scores (softcap's
+tanh, alibi's bias added), and a paged KV cache is gathered back into contiguous k and v inside the timed
+call.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,20 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.contender import Capabilities, Contender
-from attnbench.impls._grouped import grouped_masks, masked_softmax, materialised_bytes
+from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
+from attnbench.impls._grouped import grouped_bias, grouped_masks, key_values, masked_softmax, materialised_bytes
 from attnbench.inputs import AttentionInputs
+from attnbench.masks import modify_scores
 from attnbench.workload import Workload
 
 
 class BatchedMatmul(Contender):
     name = "bmm"
-    description = "torch.bmm(q, kᵀ)·scale → masked softmax → torch.bmm(p, v); S² memory"
-    capabilities = Capabilities(backward=True)
+    description = (
+        "torch.bmm(q, kᵀ)·scale → masked softmax → torch.bmm(p, v); S² memory; a paged cache is gathered "
+        "inside the timed call"
+    )
+    capabilities = Capabilities(masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True)
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)
@@ -24,15 +33,17 @@ class BatchedMatmul(Contender):
         w = workload
         B, Hkv, G, Sq, Sk, D = w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k, w.head_dim
         q = inputs.q.reshape(B * Hkv, G * Sq, D)  # head h = kv_head·G + g, so this is a view
-        k_t = inputs.k.reshape(B * Hkv, Sk, D).transpose(1, 2)  # (B·Hkv, D, Sk)
-        v = inputs.v.reshape(B * Hkv, Sk, D)
         hidden, empty = grouped_masks(inputs)
-        scale = inputs.scale
+        bias = grouped_bias(inputs)
+        scale, kv = inputs.scale, key_values(inputs)
 
         def run() -> torch.Tensor:
+            k, v = kv()  # (B, Hkv, Sk, D)
+            k_t = k.reshape(B * Hkv, Sk, D).transpose(1, 2)  # (B·Hkv, D, Sk)
             scores = torch.bmm(q, k_t).mul_(scale).view(B, Hkv, G, Sq, Sk)
+            scores = modify_scores(scores, w, bias)
             probs = masked_softmax(scores, hidden, empty).view(B * Hkv, G * Sq, Sk)
-            return torch.bmm(probs, v).view(B, Hkv * G, Sq, D)
+            return torch.bmm(probs, v.reshape(B * Hkv, Sk, D)).view(B, Hkv * G, Sq, D)
 
         return run
 

@@ -1,4 +1,5 @@
-"""``einsum`` — the same computation as ``bmm`` written with torch.einsum."""
+"""``einsum`` — the same computation as ``bmm`` written with torch.einsum (same masks, score modifiers and
+paged-cache gather)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,17 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.contender import Capabilities, Contender
-from attnbench.impls._grouped import grouped_masks, masked_softmax, materialised_bytes
+from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
+from attnbench.impls._grouped import grouped_bias, grouped_masks, key_values, masked_softmax, materialised_bytes
 from attnbench.inputs import AttentionInputs
+from attnbench.masks import modify_scores
 from attnbench.workload import Workload
 
 
 class Einsum(Contender):
     name = "einsum"
-    description = "torch.einsum scores → masked softmax → torch.einsum with v; S² memory"
-    capabilities = Capabilities(backward=True)
+    description = "torch.einsum scores → masked softmax → torch.einsum with v; S² memory; pages gathered in the call"
+    capabilities = Capabilities(masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True)
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)
@@ -23,12 +25,13 @@ class Einsum(Contender):
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         w = workload
         q = inputs.q.view(w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.head_dim)  # (B, Hkv, G, Sq, D)
-        k, v = inputs.k, inputs.v  # (B, Hkv, Sk, D)
         hidden, empty = grouped_masks(inputs)
-        scale = inputs.scale
+        bias = grouped_bias(inputs)
+        scale, kv = inputs.scale, key_values(inputs)
 
         def run() -> torch.Tensor:
-            scores = torch.einsum("bhgqd,bhkd->bhgqk", q, k) * scale
+            k, v = kv()  # (B, Hkv, Sk, D)
+            scores = modify_scores(torch.einsum("bhgqd,bhkd->bhgqk", q, k) * scale, w, bias)
             probs = masked_softmax(scores, hidden, empty)
             out = torch.einsum("bhgqk,bhkd->bhgqd", probs, v)
             return out.reshape(w.batch, w.heads, w.seq_q, w.head_dim)

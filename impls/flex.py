@@ -1,8 +1,15 @@
 """``flex`` — torch FlexAttention, compiled with torch.compile.
 
-The block mask is built in ``prepare`` and dynamo's cache is reset there, so the first timed call
-carries the compilation; the harness reports that call as ``first_call_ms`` and keeps it out of the
-timing samples.
+Every mask is a ``mask_mod`` (key ranges as index rules; documents by a document-id lookup) turned into a
+block mask in ``prepare`` — so its cost is part of ``setup_ms`` — and the score modifiers are its
+``score_mod`` (softcap's tanh, alibi's −slope_h·|i + offset − j|). A paged KV cache is read natively, as
+attention-gym's paged attention does: the pool is laid out per head once in ``prepare`` as one long
+(1, Hkv, N·P, D) key sequence shared by the batch, and the mask maps each physical key back to its
+sequence and logical position through the inverse page table, with one block per page, so each sequence
+visits only its own pages.
+
+Dynamo's cache is reset in ``prepare``, so the first timed call carries the compilation; the harness
+reports that call as ``first_call_ms`` and keeps it out of the timing samples.
 """
 
 from __future__ import annotations
@@ -12,28 +19,50 @@ from typing import Any
 
 import torch
 
-from attnbench.contender import Capabilities, Contender, score_matrix_bytes
+from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender, Unsupported, score_matrix_bytes
 from attnbench.inputs import AttentionInputs
+from attnbench.masks import alibi_slopes, document_lengths, padding_lengths
 from attnbench.workload import Workload
 
+Rule = Callable[[Any, Any, Any], Any]  # (b, q_idx, logical kv_idx) -> visible
 
-def _mask_mod(inputs: AttentionInputs) -> Callable[..., Any] | None:
-    w = inputs.workload
+
+def _rule(w: Workload, device: torch.device) -> Rule | None:
+    """The mask as an index rule on logical key positions; None for ``none``."""
+    offset = w.offset
     if w.mask == "causal":
-        return lambda b, h, q_idx, kv_idx: q_idx >= kv_idx
+        return lambda b, q_idx, kv_idx: q_idx >= kv_idx
     if w.mask == "causal_bottom_right":
-        offset = w.seq_k - w.seq_q
-        return lambda b, h, q_idx, kv_idx: q_idx + offset >= kv_idx
+        return lambda b, q_idx, kv_idx: q_idx + offset >= kv_idx
     if w.mask == "padding":
-        lengths = torch.tensor(inputs.lengths, device=inputs.q.device)
-        return lambda b, h, q_idx, kv_idx: kv_idx < lengths[b]
+        lengths = torch.tensor(padding_lengths(w.batch, w.seq_k), device=device)
+        return lambda b, q_idx, kv_idx: kv_idx < lengths[b]
+    if w.mask == "sliding_window":
+        window = w.window
+        return lambda b, q_idx, kv_idx: (q_idx + offset >= kv_idx) & (q_idx + offset - window < kv_idx)
+    if w.mask == "document":
+        lengths = torch.tensor(document_lengths(w.seq_q, w.documents), device=device)
+        document = torch.arange(w.documents, device=device).repeat_interleave(lengths)  # (S,)
+        return lambda b, q_idx, kv_idx: (document[q_idx] == document[kv_idx]) & (q_idx >= kv_idx)
+    return None
+
+
+def _score_mod(w: Workload, device: torch.device, logical: Callable[[Any, Any], Any]) -> Callable[..., Any] | None:
+    if w.score_mod == "softcap":
+        cap = w.softcap
+        return lambda score, b, h, q_idx, kv_idx: torch.tanh(score / cap) * cap
+    if w.score_mod == "alibi":
+        slopes, offset = alibi_slopes(w.heads).to(device=device, dtype=torch.float32), w.offset
+        return lambda score, b, h, q_idx, kv_idx: score - slopes[h] * (q_idx + offset - logical(b, kv_idx)).abs()
     return None
 
 
 class FlexAttention(Contender):
     name = "flex"
-    description = "torch.nn.attention.flex_attention under torch.compile (block-sparse masks)"
-    capabilities = Capabilities(backward=True, min_head_dim=16)
+    description = "torch.nn.attention.flex_attention under torch.compile (block-sparse masks, reads KV pages natively)"
+    capabilities = Capabilities(
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16
+    )
 
     def availability(self) -> str | None:
         try:
@@ -56,18 +85,45 @@ class FlexAttention(Contender):
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        w = workload
-        mask_mod = _mask_mod(inputs)
+        w, device = workload, inputs.q.device
+        rule = _rule(w, device)
+        paged = inputs.paged
+        k, v = inputs.k, inputs.v
+        batch = w.batch if w.mask == "padding" else None
+        kv_len = w.seq_k
+        block: dict[str, Any] = {}
+        if paged is None:
+            logical: Callable[[Any, Any], Any] = lambda b, kv_idx: kv_idx  # noqa: E731
+            mask_mod = None if rule is None else (lambda b, h, q_idx, kv_idx: rule(b, q_idx, kv_idx))
+        else:
+            size, owner, position, seq_k = paged.page_size, paged.page_owner, paged.page_position, w.seq_k
+            pages = paged.k_pages.shape[0]
+            # (N, Hkv, P, D) -> (1, Hkv, N·P, D): the pool, per head, pages in pool order
+            k, v = (t.permute(1, 0, 2, 3).reshape(1, w.kv_heads, pages * size, w.head_dim)
+                    for t in (paged.k_pages, paged.v_pages))  # fmt: skip
+
+            def logical(b: Any, kv_idx: Any) -> Any:
+                return position[kv_idx // size] * size + kv_idx % size
+
+            def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+                j = logical(b, kv_idx)
+                mine = (owner[kv_idx // size] == b) & (j < seq_k)
+                return mine if rule is None else mine & rule(b, q_idx, j)
+
+            batch, kv_len, block = w.batch, pages * size, {"BLOCK_SIZE": (128, size)}
         block_mask = None
         if mask_mod is not None:
-            batch = w.batch if w.mask == "padding" else None
-            block_mask = create_block_mask(mask_mod, batch, None, w.seq_q, w.seq_k, device=w.device)
+            try:
+                block_mask = create_block_mask(mask_mod, batch, None, w.seq_q, kv_len, device=w.device, **block)
+            except Exception as exc:  # e.g. a page size the block mask cannot take
+                raise Unsupported(f"create_block_mask failed ({type(exc).__name__}: {exc})") from None
+        score_mod = _score_mod(w, device, logical)
         torch._dynamo.reset()  # fresh compile per case: comparable first_call_ms, no recompile limit
         compiled = torch.compile(flex_attention, dynamic=False)
-        q, k, v, scale, gqa = inputs.q, inputs.k, inputs.v, inputs.scale, w.kv_heads != w.heads
+        q, scale, gqa = inputs.q, inputs.scale, w.kv_heads != w.heads
 
         def run() -> torch.Tensor:
-            return compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+            return compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
         return run
 

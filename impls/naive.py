@@ -1,9 +1,11 @@
 """``naive`` — the textbook definition as Python loops: for each batch, head and query row q,
-f(q) = Σᵢ softmax(q·kᵢ·scale)·vᵢ over the keys the mask leaves visible.
+f(q) = Σᵢ softmax(s(q·kᵢ·scale))·vᵢ over the keys the mask leaves visible, s the score modifier.
 
-Every mask we support leaves a prefix of the keys visible to a query row, so the loop slices keys
-[0, n) with n worked out per row before timing. It is the slow baseline that makes the others' speedups
-concrete; CPU only (on a GPU it would measure kernel-launch latency, not attention).
+Every mask we support leaves each query row one range of keys [lo, hi) (``masks.key_ranges``), so the
+loop slices keys lo:hi, with the ranges worked out before timing; alibi's bias row is a slice of a bias
+built before timing, softcap a tanh on the row's scores. A paged cache is gathered back into contiguous
+k and v at the start of each call. It is the slow baseline that makes the others' speedups concrete;
+CPU only (on a GPU it would measure kernel-launch latency, not attention).
 """
 
 from __future__ import annotations
@@ -12,57 +14,55 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.contender import Capabilities, Contender
+from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
 from attnbench.flops import attention_flops
+from attnbench.impls._grouped import key_values
 from attnbench.inputs import AttentionInputs
-from attnbench.masks import padding_lengths, visible_pairs
+from attnbench.masks import key_ranges, workload_pairs
 from attnbench.workload import Workload
 
 SECONDS_PER_ROW = 15e-6  # Python and dispatch overhead of one row's five tensor operations
 
 
-def visible_prefix(w: Workload, b: int, i: int) -> int:
-    """How many leading keys query row i of batch element b may see."""
-    if w.mask == "causal":
-        return min(w.seq_k, i + 1)
-    if w.mask == "causal_bottom_right":
-        return max(0, min(w.seq_k, i + w.seq_k - w.seq_q + 1))
-    if w.mask == "padding":
-        return padding_lengths(w.batch, w.seq_k)[b]
-    return w.seq_k
-
-
 class NaiveLoop(Contender):
     name = "naive"
-    description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ"
-    capabilities = Capabilities(devices=frozenset({"cpu"}), backward=False)
+    description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ (pages gathered first)"
+    capabilities = Capabilities(
+        devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False
+    )
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
         """Per (batch, head, query) row: Python overhead, plus reading the visible keys and values (a
         matrix-vector product is bandwidth-bound), plus the arithmetic."""
         w = workload
         rows = w.batch * w.heads * w.seq_q
-        key_value_bytes = visible_pairs(w.mask, w.batch, w.seq_q, w.seq_k) * w.heads * 2 * w.head_dim
-        key_value_bytes *= w.torch_dtype.itemsize
+        key_value_bytes = workload_pairs(w) * w.heads * 2 * w.head_dim * w.torch_dtype.itemsize
         return rows * SECONDS_PER_ROW + key_value_bytes / bytes_per_s + attention_flops(w) / flops_per_s
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         w = workload
-        q, k, v = inputs.q.detach(), inputs.k.detach(), inputs.v.detach()
-        scale, group = inputs.scale, w.gqa_group
-        prefix = [[visible_prefix(w, b, i) for i in range(w.seq_q)] for b in range(w.batch)]
+        q = inputs.q.detach()
+        scale, group, kv = inputs.scale, w.gqa_group, key_values(inputs)
+        lo, hi = (t.expand(w.batch, w.seq_q).tolist() for t in key_ranges(w))
+        bias = inputs.alibi_bias  # (1, H, Sq, Sk) or None
+        softcap = w.softcap if w.score_mod == "softcap" else None
 
         def run() -> torch.Tensor:
+            k, v = (t.detach() for t in kv())
             out = torch.zeros(w.batch, w.heads, w.seq_q, w.head_dim, dtype=q.dtype, device=q.device)
             for b in range(w.batch):
                 for h in range(w.heads):
                     keys, values = k[b, h // group], v[b, h // group]  # (Sk, D)
                     for i in range(w.seq_q):
-                        n = prefix[b][i]
-                        if n == 0:
+                        start, end = lo[b][i], hi[b][i]
+                        if end <= start:
                             continue  # no visible key: the output row stays zero
-                        weights = torch.softmax(keys[:n] @ q[b, h, i] * scale, dim=0)  # (n,)
-                        out[b, h, i] = weights @ values[:n]
+                        scores = keys[start:end] @ q[b, h, i] * scale  # (n,)
+                        if softcap is not None:
+                            scores = torch.tanh(scores / softcap) * softcap
+                        if bias is not None:
+                            scores = scores + bias[0, h, i, start:end]
+                        out[b, h, i] = torch.softmax(scores, dim=0) @ values[start:end]
             return out
 
         return run

@@ -13,7 +13,7 @@ import torch
 from attnbench.contender import score_matrix_bytes
 from attnbench.impls._scoring import ScoreFn, ScoringContender
 from attnbench.inputs import AttentionInputs
-from attnbench.masks import visible_pairs
+from attnbench.masks import workload_pairs
 from attnbench.workload import Workload
 
 
@@ -35,7 +35,7 @@ class AdditiveScore(ScoringContender):
 
     def flops(self, workload: Workload) -> float:
         w, h = workload, hidden_size(workload)
-        pairs = w.heads * visible_pairs(w.mask, w.batch, w.seq_q, w.seq_k)
+        pairs = w.heads * workload_pairs(w)
         projections = 2.0 * w.batch * w.heads * (w.seq_q + w.seq_k) * w.head_dim * h
         return projections + 3.0 * h * pairs + 2.0 * w.head_dim * pairs  # add, tanh, w·; then p·v
 

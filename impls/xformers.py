@@ -2,7 +2,12 @@
 
 xformers has no CPU operator, so on a machine without CUDA (or without xformers installed) the contender
 is unavailable with that reason. Layout is (B, S, H, D); GQA uses xformers' 5-D form (B, S, Hkv, G, D)
-with k and v broadcast over the group, and padding uses an additive bias tensor.
+with k and v broadcast over the group. Masks are xformers' attention-bias types: LowerTriangularMask,
+LowerTriangularFromBottomRightMask, LowerTriangularFromBottomRightLocalAttentionMask(window) for the
+sliding window, BlockDiagonalCausalMask over the packed documents (the batch folded into one packed
+sequence, its varlen form); padding and alibi use an additive bias tensor (alibi's bias, −inf where the
+mask hides a key). softcap is unsupported (no such bias); a paged cache is gathered back into contiguous
+k and v inside the timed call.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from typing import Any
 
 import torch
 
-from attnbench.contender import Capabilities, Contender
+from attnbench.contender import ALL_MASKS, Capabilities, Contender
+from attnbench.impls._grouped import key_values
 from attnbench.inputs import AttentionInputs
+from attnbench.masks import document_lengths
 from attnbench.workload import Workload
 
 
@@ -29,8 +36,11 @@ def _ops() -> Any:
 
 class XformersMemoryEfficient(Contender):
     name = "xformers"
-    description = "xformers.ops.memory_efficient_attention (CUDA only)"
-    capabilities = Capabilities(devices=frozenset({"cuda"}), backward=True)
+    description = "xformers.ops.memory_efficient_attention (CUDA only; a paged cache is gathered in the call)"
+    capabilities = Capabilities(
+        devices=frozenset({"cuda"}), masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather",
+        backward=True,
+    )  # fmt: skip
 
     def availability(self) -> str | None:
         if not torch.cuda.is_available():  # say so without importing it (over a second, in every process)
@@ -50,6 +60,8 @@ class XformersMemoryEfficient(Contender):
         return None
 
     def unsupported_reason(self, workload: Workload) -> str | None:
+        if workload.score_mod == "softcap":
+            return "score_mod softcap not supported: xformers' attention biases are additive, softcap needs tanh"
         if workload.module == "mha":
             return "copies q into its (B, S, H, D) layout in prepare, so it can't read the mha module's projections"
         return super().unsupported_reason(workload)
@@ -60,21 +72,31 @@ class XformersMemoryEfficient(Contender):
         B, Hkv, G, Sq, Sk, D = w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k, w.head_dim
         # (B, H, S, D) -> (B, S, Hkv, G, D); k and v broadcast over the group without copying.
         q = inputs.q.transpose(1, 2).reshape(B, Sq, Hkv, G, D).contiguous()
-        k = inputs.k.transpose(1, 2).unsqueeze(3).expand(B, Sk, Hkv, G, D)
-        v = inputs.v.transpose(1, 2).unsqueeze(3).expand(B, Sk, Hkv, G, D)
+        biases = ops.fmha.attn_bias
         bias: Any = None
-        if w.mask == "causal":
+        packed = w.mask == "document" and w.score_mod == "none"  # the batch as one packed varlen sequence
+        if w.score_mod == "alibi" or w.mask == "padding":
+            additive = torch.zeros(1, w.heads, Sq, Sk, dtype=q.dtype, device=q.device)
+            if inputs.alibi_bias is not None:
+                additive = additive + inputs.alibi_bias
+            if inputs.bool_mask is not None:
+                additive = additive.masked_fill(~inputs.bool_mask, float("-inf"))
+            bias = additive.expand(B, w.heads, Sq, Sk).reshape(B, Hkv, G, Sq, Sk)
+        elif w.mask == "causal":
             bias = ops.LowerTriangularMask()
         elif w.mask == "causal_bottom_right":
-            bias = ops.fmha.attn_bias.LowerTriangularFromBottomRightMask()
-        elif w.mask == "padding":
-            assert inputs.bool_mask is not None
-            additive = torch.zeros(B, 1, 1, Sq, Sk, dtype=q.dtype, device=q.device)
-            additive.masked_fill_(~inputs.bool_mask.unsqueeze(2), float("-inf"))
-            bias = additive.expand(B, Hkv, G, Sq, Sk)
-        scale = inputs.scale
+            bias = biases.LowerTriangularFromBottomRightMask()
+        elif w.mask == "sliding_window":
+            bias = biases.LowerTriangularFromBottomRightLocalAttentionMask(w.window)
+        elif packed:
+            lengths = document_lengths(Sq, w.documents) * B
+            bias = biases.BlockDiagonalCausalMask.from_seqlens(lengths, device=q.device)
+            q = q.reshape(1, B * Sq, Hkv, G, D)
+        scale, kv = inputs.scale, key_values(inputs)
 
         def run() -> torch.Tensor:
+            batch, keys = (1, B * Sk) if packed else (B, Sk)
+            k, v = (t.transpose(1, 2).reshape(batch, keys, Hkv, 1, D).expand(batch, keys, Hkv, G, D) for t in kv())
             out = ops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)  # (B, Sq, Hkv, G, D)
             return out.reshape(B, Sq, Hkv * G, D).transpose(1, 2)
 

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import UsageError
-from attnbench.results import CASE_COLUMNS, COLUMNS, load_results, rows_to_frame
+from attnbench.results import CASE_COLUMNS, COLUMNS, fill_feature_defaults, load_results, rows_to_frame
 
 EXTRA_COLUMNS = ["run", "machine", "source"]
 ESSENTIAL = ["impl", "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "mask", "pass",
@@ -71,6 +71,7 @@ def _load_folder(path: Path) -> Run:
     if missing:
         raise UsageError(f"{path}: not an attnbench results file (missing columns: {', '.join(missing[:5])})")
     frame = frame.reindex(columns=list(dict.fromkeys([*COLUMNS, *frame.columns])))  # older runs lack newer columns
+    frame = fill_feature_defaults(frame)
     meta = _load_meta(path)
     return Run(path.name, path, frame, meta)
 
@@ -148,12 +149,44 @@ def workload_label(row: Any, with_seq: bool = True) -> str:
         parts.append(f"h{int(hidden)}")
     if module == "mha":
         parts.append("mha")
-    return " ".join(str(p) for p in parts)
+    return " ".join(str(p) for p in parts) + features_text(row)
+
+
+def features_text(row: Any) -> str:
+    """' w48 docs5 softcap20 alibi page64 [llama3.1-8b]': the workload features a row has ('' if none);
+    older rows without the feature columns have none."""
+
+    def value(column: str) -> Any:
+        item = row.get(column) if hasattr(row, "get") else None
+        return None if item is None or (isinstance(item, float) and math.isnan(item)) else item
+
+    parts = [f"w{int(value('window'))}" if value("window") else "", f"docs{int(value('documents'))}" if value(
+        "documents") else ""]  # fmt: skip
+    if value("score_mod") == "softcap":
+        parts.append(f"softcap{float(value('softcap')):g}")
+    elif value("score_mod") == "alibi":
+        parts.append("alibi")
+    parts += [f"page{int(value('page_size'))}" if value("page_size") else "", f"[{value('model')}]" if value(
+        "model") else ""]  # fmt: skip
+    return "".join(f" {p}" for p in parts if p)
+
+
+DECODE_MAX_QUERY = 16  # a case with at most this many queries against a longer KV cache is a decode step
+
+
+def phase_of(row: Any) -> str:
+    """'decode' for a short query against a longer KV cache (Sq ≤ 16 < Sk), else 'prefill'."""
+    return "decode" if row["seq_q"] <= DECODE_MAX_QUERY < row["seq_k"] else "prefill"
 
 
 def group_label(row: Any) -> str:
-    """A figure facet: the workload without the query length (the x axis); Sk kept when it differs."""
+    """A figure facet: the workload without the query length (the x axis); Sk kept when it differs. A
+    model's rows are grouped by model and phase, and decode groups leave out the KV length (their x axis)."""
     label = workload_label(row, with_seq=False)
+    if phase_of(row) == "decode":
+        return f"{label} decode Sq{row['seq_q']}"
+    if features_text({"model": row.get("model")}):
+        label += " prefill"
     return f"{label} Sk{row['seq_k']}" if row["seq_k"] != row["seq_q"] else label
 
 

@@ -29,7 +29,23 @@ CAPTIONS = {
     "speedup.png": "baseline median / contender median per workload; green is faster than the baseline.",
     "roofline.png": "achieved TFLOP/s against arithmetic intensity: the solid line is the hardware roof (own FMA "
     "and triad kernels, or the GPU's datasheet), the dashed one torch's matmul and copy rates.",
+    "decode.png": "decode steps: bytes of the KV cache read per second against its length; dashed: measured bandwidth.",
 }
+BASIC_MASKS = {"none", "causal", "causal_bottom_right", "padding"}
+
+
+def _features(rows: pd.DataFrame) -> str:
+    """The workload features a group of rows asks for (new masks, score modifiers, paged KV), e.g.
+    'mask sliding_window, score_mod alibi'; '' when none — so the table shows who lacks which feature."""
+    found: dict[str, None] = {}
+    for row in rows.to_dict("records"):
+        if row["mask"] not in BASIC_MASKS:
+            found[f"mask {row['mask']}"] = None
+        if row.get("score_mod") not in (None, "none"):
+            found[f"score_mod {row['score_mod']}"] = None
+        if row.get("page_size"):
+            found["paged KV"] = None
+    return ", ".join(found)
 
 
 def _fmt(value: Any) -> str:
@@ -67,7 +83,7 @@ def _missing(frame: pd.DataFrame) -> list[dict[str, Any]]:
     rows = []
     for (status, impl, reason), group in bad.groupby(["status", "impl", "reason"], sort=False, dropna=False):
         rows.append({"status": status, "impl": impl, "reason": reason, "count": len(group),
-                     "example": workload_label(group.iloc[0])})  # fmt: skip
+                     "example": workload_label(group.iloc[0]), "feature": _features(group)})  # fmt: skip
     return rows
 
 

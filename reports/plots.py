@@ -19,7 +19,7 @@ import pandas as pd
 import seaborn as sns
 
 from attnbench.reports.facets import AXIS_LABELS, Facet, facets
-from attnbench.reports.frames import group_label, labels
+from attnbench.reports.frames import group_label, labels, phase_of
 
 KNOWN_ORDER = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
                "xformers", "flex", "fused_cpu", "fused_triton"]  # fmt: skip
@@ -101,10 +101,14 @@ def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any]) -> Non
 
 
 def latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
+    if ok.empty:  # only decode rows: they have their own figure
+        return None
     return _facet_figure(ok, "median_ms", "median time per call (ms)", colours)[0]
 
 
 def throughput(ok: pd.DataFrame, colours: dict[str, Any], peaks: dict[tuple[str, str, str], float]) -> Any:
+    if ok.empty:
+        return None
     figure, panels = _facet_figure(ok, "tflops", "TFLOP/s", colours)
     for panel, axis in panels:
         rows = panel.rows.iloc[0]
@@ -117,7 +121,7 @@ def throughput(ok: pd.DataFrame, colours: dict[str, Any], peaks: dict[tuple[str,
 
 
 def memory(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
-    with_memory = ok[ok["peak_mem_mb"].notna() & (ok["peak_mem_mb"] > 0)]
+    with_memory = ok[ok["peak_mem_mb"].notna() & (ok["peak_mem_mb"] > 0)] if not ok.empty else ok
     if with_memory.empty:
         return None
     return _facet_figure(with_memory, "peak_mem_mb", "peak working memory (MiB)", colours)[0]
@@ -207,6 +211,40 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
     return figure
 
 
+def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str, str, str], Roofs]) -> Any:
+    """Decode steps (Sq ≤ 16 against a longer KV cache) are bandwidth-bound: GB/s against the KV length,
+    per model and workload group, with the hardware's measured bandwidth (triad, or the GPU's datasheet)
+    dashed and a right axis in % of it."""
+    decode = ok[ok["gbps"].notna() & (ok["gbps"] > 0)]
+    decode = decode[[phase_of(r) == "decode" for r in decode.to_dict("records")]]
+    if decode.empty:
+        return None
+    groups = list(dict.fromkeys(decode["group"]))
+    grid = sns.relplot(
+        data=decode, x="seq_k", y="gbps", hue="impl", hue_order=[i for i in colours if i in set(decode["impl"])],
+        palette=colours, col="group", col_order=groups, col_wrap=min(3, len(groups)), kind="line", marker="o",
+        height=3.2, aspect=1.35, facet_kws={"sharey": False, "sharex": False},
+    )  # fmt: skip
+    for group, axis in grid.axes_dict.items():
+        _log2_x(axis)
+        axis.grid(True, which="major", alpha=0.3)
+        row = decode[decode["group"] == group].iloc[0]
+        roofs = ceilings.get((row["machine"], row["device"], row["dtype"]))
+        bandwidth = roofs.roof_gbps if roofs is not None else 0.0
+        if bandwidth:
+            axis.axhline(bandwidth, color="black", linestyle="--", linewidth=1)
+            axis.annotate(f"measured bandwidth {bandwidth:.3g} GB/s", (0.02, bandwidth),
+                          xycoords=("axes fraction", "data"), va="bottom", fontsize=7)  # fmt: skip
+            axis.set_ylim(0, max(bandwidth, float(decode[decode["group"] == group]["gbps"].max())) * 1.15)
+            percent = axis.secondary_yaxis(
+                "right", functions=(lambda v, b=bandwidth: 100 * v / b, lambda p, b=bandwidth: p * b / 100)
+            )
+            percent.set_ylabel("% of bandwidth", fontsize=8)
+    grid.set_titles("{col_name}", size=8)
+    grid.set_axis_labels("KV cache length (keys)", "GB/s (bytes of the KV read)")
+    return grid
+
+
 def save(figure: Any, path: Path) -> Path:
     target = figure.figure if hasattr(figure, "figure") and not isinstance(figure, plt.Figure) else figure
     target.savefig(path, dpi=DPI, bbox_inches="tight")
@@ -226,12 +264,14 @@ def draw_all(
         return []
     colours = palette(sorted(set(ok["impl"])))
     peaks = {key: value.matmul_tflops for key, value in ceilings.items()}
+    everything, ok = ok, ok[[phase_of(r) != "decode" for r in ok.to_dict("records")]]  # decode: its own figure
     makers: list[tuple[str, str, Callable[[], Any]]] = [
         ("Latency", "latency.png", lambda: latency(ok, colours)),
         ("Throughput", "tflops.png", lambda: throughput(ok, colours, peaks)),
         ("Peak working memory", "memory.png", lambda: memory(ok, colours)),
-        ("Speedup over the baseline", "speedup.png", lambda: speedup(ok, colours, baseline)),
-        ("Roofline", "roofline.png", lambda: roofline(ok, colours, ceilings)),
+        ("Speedup over the baseline", "speedup.png", lambda: speedup(everything, colours, baseline)),
+        ("Roofline", "roofline.png", lambda: roofline(everything, colours, ceilings)),
+        ("Decode bandwidth vs KV length", "decode.png", lambda: decode_bandwidth(everything, colours, ceilings)),
     ]
     drawn = []
     for title, name, make in makers:

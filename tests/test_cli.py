@@ -16,7 +16,7 @@ BAD_INPUTS = [
     (["run", "--seq", "-512"], "--seq value -512 must be a positive integer"),
     (["run", "--batch", "two"], "--batch 'two': expected positive integers"),
     (["run", "--heads", "6", "--kv-heads", "4"], "heads 6 is not divisible by kv_heads 4"),
-    (["run", "--mask", "sliding_window"], "mask 'sliding_window' is not known; allowed: none, causal"),
+    (["run", "--mask", "prefix_lm"], "mask 'prefix_lm' is not known; allowed: none, causal"),
     (["run", "--pass", "backward"], "pass 'backward' is not known; allowed: fwd, bwd, fwd_bwd"),
     (["run", "--seq", "512,,1024"], "--seq '512,,1024': give a comma-separated list"),
     (["run", "--threads", "0"], "--threads 0: must be a positive integer"),
@@ -35,6 +35,38 @@ BAD_INPUTS = [
     (["merge", "a"], "the following arguments are required: --out"),
     (["profile", "--impl", "nosuch"], "impl 'nosuch' is not known"),
     (["profile", "--impl", "bmm", "--calls", "0"], "--calls 0: must be a positive integer"),
+    # workload features, model presets and absurd sizes (issues 12 and 13)
+    (["run", "--mask", "sliding_window", "--window", "0"], "--window value 0 must be a positive integer"),
+    (["run", "--mask", "sliding_window"], "mask sliding_window needs window ≥ 1 (--window), got 0"),
+    (
+        ["run", "--mask", "document", "--documents", "300", "--seq", "256"],
+        "documents 300 with sequence length 256: allowed 1 to 256",
+    ),
+    (
+        ["run", "--mask", "document", "--documents", "2", "--seq", "128", "--seq-kv", "256"],
+        "mask document packs documents into one sequence, so it needs seq_q == seq_k; got 128 and 256",
+    ),
+    (
+        ["run", "--score-mod", "softcap", "--softcap", "-5"],
+        "--softcap value -5.0 is not allowed; allowed: a positive number up to 1e+06",
+    ),
+    (["run", "--score-mod", "tanh"], "score_mod 'tanh' is not known; allowed: none, softcap, alibi"),
+    (["run", "--model", "llama9"], "model 'llama9' is not known; known: llama3.1-8b, llama3.1-70b"),
+    (["run", "--model", "gpt2", "--phase", "train"], "--phase value 'train' is not known; allowed: prefill, decode"),
+    (["run", "--phase", "decode"], "phase applies to model presets: give --model too"),
+    (
+        ["run", "--model", "gpt2", "--phase", "decode", "--seq", "64"],
+        "phase decode: --seq 64 is not a decode step; allowed: 1 to 16 query tokens",
+    ),
+    (
+        ["run", "--page-size", "48"],
+        "--page-size value 48 is not allowed; allowed: 0 (contiguous KV) or a power of two up to 65536",
+    ),
+    (
+        ["run", "--seq", "12345678901234567890"],
+        "--seq value 12345678901234567890 is past the sane upper bound; allowed: 1 to 16777216",
+    ),
+    (["run", "--batch", "100000000"], "--batch value 100000000 is past the sane upper bound; allowed: 1 to 65536"),
 ]
 
 

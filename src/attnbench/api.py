@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 Axis = Any  # one value or a list of them; validated by the CLI's parser
 
 AXIS_ARGUMENTS = ("impl", "batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "dtype", "device", "mask",
-                  "pass_", "hidden", "module")  # fmt: skip
+                  "pass_", "hidden", "module", "window", "documents", "score_mod", "softcap", "page_size", "model",
+                  "phase")  # fmt: skip
 
 
 def _text(value: Axis) -> str:
@@ -63,6 +64,13 @@ def run(
     pass_: Axis = None,
     hidden: Axis = None,
     module: Axis = None,
+    window: Axis = None,
+    documents: Axis = None,
+    score_mod: Axis = None,
+    softcap: Axis = None,
+    page_size: Axis = None,
+    model: Axis = None,
+    phase: Axis = None,
     threads: int | None = None,
     budget_s: float | None = None,
     case_budget_s: float | None = None,
@@ -86,7 +94,8 @@ def run(
     from attnbench.suite import DEFAULTS, Suite
 
     given = dict(zip(AXIS_ARGUMENTS, (impl, batch, heads, kv_heads, seq, seq_kv, head_dim, dtype, device, mask,
-                                      pass_, hidden, module), strict=True))  # fmt: skip
+                                      pass_, hidden, module, window, documents, score_mod, softcap, page_size,
+                                      model, phase), strict=True))  # fmt: skip
     options = {"threads": threads, "budget_s": budget_s, "case_budget_s": case_budget_s, "timeout_s": timeout_s,
                "repeat": repeat, "seed": seed, "cpu_allocator": cpu_allocator, "isolate": isolate,
                "progress": progress}  # fmt: skip
@@ -97,7 +106,7 @@ def run(
         named = {"suite": suite, **given, **options, "memory": memory, "out": out}
         args.command_line = f"attnbench.run({', '.join(f'{k}={v!r}' for k, v in named.items() if v is not None)})"
         overrides = _overrides(args)
-        if suite is None:
+        if suite is None and model is None:
             args.suite = Suite("notebook", "attnbench.run() without a suite", 1.0, 60.0,
                                ({**DEFAULTS, **PROFILE_WORKLOAD},))  # fmt: skip
         finished = run_command.run_sweep(args, overrides, target)

@@ -1,4 +1,4 @@
-"""The ``attnbench`` command: list, run, suites, env.
+"""The ``attnbench`` command: list, run, suites, models, env.
 
 Bad input raises UsageError anywhere below; ``main`` prints it as one line and exits with code 2, before
 anything is written.
@@ -27,6 +27,7 @@ from attnbench.runner import not_runnable
 from attnbench.suite import (
     AXES,
     DEFAULTS,
+    FLOAT_AXES,
     INT_AXES,
     Suite,
     check_devices,
@@ -56,6 +57,11 @@ def _parse_list(axis: str, text: str) -> list[Any]:
             values: list[Any] = [int(item) for item in items]
         except ValueError:
             raise UsageError(f"{flag} {text!r}: expected positive integers, e.g. {flag} 512,1024") from None
+    elif axis in FLOAT_AXES:
+        try:
+            values = [float(item) for item in items]
+        except ValueError:
+            raise UsageError(f"{flag} {text!r}: expected positive numbers, e.g. {flag} 30,50") from None
     else:
         values = items
     if axis == "dtype":
@@ -93,7 +99,9 @@ def _default_out(suite: str) -> Path:
 def cmd_run(args: argparse.Namespace) -> int:
     from attnbench import run_command
 
-    return run_command.cmd_run(args, _overrides(args), _default_out(Path(args.suite).stem))
+    overrides = _overrides(args)
+    name = Path(args.suite).stem if args.suite else ("models" if overrides.get("model") else "quick")
+    return run_command.cmd_run(args, overrides, _default_out(name))
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -313,6 +321,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             "devices": sorted(caps.devices) if caps else [],
             "dtypes": sorted(caps.dtypes) if caps else [],
             "masks": sorted(caps.masks) if caps else [],
+            "score_mods": sorted(caps.score_mods) if caps else [],
+            "paged": caps.paged if caps else "",
             "gqa": caps.gqa if caps else None,
             "backward": caps.backward if caps else None,
             "source": entry.source,
@@ -332,6 +342,13 @@ def cmd_suites(args: argparse.Namespace) -> int:
     for name in suite_names():
         suite = load_suite(name)
         print(f"{name:<10} {suite.description}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from attnbench.models import describe
+
+    print(describe())
     return 0
 
 
@@ -357,7 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_list.set_defaults(func=cmd_list)
 
     p_run = commands.add_parser("run", help="run a suite and write a run folder")
-    p_run.add_argument("--suite", default="quick", help="suite name (see `attnbench suites`) or a .toml path")
+    p_run.add_argument(
+        "--suite",
+        help="suite name (see `attnbench suites`) or a .toml path (default: quick; with --model: the presets)",
+    )
     p_run.add_argument("--out", help="run folder to create (default: runs/SUITE-TIMESTAMP)")
     for axis, flag in AXIS_FLAGS.items():
         p_run.add_argument(flag, dest=axis, metavar="LIST", help=f"override {axis} (comma-separated)")
@@ -439,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_history_commands(commands)
     commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
+    commands.add_parser("models", help="the model presets for --model").set_defaults(func=cmd_models)
     p_env = commands.add_parser("env", help="what this machine is and its ceilings, as recorded in meta.json")
     p_env.add_argument("--dtype", default="float32,bfloat16", metavar="LIST", help="ceilings of these dtypes")
     p_env.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")

@@ -16,11 +16,15 @@ import torch
 
 from attnbench.flops import attention_bytes, attention_flops
 from attnbench.inputs import AttentionInputs
-from attnbench.workload import DTYPES, MASKS, PASSES, Workload
+from attnbench.workload import BASIC_MASKS, DTYPES, MASKS, PASSES, SCORE_MODS, Workload
 
 ALL_DEVICES = frozenset({"cpu", "cuda"})
 ALL_DTYPES = frozenset(DTYPES) - {"float64"}
 ALL_MASKS = frozenset(MASKS)
+# What a contender supports unless it declares more: the four masks every attention kernel knows.
+DEFAULT_MASKS = frozenset(BASIC_MASKS)
+ALL_SCORE_MODS = frozenset(SCORE_MODS)
+PAGED_WAYS = ("", "native", "gather")  # "": contiguous KV only
 
 
 @dataclass(frozen=True)
@@ -29,13 +33,21 @@ class Capabilities:
 
     devices: frozenset[str] = ALL_DEVICES
     dtypes: frozenset[str] = ALL_DTYPES
-    masks: frozenset[str] = ALL_MASKS
+    masks: frozenset[str] = DEFAULT_MASKS  # ALL_MASKS adds sliding_window and document
+    score_mods: frozenset[str] = frozenset({"none"})  # ALL_SCORE_MODS adds softcap and alibi
+    # Paged KV (page_size > 0): "native" reads the page pool through the page table; "gather" copies the
+    # pages back into contiguous k and v inside the timed call (say so in the description); "" can't.
+    paged: str = ""
     gqa: bool = True
     cross: bool = True  # seq_q != seq_k
     min_head_dim: int = 1
     max_head_dim: int | None = None
     backward: bool = False
     notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.paged not in PAGED_WAYS:
+            raise ValueError(f"Capabilities.paged {self.paged!r}: allowed {', '.join(map(repr, PAGED_WAYS))}")
 
     def unsupported_reason(self, w: Workload) -> str | None:
         if w.device not in self.devices:
@@ -44,6 +56,12 @@ class Capabilities:
             return f"dtype {w.dtype} not supported (supports {', '.join(sorted(self.dtypes))})"
         if w.mask not in self.masks:
             return f"mask {w.mask} not supported (supports {', '.join(sorted(self.masks))})"
+        if w.score_mod not in self.score_mods:
+            return f"score_mod {w.score_mod} not supported (supports {', '.join(sorted(self.score_mods))})"
+        if w.page_size and not self.paged:
+            return f"paged KV (page_size {w.page_size}) not supported: this contender reads contiguous k and v only"
+        if w.page_size and w.pass_ != "fwd":
+            return "paged KV is the decode-time cache layout: forward only"
         if w.kv_heads != w.heads and not self.gqa:
             return "GQA/MQA (kv_heads < heads) not supported"
         if w.seq_q != w.seq_k and not self.cross:
@@ -103,6 +121,10 @@ class Contender(abc.ABC):
             return "a whole multi-head attention module: it runs in the mha suite (module mha)"
         if workload.module == "mha" and workload.pass_ != "fwd":
             return "the mha module is timed forward only"
+        if workload.module == "mha" and workload.page_size:
+            return "the mha module projects k and v into contiguous buffers each call; a paged cache has no place there"
+        if self.kind == "scoring" and workload.score_mod != "none":
+            return f"a scoring function replaces the scaled dot product that score_mod {workload.score_mod} modifies"
         return self.capabilities.unsupported_reason(workload)
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
@@ -125,6 +147,8 @@ __all__ = [
     "ALL_DEVICES",
     "ALL_DTYPES",
     "ALL_MASKS",
+    "ALL_SCORE_MODS",
+    "DEFAULT_MASKS",
     "PASSES",
     "Capabilities",
     "Contender",

@@ -5,13 +5,17 @@ summed over the batch — so causal with Sq ≠ Sk and padding are counted right
 masked blocks is not credited with work it did not need to do. Backward is 2.5× forward,
 forward+backward 3.5×.
 
-Minimum bytes: what any implementation must move at least once. Forward reads q, k, v and writes o
-(k and v at Hkv heads); backward reads q, k, v, o, dO and writes dq, dk, dv.
+Minimum bytes: what any implementation must move at least once. Forward reads q and writes o, and reads
+the keys and values some query row sees (k and v at Hkv heads; per sequence the span of visible keys, see
+``masks.key_span`` — a decode step against a padded or windowed cache reads only its part). With a paged
+cache (page_size > 0) the reads are whole pages — every page the span touches — plus one int32 page-table
+entry per page, so ``gbps`` places decode rows where they belong. Backward reads q, k, v, o, dO and
+writes dq, dk, dv.
 """
 
 from __future__ import annotations
 
-from attnbench.masks import visible_pairs
+from attnbench.masks import key_span, workload_pairs
 from attnbench.workload import Workload
 
 PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
@@ -20,7 +24,7 @@ PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 def attention_flops(w: Workload) -> float:
     """Floating-point operations of one call of the workload's pass (the mha module adds its four
     d_model × d_model projections)."""
-    pairs = visible_pairs(w.mask, w.batch, w.seq_q, w.seq_k)
+    pairs = workload_pairs(w)
     forward = 2.0 * w.heads * (w.head_dim + w.head_dim) * pairs
     if w.module == "mha":
         forward += 2.0 * w.d_model**2 * (2 * w.batch * w.seq_q + 2 * w.batch * w.seq_k)
@@ -32,9 +36,29 @@ def attention_bytes(w: Workload) -> float:
     element = w.torch_dtype.itemsize
     q = w.batch * w.heads * w.seq_q * w.head_dim  # also o, dO, dq
     kv = w.batch * w.kv_heads * w.seq_k * w.head_dim  # each of k, v, dk, dv
-    forward = q + 2 * kv + q
+    forward = q + 2 * kv_read_elements(w) + q + page_table_bytes(w) / element
     backward = 4 * q + 4 * kv  # read q, o, dO, k, v; write dq, dk, dv
     if w.module == "mha":  # reads x (and the keys' input), the four weight matrices; writes the output
         forward += 4 * w.d_model**2 + 2 * w.batch * w.seq_q * w.d_model + w.batch * w.seq_k * w.d_model
     per_pass = {"fwd": forward, "bwd": backward, "fwd_bwd": forward + backward}
     return float(per_pass[w.pass_] * element)
+
+
+def kv_positions_read(w: Workload) -> int:
+    """Key positions read over the batch: the visible span per sequence, in whole pages when paged."""
+    total = 0
+    for first, end in key_span(w):
+        if w.page_size and end > first:
+            first, end = (first // w.page_size) * w.page_size, -(-end // w.page_size) * w.page_size
+        total += end - first
+    return total
+
+
+def kv_read_elements(w: Workload) -> int:
+    """Elements of k (or of v) one forward call reads."""
+    return kv_positions_read(w) * w.kv_heads * w.head_dim
+
+
+def page_table_bytes(w: Workload) -> int:
+    """int32 page-table entries of the pages read (0 for a contiguous cache)."""
+    return 4 * kv_positions_read(w) // w.page_size if w.page_size else 0

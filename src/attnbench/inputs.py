@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.masks import dense_mask, has_empty_rows, padding_lengths
+from attnbench.masks import alibi_bias, dense_mask_of, has_empty_rows, padding_lengths
+from attnbench.paged import PagedKV, make_paged
 from attnbench.workload import Workload
 
 DEFAULT_SEED = 0
@@ -47,7 +48,22 @@ class AttentionInputs:
     def bool_mask(self) -> torch.Tensor | None:
         """(B or 1, 1, Sq, Sk) bool, True = visible; None when the mask is ``none``."""
         w = self.workload
-        return dense_mask(w.mask, w.batch, w.seq_q, w.seq_k, self.q.device)
+        return dense_mask_of(w, self.q.device)
+
+    @functools.cached_property
+    def alibi_bias(self) -> torch.Tensor | None:
+        """(1, Hq, Sq, Sk) in the workload's dtype: the alibi modifier's additive bias; None without alibi."""
+        w = self.workload
+        return alibi_bias(w, self.q.device, w.torch_dtype) if w.score_mod == "alibi" else None
+
+    @functools.cached_property
+    def paged(self) -> PagedKV | None:
+        """k and v in a shuffled page pool with a page table (see ``attnbench.paged``); None when the
+        workload's KV cache is contiguous (page_size 0)."""
+        w = self.workload
+        if not w.page_size:
+            return None
+        return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1)
 
     @functools.cached_property
     def empty_rows(self) -> torch.Tensor | None:

@@ -1,19 +1,39 @@
-"""Mask semantics shared by contenders: padding lengths, dense boolean masks, visible-pair counts.
+"""Mask and score-modifier semantics shared by contenders, in the forms they use.
+
+Masks (``offset`` = Sk − Sq, so that query i sits at key position i + offset):
 
 * ``none`` — every query sees every key.
 * ``causal`` — top-left aligned, as torch ``is_causal``: query i sees keys j <= i.
-* ``causal_bottom_right`` — FlashAttention's alignment: query i sees keys j <= i + (Sk - Sq). When
-  Sq > Sk the first Sq - Sk query rows see no key and their output is defined as zeros.
-* ``padding`` — per-batch valid key lengths (the masked softmax of the source documents): batch b
-  sees keys j < padding_lengths(B, Sk)[b]. Lengths are deterministic, see :func:`padding_lengths`.
+* ``causal_bottom_right`` — FlashAttention's alignment: query i sees keys j <= i + offset. When
+  Sq > Sk the first Sq - Sk query rows see no key and their output is defined as zeros. Decode (a short
+  query against a long KV cache) is this mask.
+* ``padding`` — per-batch valid key lengths (the masked softmax of the source documents; a KV cache of
+  per-sequence lengths): batch b sees keys j < padding_lengths(B, Sk)[b]. See :func:`padding_lengths`.
+* ``sliding_window`` — query i sees key j iff i + offset − window < j <= i + offset: the last ``window``
+  keys up to the bottom-right diagonal (flash-attention's ``window_size=(window − 1, 0)``).
+* ``document`` — packed documents (Sq = Sk, flash-attention's varlen / ``cu_seqlens``): query i sees key
+  j iff both lie in the same document and j <= i. Document lengths: :func:`document_lengths`.
 
-The float64 reference (``attnbench.reference``) re-derives each rule on its own, so a bug here shows as
-an ``incorrect`` row rather than silently agreeing with itself.
+Every mask gives each query row one key range [lo, hi) (:func:`key_ranges`); kernels skip what is outside.
+
+Score modifiers, applied to the scaled scores s = q·k·scale before the mask:
+
+* ``softcap`` — s → softcap · tanh(s / softcap) (Gemma-2).
+* ``alibi`` — s → s − slope_h · |i + offset − j| with slope_h = 2^(−8(h+1)/H) (:func:`alibi_slopes`).
+
+Counts (:func:`visible_pairs`, :func:`keys_read`) are closed forms — no loop over rows — so any size is
+priced in microseconds. The float64 reference (``attnbench.reference``) re-derives each rule on its own,
+so a bug here shows as an ``incorrect`` row rather than silently agreeing with itself.
 """
 
 from __future__ import annotations
 
+import random
+import zlib
+
 import torch
+
+from attnbench.workload import Workload
 
 
 def padding_lengths(batch: int, seq_k: int) -> list[int]:
@@ -29,34 +49,136 @@ def padding_lengths(batch: int, seq_k: int) -> list[int]:
     return [seq_k - (b * (seq_k - shortest)) // (batch - 1) for b in range(batch)]
 
 
-def dense_mask(mask: str, batch: int, seq_q: int, seq_k: int, device: str | torch.device) -> torch.Tensor | None:
+def document_lengths(seq: int, documents: int) -> list[int]:
+    """Lengths of ``documents`` packed documents, none empty, summing to ``seq``: seeded-random cut points
+    (the seed is the pair (seq, documents)), drawn in O(documents), never O(seq)."""
+    generator = random.Random(zlib.crc32(f"documents {seq} {documents}".encode()))
+    cuts = sorted(generator.sample(range(1, seq), documents - 1))
+    bounds = [0, *cuts, seq]
+    return [bounds[d + 1] - bounds[d] for d in range(documents)]
+
+
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """(H,) float64: slope_h = 2^(−8(h+1)/H), the geometric ALiBi slopes (flash-attention's definition)."""
+    return torch.pow(2.0, -8.0 * torch.arange(1, heads + 1, dtype=torch.float64) / heads)
+
+
+def key_ranges(w: Workload, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi), each (B or 1, Sq) int64: query row i of batch b sees exactly keys lo <= j < hi."""
+    i = torch.arange(w.seq_q, device=device).view(1, -1)
+    zeros = torch.zeros_like(i)
+    full = torch.full_like(i, w.seq_k)
+    if w.mask == "none":
+        return zeros, full
+    if w.mask == "causal":
+        return zeros, (i + 1).clamp(0, w.seq_k)
+    if w.mask == "causal_bottom_right":
+        return zeros, (i + w.offset + 1).clamp(0, w.seq_k)
+    if w.mask == "padding":
+        lengths = torch.tensor(padding_lengths(w.batch, w.seq_k), device=device).view(-1, 1)
+        return zeros.expand(w.batch, -1), lengths.expand(-1, w.seq_q)
+    if w.mask == "sliding_window":
+        hi = (i + w.offset + 1).clamp(0, w.seq_k)
+        return (i + w.offset + 1 - w.window).clamp(0, w.seq_k).clamp(max=hi), hi
+    if w.mask == "document":
+        lengths = torch.tensor(document_lengths(w.seq_q, w.documents), device=device)
+        starts = torch.cumsum(lengths, 0) - lengths  # (documents,)
+        return starts.repeat_interleave(lengths).view(1, -1), i + 1
+    raise ValueError(f"unknown mask {w.mask!r}")
+
+
+def dense_mask_of(w: Workload, device: str | torch.device) -> torch.Tensor | None:
     """Boolean mask broadcastable to (B, H, Sq, Sk), True where a key is visible; None for ``none``."""
-    if mask == "none":
+    if w.mask == "none":
         return None
-    rows = torch.arange(seq_q, device=device).view(seq_q, 1)
-    cols = torch.arange(seq_k, device=device).view(1, seq_k)
-    if mask == "causal":
-        return (cols <= rows).view(1, 1, seq_q, seq_k)
-    if mask == "causal_bottom_right":
-        return (cols <= rows + (seq_k - seq_q)).view(1, 1, seq_q, seq_k)
-    if mask == "padding":
-        lengths = torch.tensor(padding_lengths(batch, seq_k), device=device).view(batch, 1, 1, 1)
-        return (cols.view(1, 1, 1, seq_k) < lengths).expand(batch, 1, seq_q, seq_k)
-    raise ValueError(f"unknown mask {mask!r}")
+    lo, hi = key_ranges(w, device)
+    j = torch.arange(w.seq_k, device=device).view(1, 1, -1)
+    visible = (j >= lo.unsqueeze(-1)) & (j < hi.unsqueeze(-1))  # (B|1, Sq, Sk)
+    return visible.unsqueeze(1)
 
 
-def visible_pairs(mask: str, batch: int, seq_q: int, seq_k: int) -> int:
-    """Exact number of visible (query, key) pairs summed over the batch (per head)."""
+def dense_mask(
+    mask: str, batch: int, seq_q: int, seq_k: int, device: str | torch.device, *, window: int = 0, documents: int = 0
+) -> torch.Tensor | None:
+    """:func:`dense_mask_of` from the mask's fields."""
+    return dense_mask_of(_shape(mask, batch, seq_q, seq_k, window, documents), device)
+
+
+def alibi_bias(w: Workload, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(1, H, Sq, Sk): −slope_h · |i + offset − j|, the additive form of the alibi modifier."""
+    i = torch.arange(w.seq_q, device=device, dtype=torch.float64).view(-1, 1)
+    j = torch.arange(w.seq_k, device=device, dtype=torch.float64).view(1, -1)
+    distance = (i + w.offset - j).abs()
+    return (-alibi_slopes(w.heads).to(device).view(-1, 1, 1) * distance).unsqueeze(0).to(dtype)
+
+
+def modify_scores(scores: torch.Tensor, w: Workload, bias: torch.Tensor | None) -> torch.Tensor:
+    """The score modifier on scaled scores: softcap's tanh, or alibi's ``bias`` (from :func:`alibi_bias`,
+    broadcastable to ``scores``) added."""
+    if w.score_mod == "softcap":
+        return torch.tanh(scores / w.softcap) * w.softcap
+    if w.score_mod == "alibi":
+        assert bias is not None
+        return scores + bias
+    return scores
+
+
+def _shape(mask: str, batch: int, seq_q: int, seq_k: int, window: int, documents: int) -> Workload:
+    return Workload(batch, 1, 1, seq_q, seq_k, 1, mask=mask, window=window, documents=documents)
+
+
+def _clamped_sum(count: int, first: int, cap: int) -> int:
+    """Σ clamp(x, 0, cap) for x = first, first + 1, …, first + count − 1, in O(1)."""
+    last = first + count - 1
+    low, high = max(first, 0), min(last, cap)
+    middle = (low + high) * (high - low + 1) // 2 if high >= low else 0
+    above = max(0, last - max(first, cap + 1) + 1)
+    return middle + cap * above
+
+
+def visible_pairs(
+    mask: str, batch: int, seq_q: int, seq_k: int, *, window: int = 0, documents: int = 0
+) -> int:  # fmt: skip
+    """Exact number of visible (query, key) pairs summed over the batch (per head), in closed form."""
     if mask == "none":
         return batch * seq_q * seq_k
     if mask == "padding":
         return seq_q * sum(padding_lengths(batch, seq_k))
+    if mask == "document":
+        return batch * sum(n * (n + 1) // 2 for n in document_lengths(seq_q, documents))
     offset = 0 if mask == "causal" else seq_k - seq_q
-    # Row i sees min(Sk, max(0, i + offset + 1)) keys.
-    per_row = sum(min(seq_k, max(0, i + offset + 1)) for i in range(seq_q))
-    return batch * per_row
+    # Row i sees clamp(i + offset + 1, 0, Sk) keys; a window removes the clamp(i + offset + 1 − window, 0, Sk) before.
+    per_batch = _clamped_sum(seq_q, offset + 1, seq_k)
+    if mask == "sliding_window":
+        per_batch -= _clamped_sum(seq_q, offset + 1 - window, seq_k)
+    elif mask != "causal_bottom_right" and mask != "causal":
+        raise ValueError(f"unknown mask {mask!r}")
+    return batch * per_batch
+
+
+def workload_pairs(w: Workload) -> int:
+    """:func:`visible_pairs` of a workload."""
+    return visible_pairs(w.mask, w.batch, w.seq_q, w.seq_k, window=w.window, documents=w.documents)
+
+
+def key_span(w: Workload) -> list[tuple[int, int]]:
+    """Per batch element, [first, end) of the key positions some query row sees — the keys and values a
+    kernel must read. Rows' ranges overlap or adjoin, so the span is their union. Closed form."""
+    if w.mask == "padding":
+        return [(0, length) for length in padding_lengths(w.batch, w.seq_k)]
+    first, end = 0, w.seq_k
+    if w.mask == "causal":
+        end = min(w.seq_k, w.seq_q)
+    elif w.mask == "sliding_window":  # the first row that sees a key is max(0, −offset)
+        first = max(0, min(w.seq_k, max(w.offset, 0) + 1 - w.window))
+    return [(first, end)] * w.batch
+
+
+def keys_read(w: Workload) -> list[int]:
+    """Per batch element, how many key positions some query row sees (see :func:`key_span`)."""
+    return [end - first for first, end in key_span(w)]
 
 
 def has_empty_rows(mask: str, seq_q: int, seq_k: int) -> bool:
-    """True when some query row sees no key at all (bottom-right causal with Sq > Sk)."""
-    return mask == "causal_bottom_right" and seq_q > seq_k
+    """True when some query row sees no key at all (bottom-right alignment with Sq > Sk)."""
+    return mask in ("causal_bottom_right", "sliding_window") and seq_q > seq_k

@@ -22,9 +22,12 @@ MEMORY_PASS_COST = 20  # the CPU memory pass (the profiler) can cost this many c
 
 
 def input_bytes(w: Workload) -> int:
-    """q, k, v, upstream gradient (B, H, S, D) in the workload's dtype."""
+    """q, k, v, upstream gradient (B, H, S, D) in the workload's dtype, and a paged cache's pool."""
     element = w.torch_dtype.itemsize
-    return element * w.head_dim * (2 * w.batch * w.heads * w.seq_q + 2 * w.batch * w.kv_heads * w.seq_k)
+    kv_rows = w.batch * w.kv_heads * w.seq_k
+    if w.page_size:  # the page pool holds a second copy of k and v, whole pages
+        kv_rows += w.batch * w.kv_heads * -(-w.seq_k // w.page_size) * w.page_size
+    return element * w.head_dim * (2 * w.batch * w.heads * w.seq_q + 2 * kv_rows)
 
 
 @dataclass(frozen=True)

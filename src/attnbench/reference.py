@@ -1,6 +1,7 @@
 """The float64 reference every contender is checked against.
 
-It re-implements each mask rule from its definition (see ``attnbench.masks`` for the rules), expands
+It re-implements each mask rule and score modifier from its definition (see ``attnbench.masks`` for the
+rules: it shares only the data — padding and document lengths — never the code that builds masks), expands
 GQA heads by index, and works on a sample of query rows at long sequence lengths so that checking a
 16k-token case costs a few hundred rows, not the whole S×S score matrix.
 """
@@ -12,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from attnbench.inputs import AttentionInputs
-from attnbench.masks import padding_lengths
+from attnbench.masks import document_lengths, padding_lengths
 
 MAX_CHECKED_ROWS = 256
 
@@ -37,7 +38,28 @@ def _visible(inputs: AttentionInputs, batch_index: int, rows: torch.Tensor) -> t
         return (w.seq_q - 1 - i) <= (w.seq_k - 1 - j)
     if w.mask == "padding":
         return (j < padding_lengths(w.batch, w.seq_k)[batch_index]).expand(len(rows), w.seq_k)
+    if w.mask == "sliding_window":  # the last `window` keys up to the bottom-right diagonal
+        diagonal = i + (w.seq_k - w.seq_q)
+        return (j <= diagonal) & (j > diagonal - w.window)
+    if w.mask == "document":  # same document, and not in the future
+        ends = torch.tensor(document_lengths(w.seq_q, w.documents), device=rows.device).cumsum(0)
+        document_of = torch.bucketize(torch.arange(w.seq_k, device=rows.device), ends, right=True)
+        return (document_of[i] == document_of[j]) & (j <= i)
     raise ValueError(f"reference has no rule for mask {w.mask!r}")
+
+
+def _modified(inputs: AttentionInputs, scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(Hq, R, Sk) scaled scores with the workload's score modifier applied, from its definition."""
+    w = inputs.workload
+    if w.score_mod == "softcap":
+        return w.softcap * torch.tanh(scores / w.softcap)
+    if w.score_mod == "alibi":
+        slopes = [2.0 ** (-8.0 * (h + 1) / w.heads) for h in range(w.heads)]
+        slope = torch.tensor(slopes, dtype=torch.float64, device=rows.device).view(-1, 1, 1)
+        i = rows.view(1, -1, 1).double()
+        j = torch.arange(w.seq_k, device=rows.device).view(1, 1, -1).double()
+        return scores - slope * (i + (w.seq_k - w.seq_q) - j).abs()
+    return scores
 
 
 Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (Hq, R, D), (Hq, Sk, D) -> (Hq, R, Sk)
@@ -51,11 +73,17 @@ def _attention(
     k and v (B, Hkv, Sk, D). Rows that see no key give zeros."""
     w = inputs.workload
     kv_head = torch.arange(w.heads, device=rows.device) // w.gqa_group  # query head -> kv head
+    group, count = w.gqa_group, len(rows)
     outputs = []
-    for b in range(w.batch):  # one batch element at a time bounds the float64 score memory
-        keys, values = k[b][kv_head], v[b][kv_head]  # (Hq, Sk, D)
-        # (Hq, R, Sk): the scaled dot product, or the scoring suite's function
-        scores = torch.matmul(q[b], keys.transpose(-1, -2)) * w.softmax_scale if score is None else score(q[b], keys)
+    for b in range(w.batch):  # one batch element at a time bounds the float64 memory (k and v included)
+        keys, values = k[b].double(), v[b].double()  # (Hkv, Sk, D)
+        if score is None:  # query head h = kv head h // G: grouped, so k and v are never repeated
+            grouped = q[b].double().reshape(w.kv_heads, group, count, -1)
+            scores = torch.matmul(grouped, keys.unsqueeze(1).transpose(-1, -2)).view(w.heads, count, w.seq_k)
+            scores = scores * w.softmax_scale
+        else:  # the scoring suite's function, on keys repeated to Hq heads
+            scores = score(q[b].double(), keys[kv_head])
+        scores = _modified(inputs, scores, rows)
         visible = _visible(inputs, b, rows)
         if visible is not None:
             scores = scores.masked_fill(~visible, float("-inf"))
@@ -64,7 +92,8 @@ def _attention(
         weights = torch.exp(scores - row_max)
         total = weights.sum(dim=-1, keepdim=True)
         probs = torch.where(total > 0, weights / total.clamp_min(1e-300), torch.zeros_like(weights))
-        outputs.append(torch.matmul(probs, values))  # (Hq, R, D)
+        grouped_probs = probs.reshape(w.kv_heads, group, count, w.seq_k)
+        outputs.append(torch.matmul(grouped_probs, values.unsqueeze(1)).reshape(w.heads, count, -1))  # (Hq, R, Dv)
     return torch.stack(outputs)
 
 
@@ -73,7 +102,7 @@ def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score |
     product (for the scoring suite's functions); the mask, softmax and weighting stay this module's."""
     rows = rows.to(inputs.q.device)
     q = inputs.q.detach()[:, :, rows].double()
-    return _attention(inputs, q, inputs.k.detach().double(), inputs.v.detach().double(), rows, score)
+    return _attention(inputs, q, inputs.k.detach(), inputs.v.detach(), rows, score)
 
 
 GRAD_CHUNK_ELEMENTS = 2**25  # float64 scores per chunk of query rows (256 MiB)

@@ -35,7 +35,16 @@ WORKLOAD_COLUMNS = [
     "hidden",
     "module",
     "scale",
+    "window",
+    "documents",
+    "score_mod",
+    "softcap",
+    "page_size",
+    "model",
 ]
+# The workload features' neutral values: what a run folder written before these columns existed means.
+FEATURE_DEFAULTS: dict[str, Any] = {"window": 0, "documents": 0, "score_mod": "none", "softcap": 0.0,
+                                    "page_size": 0, "model": ""}  # fmt: skip
 # What identifies a case within one run (the scale follows from head_dim unless set).
 CASE_COLUMNS = ["impl", *(c for c in WORKLOAD_COLUMNS if c != "scale")]
 COLUMNS = [
@@ -181,7 +190,16 @@ def write_frame(frame: pd.DataFrame, out_dir: Path) -> None:
 
 def case_key(impl: str, workload_row: dict[str, Any]) -> tuple[Any, ...]:
     """What identifies a case within a run: the contender and the workload columns."""
-    return (impl, *(workload_row[c] for c in CASE_COLUMNS[1:]))
+    return (impl, *(workload_row.get(c, FEATURE_DEFAULTS.get(c)) for c in CASE_COLUMNS[1:]))
+
+
+def fill_feature_defaults(frame: pd.DataFrame) -> pd.DataFrame:
+    """Missing or empty feature columns (older runs) read as their neutral values, in their dtypes."""
+    for column, default in FEATURE_DEFAULTS.items():
+        values = frame[column] if column in frame else pd.Series(default, index=frame.index)
+        values = values.where(values.notna(), default) if len(frame) else values
+        frame[column] = values.astype(type(default) if not isinstance(default, str) else object)
+    return frame
 
 
 def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -192,14 +210,14 @@ def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame["unstable"] = frame["unstable"].astype("boolean")
     for column in ("n_samples", "calls_per_sample", "checked_rows", "threads", "hidden", "rounds"):
         frame[column] = frame[column].astype("Int64")
-    return frame
+    return fill_feature_defaults(frame)
 
 
 def load_results(run_dir: Path) -> pd.DataFrame:
     """A run folder's results as a DataFrame (Parquet, else the rows written so far)."""
     parquet = run_dir / "results.parquet"
     if parquet.exists():
-        return pd.read_parquet(parquet)
+        return fill_feature_defaults(pd.read_parquet(parquet))
     rows_path = run_dir / "rows.jsonl"
     if rows_path.exists():
         return rows_to_frame([json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()])

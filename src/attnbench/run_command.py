@@ -33,11 +33,12 @@ from attnbench.reports.summary import non_ok_reasons, status_counts, summary_tab
 from attnbench.results import RunWriter, case_key, make_row
 from attnbench.runner import RunOptions, not_runnable, run_group
 from attnbench.shard import parse_shard, shard_cases
-from attnbench.suite import Suite, check_devices, expand, load_suite
+from attnbench.suite import Suite, check_devices, expand, load_suite, model_suite
 from attnbench.workload import Workload
 
 SWEEP_FLAGS = ("suite", "impl", "batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "dtype", "device",
-               "mask", "pass", "shard")  # fmt: skip
+               "mask", "pass", "shard", "window", "documents", "score_mod", "softcap", "page_size", "model",
+               "phase")  # fmt: skip
 
 
 def now() -> str:
@@ -93,7 +94,10 @@ def _validate_numbers(args: argparse.Namespace) -> None:
 
 def _plan(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out: Path) -> tuple[Any, ...]:
     """A new run: its writer, meta, cases and options. Nothing is written yet."""
-    suite = args.suite if isinstance(args.suite, Suite) else load_suite(args.suite)
+    if isinstance(args.suite, Suite):  # attnbench.run() without a suite
+        suite = args.suite
+    else:
+        suite = load_suite(args.suite or "quick") if args.suite or not overrides.get("model") else model_suite()
     cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names())
     shard = parse_shard(args.shard) if args.shard else None
     if shard:

@@ -1,0 +1,76 @@
+"""The paged KV cache layout (``page_size`` > 0), as vLLM and FlashInfer store a cache.
+
+Keys and values live in a pool of pages, k_pages and v_pages (N, Hkv, P, D) with P = page_size (the
+"HND" page layout). Sequence b owns n = ceil(Sk / P) pages; ``page_table[b, p]`` (int32) is the pool
+index of the page holding its positions p·P … p·P + P − 1 (the tail of the last page is unused, zeros).
+Pages are assigned to the pool in a seeded-shuffled order, so logically adjacent pages are scattered in
+memory as in a real cache that has been filled and freed for a while.
+
+A contender either reads the pool natively (through ``page_table``, or through :meth:`PagedKV.page_owner`
+and :meth:`PagedKV.page_position`, the inverse map), or gathers the pages back into (B, Hkv, Sk, D) with
+:func:`gather_pages` inside its timed call.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+
+def pages_per_sequence(seq_k: int, page_size: int) -> int:
+    return -(-seq_k // page_size)
+
+
+@dataclass(frozen=True, eq=False)
+class PagedKV:
+    k_pages: torch.Tensor  # (N, Hkv, P, D), N = B · pages per sequence
+    v_pages: torch.Tensor  # (N, Hkv, P, D)
+    page_table: torch.Tensor  # (B, pages per sequence) int32: pool index of each logical page
+    page_size: int
+    seq_k: int
+
+    @functools.cached_property
+    def page_owner(self) -> torch.Tensor:
+        """(N,) int64: the sequence each pool page belongs to."""
+        batch, pages = self.page_table.shape
+        owner = torch.empty(batch * pages, dtype=torch.int64, device=self.page_table.device)
+        owner[self.page_table.flatten().long()] = torch.arange(batch, device=owner.device).repeat_interleave(pages)
+        return owner
+
+    @functools.cached_property
+    def page_position(self) -> torch.Tensor:
+        """(N,) int64: the logical page index (within its sequence) of each pool page."""
+        batch, pages = self.page_table.shape
+        position = torch.empty(batch * pages, dtype=torch.int64, device=self.page_table.device)
+        position[self.page_table.flatten().long()] = torch.arange(pages, device=position.device).repeat(batch)
+        return position
+
+
+def make_paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int) -> PagedKV:
+    """Copy contiguous k and v (B, Hkv, Sk, D) into a shuffled page pool with a page table."""
+    batch, kv_heads, seq_k, head_dim = k.shape
+    pages = pages_per_sequence(seq_k, page_size)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    order = torch.randperm(batch * pages, generator=generator).to(k.device)
+    table = order.view(batch, pages)
+
+    def pool(t: torch.Tensor) -> torch.Tensor:
+        padded = t.new_zeros(batch, kv_heads, pages * page_size, head_dim)
+        padded[:, :, :seq_k] = t.detach()
+        logical = padded.view(batch, kv_heads, pages, page_size, head_dim).transpose(1, 2)  # (B, n, Hkv, P, D)
+        out = t.new_empty(batch * pages, kv_heads, page_size, head_dim)
+        out[table.flatten()] = logical.reshape(batch * pages, kv_heads, page_size, head_dim)
+        return out
+
+    return PagedKV(pool(k), pool(v), table.to(torch.int32), page_size, seq_k)
+
+
+def gather_pages(pages: torch.Tensor, page_table: torch.Tensor, seq_k: int) -> torch.Tensor:
+    """(N, Hkv, P, D) pool → (B, Hkv, Sk, D) contiguous, one sequence's pages in logical order."""
+    batch, count = page_table.shape
+    _, kv_heads, page_size, head_dim = pages.shape
+    picked = pages.index_select(0, page_table.flatten())  # (B·n, Hkv, P, D)
+    logical = picked.view(batch, count, kv_heads, page_size, head_dim).transpose(1, 2)
+    return logical.reshape(batch, kv_heads, count * page_size, head_dim)[:, :, :seq_k]
