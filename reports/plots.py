@@ -215,6 +215,8 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
     """Decode steps (Sq ≤ 16 against a longer KV cache) are bandwidth-bound: GB/s against the KV length,
     per model and workload group, with the hardware's measured bandwidth (triad, or the GPU's datasheet)
     dashed and a right axis in % of it."""
+    if "gbps" not in ok:
+        return None
     decode = ok[ok["gbps"].notna() & (ok["gbps"] > 0)]
     decode = decode[[phase_of(r) == "decode" for r in decode.to_dict("records")]]
     if decode.empty:

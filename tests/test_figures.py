@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from attnbench.reports.facets import facets, x_axis
-from attnbench.reports.plots import draw_all, latency, palette, plottable
+from attnbench.reports.plots import Roofs, draw_all, latency, palette, plottable
 
 BASE = {"machine": "test cpu", "device": "cpu", "dtype": "float32", "mask": "none", "pass": "fwd", "hidden": None,
         "module": "core", "batch": 1, "heads": 8, "kv_heads": 8, "seq_q": 512, "seq_k": 512, "head_dim": 64,
@@ -90,6 +90,6 @@ def test_draw_all_writes_every_figure_for_mixed_groups(tmp_path):
          fabricate(impls=("bmm", "sdpa_flash", "naive"), seq_q=[2048]).assign(mask="causal")],
         ignore_index=True,
     )  # fmt: skip
-    drawn = draw_all(frame, tmp_path, None, {("test cpu", "cpu", "float32"): (1.0, 50.0)})
+    drawn = draw_all(frame, tmp_path, None, {("test cpu", "cpu", "float32"): Roofs(1.0, 50.0, 0.5, 40.0)})
     assert {path.name for _, path in drawn} >= {"latency.png", "tflops.png", "memory.png", "speedup.png"}
     assert all(path.stat().st_size > 10_000 for _, path in drawn)
