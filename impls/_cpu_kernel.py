@@ -1,6 +1,7 @@
-"""Build, cache and call the fused CPU kernel (``fused_cpu_kernel.cpp``), with no build system at all.
+"""Build, cache and call the fused CPU kernel (``fused_cpu_kernel.cpp`` for the forward,
+``fused_cpu_backward.cpp``, both on ``fused_cpu_tiles.h``), with no build system at all.
 
-The C++ source has a plain C entry point, so it needs neither torch's headers nor pybind11: one g++ call
+The C++ sources have plain C entry points, so it needs neither torch's headers nor pybind11: one g++ call
 (about 2 s) builds a shared library that ctypes loads. The library is compiled at first use with
 ``-O3 -march=native`` (so the vectors are AVX-512 where the CPU has it) and cached under
 ``$ATTNBENCH_CACHE_DIR/kernels`` (default ``~/.cache/attnbench/kernels``), keyed by the source, the
@@ -28,7 +29,9 @@ import torch
 
 from attnbench.ceilings import cache_dir
 
-SOURCE = Path(__file__).with_name("fused_cpu_kernel.cpp")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "fused_cpu_kernel.cpp", HERE / "fused_cpu_backward.cpp")  # one library, one g++ call
+HEADERS = (HERE / "fused_cpu_tiles.h",)  # part of the build's identity too
 FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-pthread")
 # Tried in order: vectors for this CPU with OpenMP, then without each (a compiler may lack either).
 VARIANTS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
@@ -52,6 +55,13 @@ class Kernel:
     def packed_keys(self, seq_k: int) -> int:
         return int(self.library.attnbench_fused_packed_keys(seq_k))
 
+    def backward_scratch_floats(
+        self, q: torch.Tensor, k: torch.Tensor, block_q: int, block_k: int, threads: int
+    ) -> int:
+        (batch, heads, seq_q, padded), (kv_heads, seq_k) = q.shape, k.shape[1:3]
+        args = (batch, heads, kv_heads, seq_q, seq_k, padded, block_q, block_k, threads)
+        return int(self.library.attnbench_fused_backward_scratch_floats(*args))
+
     def forward(
         self,
         q: torch.Tensor,
@@ -59,6 +69,7 @@ class Kernel:
         kt: torch.Tensor,
         v: torch.Tensor,
         out: torch.Tensor,
+        lse: torch.Tensor | None = None,
         *,
         scale: float,
         mask: str,
@@ -69,14 +80,11 @@ class Kernel:
         scratch: torch.Tensor,
     ) -> int:
         """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D) over k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dp), all
-        float32 and contiguous; kt is scratch for B·Hkv·packed_keys(Sk)·D floats. Returns the number of score
-        entries computed."""
+        float32 and contiguous; kt is scratch for B·Hkv·packed_keys(Sk)·D floats; lse (B, H, Sq), when given,
+        receives each row's log-sum-exp for the backward. Returns the number of score entries computed."""
         batch, heads, seq_q, head_dim = q.shape
         kv_heads, seq_k = k.shape[1], k.shape[2]
-        tensors = {"q": q, "k": k, "kt": kt, "v": v, "out": out, "scratch": scratch}
-        for name, t in tensors.items():
-            if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
-                raise ValueError(f"{name} must be a contiguous float32 CPU tensor")
+        _check_float32(q=q, k=k, kt=kt, v=v, out=out, scratch=scratch)
         padded = v.shape[-1]
         if k.shape[0] != batch or heads % kv_heads or v.shape[:3] != k.shape[:3] or k.shape[3] != head_dim:
             raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -86,10 +94,11 @@ class Kernel:
             raise ValueError(f"kt holds {kt.numel()} floats, fewer than the packed keys need")
         if scratch.numel() < threads * self.scratch_floats(block_q, block_k, head_dim, padded):
             raise ValueError(f"scratch holds {scratch.numel()} floats, fewer than {threads} threads need")
-        if lengths is not None and (lengths.dtype != torch.int64 or lengths.shape != (batch,)):
-            raise ValueError(f"lengths must be int64 of shape ({batch},), got {lengths.dtype} {tuple(lengths.shape)}")
-        if mask == "padding" and lengths is None:
-            raise ValueError("mask 'padding' needs lengths")
+        if lse is not None:
+            _check_float32(lse=lse)
+            if lse.shape != (batch, heads, seq_q):
+                raise ValueError(f"lse must be {(batch, heads, seq_q)}, got {tuple(lse.shape)}")
+        _check_lengths(mask, lengths, batch)
         tiles = ctypes.c_int64(0)
         status = self.library.attnbench_fused_forward(
             q.data_ptr(),
@@ -97,6 +106,7 @@ class Kernel:
             kt.data_ptr(),
             v.data_ptr(),
             out.data_ptr(),
+            None if lse is None else lse.data_ptr(),
             batch,
             heads,
             kv_heads,
@@ -116,6 +126,70 @@ class Kernel:
         if status != 0:
             raise RuntimeError(f"fused_cpu kernel rejected its arguments (status {status})")
         return tiles.value
+
+    def backward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        dout: torch.Tensor,
+        lse: torch.Tensor,
+        *,
+        scale: float,
+        mask: str,
+        lengths: torch.Tensor | None,
+        block_q: int,
+        block_k: int,
+        threads: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """(dq, dk, dv) of attention for q, out, dout (B, H, Sq, Dp), k, v (B, Hkv, Sk, Dp) and the forward's
+        lse (B, H, Sq), all float32 and contiguous, the head dim zero-padded to a multiple of VECTOR; dk and dv
+        summed over each kv head's query heads. Also returns the number of score entries computed."""
+        _check_float32(q=q, k=k, v=v, out=out, dout=dout, lse=lse)
+        batch, heads, seq_q, padded = q.shape
+        kv_heads, seq_k = k.shape[1], k.shape[2]
+        if padded % VECTOR or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != padded or heads % kv_heads:
+            raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if out.shape != q.shape or dout.shape != q.shape or lse.shape != q.shape[:3]:
+            raise ValueError(f"out, dout must be {tuple(q.shape)} and lse {tuple(q.shape[:3])}")
+        _check_lengths(mask, lengths, batch)
+        scratch = torch.empty(self.backward_scratch_floats(q, k, block_q, block_k, threads))
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        tiles = ctypes.c_int64(0)
+        status = self.library.attnbench_fused_backward(
+            *(t.data_ptr() for t in (q, k, v, out, dout, lse, dq, dk, dv)),
+            batch,
+            heads,
+            kv_heads,
+            seq_q,
+            seq_k,
+            padded,
+            scale,
+            MASK_CODES[mask],
+            None if lengths is None else lengths.data_ptr(),
+            block_q,
+            block_k,
+            threads,
+            scratch.data_ptr(),
+            ctypes.byref(tiles),
+        )
+        if status != 0:
+            raise RuntimeError(f"fused_cpu backward kernel rejected its arguments (status {status})")
+        return dq, dk, dv, tiles.value
+
+
+def _check_float32(**tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"{name} must be a contiguous float32 CPU tensor")
+
+
+def _check_lengths(mask: str, lengths: torch.Tensor | None, batch: int) -> None:
+    if lengths is not None and (lengths.dtype != torch.int64 or lengths.shape != (batch,)):
+        raise ValueError(f"lengths must be int64 of shape ({batch},), got {lengths.dtype} {tuple(lengths.shape)}")
+    if mask == "padding" and lengths is None:
+        raise ValueError("mask 'padding' needs lengths")
 
 
 def _cpu_flags() -> str:
@@ -137,13 +211,13 @@ def _compiler_version(compiler: str) -> str:
 
 
 def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> str | None:
-    """Compile SOURCE into target atomically; None on success, else the compiler's first error line."""
+    """Compile SOURCES into target atomically; None on success, else the compiler's first error line."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
         try:
             done = subprocess.run(
-                [compiler, *flags, str(SOURCE), "-o", str(partial)],
+                [compiler, *flags, *map(str, SOURCES), "-o", str(partial)],
                 capture_output=True,
                 text=True,
                 timeout=COMPILE_TIMEOUT_S,
@@ -165,13 +239,22 @@ def _declare(library: ctypes.CDLL) -> None:
     library.attnbench_fused_scratch_floats.argtypes = [i64] * 4
     library.attnbench_fused_packed_keys.restype = i64
     library.attnbench_fused_packed_keys.argtypes = [i64]
-    forward: list[type] = [ptr] * 5  # q, k, kt, v, out
+    forward: list[type] = [ptr] * 6  # q, k, kt, v, out, lse
     forward += [i64] * 7  # batch, heads, kv_heads, seq_q, seq_k, head_dim, dp
     forward += [ctypes.c_float, i64, ptr]  # scale, mask, lengths
     forward += [i64] * 3  # block_q, block_k, nthreads
     forward += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
     library.attnbench_fused_forward.restype = ctypes.c_int
     library.attnbench_fused_forward.argtypes = forward
+    library.attnbench_fused_backward_scratch_floats.restype = i64
+    library.attnbench_fused_backward_scratch_floats.argtypes = [i64] * 9
+    backward: list[type] = [ptr] * 9  # q, k, v, out, dout, lse, dq, dk, dv
+    backward += [i64] * 6  # batch, heads, kv_heads, seq_q, seq_k, dp
+    backward += [ctypes.c_float, i64, ptr]  # scale, mask, lengths
+    backward += [i64] * 3  # block_q, block_k, nthreads
+    backward += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
+    library.attnbench_fused_backward.restype = ctypes.c_int
+    library.attnbench_fused_backward.argtypes = backward
 
 
 def load() -> Kernel:
@@ -189,7 +272,11 @@ def _build() -> Kernel | str:
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
         return f"no C++ compiler: {compiler!r} not found (install g++ or set $CXX)"
-    identity = [SOURCE.read_bytes(), _compiler_version(compiler).encode(), _cpu_flags().encode()]
+    identity = [
+        *(path.read_bytes() for path in SOURCES + HEADERS),
+        _compiler_version(compiler).encode(),
+        _cpu_flags().encode(),
+    ]
     failures = []
     for variant in VARIANTS:
         flags = FLAGS + variant

@@ -16,6 +16,7 @@ too. All of it happens inside the timed call, because the mha module rewrites q,
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -26,6 +27,7 @@ from attnbench.workload import Workload
 
 BLOCK_Q = 256
 BLOCK_K = 256
+BACKWARD_BLOCK_Q = 64  # the backward holds two BACKWARD_BLOCK_Q × BLOCK_K tiles (P and dP) per thread
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -43,26 +45,50 @@ def fused_attention(
     threads: int | None = None,
 ) -> tuple[torch.Tensor, int]:
     """softmax(q·kᵀ·scale + mask)·v for q (B, H, Sq, D) and k, v (B, Hkv, Sk, D) on the CPU, H a multiple of
-    Hkv; ``lengths`` (int64, one per batch element) for the padding mask. Returns the output, in q's dtype,
-    and the number of score entries the kernel computed (how block skipping shows)."""
+    Hkv; ``lengths`` (one per batch element, any integer dtype) for the padding mask. Returns the output, in
+    q's dtype, and the number of score entries the kernel computed (how block skipping shows). When autograd
+    records (grad enabled and q, k or v requiring grad), the output's backward is the fused backward kernel."""
+    threads = threads or torch.get_num_threads()
+    if lengths is not None:
+        lengths = lengths.to(torch.int64).contiguous()  # any integer tensor; the kernel reads int64
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        stats: dict[str, int] = {}
+        out = _FusedAttention.apply(q, k, v, scale, mask, lengths, threads, stats)
+        return out, stats["tiles"]
+    out32, _, tiles = _forward(q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=False)
+    return _narrow(out32, q), tiles
+
+
+def _narrow(out32: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The kernel's padded float32 output as the caller's (B, H, Sq, D) in q's dtype."""
+    head_dim = q.shape[-1]
+    return (out32 if out32.shape[-1] == head_dim else out32[..., :head_dim]).to(q.dtype)
+
+
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    mask: str,
+    lengths: torch.Tensor | None,
+    threads: int,
+    keep_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """The forward kernel: (output (B, H, Sq, Dp) float32, each row's log-sum-exp (B, H, Sq) or None, score
+    entries computed)."""
     kernel = _cpu_kernel.load()
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     padded_dim = _round_up(head_dim, _cpu_kernel.VECTOR)
     block_q = min(BLOCK_Q, seq_q)
-    threads = threads or torch.get_num_threads()
-    if lengths is not None:
-        lengths = lengths.to(torch.int64).contiguous()  # any integer tensor; the kernel reads int64
-
     q32 = q.detach().to(torch.float32).contiguous()
     k32 = k.detach().to(torch.float32).contiguous()
     kt = torch.empty(batch * kv_heads * kernel.packed_keys(seq_k) * head_dim)  # the kernel packs kᵀ here
-    if padded_dim == head_dim:
-        v32 = v.detach().to(torch.float32).contiguous()
-    else:
-        v32 = torch.zeros(batch, kv_heads, seq_k, padded_dim, dtype=torch.float32)
-        v32[..., :head_dim].copy_(v.detach())
+    v32 = _padded32(v, padded_dim)
     out = torch.empty(batch, heads, seq_q, padded_dim, dtype=torch.float32)
+    lse = torch.empty(batch, heads, seq_q, dtype=torch.float32) if keep_lse else None
     scratch = torch.empty(threads * kernel.scratch_floats(block_q, BLOCK_K, head_dim, padded_dim))
     tiles = kernel.forward(
         q32,
@@ -70,6 +96,7 @@ def fused_attention(
         kt,
         v32,
         out,
+        lse,
         scale=scale,
         mask=mask,
         lengths=lengths,
@@ -78,14 +105,69 @@ def fused_attention(
         threads=threads,
         scratch=scratch,
     )
-    result = out if padded_dim == head_dim else out[..., :head_dim]
-    return result.to(q.dtype), tiles
+    return out, lse, tiles
+
+
+def _padded32(x: torch.Tensor, padded_dim: int) -> torch.Tensor:
+    """x as contiguous float32 with its last axis zero-padded to padded_dim (x itself when it already is)."""
+    if x.shape[-1] == padded_dim:
+        return x.detach().to(torch.float32).contiguous()
+    padded = torch.zeros(*x.shape[:-1], padded_dim, dtype=torch.float32)
+    padded[..., : x.shape[-1]].copy_(x.detach())
+    return padded
+
+
+class _FusedAttention(torch.autograd.Function):
+    """fused_attention with the fused backward: the forward keeps each row's log-sum-exp (B·H·Sq floats)
+    beside its float32 output, and the backward (``fused_cpu_backward.cpp``) recomputes the probabilities
+    tile by tile from them — FlashAttention-2's scheme, O(S·D) memory."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        mask: str,
+        lengths: torch.Tensor | None,
+        threads: int,
+        stats: dict[str, int],
+    ) -> torch.Tensor:
+        out32, lse, stats["tiles"] = _forward(
+            q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=True
+        )
+        ctx.save_for_backward(q, k, v, out32, lse)
+        ctx.options = (scale, mask, lengths, threads)
+        return _narrow(out32, q)
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out32, lse = ctx.saved_tensors
+        scale, mask, lengths, threads = ctx.options
+        padded_dim = out32.shape[-1]
+        dq, dk, dv, _ = _cpu_kernel.load().backward(
+            _padded32(q, padded_dim),
+            _padded32(k, padded_dim),
+            _padded32(v, padded_dim),
+            out32,
+            _padded32(dout, padded_dim),
+            lse,
+            scale=scale,
+            mask=mask,
+            lengths=lengths,
+            block_q=BACKWARD_BLOCK_Q,
+            block_k=BLOCK_K,
+            threads=threads,
+        )
+        grads = (_narrow(g, t) for g, t in zip((dq, dk, dv), (q, k, v), strict=True))
+        return (*grads, None, None, None, None, None)
 
 
 class FusedCpu(Contender):
     name = "fused_cpu"
     description = "ours: C++ online-softmax attention, 256×256 tiles, skips masked blocks, no S² memory"
-    capabilities = Capabilities(devices=frozenset({"cpu"}))
+    capabilities = Capabilities(devices=frozenset({"cpu"}), backward=True)
 
     def availability(self) -> str | None:
         return _cpu_kernel.unavailable_reason()

@@ -1,5 +1,6 @@
 """fused_cpu: correct on every mask, GQA, odd head dims, Sq ≠ Sk, across block boundaries, in fp32 and
-bf16; skips masked blocks; small working memory; unavailable with a reason when it cannot be built."""
+bf16, forward and backward; skips masked blocks; small working memory; unavailable with a reason when it
+cannot be built."""
 
 import os
 import stat
@@ -42,6 +43,44 @@ def test_half_precision_inputs(dtype, mask):
     assert prepared.check.ok, prepared.check.reason
     output = prepared.fn()
     assert isinstance(output, torch.Tensor) and output.dtype == getattr(torch, dtype)
+
+
+# (batch, heads, kv_heads, seq_q, seq_k, head_dim) for the backward: GQA 4/2 and 4/1, head_dim 50 and 96,
+# Sq ≠ Sk both ways, blocks of 64 query rows and 256 keys crossed with ragged ends
+BACKWARD_SHAPES = [
+    (2, 4, 2, 300, 600, 64),
+    (2, 4, 1, 530, 270, 50),
+    (1, 2, 2, 257, 257, 96),
+    (1, 1, 1, 20, 33, 200),
+]
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", BACKWARD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gradients_match_float64(mask, shape):
+    prepared = prepare_checked("fused_cpu", Workload(*shape, mask=mask, pass_="fwd_bwd"))
+    assert prepared.check.ok and prepared.grad_check is not None and prepared.grad_check.ok, prepared.reason
+    assert prepared.grad_check.grad_err < 1e-5
+
+
+@pytest.mark.parametrize(("dtype", "pass_"), [("bfloat16", "bwd"), ("float16", "fwd_bwd")])
+def test_half_precision_gradients(dtype, pass_):
+    prepared = prepare_checked("fused_cpu", Workload(2, 4, 2, 130, 300, 64, dtype=dtype, mask="causal", pass_=pass_))
+    assert prepared.ok, prepared.reason
+    grads = prepared.fn()
+    assert isinstance(grads, tuple) and all(g.dtype == getattr(torch, dtype) for g in grads)
+
+
+def test_gradients_of_rows_and_keys_that_see_nothing_are_zero():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, s, 16, requires_grad=True) for s in (50, 20, 20))
+    out, _ = fused_attention(q, k, v, scale=0.25, mask="padding", lengths=torch.tensor([20, 0]))
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert torch.all(dq[1] == 0) and torch.all(dk[1] == 0) and torch.all(dv[1] == 0)  # length 0: no key
+    assert dq[0].abs().sum(-1).min() > 0 and dv[0].abs().sum(-1).min() > 0
+    out, _ = fused_attention(q, k, v, scale=0.25, mask="causal_bottom_right")  # rows 0-29 see no key
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert torch.all(dq[:, :, :30] == 0) and torch.all(dv.abs().sum(-1) > 0)  # row 30 sees one key: its dq is 0 too
 
 
 def test_explicit_scale_and_one_thread():
@@ -96,7 +135,7 @@ def test_working_memory_is_a_small_fraction_of_bmm():
 def test_registered_through_the_entry_point():
     entry = registry.load()["fused_cpu"]
     assert entry.available and entry.source.startswith("entry point fused_cpu = attnbench.impls.fused_cpu:contender")
-    assert not entry.contender.capabilities.backward
+    assert entry.contender.capabilities.backward
     reason = entry.contender.unsupported_reason(Workload(1, 1, 1, 8, 8, 8, device="cuda"))
     assert reason and "device cuda" in reason
 
