@@ -7,6 +7,11 @@ mask hides completely (causal does about half the work of none). Each thread's t
 × 256 keys, the q rows, the output accumulator — fit its L2 cache; the inner products are register
 tiles of 6 rows × 64 floats, the exponential is AVX-512's scalef on a polynomial.
 
+Backward (``fused_cpu_backward.cpp``, FlashAttention-2): the forward also keeps each row's log-sum-exp; the
+backward recomputes the probabilities tile by tile from q, k and it (64 query rows × 256 keys), one work item
+per (batch, kv head, key block) owning its rows of dk and dv, dq summed from per-thread partials (no atomics,
+no second pass: see the .cpp). It runs through ``torch.autograd.Function``, so ``torch.autograd.grad`` uses it.
+
 Everything here is done in float32: bfloat16 and float16 inputs are widened on the way in (an O(S·D)
 copy) and the output narrowed on the way out. Besides that, the kernel packs kᵀ into panels of 64 keys
 in scratch memory this file allocates, and v is padded when head_dim is not a multiple of 16 — O(S·D)
@@ -183,8 +188,16 @@ class FusedCpu(Contender):
         floats += kv_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # v in float32
         floats += (q_rows + kv_rows) * w.head_dim if widened else 0  # q and k in float32
         floats += q_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # the float32 output
+        threads = torch.get_num_threads()
         per_thread = kernel.scratch_floats(min(BLOCK_Q, w.seq_q), BLOCK_K, w.head_dim, padded_dim)
-        return 4.0 * (floats + torch.get_num_threads() * per_thread)
+        if w.pass_ != "fwd":  # lse kept; the backward's scratch, padded copies and float32 gradients
+            q_shape = torch.Size((w.batch, w.heads, w.seq_q, padded_dim))
+            k_shape = torch.Size((w.batch, w.kv_heads, w.seq_k, padded_dim))
+            q, k = torch.empty(q_shape, device="meta"), torch.empty(k_shape, device="meta")
+            floats += w.batch * w.heads * w.seq_q  # lse
+            floats += kernel.backward_scratch_floats(q, k, BACKWARD_BLOCK_Q, BLOCK_K, threads)
+            floats += 3 * (q_rows + kv_rows) * padded_dim  # q, dout, dq and k, v, dk, dv at worst
+        return 4.0 * (floats + threads * per_thread)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         _cpu_kernel.load()

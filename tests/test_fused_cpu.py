@@ -132,6 +132,12 @@ def test_working_memory_is_a_small_fraction_of_bmm():
     assert fused_mb * 2**20 <= contender.predicted_extra_bytes(workload)
 
 
+def test_backward_memory_stays_within_its_model():
+    workload = Workload(1, 4, 2, 600, 520, 50, pass_="fwd_bwd")
+    prepared = prepare_checked("fused_cpu", workload)
+    assert 0 < peak_memory_mb(prepared.fn, "cpu") * 2**20 <= contender.predicted_extra_bytes(workload)
+
+
 def test_registered_through_the_entry_point():
     entry = registry.load()["fused_cpu"]
     assert entry.available and entry.source.startswith("entry point fused_cpu = attnbench.impls.fused_cpu:contender")
