@@ -1,5 +1,5 @@
 """Build, cache and call the fused CPU kernel (``fused_cpu_kernel.cpp`` for the forward,
-``fused_cpu_backward.cpp``, both on ``fused_cpu_tiles.h``), with no build system at all.
+``fused_cpu_backward.cpp``, ``fused_cpu_decode.cpp`` for few query rows, all on ``fused_cpu_tiles.h``), with no build system at all.
 
 The C++ sources have plain C entry points, so it needs neither torch's headers nor pybind11: one g++ call
 (about 2 s) builds a shared library that ctypes loads. The library is compiled at first use with
@@ -30,7 +30,7 @@ import torch
 from attnbench.ceilings import cache_dir
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "fused_cpu_kernel.cpp", HERE / "fused_cpu_backward.cpp")  # one library, one g++ call
+SOURCES = tuple(HERE / f"fused_cpu_{part}.cpp" for part in ("kernel", "backward", "decode"))  # one library
 HEADERS = (HERE / "fused_cpu_tiles.h",)  # part of the build's identity too
 FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-pthread")
 # Tried in order: vectors for this CPU with OpenMP, then without each (a compiler may lack either).
@@ -126,6 +126,69 @@ class Kernel:
         if status != 0:
             raise RuntimeError(f"fused_cpu kernel rejected its arguments (status {status})")
         return tiles.value
+
+    def decode_max_rows(self) -> int:
+        return int(self.library.attnbench_fused_decode_max_rows())
+
+    def decode_scratch_floats(self, q: torch.Tensor, k: torch.Tensor, padded: int, threads: int) -> int:
+        (batch, heads, seq_q), (kv_heads, seq_k) = q.shape[:3], k.shape[1:3]
+        args = (batch, heads, kv_heads, seq_q, seq_k, padded, threads)
+        return int(self.library.attnbench_fused_decode_scratch_floats(*args))
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+        *,
+        scale: float,
+        mask: str,
+        lengths: torch.Tensor | None,
+        threads: int,
+    ) -> tuple[int, int]:
+        """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D), Sq ≤ decode_max_rows(), over k (B, Hkv, Sk, D) and
+        v (B, Hkv, Sk, Dp), all float32 and contiguous, keys split across threads when B·Hkv is too few to feed
+        them (fused_cpu_decode.cpp); lse as in forward. Returns (score entries computed, key splits)."""
+        _check_float32(q=q, k=k, v=v, out=out)
+        batch, heads, seq_q, head_dim = q.shape
+        kv_heads, seq_k, padded = k.shape[1], k.shape[2], v.shape[-1]
+        if k.shape[0] != batch or heads % kv_heads or v.shape[:3] != k.shape[:3] or k.shape[3] != head_dim:
+            raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if out.shape != (batch, heads, seq_q, padded) or padded < head_dim or padded % VECTOR:
+            raise ValueError(f"out must be {(batch, heads, seq_q, padded)} with the head dim padded to {VECTOR}")
+        if lse is not None:
+            _check_float32(lse=lse)
+            if lse.shape != (batch, heads, seq_q):
+                raise ValueError(f"lse must be {(batch, heads, seq_q)}, got {tuple(lse.shape)}")
+        _check_lengths(mask, lengths, batch)
+        scratch = torch.empty(self.decode_scratch_floats(q, k, padded, threads))
+        tiles, splits = ctypes.c_int64(0), ctypes.c_int64(0)
+        status = self.library.attnbench_fused_decode(
+            q.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            out.data_ptr(),
+            None if lse is None else lse.data_ptr(),
+            batch,
+            heads,
+            kv_heads,
+            seq_q,
+            seq_k,
+            head_dim,
+            padded,
+            scale,
+            MASK_CODES[mask],
+            None if lengths is None else lengths.data_ptr(),
+            threads,
+            scratch.data_ptr(),
+            ctypes.byref(tiles),
+            ctypes.byref(splits),
+        )
+        if status != 0:
+            raise RuntimeError(f"fused_cpu decode kernel rejected its arguments (status {status})")
+        return tiles.value, splits.value
 
     def backward(
         self,
@@ -255,6 +318,16 @@ def _declare(library: ctypes.CDLL) -> None:
     backward += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
     library.attnbench_fused_backward.restype = ctypes.c_int
     library.attnbench_fused_backward.argtypes = backward
+    library.attnbench_fused_decode_max_rows.restype = i64
+    library.attnbench_fused_decode_max_rows.argtypes = []
+    library.attnbench_fused_decode_scratch_floats.restype = i64
+    library.attnbench_fused_decode_scratch_floats.argtypes = [i64] * 7
+    decode: list[type] = [ptr] * 5  # q, k, v, out, lse
+    decode += [i64] * 7  # batch, heads, kv_heads, seq_q, seq_k, head_dim, dp
+    decode += [ctypes.c_float, i64, ptr, i64]  # scale, mask, lengths, nthreads
+    decode += [ptr, ctypes.POINTER(i64), ctypes.POINTER(i64)]  # scratch, tiles, splits
+    library.attnbench_fused_decode.restype = ctypes.c_int
+    library.attnbench_fused_decode.argtypes = decode
 
 
 def load() -> Kernel:

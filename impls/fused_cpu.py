@@ -90,10 +90,13 @@ def _forward(
     block_q = min(BLOCK_Q, seq_q)
     q32 = q.detach().to(torch.float32).contiguous()
     k32 = k.detach().to(torch.float32).contiguous()
-    kt = torch.empty(batch * kv_heads * kernel.packed_keys(seq_k) * head_dim)  # the kernel packs kᵀ here
     v32 = _padded32(v, padded_dim)
     out = torch.empty(batch, heads, seq_q, padded_dim, dtype=torch.float32)
     lse = torch.empty(batch, heads, seq_q, dtype=torch.float32) if keep_lse else None
+    if seq_q <= kernel.decode_max_rows():  # bandwidth-bound: k and v read once, keys split across threads
+        tiles, _ = kernel.decode(q32, k32, v32, out, lse, scale=scale, mask=mask, lengths=lengths, threads=threads)
+        return out, lse, tiles
+    kt = torch.empty(batch * kv_heads * kernel.packed_keys(seq_k) * head_dim)  # the kernel packs kᵀ here
     scratch = torch.empty(threads * kernel.scratch_floats(block_q, BLOCK_K, head_dim, padded_dim))
     tiles = kernel.forward(
         q32,

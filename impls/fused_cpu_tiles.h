@@ -158,8 +158,8 @@ const PvFn* const PV[TILE_ROWS] = {Row<1>::pv, Row<2>::pv, Row<3>::pv, Row<4>::p
 constexpr int PANEL = TILE_VECS * W;  // keys per packed kᵀ panel
 
 // S[rows][cols] = Q[rows][D] · Kᵀ[D][cols], Kᵀ given as consecutive (D, PANEL) panels; cols a multiple of W.
-void qk_block(const float* q, int64_t ldq, const float* panels, int64_t d_len, int64_t rows, int64_t cols, float* s,
-              int64_t lds, float* rmax) {
+inline void qk_block(const float* q, int64_t ldq, const float* panels, int64_t d_len, int64_t rows, int64_t cols,
+                     float* s, int64_t lds, float* rmax) {
   for (int64_t c = 0; c < cols; c += PANEL) {
     int nv = static_cast<int>(std::min<int64_t>(TILE_VECS, (cols - c) / W));
     const float* panel = panels + (c / PANEL) * d_len * PANEL;
@@ -172,7 +172,8 @@ void qk_block(const float* q, int64_t ldq, const float* panels, int64_t d_len, i
 
 // Panel p of kᵀ·factor for one kv head (k's rows d_len floats apart): keys [p·PANEL, (p+1)·PANEL), zeros
 // past seq_k.
-void pack_panel(const float* k, int64_t seq_k, int64_t d_len, int64_t p, float* panel, float factor = 1.f) {
+inline void pack_panel(const float* k, int64_t seq_k, int64_t d_len, int64_t p, float* panel,
+                       float factor = 1.f) {
   for (int64_t c = 0; c < PANEL; ++c) {
     const int64_t key = p * PANEL + c;
     for (int64_t d = 0; d < d_len; ++d) panel[d * PANEL + c] = key < seq_k ? k[key * d_len + d] * factor : 0.f;
@@ -180,8 +181,8 @@ void pack_panel(const float* k, int64_t seq_k, int64_t d_len, int64_t p, float* 
 }
 
 // O[rows][Dp] += P[rows][n] · V[n][Dp], P's element (r, c) at p[r·ldp + c·ldc]; Dp a multiple of W.
-void pv_block(const float* p, int64_t ldp, int64_t ldc, const float* v, int64_t ldv, int64_t n, int64_t rows,
-              int64_t dp, float* o, int64_t ldo) {
+inline void pv_block(const float* p, int64_t ldp, int64_t ldc, const float* v, int64_t ldv, int64_t n,
+                     int64_t rows, int64_t dp, float* o, int64_t ldo) {
   for (int64_t c = 0; c < dp; c += TILE_VECS * W) {
     int nv = static_cast<int>(std::min<int64_t>(TILE_VECS, (dp - c) / W));
     for (int64_t r = 0; r < rows; r += TILE_ROWS) {

@@ -194,3 +194,58 @@ def test_lengths_of_any_integer_type_and_mismatched_shapes():
         fused_attention(q, k, v, scale=0.25, mask="padding", lengths=torch.tensor([40]))
     with pytest.raises(ValueError, match="shapes don't match"):
         fused_attention(q, k[..., :8], v, scale=0.25)
+
+
+def _attention64(q, k, v, scale, visible):
+    """float64 softmax(q·kᵀ·scale + mask)·v with GQA by index; visible (B, 1, Sq, Sk) bool; empty rows → 0."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = (q.double() @ k.transpose(-1, -2) * scale).masked_fill(~visible, float("-inf"))
+    return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v
+
+
+# (batch, heads, kv_heads, seq_q, seq_k, head_dim, mask, lengths, splits the kernel should choose)
+DECODE_CASES = [
+    (1, 4, 1, 1, 3000, 128, "none", None, 5),  # one kv head: keys split 5 ways (≥ 512 keys each) and merged
+    (1, 8, 2, 4, 2100, 64, "causal_bottom_right", None, 4),  # rows 0-3 see 2097-2100 keys
+    (3, 4, 2, 1, 1100, 50, "padding", [1100, 333, 0], 2),  # per-sequence cache lengths, one empty
+    (1, 2, 2, 16, 700, 64, "causal_bottom_right", None, 1),  # 16 rows, no split (700 keys < 2 × 512)
+    (2, 32, 8, 1, 600, 96, "none", None, 1),  # B·Hkv = 16 items feed the threads: no split
+]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"{c[6]}-Sq{c[3]}-Sk{c[4]}-split{c[8]}")
+def test_decode_splits_keys_and_matches_float64(case):
+    batch, heads, kv_heads, seq_q, seq_k, head_dim, mask, lengths, splits = case
+    kernel = _cpu_kernel.load()
+    assert seq_q <= kernel.decode_max_rows()
+    torch.manual_seed(0)
+    q = torch.randn(batch, heads, seq_q, head_dim)
+    k, v = torch.randn(batch, kv_heads, seq_k, head_dim), torch.randn(batch, kv_heads, seq_k, head_dim)
+    padded = -(-head_dim // 16) * 16
+    v_padded = torch.nn.functional.pad(v, (0, padded - head_dim))
+    out, lse = torch.empty(batch, heads, seq_q, padded), torch.empty(batch, heads, seq_q)
+    key_lengths = None if lengths is None else torch.tensor(lengths)
+    tiles, chosen = kernel.decode(q, k, v_padded, out, lse, scale=0.1, mask=mask, lengths=key_lengths, threads=2)
+    rows, keys = torch.arange(seq_q)[:, None], torch.arange(seq_k)[None, :]
+    if mask == "padding":
+        visible = (keys < key_lengths[:, None, None])[:, None]
+    elif mask == "causal_bottom_right":
+        visible = (keys <= rows + seq_k - seq_q)[None, None]
+    else:
+        visible = torch.ones(1, 1, seq_q, seq_k, dtype=torch.bool)
+    expected = _attention64(q, k, v, 0.1, visible)
+    assert chosen == splits
+    assert (out[..., :head_dim].double() - expected).abs().max() < 1e-5
+    assert tiles == int(visible.expand(batch, 1, seq_q, seq_k).sum()) * heads  # every visible score, once
+    scores = (q.double() @ k.double().repeat_interleave(heads // kv_heads, 1).transpose(-1, -2) * 0.1).masked_fill(
+        ~visible, float("-inf")
+    )
+    assert torch.allclose(lse.double(), torch.logsumexp(scores, -1), atol=1e-5)  # -inf for the empty sequence
+
+
+@pytest.mark.parametrize("mask", ["padding", "causal_bottom_right"])
+def test_decode_shapes_through_the_harness_forward_and_backward(mask):
+    for pass_ in ("fwd", "fwd_bwd"):
+        prepared = prepare_checked("fused_cpu", Workload(2, 8, 2, 4, 1300, 64, mask=mask, pass_=pass_))
+        assert prepared.ok, prepared.reason
