@@ -1,5 +1,5 @@
-"""Build, cache and call the fused CPU kernel (``fused_cpu_kernel.cpp`` for the forward,
-``fused_cpu_backward.cpp``, ``fused_cpu_decode.cpp`` for few query rows, all on ``fused_cpu_tiles.h``), with no build system at all.
+"""Build, cache and call the fused CPU kernel, with no build system at all: ``fused_cpu_kernel.cpp`` (forward),
+``fused_cpu_backward.cpp``, ``fused_cpu_decode.cpp`` (forward for few query rows), on ``fused_cpu_tiles.h``.
 
 The C++ sources have plain C entry points, so it needs neither torch's headers nor pybind11: one g++ call
 (about 2 s) builds a shared library that ctypes loads. The library is compiled at first use with
