@@ -31,7 +31,7 @@ from attnbench.ceilings import cache_dir
 
 HERE = Path(__file__).parent
 SOURCES = tuple(HERE / f"fused_cpu_{part}.cpp" for part in ("kernel", "backward", "decode"))  # one library
-HEADERS = (HERE / "fused_cpu_tiles.h",)  # part of the build's identity too
+HEADERS = (HERE / "fused_cpu_tiles.h", HERE / "fused_cpu_bf16.h")  # part of the build's identity too
 FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-pthread")
 # Tried in order: vectors for this CPU with OpenMP, then without each (a compiler may lack either).
 VARIANTS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
@@ -125,6 +125,73 @@ class Kernel:
         )
         if status != 0:
             raise RuntimeError(f"fused_cpu kernel rejected its arguments (status {status})")
+        return tiles.value
+
+    def has_bf16(self) -> bool:
+        """Whether this build has the bfloat16 forward (AVX512-BF16 dot products)."""
+        return bool(self.library.attnbench_fused_has_bf16())
+
+    def forward_bf16(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+        *,
+        scale: float,
+        mask: str,
+        lengths: torch.Tensor | None,
+        block_q: int,
+        block_k: int,
+        threads: int,
+    ) -> int:
+        """out (B, H, Sq, Dp) float32 = attention of bfloat16 q (B, H, Sq, D) over k, v (B, Hkv, Sk, D), D even, all
+        contiguous, with AVX512-BF16 dot products and float32 softmax and accumulators; lse as in forward.
+        Returns the number of score entries computed."""
+        for name, t in {"q": q, "k": k, "v": v}.items():
+            if t.dtype != torch.bfloat16 or not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError(f"{name} must be a contiguous bfloat16 CPU tensor")
+        _check_float32(out=out)
+        batch, heads, seq_q, head_dim = q.shape
+        kv_heads, seq_k, padded = k.shape[1], k.shape[2], out.shape[-1]
+        if k.shape[0] != batch or heads % kv_heads or v.shape != k.shape or k.shape[3] != head_dim or head_dim % 2:
+            raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if out.shape != (batch, heads, seq_q, padded) or padded < head_dim or padded % VECTOR:
+            raise ValueError(f"out must be {(batch, heads, seq_q, padded)} with the head dim padded to {VECTOR}")
+        if lse is not None:
+            _check_float32(lse=lse)
+        _check_lengths(mask, lengths, batch)
+        keys = batch * kv_heads * self.packed_keys(seq_k)
+        kt16, v16 = torch.empty(keys * head_dim, dtype=torch.bfloat16), torch.empty(keys * padded, dtype=torch.bfloat16)
+        scratch = torch.empty(threads * self.scratch_floats(block_q, block_k, head_dim, padded))
+        tiles = ctypes.c_int64(0)
+        status = self.library.attnbench_fused_forward_bf16(
+            q.data_ptr(),
+            k.data_ptr(),
+            kt16.data_ptr(),
+            v.data_ptr(),
+            v16.data_ptr(),
+            out.data_ptr(),
+            None if lse is None else lse.data_ptr(),
+            batch,
+            heads,
+            kv_heads,
+            seq_q,
+            seq_k,
+            head_dim,
+            padded,
+            scale,
+            MASK_CODES[mask],
+            None if lengths is None else lengths.data_ptr(),
+            block_q,
+            block_k,
+            threads,
+            scratch.data_ptr(),
+            ctypes.byref(tiles),
+        )
+        if status != 0:
+            raise RuntimeError(f"fused_cpu bf16 kernel rejected its arguments (status {status})")
         return tiles.value
 
     def decode_max_rows(self) -> int:
@@ -318,6 +385,15 @@ def _declare(library: ctypes.CDLL) -> None:
     backward += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
     library.attnbench_fused_backward.restype = ctypes.c_int
     library.attnbench_fused_backward.argtypes = backward
+    library.attnbench_fused_has_bf16.restype = ctypes.c_int
+    library.attnbench_fused_has_bf16.argtypes = []
+    bf16: list[type] = [ptr] * 7  # q, k, kt16, v, v16, out, lse
+    bf16 += [i64] * 7  # batch, heads, kv_heads, seq_q, seq_k, head_dim, dp
+    bf16 += [ctypes.c_float, i64, ptr]  # scale, mask, lengths
+    bf16 += [i64] * 3  # block_q, block_k, nthreads
+    bf16 += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
+    library.attnbench_fused_forward_bf16.restype = ctypes.c_int
+    library.attnbench_fused_forward_bf16.argtypes = bf16
     library.attnbench_fused_decode_max_rows.restype = i64
     library.attnbench_fused_decode_max_rows.argtypes = []
     library.attnbench_fused_decode_scratch_floats.restype = i64

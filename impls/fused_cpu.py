@@ -12,20 +12,30 @@ backward recomputes the probabilities tile by tile from q, k and it (64 query ro
 per (batch, kv head, key block) owning its rows of dk and dv, dq summed from per-thread partials (no atomics,
 no second pass: see the .cpp). It runs through ``torch.autograd.Function``, so ``torch.autograd.grad`` uses it.
 
-Everything here is done in float32: bfloat16 and float16 inputs are widened on the way in (an O(S·D)
-copy) and the output narrowed on the way out. Besides that, the kernel packs kᵀ into panels of 64 keys
-in scratch memory this file allocates, and v is padded when head_dim is not a multiple of 16 — O(S·D)
-too. All of it happens inside the timed call, because the mha module rewrites q, k and v before each call.
+bfloat16 (``fused_cpu_bf16.h``): where the build targets AVX512-BF16 (``-march=native`` on such a CPU), the
+forward's two products are ``vdpbf16ps`` dot products of bf16 pairs (q read as is, kᵀ and v packed in pairs,
+P rounded to bf16 before P·V as FlashAttention does on GPUs) with float32 softmax and accumulators. Setting
+``ATTNBENCH_FUSED_CPU_ISA=fp32`` forces the float32 path instead (what a CPU without AVX512-BF16 takes).
+float16 is always widened to float32 (``vcvtph2ps``, exact): there is no AVX512-FP16 here, and rounding fp16
+to bf16 would drop 3 bits of every input. Widening is an O(S·D) copy on the way in, as is the packing of kᵀ
+into panels of 64 keys in scratch memory this file allocates and v's padding when head_dim is not a multiple
+of 16; all of it happens inside the timed call, because the mha module rewrites q, k and v before each call.
+
+Decode (``fused_cpu_decode.cpp``): with at most 16 query rows, one work item per (batch, kv head, key split)
+takes the whole GQA group, reads k and v once straight from the caller's tensors, and splits the keys across
+threads (merging the partial max, sum and output) when B·Hkv items are too few to feed them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from attnbench.contender import Capabilities, Contender
+from attnbench.errors import UsageError
 from attnbench.impls import _cpu_kernel
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
@@ -88,12 +98,18 @@ def _forward(
     kv_heads, seq_k = k.shape[1], k.shape[2]
     padded_dim = _round_up(head_dim, _cpu_kernel.VECTOR)
     block_q = min(BLOCK_Q, seq_q)
-    q32 = q.detach().to(torch.float32).contiguous()
-    k32 = k.detach().to(torch.float32).contiguous()
-    v32 = _padded32(v, padded_dim)
     out = torch.empty(batch, heads, seq_q, padded_dim, dtype=torch.float32)
     lse = torch.empty(batch, heads, seq_q, dtype=torch.float32) if keep_lse else None
-    if seq_q <= kernel.decode_max_rows():  # bandwidth-bound: k and v read once, keys split across threads
+    decode = seq_q <= kernel.decode_max_rows()  # bandwidth-bound: k and v read once, keys split across threads
+    if not decode and isa(q.dtype) == "avx512_bf16":
+        q16, k16, v16 = (_even_dim(t.detach().contiguous()) for t in (q, k, v))
+        options = {"block_q": block_q, "block_k": BLOCK_K, "threads": threads}
+        tiles = kernel.forward_bf16(q16, k16, v16, out, lse, scale=scale, mask=mask, lengths=lengths, **options)
+        return out, lse, tiles
+    q32 = q.detach().to(torch.float32).contiguous()  # the float32 paths from here on (no copy for float32)
+    k32 = k.detach().to(torch.float32).contiguous()
+    v32 = _padded32(v, padded_dim)
+    if decode:
         tiles, _ = kernel.decode(q32, k32, v32, out, lse, scale=scale, mask=mask, lengths=lengths, threads=threads)
         return out, lse, tiles
     kt = torch.empty(batch * kv_heads * kernel.packed_keys(seq_k) * head_dim)  # the kernel packs kᵀ here
@@ -114,6 +130,27 @@ def _forward(
         scratch=scratch,
     )
     return out, lse, tiles
+
+
+ISA_VARIABLE = "ATTNBENCH_FUSED_CPU_ISA"
+
+
+def isa(dtype: torch.dtype) -> str:
+    """The instructions fused_cpu's forward uses for inputs of this dtype (with Sq above the decode rows):
+    "avx512_bf16" for bfloat16 where the build has AVX512-BF16 dot products (vdpbf16ps) and
+    $ATTNBENCH_FUSED_CPU_ISA is not "fp32", else "fp32" (inputs widened to float32; float16 always is, since
+    this CPU family has no AVX512-FP16 and rounding fp16 to bf16 would lose 3 bits of every input)."""
+    choice = os.environ.get(ISA_VARIABLE, "auto")
+    if choice not in ("auto", "fp32"):
+        raise UsageError(f"{ISA_VARIABLE}={choice!r} is not known; allowed: auto, fp32")
+    if dtype == torch.bfloat16 and choice == "auto" and _cpu_kernel.load().has_bf16():
+        return "avx512_bf16"
+    return "fp32"
+
+
+def _even_dim(x: torch.Tensor) -> torch.Tensor:
+    """x with an odd last axis zero-padded by one (the bf16 dot products take pairs)."""
+    return x if x.shape[-1] % 2 == 0 else torch.nn.functional.pad(x, (0, 1))
 
 
 def _padded32(x: torch.Tensor, padded_dim: int) -> torch.Tensor:

@@ -23,6 +23,7 @@
 // Threads: an OpenMP team of nthreads (torch's own pool, see the end of the file; std::threads when
 // built without OpenMP) takes work items (batch, head, query block) from an atomic counter, largest first.
 
+#include "fused_cpu_bf16.h"
 #include "fused_cpu_tiles.h"
 
 namespace {
@@ -38,6 +39,8 @@ struct Problem {
   float scale_log2;  // scale · log2(e)
   RowLimits rows;  // the mask: the number of keys query row i of batch b sees, a prefix [0, limit)
   int64_t block_q, block_k;
+  // bfloat16 inputs (attnbench_fused_forward_bf16), else null: q as is, kᵀ and v packed in pairs
+  const uint16_t *q16 = nullptr, *kt16 = nullptr, *v16 = nullptr;
 
   int64_t limit(int64_t b, int64_t i) const { return rows.limit(b, i); }
 };
@@ -45,15 +48,17 @@ struct Problem {
 // Per-thread working memory, carved from the caller's buffer (torch allocates it, so the benchmark's
 // memory measurement sees it): scaled q rows, score tile, output accumulator, row max, row sum, and the
 // score tile's lane-wise row maxima.
+// With bf16 inputs the q rows are read in place and the first part holds P in bf16 instead (block_k / 2).
 int64_t scratch_floats(int64_t block_q, int64_t block_k, int64_t head_dim, int64_t dp) {
-  return block_q * (head_dim + block_k + dp + 2 + W);
+  return block_q * (std::max(head_dim, block_k / 2) + block_k + dp + 2 + W);
 }
 
 struct Scratch {
   float *q, *s, *o, *m, *l, *tile_max;
   int64_t tiles = 0;  // score entries computed, for the block-skipping check
   Scratch(const Problem& pb, float* base)
-      : q(base), s(q + pb.block_q * pb.head_dim), o(s + pb.block_q * pb.block_k), m(o + pb.block_q * pb.dp),
+      : q(base), s(q + pb.block_q * std::max(pb.head_dim, pb.block_k / 2)), o(s + pb.block_q * pb.block_k),
+        m(o + pb.block_q * pb.dp),
         l(m + pb.block_q), tile_max(l + pb.block_q) {}
 };
 
@@ -71,7 +76,8 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
   float* o = sc.o;
   int64_t key_end = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = q[r * D + d] * pb.scale_log2;
+    if (pb.q16 == nullptr)
+      for (int64_t d = 0; d < D; ++d) qs[r * D + d] = q[r * D + d] * pb.scale_log2;
     key_end = std::max(key_end, pb.limit(b, i0 + r));
     sc.m[r] = -std::numeric_limits<float>::infinity();
     sc.l[r] = 0.f;
@@ -82,7 +88,15 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
     const int64_t n = std::min(BK, key_end - c0);
     const int64_t nv = (n + W - 1) / W * W;  // kt's key axis is padded, so reading up to nv is safe
     std::fill(sc.tile_max, sc.tile_max + rows * W, -std::numeric_limits<float>::infinity());
-    qk_block(qs, D, kt + c0 * D, D, rows, nv, s, BK, sc.tile_max);  // c0 is a multiple of PANEL
+    if (pb.q16 == nullptr) {
+      qk_block(qs, D, kt + c0 * D, D, rows, nv, s, BK, sc.tile_max);  // c0 is a multiple of PANEL
+    } else {
+#ifdef ATTNBENCH_BF16
+      const int64_t kv = b * pb.kv_heads + hkv, row0 = (b * pb.heads + h) * pb.seq_q + i0;
+      qk_block_bf16(pb.q16 + row0 * D, D, pb.kt16 + (kv * pb.skp + c0) * D, D, rows, nv, pb.scale_log2, s, BK,
+                    sc.tile_max);
+#endif
+    }
     sc.tiles += rows * nv;
     for (int64_t r = 0; r < rows; ++r) {
       float* sr = s + r * BK;
@@ -125,7 +139,14 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
       }
       sc.m[r] = row_max;
     }
-    pv_block(s, BK, 1, v + c0 * Dp, Dp, n, rows, Dp, o, Dp);
+    if (pb.q16 == nullptr) {
+      pv_block(s, BK, 1, v + c0 * Dp, Dp, n, rows, Dp, o, Dp);
+    } else {
+#ifdef ATTNBENCH_BF16
+      const int64_t kv = b * pb.kv_heads + hkv;
+      pv_block_bf16(s, BK, reinterpret_cast<uint16_t*>(sc.q), pb.v16 + (kv * pb.skp + c0) * Dp, n, rows, Dp, o);
+#endif
+    }
   }
 
   for (int64_t r = 0; r < rows; ++r) {
@@ -137,6 +158,71 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
           sc.l[r] > 0.f ? (sc.m[r] + std::log2(sc.l[r])) * 0.6931471805599453f
                         : -std::numeric_limits<float>::infinity();
   }
+}
+
+bool valid(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim,
+           int64_t dp, int64_t mask, const int64_t* lengths, int64_t block_q, int64_t block_k, int64_t nthreads,
+           const float* scratch) {
+  return batch >= 1 && heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0 && seq_q >= 1 && seq_k >= 1 &&
+         head_dim >= 1 && dp >= head_dim && dp % W == 0 && block_q >= 1 && block_k >= PANEL &&
+         block_k % PANEL == 0 && mask >= NONE && mask <= PADDING && (mask != PADDING || lengths != nullptr) &&
+         nthreads >= 1 && scratch != nullptr;
+}
+
+// Packs (pack(p) for p in [0, packs), shared over the team), then the work items (batch, head, query
+// block), largest first, from an atomic counter. Returns 0, or 2 when the work list could not be allocated.
+template <typename Pack>
+int launch(const Problem& pb, int64_t packs, Pack pack, int64_t nthreads, float* scratch, int64_t* tiles) {
+  struct Item {
+    int64_t b, h, i0, cost;
+  };
+  std::vector<Item> items;
+  try {
+    const int64_t blocks = (pb.seq_q + pb.block_q - 1) / pb.block_q;
+    items.reserve(pb.batch * pb.heads * blocks);
+    for (int64_t b = 0; b < pb.batch; ++b)
+      for (int64_t i = 0; i < blocks; ++i) {
+        const int64_t i0 = i * pb.block_q, last = std::min(pb.seq_q, i0 + pb.block_q) - 1;
+        const int64_t keys = std::max(pb.limit(b, i0), pb.limit(b, last));
+        for (int64_t h = 0; h < pb.heads; ++h) items.push_back({b, h, i0, keys * (last - i0 + 1)});
+      }
+  } catch (...) {
+    return 2;
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> computed{0};
+  const int64_t per_thread = scratch_floats(pb.block_q, pb.block_k, pb.head_dim, pb.dp);
+  auto worker = [&](int64_t t) {
+    Scratch sc(pb, scratch + t * per_thread);
+    for (int64_t k; (k = next.fetch_add(1)) < static_cast<int64_t>(items.size());)
+      run_item(pb, items[k].b, items[k].h, items[k].i0, sc);
+    computed += sc.tiles;
+  };
+  const int64_t team = std::min<int64_t>(nthreads, static_cast<int64_t>(items.size()));
+#ifdef _OPENMP
+  // torch's own OpenMP runtime (libgomp.so.1 is already loaded by torch, so this library binds to it):
+  // the team is torch's intra-op pool, hot and not competing with it for the cores.
+#pragma omp parallel num_threads(static_cast<int>(team))
+  {
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < packs; ++p) pack(p);  // all of the packing, then the for's barrier
+    worker(omp_get_thread_num());
+  }
+#else
+  for (int64_t p = 0; p < packs; ++p) pack(p);
+  std::vector<std::thread> threads;
+  try {
+    for (int64_t t = 1; t < team; ++t) threads.emplace_back(worker, t);
+  } catch (...) {
+    // fewer threads than asked: the ones that started (and this one) still finish every item
+  }
+  worker(0);
+  for (auto& t : threads) t.join();
+#endif
+  if (tiles != nullptr) *tiles = computed.load();
+  return 0;
 }
 
 }  // namespace
@@ -157,72 +243,65 @@ int64_t attnbench_fused_packed_keys(int64_t seq_k) { return (seq_k + PANEL - 1) 
 
 int attnbench_fused_forward(const float* q, const float* k, float* kt, const float* v, float* out, float* lse,
                             int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q, int64_t seq_k,
-                            int64_t head_dim, int64_t dp,
-                            float scale, int64_t mask, const int64_t* lengths, int64_t block_q, int64_t block_k,
-                            int64_t nthreads, float* scratch, int64_t* tiles) {
-  if (batch < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 || head_dim < 1 ||
-      dp < head_dim || dp % W != 0 || block_q < 1 || block_k < PANEL || block_k % PANEL != 0 ||
-      mask < NONE || mask > PADDING || (mask == PADDING && lengths == nullptr) || nthreads < 1 ||
-      scratch == nullptr)
+                            int64_t head_dim, int64_t dp, float scale, int64_t mask, const int64_t* lengths,
+                            int64_t block_q, int64_t block_k, int64_t nthreads, float* scratch, int64_t* tiles) {
+  if (!valid(batch, heads, kv_heads, seq_q, seq_k, head_dim, dp, mask, lengths, block_q, block_k, nthreads, scratch))
     return 1;
-  const int64_t skp = attnbench_fused_packed_keys(seq_k), panels = batch * kv_heads * (skp / PANEL);
+  const int64_t skp = attnbench_fused_packed_keys(seq_k), per_head = skp / PANEL;
   const Problem pb{q, k, kt, v, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
                    scale * 1.4426950408889634f, RowLimits{mask, seq_q, seq_k, lengths}, block_q, block_k};
-
-  struct Item {
-    int64_t b, h, i0, cost;
-  };
-  std::vector<Item> items;
-  try {
-    const int64_t blocks = (seq_q + block_q - 1) / block_q;
-    items.reserve(batch * heads * blocks);
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t i = 0; i < blocks; ++i) {
-        const int64_t i0 = i * block_q, last = std::min(seq_q, i0 + block_q) - 1;
-        const int64_t keys = std::max(pb.limit(b, i0), pb.limit(b, last));
-        for (int64_t h = 0; h < heads; ++h) items.push_back({b, h, i0, keys * (last - i0 + 1)});
-      }
-  } catch (...) {
-    return 2;
-  }
-  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
-
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> computed{0};
-  const int64_t per_thread = scratch_floats(block_q, block_k, head_dim, dp);
-  auto worker = [&](int64_t t) {
-    Scratch sc(pb, scratch + t * per_thread);
-    for (int64_t k; (k = next.fetch_add(1)) < static_cast<int64_t>(items.size());)
-      run_item(pb, items[k].b, items[k].h, items[k].i0, sc);
-    computed += sc.tiles;
-  };
-  const int64_t per_head = skp / PANEL;
   auto pack = [&](int64_t p) {  // panel p % per_head of kv head p / per_head
     pack_panel(k + (p / per_head) * seq_k * head_dim, seq_k, head_dim, p % per_head, kt + p * PANEL * head_dim);
   };
-  const int64_t team = std::min<int64_t>(nthreads, static_cast<int64_t>(items.size()));
-#ifdef _OPENMP
-  // torch's own OpenMP runtime (libgomp.so.1 is already loaded by torch, so this library binds to it):
-  // the team is torch's intra-op pool, hot and not competing with it for the cores.
-#pragma omp parallel num_threads(static_cast<int>(team))
-  {
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < panels; ++p) pack(p);  // all of kt, then the for's barrier
-    worker(omp_get_thread_num());
-  }
+  return launch(pb, batch * kv_heads * per_head, pack, nthreads, scratch, tiles);
+}
+
+// 1 when this build has the bfloat16 forward (AVX512-BF16), else 0.
+int attnbench_fused_has_bf16() {
+#ifdef ATTNBENCH_BF16
+  return 1;
 #else
-  for (int64_t p = 0; p < panels; ++p) pack(p);
-  std::vector<std::thread> threads;
-  try {
-    for (int64_t t = 1; t < team; ++t) threads.emplace_back(worker, t);
-  } catch (...) {
-    // fewer threads than asked: the ones that started (and this one) still finish every item
-  }
-  worker(0);
-  for (auto& t : threads) t.join();
-#endif
-  if (tiles != nullptr) *tiles = computed.load();
   return 0;
+#endif
+}
+
+// As attnbench_fused_forward for bfloat16 q (B, H, Sq, D), k and v (B, Hkv, Sk, D), D even, all given as raw
+// bits; kt16 and v16 are scratch of B·Hkv·packed_keys(Sk)·D and ·Dp bf16 the kernel packs into. out is
+// float32 (B, H, Sq, Dp). Returns 3 when this build has no bf16 forward.
+int attnbench_fused_forward_bf16(const uint16_t* q, const uint16_t* k, uint16_t* kt16, const uint16_t* v,
+                                 uint16_t* v16, float* out, float* lse, int64_t batch, int64_t heads,
+                                 int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim, int64_t dp,
+                                 float scale, int64_t mask, const int64_t* lengths, int64_t block_q, int64_t block_k,
+                                 int64_t nthreads, float* scratch, int64_t* tiles) {
+#ifdef ATTNBENCH_BF16
+  if (!valid(batch, heads, kv_heads, seq_q, seq_k, head_dim, dp, mask, lengths, block_q, block_k, nthreads,
+             scratch) ||
+      head_dim % 2 != 0)
+    return 1;
+  const int64_t skp = attnbench_fused_packed_keys(seq_k), per_head = skp / PANEL, kv = batch * kv_heads;
+  Problem pb{nullptr, nullptr, nullptr, nullptr, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
+             scale * 1.4426950408889634f, RowLimits{mask, seq_q, seq_k, lengths}, block_q, block_k};
+  pb.q16 = q;
+  pb.kt16 = kt16;
+  pb.v16 = v16;
+  const int64_t pairs = skp / 2;
+  auto pack = [&](int64_t p) {  // kᵀ panel p, or for p ≥ the panels, a run of PANEL / 2 key pairs of v
+    if (p < kv * per_head) {
+      pack_panel_bf16(k + (p / per_head) * seq_k * head_dim, seq_k, head_dim, p % per_head,
+                      kt16 + p * PANEL * head_dim);
+      return;
+    }
+    const int64_t run = p - kv * per_head, head = run / per_head;
+    for (int64_t c = run % per_head * (PANEL / 2); c < (run % per_head + 1) * (PANEL / 2); ++c)
+      pack_pair_bf16(v + head * seq_k * head_dim, seq_k, head_dim, dp, c, v16 + (head * pairs + c) * dp * 2);
+  };
+  return launch(pb, 2 * kv * per_head, pack, nthreads, scratch, tiles);
+#else
+  (void)q, (void)k, (void)kt16, (void)v, (void)v16, (void)out, (void)lse, (void)batch, (void)heads, (void)kv_heads;
+  (void)seq_q, (void)seq_k, (void)head_dim, (void)dp, (void)scale, (void)mask, (void)lengths, (void)block_q;
+  (void)block_k, (void)nthreads, (void)scratch, (void)tiles;
+  return 3;
+#endif
 }
 
 }  // extern "C"

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from attnbench import registry
+from attnbench.errors import UsageError
 from attnbench.impls import _cpu_kernel
-from attnbench.impls.fused_cpu import BLOCK_K, BLOCK_Q, contender, fused_attention
+from attnbench.impls.fused_cpu import BLOCK_K, BLOCK_Q, contender, fused_attention, isa
 from attnbench.memory import peak_memory_mb
 from attnbench.runner import prepare_checked
 from attnbench.workload import Workload
@@ -81,6 +82,38 @@ def test_gradients_of_rows_and_keys_that_see_nothing_are_zero():
     out, _ = fused_attention(q, k, v, scale=0.25, mask="causal_bottom_right")  # rows 0-29 see no key
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     assert torch.all(dq[:, :, :30] == 0) and torch.all(dv.abs().sum(-1) > 0)  # row 30 sees one key: its dq is 0 too
+
+
+HAS_BF16 = _cpu_kernel.unavailable_reason() is None and _cpu_kernel.load().has_bf16()
+
+
+@pytest.mark.parametrize("forced", [None, "fp32"])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 300, 600, 64), (1, 3, 1, 270, 130, 17)], ids=["gqa", "odd-dim"])
+@pytest.mark.parametrize("mask", MASKS)
+def test_bf16_native_and_forced_fallback_match_float64(monkeypatch, forced, shape, mask):
+    if forced:
+        monkeypatch.setenv("ATTNBENCH_FUSED_CPU_ISA", forced)
+    expected = "avx512_bf16" if HAS_BF16 and forced is None else "fp32"
+    assert isa(torch.bfloat16) == expected and isa(torch.float16) == "fp32" and isa(torch.float32) == "fp32"
+    prepared = prepare_checked("fused_cpu", Workload(*shape, dtype="bfloat16", mask=mask))
+    assert prepared.check.ok, prepared.check.reason
+
+
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU or compiler has no AVX512-BF16")
+def test_bf16_dot_products_round_like_bf16_not_like_fp32(monkeypatch):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 300, 64).bfloat16() for _ in range(3))
+    native, _ = fused_attention(q, k, v, scale=0.125)
+    monkeypatch.setenv("ATTNBENCH_FUSED_CPU_ISA", "fp32")
+    widened, _ = fused_attention(q, k, v, scale=0.125)
+    difference = float((native.float() - widened.float()).abs().max())
+    assert 0 < difference < 2e-2  # two different paths (P rounded to bf16 in one), both within bf16's tolerance
+
+
+def test_unknown_isa_is_a_usage_error(monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_FUSED_CPU_ISA", "avx9000")
+    with pytest.raises(UsageError, match="ATTNBENCH_FUSED_CPU_ISA='avx9000' is not known; allowed: auto, fp32"):
+        isa(torch.bfloat16)
 
 
 def test_explicit_scale_and_one_thread():
