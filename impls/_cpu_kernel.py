@@ -36,8 +36,44 @@ FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-pthread")
 # Tried in order: vectors for this CPU with OpenMP, then without each (a compiler may lack either).
 VARIANTS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
 COMPILE_TIMEOUT_S = 180
-MASK_CODES = {"none": 0, "causal": 1, "causal_bottom_right": 2, "padding": 3}
+MASK_CODES = {"none": 0, "causal": 1, "causal_bottom_right": 2, "padding": 3, "ranges": 4}  # ranges: forward only
 VECTOR = 16  # floats per vector in the kernel: the head dim of v is padded to it
+
+
+class ForwardExtras(ctypes.Structure):
+    """fused_cpu_kernel.cpp's ForwardExtras: per-row key ranges (mask "ranges"), softcap, ALiBi slopes."""
+
+    _fields_ = [
+        ("lo", ctypes.c_void_p),
+        ("hi", ctypes.c_void_p),
+        ("softcap", ctypes.c_float),
+        ("alibi", ctypes.c_void_p),
+    ]
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    """What the forward takes beyond the masks: ``ranges`` (lo, hi), each (B, Sq) int64, row i of batch b
+    seeing keys [lo, hi) (with mask "ranges"); ``softcap`` (scores ← softcap·tanh(scores / softcap));
+    ``alibi`` (H float32 slopes: scores −= slope_h·|i + Sk − Sq − j|). Scores are q·kᵀ·scale."""
+
+    ranges: tuple[torch.Tensor, torch.Tensor] | None = None
+    softcap: float | None = None
+    alibi: torch.Tensor | None = None
+
+    def structure(self, batch: int, heads: int, seq_q: int) -> ForwardExtras:
+        lo = hi = None
+        if self.ranges is not None:
+            lo, hi = self.ranges
+            for bound in (lo, hi):
+                if bound.dtype != torch.int64 or bound.shape != (batch, seq_q) or not bound.is_contiguous():
+                    raise ValueError(f"key ranges must be contiguous int64 of shape ({batch}, {seq_q})")
+        if self.alibi is not None and (self.alibi.dtype != torch.float32 or self.alibi.shape != (heads,)):
+            raise ValueError(f"alibi slopes must be float32 of shape ({heads},)")
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"softcap must be positive, got {self.softcap}")
+        pointers = [None if t is None else t.data_ptr() for t in (lo, hi, self.alibi)]
+        return ForwardExtras(pointers[0], pointers[1], self.softcap or 0.0, pointers[2])
 
 
 class BuildError(RuntimeError):
@@ -78,6 +114,7 @@ class Kernel:
         block_k: int,
         threads: int,
         scratch: torch.Tensor,
+        options: ScoreOptions | None = None,
     ) -> int:
         """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D) over k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dp), all
         float32 and contiguous; kt is scratch for B·Hkv·packed_keys(Sk)·D floats; lse (B, H, Sq), when given,
@@ -117,6 +154,7 @@ class Kernel:
             scale,
             MASK_CODES[mask],
             None if lengths is None else lengths.data_ptr(),
+            None if options is None else ctypes.byref(options.structure(batch, heads, seq_q)),
             block_q,
             block_k,
             threads,
@@ -145,6 +183,7 @@ class Kernel:
         block_q: int,
         block_k: int,
         threads: int,
+        options: ScoreOptions | None = None,
     ) -> int:
         """out (B, H, Sq, Dp) float32 = attention of bfloat16 q (B, H, Sq, D) over k, v (B, Hkv, Sk, D), D even, all
         contiguous, with AVX512-BF16 dot products and float32 softmax and accumulators; lse as in forward.
@@ -184,6 +223,7 @@ class Kernel:
             scale,
             MASK_CODES[mask],
             None if lengths is None else lengths.data_ptr(),
+            None if options is None else ctypes.byref(options.structure(batch, heads, seq_q)),
             block_q,
             block_k,
             threads,
@@ -371,7 +411,7 @@ def _declare(library: ctypes.CDLL) -> None:
     library.attnbench_fused_packed_keys.argtypes = [i64]
     forward: list[type] = [ptr] * 6  # q, k, kt, v, out, lse
     forward += [i64] * 7  # batch, heads, kv_heads, seq_q, seq_k, head_dim, dp
-    forward += [ctypes.c_float, i64, ptr]  # scale, mask, lengths
+    forward += [ctypes.c_float, i64, ptr, ctypes.POINTER(ForwardExtras)]  # scale, mask, lengths, extras
     forward += [i64] * 3  # block_q, block_k, nthreads
     forward += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
     library.attnbench_fused_forward.restype = ctypes.c_int
@@ -389,7 +429,7 @@ def _declare(library: ctypes.CDLL) -> None:
     library.attnbench_fused_has_bf16.argtypes = []
     bf16: list[type] = [ptr] * 7  # q, k, kt16, v, v16, out, lse
     bf16 += [i64] * 7  # batch, heads, kv_heads, seq_q, seq_k, head_dim, dp
-    bf16 += [ctypes.c_float, i64, ptr]  # scale, mask, lengths
+    bf16 += [ctypes.c_float, i64, ptr, ctypes.POINTER(ForwardExtras)]  # scale, mask, lengths, extras
     bf16 += [i64] * 3  # block_q, block_k, nthreads
     bf16 += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
     library.attnbench_fused_forward_bf16.restype = ctypes.c_int

@@ -37,6 +37,7 @@ import torch
 from attnbench.contender import Capabilities, Contender
 from attnbench.errors import UsageError
 from attnbench.impls import _cpu_kernel
+from attnbench.impls._cpu_kernel import ScoreOptions
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
@@ -58,19 +59,26 @@ def fused_attention(
     mask: str = "none",
     lengths: torch.Tensor | None = None,
     threads: int | None = None,
+    options: ScoreOptions | None = None,
 ) -> tuple[torch.Tensor, int]:
     """softmax(q·kᵀ·scale + mask)·v for q (B, H, Sq, D) and k, v (B, Hkv, Sk, D) on the CPU, H a multiple of
     Hkv; ``lengths`` (one per batch element, any integer dtype) for the padding mask. Returns the output, in
     q's dtype, and the number of score entries the kernel computed (how block skipping shows). When autograd
-    records (grad enabled and q, k or v requiring grad), the output's backward is the fused backward kernel."""
+    records (grad enabled and q, k or v requiring grad), the output's backward is the fused backward kernel.
+    ``options`` (per-row key ranges with mask "ranges", softcap, ALiBi: see ``_cpu_kernel.ScoreOptions``) are
+    forward only for now."""
     threads = threads or torch.get_num_threads()
     if lengths is not None:
         lengths = lengths.to(torch.int64).contiguous()  # any integer tensor; the kernel reads int64
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        if options is not None:
+            raise NotImplementedError("fused_cpu's backward takes no key ranges, softcap or ALiBi yet")
         stats: dict[str, int] = {}
         out = _FusedAttention.apply(q, k, v, scale, mask, lengths, threads, stats)
         return out, stats["tiles"]
-    out32, _, tiles = _forward(q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=False)
+    out32, _, tiles = _forward(
+        q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=False, options=options
+    )
     return _narrow(out32, q), tiles
 
 
@@ -90,6 +98,7 @@ def _forward(
     lengths: torch.Tensor | None,
     threads: int,
     keep_lse: bool,
+    options: ScoreOptions | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """The forward kernel: (output (B, H, Sq, Dp) float32, each row's log-sum-exp (B, H, Sq) or None, score
     entries computed)."""
@@ -100,11 +109,15 @@ def _forward(
     block_q = min(BLOCK_Q, seq_q)
     out = torch.empty(batch, heads, seq_q, padded_dim, dtype=torch.float32)
     lse = torch.empty(batch, heads, seq_q, dtype=torch.float32) if keep_lse else None
-    decode = seq_q <= kernel.decode_max_rows()  # bandwidth-bound: k and v read once, keys split across threads
+    decode = (
+        seq_q <= kernel.decode_max_rows() and options is None
+    )  # bandwidth-bound: k and v read once, keys split across threads
     if not decode and isa(q.dtype) == "avx512_bf16":
         q16, k16, v16 = (_even_dim(t.detach().contiguous()) for t in (q, k, v))
-        options = {"block_q": block_q, "block_k": BLOCK_K, "threads": threads}
-        tiles = kernel.forward_bf16(q16, k16, v16, out, lse, scale=scale, mask=mask, lengths=lengths, **options)
+        sizes = {"block_q": block_q, "block_k": BLOCK_K, "threads": threads}
+        tiles = kernel.forward_bf16(
+            q16, k16, v16, out, lse, scale=scale, mask=mask, lengths=lengths, options=options, **sizes
+        )
         return out, lse, tiles
     q32 = q.detach().to(torch.float32).contiguous()  # the float32 paths from here on (no copy for float32)
     k32 = k.detach().to(torch.float32).contiguous()
@@ -128,6 +141,7 @@ def _forward(
         block_k=BLOCK_K,
         threads=threads,
         scratch=scratch,
+        options=options,
     )
     return out, lse, tiles
 

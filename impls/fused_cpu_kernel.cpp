@@ -41,6 +41,10 @@ struct Problem {
   int64_t block_q, block_k;
   // bfloat16 inputs (attnbench_fused_forward_bf16), else null: q as is, kᵀ and v packed in pairs
   const uint16_t *q16 = nullptr, *kt16 = nullptr, *v16 = nullptr;
+  // score modifiers, applied to the scaled scores before the mask (in base 2: multiplied by log2 e)
+  float softcap2 = 0.f;          // softcap·log2(e): s ← softcap2·tanh(s / softcap2); 0 = off
+  const float* alibi2 = nullptr;  // per query head, slope·log2(e): s −= slope2·|i + Sk − Sq − j|; null = off
+  std::vector<float> alibi2_storage;
 
   int64_t limit(int64_t b, int64_t i) const { return rows.limit(b, i); }
 };
@@ -62,6 +66,22 @@ struct Scratch {
         l(m + pb.block_q), tile_max(l + pb.block_q) {}
 };
 
+// The score modifiers on one row of a score tile (keys c0 …), before masking: softcap, then ALiBi.
+void modify_scores(const Problem& pb, int64_t h, int64_t i, int64_t c0, float* sr, int64_t nv) {
+  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const float at = static_cast<float>(i + pb.seq_k - pb.seq_q - c0);  // the query's position among the keys
+  for (int64_t c = 0; c < nv; c += W) {
+    vf x = load(sr + c);
+    if (pb.softcap2 != 0.f) x = splat(pb.softcap2) * tanhv(x * (1.f / pb.softcap2));
+    if (pb.alibi2 != nullptr) {
+      vf distance = splat(at) - (__builtin_convertvector(lane, vf) + static_cast<float>(c));
+      distance = distance < vf{} ? -distance : distance;
+      x -= splat(pb.alibi2[h]) * distance;
+    }
+    store(sr + c, x);
+  }
+}
+
 void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) {
   const int64_t rows = std::min(pb.block_q, pb.seq_q - i0);
   const int64_t D = pb.head_dim, Dp = pb.dp, BK = pb.block_k;
@@ -74,8 +94,9 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
   float* qs = sc.q;
   float* s = sc.s;
   float* o = sc.o;
-  int64_t key_end = 0;
+  int64_t key_begin = pb.seq_k, key_end = 0;
   for (int64_t r = 0; r < rows; ++r) {
+    key_begin = std::min(key_begin, pb.rows.first(b, i0 + r));
     if (pb.q16 == nullptr)
       for (int64_t d = 0; d < D; ++d) qs[r * D + d] = q[r * D + d] * pb.scale_log2;
     key_end = std::max(key_end, pb.limit(b, i0 + r));
@@ -84,7 +105,10 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
   }
   std::memset(o, 0, sizeof(float) * rows * Dp);
 
-  for (int64_t c0 = 0; c0 < key_end; c0 += BK) {
+  const bool modified = pb.softcap2 != 0.f || pb.alibi2 != nullptr;  // the tile's lane maxima are stale
+  // Key blocks from the first visible key of any row (a multiple of PANEL, where kt's panels start) to the
+  // last: blocks wholly outside every row's range are never computed.
+  for (int64_t c0 = std::min(key_begin, key_end) / PANEL * PANEL; c0 < key_end; c0 += BK) {
     const int64_t n = std::min(BK, key_end - c0);
     const int64_t nv = (n + W - 1) / W * W;  // kt's key axis is padded, so reading up to nv is safe
     std::fill(sc.tile_max, sc.tile_max + rows * W, -std::numeric_limits<float>::infinity());
@@ -101,13 +125,18 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
     for (int64_t r = 0; r < rows; ++r) {
       float* sr = s + r * BK;
       const int64_t visible = std::clamp<int64_t>(pb.limit(b, i0 + r) - c0, 0, n);
-      if (visible == 0) {
+      const int64_t first = std::clamp<int64_t>(pb.rows.first(b, i0 + r) - c0, 0, n);
+      if (visible <= first) {
         std::memset(sr, 0, sizeof(float) * nv);
         continue;
       }
+      if (modified) modify_scores(pb, h, i0 + r, c0, sr, nv);
+      if (first > 0) {  // keys before the row's range: -inf, so they count nowhere
+        for (int64_t c = 0; c < first; ++c) sr[c] = -std::numeric_limits<float>::infinity();
+      }
       const int64_t full = visible / W * W;
       float row_max;
-      if (visible == nv) {  // every column computed is visible: the tile's max is the row's
+      if (visible == nv && !modified && first == 0) {  // every column computed is visible: the tile's max is the row's
         row_max = std::max(sc.m[r], hmax(load(sc.tile_max + r * W)));
       } else {  // a boundary block (or padded keys): only the visible columns count
         vf vmax = splat(sc.m[r]);
@@ -123,11 +152,13 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
       vf total = vf{};
       for (int64_t c = 0; c < full; c += W) {
         vf p = exp2v(load(sr + c) - m_new);
+        if (c < first) p = keep_from(p, static_cast<int>(first - c));  // exp2v(-inf) is 2^-126, not 0
         store(sr + c, p);
         total += p;
       }
       for (int64_t c = full; c < nv; c += W) {
         vf p = keep_below(exp2v(load(sr + c) - m_new), static_cast<int>(visible - c));
+        if (c < first) p = keep_from(p, static_cast<int>(first - c));
         store(sr + c, p);
         total += p;
       }
@@ -165,7 +196,7 @@ bool valid(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q, int64_
            const float* scratch) {
   return batch >= 1 && heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0 && seq_q >= 1 && seq_k >= 1 &&
          head_dim >= 1 && dp >= head_dim && dp % W == 0 && block_q >= 1 && block_k >= PANEL &&
-         block_k % PANEL == 0 && mask >= NONE && mask <= PADDING && (mask != PADDING || lengths != nullptr) &&
+         block_k % PANEL == 0 && mask >= NONE && mask <= RANGES && (mask != PADDING || lengths != nullptr) &&
          nthreads >= 1 && scratch != nullptr;
 }
 
@@ -229,6 +260,40 @@ int launch(const Problem& pb, int64_t packs, Pack pack, int64_t nthreads, float*
 
 extern "C" {
 
+// What the forward takes beyond the four masks (null: nothing): per-row key ranges for mask RANGES (4), lo
+// and hi (B, Sq) int64, row i of batch b seeing keys [lo, hi); softcap > 0: scores ← softcap·tanh(scores /
+// softcap); alibi (H floats, or null): scores −= alibi[h]·|i + Sk − Sq − j|. Scores here are q·kᵀ·scale.
+struct ForwardExtras {
+  const int64_t* lo;
+  const int64_t* hi;
+  float softcap;
+  const float* alibi;
+};
+}
+
+namespace {
+
+bool valid_extras(int64_t mask, const ForwardExtras* extras) {
+  if (mask != RANGES) return true;
+  return extras != nullptr && extras->lo != nullptr && extras->hi != nullptr;
+}
+
+void with_extras(Problem& pb, const ForwardExtras* extras) {
+  if (extras == nullptr) return;
+  pb.rows.lo = extras->lo;
+  pb.rows.hi = extras->hi;
+  pb.softcap2 = extras->softcap > 0.f ? extras->softcap * 1.4426950408889634f : 0.f;
+  pb.alibi2_storage.clear();
+  if (extras->alibi != nullptr) {
+    for (int64_t h = 0; h < pb.heads; ++h) pb.alibi2_storage.push_back(extras->alibi[h] * 1.4426950408889634f);
+    pb.alibi2 = pb.alibi2_storage.data();
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
 // Floats of scratch one thread needs; attnbench_fused_forward takes nthreads times this.
 int64_t attnbench_fused_scratch_floats(int64_t block_q, int64_t block_k, int64_t head_dim, int64_t dp) {
   return scratch_floats(block_q, block_k, head_dim, dp);
@@ -244,12 +309,15 @@ int64_t attnbench_fused_packed_keys(int64_t seq_k) { return (seq_k + PANEL - 1) 
 int attnbench_fused_forward(const float* q, const float* k, float* kt, const float* v, float* out, float* lse,
                             int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q, int64_t seq_k,
                             int64_t head_dim, int64_t dp, float scale, int64_t mask, const int64_t* lengths,
-                            int64_t block_q, int64_t block_k, int64_t nthreads, float* scratch, int64_t* tiles) {
-  if (!valid(batch, heads, kv_heads, seq_q, seq_k, head_dim, dp, mask, lengths, block_q, block_k, nthreads, scratch))
+                            const ForwardExtras* extras, int64_t block_q, int64_t block_k, int64_t nthreads,
+                            float* scratch, int64_t* tiles) {
+  if (!valid(batch, heads, kv_heads, seq_q, seq_k, head_dim, dp, mask, lengths, block_q, block_k, nthreads, scratch) ||
+      !valid_extras(mask, extras))
     return 1;
   const int64_t skp = attnbench_fused_packed_keys(seq_k), per_head = skp / PANEL;
-  const Problem pb{q, k, kt, v, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
+  Problem pb{q, k, kt, v, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
                    scale * 1.4426950408889634f, RowLimits{mask, seq_q, seq_k, lengths}, block_q, block_k};
+  with_extras(pb, extras);
   auto pack = [&](int64_t p) {  // panel p % per_head of kv head p / per_head
     pack_panel(k + (p / per_head) * seq_k * head_dim, seq_k, head_dim, p % per_head, kt + p * PANEL * head_dim);
   };
@@ -271,16 +339,18 @@ int attnbench_fused_has_bf16() {
 int attnbench_fused_forward_bf16(const uint16_t* q, const uint16_t* k, uint16_t* kt16, const uint16_t* v,
                                  uint16_t* v16, float* out, float* lse, int64_t batch, int64_t heads,
                                  int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim, int64_t dp,
-                                 float scale, int64_t mask, const int64_t* lengths, int64_t block_q, int64_t block_k,
-                                 int64_t nthreads, float* scratch, int64_t* tiles) {
+                                 float scale, int64_t mask, const int64_t* lengths, const ForwardExtras* extras,
+                                 int64_t block_q, int64_t block_k, int64_t nthreads, float* scratch,
+                                 int64_t* tiles) {
 #ifdef ATTNBENCH_BF16
   if (!valid(batch, heads, kv_heads, seq_q, seq_k, head_dim, dp, mask, lengths, block_q, block_k, nthreads,
              scratch) ||
-      head_dim % 2 != 0)
+      !valid_extras(mask, extras) || head_dim % 2 != 0)
     return 1;
   const int64_t skp = attnbench_fused_packed_keys(seq_k), per_head = skp / PANEL, kv = batch * kv_heads;
   Problem pb{nullptr, nullptr, nullptr, nullptr, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
              scale * 1.4426950408889634f, RowLimits{mask, seq_q, seq_k, lengths}, block_q, block_k};
+  with_extras(pb, extras);
   pb.q16 = q;
   pb.kt16 = kt16;
   pb.v16 = v16;
@@ -298,6 +368,7 @@ int attnbench_fused_forward_bf16(const uint16_t* q, const uint16_t* k, uint16_t*
   return launch(pb, 2 * kv * per_head, pack, nthreads, scratch, tiles);
 #else
   (void)q, (void)k, (void)kt16, (void)v, (void)v16, (void)out, (void)lse, (void)batch, (void)heads, (void)kv_heads;
+  (void)extras;
   (void)seq_q, (void)seq_k, (void)head_dim, (void)dp, (void)scale, (void)mask, (void)lengths, (void)block_q;
   (void)block_k, (void)nthreads, (void)scratch, (void)tiles;
   return 3;

@@ -88,10 +88,24 @@ inline vf exp2v(vf x) {
 #endif
 }
 
+// tanh(x) = sign(x)·(1 − e^(−2|x|)) / (1 + e^(−2|x|)), with exp2v (valid for arguments ≤ 0).
+inline vf tanhv(vf x) {
+  const vf ax = x < vf{} ? -x : x;
+  const vf e = exp2v(ax * -2.8853900817779268f);  // e^(−2|x|) = 2^(−2|x|·log2 e)
+  const vf t = (1.f - e) / (1.f + e);
+  return x < vf{} ? -t : t;
+}
+
 // Lanes [0, count) of x, zeros elsewhere.
 inline vf keep_below(vf x, int count) {
   const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   return lane < count ? x : vf{};
+}
+
+// Lanes [start, 16) of x, zeros elsewhere.
+inline vf keep_from(vf x, int start) {
+  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return lane >= start ? x : vf{};
 }
 
 // S[R][NV·W] = Q[R][D] · KT[D][NV·W]; rmax[R][W] = lane-wise max of itself and of the tile's rows, taken
@@ -192,20 +206,28 @@ inline void pv_block(const float* p, int64_t ldp, int64_t ldc, const float* v, i
   }
 }
 
-enum Mask : int64_t { NONE = 0, CAUSAL = 1, CAUSAL_BOTTOM_RIGHT = 2, PADDING = 3 };
+enum Mask : int64_t { NONE = 0, CAUSAL = 1, CAUSAL_BOTTOM_RIGHT = 2, PADDING = 3, RANGES = 4 };
 
-// Every mask we support gives query row i of batch b a prefix of visible keys [0, limit(b, i)).
+// Every mask gives query row i of batch b one range of visible keys [first(b, i), limit(b, i)): a prefix for
+// none, causal (top-left), causal bottom-right and padding (per-batch lengths); for RANGES the caller's
+// per-row bounds (B, Sq) — a sliding window, a document, any band. Only the forward takes RANGES.
 struct RowLimits {
   int64_t mask, seq_q, seq_k;
   const int64_t* lengths;  // per batch element, for PADDING
+  const int64_t* lo = nullptr;  // (B, Sq), for RANGES
+  const int64_t* hi = nullptr;
 
   int64_t limit(int64_t b, int64_t i) const {
     switch (mask) {
       case CAUSAL: return std::min(seq_k, i + 1);
       case CAUSAL_BOTTOM_RIGHT: return std::clamp<int64_t>(i + 1 + seq_k - seq_q, 0, seq_k);
       case PADDING: return std::clamp<int64_t>(lengths[b], 0, seq_k);
+      case RANGES: return std::clamp<int64_t>(hi[b * seq_q + i], 0, seq_k);
       default: return seq_k;
     }
+  }
+  int64_t first(int64_t b, int64_t i) const {
+    return mask == RANGES ? std::clamp<int64_t>(lo[b * seq_q + i], 0, seq_k) : 0;
   }
 };
 

@@ -11,6 +11,7 @@ import torch
 from attnbench import registry
 from attnbench.errors import UsageError
 from attnbench.impls import _cpu_kernel
+from attnbench.impls._cpu_kernel import ScoreOptions
 from attnbench.impls.fused_cpu import BLOCK_K, BLOCK_Q, contender, fused_attention, isa
 from attnbench.memory import peak_memory_mb
 from attnbench.runner import prepare_checked
@@ -282,3 +283,74 @@ def test_decode_shapes_through_the_harness_forward_and_backward(mask):
     for pass_ in ("fwd", "fwd_bwd"):
         prepared = prepare_checked("fused_cpu", Workload(2, 8, 2, 4, 1300, 64, mask=mask, pass_=pass_))
         assert prepared.ok, prepared.reason
+
+
+def _key_ranges(kind: str, batch: int, seq_q: int, seq_k: int, window: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi), each (B, Sq) int64: a causal sliding window, or documents (batch element b cut at its own
+    boundaries, each row seeing its document from the start up to itself)."""
+    rows, offset = torch.arange(seq_q), seq_k - seq_q
+    if kind == "window":
+        lo, hi = (rows + offset - window + 1).clamp(min=0), (rows + offset + 1).clamp(0, seq_k)
+        return lo.expand(batch, seq_q).contiguous(), hi.expand(batch, seq_q).contiguous()
+    starts = []
+    for b in range(batch):  # documents of 70 + 40·b tokens
+        length = 70 + 40 * b
+        starts.append(rows // length * length)
+    lo = torch.stack(starts)
+    return lo, (rows + 1).expand(batch, seq_q).contiguous()
+
+
+def _modified64(q, k, v, scale, lo, hi, softcap=None, slopes=None):
+    """float64 attention with per-row key ranges [lo, hi), softcap then ALiBi on the scaled scores."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = q.double() @ k.transpose(-1, -2) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    rows, keys = torch.arange(seq_q)[:, None], torch.arange(seq_k)[None, :]
+    if slopes is not None:
+        scores = scores - slopes.double()[None, :, None, None] * (rows + seq_k - seq_q - keys).abs()
+    visible = (keys >= lo[:, None, :, None]) & (keys < hi[:, None, :, None])
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0) @ v
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kind", ["window", "document"])
+@pytest.mark.parametrize("modifier", ["none", "softcap", "alibi", "both"])
+def test_key_ranges_softcap_and_alibi_match_float64(dtype, kind, modifier):
+    batch, heads, kv_heads, seq_q, seq_k, head_dim = 2, 4, 2, 300, 300 if kind == "document" else 620, 64
+    torch.manual_seed(0)
+    q = torch.randn(batch, heads, seq_q, head_dim).to(getattr(torch, dtype))
+    k, v = (torch.randn(batch, kv_heads, seq_k, head_dim).to(getattr(torch, dtype)) for _ in range(2))
+    lo, hi = _key_ranges(kind, batch, seq_q, seq_k)
+    softcap = 2.0 if modifier in ("softcap", "both") else None
+    slopes = 2.0 ** (-8.0 * (torch.arange(heads) + 1) / heads) if modifier in ("alibi", "both") else None
+    options = ScoreOptions(ranges=(lo, hi), softcap=softcap, alibi=slopes)
+    out, _ = fused_attention(q, k, v, scale=0.3, mask="ranges", options=options)
+    expected = _modified64(q, k, v, 0.3, lo, hi, softcap, slopes)
+    tolerance = 1e-5 if dtype == "float32" else 2.4e-2
+    assert (out.double() - expected).abs().max() < tolerance
+
+
+def test_window_work_is_proportional_to_the_window_not_the_sequence():
+    seq, window, heads = 2048, 256, 2
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, heads, seq, 64) for _ in range(3))
+    lo, hi = _key_ranges("window", 1, seq, seq, window)
+    _, tiles = fused_attention(q, k, v, scale=0.125, mask="ranges", options=ScoreOptions(ranges=(lo, hi)))
+    expected = 0  # the kernel's blocks: from the block's first visible key (down to a 64-key panel) to its last
+    for i0 in range(0, seq, BLOCK_Q):
+        first, last = int(lo[0, i0 : i0 + BLOCK_Q].min()), int(hi[0, i0 : i0 + BLOCK_Q].max())
+        for c0 in range(first // 64 * 64, last, BLOCK_K):
+            expected += BLOCK_Q * -(-min(BLOCK_K, last - c0) // 16) * 16
+    assert tiles == heads * expected
+    assert tiles <= heads * seq * (window + BLOCK_Q + 64)  # per row: the window, one block and a panel, not seq
+
+
+def test_options_are_forward_only_and_checked():
+    q, k, v = (torch.randn(1, 2, 40, 16, requires_grad=True) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="backward takes no key ranges"):
+        fused_attention(q, k, v, scale=0.25, options=ScoreOptions(softcap=5.0))
+    with torch.no_grad(), pytest.raises(ValueError, match="key ranges must be contiguous int64 of shape \\(1, 40\\)"):
+        fused_attention(q, k, v, scale=0.25, mask="ranges", options=ScoreOptions(ranges=(torch.zeros(40),) * 2))
