@@ -237,11 +237,6 @@ class Kernel:
     def decode_max_rows(self) -> int:
         return int(self.library.attnbench_fused_decode_max_rows())
 
-    def decode_scratch_floats(self, q: torch.Tensor, k: torch.Tensor, padded: int, threads: int) -> int:
-        (batch, heads, seq_q), (kv_heads, seq_k) = q.shape[:3], k.shape[1:3]
-        args = (batch, heads, kv_heads, seq_q, seq_k, padded, threads)
-        return int(self.library.attnbench_fused_decode_scratch_floats(*args))
-
     def decode(
         self,
         q: torch.Tensor,
@@ -254,14 +249,26 @@ class Kernel:
         mask: str,
         lengths: torch.Tensor | None,
         threads: int,
+        pages: torch.Tensor | None = None,
     ) -> tuple[int, int]:
         """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D), Sq ≤ decode_max_rows(), over k (B, Hkv, Sk, D) and
         v (B, Hkv, Sk, Dp), all float32 and contiguous, keys split across threads when B·Hkv is too few to feed
-        them (fused_cpu_decode.cpp); lse as in forward. Returns (score entries computed, key splits)."""
+        them (fused_cpu_decode.cpp); lse as in forward. Returns (score entries computed, key splits). Paged
+        KV: ``pages`` (B, max_pages) int32 indexes k (num_pages, Hkv, page_size, D) and v (…, Dp) pools, the
+        keys of batch b being its pages in order; page_size a multiple of 16."""
         _check_float32(q=q, k=k, v=v, out=out)
         batch, heads, seq_q, head_dim = q.shape
         kv_heads, seq_k, padded = k.shape[1], k.shape[2], v.shape[-1]
-        if k.shape[0] != batch or heads % kv_heads or v.shape[:3] != k.shape[:3] or k.shape[3] != head_dim:
+        page_size = max_pages = 0
+        if pages is not None:
+            page_size, max_pages, seq_k = k.shape[2], pages.shape[1], pages.shape[1] * k.shape[2]
+            if pages.dtype != torch.int32 or pages.shape[0] != batch or not pages.is_contiguous() or page_size % 16:
+                raise ValueError(f"pages must be contiguous int32 ({batch}, max_pages), pages of a multiple of 16")
+            if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= k.shape[0]):
+                raise ValueError(f"page table entries must lie in [0, {k.shape[0]})")
+        elif k.shape[0] != batch:
+            raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if heads % kv_heads or v.shape[:3] != k.shape[:3] or k.shape[3] != head_dim:
             raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
         if out.shape != (batch, heads, seq_q, padded) or padded < head_dim or padded % VECTOR:
             raise ValueError(f"out must be {(batch, heads, seq_q, padded)} with the head dim padded to {VECTOR}")
@@ -270,7 +277,8 @@ class Kernel:
             if lse.shape != (batch, heads, seq_q):
                 raise ValueError(f"lse must be {(batch, heads, seq_q)}, got {tuple(lse.shape)}")
         _check_lengths(mask, lengths, batch)
-        scratch = torch.empty(self.decode_scratch_floats(q, k, padded, threads))
+        args = (batch, heads, kv_heads, seq_q, seq_k, padded, threads)
+        scratch = torch.empty(int(self.library.attnbench_fused_decode_scratch_floats(*args)))
         tiles, splits = ctypes.c_int64(0), ctypes.c_int64(0)
         status = self.library.attnbench_fused_decode(
             q.data_ptr(),
@@ -288,6 +296,9 @@ class Kernel:
             scale,
             MASK_CODES[mask],
             None if lengths is None else lengths.data_ptr(),
+            None if pages is None else pages.data_ptr(),
+            page_size,
+            max_pages,
             threads,
             scratch.data_ptr(),
             ctypes.byref(tiles),
@@ -440,7 +451,7 @@ def _declare(library: ctypes.CDLL) -> None:
     library.attnbench_fused_decode_scratch_floats.argtypes = [i64] * 7
     decode: list[type] = [ptr] * 5  # q, k, v, out, lse
     decode += [i64] * 7  # batch, heads, kv_heads, seq_q, seq_k, head_dim, dp
-    decode += [ctypes.c_float, i64, ptr, i64]  # scale, mask, lengths, nthreads
+    decode += [ctypes.c_float, i64, ptr, ptr, i64, i64, i64]  # scale, mask, lengths, pages, page size/count, nthreads
     decode += [ptr, ctypes.POINTER(i64), ctypes.POINTER(i64)]  # scratch, tiles, splits
     library.attnbench_fused_decode.restype = ctypes.c_int
     library.attnbench_fused_decode.argtypes = decode

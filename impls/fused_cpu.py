@@ -82,6 +82,41 @@ def fused_attention(
     return _narrow(out32, q), tiles
 
 
+def paged_decode(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    page_table: torch.Tensor,
+    lengths: torch.Tensor | None = None,
+    *,
+    scale: float,
+    threads: int | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Decode attention over a paged KV cache: q (B, H, Sq ≤ 16, D); k_pages, v_pages (num_pages, Hkv,
+    page_size, D) pools, page_size a multiple of 16; page_table (B, max_pages) int, batch b's keys being its
+    pages in order; lengths (B,) the cache length of each sequence (default: every page full). The kernel
+    reads the pages in place (no gather). Returns the output in q's dtype and the score entries computed."""
+    kernel = _cpu_kernel.load()
+    padded_dim = _round_up(q.shape[-1], _cpu_kernel.VECTOR)
+    out = torch.empty(*q.shape[:3], padded_dim, dtype=torch.float32)
+    k32 = k_pages.detach().to(torch.float32).contiguous()
+    if lengths is not None:
+        lengths = lengths.to(torch.int64).contiguous()
+    tiles, _ = kernel.decode(
+        q.detach().to(torch.float32).contiguous(),
+        k32,
+        _padded32(v_pages, padded_dim),
+        out,
+        None,
+        scale=scale,
+        mask="none" if lengths is None else "padding",
+        lengths=lengths,
+        threads=threads or torch.get_num_threads(),
+        pages=page_table.to(torch.int32).contiguous(),
+    )
+    return _narrow(out, q), tiles
+
+
 def _narrow(out32: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The kernel's padded float32 output as the caller's (B, H, Sq, D) in q's dtype."""
     head_dim = q.shape[-1]

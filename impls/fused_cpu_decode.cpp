@@ -13,7 +13,8 @@
 // per-row key prefixes (padding lengths = per-sequence cache lengths; causal bottom-right for Sq > 1).
 //
 // Layouts (float32, contiguous): q (B, H, Sq, D); k (B, Hkv, Sk, D); v (B, Hkv, Sk, Dp) with Dp = D padded
-// to a multiple of 16; out (B, H, Sq, Dp); lse (B, H, Sq) natural log-sum-exp per row, or null.
+// to a multiple of 16; out (B, H, Sq, Dp); lse (B, H, Sq) natural log-sum-exp per row, or null. Paged KV:
+// k (num_pages, Hkv, page_size, D) and v (…, Dp) pools with a page table (B, max_pages) int32, read in place.
 
 #include "fused_cpu_tiles.h"
 
@@ -33,6 +34,18 @@ struct Decode {
   float scale_log2;
   RowLimits rows;
   float* partials;  // (B, Hkv, splits, G·Sq, Dp + 2): o, then m and l; used when splits > 1
+  // Paged KV (null pages: k and v are (B, Hkv, Sk, ·)): k and v are pools (num_pages, Hkv, page_size, D or
+  // Dp), key j of batch b in page pages[b·max_pages + j / page_size]; page_size a multiple of 16, so a tile
+  // of 16 keys never straddles two pages.
+  const int32_t* pages = nullptr;
+  int64_t page_size = 0, max_pages = 0;
+
+  // Row of key `key` (kv head hkv, batch b) in k (width D) or v (width Dp).
+  const float* row(const float* base, int64_t width, int64_t b, int64_t hkv, int64_t key) const {
+    if (pages == nullptr) return base + ((b * kv_heads + hkv) * seq_k + key) * width;
+    const int64_t page = pages[b * max_pages + key / page_size];
+    return base + ((page * kv_heads + hkv) * page_size + key % page_size) * width;
+  }
 };
 
 #if defined(__clang__) || __GNUC__ >= 12
@@ -102,8 +115,6 @@ int64_t decode_thread_floats(int64_t rows, int64_t dp) { return rows * (2 * dp +
 int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, float* scratch) {
   const int64_t group = pb.heads / pb.kv_heads, R = group * pb.seq_q, D = pb.head_dim, Dp = pb.dp;
   const int64_t k_lo = split * pb.chunk, k_hi = std::min(pb.seq_k, k_lo + pb.chunk);
-  const float* k = pb.k + (b * pb.kv_heads + hkv) * pb.seq_k * D;
-  const float* v = pb.v + (b * pb.kv_heads + hkv) * pb.seq_k * Dp;
   float *qs = scratch, *o = qs + R * Dp, *m = o + R * Dp, *l = m + R;
   int64_t* lim = reinterpret_cast<int64_t*>(l + R);  // 8-byte aligned: 2·R·Dp + 2·R floats in
   int64_t key_end = k_lo, computed = 0;
@@ -118,13 +129,15 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
     lim[r] = limit - k_lo;
     key_end = std::max(key_end, limit);
   }
-  for (int64_t c0 = k_lo; c0 < key_end; c0 += W) {
+  for (int64_t c0 = k_lo; c0 < key_end; c0 += W) {  // k_lo is a multiple of 16 (chunks are)
     const int64_t n = std::min<int64_t>(W, key_end - c0);
+    const float* k = pb.row(pb.k, D, b, hkv, c0);
+    const float* v = pb.row(pb.v, Dp, b, hkv, c0);
     for (int64_t r = 0; r < R; ++r) {
       const int64_t visible = std::clamp<int64_t>(lim[r] - (c0 - k_lo), 0, n);
       if (visible == 0) continue;
       const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-      const vf x = lane < static_cast<int>(visible) ? score_tile(qs + r * Dp, k + c0 * D, D, n)
+      const vf x = lane < static_cast<int>(visible) ? score_tile(qs + r * Dp, k, D, n)
                                                     : splat(-std::numeric_limits<float>::infinity());
       computed += visible;
       const float row_max = std::max(m[r], hmax(x));
@@ -132,7 +145,7 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
       const vf p = keep_below(exp2v(x - splat(row_max)), static_cast<int>(visible));
       l[r] = l[r] * alpha + hsum(p);
       m[r] = row_max;
-      pv_rows(o + r * Dp, alpha, p, v + c0 * Dp, Dp, visible);
+      pv_rows(o + r * Dp, alpha, p, v, Dp, visible);
     }
   }
   for (int64_t r = 0; r < R; ++r) {
@@ -200,17 +213,22 @@ int64_t attnbench_fused_decode_scratch_floats(int64_t batch, int64_t heads, int6
 // *splits the number of key splits chosen.
 int attnbench_fused_decode(const float* q, const float* k, const float* v, float* out, float* lse, int64_t batch,
                            int64_t heads, int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim,
-                           int64_t dp, float scale, int64_t mask, const int64_t* lengths, int64_t nthreads,
-                           float* scratch, int64_t* tiles, int64_t* splits_used) {
+                           int64_t dp, float scale, int64_t mask, const int64_t* lengths, const int32_t* pages,
+                           int64_t page_size, int64_t max_pages, int64_t nthreads, float* scratch, int64_t* tiles,
+                           int64_t* splits_used) {
   if (batch < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 ||
       seq_q > attnbench_fused_decode_max_rows() || seq_k < 1 || head_dim < 1 || dp < head_dim || dp % W != 0 ||
-      mask < NONE || mask > PADDING || (mask == PADDING && lengths == nullptr) || nthreads < 1 || scratch == nullptr)
+      mask < NONE || mask > PADDING || (mask == PADDING && lengths == nullptr) || nthreads < 1 || scratch == nullptr ||
+      (pages != nullptr && (page_size < W || page_size % W != 0 || max_pages * page_size < seq_k)))
     return 1;
   const int64_t splits = decode_splits(batch, kv_heads, seq_k, nthreads);
-  const int64_t chunk = (seq_k + splits - 1) / splits, rows = heads / kv_heads * seq_q;
+  const int64_t chunk = ((seq_k + splits - 1) / splits + W - 1) / W * W, rows = heads / kv_heads * seq_q;
   Decode pb{q, k, v, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, dp, splits, chunk,
             scale * 1.4426950408889634f, RowLimits{mask, seq_q, seq_k, lengths}, nullptr};
   pb.partials = scratch + nthreads * decode_thread_floats(rows, dp);
+  pb.pages = pages;
+  pb.page_size = page_size;
+  pb.max_pages = max_pages;
   const int64_t items = batch * kv_heads * splits;
   const int64_t team = std::min(nthreads, items);
   std::atomic<int64_t> next{0}, computed{0};

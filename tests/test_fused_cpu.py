@@ -12,7 +12,7 @@ from attnbench import registry
 from attnbench.errors import UsageError
 from attnbench.impls import _cpu_kernel
 from attnbench.impls._cpu_kernel import ScoreOptions
-from attnbench.impls.fused_cpu import BLOCK_K, BLOCK_Q, contender, fused_attention, isa
+from attnbench.impls.fused_cpu import BLOCK_K, BLOCK_Q, contender, fused_attention, isa, paged_decode
 from attnbench.memory import peak_memory_mb
 from attnbench.runner import prepare_checked
 from attnbench.workload import Workload
@@ -354,3 +354,28 @@ def test_options_are_forward_only_and_checked():
         fused_attention(q, k, v, scale=0.25, options=ScoreOptions(softcap=5.0))
     with torch.no_grad(), pytest.raises(ValueError, match="key ranges must be contiguous int64 of shape \\(1, 40\\)"):
         fused_attention(q, k, v, scale=0.25, mask="ranges", options=ScoreOptions(ranges=(torch.zeros(40),) * 2))
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "kv_heads", "seq_q", "page_size", "max_pages", "head_dim"),
+    [(2, 8, 2, 1, 16, 40, 64), (1, 4, 1, 4, 32, 50, 50), (3, 2, 2, 16, 16, 5, 16)],
+)
+def test_paged_decode_reads_pages_in_place_and_matches_float64(
+    batch, heads, kv_heads, seq_q, page_size, max_pages, head_dim
+):
+    torch.manual_seed(0)
+    num_pages = batch * max_pages + 3
+    k_pages, v_pages = (torch.randn(num_pages, kv_heads, page_size, head_dim) for _ in range(2))
+    page_table = torch.randperm(num_pages)[: batch * max_pages].view(batch, max_pages).to(torch.int32)
+    seq_k = max_pages * page_size
+    lengths = torch.tensor([seq_k, seq_k // 2 + 5, 7][:batch])
+    q = torch.randn(batch, heads, seq_q, head_dim)
+    out, tiles = paged_decode(q, k_pages, v_pages, page_table, lengths, scale=0.2)
+    # the same cache laid out contiguously, (B, Hkv, Sk, D), for the float64 formula
+    k, v = (
+        pages[page_table.long()].transpose(1, 2).reshape(batch, kv_heads, seq_k, head_dim)
+        for pages in (k_pages, v_pages)
+    )
+    visible = (torch.arange(seq_k)[None, :] < lengths[:, None])[:, None, None, :].expand(batch, 1, seq_q, seq_k)
+    assert (out.double() - _attention64(q, k, v, 0.2, visible)).abs().max() < 1e-5
+    assert tiles == int(lengths.sum()) * heads * seq_q
