@@ -106,6 +106,7 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
   std::memset(o, 0, sizeof(float) * rows * Dp);
 
   const bool modified = pb.softcap2 != 0.f || pb.alibi2 != nullptr;  // the tile's lane maxima are stale
+  const bool bf16 = pb.q16 != nullptr;  // P is rounded to bf16: a shorter exp2 polynomial is exact enough
   // Key blocks from the first visible key of any row (a multiple of PANEL, where kt's panels start) to the
   // last: blocks wholly outside every row's range are never computed.
   for (int64_t c0 = std::min(key_begin, key_end) / PANEL * PANEL; c0 < key_end; c0 += BK) {
@@ -151,13 +152,14 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
       const vf m_new = splat(row_max);
       vf total = vf{};
       for (int64_t c = 0; c < full; c += W) {
-        vf p = exp2v(load(sr + c) - m_new);
+        vf p = bf16 ? exp2v<5>(load(sr + c) - m_new) : exp2v(load(sr + c) - m_new);
         if (c < first) p = keep_from(p, static_cast<int>(first - c));  // exp2v(-inf) is 2^-126, not 0
         store(sr + c, p);
         total += p;
       }
       for (int64_t c = full; c < nv; c += W) {
-        vf p = keep_below(exp2v(load(sr + c) - m_new), static_cast<int>(visible - c));
+        vf p = keep_below(bf16 ? exp2v<5>(load(sr + c) - m_new) : exp2v(load(sr + c) - m_new),
+                          static_cast<int>(visible - c));
         if (c < first) p = keep_from(p, static_cast<int>(first - c));
         store(sr + c, p);
         total += p;
