@@ -323,10 +323,12 @@ class Kernel:
         block_q: int,
         block_k: int,
         threads: int,
+        ranges: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """(dq, dk, dv) of attention for q, out, dout (B, H, Sq, Dp), k, v (B, Hkv, Sk, Dp) and the forward's
         lse (B, H, Sq), all float32 and contiguous, the head dim zero-padded to a multiple of VECTOR; dk and dv
-        summed over each kv head's query heads. Also returns the number of score entries computed."""
+        summed over each kv head's query heads; ``ranges`` (lo, hi) for mask "ranges", as in the forward. Also
+        returns the number of score entries computed."""
         _check_float32(q=q, k=k, v=v, out=out, dout=dout, lse=lse)
         batch, heads, seq_q, padded = q.shape
         kv_heads, seq_k = k.shape[1], k.shape[2]
@@ -335,6 +337,8 @@ class Kernel:
         if out.shape != q.shape or dout.shape != q.shape or lse.shape != q.shape[:3]:
             raise ValueError(f"out, dout must be {tuple(q.shape)} and lse {tuple(q.shape[:3])}")
         _check_lengths(mask, lengths, batch)
+        if ranges is not None:
+            ScoreOptions(ranges=ranges).structure(batch, heads, seq_q)  # checks their dtype and shape
         scratch = torch.empty(self.backward_scratch_floats(q, k, block_q, block_k, threads))
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         tiles = ctypes.c_int64(0)
@@ -349,6 +353,8 @@ class Kernel:
             scale,
             MASK_CODES[mask],
             None if lengths is None else lengths.data_ptr(),
+            None if ranges is None else ranges[0].data_ptr(),
+            None if ranges is None else ranges[1].data_ptr(),
             block_q,
             block_k,
             threads,
@@ -431,7 +437,7 @@ def _declare(library: ctypes.CDLL) -> None:
     library.attnbench_fused_backward_scratch_floats.argtypes = [i64] * 9
     backward: list[type] = [ptr] * 9  # q, k, v, out, dout, lse, dq, dk, dv
     backward += [i64] * 6  # batch, heads, kv_heads, seq_q, seq_k, dp
-    backward += [ctypes.c_float, i64, ptr]  # scale, mask, lengths
+    backward += [ctypes.c_float, i64, ptr, ptr, ptr]  # scale, mask, lengths, row_lo, row_hi
     backward += [i64] * 3  # block_q, block_k, nthreads
     backward += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
     library.attnbench_fused_backward.restype = ctypes.c_int

@@ -66,15 +66,15 @@ def fused_attention(
     q's dtype, and the number of score entries the kernel computed (how block skipping shows). When autograd
     records (grad enabled and q, k or v requiring grad), the output's backward is the fused backward kernel.
     ``options`` (per-row key ranges with mask "ranges", softcap, ALiBi: see ``_cpu_kernel.ScoreOptions``) are
-    forward only for now."""
+    forward only for now, but for the key ranges, which the backward takes too."""
     threads = threads or torch.get_num_threads()
     if lengths is not None:
         lengths = lengths.to(torch.int64).contiguous()  # any integer tensor; the kernel reads int64
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        if options is not None:
-            raise NotImplementedError("fused_cpu's backward takes no key ranges, softcap or ALiBi yet")
+        if options is not None and (options.softcap is not None or options.alibi is not None):
+            raise NotImplementedError("fused_cpu's backward takes key ranges, but no softcap or ALiBi yet")
         stats: dict[str, int] = {}
-        out = _FusedAttention.apply(q, k, v, scale, mask, lengths, threads, stats)
+        out = _FusedAttention.apply(q, k, v, scale, mask, lengths, threads, stats, options)
         return out, stats["tiles"]
     out32, _, tiles = _forward(
         q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=False, options=options
@@ -227,18 +227,19 @@ class _FusedAttention(torch.autograd.Function):
         lengths: torch.Tensor | None,
         threads: int,
         stats: dict[str, int],
+        options: ScoreOptions | None,
     ) -> torch.Tensor:
         out32, lse, stats["tiles"] = _forward(
-            q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=True
+            q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=True, options=options
         )
         ctx.save_for_backward(q, k, v, out32, lse)
-        ctx.options = (scale, mask, lengths, threads)
+        ctx.options = (scale, mask, lengths, threads, None if options is None else options.ranges)
         return _narrow(out32, q)
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out32, lse = ctx.saved_tensors
-        scale, mask, lengths, threads = ctx.options
+        scale, mask, lengths, threads, ranges = ctx.options
         padded_dim = out32.shape[-1]
         dq, dk, dv, _ = _cpu_kernel.load().backward(
             _padded32(q, padded_dim),
@@ -253,9 +254,10 @@ class _FusedAttention(torch.autograd.Function):
             block_q=BACKWARD_BLOCK_Q,
             block_k=BLOCK_K,
             threads=threads,
+            ranges=ranges,
         )
         grads = (_narrow(g, t) for g, t in zip((dq, dk, dv), (q, k, v), strict=True))
-        return (*grads, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None)
 
 
 class FusedCpu(Contender):

@@ -16,6 +16,8 @@
 // more arithmetic) to avoid the partials; with the few threads of a CPU the partials cost T·B·H·Sq·Dp floats
 // (O(S·D), 4 MiB per thread at B1 H8 S2048 D64) and one summing pass, which is cheaper than the products.
 //
+// Masks: the four prefix masks and per-row key ranges (RANGES, row_lo/row_hi (B, Sq)), as in the forward.
+//
 // Layouts (prepared by impls/fused_cpu.py, all float32, contiguous, head dim padded with zeros to Dp, a
 // multiple of 16): q, out, dout, dq (B, H, Sq, Dp); k, v, dk, dv (B, Hkv, Sk, Dp); lse (B, H, Sq).
 
@@ -40,6 +42,15 @@ struct Backward {
 // Per-thread tiles: P (then dS) and dP, BQ × BK each, and the lane-wise maxima qk_block keeps (unused here).
 int64_t thread_floats(int64_t block_q, int64_t block_k) { return block_q * (2 * block_k + W); }
 
+// Whether any of query rows [i0, i0 + rows) of batch b sees a key in [c0, c0 + n).
+bool sees(const RowLimits& limits, int64_t b, int64_t i0, int64_t rows, int64_t c0, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r)
+    if (limits.limit(b, i0 + r) > c0 && limits.first(b, i0 + r) < c0 + n &&
+        limits.first(b, i0 + r) < limits.limit(b, i0 + r))
+      return true;
+  return false;
+}
+
 // One work item: dK and dV for keys [c0, c0 + n) of kv head hkv of batch b, and this thread's share of dQ.
 // Returns the number of score entries computed.
 int64_t key_block(const Backward& pb, int64_t b, int64_t hkv, int64_t c0, float* tiles, float* dq_partial) {
@@ -62,9 +73,7 @@ int64_t key_block(const Backward& pb, int64_t b, int64_t hkv, int64_t c0, float*
     const int64_t row0 = (b * pb.heads + h) * pb.seq_q;
     for (int64_t i0 = 0; i0 < pb.seq_q; i0 += BQ) {
       const int64_t rows = std::min(BQ, pb.seq_q - i0);
-      int64_t seen = 0;  // does any row of this query block see a key of this block?
-      for (int64_t r = 0; r < rows && seen == 0; ++r) seen = pb.rows.limit(b, i0 + r) > c0;
-      if (seen == 0) continue;
+      if (!sees(pb.rows, b, i0, rows, c0, n)) continue;
       const float* q = pb.q + (row0 + i0) * Dp;
       const float* dout = pb.dout + (row0 + i0) * Dp;
       qk_block(q, Dp, kt, Dp, rows, nv, p, BK, unused_max);      // S in base 2
@@ -74,7 +83,8 @@ int64_t key_block(const Backward& pb, int64_t b, int64_t hkv, int64_t c0, float*
         float* pr = p + r * BK;
         float* dpr = dp + r * BK;
         const int64_t visible = std::clamp<int64_t>(pb.rows.limit(b, i0 + r) - c0, 0, n);
-        if (visible == 0) {  // masked row (an empty row always is): P = dS = 0
+        const int64_t first = std::clamp<int64_t>(pb.rows.first(b, i0 + r) - c0, 0, n);
+        if (visible <= first) {  // masked row (an empty row always is): P = dS = 0
           std::memset(pr, 0, sizeof(float) * nv);
           std::memset(dpr, 0, sizeof(float) * nv);
           continue;
@@ -84,6 +94,7 @@ int64_t key_block(const Backward& pb, int64_t b, int64_t hkv, int64_t c0, float*
         for (int64_t c = 0; c < nv; c += W) {
           vf x = exp2v(load(pr + c) - lse);
           if (c + W > visible) x = keep_below(x, static_cast<int>(visible - c));
+          if (c < first) x = keep_from(x, static_cast<int>(first - c));
           store(dpr + c, x * (load(dpr + c) - delta));  // dS
           store(pr + c, x);                             // P
         }
@@ -117,15 +128,16 @@ int64_t attnbench_fused_backward_scratch_floats(int64_t batch, int64_t heads, in
 int attnbench_fused_backward(const float* q, const float* k, const float* v, const float* out, const float* dout,
                              const float* lse, float* dq, float* dk, float* dv, int64_t batch, int64_t heads,
                              int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t dp, float scale, int64_t mask,
-                             const int64_t* lengths, int64_t block_q, int64_t block_k, int64_t nthreads,
-                             float* scratch, int64_t* tiles) {
+                             const int64_t* lengths, const int64_t* row_lo, const int64_t* row_hi, int64_t block_q,
+                             int64_t block_k, int64_t nthreads, float* scratch, int64_t* tiles) {
   if (batch < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 || dp < W ||
-      dp % W != 0 || block_q < 1 || block_k < PANEL || block_k % PANEL != 0 || mask < NONE || mask > PADDING ||
-      (mask == PADDING && lengths == nullptr) || nthreads < 1 || scratch == nullptr)
+      dp % W != 0 || block_q < 1 || block_k < PANEL || block_k % PANEL != 0 || mask < NONE || mask > RANGES ||
+      (mask == PADDING && lengths == nullptr) || (mask == RANGES && (row_lo == nullptr || row_hi == nullptr)) ||
+      nthreads < 1 || scratch == nullptr)
     return 1;
   const int64_t skp = (seq_k + PANEL - 1) / PANEL * PANEL, q_rows = batch * heads * seq_q;
   Backward pb{q, k, v, out, dout, lse, dq, dk, dv, batch, heads, kv_heads, seq_q, seq_k, dp, skp, scale,
-              RowLimits{mask, seq_q, seq_k, lengths}, block_q, block_k};
+              RowLimits{mask, seq_q, seq_k, lengths, row_lo, row_hi}, block_q, block_k};
   pb.kt = scratch;
   pb.vt = pb.kt + batch * kv_heads * skp * dp;
   pb.delta = pb.vt + batch * kv_heads * skp * dp;
@@ -142,9 +154,8 @@ int attnbench_fused_backward(const float* q, const float* k, const float* v, con
         int64_t cost = 0;  // score entries the item computes (per head of its group)
         for (int64_t i0 = 0; i0 < seq_q; i0 += block_q) {
           const int64_t rows = std::min(block_q, seq_q - i0);
-          bool seen = false;
-          for (int64_t r = 0; r < rows && !seen; ++r) seen = pb.rows.limit(b, i0 + r) > c0;
-          cost += seen ? rows * std::min(block_k, seq_k - c0) : 0;
+          const int64_t n = std::min(block_k, seq_k - c0);
+          cost += sees(pb.rows, b, i0, rows, c0, n) ? rows * n : 0;
         }
         if (cost > 0)
           for (int64_t hkv = 0; hkv < kv_heads; ++hkv) items.push_back({b, hkv, c0, cost});

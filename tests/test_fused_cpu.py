@@ -350,7 +350,7 @@ def test_window_work_is_proportional_to_the_window_not_the_sequence():
 
 def test_options_are_forward_only_and_checked():
     q, k, v = (torch.randn(1, 2, 40, 16, requires_grad=True) for _ in range(3))
-    with pytest.raises(NotImplementedError, match="backward takes no key ranges"):
+    with pytest.raises(NotImplementedError, match="backward takes key ranges, but no softcap or ALiBi yet"):
         fused_attention(q, k, v, scale=0.25, options=ScoreOptions(softcap=5.0))
     with torch.no_grad(), pytest.raises(ValueError, match="key ranges must be contiguous int64 of shape \\(1, 40\\)"):
         fused_attention(q, k, v, scale=0.25, mask="ranges", options=ScoreOptions(ranges=(torch.zeros(40),) * 2))
@@ -379,3 +379,19 @@ def test_paged_decode_reads_pages_in_place_and_matches_float64(
     visible = (torch.arange(seq_k)[None, :] < lengths[:, None])[:, None, None, :].expand(batch, 1, seq_q, seq_k)
     assert (out.double() - _attention64(q, k, v, 0.2, visible)).abs().max() < 1e-5
     assert tiles == int(lengths.sum()) * heads * seq_q
+
+
+@pytest.mark.parametrize("kind", ["window", "document"])
+def test_key_ranges_gradients_match_float64(kind):
+    batch, heads, kv_heads, seq_q, seq_k, head_dim = 2, 4, 2, 300, 300 if kind == "document" else 620, 50
+    torch.manual_seed(0)
+    q = torch.randn(batch, heads, seq_q, head_dim, requires_grad=True)
+    k, v = (torch.randn(batch, kv_heads, seq_k, head_dim, requires_grad=True) for _ in range(2))
+    lo, hi = _key_ranges(kind, batch, seq_q, seq_k)
+    out, _ = fused_attention(q, k, v, scale=0.3, mask="ranges", options=ScoreOptions(ranges=(lo, hi)))
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), upstream)
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = torch.autograd.grad(_modified64(*leaves64, 0.3, lo, hi), leaves64, upstream.double())
+    for got, want in zip(grads, expected, strict=True):
+        assert (got.double() - want).abs().max() / want.abs().max() < 1e-5
