@@ -1,6 +1,7 @@
-"""Build, cache and call the fused CPU kernel (``fused_cpu_kernel.cpp``), with no build system at all.
+"""Build, cache and call the fused CPU kernel, with no build system at all: ``fused_cpu_kernel.cpp`` (forward),
+``fused_cpu_backward.cpp``, ``fused_cpu_decode.cpp`` (forward for few query rows), on ``fused_cpu_tiles.h``.
 
-The C++ source has a plain C entry point, so it needs neither torch's headers nor pybind11: one g++ call
+The C++ sources have plain C entry points, so it needs neither torch's headers nor pybind11: one g++ call
 (about 2 s) builds a shared library that ctypes loads. The library is compiled at first use with
 ``-O3 -march=native`` (so the vectors are AVX-512 where the CPU has it) and cached under
 ``$ATTNBENCH_CACHE_DIR/kernels`` (default ``~/.cache/attnbench/kernels``), keyed by the source, the
@@ -28,13 +29,51 @@ import torch
 
 from attnbench.ceilings import cache_dir
 
-SOURCE = Path(__file__).with_name("fused_cpu_kernel.cpp")
+HERE = Path(__file__).parent
+SOURCES = tuple(HERE / f"fused_cpu_{part}.cpp" for part in ("kernel", "backward", "decode"))  # one library
+HEADERS = (HERE / "fused_cpu_tiles.h", HERE / "fused_cpu_bf16.h")  # part of the build's identity too
 FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-pthread")
 # Tried in order: vectors for this CPU with OpenMP, then without each (a compiler may lack either).
 VARIANTS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
 COMPILE_TIMEOUT_S = 180
-MASK_CODES = {"none": 0, "causal": 1, "causal_bottom_right": 2, "padding": 3}
+MASK_CODES = {"none": 0, "causal": 1, "causal_bottom_right": 2, "padding": 3, "ranges": 4}  # ranges: forward only
 VECTOR = 16  # floats per vector in the kernel: the head dim of v is padded to it
+
+
+class ForwardExtras(ctypes.Structure):
+    """fused_cpu_kernel.cpp's ForwardExtras: per-row key ranges (mask "ranges"), softcap, ALiBi slopes."""
+
+    _fields_ = [
+        ("lo", ctypes.c_void_p),
+        ("hi", ctypes.c_void_p),
+        ("softcap", ctypes.c_float),
+        ("alibi", ctypes.c_void_p),
+    ]
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    """What the forward takes beyond the masks: ``ranges`` (lo, hi), each (B, Sq) int64, row i of batch b
+    seeing keys [lo, hi) (with mask "ranges"); ``softcap`` (scores ← softcap·tanh(scores / softcap));
+    ``alibi`` (H float32 slopes: scores −= slope_h·|i + Sk − Sq − j|). Scores are q·kᵀ·scale."""
+
+    ranges: tuple[torch.Tensor, torch.Tensor] | None = None
+    softcap: float | None = None
+    alibi: torch.Tensor | None = None
+
+    def structure(self, batch: int, heads: int, seq_q: int) -> ForwardExtras:
+        lo = hi = None
+        if self.ranges is not None:
+            lo, hi = self.ranges
+            for bound in (lo, hi):
+                if bound.dtype != torch.int64 or bound.shape != (batch, seq_q) or not bound.is_contiguous():
+                    raise ValueError(f"key ranges must be contiguous int64 of shape ({batch}, {seq_q})")
+        if self.alibi is not None and (self.alibi.dtype != torch.float32 or self.alibi.shape != (heads,)):
+            raise ValueError(f"alibi slopes must be float32 of shape ({heads},)")
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"softcap must be positive, got {self.softcap}")
+        pointers = [None if t is None else t.data_ptr() for t in (lo, hi, self.alibi)]
+        return ForwardExtras(pointers[0], pointers[1], self.softcap or 0.0, pointers[2])
 
 
 class BuildError(RuntimeError):
@@ -52,6 +91,13 @@ class Kernel:
     def packed_keys(self, seq_k: int) -> int:
         return int(self.library.attnbench_fused_packed_keys(seq_k))
 
+    def backward_scratch_floats(
+        self, q: torch.Tensor, k: torch.Tensor, block_q: int, block_k: int, threads: int
+    ) -> int:
+        (batch, heads, seq_q, padded), (kv_heads, seq_k) = q.shape, k.shape[1:3]
+        args = (batch, heads, kv_heads, seq_q, seq_k, padded, block_q, block_k, threads)
+        return int(self.library.attnbench_fused_backward_scratch_floats(*args))
+
     def forward(
         self,
         q: torch.Tensor,
@@ -59,6 +105,7 @@ class Kernel:
         kt: torch.Tensor,
         v: torch.Tensor,
         out: torch.Tensor,
+        lse: torch.Tensor | None = None,
         *,
         scale: float,
         mask: str,
@@ -67,16 +114,14 @@ class Kernel:
         block_k: int,
         threads: int,
         scratch: torch.Tensor,
+        options: ScoreOptions | None = None,
     ) -> int:
         """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D) over k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dp), all
-        float32 and contiguous; kt is scratch for B·Hkv·packed_keys(Sk)·D floats. Returns the number of score
-        entries computed."""
+        float32 and contiguous; kt is scratch for B·Hkv·packed_keys(Sk)·D floats; lse (B, H, Sq), when given,
+        receives each row's log-sum-exp for the backward. Returns the number of score entries computed."""
         batch, heads, seq_q, head_dim = q.shape
         kv_heads, seq_k = k.shape[1], k.shape[2]
-        tensors = {"q": q, "k": k, "kt": kt, "v": v, "out": out, "scratch": scratch}
-        for name, t in tensors.items():
-            if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
-                raise ValueError(f"{name} must be a contiguous float32 CPU tensor")
+        _check_float32(q=q, k=k, kt=kt, v=v, out=out, scratch=scratch)
         padded = v.shape[-1]
         if k.shape[0] != batch or heads % kv_heads or v.shape[:3] != k.shape[:3] or k.shape[3] != head_dim:
             raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -86,10 +131,11 @@ class Kernel:
             raise ValueError(f"kt holds {kt.numel()} floats, fewer than the packed keys need")
         if scratch.numel() < threads * self.scratch_floats(block_q, block_k, head_dim, padded):
             raise ValueError(f"scratch holds {scratch.numel()} floats, fewer than {threads} threads need")
-        if lengths is not None and (lengths.dtype != torch.int64 or lengths.shape != (batch,)):
-            raise ValueError(f"lengths must be int64 of shape ({batch},), got {lengths.dtype} {tuple(lengths.shape)}")
-        if mask == "padding" and lengths is None:
-            raise ValueError("mask 'padding' needs lengths")
+        if lse is not None:
+            _check_float32(lse=lse)
+            if lse.shape != (batch, heads, seq_q):
+                raise ValueError(f"lse must be {(batch, heads, seq_q)}, got {tuple(lse.shape)}")
+        _check_lengths(mask, lengths, batch)
         tiles = ctypes.c_int64(0)
         status = self.library.attnbench_fused_forward(
             q.data_ptr(),
@@ -97,6 +143,7 @@ class Kernel:
             kt.data_ptr(),
             v.data_ptr(),
             out.data_ptr(),
+            None if lse is None else lse.data_ptr(),
             batch,
             heads,
             kv_heads,
@@ -107,6 +154,7 @@ class Kernel:
             scale,
             MASK_CODES[mask],
             None if lengths is None else lengths.data_ptr(),
+            None if options is None else ctypes.byref(options.structure(batch, heads, seq_q)),
             block_q,
             block_k,
             threads,
@@ -116,6 +164,219 @@ class Kernel:
         if status != 0:
             raise RuntimeError(f"fused_cpu kernel rejected its arguments (status {status})")
         return tiles.value
+
+    def has_bf16(self) -> bool:
+        """Whether this build has the bfloat16 forward (AVX512-BF16 dot products)."""
+        return bool(self.library.attnbench_fused_has_bf16())
+
+    def forward_bf16(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+        *,
+        scale: float,
+        mask: str,
+        lengths: torch.Tensor | None,
+        block_q: int,
+        block_k: int,
+        threads: int,
+        options: ScoreOptions | None = None,
+    ) -> int:
+        """out (B, H, Sq, Dp) float32 = attention of bfloat16 q (B, H, Sq, D) over k, v (B, Hkv, Sk, D), D even, all
+        contiguous, with AVX512-BF16 dot products and float32 softmax and accumulators; lse as in forward.
+        Returns the number of score entries computed."""
+        for name, t in {"q": q, "k": k, "v": v}.items():
+            if t.dtype != torch.bfloat16 or not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError(f"{name} must be a contiguous bfloat16 CPU tensor")
+        _check_float32(out=out)
+        batch, heads, seq_q, head_dim = q.shape
+        kv_heads, seq_k, padded = k.shape[1], k.shape[2], out.shape[-1]
+        if k.shape[0] != batch or heads % kv_heads or v.shape != k.shape or k.shape[3] != head_dim or head_dim % 2:
+            raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if out.shape != (batch, heads, seq_q, padded) or padded < head_dim or padded % VECTOR:
+            raise ValueError(f"out must be {(batch, heads, seq_q, padded)} with the head dim padded to {VECTOR}")
+        if lse is not None:
+            _check_float32(lse=lse)
+        _check_lengths(mask, lengths, batch)
+        keys = batch * kv_heads * self.packed_keys(seq_k)
+        kt16, v16 = torch.empty(keys * head_dim, dtype=torch.bfloat16), torch.empty(keys * padded, dtype=torch.bfloat16)
+        scratch = torch.empty(threads * self.scratch_floats(block_q, block_k, head_dim, padded))
+        tiles = ctypes.c_int64(0)
+        status = self.library.attnbench_fused_forward_bf16(
+            q.data_ptr(),
+            k.data_ptr(),
+            kt16.data_ptr(),
+            v.data_ptr(),
+            v16.data_ptr(),
+            out.data_ptr(),
+            None if lse is None else lse.data_ptr(),
+            batch,
+            heads,
+            kv_heads,
+            seq_q,
+            seq_k,
+            head_dim,
+            padded,
+            scale,
+            MASK_CODES[mask],
+            None if lengths is None else lengths.data_ptr(),
+            None if options is None else ctypes.byref(options.structure(batch, heads, seq_q)),
+            block_q,
+            block_k,
+            threads,
+            scratch.data_ptr(),
+            ctypes.byref(tiles),
+        )
+        if status != 0:
+            raise RuntimeError(f"fused_cpu bf16 kernel rejected its arguments (status {status})")
+        return tiles.value
+
+    def decode_max_rows(self) -> int:
+        return int(self.library.attnbench_fused_decode_max_rows())
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+        *,
+        scale: float,
+        mask: str,
+        lengths: torch.Tensor | None,
+        threads: int,
+        pages: torch.Tensor | None = None,
+    ) -> tuple[int, int]:
+        """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D), Sq ≤ decode_max_rows(), over k (B, Hkv, Sk, D) and
+        v (B, Hkv, Sk, Dp), all float32 and contiguous, keys split across threads when B·Hkv is too few to feed
+        them (fused_cpu_decode.cpp); lse as in forward. Returns (score entries computed, key splits). Paged
+        KV: ``pages`` (B, max_pages) int32 indexes k (num_pages, Hkv, page_size, D) and v (…, Dp) pools, the
+        keys of batch b being its pages in order; page_size a multiple of 16."""
+        _check_float32(q=q, k=k, v=v, out=out)
+        batch, heads, seq_q, head_dim = q.shape
+        kv_heads, seq_k, padded = k.shape[1], k.shape[2], v.shape[-1]
+        page_size = max_pages = 0
+        if pages is not None:
+            page_size, max_pages, seq_k = k.shape[2], pages.shape[1], pages.shape[1] * k.shape[2]
+            if pages.dtype != torch.int32 or pages.shape[0] != batch or not pages.is_contiguous() or page_size % 16:
+                raise ValueError(f"pages must be contiguous int32 ({batch}, max_pages), pages of a multiple of 16")
+            if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= k.shape[0]):
+                raise ValueError(f"page table entries must lie in [0, {k.shape[0]})")
+        elif k.shape[0] != batch:
+            raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if heads % kv_heads or v.shape[:3] != k.shape[:3] or k.shape[3] != head_dim:
+            raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if out.shape != (batch, heads, seq_q, padded) or padded < head_dim or padded % VECTOR:
+            raise ValueError(f"out must be {(batch, heads, seq_q, padded)} with the head dim padded to {VECTOR}")
+        if lse is not None:
+            _check_float32(lse=lse)
+            if lse.shape != (batch, heads, seq_q):
+                raise ValueError(f"lse must be {(batch, heads, seq_q)}, got {tuple(lse.shape)}")
+        _check_lengths(mask, lengths, batch)
+        args = (batch, heads, kv_heads, seq_q, seq_k, padded, threads)
+        scratch = torch.empty(int(self.library.attnbench_fused_decode_scratch_floats(*args)))
+        tiles, splits = ctypes.c_int64(0), ctypes.c_int64(0)
+        status = self.library.attnbench_fused_decode(
+            q.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            out.data_ptr(),
+            None if lse is None else lse.data_ptr(),
+            batch,
+            heads,
+            kv_heads,
+            seq_q,
+            seq_k,
+            head_dim,
+            padded,
+            scale,
+            MASK_CODES[mask],
+            None if lengths is None else lengths.data_ptr(),
+            None if pages is None else pages.data_ptr(),
+            page_size,
+            max_pages,
+            threads,
+            scratch.data_ptr(),
+            ctypes.byref(tiles),
+            ctypes.byref(splits),
+        )
+        if status != 0:
+            raise RuntimeError(f"fused_cpu decode kernel rejected its arguments (status {status})")
+        return tiles.value, splits.value
+
+    def backward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        dout: torch.Tensor,
+        lse: torch.Tensor,
+        *,
+        scale: float,
+        mask: str,
+        lengths: torch.Tensor | None,
+        block_q: int,
+        block_k: int,
+        threads: int,
+        ranges: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """(dq, dk, dv) of attention for q, out, dout (B, H, Sq, Dp), k, v (B, Hkv, Sk, Dp) and the forward's
+        lse (B, H, Sq), all float32 and contiguous, the head dim zero-padded to a multiple of VECTOR; dk and dv
+        summed over each kv head's query heads; ``ranges`` (lo, hi) for mask "ranges", as in the forward. Also
+        returns the number of score entries computed."""
+        _check_float32(q=q, k=k, v=v, out=out, dout=dout, lse=lse)
+        batch, heads, seq_q, padded = q.shape
+        kv_heads, seq_k = k.shape[1], k.shape[2]
+        if padded % VECTOR or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != padded or heads % kv_heads:
+            raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if out.shape != q.shape or dout.shape != q.shape or lse.shape != q.shape[:3]:
+            raise ValueError(f"out, dout must be {tuple(q.shape)} and lse {tuple(q.shape[:3])}")
+        _check_lengths(mask, lengths, batch)
+        if ranges is not None:
+            ScoreOptions(ranges=ranges).structure(batch, heads, seq_q)  # checks their dtype and shape
+        scratch = torch.empty(self.backward_scratch_floats(q, k, block_q, block_k, threads))
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        tiles = ctypes.c_int64(0)
+        status = self.library.attnbench_fused_backward(
+            *(t.data_ptr() for t in (q, k, v, out, dout, lse, dq, dk, dv)),
+            batch,
+            heads,
+            kv_heads,
+            seq_q,
+            seq_k,
+            padded,
+            scale,
+            MASK_CODES[mask],
+            None if lengths is None else lengths.data_ptr(),
+            None if ranges is None else ranges[0].data_ptr(),
+            None if ranges is None else ranges[1].data_ptr(),
+            block_q,
+            block_k,
+            threads,
+            scratch.data_ptr(),
+            ctypes.byref(tiles),
+        )
+        if status != 0:
+            raise RuntimeError(f"fused_cpu backward kernel rejected its arguments (status {status})")
+        return dq, dk, dv, tiles.value
+
+
+def _check_float32(**tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"{name} must be a contiguous float32 CPU tensor")
+
+
+def _check_lengths(mask: str, lengths: torch.Tensor | None, batch: int) -> None:
+    if lengths is not None and (lengths.dtype != torch.int64 or lengths.shape != (batch,)):
+        raise ValueError(f"lengths must be int64 of shape ({batch},), got {lengths.dtype} {tuple(lengths.shape)}")
+    if mask == "padding" and lengths is None:
+        raise ValueError("mask 'padding' needs lengths")
 
 
 def _cpu_flags() -> str:
@@ -137,13 +398,13 @@ def _compiler_version(compiler: str) -> str:
 
 
 def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> str | None:
-    """Compile SOURCE into target atomically; None on success, else the compiler's first error line."""
+    """Compile SOURCES into target atomically; None on success, else the compiler's first error line."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
         try:
             done = subprocess.run(
-                [compiler, *flags, str(SOURCE), "-o", str(partial)],
+                [compiler, *flags, *map(str, SOURCES), "-o", str(partial)],
                 capture_output=True,
                 text=True,
                 timeout=COMPILE_TIMEOUT_S,
@@ -165,13 +426,41 @@ def _declare(library: ctypes.CDLL) -> None:
     library.attnbench_fused_scratch_floats.argtypes = [i64] * 4
     library.attnbench_fused_packed_keys.restype = i64
     library.attnbench_fused_packed_keys.argtypes = [i64]
-    forward: list[type] = [ptr] * 5  # q, k, kt, v, out
+    forward: list[type] = [ptr] * 6  # q, k, kt, v, out, lse
     forward += [i64] * 7  # batch, heads, kv_heads, seq_q, seq_k, head_dim, dp
-    forward += [ctypes.c_float, i64, ptr]  # scale, mask, lengths
+    forward += [ctypes.c_float, i64, ptr, ctypes.POINTER(ForwardExtras)]  # scale, mask, lengths, extras
     forward += [i64] * 3  # block_q, block_k, nthreads
     forward += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
     library.attnbench_fused_forward.restype = ctypes.c_int
     library.attnbench_fused_forward.argtypes = forward
+    library.attnbench_fused_backward_scratch_floats.restype = i64
+    library.attnbench_fused_backward_scratch_floats.argtypes = [i64] * 9
+    backward: list[type] = [ptr] * 9  # q, k, v, out, dout, lse, dq, dk, dv
+    backward += [i64] * 6  # batch, heads, kv_heads, seq_q, seq_k, dp
+    backward += [ctypes.c_float, i64, ptr, ptr, ptr]  # scale, mask, lengths, row_lo, row_hi
+    backward += [i64] * 3  # block_q, block_k, nthreads
+    backward += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
+    library.attnbench_fused_backward.restype = ctypes.c_int
+    library.attnbench_fused_backward.argtypes = backward
+    library.attnbench_fused_has_bf16.restype = ctypes.c_int
+    library.attnbench_fused_has_bf16.argtypes = []
+    bf16: list[type] = [ptr] * 7  # q, k, kt16, v, v16, out, lse
+    bf16 += [i64] * 7  # batch, heads, kv_heads, seq_q, seq_k, head_dim, dp
+    bf16 += [ctypes.c_float, i64, ptr, ctypes.POINTER(ForwardExtras)]  # scale, mask, lengths, extras
+    bf16 += [i64] * 3  # block_q, block_k, nthreads
+    bf16 += [ptr, ctypes.POINTER(i64)]  # scratch, tiles
+    library.attnbench_fused_forward_bf16.restype = ctypes.c_int
+    library.attnbench_fused_forward_bf16.argtypes = bf16
+    library.attnbench_fused_decode_max_rows.restype = i64
+    library.attnbench_fused_decode_max_rows.argtypes = []
+    library.attnbench_fused_decode_scratch_floats.restype = i64
+    library.attnbench_fused_decode_scratch_floats.argtypes = [i64] * 7
+    decode: list[type] = [ptr] * 5  # q, k, v, out, lse
+    decode += [i64] * 7  # batch, heads, kv_heads, seq_q, seq_k, head_dim, dp
+    decode += [ctypes.c_float, i64, ptr, ptr, i64, i64, i64]  # scale, mask, lengths, pages, page size/count, nthreads
+    decode += [ptr, ctypes.POINTER(i64), ctypes.POINTER(i64)]  # scratch, tiles, splits
+    library.attnbench_fused_decode.restype = ctypes.c_int
+    library.attnbench_fused_decode.argtypes = decode
 
 
 def load() -> Kernel:
@@ -189,7 +478,11 @@ def _build() -> Kernel | str:
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
         return f"no C++ compiler: {compiler!r} not found (install g++ or set $CXX)"
-    identity = [SOURCE.read_bytes(), _compiler_version(compiler).encode(), _cpu_flags().encode()]
+    identity = [
+        *(path.read_bytes() for path in SOURCES + HEADERS),
+        _compiler_version(compiler).encode(),
+        _cpu_flags().encode(),
+    ]
     failures = []
     for variant in VARIANTS:
         flags = FLAGS + variant

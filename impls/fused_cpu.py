@@ -7,25 +7,43 @@ mask hides completely (causal does about half the work of none). Each thread's t
 × 256 keys, the q rows, the output accumulator — fit its L2 cache; the inner products are register
 tiles of 6 rows × 64 floats, the exponential is AVX-512's scalef on a polynomial.
 
-Everything here is done in float32: bfloat16 and float16 inputs are widened on the way in (an O(S·D)
-copy) and the output narrowed on the way out. Besides that, the kernel packs kᵀ into panels of 64 keys
-in scratch memory this file allocates, and v is padded when head_dim is not a multiple of 16 — O(S·D)
-too. All of it happens inside the timed call, because the mha module rewrites q, k and v before each call.
+Backward (``fused_cpu_backward.cpp``, FlashAttention-2): the forward also keeps each row's log-sum-exp; the
+backward recomputes the probabilities tile by tile from q, k and it (64 query rows × 256 keys), one work item
+per (batch, kv head, key block) owning its rows of dk and dv, dq summed from per-thread partials (no atomics,
+no second pass: see the .cpp). It runs through ``torch.autograd.Function``, so ``torch.autograd.grad`` uses it.
+
+bfloat16 (``fused_cpu_bf16.h``): where the build targets AVX512-BF16 (``-march=native`` on such a CPU), the
+forward's two products are ``vdpbf16ps`` dot products of bf16 pairs (q read as is, kᵀ and v packed in pairs,
+P rounded to bf16 before P·V as FlashAttention does on GPUs) with float32 softmax and accumulators. Setting
+``ATTNBENCH_FUSED_CPU_ISA=fp32`` forces the float32 path instead (what a CPU without AVX512-BF16 takes).
+float16 is always widened to float32 (``vcvtph2ps``, exact): there is no AVX512-FP16 here, and rounding fp16
+to bf16 would drop 3 bits of every input. Widening is an O(S·D) copy on the way in, as is the packing of kᵀ
+into panels of 64 keys in scratch memory this file allocates and v's padding when head_dim is not a multiple
+of 16; all of it happens inside the timed call, because the mha module rewrites q, k and v before each call.
+
+Decode (``fused_cpu_decode.cpp``): with at most 16 query rows, one work item per (batch, kv head, key split)
+takes the whole GQA group, reads k and v once straight from the caller's tensors, and splits the keys across
+threads (merging the partial max, sum and output) when B·Hkv items are too few to feed them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from attnbench.contender import Capabilities, Contender
+from attnbench.errors import UsageError
 from attnbench.impls import _cpu_kernel
+from attnbench.impls._cpu_kernel import ScoreOptions
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
 BLOCK_Q = 256
 BLOCK_K = 256
+BACKWARD_BLOCK_Q = 64  # the backward holds two BACKWARD_BLOCK_Q × BLOCK_K tiles (P and dP) per thread
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -41,28 +59,108 @@ def fused_attention(
     mask: str = "none",
     lengths: torch.Tensor | None = None,
     threads: int | None = None,
+    options: ScoreOptions | None = None,
 ) -> tuple[torch.Tensor, int]:
     """softmax(q·kᵀ·scale + mask)·v for q (B, H, Sq, D) and k, v (B, Hkv, Sk, D) on the CPU, H a multiple of
-    Hkv; ``lengths`` (int64, one per batch element) for the padding mask. Returns the output, in q's dtype,
-    and the number of score entries the kernel computed (how block skipping shows)."""
+    Hkv; ``lengths`` (one per batch element, any integer dtype) for the padding mask. Returns the output, in
+    q's dtype, and the number of score entries the kernel computed (how block skipping shows). When autograd
+    records (grad enabled and q, k or v requiring grad), the output's backward is the fused backward kernel.
+    ``options`` (per-row key ranges with mask "ranges", softcap, ALiBi: see ``_cpu_kernel.ScoreOptions``) are
+    forward only for now, but for the key ranges, which the backward takes too."""
+    threads = threads or torch.get_num_threads()
+    if lengths is not None:
+        lengths = lengths.to(torch.int64).contiguous()  # any integer tensor; the kernel reads int64
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        if options is not None and (options.softcap is not None or options.alibi is not None):
+            raise NotImplementedError("fused_cpu's backward takes key ranges, but no softcap or ALiBi yet")
+        stats: dict[str, int] = {}
+        out = _FusedAttention.apply(q, k, v, scale, mask, lengths, threads, stats, options)
+        return out, stats["tiles"]
+    out32, _, tiles = _forward(
+        q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=False, options=options
+    )
+    return _narrow(out32, q), tiles
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    page_table: torch.Tensor,
+    lengths: torch.Tensor | None = None,
+    *,
+    scale: float,
+    threads: int | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Decode attention over a paged KV cache: q (B, H, Sq ≤ 16, D); k_pages, v_pages (num_pages, Hkv,
+    page_size, D) pools, page_size a multiple of 16; page_table (B, max_pages) int, batch b's keys being its
+    pages in order; lengths (B,) the cache length of each sequence (default: every page full). The kernel
+    reads the pages in place (no gather). Returns the output in q's dtype and the score entries computed."""
+    kernel = _cpu_kernel.load()
+    padded_dim = _round_up(q.shape[-1], _cpu_kernel.VECTOR)
+    out = torch.empty(*q.shape[:3], padded_dim, dtype=torch.float32)
+    k32 = k_pages.detach().to(torch.float32).contiguous()
+    if lengths is not None:
+        lengths = lengths.to(torch.int64).contiguous()
+    tiles, _ = kernel.decode(
+        q.detach().to(torch.float32).contiguous(),
+        k32,
+        _padded32(v_pages, padded_dim),
+        out,
+        None,
+        scale=scale,
+        mask="none" if lengths is None else "padding",
+        lengths=lengths,
+        threads=threads or torch.get_num_threads(),
+        pages=page_table.to(torch.int32).contiguous(),
+    )
+    return _narrow(out, q), tiles
+
+
+def _narrow(out32: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The kernel's padded float32 output as the caller's (B, H, Sq, D) in q's dtype."""
+    head_dim = q.shape[-1]
+    return (out32 if out32.shape[-1] == head_dim else out32[..., :head_dim]).to(q.dtype)
+
+
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    mask: str,
+    lengths: torch.Tensor | None,
+    threads: int,
+    keep_lse: bool,
+    options: ScoreOptions | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """The forward kernel: (output (B, H, Sq, Dp) float32, each row's log-sum-exp (B, H, Sq) or None, score
+    entries computed)."""
     kernel = _cpu_kernel.load()
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     padded_dim = _round_up(head_dim, _cpu_kernel.VECTOR)
     block_q = min(BLOCK_Q, seq_q)
-    threads = threads or torch.get_num_threads()
-    if lengths is not None:
-        lengths = lengths.to(torch.int64).contiguous()  # any integer tensor; the kernel reads int64
-
-    q32 = q.detach().to(torch.float32).contiguous()
-    k32 = k.detach().to(torch.float32).contiguous()
-    kt = torch.empty(batch * kv_heads * kernel.packed_keys(seq_k) * head_dim)  # the kernel packs kᵀ here
-    if padded_dim == head_dim:
-        v32 = v.detach().to(torch.float32).contiguous()
-    else:
-        v32 = torch.zeros(batch, kv_heads, seq_k, padded_dim, dtype=torch.float32)
-        v32[..., :head_dim].copy_(v.detach())
     out = torch.empty(batch, heads, seq_q, padded_dim, dtype=torch.float32)
+    lse = torch.empty(batch, heads, seq_q, dtype=torch.float32) if keep_lse else None
+    decode = (
+        seq_q <= kernel.decode_max_rows() and options is None
+    )  # bandwidth-bound: k and v read once, keys split across threads
+    if not decode and isa(q.dtype) == "avx512_bf16":
+        q16, k16, v16 = (_even_dim(t.detach().contiguous()) for t in (q, k, v))
+        sizes = {"block_q": block_q, "block_k": BLOCK_K, "threads": threads}
+        tiles = kernel.forward_bf16(
+            q16, k16, v16, out, lse, scale=scale, mask=mask, lengths=lengths, options=options, **sizes
+        )
+        return out, lse, tiles
+    q32 = q.detach().to(torch.float32).contiguous()  # the float32 paths from here on (no copy for float32)
+    k32 = k.detach().to(torch.float32).contiguous()
+    v32 = _padded32(v, padded_dim)
+    if decode:
+        tiles, _ = kernel.decode(q32, k32, v32, out, lse, scale=scale, mask=mask, lengths=lengths, threads=threads)
+        return out, lse, tiles
+    kt = torch.empty(batch * kv_heads * kernel.packed_keys(seq_k) * head_dim)  # the kernel packs kᵀ here
     scratch = torch.empty(threads * kernel.scratch_floats(block_q, BLOCK_K, head_dim, padded_dim))
     tiles = kernel.forward(
         q32,
@@ -70,6 +168,7 @@ def fused_attention(
         kt,
         v32,
         out,
+        lse,
         scale=scale,
         mask=mask,
         lengths=lengths,
@@ -77,15 +176,94 @@ def fused_attention(
         block_k=BLOCK_K,
         threads=threads,
         scratch=scratch,
+        options=options,
     )
-    result = out if padded_dim == head_dim else out[..., :head_dim]
-    return result.to(q.dtype), tiles
+    return out, lse, tiles
+
+
+ISA_VARIABLE = "ATTNBENCH_FUSED_CPU_ISA"
+
+
+def isa(dtype: torch.dtype) -> str:
+    """The instructions fused_cpu's forward uses for inputs of this dtype (with Sq above the decode rows):
+    "avx512_bf16" for bfloat16 where the build has AVX512-BF16 dot products (vdpbf16ps) and
+    $ATTNBENCH_FUSED_CPU_ISA is not "fp32", else "fp32" (inputs widened to float32; float16 always is, since
+    this CPU family has no AVX512-FP16 and rounding fp16 to bf16 would lose 3 bits of every input)."""
+    choice = os.environ.get(ISA_VARIABLE, "auto")
+    if choice not in ("auto", "fp32"):
+        raise UsageError(f"{ISA_VARIABLE}={choice!r} is not known; allowed: auto, fp32")
+    if dtype == torch.bfloat16 and choice == "auto" and _cpu_kernel.load().has_bf16():
+        return "avx512_bf16"
+    return "fp32"
+
+
+def _even_dim(x: torch.Tensor) -> torch.Tensor:
+    """x with an odd last axis zero-padded by one (the bf16 dot products take pairs)."""
+    return x if x.shape[-1] % 2 == 0 else torch.nn.functional.pad(x, (0, 1))
+
+
+def _padded32(x: torch.Tensor, padded_dim: int) -> torch.Tensor:
+    """x as contiguous float32 with its last axis zero-padded to padded_dim (x itself when it already is)."""
+    if x.shape[-1] == padded_dim:
+        return x.detach().to(torch.float32).contiguous()
+    padded = torch.zeros(*x.shape[:-1], padded_dim, dtype=torch.float32)
+    padded[..., : x.shape[-1]].copy_(x.detach())
+    return padded
+
+
+class _FusedAttention(torch.autograd.Function):
+    """fused_attention with the fused backward: the forward keeps each row's log-sum-exp (B·H·Sq floats)
+    beside its float32 output, and the backward (``fused_cpu_backward.cpp``) recomputes the probabilities
+    tile by tile from them — FlashAttention-2's scheme, O(S·D) memory."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        mask: str,
+        lengths: torch.Tensor | None,
+        threads: int,
+        stats: dict[str, int],
+        options: ScoreOptions | None,
+    ) -> torch.Tensor:
+        out32, lse, stats["tiles"] = _forward(
+            q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=True, options=options
+        )
+        ctx.save_for_backward(q, k, v, out32, lse)
+        ctx.options = (scale, mask, lengths, threads, None if options is None else options.ranges)
+        return _narrow(out32, q)
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out32, lse = ctx.saved_tensors
+        scale, mask, lengths, threads, ranges = ctx.options
+        padded_dim = out32.shape[-1]
+        dq, dk, dv, _ = _cpu_kernel.load().backward(
+            _padded32(q, padded_dim),
+            _padded32(k, padded_dim),
+            _padded32(v, padded_dim),
+            out32,
+            _padded32(dout, padded_dim),
+            lse,
+            scale=scale,
+            mask=mask,
+            lengths=lengths,
+            block_q=BACKWARD_BLOCK_Q,
+            block_k=BLOCK_K,
+            threads=threads,
+            ranges=ranges,
+        )
+        grads = (_narrow(g, t) for g, t in zip((dq, dk, dv), (q, k, v), strict=True))
+        return (*grads, None, None, None, None, None, None)
 
 
 class FusedCpu(Contender):
     name = "fused_cpu"
     description = "ours: C++ online-softmax attention, 256×256 tiles, skips masked blocks, no S² memory"
-    capabilities = Capabilities(devices=frozenset({"cpu"}))
+    capabilities = Capabilities(devices=frozenset({"cpu"}), backward=True)
 
     def availability(self) -> str | None:
         return _cpu_kernel.unavailable_reason()
@@ -101,8 +279,16 @@ class FusedCpu(Contender):
         floats += kv_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # v in float32
         floats += (q_rows + kv_rows) * w.head_dim if widened else 0  # q and k in float32
         floats += q_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # the float32 output
+        threads = torch.get_num_threads()
         per_thread = kernel.scratch_floats(min(BLOCK_Q, w.seq_q), BLOCK_K, w.head_dim, padded_dim)
-        return 4.0 * (floats + torch.get_num_threads() * per_thread)
+        if w.pass_ != "fwd":  # lse kept; the backward's scratch, padded copies and float32 gradients
+            q_shape = torch.Size((w.batch, w.heads, w.seq_q, padded_dim))
+            k_shape = torch.Size((w.batch, w.kv_heads, w.seq_k, padded_dim))
+            q, k = torch.empty(q_shape, device="meta"), torch.empty(k_shape, device="meta")
+            floats += w.batch * w.heads * w.seq_q  # lse
+            floats += kernel.backward_scratch_floats(q, k, BACKWARD_BLOCK_Q, BLOCK_K, threads)
+            floats += 3 * (q_rows + kv_rows) * padded_dim  # q, dout, dq and k, v, dk, dv at worst
+        return 4.0 * (floats + threads * per_thread)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         _cpu_kernel.load()

@@ -23,191 +23,10 @@
 // Threads: an OpenMP team of nthreads (torch's own pool, see the end of the file; std::threads when
 // built without OpenMP) takes work items (batch, head, query block) from an atomic counter, largest first.
 
-#include <algorithm>
-#include <atomic>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <thread>
-#include <vector>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
+#include "fused_cpu_bf16.h"
+#include "fused_cpu_tiles.h"
 
 namespace {
-
-constexpr int W = 16;  // floats per vector
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef float vf_unaligned __attribute__((vector_size(64), aligned(4)));
-
-inline vf load(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
-inline void store(float* p, vf x) { *reinterpret_cast<vf_unaligned*>(p) = x; }
-inline vf splat(float s) { return vf{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }  // one vbroadcastss
-
-// Horizontal max and sum by halving: four shuffles instead of fifteen lane extractions.
-template <typename Op>
-inline float reduce(vf x, Op op) {
-#ifndef __clang__
-  const vi half = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
-  const vi quarter = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
-  const vi eighth = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
-  const vi pair = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-#endif
-#ifdef __clang__
-  x = op(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
-  x = op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
-  x = op(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
-  x = op(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
-#else
-  x = op(x, __builtin_shuffle(x, half));
-  x = op(x, __builtin_shuffle(x, quarter));
-  x = op(x, __builtin_shuffle(x, eighth));
-  x = op(x, __builtin_shuffle(x, pair));
-#endif
-  return x[0];
-}
-
-inline float hmax(vf x) {
-  return reduce(x, [](vf a, vf b) { return a > b ? a : b; });
-}
-
-inline float hsum(vf x) {
-  return reduce(x, [](vf a, vf b) { return a + b; });
-}
-
-// 2^x for x <= 0 (values below 2^-126 come out as about 2^-126 or 0: harmless in a sum of terms >= 1).
-// 2^x = 2^n · 2^f with n = round(x), |f| <= 1/2, and 2^f = e^(f·ln2) by its Taylor series to degree 7
-// (coefficients ln2^i / i!; relative error below 1e-8 before rounding).
-inline vf exp2v(vf x) {
-  const float c[8] = {1.f, 0.6931471805599453f, 0.2402265069591007f, 0.0555041086648216f, 0.0096181291076285f,
-                      0.0013333558146428f, 0.0001540353039338f, 1.525273380405984e-05f};
-#ifdef __AVX512F__
-  const __m512 v = _mm512_max_ps((__m512)x, _mm512_set1_ps(-126.f));
-  const __m512 n = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(v, n);
-  __m512 p = _mm512_set1_ps(c[7]);
-  for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
-  return (vf)_mm512_scalef_ps(p, n);  // p · 2^n in one instruction
-#else
-  x = x < splat(-126.f) ? splat(-126.f) : x;
-  const vf shifted = x + 0.5f;
-  vf n = __builtin_convertvector(__builtin_convertvector(shifted, vi), vf);
-  n = n > shifted ? n - 1.f : n;  // floor(x + 0.5): round to nearest
-  const vf f = x - n;
-  vf p = splat(c[7]);
-  for (int i = 6; i >= 0; --i) p = p * f + c[i];
-  const vi bits = (vi)p + __builtin_convertvector(n, vi) * (1 << 23);  // p · 2^n
-  return (vf)bits;
-#endif
-}
-
-// Lanes [0, count) of x, zeros elsewhere.
-inline vf keep_below(vf x, int count) {
-  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  return lane < count ? x : vf{};
-}
-
-// S[R][NV·W] = Q[R][D] · KT[D][NV·W]; rmax[R][W] = lane-wise max of itself and of the tile's rows, taken
-// while the scores are still in registers (the softmax then needs no pass of its own for the row max).
-template <int R, int NV>
-void qk_tile(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t d_len, float* s, int64_t lds,
-             float* rmax) {
-  vf acc[R][NV];
-  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] = vf{};
-  for (int64_t d = 0; d < d_len; ++d) {
-    vf k[NV];
-    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) k[j] = load(kt + d * ldk + j * W);
-    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
-      vf qb = splat(q[r * ldq + d]);
-      _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] += qb * k[j];
-    }
-  }
-  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
-    vf m = load(rmax + r * W);
-    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) {
-      store(s + r * lds + j * W, acc[r][j]);
-      m = acc[r][j] > m ? acc[r][j] : m;
-    }
-    store(rmax + r * W, m);
-  }
-}
-
-// O[R][NV·W] += P[R][n] · V[n][NV·W]
-template <int R, int NV>
-void pv_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t n, float* o, int64_t ldo) {
-  vf acc[R][NV];
-  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] = load(o + r * ldo + j * W);
-  for (int64_t c = 0; c < n; ++c) {
-    vf vv[NV];
-    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) vv[j] = load(v + c * ldv + j * W);
-    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
-      vf pb = splat(p[r * ldp + c]);
-      _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] += pb * vv[j];
-    }
-  }
-  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) store(o + r * ldo + j * W, acc[r][j]);
-}
-
-constexpr int TILE_ROWS = 6;  // 6 rows × 4 vectors = 24 accumulators of AVX-512's 32 registers
-constexpr int TILE_VECS = 4;
-
-typedef void (*QkFn)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, float*);
-typedef void (*PvFn)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
-
-template <int R>
-struct Row {
-  static constexpr QkFn qk[TILE_VECS] = {qk_tile<R, 1>, qk_tile<R, 2>, qk_tile<R, 3>, qk_tile<R, 4>};
-  static constexpr PvFn pv[TILE_VECS] = {pv_tile<R, 1>, pv_tile<R, 2>, pv_tile<R, 3>, pv_tile<R, 4>};
-};
-
-const QkFn* const QK[TILE_ROWS] = {Row<1>::qk, Row<2>::qk, Row<3>::qk, Row<4>::qk, Row<5>::qk, Row<6>::qk};
-const PvFn* const PV[TILE_ROWS] = {Row<1>::pv, Row<2>::pv, Row<3>::pv, Row<4>::pv, Row<5>::pv, Row<6>::pv};
-
-constexpr int PANEL = TILE_VECS * W;  // keys per packed kᵀ panel
-
-// S[rows][cols] = Q[rows][D] · Kᵀ[D][cols], Kᵀ given as consecutive (D, PANEL) panels; cols a multiple of W.
-void qk_block(const float* q, int64_t ldq, const float* panels, int64_t d_len, int64_t rows, int64_t cols, float* s,
-              int64_t lds, float* rmax) {
-  for (int64_t c = 0; c < cols; c += PANEL) {
-    int nv = static_cast<int>(std::min<int64_t>(TILE_VECS, (cols - c) / W));
-    const float* panel = panels + (c / PANEL) * d_len * PANEL;
-    for (int64_t r = 0; r < rows; r += TILE_ROWS) {
-      int nr = static_cast<int>(std::min<int64_t>(TILE_ROWS, rows - r));
-      QK[nr - 1][nv - 1](q + r * ldq, ldq, panel, PANEL, d_len, s + r * lds + c, lds, rmax + r * W);
-    }
-  }
-}
-
-// Panel p of kᵀ for one kv head: keys [p·PANEL, (p+1)·PANEL), zeros past seq_k.
-void pack_panel(const float* k, int64_t seq_k, int64_t d_len, int64_t p, float* panel) {
-  for (int64_t c = 0; c < PANEL; ++c) {
-    const int64_t key = p * PANEL + c;
-    for (int64_t d = 0; d < d_len; ++d) panel[d * PANEL + c] = key < seq_k ? k[key * d_len + d] : 0.f;
-  }
-}
-
-// O[rows][Dp] += P[rows][n] · V[n][Dp]; Dp a multiple of W.
-void pv_block(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t n, int64_t rows, int64_t dp,
-              float* o, int64_t ldo) {
-  for (int64_t c = 0; c < dp; c += TILE_VECS * W) {
-    int nv = static_cast<int>(std::min<int64_t>(TILE_VECS, (dp - c) / W));
-    for (int64_t r = 0; r < rows; r += TILE_ROWS) {
-      int nr = static_cast<int>(std::min<int64_t>(TILE_ROWS, rows - r));
-      PV[nr - 1][nv - 1](p + r * ldp, ldp, v + c, ldv, n, o + r * ldo + c, ldo);
-    }
-  }
-}
-
-enum Mask : int64_t { NONE = 0, CAUSAL = 1, CAUSAL_BOTTOM_RIGHT = 2, PADDING = 3 };
 
 struct Problem {
   const float* q;
@@ -215,37 +34,53 @@ struct Problem {
   float* kt;
   const float* v;
   float* out;
+  float* lse;  // (B, H, Sq) natural log-sum-exp of each row's visible scaled scores (-inf: none), or null
   int64_t batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp;
   float scale_log2;  // scale · log2(e)
-  int64_t mask;
-  const int64_t* lengths;
+  RowLimits rows;  // the mask: the number of keys query row i of batch b sees, a prefix [0, limit)
   int64_t block_q, block_k;
+  // bfloat16 inputs (attnbench_fused_forward_bf16), else null: q as is, kᵀ and v packed in pairs
+  const uint16_t *q16 = nullptr, *kt16 = nullptr, *v16 = nullptr;
+  // score modifiers, applied to the scaled scores before the mask (in base 2: multiplied by log2 e)
+  float softcap2 = 0.f;          // softcap·log2(e): s ← softcap2·tanh(s / softcap2); 0 = off
+  const float* alibi2 = nullptr;  // per query head, slope·log2(e): s −= slope2·|i + Sk − Sq − j|; null = off
+  std::vector<float> alibi2_storage;
 
-  // Number of keys query row i of batch b sees: a prefix [0, limit).
-  int64_t limit(int64_t b, int64_t i) const {
-    switch (mask) {
-      case CAUSAL: return std::min(seq_k, i + 1);
-      case CAUSAL_BOTTOM_RIGHT: return std::clamp<int64_t>(i + 1 + seq_k - seq_q, 0, seq_k);
-      case PADDING: return std::clamp<int64_t>(lengths[b], 0, seq_k);
-      default: return seq_k;
-    }
-  }
+  int64_t limit(int64_t b, int64_t i) const { return rows.limit(b, i); }
 };
 
 // Per-thread working memory, carved from the caller's buffer (torch allocates it, so the benchmark's
 // memory measurement sees it): scaled q rows, score tile, output accumulator, row max, row sum, and the
 // score tile's lane-wise row maxima.
+// With bf16 inputs the q rows are read in place and the first part holds P in bf16 instead (block_k / 2).
 int64_t scratch_floats(int64_t block_q, int64_t block_k, int64_t head_dim, int64_t dp) {
-  return block_q * (head_dim + block_k + dp + 2 + W);
+  return block_q * (std::max(head_dim, block_k / 2) + block_k + dp + 2 + W);
 }
 
 struct Scratch {
   float *q, *s, *o, *m, *l, *tile_max;
   int64_t tiles = 0;  // score entries computed, for the block-skipping check
   Scratch(const Problem& pb, float* base)
-      : q(base), s(q + pb.block_q * pb.head_dim), o(s + pb.block_q * pb.block_k), m(o + pb.block_q * pb.dp),
+      : q(base), s(q + pb.block_q * std::max(pb.head_dim, pb.block_k / 2)), o(s + pb.block_q * pb.block_k),
+        m(o + pb.block_q * pb.dp),
         l(m + pb.block_q), tile_max(l + pb.block_q) {}
 };
+
+// The score modifiers on one row of a score tile (keys c0 …), before masking: softcap, then ALiBi.
+void modify_scores(const Problem& pb, int64_t h, int64_t i, int64_t c0, float* sr, int64_t nv) {
+  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const float at = static_cast<float>(i + pb.seq_k - pb.seq_q - c0);  // the query's position among the keys
+  for (int64_t c = 0; c < nv; c += W) {
+    vf x = load(sr + c);
+    if (pb.softcap2 != 0.f) x = splat(pb.softcap2) * tanhv(x * (1.f / pb.softcap2));
+    if (pb.alibi2 != nullptr) {
+      vf distance = splat(at) - (__builtin_convertvector(lane, vf) + static_cast<float>(c));
+      distance = distance < vf{} ? -distance : distance;
+      x -= splat(pb.alibi2[h]) * distance;
+    }
+    store(sr + c, x);
+  }
+}
 
 void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) {
   const int64_t rows = std::min(pb.block_q, pb.seq_q - i0);
@@ -259,31 +94,50 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
   float* qs = sc.q;
   float* s = sc.s;
   float* o = sc.o;
-  int64_t key_end = 0;
+  int64_t key_begin = pb.seq_k, key_end = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = q[r * D + d] * pb.scale_log2;
+    key_begin = std::min(key_begin, pb.rows.first(b, i0 + r));
+    if (pb.q16 == nullptr)
+      for (int64_t d = 0; d < D; ++d) qs[r * D + d] = q[r * D + d] * pb.scale_log2;
     key_end = std::max(key_end, pb.limit(b, i0 + r));
     sc.m[r] = -std::numeric_limits<float>::infinity();
     sc.l[r] = 0.f;
   }
   std::memset(o, 0, sizeof(float) * rows * Dp);
 
-  for (int64_t c0 = 0; c0 < key_end; c0 += BK) {
+  const bool modified = pb.softcap2 != 0.f || pb.alibi2 != nullptr;  // the tile's lane maxima are stale
+  const bool bf16 = pb.q16 != nullptr;  // P is rounded to bf16: a shorter exp2 polynomial is exact enough
+  // Key blocks from the first visible key of any row (a multiple of PANEL, where kt's panels start) to the
+  // last: blocks wholly outside every row's range are never computed.
+  for (int64_t c0 = std::min(key_begin, key_end) / PANEL * PANEL; c0 < key_end; c0 += BK) {
     const int64_t n = std::min(BK, key_end - c0);
     const int64_t nv = (n + W - 1) / W * W;  // kt's key axis is padded, so reading up to nv is safe
     std::fill(sc.tile_max, sc.tile_max + rows * W, -std::numeric_limits<float>::infinity());
-    qk_block(qs, D, kt + c0 * D, D, rows, nv, s, BK, sc.tile_max);  // c0 is a multiple of PANEL
+    if (pb.q16 == nullptr) {
+      qk_block(qs, D, kt + c0 * D, D, rows, nv, s, BK, sc.tile_max);  // c0 is a multiple of PANEL
+    } else {
+#ifdef ATTNBENCH_BF16
+      const int64_t kv = b * pb.kv_heads + hkv, row0 = (b * pb.heads + h) * pb.seq_q + i0;
+      qk_block_bf16(pb.q16 + row0 * D, D, pb.kt16 + (kv * pb.skp + c0) * D, D, rows, nv, pb.scale_log2, s, BK,
+                    sc.tile_max);
+#endif
+    }
     sc.tiles += rows * nv;
     for (int64_t r = 0; r < rows; ++r) {
       float* sr = s + r * BK;
       const int64_t visible = std::clamp<int64_t>(pb.limit(b, i0 + r) - c0, 0, n);
-      if (visible == 0) {
+      const int64_t first = std::clamp<int64_t>(pb.rows.first(b, i0 + r) - c0, 0, n);
+      if (visible <= first) {
         std::memset(sr, 0, sizeof(float) * nv);
         continue;
       }
+      if (modified) modify_scores(pb, h, i0 + r, c0, sr, nv);
+      if (first > 0) {  // keys before the row's range: -inf, so they count nowhere
+        for (int64_t c = 0; c < first; ++c) sr[c] = -std::numeric_limits<float>::infinity();
+      }
       const int64_t full = visible / W * W;
       float row_max;
-      if (visible == nv) {  // every column computed is visible: the tile's max is the row's
+      if (visible == nv && !modified && first == 0) {  // every column computed is visible: the tile's max is the row's
         row_max = std::max(sc.m[r], hmax(load(sc.tile_max + r * W)));
       } else {  // a boundary block (or padded keys): only the visible columns count
         vf vmax = splat(sc.m[r]);
@@ -298,12 +152,15 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
       const vf m_new = splat(row_max);
       vf total = vf{};
       for (int64_t c = 0; c < full; c += W) {
-        vf p = exp2v(load(sr + c) - m_new);
+        vf p = bf16 ? exp2v<5>(load(sr + c) - m_new) : exp2v(load(sr + c) - m_new);
+        if (c < first) p = keep_from(p, static_cast<int>(first - c));  // exp2v(-inf) is 2^-126, not 0
         store(sr + c, p);
         total += p;
       }
       for (int64_t c = full; c < nv; c += W) {
-        vf p = keep_below(exp2v(load(sr + c) - m_new), static_cast<int>(visible - c));
+        vf p = keep_below(bf16 ? exp2v<5>(load(sr + c) - m_new) : exp2v(load(sr + c) - m_new),
+                          static_cast<int>(visible - c));
+        if (c < first) p = keep_from(p, static_cast<int>(first - c));
         store(sr + c, p);
         total += p;
       }
@@ -315,13 +172,123 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
       }
       sc.m[r] = row_max;
     }
-    pv_block(s, BK, v + c0 * Dp, Dp, n, rows, Dp, o, Dp);
+    if (pb.q16 == nullptr) {
+      pv_block(s, BK, 1, v + c0 * Dp, Dp, n, rows, Dp, o, Dp);
+    } else {
+#ifdef ATTNBENCH_BF16
+      const int64_t kv = b * pb.kv_heads + hkv;
+      pv_block_bf16(s, BK, reinterpret_cast<uint16_t*>(sc.q), pb.v16 + (kv * pb.skp + c0) * Dp, n, rows, Dp, o);
+#endif
+    }
   }
 
   for (int64_t r = 0; r < rows; ++r) {
     const float inv = sc.l[r] > 0.f ? 1.f / sc.l[r] : 0.f;  // a row with no visible key outputs zeros
     const vf a = splat(inv);
     for (int64_t d = 0; d < Dp; d += W) store(out + r * Dp + d, load(o + r * Dp + d) * a);
+    if (pb.lse != nullptr)  // the backward's P = exp(score - lse); base 2 inside, natural log outside
+      pb.lse[(b * pb.heads + h) * pb.seq_q + i0 + r] =
+          sc.l[r] > 0.f ? (sc.m[r] + std::log2(sc.l[r])) * 0.6931471805599453f
+                        : -std::numeric_limits<float>::infinity();
+  }
+}
+
+bool valid(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim,
+           int64_t dp, int64_t mask, const int64_t* lengths, int64_t block_q, int64_t block_k, int64_t nthreads,
+           const float* scratch) {
+  return batch >= 1 && heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0 && seq_q >= 1 && seq_k >= 1 &&
+         head_dim >= 1 && dp >= head_dim && dp % W == 0 && block_q >= 1 && block_k >= PANEL &&
+         block_k % PANEL == 0 && mask >= NONE && mask <= RANGES && (mask != PADDING || lengths != nullptr) &&
+         nthreads >= 1 && scratch != nullptr;
+}
+
+// Packs (pack(p) for p in [0, packs), shared over the team), then the work items (batch, head, query
+// block), largest first, from an atomic counter. Returns 0, or 2 when the work list could not be allocated.
+template <typename Pack>
+int launch(const Problem& pb, int64_t packs, Pack pack, int64_t nthreads, float* scratch, int64_t* tiles) {
+  struct Item {
+    int64_t b, h, i0, cost;
+  };
+  std::vector<Item> items;
+  try {
+    const int64_t blocks = (pb.seq_q + pb.block_q - 1) / pb.block_q;
+    items.reserve(pb.batch * pb.heads * blocks);
+    for (int64_t b = 0; b < pb.batch; ++b)
+      for (int64_t i = 0; i < blocks; ++i) {
+        const int64_t i0 = i * pb.block_q, last = std::min(pb.seq_q, i0 + pb.block_q) - 1;
+        const int64_t keys = std::max(pb.limit(b, i0), pb.limit(b, last));
+        for (int64_t h = 0; h < pb.heads; ++h) items.push_back({b, h, i0, keys * (last - i0 + 1)});
+      }
+  } catch (...) {
+    return 2;
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> computed{0};
+  const int64_t per_thread = scratch_floats(pb.block_q, pb.block_k, pb.head_dim, pb.dp);
+  auto worker = [&](int64_t t) {
+    Scratch sc(pb, scratch + t * per_thread);
+    for (int64_t k; (k = next.fetch_add(1)) < static_cast<int64_t>(items.size());)
+      run_item(pb, items[k].b, items[k].h, items[k].i0, sc);
+    computed += sc.tiles;
+  };
+  const int64_t team = std::min<int64_t>(nthreads, static_cast<int64_t>(items.size()));
+#ifdef _OPENMP
+  // torch's own OpenMP runtime (libgomp.so.1 is already loaded by torch, so this library binds to it):
+  // the team is torch's intra-op pool, hot and not competing with it for the cores.
+#pragma omp parallel num_threads(static_cast<int>(team))
+  {
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < packs; ++p) pack(p);  // all of the packing, then the for's barrier
+    worker(omp_get_thread_num());
+  }
+#else
+  for (int64_t p = 0; p < packs; ++p) pack(p);
+  std::vector<std::thread> threads;
+  try {
+    for (int64_t t = 1; t < team; ++t) threads.emplace_back(worker, t);
+  } catch (...) {
+    // fewer threads than asked: the ones that started (and this one) still finish every item
+  }
+  worker(0);
+  for (auto& t : threads) t.join();
+#endif
+  if (tiles != nullptr) *tiles = computed.load();
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// What the forward takes beyond the four masks (null: nothing): per-row key ranges for mask RANGES (4), lo
+// and hi (B, Sq) int64, row i of batch b seeing keys [lo, hi); softcap > 0: scores ← softcap·tanh(scores /
+// softcap); alibi (H floats, or null): scores −= alibi[h]·|i + Sk − Sq − j|. Scores here are q·kᵀ·scale.
+struct ForwardExtras {
+  const int64_t* lo;
+  const int64_t* hi;
+  float softcap;
+  const float* alibi;
+};
+}
+
+namespace {
+
+bool valid_extras(int64_t mask, const ForwardExtras* extras) {
+  if (mask != RANGES) return true;
+  return extras != nullptr && extras->lo != nullptr && extras->hi != nullptr;
+}
+
+void with_extras(Problem& pb, const ForwardExtras* extras) {
+  if (extras == nullptr) return;
+  pb.rows.lo = extras->lo;
+  pb.rows.hi = extras->hi;
+  pb.softcap2 = extras->softcap > 0.f ? extras->softcap * 1.4426950408889634f : 0.f;
+  pb.alibi2_storage.clear();
+  if (extras->alibi != nullptr) {
+    for (int64_t h = 0; h < pb.heads; ++h) pb.alibi2_storage.push_back(extras->alibi[h] * 1.4426950408889634f);
+    pb.alibi2 = pb.alibi2_storage.data();
   }
 }
 
@@ -334,78 +301,80 @@ int64_t attnbench_fused_scratch_floats(int64_t block_q, int64_t block_k, int64_t
   return scratch_floats(block_q, block_k, head_dim, dp);
 }
 
-// Returns 0 on success, 1 on bad arguments, 2 when memory for the work list could not be allocated.
-// *tiles (when not null) receives the number of score entries computed: the block-skipping evidence.
 // Keys kt holds per kv head: seq_k rounded up to whole panels. kt takes batch · kv_heads · head_dim times this.
 int64_t attnbench_fused_packed_keys(int64_t seq_k) { return (seq_k + PANEL - 1) / PANEL * PANEL; }
 
-int attnbench_fused_forward(const float* q, const float* k, float* kt, const float* v, float* out, int64_t batch,
-                            int64_t heads, int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim, int64_t dp,
-                            float scale, int64_t mask, const int64_t* lengths, int64_t block_q, int64_t block_k,
-                            int64_t nthreads, float* scratch, int64_t* tiles) {
-  if (batch < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 || head_dim < 1 ||
-      dp < head_dim || dp % W != 0 || block_q < 1 || block_k < PANEL || block_k % PANEL != 0 ||
-      mask < NONE || mask > PADDING || (mask == PADDING && lengths == nullptr) || nthreads < 1 ||
-      scratch == nullptr)
+// Returns 0 on success, 1 on bad arguments, 2 when memory for the work list could not be allocated.
+// *tiles (when not null) receives the number of score entries computed: the block-skipping evidence.
+// lse (when not null, (B, H, Sq)) receives each row's natural log-sum-exp, which the backward needs.
+
+int attnbench_fused_forward(const float* q, const float* k, float* kt, const float* v, float* out, float* lse,
+                            int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q, int64_t seq_k,
+                            int64_t head_dim, int64_t dp, float scale, int64_t mask, const int64_t* lengths,
+                            const ForwardExtras* extras, int64_t block_q, int64_t block_k, int64_t nthreads,
+                            float* scratch, int64_t* tiles) {
+  if (!valid(batch, heads, kv_heads, seq_q, seq_k, head_dim, dp, mask, lengths, block_q, block_k, nthreads, scratch) ||
+      !valid_extras(mask, extras))
     return 1;
-  const int64_t skp = attnbench_fused_packed_keys(seq_k), panels = batch * kv_heads * (skp / PANEL);
-  const Problem pb{q, k, kt, v, out, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
-                   scale * 1.4426950408889634f, mask, lengths, block_q, block_k};
-
-  struct Item {
-    int64_t b, h, i0, cost;
-  };
-  std::vector<Item> items;
-  try {
-    const int64_t blocks = (seq_q + block_q - 1) / block_q;
-    items.reserve(batch * heads * blocks);
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t i = 0; i < blocks; ++i) {
-        const int64_t i0 = i * block_q, last = std::min(seq_q, i0 + block_q) - 1;
-        const int64_t keys = std::max(pb.limit(b, i0), pb.limit(b, last));
-        for (int64_t h = 0; h < heads; ++h) items.push_back({b, h, i0, keys * (last - i0 + 1)});
-      }
-  } catch (...) {
-    return 2;
-  }
-  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
-
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> computed{0};
-  const int64_t per_thread = scratch_floats(block_q, block_k, head_dim, dp);
-  auto worker = [&](int64_t t) {
-    Scratch sc(pb, scratch + t * per_thread);
-    for (int64_t k; (k = next.fetch_add(1)) < static_cast<int64_t>(items.size());)
-      run_item(pb, items[k].b, items[k].h, items[k].i0, sc);
-    computed += sc.tiles;
-  };
-  const int64_t per_head = skp / PANEL;
+  const int64_t skp = attnbench_fused_packed_keys(seq_k), per_head = skp / PANEL;
+  Problem pb{q, k, kt, v, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
+                   scale * 1.4426950408889634f, RowLimits{mask, seq_q, seq_k, lengths}, block_q, block_k};
+  with_extras(pb, extras);
   auto pack = [&](int64_t p) {  // panel p % per_head of kv head p / per_head
     pack_panel(k + (p / per_head) * seq_k * head_dim, seq_k, head_dim, p % per_head, kt + p * PANEL * head_dim);
   };
-  const int64_t team = std::min<int64_t>(nthreads, static_cast<int64_t>(items.size()));
-#ifdef _OPENMP
-  // torch's own OpenMP runtime (libgomp.so.1 is already loaded by torch, so this library binds to it):
-  // the team is torch's intra-op pool, hot and not competing with it for the cores.
-#pragma omp parallel num_threads(static_cast<int>(team))
-  {
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < panels; ++p) pack(p);  // all of kt, then the for's barrier
-    worker(omp_get_thread_num());
-  }
+  return launch(pb, batch * kv_heads * per_head, pack, nthreads, scratch, tiles);
+}
+
+// 1 when this build has the bfloat16 forward (AVX512-BF16), else 0.
+int attnbench_fused_has_bf16() {
+#ifdef ATTNBENCH_BF16
+  return 1;
 #else
-  for (int64_t p = 0; p < panels; ++p) pack(p);
-  std::vector<std::thread> threads;
-  try {
-    for (int64_t t = 1; t < team; ++t) threads.emplace_back(worker, t);
-  } catch (...) {
-    // fewer threads than asked: the ones that started (and this one) still finish every item
-  }
-  worker(0);
-  for (auto& t : threads) t.join();
-#endif
-  if (tiles != nullptr) *tiles = computed.load();
   return 0;
+#endif
+}
+
+// As attnbench_fused_forward for bfloat16 q (B, H, Sq, D), k and v (B, Hkv, Sk, D), D even, all given as raw
+// bits; kt16 and v16 are scratch of B·Hkv·packed_keys(Sk)·D and ·Dp bf16 the kernel packs into. out is
+// float32 (B, H, Sq, Dp). Returns 3 when this build has no bf16 forward.
+int attnbench_fused_forward_bf16(const uint16_t* q, const uint16_t* k, uint16_t* kt16, const uint16_t* v,
+                                 uint16_t* v16, float* out, float* lse, int64_t batch, int64_t heads,
+                                 int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim, int64_t dp,
+                                 float scale, int64_t mask, const int64_t* lengths, const ForwardExtras* extras,
+                                 int64_t block_q, int64_t block_k, int64_t nthreads, float* scratch,
+                                 int64_t* tiles) {
+#ifdef ATTNBENCH_BF16
+  if (!valid(batch, heads, kv_heads, seq_q, seq_k, head_dim, dp, mask, lengths, block_q, block_k, nthreads,
+             scratch) ||
+      !valid_extras(mask, extras) || head_dim % 2 != 0)
+    return 1;
+  const int64_t skp = attnbench_fused_packed_keys(seq_k), per_head = skp / PANEL, kv = batch * kv_heads;
+  Problem pb{nullptr, nullptr, nullptr, nullptr, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
+             scale * 1.4426950408889634f, RowLimits{mask, seq_q, seq_k, lengths}, block_q, block_k};
+  with_extras(pb, extras);
+  pb.q16 = q;
+  pb.kt16 = kt16;
+  pb.v16 = v16;
+  const int64_t pairs = skp / 2;
+  auto pack = [&](int64_t p) {  // kᵀ panel p, or for p ≥ the panels, a run of PANEL / 2 key pairs of v
+    if (p < kv * per_head) {
+      pack_panel_bf16(k + (p / per_head) * seq_k * head_dim, seq_k, head_dim, p % per_head,
+                      kt16 + p * PANEL * head_dim);
+      return;
+    }
+    const int64_t run = p - kv * per_head, head = run / per_head;
+    for (int64_t c = run % per_head * (PANEL / 2); c < (run % per_head + 1) * (PANEL / 2); ++c)
+      pack_pair_bf16(v + head * seq_k * head_dim, seq_k, head_dim, dp, c, v16 + (head * pairs + c) * dp * 2);
+  };
+  return launch(pb, 2 * kv * per_head, pack, nthreads, scratch, tiles);
+#else
+  (void)q, (void)k, (void)kt16, (void)v, (void)v16, (void)out, (void)lse, (void)batch, (void)heads, (void)kv_heads;
+  (void)extras;
+  (void)seq_q, (void)seq_k, (void)head_dim, (void)dp, (void)scale, (void)mask, (void)lengths, (void)block_q;
+  (void)block_k, (void)nthreads, (void)scratch, (void)tiles;
+  return 3;
+#endif
 }
 
 }  // extern "C"

@@ -56,19 +56,30 @@ def require(frame: pd.DataFrame, names: list[str]) -> None:
             raise UsageError(f"contender {name!r} has no row in this run (it has: {', '.join(sorted(present))})")
 
 
-def ratio_table(frame: pd.DataFrame, impl: str, peers: list[str], best: bool = False) -> pd.DataFrame:
-    """One row per (case of ``impl``, peer): medians, ratios, peak memory and both statuses."""
+def ratio_table(
+    frame: pd.DataFrame,
+    impl: str,
+    peers: list[str],
+    best: bool = False,
+    peer_frame: pd.DataFrame | None = None,
+    unpaired: tuple[str, ...] = (),
+) -> pd.DataFrame:
+    """One row per (case of ``impl``, peer): medians, ratios, peak memory and both statuses. The peers' rows
+    come from ``peer_frame`` (default: ``frame``) and are paired on every workload column but ``unpaired``
+    (``--peer-where``: e.g. fused_cpu in bfloat16 against fused_cpu in float32, the same shape)."""
     ours = frame[frame["impl"] == impl]
-    columns = [*PAIR_KEY, "impl", "status", "median_ms", "peak_mem_mb"]
-    theirs = frame.loc[frame["impl"].isin(peers), columns]
+    key = [c for c in PAIR_KEY if c not in unpaired]
+    columns = [*key, "impl", "status", "median_ms", "peak_mem_mb"]
+    peer_rows = frame if peer_frame is None else peer_frame
+    theirs = peer_rows.loc[peer_rows["impl"].isin(peers), columns]
     if best:  # one peer per case: the fastest that ran ok, else any (its status then says why not)
         ranked = theirs.assign(ok=theirs["status"] != "ok").sort_values(["ok", "median_ms"])
-        groups = [ranked.drop_duplicates(PAIR_KEY).drop(columns="ok")]
+        groups = [ranked.drop_duplicates(key).drop(columns="ok")]
     else:  # every peer for every case, even one the peer has no row for (status "missing")
         groups = [theirs[theirs["impl"] == peer] for peer in peers]
     merged = []
     for peer, group in zip(["(best)"] if best else peers, groups, strict=True):
-        pairs = ours.merge(group, on=PAIR_KEY, how="left", suffixes=("", "_peer"))
+        pairs = ours.merge(group, on=key, how="left", suffixes=("", "_peer"))
         merged.append(pairs.assign(impl_peer=pairs["impl_peer"].fillna("(none)" if best else peer)))
     pairs = pd.concat(merged, ignore_index=True)
     table = pd.DataFrame({

@@ -89,3 +89,20 @@ def test_a_case_the_peer_lacks_shows_as_missing_and_runs_never_mix(run):
     assert len(missing) == 2 and set(missing.peer) == {"bmm"} and missing.time_ratio.isna().all()
     twice = pd.concat([frame, frame.assign(run="other")], ignore_index=True)  # a merged folder: one case, two runs
     assert len(ratio_table(twice, "fused_cpu", ["bmm"])) == 2 * len(ratio_table(frame, "fused_cpu", ["bmm"]))
+
+
+def test_peer_where_pairs_across_dtypes(cli, tmp_path):
+    run = tmp_path / "dtypes"
+    code, _, _ = cli("run", "--suite", "fused_cpu", "--impl", "fused_cpu", "--dtype", "float32,bfloat16", "--seq",
+                     "256", "--mask", "none", "--budget-s", "0.03", "--threads", "1", "--out", str(run))  # fmt: skip
+    assert code == 0
+    args = ["ratios", str(run), "--impl", "fused_cpu", "--vs", "fused_cpu", "--where", "dtype=bfloat16"]
+    code, text, _ = cli(*args, "--peer-where", "dtype=float32", "--min-speedup", "1e-6")
+    assert code == 0 and "1/1 case(s) meet the bounds" in text
+    frame = load_runs([run])[0]
+    bf16, fp32 = (frame[frame.dtype == d] for d in ("bfloat16", "float32"))
+    table = ratio_table(frame[frame.dtype == "bfloat16"], "fused_cpu", ["fused_cpu"], peer_frame=fp32,
+                        unpaired=("dtype",))  # fmt: skip
+    assert len(table) == 1 and table.speedup[0] == pytest.approx(fp32.median_ms.iloc[0] / bf16.median_ms.iloc[0])
+    code, _, err = cli(*args, "--peer-where", "colour=red")
+    assert code == 2 and "--where 'colour=red': expected COLUMN=VALUE" in err

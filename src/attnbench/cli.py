@@ -214,10 +214,12 @@ def cmd_ratios(args: argparse.Namespace) -> int:
         raise UsageError("--vs: name at least one contender to compare with, e.g. --vs sdpa_flash,bmm")
     frame, _ = load_runs(_run_paths([args.run]))
     require(frame, [args.impl, *peers])
+    peer_frame = select(frame, args.peer_where) if args.peer_where else None
     frame = select(frame, args.where)
     if not (frame["impl"] == args.impl).any():
         raise UsageError(f"no {args.impl} row matches --where {' '.join(args.where)}")
-    table = ratio_table(frame, args.impl, peers, best=args.best)
+    unpaired = tuple(condition.partition("=")[0] for condition in args.peer_where)
+    table = ratio_table(frame, args.impl, peers, best=args.best, peer_frame=peer_frame, unpaired=unpaired)
     print(format_table(table))
     bounds = Bounds(args.max_time_ratio, args.min_speedup, args.max_mem_ratio, args.min_pct_of_peak,
                     args.min_pct_of_matmul)  # fmt: skip
@@ -450,6 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_ratios.add_argument("--vs", required=True, help="peers, comma-separated, e.g. sdpa_flash,bmm")
     p_ratios.add_argument("--best", action="store_true", help="per case, compare with the fastest ok peer only")
     p_ratios.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE", help="keep matching cases")
+    p_ratios.add_argument("--peer-where", action="append", default=[], metavar="COLUMN=VALUE",
+                          help="take the peers' rows where this holds instead, paired on the other columns "
+                          "(e.g. --where dtype=bfloat16 --peer-where dtype=float32)")  # fmt: skip
     p_ratios.add_argument("--max-time-ratio", type=float, help="bound on impl median / peer median")
     p_ratios.add_argument("--min-speedup", type=float, help="bound on peer median / impl median")
     p_ratios.add_argument("--max-mem-ratio", type=float, help="bound on impl peak_mem_mb / peer peak_mem_mb")

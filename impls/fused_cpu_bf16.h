@@ -1,0 +1,146 @@
+// attnbench fused_cpu: the forward's two products with bfloat16 inputs on AVX512-BF16 (vdpbf16ps), fp32
+// accumulators. Compiled only where the compiler targets AVX512-BF16 (-march=native on such a CPU); the
+// forward falls back to its float32 tiles elsewhere.
+//
+// vdpbf16ps(acc, a, b) adds a[2i]·b[2i] + a[2i+1]·b[2i+1] to lane i: it multiplies pairs, so both operands
+// are packed in pairs along the summed axis:
+//   S = Q·Kᵀ sums over d: q rows are read as they are (d pairs adjacent), kᵀ is packed into panels of 64
+//       keys as (D/2, 64 keys, 2): one 32-bf16 vector = 16 keys × one pair of d;
+//   O += P·V sums over keys: P (rounded to bf16, as FlashAttention does on GPUs) is converted row by row
+//       (key pairs adjacent), v is packed as (Skp/2, Dp, 2): one vector = 16 head dims × one pair of keys.
+// Scores come out in float32 and are multiplied by scale·log2(e) as they leave the registers.
+
+#pragma once
+
+#include "fused_cpu_tiles.h"
+
+#if defined(__AVX512BF16__)
+#define ATTNBENCH_BF16 1
+
+namespace {
+
+typedef uint16_t bf16;  // raw bfloat16 bits
+
+inline __m512 dp_pairs(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
+}
+
+inline __m512i pair_at(const bf16* p) {  // the two bf16 at p broadcast to all 16 lanes
+  int32_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+  return _mm512_set1_epi32(bits);
+}
+
+// S[R][NV·W] = scale · Q[R][D] · KT, KT one (D/2, PANEL, 2) panel; rmax as in qk_tile.
+template <int R, int NV>
+void qk_tile_bf16(const bf16* q, int64_t ldq, const bf16* kt, int64_t d_pairs, float scale, float* s,
+                  int64_t lds, float* rmax) {
+  __m512 acc[R][NV];
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < d_pairs; ++d) {
+    __m512i k[NV];
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) k[j] = _mm512_loadu_si512(kt + (d * PANEL + j * W) * 2);
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+      const __m512i qb = pair_at(q + r * ldq + 2 * d);
+      _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] = dp_pairs(acc[r][j], qb, k[j]);
+    }
+  }
+  const __m512 factor = _mm512_set1_ps(scale);
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+    __m512 m = _mm512_loadu_ps(rmax + r * W);
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) {
+      const __m512 x = _mm512_mul_ps(acc[r][j], factor);
+      _mm512_storeu_ps(s + r * lds + j * W, x);
+      m = _mm512_max_ps(m, x);
+    }
+    _mm512_storeu_ps(rmax + r * W, m);
+  }
+}
+
+// O[R][NV·W] += P[R][2·pairs] · V, P in bf16 (rows ldp apart), V as (pairs, ldv, 2) from this column block.
+template <int R, int NV>
+void pv_tile_bf16(const bf16* p, int64_t ldp, const bf16* v, int64_t ldv, int64_t pairs, float* o, int64_t ldo) {
+  __m512 acc[R][NV];
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_loadu_ps(o + r * ldo + j * W);
+  for (int64_t c = 0; c < pairs; ++c) {
+    __m512i vv[NV];
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) vv[j] = _mm512_loadu_si512(v + (c * ldv + j * W) * 2);
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
+      const __m512i pb = pair_at(p + r * ldp + 2 * c);
+      _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] = dp_pairs(acc[r][j], pb, vv[j]);
+    }
+  }
+  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
+    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) _mm512_storeu_ps(o + r * ldo + j * W, acc[r][j]);
+}
+
+typedef void (*QkBf16)(const bf16*, int64_t, const bf16*, int64_t, float, float*, int64_t, float*);
+typedef void (*PvBf16)(const bf16*, int64_t, const bf16*, int64_t, int64_t, float*, int64_t);
+
+template <int R>
+struct RowBf16 {
+  static constexpr QkBf16 qk[TILE_VECS] = {qk_tile_bf16<R, 1>, qk_tile_bf16<R, 2>, qk_tile_bf16<R, 3>,
+                                           qk_tile_bf16<R, 4>};
+  static constexpr PvBf16 pv[TILE_VECS] = {pv_tile_bf16<R, 1>, pv_tile_bf16<R, 2>, pv_tile_bf16<R, 3>,
+                                           pv_tile_bf16<R, 4>};
+};
+
+const QkBf16* const QK_BF16[TILE_ROWS] = {RowBf16<1>::qk, RowBf16<2>::qk, RowBf16<3>::qk,
+                                          RowBf16<4>::qk, RowBf16<5>::qk, RowBf16<6>::qk};
+const PvBf16* const PV_BF16[TILE_ROWS] = {RowBf16<1>::pv, RowBf16<2>::pv, RowBf16<3>::pv,
+                                          RowBf16<4>::pv, RowBf16<5>::pv, RowBf16<6>::pv};
+
+// As qk_block, from bf16 q rows (ldq apart, D even) and (D/2, PANEL, 2) panels.
+inline void qk_block_bf16(const bf16* q, int64_t ldq, const bf16* panels, int64_t d_len, int64_t rows, int64_t cols,
+                          float scale, float* s, int64_t lds, float* rmax) {
+  for (int64_t c = 0; c < cols; c += PANEL) {
+    const int nv = static_cast<int>(std::min<int64_t>(TILE_VECS, (cols - c) / W));
+    const bf16* panel = panels + (c / PANEL) * d_len * PANEL;
+    for (int64_t r = 0; r < rows; r += TILE_ROWS) {
+      const int nr = static_cast<int>(std::min<int64_t>(TILE_ROWS, rows - r));
+      QK_BF16[nr - 1][nv - 1](q + r * ldq, ldq, panel, d_len / 2, scale, s + r * lds + c, lds, rmax + r * W);
+    }
+  }
+}
+
+// O[rows][Dp] += P·V for keys [0, n): P's fp32 rows (lds apart, zeros past each row's visible keys, at least
+// up to n rounded to 32) rounded to bf16 into pb first; v the (Skp/2, Dp, 2) packing from this block's key.
+inline void pv_block_bf16(const float* s, int64_t lds, bf16* pb, const bf16* v, int64_t n, int64_t rows, int64_t dp,
+                          float* o) {
+  const int64_t pairs = (n + 1) / 2, cols = (n + 2 * W - 1) / (2 * W) * (2 * W);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; c += 2 * W) {
+      const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + r * lds + c + W), _mm512_loadu_ps(s + r * lds + c));
+      _mm512_storeu_si512(pb + r * lds + c, reinterpret_cast<__m512i>(x));
+    }
+  for (int64_t c = 0; c < dp; c += TILE_VECS * W) {
+    const int nv = static_cast<int>(std::min<int64_t>(TILE_VECS, (dp - c) / W));
+    for (int64_t r = 0; r < rows; r += TILE_ROWS) {
+      const int nr = static_cast<int>(std::min<int64_t>(TILE_ROWS, rows - r));
+      PV_BF16[nr - 1][nv - 1](pb + r * lds, lds, v + c * 2, dp, pairs, o + r * dp + c, dp);
+    }
+  }
+}
+
+// Panel p of kᵀ as (d_len/2, PANEL, 2) from k's rows (d_len bf16 apart, d_len even); zeros past seq_k.
+inline void pack_panel_bf16(const bf16* k, int64_t seq_k, int64_t d_len, int64_t p, bf16* panel) {
+  for (int64_t c = 0; c < PANEL; ++c) {
+    const int64_t key = p * PANEL + c;
+    for (int64_t d = 0; d < d_len; ++d)
+      panel[((d / 2) * PANEL + c) * 2 + d % 2] = key < seq_k ? k[key * d_len + d] : bf16{0};
+  }
+}
+
+// Key pair c of v as (Dp, 2) from v's rows (d_len bf16 apart); zeros past seq_k and past d_len.
+inline void pack_pair_bf16(const bf16* v, int64_t seq_k, int64_t d_len, int64_t dp, int64_t c, bf16* out) {
+  for (int64_t e = 0; e < 2; ++e) {
+    const int64_t key = 2 * c + e;
+    for (int64_t d = 0; d < dp; ++d) out[d * 2 + e] = key < seq_k && d < d_len ? v[key * d_len + d] : bf16{0};
+  }
+}
+
+}  // namespace
+
+#endif  // __AVX512BF16__
