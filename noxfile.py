@@ -134,9 +134,10 @@ def bench_fused(session: nox.Session) -> None:
     """Our fused kernels against their peers, each claim measured within one run (exit 1 if one is missed).
 
     CPU, four runs: fp32 forward (S 2048/4096) and fwd_bwd (S 2048), none and causal, ≤ 1.0× sdpa_flash's
-    median, and fp32 S4096 none ≥ 85 % of the hardware roof (`pct_of_peak`: the measured FMA throughput); bf16 ≤ 1.0× sdpa_flash in bf16 and ≥ 1.6× fused_cpu's own fp32 rate (S 4096); decode (Sq 1, KV
-    32768, H32/8, D128) ≤ 1.0× sdpa_flash and ≥ 70 % of the memory roof (`pct_of_peak`: gbps over the measured
-    bandwidth ceiling). On a CUDA machine also fused_triton ≥ 1.0× the best SDPA backend and ≥ 70 % of the
+    median, and fp32 S4096 none ≥ 85 % of the hardware roof (`pct_of_peak`: the measured FMA throughput);
+    bf16 ≤ 1.0× sdpa_flash in bf16 and ≥ 1.6× fused_cpu's own fp32 rate (S 4096); decode (Sq 1, KV 32768,
+    H32/8, D128) ≤ 1.0× sdpa_flash and ≥ 70 % of the memory roof (`pct_of_peak`: gbps over the measured
+    triad bandwidth). On a CUDA machine also fused_triton ≥ 1.0× the best SDPA backend and ≥ 70 % of the
     measured bf16 matmul rate. Arguments go to `attnbench run` (e.g. --threads 2)."""
     install(session, "triton")
     stamp = time.strftime("%Y%m%d-%H%M%S")
