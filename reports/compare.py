@@ -68,7 +68,7 @@ def _listed(value: Any) -> list[float]:
     return [float(v) for v in value]
 
 
-def evidence(row: dict[str, Any] | pd.Series, suffix: str = "") -> Evidence:
+def evidence(row: Any, suffix: str = "") -> Evidence:
     """The per-repeat medians when there are two or more, else the raw samples (else the median alone).
 
     Per-repeat medians are centred on the row's ``median_ms`` (their spread is kept), so that the
