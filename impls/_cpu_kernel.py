@@ -2,11 +2,11 @@
 ``fused_cpu_backward.cpp``, ``fused_cpu_decode.cpp`` (forward for few query rows), on ``fused_cpu_tiles.h``.
 
 The C++ sources have plain C entry points, so it needs neither torch's headers nor pybind11: one g++ call
-(about 2 s) builds a shared library that ctypes loads. The library is compiled at first use with
-``-O3 -march=native`` (so the vectors are AVX-512 where the CPU has it) and cached under
-``$ATTNBENCH_CACHE_DIR/kernels`` (default ``~/.cache/attnbench/kernels``), keyed by the source, the
-compiler, the flags and the CPU's feature flags — a cache shared between different machines never
-hands one a binary built for the other. ``$CXX`` picks the compiler (default ``g++``).
+(about 2 s) builds a shared library that ctypes loads. attnbench.native_build compiles it at first use with
+``-O3 -march=native`` (so the vectors are AVX-512 where the CPU has it) and caches it under
+``$ATTNBENCH_CACHE_DIR/kernels`` (default ``~/.cache/attnbench/kernels``), keyed by the sources and
+headers, the compiler, the flags and the CPU's feature flags — a cache shared between different machines
+never hands one a binary built for the other. ``$CXX`` picks the compiler (default ``g++``).
 
 Anything that goes wrong (no compiler, a compile error, a library that won't load) is kept as a
 one-line reason: the contender is then ``unavailable`` with it, never a crash.
@@ -16,26 +16,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from attnbench.ceilings import cache_dir
+from attnbench.native_build import BuildError, load_library
 
 HERE = Path(__file__).parent
 SOURCES = tuple(HERE / f"fused_cpu_{part}.cpp" for part in ("kernel", "backward", "decode"))  # one library
 HEADERS = (HERE / "fused_cpu_tiles.h", HERE / "fused_cpu_bf16.h")  # part of the build's identity too
-FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-pthread")
-# Tried in order: vectors for this CPU with OpenMP, then without each (a compiler may lack either).
-VARIANTS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
-COMPILE_TIMEOUT_S = 180
 MASK_CODES = {"none": 0, "causal": 1, "causal_bottom_right": 2, "padding": 3, "ranges": 4}  # ranges: forward only
 VECTOR = 16  # floats per vector in the kernel: the head dim of v is padded to it
 
@@ -74,10 +64,6 @@ class ScoreOptions:
             raise ValueError(f"softcap must be positive, got {self.softcap}")
         pointers = [None if t is None else t.data_ptr() for t in (lo, hi, self.alibi)]
         return ForwardExtras(pointers[0], pointers[1], self.softcap or 0.0, pointers[2])
-
-
-class BuildError(RuntimeError):
-    """The kernel could not be built or loaded here; the message is the reason, in one line."""
 
 
 @dataclass(frozen=True)
@@ -379,46 +365,6 @@ def _check_lengths(mask: str, lengths: torch.Tensor | None, batch: int) -> None:
         raise ValueError("mask 'padding' needs lengths")
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _compiler_version(compiler: str) -> str:
-    try:
-        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return compiler  # the compile itself will then fail and say why
-    return done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout else compiler
-
-
-def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> str | None:
-    """Compile SOURCES into target atomically; None on success, else the compiler's first error line."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        partial = Path(tmp) / target.name
-        try:
-            done = subprocess.run(
-                [compiler, *flags, *map(str, SOURCES), "-o", str(partial)],
-                capture_output=True,
-                text=True,
-                timeout=COMPILE_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return f"{compiler} took longer than {COMPILE_TIMEOUT_S} s"
-        if done.returncode != 0:
-            errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
-            return f"{compiler} failed: {errors[0].strip() if errors else f'exit {done.returncode}'}"
-        os.replace(partial, target)  # atomic: a concurrent worker sees the old state or the whole library
-    return None
-
-
 def _declare(library: ctypes.CDLL) -> None:
     """The C signatures (fused_cpu_kernel.cpp's extern "C" block), so ctypes converts every argument."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -473,34 +419,12 @@ def load() -> Kernel:
 
 @functools.cache  # once per process, failures included: a missing compiler is not retried per case
 def _build() -> Kernel | str:
-    if platform.system() == "Windows":
-        return "the fused CPU kernel is built with g++/clang++ on Linux or macOS; not on Windows"
-    compiler = os.environ.get("CXX", "g++")
-    if shutil.which(compiler) is None:
-        return f"no C++ compiler: {compiler!r} not found (install g++ or set $CXX)"
-    identity = [
-        *(path.read_bytes() for path in SOURCES + HEADERS),
-        _compiler_version(compiler).encode(),
-        _cpu_flags().encode(),
-    ]
-    failures = []
-    for variant in VARIANTS:
-        flags = FLAGS + variant
-        key = hashlib.sha256(b"\0".join([*identity, " ".join(flags).encode()])).hexdigest()[:16]
-        target = cache_dir() / "kernels" / f"fused_cpu-{key}.so"
-        if not target.exists():
-            failure = _compile(compiler, flags, target)
-            if failure is not None:
-                failures.append(failure)
-                continue
-        try:
-            library = ctypes.CDLL(str(target))
-        except OSError as exc:
-            failures.append(f"built {target.name} but could not load it: {exc}")
-            continue
-        _declare(library)
-        return Kernel(library, target)
-    return f"could not build the fused CPU kernel ({'; '.join(failures)})"
+    try:
+        built = load_library("fused_cpu", SOURCES, HEADERS)
+    except BuildError as exc:
+        return str(exc)
+    _declare(built.library)
+    return Kernel(built.library, built.path)
 
 
 def unavailable_reason() -> str | None:

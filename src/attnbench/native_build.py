@@ -85,14 +85,15 @@ def compiler_version(compiler: str) -> str:
     return done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout else compiler
 
 
-def compile_library(compiler: str, source: Path, flags: tuple[str, ...], target: Path) -> str | None:
-    """Compile ``source`` into ``target`` atomically; None on success, else the compiler's first error line."""
+def compile_library(compiler: str, sources: tuple[Path, ...], flags: tuple[str, ...], target: Path) -> str | None:
+    """Compile ``sources`` into one library ``target``, atomically; None on success, else the compiler's first
+    error line."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
         try:
             done = subprocess.run(
-                [compiler, *flags, str(source), "-o", str(partial)],
+                [compiler, *flags, *map(str, sources), "-o", str(partial)],
                 capture_output=True,
                 text=True,
                 timeout=COMPILE_TIMEOUT_S,
@@ -109,31 +110,37 @@ def compile_library(compiler: str, source: Path, flags: tuple[str, ...], target:
     return None
 
 
-def load_library(name: str, source: Path) -> Library:
-    """``source`` built (or found in the cache) and loaded; raises BuildError with the reason when it can't.
+def load_library(name: str, sources: Path | tuple[Path, ...], headers: tuple[Path, ...] = ()) -> Library:
+    """``sources`` built into one library (or found in the cache) and loaded; raises BuildError with the reason
+    when it can't. ``headers`` they include are part of the build's identity.
 
-    Built once per process per compiler (``$CXX``): a failure is remembered too, so a missing compiler is
-    not retried for every caller."""
-    built = _build(name, source, os.environ.get("CXX", "g++"), str(cache_dir()))
+    Built once per process per compiler (``$CXX``) and cache folder: a failure is remembered too, so a missing
+    compiler is not retried for every caller."""
+    files = sources if isinstance(sources, tuple) else (sources,)
+    built = _build(name, files, headers, os.environ.get("CXX", "g++"), str(cache_dir()))
     if isinstance(built, str):
         raise BuildError(built)
     return built
 
 
 @functools.cache
-def _build(name: str, source: Path, compiler: str, cache: str) -> Library | str:
+def _build(name: str, sources: tuple[Path, ...], headers: tuple[Path, ...], compiler: str, cache: str) -> Library | str:
     if platform.system() == "Windows":
         return f"{name} is built with g++/clang++ on Linux or macOS; not on Windows"
     if shutil.which(compiler) is None:
         return f"no C++ compiler: {compiler!r} not found (install g++ or set $CXX)"
-    identity = [source.read_bytes(), compiler_version(compiler).encode(), cpu_flags_line().encode()]
+    identity = [
+        *(path.read_bytes() for path in sources + headers),
+        compiler_version(compiler).encode(),
+        cpu_flags_line().encode(),
+    ]
     failures = []
     for variant in VARIANTS:
         flags = FLAGS + variant
         key = hashlib.sha256(b"\0".join([*identity, " ".join(flags).encode()])).hexdigest()[:16]
         target = Path(cache) / "kernels" / f"{name}-{key}.so"
         if not target.exists():
-            failure = compile_library(compiler, source, flags, target)
+            failure = compile_library(compiler, sources, flags, target)
             if failure is not None:
                 failures.append(failure)
                 continue
