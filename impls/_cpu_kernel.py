@@ -236,24 +236,31 @@ class Kernel:
         lengths: torch.Tensor | None,
         threads: int,
         pages: torch.Tensor | None = None,
+        seq_k: int | None = None,
     ) -> tuple[int, int]:
         """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D), Sq ≤ decode_max_rows(), over k (B, Hkv, Sk, D) and
         v (B, Hkv, Sk, Dp), all float32 and contiguous, keys split across threads when B·Hkv is too few to feed
         them (fused_cpu_decode.cpp); lse as in forward. Returns (score entries computed, key splits). Paged
         KV: ``pages`` (B, max_pages) int32 indexes k (num_pages, Hkv, page_size, D) and v (…, Dp) pools, the
-        keys of batch b being its pages in order; page_size a multiple of 16."""
+        keys of batch b being its pages in order; page_size a multiple of 16; ``seq_k``, the cache length when the
+        last page is partly used (default: every page full; the masks' offset Sk − Sq is taken from it)."""
         _check_float32(q=q, k=k, v=v, out=out)
         batch, heads, seq_q, head_dim = q.shape
-        kv_heads, seq_k, padded = k.shape[1], k.shape[2], v.shape[-1]
+        kv_heads, padded = k.shape[1], v.shape[-1]
         page_size = max_pages = 0
         if pages is not None:
-            page_size, max_pages, seq_k = k.shape[2], pages.shape[1], pages.shape[1] * k.shape[2]
+            page_size, max_pages = k.shape[2], pages.shape[1]
+            seq_k = max_pages * page_size if seq_k is None else seq_k
+            if not 0 < seq_k <= max_pages * page_size:
+                raise ValueError(f"seq_k {seq_k} must lie in [1, {max_pages * page_size}] (the pages' keys)")
             if pages.dtype != torch.int32 or pages.shape[0] != batch or not pages.is_contiguous() or page_size % 16:
                 raise ValueError(f"pages must be contiguous int32 ({batch}, max_pages), pages of a multiple of 16")
             if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= k.shape[0]):
                 raise ValueError(f"page table entries must lie in [0, {k.shape[0]})")
-        elif k.shape[0] != batch:
+        elif k.shape[0] != batch or seq_k not in (None, k.shape[2]):
             raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        else:
+            seq_k = k.shape[2]
         if heads % kv_heads or v.shape[:3] != k.shape[:3] or k.shape[3] != head_dim:
             raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
         if out.shape != (batch, heads, seq_q, padded) or padded < head_dim or padded % VECTOR:

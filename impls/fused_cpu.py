@@ -24,6 +24,14 @@ of 16; all of it happens inside the timed call, because the mha module rewrites 
 Decode (``fused_cpu_decode.cpp``): with at most 16 query rows, one work item per (batch, kv head, key split)
 takes the whole GQA group, reads k and v once straight from the caller's tensors, and splits the keys across
 threads (merging the partial max, sum and output) when B·Hkv items are too few to feed them.
+
+Issue 13's workloads (``score_options``, built in ``prepare``): sliding_window and document are per-row key
+ranges [lo, hi) from ``masks.key_ranges`` (mask "ranges": blocks outside every row's range are skipped, so a
+window's work grows with the window, not S); softcap and ALiBi (slopes 2^(−8(h+1)/H)) act inside the score
+tile, forward only — the backward takes the ranges but not the modifiers, so those passes are unsupported. A
+paged KV cache is read in place by the decode kernel through the page table (Sq ≤ 16, pages of a multiple
+of 16 keys, the basic masks, no modifier); any other paged case gathers the pages into contiguous k and v
+inside the timed call, as bmm does.
 """
 
 from __future__ import annotations
@@ -34,11 +42,13 @@ from typing import Any
 
 import torch
 
-from attnbench.contender import Capabilities, Contender
+from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, DEFAULT_MASKS, Capabilities, Contender
 from attnbench.errors import UsageError
 from attnbench.impls import _cpu_kernel
 from attnbench.impls._cpu_kernel import ScoreOptions
 from attnbench.inputs import AttentionInputs
+from attnbench.masks import alibi_slopes, key_ranges
+from attnbench.paged import gather_pages
 from attnbench.workload import Workload
 
 BLOCK_Q = 256
@@ -91,11 +101,15 @@ def paged_decode(
     *,
     scale: float,
     threads: int | None = None,
+    mask: str | None = None,
+    seq_k: int | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Decode attention over a paged KV cache: q (B, H, Sq ≤ 16, D); k_pages, v_pages (num_pages, Hkv,
     page_size, D) pools, page_size a multiple of 16; page_table (B, max_pages) int, batch b's keys being its
-    pages in order; lengths (B,) the cache length of each sequence (default: every page full). The kernel
-    reads the pages in place (no gather). Returns the output in q's dtype and the score entries computed."""
+    pages in order; lengths (B,) the cache length of each sequence for the padding mask; ``mask`` one of the
+    decode kernel's (none, causal, causal_bottom_right, padding; default padding with lengths, else none);
+    ``seq_k`` the cache length (default: every page full). The kernel reads the pages in place (no gather).
+    Returns the output in q's dtype and the score entries computed."""
     kernel = _cpu_kernel.load()
     padded_dim = _round_up(q.shape[-1], _cpu_kernel.VECTOR)
     out = torch.empty(*q.shape[:3], padded_dim, dtype=torch.float32)
@@ -109,10 +123,11 @@ def paged_decode(
         out,
         None,
         scale=scale,
-        mask="none" if lengths is None else "padding",
+        mask=mask or ("none" if lengths is None else "padding"),
         lengths=lengths,
         threads=threads or torch.get_num_threads(),
         pages=page_table.to(torch.int32).contiguous(),
+        seq_k=seq_k,
     )
     return _narrow(out, q), tiles
 
@@ -260,13 +275,55 @@ class _FusedAttention(torch.autograd.Function):
         return (*grads, None, None, None, None, None, None)
 
 
+# The masks the decode kernel applies itself while reading a paged cache in place.
+NATIVE_PAGED_MASKS = frozenset({"none", "causal", "causal_bottom_right", "padding"})
+
+
+def score_options(w: Workload) -> tuple[str, ScoreOptions | None]:
+    """The kernel's mask code and options for a workload: sliding_window and document become mask "ranges"
+    with each row's [lo, hi) from ``masks.key_ranges`` (the harness's own definition, so every contender
+    agrees), softcap its value, alibi the slopes 2^(−8(h+1)/H) of the query heads (``masks.alibi_slopes``)."""
+    mask, ranges = w.mask, None
+    if w.mask not in DEFAULT_MASKS:
+        lo, hi = key_ranges(w)
+        ranges = (lo.expand(w.batch, -1).contiguous(), hi.expand(w.batch, -1).contiguous())
+        mask = "ranges"
+    softcap = w.softcap if w.score_mod == "softcap" else None
+    alibi = alibi_slopes(w.heads).to(torch.float32) if w.score_mod == "alibi" else None
+    if ranges is None and softcap is None and alibi is None:
+        return mask, None
+    return mask, ScoreOptions(ranges=ranges, softcap=softcap, alibi=alibi)
+
+
+def reads_pages_in_place(w: Workload) -> bool:
+    """Whether a paged workload goes to the decode kernel reading the pool through the page table: few query
+    rows, pages of a multiple of 16 keys, a mask that kernel applies itself and no score modifier. Other paged
+    workloads gather the pages into contiguous k and v inside the timed call."""
+    rows = _cpu_kernel.load().decode_max_rows()
+    return w.seq_q <= rows and w.page_size % 16 == 0 and w.mask in NATIVE_PAGED_MASKS and w.score_mod == "none"
+
+
 class FusedCpu(Contender):
     name = "fused_cpu"
-    description = "ours: C++ online-softmax attention, 256×256 tiles, skips masked blocks, no S² memory"
-    capabilities = Capabilities(devices=frozenset({"cpu"}), backward=True)
+    description = (
+        "ours: C++ online-softmax attention, 256×256 tiles, skips masked blocks (windows, documents), softcap and "
+        "ALiBi in the tile, no S² memory; decode reads KV pages in place (other paged cases gather them, timed)"
+    )
+    capabilities = Capabilities(
+        devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True
+    )
 
     def availability(self) -> str | None:
         return _cpu_kernel.unavailable_reason()
+
+    def unsupported_reason(self, workload: Workload) -> str | None:
+        reason = super().unsupported_reason(workload)
+        if reason is None and workload.pass_ != "fwd" and workload.score_mod != "none":
+            return (
+                f"score_mod {workload.score_mod} is forward only in fused_cpu: its backward recomputes the "
+                "probabilities with key ranges, but not yet with softcap's tanh or ALiBi's bias"
+            )
+        return reason
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         w = workload
@@ -288,15 +345,31 @@ class FusedCpu(Contender):
             floats += w.batch * w.heads * w.seq_q  # lse
             floats += kernel.backward_scratch_floats(q, k, BACKWARD_BLOCK_Q, BLOCK_K, threads)
             floats += 3 * (q_rows + kv_rows) * padded_dim  # q, dout, dq and k, v, dk, dv at worst
-        return 4.0 * (floats + threads * per_thread)
+        gathered = 2.0 * kv_rows * w.head_dim * w.torch_dtype.itemsize  # k and v copied out of the pages
+        return 4.0 * (floats + threads * per_thread) + (gathered if w.page_size and not reads_pages_in_place(w) else 0)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         _cpu_kernel.load()
+        w = workload
         lengths = None if inputs.lengths is None else torch.tensor(inputs.lengths, dtype=torch.int64)
-        scale, mask = inputs.scale, workload.mask
+        scale, (mask, options) = inputs.scale, score_options(w)
+        paged = inputs.paged
+        if paged is not None and reads_pages_in_place(w):
+            table = paged.page_table.contiguous()
+
+            def decode() -> torch.Tensor:
+                out, _ = paged_decode(
+                    inputs.q, paged.k_pages, paged.v_pages, table, lengths, scale=scale, mask=mask, seq_k=w.seq_k
+                )
+                return out
+
+            return decode
 
         def run() -> torch.Tensor:
-            out, _ = fused_attention(inputs.q, inputs.k, inputs.v, scale=scale, mask=mask, lengths=lengths)
+            k, v = inputs.k, inputs.v
+            if paged is not None:  # a layout the decode kernel does not read: the pages gathered, timed
+                k, v = (gather_pages(pages, paged.page_table, w.seq_k) for pages in (paged.k_pages, paged.v_pages))
+            out, _ = fused_attention(inputs.q, k, v, scale=scale, mask=mask, lengths=lengths, options=options)
             return out
 
         return run

@@ -1,0 +1,133 @@
+"""fused_cpu on issue 13's workloads through the harness: sliding_window and document masks (key ranges per
+row), softcap and alibi score modifiers, a paged KV cache (read in place for decode, gathered otherwise),
+each checked against the float64 reference as ``attnbench run`` checks it."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnbench.impls import _cpu_kernel
+from attnbench.impls import fused_cpu as fused_cpu_module
+from attnbench.impls.fused_cpu import contender, reads_pages_in_place, score_options
+from attnbench.paged import gather_pages
+from attnbench.runner import RunOptions, prepare_checked, run_case
+from attnbench.workload import Workload
+
+pytestmark = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")
+
+FORWARD = {  # (batch, heads, kv_heads, seq_q, seq_k, head_dim), features; GQA 4/2 unless said
+    "window": ((2, 4, 2, 256, 256, 32), {"mask": "sliding_window", "window": 48}),
+    "window_sq_lt_sk": ((2, 4, 2, 200, 300, 32), {"mask": "sliding_window", "window": 48}),
+    "window_two_blocks": ((1, 2, 2, 600, 600, 40), {"mask": "sliding_window", "window": 300}),
+    "document": ((2, 4, 2, 256, 256, 32), {"mask": "document", "documents": 5}),
+    "softcap": ((2, 4, 2, 256, 256, 32), {"score_mod": "softcap", "softcap": 20.0}),
+    "softcap_window": ((1, 4, 1, 130, 300, 24), {"score_mod": "softcap", "softcap": 5.0,
+                                                   "mask": "sliding_window", "window": 70}),
+    "alibi_causal": ((2, 4, 2, 256, 256, 32), {"score_mod": "alibi", "mask": "causal"}),
+    "alibi_bottom_right": ((2, 4, 4, 100, 260, 32), {"score_mod": "alibi", "mask": "causal_bottom_right"}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", FORWARD.values(), ids=FORWARD.keys())
+def test_new_workloads_match_float64(case):
+    shape, features = case
+    prepared = prepare_checked("fused_cpu", Workload(*shape, **features))
+    assert prepared.check.ok, prepared.check.reason
+    assert prepared.check.max_abs_err < 1e-5
+
+
+def test_bfloat16_window_with_softcap_matches_float64():
+    features = {"mask": "sliding_window", "window": 48, "score_mod": "softcap", "softcap": 20.0}
+    prepared = prepare_checked("fused_cpu", Workload(2, 4, 2, 256, 256, 32, dtype="bfloat16", **features))
+    assert prepared.check.ok, prepared.check.reason
+
+
+def test_key_ranges_are_the_harness_definition():
+    w = Workload(2, 4, 2, 6, 10, 32, mask="sliding_window", window=3)  # offset 4: row i sees i + 2 … i + 4
+    mask, options = score_options(w)
+    assert mask == "ranges" and options is not None and options.ranges is not None
+    lo, hi = options.ranges
+    assert lo.tolist() == [[2, 3, 4, 5, 6, 7]] * 2 and hi.tolist() == [[5, 6, 7, 8, 9, 10]] * 2
+    doc = Workload(1, 2, 2, 8, 8, 32, mask="document", documents=1)
+    assert score_options(doc)[1].ranges[0].tolist() == [[0] * 8]  # type: ignore[union-attr]
+    alibi = score_options(Workload(1, 4, 2, 8, 8, 32, score_mod="alibi"))[1]
+    assert alibi is not None and alibi.alibi is not None
+    assert alibi.alibi.tolist() == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8]
+    assert score_options(Workload(1, 4, 2, 8, 8, 32, mask="causal")) == ("causal", None)
+
+
+@pytest.mark.parametrize("kind", ["window", "window_sq_lt_sk", "document"])
+def test_gradients_with_key_ranges_match_float64(kind):
+    shape, features = FORWARD[kind]
+    prepared = prepare_checked("fused_cpu", Workload(*shape, **features, pass_="fwd_bwd"))
+    assert prepared.check.ok and prepared.grad_check is not None and prepared.grad_check.ok, prepared.reason
+    assert prepared.grad_check.grad_err < 1e-5
+
+
+@pytest.mark.parametrize(("score_mod", "value"), [("softcap", 20.0), ("alibi", 0.0)])
+def test_score_mods_backward_is_unsupported_with_the_reason(score_mod, value):
+    w = Workload(2, 4, 2, 64, 64, 32, score_mod=score_mod, softcap=value, pass_="fwd_bwd")
+    row = run_case("fused_cpu", w, RunOptions(budget_s=0.05))
+    assert row["status"] == "unsupported"
+    assert row["reason"] == (
+        f"score_mod {score_mod} is forward only in fused_cpu: its backward recomputes the probabilities with key "
+        "ranges, but not yet with softcap's tanh or ALiBi's bias"
+    )
+
+
+@pytest.fixture
+def no_gather(monkeypatch):
+    """Fail any gather of the page pool: the case must read the pages in place."""
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("gathered the pages")
+
+    monkeypatch.setattr(fused_cpu_module, "gather_pages", refuse)
+
+
+@pytest.mark.parametrize(
+    ("seq_k", "page_size", "mask"),
+    [(256, 64, "causal_bottom_right"), (256, 16, "causal_bottom_right"), (200, 16, "none"), (250, 32, "padding")],
+)
+def test_paged_decode_reads_pages_in_place(no_gather, seq_k, page_size, mask):
+    w = Workload(2, 4, 2, 1, seq_k, 32, mask=mask, page_size=page_size)  # 200 and 250: the last page partly used
+    assert reads_pages_in_place(w)
+    prepared = prepare_checked("fused_cpu", w)
+    assert prepared.check.ok, prepared.check.reason
+    assert prepared.check.max_abs_err < 1e-5
+
+
+def test_paged_decode_rows_with_bottom_right_alignment_in_place(no_gather):
+    prepared = prepare_checked("fused_cpu", Workload(1, 4, 1, 16, 300, 32, mask="causal_bottom_right", page_size=32))
+    assert prepared.check.ok, prepared.check.reason
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"seq_q": 1, "page_size": 8, "mask": "causal_bottom_right"},  # pages of fewer than 16 keys
+        {"seq_q": 1, "page_size": 64, "mask": "sliding_window", "window": 40},  # a mask the decode kernel lacks
+        {"seq_q": 64, "page_size": 16, "mask": "causal_bottom_right", "score_mod": "alibi"},  # prefill rows
+    ],
+)
+def test_other_paged_cases_gather_the_pages_and_match_float64(monkeypatch, features):
+    gathered = []
+
+    def gather(*args: object) -> object:
+        gathered.append(1)
+        return gather_pages(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fused_cpu_module, "gather_pages", gather)
+    seq_q = features.pop("seq_q")
+    w = Workload(2, 4, 2, seq_q, 256, 32, **features)
+    assert not reads_pages_in_place(w)
+    prepared = prepare_checked("fused_cpu", w)
+    assert prepared.check.ok, prepared.check.reason
+    assert gathered == [1, 1]  # k and v, in the one (timed) call
+    assert contender.predicted_extra_bytes(w) >= 2 * 2 * 2 * 256 * 32 * 4  # the gathered k and v counted
+
+
+def test_declared_capabilities():
+    caps = contender.capabilities
+    assert {"sliding_window", "document"} <= caps.masks and {"softcap", "alibi"} <= caps.score_mods
+    assert caps.paged == "native"
