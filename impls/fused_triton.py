@@ -9,6 +9,11 @@ callable launches the chosen tiles directly. It reads ``inputs.q``, ``k`` and ``
 their strides, so nothing is copied and the mha module's in-place projections are seen. ``bwd`` and
 ``fwd_bwd`` go through torch.autograd into the backward kernels (``backward=True``).
 
+Every mask and score modifier of the harness runs in the kernel (``_mask_options``): ``sliding_window`` as
+its bottom-right ``window``, ``document`` as ``cu_seqlens`` from ``masks.document_lengths`` (the lengths
+every contender uses), ``softcap`` and ``alibi`` inside the score tile. A paged KV cache is not read
+natively: the timed call gathers the pages back into contiguous k and v first (``paged="gather"``).
+
 Without a GPU, ``TRITON_INTERPRET=1`` (set before Triton defines the kernel, i.e. in the environment of
 the process) runs the same kernel in Triton's CPU interpreter; the contender then also accepts CPU
 workloads, so the whole harness can check its correctness on any machine. Its times mean nothing there;
@@ -19,15 +24,17 @@ long to interpret (with the prediction as the reason) instead of letting them ti
 from __future__ import annotations
 
 import dataclasses
-import math
+import itertools
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import torch
 
-from attnbench.contender import Capabilities, Contender
+from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
 from attnbench.inputs import AttentionInputs
-from attnbench.masks import padding_lengths
+from attnbench.masks import document_lengths, key_ranges
+from attnbench.paged import gather_pages
 from attnbench.workload import Workload
 
 NEEDS_CUDA = "needs a CUDA GPU (set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter, for correctness only)"
@@ -56,33 +63,58 @@ def _interpreted() -> bool:
 
 def _interpreter_seconds(w: Workload) -> float:
     """One call in Triton's interpreter: count the tiles and the key blocks the kernel visits (the same
-    bounds as its loops: up to the last row's key limit of each tile)."""
+    bounds as its loops: from the block holding the tile's first row's lowest key up to its last row's key
+    limit), from the harness's per-row key ranges."""
     kernels = _kernels()
     tile = kernels.INTERPRETER_TILES["fwd"]
     block_m, block_n = tile.block_m, tile.block_n
-    offset = kernels.causal_offset(w.mask, w.seq_q, w.seq_k)
-    lengths = padding_lengths(w.batch, w.seq_k) if w.mask == "padding" else [w.seq_k] * w.batch
-    tiles = blocks = 0
-    for length in lengths:
-        for start in range(0, w.seq_q, block_m):
-            last_row = min(start + block_m, w.seq_q)
-            limit = length if offset is None else max(0, min(length, last_row + offset))
-            tiles += 1
-            blocks += math.ceil(limit / block_n)
+    lo, hi = key_ranges(w)  # (B|1, Sq) each
+    first = torch.arange(0, w.seq_q, block_m)
+    last = (first + block_m).clamp(max=w.seq_q) - 1
+    start = lo[:, first].div(block_n, rounding_mode="floor") * block_n
+    blocks = int((torch.maximum(hi[:, last], start) - start).add(block_n - 1).div(block_n, rounding_mode="floor").sum())
+    blocks *= w.batch // lo.shape[0]
+    tiles = w.batch * len(first)
     forward = w.heads * (INTERPRETER_SECONDS_PER_TILE * tiles + INTERPRETER_SECONDS_PER_BLOCK * blocks)
     return forward * {"fwd": 1.0, "bwd": BACKWARD_STEPS, "fwd_bwd": 1.0 + BACKWARD_STEPS}[w.pass_]
+
+
+def _mask_options(inputs: AttentionInputs, w: Workload) -> dict[str, Any]:
+    """The kernel's keyword arguments for the workload's mask and score modifier, as the harness defines
+    them (``attnbench.masks``): a sliding window is the kernel's bottom-right ``window``; documents are
+    ``cu_seqlens`` from the harness's own document lengths; softcap its value; alibi the kernel's slopes
+    2^(−8(h+1)/H) over the query heads."""
+    device = inputs.q.device
+    options: dict[str, Any] = {"mask": w.mask}
+    if w.mask == "padding":
+        assert inputs.lengths is not None
+        options["lengths"] = torch.tensor(inputs.lengths, dtype=torch.int32, device=device)  # (B,)
+    elif w.mask == "sliding_window":
+        options.update(mask="none", window=w.window)
+    elif w.mask == "document":
+        offsets = [0, *itertools.accumulate(document_lengths(w.seq_q, w.documents))]
+        options.update(mask="none", cu_seqlens=torch.tensor(offsets, dtype=torch.int32))
+    if w.score_mod == "softcap":
+        options["softcap"] = w.softcap
+    elif w.score_mod == "alibi":
+        options["alibi"] = True
+    return options
 
 
 class FusedTriton(Contender):
     name = "fused_triton"
     description = (
-        "our Triton FlashAttention-2 kernels, forward and backward (CUDA; tiles tuned once, masked blocks skipped)"
+        "our Triton FlashAttention-2 kernels, forward and backward (CUDA; tiles tuned once, masked blocks skipped; "
+        "windows, documents, softcap and ALiBi in the kernel; a paged cache is gathered inside the timed call)"
     )
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
         dtypes=frozenset({"float16", "bfloat16", "float32"}),
         min_head_dim=16,
         max_head_dim=256,
+        masks=ALL_MASKS,
+        score_mods=ALL_SCORE_MODS,
+        paged="gather",
         gqa=True,
         cross=True,
         backward=True,
@@ -109,19 +141,38 @@ class FusedTriton(Contender):
             return _interpreter_seconds(workload)  # the interpreter's steps, not FLOPs, set its time
         return super().predicted_seconds(workload, flops_per_s, bytes_per_s)
 
+    def predicted_extra_bytes(self, workload: Workload) -> float:
+        extra = super().predicted_extra_bytes(workload)
+        if workload.page_size:  # k and v gathered out of the page pool
+            extra += (
+                2.0
+                * workload.batch
+                * workload.kv_heads
+                * workload.seq_k
+                * workload.head_dim
+                * workload.torch_dtype.itemsize
+            )
+        return extra
+
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         kernels = _kernels()
-        lengths = None
-        if workload.mask == "padding":
-            assert inputs.lengths is not None
-            lengths = torch.tensor(inputs.lengths, dtype=torch.int32, device=inputs.q.device)  # (B,)
         q, k, v = inputs.q, inputs.k, inputs.v
-        plan = kernels.make_plan(q, k, v, scale=inputs.scale, mask=workload.mask, lengths=lengths)
+        plan = kernels.make_plan(q, k, v, scale=inputs.scale, **_mask_options(inputs, workload))
         plan.tune(q.detach(), k.detach(), v.detach(), backward=workload.pass_ != "fwd")  # once, untimed
         attend = kernels.attend
+        paged = inputs.paged
 
-        def run() -> torch.Tensor:
-            return attend(inputs.q, inputs.k, inputs.v, plan)
+        if paged is None:
+
+            def run() -> torch.Tensor:
+                return attend(inputs.q, inputs.k, inputs.v, plan)
+
+        else:  # the pages gathered back into contiguous k and v inside the timed call
+
+            def run() -> torch.Tensor:
+                k = gather_pages(paged.k_pages, paged.page_table, paged.seq_k)
+                v = gather_pages(paged.v_pages, paged.page_table, paged.seq_k)
+                return attend(inputs.q, k, v, plan)
 
         run.plan = plan  # type: ignore[attr-defined]  # the tiles it launches, for tests and reports
         return run

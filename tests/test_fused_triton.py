@@ -11,6 +11,7 @@ of the timed callable are checked in this process with the kernels mocked (no GP
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -22,7 +23,8 @@ import torch
 
 from attnbench.check import GRAD_TOLERANCES, TOLERANCES
 from attnbench.impls.fused_triton import NEEDS_CUDA, contender
-from attnbench.workload import Workload
+from attnbench.masks import document_lengths
+from attnbench.workload import MASKS, Workload
 
 from conftest import attnbench_cmd, run_subprocess
 
@@ -90,6 +92,11 @@ for name, spec in json.loads(sys.argv[1]).items():
             poisoned = AttentionInputs(w, inputs.q, k, v, inputs.grad_out)
             result["unseen_keys"] = int(unseen.sum())
             result["unchanged_by_nan"] = torch.equal(contender.prepare(poisoned, w)(), out)
+        if w.page_size:  # the timed call reads the page pool: NaN in the contiguous k and v changes nothing
+            paged = make_inputs(w)
+            run = contender.prepare(paged, w)
+            paged.k.fill_(float("nan")), paged.v.fill_(float("nan"))
+            result["reads_pages"] = torch.equal(run(), out)
     results[name] = result
 
 # gpu_smoke's own checks, run here in the interpreter: its 64-bit offset case (q, k, v rows 2^26 elements
@@ -166,6 +173,27 @@ CASES: dict[str, dict[str, Any]] = {
     "bwd-padding-float16-D96": _case(
         batch=2, seq_q=20, seq_k=40, head_dim=96, mask="padding", dtype="float16", pass_="bwd"
     ),
+    # the workload features: sliding_window (Sq = Sk, Sq < Sk, Sq > Sk), document, softcap, alibi, paged KV
+    "window-S64-w20-gqa": _case(seq_q=64, seq_k=64, heads=4, kv_heads=2, mask="sliding_window", window=20),
+    "window-S24x56-w16": _case(seq_q=24, seq_k=56, mask="sliding_window", window=16),
+    "window-S56x24-w8-empty-rows": _case(seq_q=56, seq_k=24, mask="sliding_window", window=8),
+    "document-3-B2-S64-gqa": _case(batch=2, seq_q=64, seq_k=64, heads=4, kv_heads=2, mask="document", documents=3),
+    "softcap-causal-S48x64-float16": _case(
+        seq_q=48, seq_k=64, mask="causal", score_mod="softcap", softcap=2.0, dtype="float16"
+    ),
+    "alibi-causal-S64-gqa": _case(seq_q=64, seq_k=64, heads=4, kv_heads=2, mask="causal", score_mod="alibi"),
+    "paged-decode-S4x64-page16-gqa": _case(
+        seq_q=4, seq_k=64, heads=4, kv_heads=2, mask="causal_bottom_right", page_size=16
+    ),
+    "bwd-window-S40x64-w24-gqa": _case(
+        seq_q=40, seq_k=64, heads=4, kv_heads=2, mask="sliding_window", window=24, pass_="fwd_bwd"
+    ),
+    "bwd-window-S48-w16": _case(seq_q=48, seq_k=48, mask="sliding_window", window=16, pass_="fwd_bwd"),
+    "bwd-document-3-S48": _case(seq_q=48, seq_k=48, mask="document", documents=3, pass_="fwd_bwd"),
+    "bwd-softcap-S40x56": _case(seq_q=40, seq_k=56, score_mod="softcap", softcap=2.0, pass_="fwd_bwd"),
+    "bwd-alibi-causal-S48-gqa": _case(
+        seq_q=48, seq_k=48, heads=4, kv_heads=2, mask="causal", score_mod="alibi", pass_="fwd_bwd"
+    ),
 }
 BACKWARD = [name for name, spec in CASES.items() if spec.get("pass_", "fwd") != "fwd"]
 
@@ -213,6 +241,7 @@ def test_gradients_are_exactly_zero_where_nothing_is_seen(interpreted):
         name: interpreted[name]["unseen_dk_dv_max"] for name in BACKWARD if "unseen_dk_dv_max" in interpreted[name]
     }
     assert {"bwd-causal-S40x70-D96", "bwd-padding-B3-S33x50-gqa-D50", "bwd-padding-float16-D96"} <= set(unseen)
+    assert "bwd-window-S40x64-w24-gqa" in unseen  # key 0: below every row's window
     assert set(unseen.values()) == {0.0}
 
 
@@ -220,13 +249,20 @@ def test_rows_that_see_no_key_are_exactly_zero(interpreted):
     # bottom-right causal with Sq 80 > Sk 33: the first 47 rows see no key
     assert interpreted["bottom-right-S80x33-empty-rows-gqa"]["empty_rows_max"] == 0.0
     assert interpreted["bottom-right-bfloat16"]["empty_rows_max"] == 0.0
+    assert interpreted["window-S56x24-w8-empty-rows"]["empty_rows_max"] == 0.0  # rows 0-31 see no key
     assert interpreted["none-S64"]["empty_rows_max"] is None
 
 
 def test_keys_that_no_row_sees_are_never_read(interpreted):
     unseen = {name: result for name, result in interpreted.items() if result.get("unseen_keys")}
-    assert {"causal-top-left-S48x80", "padding-B3-S37x70-gqa", "padding-B2-bfloat16"} <= set(unseen)
+    assert {"causal-top-left-S48x80", "padding-B3-S37x70-gqa", "padding-B2-bfloat16", "window-S24x56-w16"} <= set(
+        unseen
+    )
     assert [name for name, result in unseen.items() if not result["unchanged_by_nan"]] == []
+
+
+def test_a_paged_cache_is_gathered_from_the_pages(interpreted):
+    assert interpreted["paged-decode-S4x64-page16-gqa"]["reads_pages"] is True
 
 
 def test_attnbench_run_checks_forward_and_backward_on_cpu(tmp_path):
@@ -271,6 +307,8 @@ def test_declared_capabilities():
     caps = contender.capabilities
     assert caps.devices == {"cuda"} and caps.dtypes == {"float16", "bfloat16", "float32"}
     assert (caps.min_head_dim, caps.max_head_dim, caps.gqa, caps.cross, caps.backward) == (16, 256, True, True, True)
+    assert caps.masks == set(MASKS) and caps.score_mods == {"none", "softcap", "alibi"} and caps.paged == "gather"
+    assert "gathered inside the timed call" in contender.description
     assert contender.interpreter_capabilities.devices == {"cpu", "cuda"}
     too_wide = Workload(1, 2, 2, 64, 64, 300, device="cuda")
     assert caps.unsupported_reason(too_wide) == "head_dim 300 outside [16, 256]"
@@ -292,6 +330,19 @@ def test_in_the_interpreter_cpu_is_supported_and_its_time_is_priced_by_steps(mon
     )
     assert contender.predicted_seconds(cpu, 1e12, 1e11) == pytest.approx(expected)
     assert contender.predicted_seconds(bwd, 1e12, 1e11) == pytest.approx(expected * (1 + fused_triton.BACKWARD_STEPS))
+    # a window of 8 keys, Sq 64 = Sk: rows 0-31 see keys 0-31 (2 blocks); rows 32-63 keys 25-63 (blocks 1-3: 3)
+    window = Workload(1, 2, 2, 64, 64, 32, device="cpu", mask="sliding_window", window=8)
+    expected = 2 * (
+        2 * fused_triton.INTERPRETER_SECONDS_PER_TILE + (2 + 3) * fused_triton.INTERPRETER_SECONDS_PER_BLOCK
+    )
+    assert contender.predicted_seconds(window, 1e12, 1e11) == pytest.approx(expected)
+    # 3 documents of S 64 (B 2): each tile starts at its first row's document start
+    docs = Workload(2, 2, 2, 64, 64, 32, device="cpu", mask="document", documents=3)
+    starts = [0, *itertools.accumulate(document_lengths(64, 3))]
+    first = [max(s for s in starts if s <= row) // 16 for row in (0, 32)]
+    blocks = 2 * ((2 - first[0]) + (4 - first[1]))
+    expected = 2 * (4 * fused_triton.INTERPRETER_SECONDS_PER_TILE + blocks * fused_triton.INTERPRETER_SECONDS_PER_BLOCK)
+    assert contender.predicted_seconds(docs, 1e12, 1e11) == pytest.approx(expected)
 
 
 def test_padding_without_lengths_is_refused_before_launch():
