@@ -22,7 +22,9 @@ Definitions first:
   max(1/Σ(1/v_i), observed weighted scatter / n): Welch's t = (m₂ − m₁) / √(var₁ + var₂) with
   Satterthwaite's degrees of freedom, p its two-sided p-value; accepted when p < ``alpha`` and
   |m₂ − m₁| ≥ the practical floor max(ln(1 + ``min_change``), median √v_i) — never smaller than the
-  measured noise. A failing step is merged away (least significant first) and the rest tested again.
+  measured noise, and when it does not leave a single run alone between two steps (one run is not a level:
+  the weaker of its two steps fails). A failing step is merged away (least significant first) and the rest
+  tested again.
 * A step's **size** is ratio = exp(m₂ − m₁) (> 1: slower), its **confidence** 1 − p, its **commit range**
   the last run before it and the first after.
 """
@@ -245,6 +247,11 @@ def detect(points: list[Point], alpha: float = ALPHA, min_change: float = MIN_CH
     while bounds:
         tests = _test(y, v, bounds)
         failing = [(p, -abs(d), k) for k, (p, d, _, _) in enumerate(tests) if p >= alpha or abs(d) < result.floor]
+        edges = [0, *bounds, len(y)]
+        for k in range(1, len(bounds)):  # one run between two steps is not a level: drop the weaker step
+            if edges[k + 1] - edges[k] == 1:
+                weaker = min((k - 1, k), key=lambda b: (abs(tests[b][1]), -tests[b][0]))
+                failing.append((tests[weaker][0], -abs(tests[weaker][1]), weaker))
         if not failing:
             break
         bounds.pop(max(failing)[2])

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import jinja2
+import numpy as np
 import pandas as pd
 
 import attnbench
@@ -27,7 +28,7 @@ from attnbench.reports.changes import Point, SeriesChanges, Step, detect, run_no
 from attnbench.reports.frames import workload_label
 from attnbench.reports.store import table_columns
 from attnbench.reports.trend import PALETTE, commit_label, panel
-from attnbench.results import CASE_COLUMNS
+from attnbench.results import CASE_COLUMNS, FEATURE_DEFAULTS
 
 # Columns that workload_label shows; any other case column (one a newer attnbench adds) is shown as col=value.
 LABELLED = {"impl", "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "mask", "pass",
@@ -93,7 +94,8 @@ def runs_table(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 
 def _label(row: dict[Any, Any]) -> str:
-    extras = [f"{c}={row[c]}" for c in CASE_COLUMNS if c not in LABELLED and not _missing(row.get(c))]
+    extras = [f"{c}={row[c]}" for c in CASE_COLUMNS
+              if c not in LABELLED and c not in FEATURE_DEFAULTS and not _missing(row.get(c))]  # fmt: skip
     return " ".join([workload_label(row), *extras])
 
 
@@ -118,10 +120,45 @@ def case_histories(frame: pd.DataFrame, alpha: float, min_change: float) -> list
             case = cases[key] = CaseHistory(key, str(record["impl"]), _label(record), {})
         points = case.series.setdefault(str(record["machine"]), SeriesChanges(points=[]))
         points.points.append(_point(record))
+    drift = machine_drift(list(cases.values()))
     for case in cases.values():
         for machine, pending in case.series.items():
-            case.series[machine] = detect(pending.points, alpha, min_change)
+            steady = [replace(p, median_ms=p.median_ms / math.exp(drift.get((machine, p.run_id), 0.0)))
+                      for p in pending.points]  # fmt: skip
+            found = detect(steady, alpha, min_change)
+            case.series[machine] = replace(found, points=pending.points)  # the page draws what was measured
     return sorted(cases.values(), key=lambda c: (c.label, c.impl))
+
+
+MIN_SERIES_FOR_DRIFT = 3  # series (from ≥ 2 contenders) a run needs before its machine-wide drift is estimated
+SHARED = 2 / 3  # the share of series that must have moved the drift's way for it to count as the machine's
+
+
+def machine_drift(cases: list[CaseHistory]) -> dict[tuple[str, str], float]:
+    """The run-wide drift of each (machine, run), on the log scale: the median over the machine's series of
+    that run's log median less the series' own median over all runs. A shared machine's speed moves every
+    contender alike between runs minutes apart; change detection divides it out, so a step is a case moving
+    against the others, not the machine's minute. One contender slowed among many leaves the median where
+    it is; a run's drift counts only when two thirds of its series moved that way, and with fewer than
+    three series from two contenders nothing is divided out."""
+    centred: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    for case in cases:
+        for machine, series in case.series.items():
+            logs = [math.log(p.median_ms) for p in series.points]
+            if not logs:
+                continue
+            middle = float(np.median(logs))
+            for p, value in zip(series.points, logs, strict=True):
+                centred.setdefault((machine, p.run_id), []).append((value - middle, case.impl))
+    drift = {}
+    for key, values in centred.items():
+        if len(values) < MIN_SERIES_FOR_DRIFT or len({impl for _, impl in values}) < 2:
+            continue
+        middle = float(np.median([v for v, _ in values]))
+        agreeing = sum(1 for v, _ in values if v * middle > 0)
+        if agreeing >= SHARED * len(values):  # most series moved that way: the machine, not a few contenders
+            drift[key] = middle
+    return drift
 
 
 def change_records(cases: list[CaseHistory]) -> pd.DataFrame:

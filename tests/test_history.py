@@ -46,6 +46,7 @@ def install_plugin(site: Path) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: attnbench-slowable\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(
         "[attnbench.impls]\nslowable = attnbench_slowable:slowable\nsteady = attnbench_slowable:steady\n"
+        "steady_too = attnbench_slowable:steady_too\n"
     )
     return site
 
@@ -108,8 +109,8 @@ def history(tmp_path_factory):
             commits.append(commit(repo, n))
             mp.setenv("ATTNBENCH_SLOWABLE_FACTOR", "1.25" if n >= 6 else "1")
             # one thread: a tiny SDPA on two threads of a loaded machine waits ms at OpenMP barriers
-            args = ["run", "--impl", "slowable,steady", *ONE_CASE, "--budget-s", "0.05", "--no-memory", "--threads",
-                    "1", "--isolate", "none", "--progress", "off", "--out", f"runs/r{n:02d}"]  # fmt: skip
+            args = ["run", "--impl", "slowable,steady,steady_too", *ONE_CASE, "--budget-s", "0.05", "--no-memory",
+                    "--threads", "1", "--isolate", "none", "--progress", "off", "--out", f"runs/r{n:02d}"]  # fmt: skip
             assert main(args + (["--store"] if n % 2 else [])) == 0
         assert main(["store", *(f"runs/r{n:02d}" for n in range(2, 11, 2))]) == 0
     registry.load(refresh=True)
@@ -121,7 +122,7 @@ def test_history_finds_exactly_the_planted_step_and_fails_on_it(history, cli, tm
     _, db, commits = history
     code, out, err = cli("history", "--db", str(db), "--out", str(tmp_path / "page"))
     assert code == 0, err
-    assert out.startswith("10 runs, 2 cases on 1 machine(s): 1 step(s)"), out + stored_series(db)
+    assert out.startswith("10 runs, 3 cases on 1 machine(s): 1 step(s)"), out + stored_series(db)
     changes = read_changes(tmp_path / "page")
     assert len(changes) == 1, changes
     step = changes.iloc[0]
@@ -156,7 +157,7 @@ def test_runs_record_the_commit_they_ran_at_and_the_store_keeps_it(history):
 def test_storing_runs_again_adds_nothing(history, cli):
     repo, db, _ = history
     before = count(db, "SELECT count(*) FROM rows"), count(db, "SELECT count(*) FROM runs")
-    assert before == (20, 10)
+    assert before == (30, 10)
     code, out, _ = cli("store", *(str(p) for p in sorted((repo / "runs").glob("r*"))), "--db", str(db))
     assert code == 0
     assert out.count("unchanged") == 10
@@ -284,7 +285,7 @@ def test_columns_a_newer_attnbench_adds_are_added_with_null_for_old_rows(cli, tm
     shutil.copytree(run, newer)
     frame = pd.read_parquet(newer / "results.parquet")
     frame["repeat_medians_ms"] = [[m * 0.99, m, m * 1.01] for m in frame["median_ms"]]
-    frame["window"] = 128
+    frame["future_metric"] = 128  # a column a later attnbench adds
     frame["batch"] = frame["batch"].astype("float64")  # a type that changed: widened, not truncated
     frame.to_parquet(newer / "results.parquet")
     meta = json.loads((newer / "meta.json").read_text())
@@ -292,7 +293,9 @@ def test_columns_a_newer_attnbench_adds_are_added_with_null_for_old_rows(cli, tm
     (newer / "meta.json").write_text(json.dumps(meta))
     assert cli("store", str(newer), "--db", str(db))[0] == 0
     con = duckdb.connect(str(db), read_only=True)
-    rows = con.execute('SELECT run, "window", len(repeat_medians_ms), typeof(batch) FROM rows ORDER BY run').fetchall()
+    rows = con.execute(
+        "SELECT run, future_metric, len(repeat_medians_ms), typeof(batch) FROM rows ORDER BY run"
+    ).fetchall()
     con.close()
     assert rows == [("newer", 128, 3, "DOUBLE"), ("run", None, 1, "DOUBLE")]  # one repeat: its own median
     for run_name, noise in (("newer", "repeats"), ("run", "samples")):

@@ -1,4 +1,4 @@
-"""A test plugin whose speed is a setting: two contenders, ``slowable`` and ``steady``, for the history tests.
+"""A test plugin whose speed is a setting: ``slowable``, ``steady`` and ``steady_too``, for the history tests.
 
 Both compute SDPA (so their output passes the correctness gate) and then hold the call:
 
@@ -62,3 +62,4 @@ class Holding(Contender):
 
 slowable = Holding("slowable", slowed=True)
 steady = Holding("steady", slowed=False)
+steady_too = Holding("steady_too", slowed=False)  # a third series: the machine's drift is estimated from ≥ 3
