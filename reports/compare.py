@@ -13,10 +13,12 @@ A case is ``slower`` / ``faster`` only when its change is beyond its **floor** �
 ``--threshold`` and the noise the runs measured for that case (the relative range of the per-repeat
 medians, or the width of the 95 % confidence interval of the samples' median) — *and* significant
 (p < alpha, or clear-cut: every new value beyond every base value), *and* not explained by the
-**run-wide shift**. A shared machine's speed moves all contenders alike between runs minutes apart; when
-the cases span two or more contenders, the median change over all cases is that shift, and a case must
-move beyond its floor relative to it too. A change the shift explains is ``unclear`` (machine drift, or a
-change everywhere: the runs can't tell which), never ``slower``. ``same`` is within ``--threshold``; a
+**shift of its workload**. A shared machine's speed moves the contenders timed together alike between runs
+minutes apart (the contenders of one workload are timed in interleaved rounds, at the same minutes): the
+median change over a workload's contenders (three or more), else over all cases (three or more, from two
+contenders or more), is that shift, and a case must move beyond its floor relative to it too. A change the
+shift explains is ``unclear`` (machine drift, or a change everywhere: the runs can't tell which), never
+``slower``. ``same`` is within ``--threshold``; a
 change beyond it but within the measured noise is ``unclear``, as is anything else that can't be decided.
 
 The geometric mean of the ratios summarises the comparison; the exit code is 1 when any case is slower.
@@ -41,6 +43,7 @@ from attnbench.results import CASE_COLUMNS
 MATCH_ON = CASE_COLUMNS
 VERDICTS = ("faster", "slower", "same", "unclear")
 MIN_CASES_FOR_SHIFT = 3  # cases (over ≥ 2 contenders) needed before a run-wide shift is estimated
+MIN_CONTENDERS_PER_WORKLOAD = 3  # a workload's own shift is the median of this many contenders or more
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ def verdict(base: Any, new: Any, settings: Settings, shift: float = 0.0) -> tupl
         return "unclear", ratio, p_value, floor, f"within the noise the runs measured ({floor:.1%})"
     relative = change - shift
     if abs(relative) <= limit or (relative > 0) != (change > 0):
-        note = f"the whole run moved {math.expm1(shift):+.1%}: machine drift or a change everywhere"
+        note = f"its workload moved {math.expm1(shift):+.1%} for every contender: machine drift or a change everywhere"
         return "unclear", ratio, p_value, floor, note
     adjusted = new_ev.values * math.exp(-shift)
     separated = adjusted.min() > base_ev.values.max() if change > 0 else adjusted.max() < base_ev.values.min()
@@ -152,6 +155,20 @@ def repeat_count(frame: pd.DataFrame, name: str) -> int:
     return counts.pop()
 
 
+def _shift_groups(frame: pd.DataFrame) -> list[pd.Index]:
+    """Row groups that share a machine drift: the contenders of one workload (timed together in interleaved
+    rounds, so at the same minutes) when it has three or more; the rest together, when they span three cases
+    over two contenders."""
+    key = [c for c in MATCH_ON if c != "impl"]
+    groups, rest = [], []
+    for _, group in frame.groupby(key, dropna=False, sort=False):
+        (groups if group["impl"].nunique() >= MIN_CONTENDERS_PER_WORKLOAD else rest).append(group.index)
+    leftover = frame.loc[[i for index in rest for i in index]]
+    if len(leftover) >= MIN_CASES_FOR_SHIFT and leftover["impl"].nunique() >= 2:
+        groups.append(leftover.index)
+    return groups
+
+
 def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) -> Comparison:
     """One row per case present in either run: verdict, ratio, p-value, floor, or why it can't be compared."""
     base_repeats, new_repeats = repeat_count(base, "BASE"), repeat_count(new, "NEW")
@@ -159,9 +176,14 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
         raise UsageError(f"BASE has {base_repeats} repeat(s) per case and NEW {new_repeats}: "
                          "compare runs made with the same --repeat")  # fmt: skip
     merged = base.merge(new, on=MATCH_ON, how="outer", suffixes=("_base", "_new"), indicator=True)
+    merged["_row"] = range(len(merged))
+    merged.index = merged["_row"]
     both = merged[(merged["_merge"] == "both") & (merged["status_base"] == "ok") & (merged["status_new"] == "ok")]
     changes = np.log(both["median_ms_new"].astype(float) / both["median_ms_base"].astype(float))
-    estimate = len(both) >= MIN_CASES_FOR_SHIFT and both["impl"].nunique() >= 2
+    shifts = pd.Series(0.0, index=both.index)
+    for index in _shift_groups(both):
+        shifts[index] = float(np.median(changes[index]))
+    estimate = bool(len(_shift_groups(both)))
     shift = float(np.median(changes)) if estimate else 0.0
     records: list[dict[str, Any]] = []
     bases: set[str] = set()
@@ -175,7 +197,8 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
         else:
             base_ev, new_ev = evidence(row, "_base"), evidence(row, "_new")
             bases.add(base_ev.basis if base_ev.basis == new_ev.basis else "samples")
-            outcome, ratio, p_value, floor, note = verdict(base_ev, new_ev, settings, shift)
+            case_shift = float(shifts.get(row["_row"], 0.0))
+            outcome, ratio, p_value, floor, note = verdict(base_ev, new_ev, settings, case_shift)
             record.update(verdict=outcome, ratio=ratio, p_value=p_value, floor=floor, note=note,
                           base_ms=row["median_ms_base"], new_ms=row["median_ms_new"])  # fmt: skip
         records.append(record)
@@ -187,8 +210,9 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
         notes.append("verdicts are within-run only: the runs have no per-repeat medians (run with --repeat 3 "
                      "to see the noise between processes and over time)")  # fmt: skip
     if estimate:
-        notes.append(f"run-wide shift {math.expm1(shift):+.1%} (median over {len(both)} cases): a case must "
-                     "move beyond its floor relative to it")  # fmt: skip
+        notes.append(f"machine drift divided out: the contenders of each workload (timed together) move alike "
+                     f"between runs; median shift {math.expm1(shift):+.1%} over {len(both)} cases, and a case must "
+                     "move beyond its floor relative to its workload's shift")  # fmt: skip
     elif len(both):
         notes.append("one contender (or under 3 cases): no control for machine drift between the runs")
     return Comparison(table, basis, shift, len(both) if estimate else 0, notes)

@@ -56,7 +56,7 @@ def test_a_contender_made_slower_is_slower_in_every_case_and_compare_exits_1(cli
     verdicts = {(words[0], " ".join(words[1:9])): words[9] for words in lines}
     assert {v for (impl, _), v in verdicts.items() if impl == "einsum"} == {"slower"}
     assert "slower" not in {v for (impl, _), v in verdicts.items() if impl != "einsum"}
-    assert "from per-repeat medians" in text and "run-wide shift +6" in text
+    assert "from per-repeat medians" in text and "median shift +6" in text
     aa = save(fake_run(2, speed=1.08), tmp_path / "aa")
     code, text, _ = cli("compare", str(base), str(aa), "--out", str(tmp_path / "cmp2"))
     assert code == 0 and " slower" not in text.split("note:")[0].split("\n")[-2]
@@ -75,7 +75,7 @@ def test_a_change_the_whole_run_shares_is_unclear_not_slower():
     new = Evidence(np.array([1.12, 1.13, 1.11]), "repeats", 0.02)
     assert verdict(base, new, Settings())[0] == "slower"
     outcome, *_, note = verdict(base, new, Settings(), shift=float(np.log(1.11)))
-    assert outcome == "unclear" and "the whole run moved +11.0%" in note
+    assert outcome == "unclear" and "its workload moved +11.0%" in note
 
 
 def test_repeats_are_centred_on_the_stored_median():
