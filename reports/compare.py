@@ -160,7 +160,8 @@ def _shift_groups(frame: pd.DataFrame) -> list[pd.Index]:
     rounds, so at the same minutes) when it has three or more; the rest together, when they span three cases
     over two contenders."""
     key = [c for c in MATCH_ON if c != "impl"]
-    groups, rest = [], []
+    groups: list[pd.Index] = []
+    rest: list[pd.Index] = []
     for _, group in frame.groupby(key, dropna=False, sort=False):
         (groups if group["impl"].nunique() >= MIN_CONTENDERS_PER_WORKLOAD else rest).append(group.index)
     leftover = frame.loc[[i for index in rest for i in index]]
