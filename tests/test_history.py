@@ -304,7 +304,9 @@ def test_columns_a_newer_attnbench_adds_are_added_with_null_for_old_rows(cli, tm
         assert f"noise: {noise}</div>" in (tmp_path / run_name / "history.html").read_text()
 
 
-def test_workdir_git_records_commit_and_dirty_flag(tmp_path):
+def test_workdir_git_records_commit_and_dirty_flag(tmp_path, monkeypatch):
+    # nox puts TMPDIR inside the checkout: keep git from finding the repository above tmp_path
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert workdir_git(tmp_path) == {"workdir_commit": None, "workdir_dirty": None}
     git(tmp_path, "init", "-q")
     sha = commit(tmp_path, 1)
