@@ -182,9 +182,10 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
     both = merged[(merged["_merge"] == "both") & (merged["status_base"] == "ok") & (merged["status_new"] == "ok")]
     changes = np.log(both["median_ms_new"].astype(float) / both["median_ms_base"].astype(float))
     shifts = pd.Series(0.0, index=both.index)
-    for index in _shift_groups(both):
+    groups = _shift_groups(both)
+    for index in groups:
         shifts[index] = float(np.median(changes[index]))
-    estimate = bool(len(_shift_groups(both)))
+    estimate = bool(groups)
     shift = float(np.median(changes)) if estimate else 0.0
     records: list[dict[str, Any]] = []
     bases: set[str] = set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,32 @@ from attnbench import registry
 from attnbench.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager reach for the network
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="needs Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)",
+)
+
+
+def headless_chromium(tmp_path_factory: pytest.TempPathFactory, height: int) -> Iterator[object]:
+    """Headless Chromium driven by Selenium through Debian's chromedriver, its browser log kept; for a
+    module-scoped fixture (``yield from``)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-quic", f"--window-size=1400,{height}",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
 
 
 def pytest_configure(config: pytest.Config) -> None:

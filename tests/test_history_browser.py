@@ -6,37 +6,20 @@ Skipped, with the reason, where Chromium, chromedriver or selenium is missing (`
 """
 
 import json
-import os
-import shutil
 
 import pandas as pd
 import pytest
 
-os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager reach for the network
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER),
-    reason="needs Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)",
-)
+from conftest import NEEDS_CHROMIUM, headless_chromium
+
+pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+pytestmark = NEEDS_CHROMIUM
 ODD = "<i>odd</i>"
 
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,1800", f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
+    yield from headless_chromium(tmp_path_factory, 1800)
 
 
 @pytest.fixture(scope="module")

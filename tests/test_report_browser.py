@@ -4,22 +4,13 @@ Skipped, with the reason, where Chromium, chromedriver or selenium is missing; `
 and CI install Chromium from Debian's packages.
 """
 
-import os
-import shutil
-
 import pandas as pd
 import pytest
 
-from conftest import Shifted
+from conftest import NEEDS_CHROMIUM, Shifted, headless_chromium
 
-os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager reach for the network
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER),
-    reason="needs Chromium and chromedriver (Debian: apt-get install chromium chromium-driver)",
-)
+pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+pytestmark = NEEDS_CHROMIUM
 TABLE = "#results-table"
 
 
@@ -31,19 +22,7 @@ class Evil(Shifted):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-quic", "--window-size=1400,1000",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
+    yield from headless_chromium(tmp_path_factory, 1000)
 
 
 @pytest.fixture(scope="module")
