@@ -1,11 +1,12 @@
 """``fused_cpu`` — our fused, memory-efficient attention for the CPU (FlashAttention's recurrence in C++).
 
-The kernel (``fused_cpu_kernel.cpp``, built at first use, see ``_cpu_kernel.py``) walks blocks of
-BLOCK_Q query rows against blocks of BLOCK_K keys with the online softmax, so its working memory is a
-BLOCK_Q × BLOCK_K score tile per thread instead of the S×S matrix, and it never visits a key block the
-mask hides completely (causal does about half the work of none). Each thread's tiles — 256 query rows
-× 256 keys, the q rows, the output accumulator — fit its L2 cache; the inner products are register
-tiles of 6 rows × 64 floats, the exponential is AVX-512's scalef on a polynomial.
+The kernel (``fused_cpu_kernel.cpp``, built at first use, see ``_cpu_kernel.py``) gives each work item up to
+BLOCK_Q query rows (fewer when that would leave a thread fewer than 4 items) and walks them against blocks of
+BLOCK_K keys with the online softmax, six rows at a time, so its working memory is a 6 × BLOCK_K score tile
+per thread instead of the S×S matrix, and it never visits a 64-key panel the mask hides from all six rows
+(causal does about half the work of none). The inner products are register tiles of 6 rows × 64 floats; a
+row group's exponentials (AVX-512's scalef on a fitted polynomial) run inside the previous group's P·V loop,
+beside its FMAs (``fused_cpu_pipeline.h``), and each group prefetches a share of the next key block into L2.
 
 Backward (``fused_cpu_backward.cpp``, FlashAttention-2): the forward also keeps each row's log-sum-exp; the
 backward recomputes the probabilities tile by tile from q, k and it (64 query rows × 256 keys), one work item
@@ -51,13 +52,23 @@ from attnbench.masks import alibi_slopes, key_ranges
 from attnbench.paged import gather_pages
 from attnbench.workload import Workload
 
-BLOCK_Q = 256
-BLOCK_K = 256
-BACKWARD_BLOCK_Q = 64  # the backward holds two BACKWARD_BLOCK_Q × BLOCK_K tiles (P and dP) per thread
+BLOCK_Q = 1024  # most query rows per forward work item: its row groups share each key block while in L2
+MIN_BLOCK_Q = 48  # fewest, when more items are needed to feed the threads
+GROUP = 6  # query rows per step of the forward (fused_cpu_kernel.cpp's GROUP)
+BLOCK_K = 512  # keys per forward step
+BACKWARD_BLOCK_Q = 64  # the backward holds two BACKWARD_BLOCK_Q × BACKWARD_BLOCK_K tiles (P and dP) per thread
+BACKWARD_BLOCK_K = 256
 
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def block_q(batch_heads: int, seq_q: int, threads: int) -> int:
+    """Query rows per forward work item: BLOCK_Q (long items share each key block among more row groups),
+    fewer — whole groups, at least MIN_BLOCK_Q — when that would leave a thread fewer than 4 items."""
+    rows = _round_up(-(-batch_heads * seq_q // (4 * max(threads, 1))), GROUP)
+    return min(seq_q, max(MIN_BLOCK_Q, min(BLOCK_Q, rows)))
 
 
 def fused_attention(
@@ -156,7 +167,7 @@ def _forward(
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     padded_dim = _round_up(head_dim, _cpu_kernel.VECTOR)
-    block_q = min(BLOCK_Q, seq_q)
+    rows = block_q(batch * heads, seq_q, threads)
     out = torch.empty(batch, heads, seq_q, padded_dim, dtype=torch.float32)
     lse = torch.empty(batch, heads, seq_q, dtype=torch.float32) if keep_lse else None
     decode = (
@@ -164,7 +175,7 @@ def _forward(
     )  # bandwidth-bound: k and v read once, keys split across threads
     if not decode and isa(q.dtype) == "avx512_bf16":
         q16, k16, v16 = (_even_dim(t.detach().contiguous()) for t in (q, k, v))
-        sizes = {"block_q": block_q, "block_k": BLOCK_K, "threads": threads}
+        sizes = {"block_q": rows, "block_k": BLOCK_K, "threads": threads}
         tiles = kernel.forward_bf16(
             q16, k16, v16, out, lse, scale=scale, mask=mask, lengths=lengths, options=options, **sizes
         )
@@ -176,7 +187,7 @@ def _forward(
         tiles, _ = kernel.decode(q32, k32, v32, out, lse, scale=scale, mask=mask, lengths=lengths, threads=threads)
         return out, lse, tiles
     kt = torch.empty(batch * kv_heads * kernel.packed_keys(seq_k) * head_dim)  # the kernel packs kᵀ here
-    scratch = torch.empty(threads * kernel.scratch_floats(block_q, BLOCK_K, head_dim, padded_dim))
+    scratch = torch.empty(threads * kernel.scratch_floats(rows, BLOCK_K, head_dim, padded_dim))
     tiles = kernel.forward(
         q32,
         k32,
@@ -187,7 +198,7 @@ def _forward(
         scale=scale,
         mask=mask,
         lengths=lengths,
-        block_q=block_q,
+        block_q=rows,
         block_k=BLOCK_K,
         threads=threads,
         scratch=scratch,
@@ -267,7 +278,7 @@ class _FusedAttention(torch.autograd.Function):
             mask=mask,
             lengths=lengths,
             block_q=BACKWARD_BLOCK_Q,
-            block_k=BLOCK_K,
+            block_k=BACKWARD_BLOCK_K,
             threads=threads,
             ranges=ranges,
         )
@@ -306,7 +317,8 @@ def reads_pages_in_place(w: Workload) -> bool:
 class FusedCpu(Contender):
     name = "fused_cpu"
     description = (
-        "ours: C++ online-softmax attention, 256×256 tiles, skips masked blocks (windows, documents), softcap and "
+        "ours: C++ online-softmax attention, 6-row × 512-key steps with the softmax hidden under P·V, skips masked "
+        "panels (windows, documents), softcap and "
         "ALiBi in the tile, no S² memory; decode reads KV pages in place (other paged cases gather them, timed)"
     )
     capabilities = Capabilities(
@@ -337,13 +349,14 @@ class FusedCpu(Contender):
         floats += (q_rows + kv_rows) * w.head_dim if widened else 0  # q and k in float32
         floats += q_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # the float32 output
         threads = torch.get_num_threads()
-        per_thread = kernel.scratch_floats(min(BLOCK_Q, w.seq_q), BLOCK_K, w.head_dim, padded_dim)
+        rows = block_q(w.batch * w.heads, w.seq_q, threads)
+        per_thread = kernel.scratch_floats(rows, BLOCK_K, w.head_dim, padded_dim)
         if w.pass_ != "fwd":  # lse kept; the backward's scratch, padded copies and float32 gradients
             q_shape = torch.Size((w.batch, w.heads, w.seq_q, padded_dim))
             k_shape = torch.Size((w.batch, w.kv_heads, w.seq_k, padded_dim))
             q, k = torch.empty(q_shape, device="meta"), torch.empty(k_shape, device="meta")
             floats += w.batch * w.heads * w.seq_q  # lse
-            floats += kernel.backward_scratch_floats(q, k, BACKWARD_BLOCK_Q, BLOCK_K, threads)
+            floats += kernel.backward_scratch_floats(q, k, BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K, threads)
             floats += 3 * (q_rows + kv_rows) * padded_dim  # q, dout, dq and k, v, dk, dv at worst
         gathered = 2.0 * kv_rows * w.head_dim * w.torch_dtype.itemsize  # k and v copied out of the pages
         return 4.0 * (floats + threads * per_thread) + (gathered if w.page_size and not reads_pages_in_place(w) else 0)

@@ -7,7 +7,8 @@
 //   S = Q·Kᵀ sums over d: q rows are read as they are (d pairs adjacent), kᵀ is packed into panels of 64
 //       keys as (D/2, 64 keys, 2): one 32-bf16 vector = 16 keys × one pair of d;
 //   O += P·V sums over keys: P (rounded to bf16, as FlashAttention does on GPUs) is converted row by row
-//       (key pairs adjacent), v is packed as (Skp/2, Dp, 2): one vector = 16 head dims × one pair of keys.
+//       (key pairs adjacent), v is packed as (Skp/2, Dp, 2): one vector = 16 head dims × one pair of keys
+//       (that loop lives in fused_cpu_pipeline.h, with the next group's exponentials spread over it).
 // Scores come out in float32 and are multiplied by scale·log2(e) as they leave the registers.
 
 #pragma once
@@ -58,71 +59,16 @@ void qk_tile_bf16(const bf16* q, int64_t ldq, const bf16* kt, int64_t d_pairs, f
   }
 }
 
-// O[R][NV·W] += P[R][2·pairs] · V, P in bf16 (rows ldp apart), V as (pairs, ldv, 2) from this column block.
-template <int R, int NV>
-void pv_tile_bf16(const bf16* p, int64_t ldp, const bf16* v, int64_t ldv, int64_t pairs, float* o, int64_t ldo) {
-  __m512 acc[R][NV];
-  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_loadu_ps(o + r * ldo + j * W);
-  for (int64_t c = 0; c < pairs; ++c) {
-    __m512i vv[NV];
-    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) vv[j] = _mm512_loadu_si512(v + (c * ldv + j * W) * 2);
-    _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {
-      const __m512i pb = pair_at(p + r * ldp + 2 * c);
-      _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) acc[r][j] = dp_pairs(acc[r][j], pb, vv[j]);
-    }
-  }
-  _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r)
-    _Pragma("GCC unroll 8") for (int j = 0; j < NV; ++j) _mm512_storeu_ps(o + r * ldo + j * W, acc[r][j]);
-}
-
 typedef void (*QkBf16)(const bf16*, int64_t, const bf16*, int64_t, float, float*, int64_t, float*);
-typedef void (*PvBf16)(const bf16*, int64_t, const bf16*, int64_t, int64_t, float*, int64_t);
 
 template <int R>
 struct RowBf16 {
   static constexpr QkBf16 qk[TILE_VECS] = {qk_tile_bf16<R, 1>, qk_tile_bf16<R, 2>, qk_tile_bf16<R, 3>,
                                            qk_tile_bf16<R, 4>};
-  static constexpr PvBf16 pv[TILE_VECS] = {pv_tile_bf16<R, 1>, pv_tile_bf16<R, 2>, pv_tile_bf16<R, 3>,
-                                           pv_tile_bf16<R, 4>};
 };
 
 const QkBf16* const QK_BF16[TILE_ROWS] = {RowBf16<1>::qk, RowBf16<2>::qk, RowBf16<3>::qk,
                                           RowBf16<4>::qk, RowBf16<5>::qk, RowBf16<6>::qk};
-const PvBf16* const PV_BF16[TILE_ROWS] = {RowBf16<1>::pv, RowBf16<2>::pv, RowBf16<3>::pv,
-                                          RowBf16<4>::pv, RowBf16<5>::pv, RowBf16<6>::pv};
-
-// As qk_block, from bf16 q rows (ldq apart, D even) and (D/2, PANEL, 2) panels.
-inline void qk_block_bf16(const bf16* q, int64_t ldq, const bf16* panels, int64_t d_len, int64_t rows, int64_t cols,
-                          float scale, float* s, int64_t lds, float* rmax) {
-  for (int64_t c = 0; c < cols; c += PANEL) {
-    const int nv = static_cast<int>(std::min<int64_t>(TILE_VECS, (cols - c) / W));
-    const bf16* panel = panels + (c / PANEL) * d_len * PANEL;
-    for (int64_t r = 0; r < rows; r += TILE_ROWS) {
-      const int nr = static_cast<int>(std::min<int64_t>(TILE_ROWS, rows - r));
-      QK_BF16[nr - 1][nv - 1](q + r * ldq, ldq, panel, d_len / 2, scale, s + r * lds + c, lds, rmax + r * W);
-    }
-  }
-}
-
-// O[rows][Dp] += P·V for keys [0, n): P's fp32 rows (lds apart, zeros past each row's visible keys, at least
-// up to n rounded to 32) rounded to bf16 into pb first; v the (Skp/2, Dp, 2) packing from this block's key.
-inline void pv_block_bf16(const float* s, int64_t lds, bf16* pb, const bf16* v, int64_t n, int64_t rows, int64_t dp,
-                          float* o) {
-  const int64_t pairs = (n + 1) / 2, cols = (n + 2 * W - 1) / (2 * W) * (2 * W);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; c += 2 * W) {
-      const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + r * lds + c + W), _mm512_loadu_ps(s + r * lds + c));
-      _mm512_storeu_si512(pb + r * lds + c, reinterpret_cast<__m512i>(x));
-    }
-  for (int64_t c = 0; c < dp; c += TILE_VECS * W) {
-    const int nv = static_cast<int>(std::min<int64_t>(TILE_VECS, (dp - c) / W));
-    for (int64_t r = 0; r < rows; r += TILE_ROWS) {
-      const int nr = static_cast<int>(std::min<int64_t>(TILE_ROWS, rows - r));
-      PV_BF16[nr - 1][nv - 1](pb + r * lds, lds, v + c * 2, dp, pairs, o + r * dp + c, dp);
-    }
-  }
-}
 
 // Panel p of kᵀ as (d_len/2, PANEL, 2) from k's rows (d_len bf16 apart, d_len even); zeros past seq_k.
 inline void pack_panel_bf16(const bf16* k, int64_t seq_k, int64_t d_len, int64_t p, bf16* panel) {

@@ -23,8 +23,7 @@
 // Threads: an OpenMP team of nthreads (torch's own pool, see the end of the file; std::threads when
 // built without OpenMP) takes work items (batch, head, query block) from an atomic counter, largest first.
 
-#include "fused_cpu_bf16.h"
-#include "fused_cpu_tiles.h"
+#include "fused_cpu_pipeline.h"
 
 namespace {
 
@@ -49,21 +48,45 @@ struct Problem {
   int64_t limit(int64_t b, int64_t i) const { return rows.limit(b, i); }
 };
 
+constexpr int64_t GROUP = TILE_ROWS;  // query rows that go through a step (scores, softmax, P·V) together
+
 // Per-thread working memory, carved from the caller's buffer (torch allocates it, so the benchmark's
-// memory measurement sees it): scaled q rows, score tile, output accumulator, row max, row sum, and the
-// score tile's lane-wise row maxima.
-// With bf16 inputs the q rows are read in place and the first part holds P in bf16 instead (block_k / 2).
+// memory measurement sees it): the item's scaled q rows, output accumulator, row max and lane-wise partial
+// row sums; two group tiles (the pipeline's current and previous group), each with its bf16 copy and its
+// lane-wise row maxima; then each row's key range (int64, after an even float count).
 int64_t scratch_floats(int64_t block_q, int64_t block_k, int64_t head_dim, int64_t dp) {
-  return block_q * (std::max(head_dim, block_k / 2) + block_k + dp + 2 + W);
+  const int64_t floats = block_q * (head_dim + dp + 1 + W) + 2 * GROUP * (block_k + block_k / 2 + W);
+  return floats + floats % 2 + 4 * block_q;
 }
 
 struct Scratch {
-  float *q, *s, *o, *m, *l, *tile_max;
+  float *q, *o, *m, *l;
+  float* s[2];
+  uint16_t* p16[2];
+  float* tile_max[2];
+  int64_t *lo, *hi;
   int64_t tiles = 0;  // score entries computed, for the block-skipping check
-  Scratch(const Problem& pb, float* base)
-      : q(base), s(q + pb.block_q * std::max(pb.head_dim, pb.block_k / 2)), o(s + pb.block_q * pb.block_k),
-        m(o + pb.block_q * pb.dp),
-        l(m + pb.block_q), tile_max(l + pb.block_q) {}
+  Scratch(const Problem& pb, float* base) {
+    const int64_t bq = pb.block_q, bk = pb.block_k;
+    float* at = base;
+    auto take = [&at](int64_t count) {
+      float* start = at;
+      at += count;
+      return start;
+    };
+    q = take(bq * pb.head_dim);
+    o = take(bq * pb.dp);
+    m = take(bq);
+    l = take(bq * W);
+    for (int t = 0; t < 2; ++t) {
+      s[t] = take(GROUP * bk);
+      p16[t] = reinterpret_cast<uint16_t*>(take(GROUP * bk / 2));
+      tile_max[t] = take(GROUP * W);
+    }
+    at += (at - base) % 2;
+    lo = reinterpret_cast<int64_t*>(at);
+    hi = lo + bq;
+  }
 };
 
 // The score modifiers on one row of a score tile (keys c0 …), before masking: softcap, then ALiBi.
@@ -82,114 +105,216 @@ void modify_scores(const Problem& pb, int64_t h, int64_t i, int64_t c0, float* s
   }
 }
 
+// Work item (batch b, head h, query rows [i0, i0 + block_q)) and its kv head.
+struct Item {
+  int64_t b, h, i0, kv;
+};
+
+// One group's scores in one block of keys: rows [g0, g0 + rows) of the item against keys [cs, cs + n), nv
+// score columns (n rounded up to 16; kt is padded), in tile buffer `buf`. Fast: every column visible to
+// every row and no score modifier, so the exponentials can wait in an ExpJob.
+struct Tile {
+  int64_t g0, rows, cs, n, nv;
+  int buf;
+  bool fast;
+};
+
+// The scores of rows [g0, g0 + R) against keys [c0, c0 + block_k) — only from the group's first visible
+// panel to its last visible key — into tile buffer buf, with their lane-wise row maxima. False when no row
+// of the group sees a key there.
+bool scores(const Problem& pb, const Item& it, int64_t g0, int64_t R, int64_t c0, int buf, Scratch& sc, Tile& t) {
+  const int64_t D = pb.head_dim, BK = pb.block_k;
+  int64_t glo = pb.seq_k, ghi = 0;
+  bool every = true;  // every row sees every key of the block
+  for (int64_t r = g0; r < g0 + R; ++r) {
+    if (sc.lo[r] < sc.hi[r]) glo = std::min(glo, sc.lo[r]), ghi = std::max(ghi, sc.hi[r]);
+    every = every && sc.lo[r] <= c0 && sc.hi[r] >= c0 + BK;
+  }
+  const int64_t cs = std::max(c0, glo / PANEL * PANEL), ce = std::min(c0 + BK, ghi);
+  if (cs >= ce) return false;
+  const int64_t n = ce - cs, nv = (n + W - 1) / W * W;
+  t = Tile{g0, R, cs, n, nv, buf, every && pb.softcap2 == 0.f && pb.alibi2 == nullptr};
+  float* s = sc.s[buf];
+  std::fill(sc.tile_max[buf], sc.tile_max[buf] + R * W, -std::numeric_limits<float>::infinity());
+  for (int64_t pc = cs; pc < cs + nv; pc += PANEL) {
+    const int vecs = static_cast<int>(std::min<int64_t>(TILE_VECS, (cs + nv - pc) / W));
+    if (pb.q16 == nullptr) {
+      QK[R - 1][vecs - 1](sc.q + g0 * D, D, pb.kt + (it.kv * pb.skp + pc) * D, PANEL, D, s + (pc - cs), BK,
+                          sc.tile_max[buf]);
+    } else {
+#ifdef ATTNBENCH_BF16
+      const int64_t row0 = (it.b * pb.heads + it.h) * pb.seq_q + it.i0 + g0;
+      QK_BF16[R - 1][vecs - 1](pb.q16 + row0 * D, D, pb.kt16 + (it.kv * pb.skp + pc) * D, D / 2, pb.scale_log2,
+                               s + (pc - cs), BK, sc.tile_max[buf]);
+#endif
+    }
+  }
+  sc.tiles += R * nv;
+  return true;
+}
+
+// Row r of the tile has a new max m_new: O's row and the lane sums scaled by 2^(m_old − m_new) (0 on the row's
+// first visible tile, where m_old = −inf).
+void raise_max(const Problem& pb, Scratch& sc, int64_t row, float m_new) {
+  const float alpha = std::exp2(sc.m[row] - m_new);
+  const vf a = splat(alpha);
+  store(sc.l + row * W, load(sc.l + row * W) * a);
+  float* o = sc.o + row * pb.dp;
+  for (int64_t d = 0; d < pb.dp; d += W) store(o + d, load(o + d) * a);
+  sc.m[row] = m_new;
+}
+
+// A fast tile: each row's new max from the lane maxima, O rescaled where it rose; the exponentials become
+// the returned job (p = 2^(s − m) in place, sums into l; in bf16 also the bf16 copy for P·V).
+ExpJob prepare(const Problem& pb, const Tile& t, Scratch& sc) {
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const float m_new = hmax(load(sc.tile_max[t.buf] + r * W));
+    if (m_new > sc.m[t.g0 + r]) raise_max(pb, sc, t.g0 + r, m_new);
+  }
+  ExpJob job;
+  job.s = sc.s[t.buf];
+  job.p16 = pb.q16 == nullptr ? nullptr : sc.p16[t.buf];
+  job.lds = pb.block_k;
+  job.m = sc.m + t.g0;
+  job.l = sc.l + t.g0 * W;
+  job.rows = t.rows;
+  job.vecs = t.nv / W;
+  return job;
+}
+
+// Any other tile (a mask boundary inside it, a score modifier): the softmax now, row by row, only the visible
+// columns counting; in bf16 then rounded into the bf16 copy.
+void softmax_now(const Problem& pb, const Item& it, const Tile& t, Scratch& sc) {
+  const bool modified = pb.softcap2 != 0.f || pb.alibi2 != nullptr;
+  const bool bf16 = pb.q16 != nullptr;  // P is rounded to bf16: a shorter exp2 polynomial is exact enough
+  for (int64_t r = 0; r < t.rows; ++r) {
+    float* sr = sc.s[t.buf] + r * pb.block_k;
+    const int64_t row = t.g0 + r;
+    const int64_t visible = std::clamp<int64_t>(sc.hi[row] - t.cs, 0, t.n);
+    const int64_t first = std::clamp<int64_t>(sc.lo[row] - t.cs, 0, t.n);
+    if (visible <= first) {
+      std::memset(sr, 0, sizeof(float) * t.nv);
+      continue;
+    }
+    if (modified) modify_scores(pb, it.h, it.i0 + row, t.cs, sr, t.nv);
+    for (int64_t c = 0; c < first; ++c) sr[c] = -std::numeric_limits<float>::infinity();
+    const int64_t full = visible / W * W;
+    vf vmax = splat(-std::numeric_limits<float>::infinity());
+    for (int64_t c = 0; c < full; c += W) {
+      const vf x = load(sr + c);
+      vmax = x > vmax ? x : vmax;
+    }
+    float row_max = hmax(vmax);
+    for (int64_t c = full; c < visible; ++c) row_max = std::max(row_max, sr[c]);
+    if (row_max > sc.m[row]) raise_max(pb, sc, row, row_max);
+    const vf mv = splat(sc.m[row]);
+    vf total = vf{};
+    for (int64_t c = 0; c < t.nv; c += W) {
+      vf p = bf16 ? exp2fit<3>(load(sr + c) - mv) : exp2fit<5>(load(sr + c) - mv);
+      if (c + W > visible) p = keep_below(p, static_cast<int>(visible - c));
+      if (c < first) p = keep_from(p, static_cast<int>(first - c));  // exp2(-inf) is 2^-126 here, not 0
+      store(sr + c, p);
+      total += p;
+    }
+    store(sc.l + row * W, load(sc.l + row * W) + total);
+  }
+#ifdef ATTNBENCH_BF16
+  if (bf16) round_rows_bf16(sc.s[t.buf], pb.block_k, sc.p16[t.buf], t.rows, t.nv);
+#endif
+}
+
+// O += P·V for a tile whose P is complete, with the next tile's exponentials spread over it.
+void accumulate(const Problem& pb, const Item& it, const Tile& t, Scratch& sc, ExpJob& job) {
+  const int64_t Dp = pb.dp;
+  if (pb.q16 == nullptr) {
+    pv_group_exp(sc.s[t.buf], pb.block_k, pb.v + (it.kv * pb.seq_k + t.cs) * Dp, Dp, t.n, t.rows, Dp,
+                 sc.o + t.g0 * Dp, Dp, job);
+  } else {
+#ifdef ATTNBENCH_BF16
+    pv_group_bf16_exp(sc.p16[t.buf], pb.block_k, pb.v16 + (it.kv * pb.skp + t.cs) * Dp, t.n, t.rows, Dp,
+                      sc.o + t.g0 * Dp, job);
+#endif
+  }
+}
+
+// Part `part` of `parts` of the key block from key c1 (its kᵀ panels and v rows) brought into L2 ahead of use:
+// the groups of the current block each prefetch a share, so the next block's first group finds it there
+// instead of waiting on L3 for every line.
+void prefetch_block(const Problem& pb, const Item& it, int64_t c1, int64_t part, int64_t parts) {
+  const int64_t keys = std::min(pb.block_k, pb.seq_k - c1);
+  if (keys <= 0) return;
+  const char* regions[2];
+  int64_t bytes[2];
+  if (pb.q16 == nullptr) {
+    regions[0] = reinterpret_cast<const char*>(pb.kt + (it.kv * pb.skp + c1) * pb.head_dim);
+    regions[1] = reinterpret_cast<const char*>(pb.v + (it.kv * pb.seq_k + c1) * pb.dp);
+    bytes[0] = keys * pb.head_dim * 4, bytes[1] = keys * pb.dp * 4;
+  } else {
+    regions[0] = reinterpret_cast<const char*>(pb.kt16 + (it.kv * pb.skp + c1) * pb.head_dim);
+    regions[1] = reinterpret_cast<const char*>(pb.v16 + (it.kv * pb.skp + c1) * pb.dp);
+    bytes[0] = keys * pb.head_dim * 2, bytes[1] = keys * pb.dp * 2;
+  }
+  const int64_t lines = (bytes[0] + bytes[1]) / 64, from = lines * part / parts, to = lines * (part + 1) / parts;
+  for (int64_t line = from; line < to; ++line) {
+    const int64_t at = line * 64, region = at < bytes[0] ? 0 : 1;
+    __builtin_prefetch(regions[region] + (region == 0 ? at : at - bytes[0]), 0, 2);
+  }
+}
+
+// Work item (batch b, head h, query rows [i0, i0 + block_q)): for each block of keys from the item's first
+// visible panel to its last visible key, the groups of GROUP rows in turn, pipelined — group g's scores,
+// then group g − 1's P·V with group g's exponentials spread over it — so the block's kᵀ panels and v rows
+// are shared by the groups while they are in cache. Then out = O / l and, when asked, each row's lse.
 void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) {
   const int64_t rows = std::min(pb.block_q, pb.seq_q - i0);
-  const int64_t D = pb.head_dim, Dp = pb.dp, BK = pb.block_k;
-  const int64_t hkv = h / (pb.heads / pb.kv_heads);
-  const float* q = pb.q + ((b * pb.heads + h) * pb.seq_q + i0) * D;
-  const float* kt = pb.kt + (b * pb.kv_heads + hkv) * pb.skp * D;
-  const float* v = pb.v + (b * pb.kv_heads + hkv) * pb.seq_k * Dp;
+  const int64_t D = pb.head_dim, Dp = pb.dp;
+  const Item it{b, h, i0, b * pb.kv_heads + h / (pb.heads / pb.kv_heads)};
+  const float* q = pb.q16 == nullptr ? pb.q + ((b * pb.heads + h) * pb.seq_q + i0) * D : nullptr;
   float* out = pb.out + ((b * pb.heads + h) * pb.seq_q + i0) * Dp;
 
-  float* qs = sc.q;
-  float* s = sc.s;
-  float* o = sc.o;
   int64_t key_begin = pb.seq_k, key_end = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    key_begin = std::min(key_begin, pb.rows.first(b, i0 + r));
-    if (pb.q16 == nullptr)
-      for (int64_t d = 0; d < D; ++d) qs[r * D + d] = q[r * D + d] * pb.scale_log2;
-    key_end = std::max(key_end, pb.limit(b, i0 + r));
+    sc.lo[r] = pb.rows.first(b, i0 + r);
+    sc.hi[r] = pb.limit(b, i0 + r);
+    if (sc.lo[r] < sc.hi[r]) key_begin = std::min(key_begin, sc.lo[r]), key_end = std::max(key_end, sc.hi[r]);
+    if (q != nullptr)
+      for (int64_t d = 0; d < D; ++d) sc.q[r * D + d] = q[r * D + d] * pb.scale_log2;
     sc.m[r] = -std::numeric_limits<float>::infinity();
-    sc.l[r] = 0.f;
+    store(sc.l + r * W, vf{});
   }
-  std::memset(o, 0, sizeof(float) * rows * Dp);
-
-  const bool modified = pb.softcap2 != 0.f || pb.alibi2 != nullptr;  // the tile's lane maxima are stale
-  const bool bf16 = pb.q16 != nullptr;  // P is rounded to bf16: a shorter exp2 polynomial is exact enough
-  // Key blocks from the first visible key of any row (a multiple of PANEL, where kt's panels start) to the
-  // last: blocks wholly outside every row's range are never computed.
-  for (int64_t c0 = std::min(key_begin, key_end) / PANEL * PANEL; c0 < key_end; c0 += BK) {
-    const int64_t n = std::min(BK, key_end - c0);
-    const int64_t nv = (n + W - 1) / W * W;  // kt's key axis is padded, so reading up to nv is safe
-    std::fill(sc.tile_max, sc.tile_max + rows * W, -std::numeric_limits<float>::infinity());
-    if (pb.q16 == nullptr) {
-      qk_block(qs, D, kt + c0 * D, D, rows, nv, s, BK, sc.tile_max);  // c0 is a multiple of PANEL
-    } else {
-#ifdef ATTNBENCH_BF16
-      const int64_t kv = b * pb.kv_heads + hkv, row0 = (b * pb.heads + h) * pb.seq_q + i0;
-      qk_block_bf16(pb.q16 + row0 * D, D, pb.kt16 + (kv * pb.skp + c0) * D, D, rows, nv, pb.scale_log2, s, BK,
-                    sc.tile_max);
-#endif
+  std::memset(sc.o, 0, sizeof(float) * rows * Dp);
+  for (int64_t c0 = key_begin / PANEL * PANEL; c0 < key_end; c0 += pb.block_k) {
+    Tile prev{};
+    bool have_prev = false;
+    int buf = 0;
+    const int64_t groups = (rows + GROUP - 1) / GROUP;
+    for (int64_t g0 = 0; g0 < rows; g0 += GROUP) {
+      if (c0 + pb.block_k < key_end) prefetch_block(pb, it, c0 + pb.block_k, g0 / GROUP, groups);
+      Tile t;
+      if (!scores(pb, it, g0, std::min(GROUP, rows - g0), c0, buf, sc, t)) continue;
+      ExpJob job;
+      if (t.fast)
+        job = prepare(pb, t, sc);
+      else
+        softmax_now(pb, it, t, sc);
+      if (have_prev) accumulate(pb, it, prev, sc, job);
+      job.finish();  // what the previous tile's P·V did not cover
+      prev = t;
+      have_prev = true;
+      buf ^= 1;
     }
-    sc.tiles += rows * nv;
-    for (int64_t r = 0; r < rows; ++r) {
-      float* sr = s + r * BK;
-      const int64_t visible = std::clamp<int64_t>(pb.limit(b, i0 + r) - c0, 0, n);
-      const int64_t first = std::clamp<int64_t>(pb.rows.first(b, i0 + r) - c0, 0, n);
-      if (visible <= first) {
-        std::memset(sr, 0, sizeof(float) * nv);
-        continue;
-      }
-      if (modified) modify_scores(pb, h, i0 + r, c0, sr, nv);
-      if (first > 0) {  // keys before the row's range: -inf, so they count nowhere
-        for (int64_t c = 0; c < first; ++c) sr[c] = -std::numeric_limits<float>::infinity();
-      }
-      const int64_t full = visible / W * W;
-      float row_max;
-      if (visible == nv && !modified && first == 0) {  // every column computed is visible: the tile's max is the row's
-        row_max = std::max(sc.m[r], hmax(load(sc.tile_max + r * W)));
-      } else {  // a boundary block (or padded keys): only the visible columns count
-        vf vmax = splat(sc.m[r]);
-        for (int64_t c = 0; c < full; c += W) {
-          const vf x = load(sr + c);
-          vmax = x > vmax ? x : vmax;
-        }
-        row_max = hmax(vmax);
-        for (int64_t c = full; c < visible; ++c) row_max = std::max(row_max, sr[c]);
-      }
-      const float alpha = std::exp2(sc.m[r] - row_max);  // 0 on the first visible block (m = -inf)
-      const vf m_new = splat(row_max);
-      vf total = vf{};
-      for (int64_t c = 0; c < full; c += W) {
-        vf p = bf16 ? exp2v<5>(load(sr + c) - m_new) : exp2v(load(sr + c) - m_new);
-        if (c < first) p = keep_from(p, static_cast<int>(first - c));  // exp2v(-inf) is 2^-126, not 0
-        store(sr + c, p);
-        total += p;
-      }
-      for (int64_t c = full; c < nv; c += W) {
-        vf p = keep_below(bf16 ? exp2v<5>(load(sr + c) - m_new) : exp2v(load(sr + c) - m_new),
-                          static_cast<int>(visible - c));
-        if (c < first) p = keep_from(p, static_cast<int>(first - c));
-        store(sr + c, p);
-        total += p;
-      }
-      sc.l[r] = sc.l[r] * alpha + hsum(total);
-      if (alpha != 1.f) {
-        float* orow = o + r * Dp;
-        const vf a = splat(alpha);
-        for (int64_t d = 0; d < Dp; d += W) store(orow + d, load(orow + d) * a);
-      }
-      sc.m[r] = row_max;
-    }
-    if (pb.q16 == nullptr) {
-      pv_block(s, BK, 1, v + c0 * Dp, Dp, n, rows, Dp, o, Dp);
-    } else {
-#ifdef ATTNBENCH_BF16
-      const int64_t kv = b * pb.kv_heads + hkv;
-      pv_block_bf16(s, BK, reinterpret_cast<uint16_t*>(sc.q), pb.v16 + (kv * pb.skp + c0) * Dp, n, rows, Dp, o);
-#endif
-    }
+    ExpJob none;
+    if (have_prev) accumulate(pb, it, prev, sc, none);
   }
 
   for (int64_t r = 0; r < rows; ++r) {
-    const float inv = sc.l[r] > 0.f ? 1.f / sc.l[r] : 0.f;  // a row with no visible key outputs zeros
+    const float l = hsum(load(sc.l + r * W));
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row with no visible key outputs zeros
     const vf a = splat(inv);
-    for (int64_t d = 0; d < Dp; d += W) store(out + r * Dp + d, load(o + r * Dp + d) * a);
+    for (int64_t d = 0; d < Dp; d += W) store(out + r * Dp + d, load(sc.o + r * Dp + d) * a);
     if (pb.lse != nullptr)  // the backward's P = exp(score - lse); base 2 inside, natural log outside
       pb.lse[(b * pb.heads + h) * pb.seq_q + i0 + r] =
-          sc.l[r] > 0.f ? (sc.m[r] + std::log2(sc.l[r])) * 0.6931471805599453f
-                        : -std::numeric_limits<float>::infinity();
+          l > 0.f ? (sc.m[r] + std::log2(l)) * 0.6931471805599453f : -std::numeric_limits<float>::infinity();
   }
 }
 

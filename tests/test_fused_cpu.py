@@ -12,7 +12,7 @@ from attnbench import registry
 from attnbench.errors import UsageError
 from attnbench.impls import _cpu_kernel
 from attnbench.impls._cpu_kernel import ScoreOptions
-from attnbench.impls.fused_cpu import BLOCK_K, BLOCK_Q, contender, fused_attention, isa, paged_decode
+from attnbench.impls.fused_cpu import BLOCK_K, GROUP, block_q, contender, fused_attention, isa, paged_decode
 from attnbench.memory import peak_memory_mb
 from attnbench.runner import prepare_checked
 from attnbench.workload import Workload
@@ -20,13 +20,15 @@ from attnbench.workload import Workload
 pytestmark = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")
 
 MASKS = ["none", "causal", "causal_bottom_right", "padding"]
-# (batch, heads, kv_heads, seq_q, seq_k, head_dim): several query and key blocks (256 × 256), ragged ends
+# (batch, heads, kv_heads, seq_q, seq_k, head_dim): several work items (query blocks), key blocks (512 keys) and
+# 6-row groups, ragged ends
 SHAPES = [
     (2, 4, 2, 300, 600, 64),  # GQA, Sq < Sk, three key blocks, a partial query block
     (2, 3, 1, 530, 270, 50),  # MQA, Sq > Sk (bottom-right leaves rows with no key), head_dim 50
     (1, 2, 2, 257, 257, 96),  # one row and one key past a block edge
     (3, 2, 2, 40, 40, 8),  # tiny head dim, one block
     (1, 1, 1, 20, 33, 200),  # head dim over the 64-float register tile
+    (1, 1, 1, 1100, 1100, 64),  # 8 work items of 138 rows, the last with a 2-row group; 3 key blocks
 ]
 
 
@@ -141,15 +143,42 @@ def _tiles(seq: int, mask: str, lengths: list[int] | None = None) -> int:
     return fused_attention(q, k, v, scale=0.125, mask=mask, lengths=lengths_tensor)[1]
 
 
+def _expected_tiles(lo: torch.Tensor, hi: torch.Tensor, heads: int) -> int:
+    """Score entries the forward computes, by its rule, for rows seeing keys [lo, hi) ((B, Sq) each): per work
+    item (block_q rows) and block of BLOCK_K keys from the item's first visible 64-key panel, each group of
+    GROUP rows scores its keys from its first visible panel to its last visible key, rounded up to 16."""
+    batch, seq_q = lo.shape
+    rows_per_item = block_q(batch * heads, seq_q, torch.get_num_threads())
+    total = 0
+    for b in range(batch):
+        low, high = lo[b].tolist(), hi[b].tolist()
+        for i0 in range(0, seq_q, rows_per_item):
+            end = min(i0 + rows_per_item, seq_q)
+            seen = [r for r in range(i0, end) if low[r] < high[r]]
+            if not seen:
+                continue
+            begin, last = min(low[r] for r in seen) // 64 * 64, max(high[r] for r in seen)
+            for c0 in range(begin, last, BLOCK_K):
+                for g0 in range(i0, end, GROUP):
+                    group = range(g0, min(g0 + GROUP, end))
+                    visible = [r for r in group if low[r] < high[r]]
+                    if not visible:
+                        continue
+                    start = max(c0, min(low[r] for r in visible) // 64 * 64)
+                    stop = min(c0 + BLOCK_K, max(high[r] for r in visible))
+                    total += len(group) * -(-(stop - start) // 16) * 16 if start < stop else 0
+    return heads * total
+
+
 def test_causal_skips_fully_masked_key_blocks():
     seq = 4096
     full = _tiles(seq, "none")
     assert full == 2 * seq * seq  # every score of both heads, once
     causal = _tiles(seq, "causal")
-    # query block i (256 rows) computes scores for keys up to its last row only: about half of them
-    assert BLOCK_K % BLOCK_Q == 0
-    expected = 2 * sum(BLOCK_Q * (i + 1) * BLOCK_Q for i in range(seq // BLOCK_Q))
-    assert causal == expected and causal / full < 0.56
+    # each group of 6 rows scores keys up to its last row only (in 64-key panels): about half of them
+    rows = torch.arange(seq).expand(1, seq)
+    assert causal == _expected_tiles(torch.zeros_like(rows), rows + 1, heads=2)
+    assert causal / full < 0.52
 
 
 def test_padding_stops_at_each_length():
@@ -339,13 +368,8 @@ def test_window_work_is_proportional_to_the_window_not_the_sequence():
     q, k, v = (torch.randn(1, heads, seq, 64) for _ in range(3))
     lo, hi = _key_ranges("window", 1, seq, seq, window)
     _, tiles = fused_attention(q, k, v, scale=0.125, mask="ranges", options=ScoreOptions(ranges=(lo, hi)))
-    expected = 0  # the kernel's blocks: from the block's first visible key (down to a 64-key panel) to its last
-    for i0 in range(0, seq, BLOCK_Q):
-        first, last = int(lo[0, i0 : i0 + BLOCK_Q].min()), int(hi[0, i0 : i0 + BLOCK_Q].max())
-        for c0 in range(first // 64 * 64, last, BLOCK_K):
-            expected += BLOCK_Q * -(-min(BLOCK_K, last - c0) // 16) * 16
-    assert tiles == heads * expected
-    assert tiles <= heads * seq * (window + BLOCK_Q + 64)  # per row: the window, one block and a panel, not seq
+    assert tiles == _expected_tiles(lo, hi, heads)
+    assert tiles <= heads * seq * (window + 64 + 16)  # per row: the window and a panel either side, not seq
 
 
 def test_options_are_forward_only_and_checked():
