@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnbench import hardware
-from attnbench.ceilings import cache_dir, load_ceilings
+from attnbench.ceilings import CACHE_VERSION, cache_dir, load_ceilings
 from attnbench.datasheet import lookup
 from attnbench.errors import UsageError
 from attnbench.native_build import BuildError, cpu_flags, load_library
@@ -137,7 +137,7 @@ def test_an_isa_cap_has_its_own_cache_entry(quick, monkeypatch):
     assert "ATTNBENCH_CPU_ISA=generic" in capped.roof_source["bfloat16"]
     keys = json.loads((cache_dir() / "ceilings.json").read_text())
     assert [key for key in keys if key.startswith("cpu|") and key.endswith("|threads=1|torch=" + torch.__version__
-            + "|v2|isa=generic")]  # fmt: skip
+            + f"|v{CACHE_VERSION}|isa=generic")]  # fmt: skip
 
 
 @needs_compiler
@@ -234,3 +234,11 @@ def test_report_environment_block_shows_both_ceilings():
                                 "roof_source": "measured fma kernel: avx512f fma fp32", "matmul": "0.19",
                                 "roof_gbps": "15", "bandwidth_source": "measured triad",
                                 "copy_gbps": "10"}]  # fmt: skip
+
+
+def test_read_stream_bandwidth_and_the_roof_bounds_both_streams(quick):
+    gbps, method = hardware.read_gbps(2, array_bytes=2**22)
+    assert gbps > 0 and method.startswith("read stream Σ a, 8 MiB float32, 4 B/element, 2 threads")
+    c = load_ceilings("cpu", ["float32"], 2)
+    assert c.read_gbps and c.triad_gbps and c.roof_gbps >= max(c.read_gbps, c.triad_gbps)
+    assert "read stream" in c.bandwidth_source and "triad" in c.bandwidth_source  # the other one named beside

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnbench import registry
-from attnbench.ceilings import Ceilings, load_ceilings
+from attnbench.ceilings import CACHE_VERSION, Ceilings, load_ceilings
 from attnbench.flops import attention_bytes, attention_flops
 from attnbench.memory import peak_memory_mb
 from attnbench.noise import _busy_process_warnings, result_warnings
@@ -60,7 +60,7 @@ def test_ceilings_are_cached_and_remeasured(tmp_path, monkeypatch):
     again = load_ceilings("cpu", ["float32"], 1)
     assert again.measured_at == first.measured_at and again.matmul_tflops == first.matmul_tflops
     cache = json.loads((tmp_path / "ceilings.json").read_text())
-    assert len(cache) == 1 and next(iter(cache)).startswith("cpu|") and next(iter(cache)).endswith("|v2")
+    assert len(cache) == 1 and next(iter(cache)).startswith("cpu|") and next(iter(cache)).endswith(f"|v{CACHE_VERSION}")
     more = load_ceilings("cpu", ["float32", "bfloat16"], 1)
     assert set(more.matmul_tflops) == set(more.roof_tflops) == set(more.roof_source) == {"float32", "bfloat16"}
     time.sleep(0.01)

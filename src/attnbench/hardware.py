@@ -21,7 +21,9 @@ Bandwidth roof (GB/s): STREAM's triad, a[i] = b[i] + s·c[i], on three float32 a
 ``triad_array_bytes()`` each (at least four times the last-level cache, so ≥ 12× it in all), split over
 the run's threads (or one thread, where that is faster: more threads never have less bandwidth); 12
 bytes per element (two reads, one write, no write-allocate: STREAM's convention, and
-the one attnbench's ``bytes`` column uses: minimum traffic, q, k, v read once, o written once).
+the one attnbench's ``bytes`` column uses: minimum traffic, q, k, v read once, o written once). Also a
+read stream (``read_gbps``: the sum of one array of twice that size, 4 bytes per element): a workload that
+only reads — decode reading its KV cache — can beat the triad, and the roof is the higher of the two.
 
 Each figure is the best of many timed calls after a warm-up (compute: calls of about ``CALL_S`` for
 ``MEASURE_S``; triad: ``TRIAD_REPEATS`` passes): a roof is an upper bound, and on a shared machine the
@@ -110,6 +112,8 @@ def load() -> Library:
     lib.attnbench_hw_triad.restype = ctypes.c_int
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.attnbench_hw_triad.argtypes = [ptr, ptr, ptr, ctypes.c_float, i64, i64]
+    lib.attnbench_hw_read.restype = ctypes.c_int
+    lib.attnbench_hw_read.argtypes = [ptr, i64, i64, ctypes.POINTER(ctypes.c_double)]
     return built
 
 
@@ -241,3 +245,25 @@ def triad_gbps(threads: int, array_bytes: int | None = None) -> tuple[float, str
     omp = "" if built.openmp else ", no OpenMP"
     method = f"triad a = b + s·c, 3 × {array_bytes / 2**20:g} MiB float32, 12 B/element (no write-allocate), {how}{omp}"
     return max(best.values()), method
+
+
+def read_gbps(threads: int, array_bytes: int | None = None) -> tuple[float, str]:
+    """(GB/s, method) of a read stream over one float32 array of 2 × ``array_bytes``; raises BuildError."""
+    built = load()
+    array_bytes = 2 * (array_bytes or triad_array_bytes())
+    n = array_bytes // 4
+    a = torch.full((n,), 0.5)  # every page touched before timing
+    sink = ctypes.c_double(0.0)
+    best = {threads: 0.0, 1: 0.0}
+    for repeat in range(TRIAD_REPEATS + 1):  # the first pass warms up
+        for team in best:
+            start = time.perf_counter()
+            built.library.attnbench_hw_read(a.data_ptr(), n, team, ctypes.byref(sink))
+            seconds = time.perf_counter() - start
+            if repeat > 0:
+                best[team] = max(best[team], 4 * n / seconds / 1e9)
+    if sink.value != 0.5 * n:
+        raise RuntimeError("the read kernel computed a wrong sum")
+    how = f"{threads} threads (one thread: {best[1]:.3g} GB/s)" if threads > 1 else "1 thread"
+    omp = "" if built.openmp else ", no OpenMP"
+    return max(best.values()), f"read stream Σ a, {array_bytes / 2**20:g} MiB float32, 4 B/element, {how}{omp}"

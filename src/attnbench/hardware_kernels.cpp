@@ -8,7 +8,8 @@
 //
 // Memory: STREAM's triad, a[i] = b[i] + s·c[i], on float arrays the caller makes much larger than the
 // last-level cache; the caller counts 12 bytes per element (two reads, one write; no write-allocate, as
-// STREAM counts).
+// STREAM counts). And a read stream (the sum of one such array, 4 bytes per element): a workload that only
+// reads, as decode reads its KV cache, can go faster than the triad, and a roof must bound it too.
 //
 // Each instruction set's kernel is compiled with a target attribute, so one build holds all the ones the
 // compiler knows whatever -march says; attnbench_hw_compiled tells which. Which one runs is the caller's
@@ -318,6 +319,27 @@ int attnbench_hw_triad(float* a, const float* b, const float* c, float s, int64_
     const float* __restrict__ y = c;
     for (int64_t i = lo; i < hi; ++i) out[i] = x[i] + s * y[i];
   });
+  return 0;
+}
+
+// The sum of a[0..n), split evenly over nthreads threads, into *sink (so the reads can't be dropped).
+int attnbench_hw_read(const float* a, int64_t n, int64_t nthreads, double* sink) {
+  if (n < 0 || nthreads < 1 || sink == nullptr) return 1;
+  std::vector<double> sums(static_cast<size_t>(nthreads), 0.0);
+  team(nthreads, [&](int64_t t, int64_t ran) {
+    const int64_t lo = n * t / ran, hi = n * (t + 1) / ran;
+    float acc[64] = {};  // 64 independent partial sums: vectorised, no one long chain
+    int64_t i = lo;
+    for (; i + 64 <= hi; i += 64)
+      for (int j = 0; j < 64; ++j) acc[j] += a[i + j];
+    double total = 0;
+    for (; i < hi; ++i) total += a[i];
+    for (float x : acc) total += x;
+    sums[static_cast<size_t>(t)] = total;
+  });
+  double total = 0;
+  for (double x : sums) total += x;
+  *sink = total;
   return 0;
 }
 
