@@ -25,7 +25,11 @@ from attnbench.native_build import BuildError, load_library
 
 HERE = Path(__file__).parent
 SOURCES = tuple(HERE / f"fused_cpu_{part}.cpp" for part in ("kernel", "backward", "decode"))  # one library
-HEADERS = (HERE / "fused_cpu_tiles.h", HERE / "fused_cpu_bf16.h", HERE / "fused_cpu_pipeline.h")  # part of the build's identity too
+HEADERS = (
+    HERE / "fused_cpu_tiles.h",
+    HERE / "fused_cpu_bf16.h",
+    HERE / "fused_cpu_pipeline.h",
+)  # part of the build's identity too
 MASK_CODES = {"none": 0, "causal": 1, "causal_bottom_right": 2, "padding": 3, "ranges": 4}  # ranges: forward only
 VECTOR = 16  # floats per vector in the kernel: the head dim of v is padded to it
 

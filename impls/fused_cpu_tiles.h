@@ -226,13 +226,56 @@ inline void qk_block(const float* q, int64_t ldq, const float* panels, int64_t d
   }
 }
 
+#ifdef __AVX512F__
+// rows[0..16) ← their transpose (16 × 16 floats), by the usual four rounds of unpacks and lane shuffles.
+inline void transpose16(__m512 rows[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(rows[i], rows[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(rows[i], rows[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      rows[i + j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+      rows[i + j + 2] =
+          _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+    }
+  for (int i = 0; i < 16; i += 8)
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_f32x4(rows[i + j], rows[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_f32x4(rows[i + j], rows[i + j + 4], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    rows[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    rows[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+  }
+  // the unpacks leave columns 1 and 2 of each group of four swapped
+  for (int i = 0; i < 16; i += 4) std::swap(rows[i + 1], rows[i + 2]);
+}
+#endif
+
 // Panel p of kᵀ·factor for one kv head (k's rows d_len floats apart): keys [p·PANEL, (p+1)·PANEL), zeros
-// past seq_k.
+// past seq_k. Whole 16 × 16 blocks go through a register transpose (one load and one store per 16 floats
+// instead of 16 scattered stores); the edges, element by element.
 inline void pack_panel(const float* k, int64_t seq_k, int64_t d_len, int64_t p, float* panel,
                        float factor = 1.f) {
+  int64_t d_done = 0;
+#ifdef __AVX512F__
+  if (p * PANEL + PANEL <= seq_k) {
+    d_done = d_len / W * W;
+    const __m512 f = _mm512_set1_ps(factor);
+    for (int64_t c0 = 0; c0 < PANEL; c0 += W)
+      for (int64_t d0 = 0; d0 < d_done; d0 += W) {
+        __m512 block[16];
+        for (int i = 0; i < 16; ++i) block[i] = _mm512_mul_ps(_mm512_loadu_ps(k + (p * PANEL + c0 + i) * d_len + d0), f);
+        transpose16(block);
+        for (int i = 0; i < 16; ++i) _mm512_storeu_ps(panel + (d0 + i) * PANEL + c0, block[i]);
+      }
+  }
+#endif
   for (int64_t c = 0; c < PANEL; ++c) {
     const int64_t key = p * PANEL + c;
-    for (int64_t d = 0; d < d_len; ++d) panel[d * PANEL + c] = key < seq_k ? k[key * d_len + d] * factor : 0.f;
+    for (int64_t d = d_done; d < d_len; ++d) panel[d * PANEL + c] = key < seq_k ? k[key * d_len + d] * factor : 0.f;
   }
 }
 
