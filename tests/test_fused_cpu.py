@@ -20,7 +20,7 @@ from attnbench.workload import Workload
 pytestmark = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")
 
 MASKS = ["none", "causal", "causal_bottom_right", "padding"]
-# (batch, heads, kv_heads, seq_q, seq_k, head_dim): several work items (query blocks), key blocks (512 keys) and
+# (batch, heads, kv_heads, seq_q, seq_k, head_dim): several work items (query blocks), key blocks (1024 keys) and
 # 6-row groups, ragged ends
 SHAPES = [
     (2, 4, 2, 300, 600, 64),  # GQA, Sq < Sk, three key blocks, a partial query block
@@ -28,7 +28,7 @@ SHAPES = [
     (1, 2, 2, 257, 257, 96),  # one row and one key past a block edge
     (3, 2, 2, 40, 40, 8),  # tiny head dim, one block
     (1, 1, 1, 20, 33, 200),  # head dim over the 64-float register tile
-    (1, 1, 1, 1100, 1100, 64),  # 8 work items of 138 rows, the last with a 2-row group; 3 key blocks
+    (1, 1, 1, 1100, 1100, 64),  # 8 work items of 138 rows, the last with a 2-row group; 2 key blocks
 ]
 
 
