@@ -7,7 +7,7 @@
 // Layouts (prepared by impls/fused_cpu.py, all float32, contiguous):
 //   q   (B, H,   Sq, D)     read as is; query head h uses kv head h / (H / Hkv) (GQA)
 //   k   (B, Hkv, Sk, D)     read once, to fill kt
-//   kt  (B, Hkv, Skp/64, D, 64)  scratch the kernel fills first: kᵀ in panels of 64 keys, each panel
+//   kt  (B, Hkv, Skp/64, D, 64)  scratch the kernel fills as it goes: kᵀ in panels of 64 keys, each panel
 //                           contiguous (16 KiB at D=64) so that it stays in L1 while every row of a
 //                           query block reads it; the key axis padded with zeros to a multiple of 64
 //   v   (B, Hkv, Sk, Dp)    values, head dim padded with zeros to a multiple of 16
@@ -23,9 +23,36 @@
 // Threads: an OpenMP team of nthreads (torch's own pool, see the end of the file; std::threads when
 // built without OpenMP) takes work items (batch, head, query block) from an atomic counter, largest first.
 
+#include <functional>
+#include <memory>
+
 #include "fused_cpu_pipeline.h"
 
 namespace {
+
+// kᵀ panels (and in bf16 also v's key pairs) packed on first use: panel p (of kv head p / per_head) by the
+// first thread whose work item needs it, while the others compute; one that finds it being packed waits. No
+// packing phase before the work items, no barrier, and the panel is still in the packer's cache when used.
+struct Packer {
+  std::unique_ptr<std::atomic<uint8_t>[]> state;  // per panel: 0 to pack, 1 being packed, 2 ready
+  std::function<void(int64_t)> pack;
+  int64_t per_head = 0;
+
+  // The panels of keys [c0, c1) of kv head kv, ready when this returns.
+  void ensure(int64_t kv, int64_t c0, int64_t c1) {
+    for (int64_t i = c0 / PANEL; i < std::min(per_head, (c1 + PANEL - 1) / PANEL); ++i) {
+      std::atomic<uint8_t>& at = state[kv * per_head + i];
+      if (at.load(std::memory_order_acquire) == 2) continue;
+      uint8_t expected = 0;
+      if (at.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+        pack(kv * per_head + i);
+        at.store(2, std::memory_order_release);
+      } else {
+        while (at.load(std::memory_order_acquire) != 2) std::this_thread::yield();
+      }
+    }
+  }
+};
 
 struct Problem {
   const float* q;
@@ -44,6 +71,7 @@ struct Problem {
   float softcap2 = 0.f;          // softcap·log2(e): s ← softcap2·tanh(s / softcap2); 0 = off
   const float* alibi2 = nullptr;  // per query head, slope·log2(e): s −= slope2·|i + Sk − Sq − j|; null = off
   std::vector<float> alibi2_storage;
+  Packer* packer = nullptr;  // set by launch
 
   int64_t limit(int64_t b, int64_t i) const { return rows.limit(b, i); }
 };
@@ -284,6 +312,7 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
   }
   std::memset(sc.o, 0, sizeof(float) * rows * Dp);
   for (int64_t c0 = key_begin / PANEL * PANEL; c0 < key_end; c0 += pb.block_k) {
+    pb.packer->ensure(it.kv, c0, std::min(c0 + pb.block_k, key_end));
     Tile prev{};
     bool have_prev = false;
     int buf = 0;
@@ -327,10 +356,20 @@ bool valid(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q, int64_
          nthreads >= 1 && scratch != nullptr;
 }
 
-// Packs (pack(p) for p in [0, packs), shared over the team), then the work items (batch, head, query
-// block), largest first, from an atomic counter. Returns 0, or 2 when the work list could not be allocated.
+// The work items (batch, head, query block), largest first, from an atomic counter, each packing the panels
+// it needs (pack(p), p in [0, packs)) on first use (Packer). Returns 0, or 2 when the work list or the
+// panels' states could not be allocated.
 template <typename Pack>
-int launch(const Problem& pb, int64_t packs, Pack pack, int64_t nthreads, float* scratch, int64_t* tiles) {
+int launch(Problem& pb, int64_t packs, Pack pack, int64_t nthreads, float* scratch, int64_t* tiles) {
+  Packer packer;
+  try {
+    packer.state.reset(new std::atomic<uint8_t>[packs]());
+    packer.pack = pack;
+  } catch (...) {
+    return 2;
+  }
+  packer.per_head = pb.skp / PANEL;
+  pb.packer = &packer;
   struct Item {
     int64_t b, h, i0, cost;
   };
@@ -363,13 +402,8 @@ int launch(const Problem& pb, int64_t packs, Pack pack, int64_t nthreads, float*
   // torch's own OpenMP runtime (libgomp.so.1 is already loaded by torch, so this library binds to it):
   // the team is torch's intra-op pool, hot and not competing with it for the cores.
 #pragma omp parallel num_threads(static_cast<int>(team))
-  {
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < packs; ++p) pack(p);  // all of the packing, then the for's barrier
-    worker(omp_get_thread_num());
-  }
+  worker(omp_get_thread_num());
 #else
-  for (int64_t p = 0; p < packs; ++p) pack(p);
   std::vector<std::thread> threads;
   try {
     for (int64_t t = 1; t < team; ++t) threads.emplace_back(worker, t);
@@ -482,17 +516,13 @@ int attnbench_fused_forward_bf16(const uint16_t* q, const uint16_t* k, uint16_t*
   pb.kt16 = kt16;
   pb.v16 = v16;
   const int64_t pairs = skp / 2;
-  auto pack = [&](int64_t p) {  // kᵀ panel p, or for p ≥ the panels, a run of PANEL / 2 key pairs of v
-    if (p < kv * per_head) {
-      pack_panel_bf16(k + (p / per_head) * seq_k * head_dim, seq_k, head_dim, p % per_head,
-                      kt16 + p * PANEL * head_dim);
-      return;
-    }
-    const int64_t run = p - kv * per_head, head = run / per_head;
-    for (int64_t c = run % per_head * (PANEL / 2); c < (run % per_head + 1) * (PANEL / 2); ++c)
+  auto pack = [&](int64_t p) {  // kᵀ panel p and the PANEL / 2 key pairs of v of the same keys
+    const int64_t head = p / per_head;
+    pack_panel_bf16(k + head * seq_k * head_dim, seq_k, head_dim, p % per_head, kt16 + p * PANEL * head_dim);
+    for (int64_t c = p % per_head * (PANEL / 2); c < (p % per_head + 1) * (PANEL / 2); ++c)
       pack_pair_bf16(v + head * seq_k * head_dim, seq_k, head_dim, dp, c, v16 + (head * pairs + c) * dp * 2);
   };
-  return launch(pb, 2 * kv * per_head, pack, nthreads, scratch, tiles);
+  return launch(pb, kv * per_head, pack, nthreads, scratch, tiles);
 #else
   (void)q, (void)k, (void)kt16, (void)v, (void)v16, (void)out, (void)lse, (void)batch, (void)heads, (void)kv_heads;
   (void)extras;
