@@ -5,8 +5,9 @@ BLOCK_Q query rows (fewer when that would leave a thread fewer than 4 items) and
 BLOCK_K keys with the online softmax, six rows at a time, so its working memory is a 6 × BLOCK_K score tile
 per thread instead of the S×S matrix, and it never visits a 64-key panel the mask hides from all six rows
 (causal does about half the work of none). The inner products are register tiles of 6 rows × 64 floats; a
-row group's exponentials (AVX-512's scalef on a fitted polynomial) run inside the previous group's P·V loop,
-beside its FMAs (``fused_cpu_pipeline.h``), and each group prefetches a share of the next key block into L2.
+row group's exponentials (a 16-entry table and a cubic: few operations on the FMA pipes) run inside the
+previous group's P·V loop, beside its FMAs (``fused_cpu_pipeline.h``), and each group prefetches a share of
+the next key block into L2; kᵀ is packed into 64-key panels by the first work item that needs each one.
 
 Backward (``fused_cpu_backward.cpp``, FlashAttention-2): the forward also keeps each row's log-sum-exp; the
 backward recomputes the probabilities tile by tile from q, k and it (64 query rows × 256 keys), one work item

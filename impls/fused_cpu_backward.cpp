@@ -92,7 +92,7 @@ int64_t key_block(const Backward& pb, int64_t b, int64_t hkv, int64_t c0, float*
         const vf lse = splat(pb.lse[row0 + i0 + r] * 1.4426950408889634f);
         const vf delta = splat(pb.delta[row0 + i0 + r]);
         for (int64_t c = 0; c < nv; c += W) {
-          vf x = exp2v(load(pr + c) - lse);
+          vf x = exp2_table(load(pr + c) - lse);
           if (c + W > visible) x = keep_below(x, static_cast<int>(visible - c));
           if (c < first) x = keep_from(x, static_cast<int>(first - c));
           store(dpr + c, x * (load(dpr + c) - delta));  // dS

@@ -209,7 +209,7 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
         for (int64_t d = 0; d < Dp; d += W) store(o + r * Dp + d, load(o + r * Dp + d) * alpha);
         m[r] = row_max;
       }
-      const vf pr = keep_below(exp2v(x - splat(m[r])), static_cast<int>(visible));
+      const vf pr = keep_below(exp2_table(x - splat(m[r])), static_cast<int>(visible));
       store(l + r * W, load(l + r * W) + pr);
       store(p + r * W, pr);
     }

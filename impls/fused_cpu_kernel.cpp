@@ -238,7 +238,7 @@ void softmax_now(const Problem& pb, const Item& it, const Tile& t, Scratch& sc) 
     const vf mv = splat(sc.m[row]);
     vf total = vf{};
     for (int64_t c = 0; c < t.nv; c += W) {
-      vf p = bf16 ? exp2fit<3>(load(sr + c) - mv) : exp2fit<5>(load(sr + c) - mv);
+      vf p = bf16 ? exp2fit3(load(sr + c) - mv) : exp2_table(load(sr + c) - mv);
       if (c + W > visible) p = keep_below(p, static_cast<int>(visible - c));
       if (c < first) p = keep_from(p, static_cast<int>(first - c));  // exp2(-inf) is 2^-126 here, not 0
       store(sr + c, p);

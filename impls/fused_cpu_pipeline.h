@@ -5,8 +5,8 @@
 // stores) nearly idle; the softmax is the opposite, and as a phase of its own it cost the forward about a
 // tenth of its time. So once a group's scores and row maxima are known, its exponentials become an ExpJob
 // handed out one vector (or one bf16 pair of vectors) at a time from inside the previous group's P·V loop,
-// where the out-of-order core runs them beside the FMAs. Per item of 16 scores that adds 5 FMAs (the
-// fitted exp2 polynomial) to the 128 of the two products at D = 64.
+// where the out-of-order core runs them beside the FMAs. Per 16 scores that adds 4 operations on the FMA
+// pipes (exp2_table) to the 128 FMAs of the two products at D = 64 (bf16: exp2fit3's 5 or so to 64).
 
 #pragma once
 
@@ -33,14 +33,14 @@ struct ExpJob {
     float* x = s + r * lds + c * W;
     const vf mv = splat(m[r]);
     if (p16 == nullptr) {
-      const vf p = exp2fit<5>(load(x) - mv);
+      const vf p = exp2_table(load(x) - mv);
       store(x, p);
       store(l + r * W, load(l + r * W) + p);
       c += 1;
     } else {
 #ifdef ATTNBENCH_BF16
-      const vf lo = exp2fit<3>(load(x) - mv);
-      const vf hi = c + 1 < vecs ? exp2fit<3>(load(x + W) - mv) : vf{};
+      const vf lo = exp2fit3(load(x) - mv);
+      const vf hi = c + 1 < vecs ? exp2fit3(load(x + W) - mv) : vf{};
       store(l + r * W, load(l + r * W) + lo + hi);
       const __m512bh pair = _mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
       _mm512_storeu_si512(p16 + r * lds + c * W, reinterpret_cast<__m512i>(pair));
