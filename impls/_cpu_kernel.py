@@ -18,6 +18,7 @@ import ctypes
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -121,39 +122,11 @@ class Kernel:
             raise ValueError(f"kt holds {kt.numel()} floats, fewer than the packed keys need")
         if scratch.numel() < threads * self.scratch_floats(block_q, block_k, head_dim, padded):
             raise ValueError(f"scratch holds {scratch.numel()} floats, fewer than {threads} threads need")
-        if lse is not None:
-            _check_float32(lse=lse)
-            if lse.shape != (batch, heads, seq_q):
-                raise ValueError(f"lse must be {(batch, heads, seq_q)}, got {tuple(lse.shape)}")
-        _check_lengths(mask, lengths, batch)
-        tiles = ctypes.c_int64(0)
-        status = self.library.attnbench_fused_forward(
-            q.data_ptr(),
-            k.data_ptr(),
-            kt.data_ptr(),
-            v.data_ptr(),
-            out.data_ptr(),
-            None if lse is None else lse.data_ptr(),
-            batch,
-            heads,
-            kv_heads,
-            seq_q,
-            seq_k,
-            head_dim,
-            padded,
-            scale,
-            MASK_CODES[mask],
-            None if lengths is None else lengths.data_ptr(),
-            None if options is None else ctypes.byref(options.structure(batch, heads, seq_q)),
-            block_q,
-            block_k,
-            threads,
-            scratch.data_ptr(),
-            ctypes.byref(tiles),
-        )
-        if status != 0:
-            raise RuntimeError(f"fused_cpu kernel rejected its arguments (status {status})")
-        return tiles.value
+        shape = (batch, heads, kv_heads, seq_q, seq_k, head_dim, padded)
+        pointers = (q, k, kt, v, out)
+        return self._forward_call(self.library.attnbench_fused_forward, "fused_cpu", pointers, lse, shape,
+                                  scale=scale, mask=mask, lengths=lengths, block_q=block_q, block_k=block_k,
+                                  threads=threads, scratch=scratch, options=options)  # fmt: skip
 
     def has_bf16(self) -> bool:
         """Whether this build has the bfloat16 forward (AVX512-BF16 dot products)."""
@@ -188,32 +161,50 @@ class Kernel:
             raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
         if out.shape != (batch, heads, seq_q, padded) or padded < head_dim or padded % VECTOR:
             raise ValueError(f"out must be {(batch, heads, seq_q, padded)} with the head dim padded to {VECTOR}")
-        if lse is not None:
-            _check_float32(lse=lse)
-        _check_lengths(mask, lengths, batch)
         keys = batch * kv_heads * self.packed_keys(seq_k)
         kt16, v16 = torch.empty(keys * head_dim, dtype=torch.bfloat16), torch.empty(keys * padded, dtype=torch.bfloat16)
         scratch = torch.empty(threads * self.scratch_floats(block_q, block_k, head_dim, padded))
+        shape = (batch, heads, kv_heads, seq_q, seq_k, head_dim, padded)
+        pointers = (q, k, kt16, v, v16, out)
+        return self._forward_call(self.library.attnbench_fused_forward_bf16, "fused_cpu bf16", pointers, lse, shape,
+                                  scale=scale, mask=mask, lengths=lengths, block_q=block_q, block_k=block_k,
+                                  threads=threads, scratch=scratch, options=options)  # fmt: skip
+
+    def _forward_call(
+        self,
+        entry: Any,
+        what: str,
+        pointers: tuple[torch.Tensor, ...],
+        lse: torch.Tensor | None,
+        shape: tuple[int, ...],
+        *,
+        scale: float,
+        mask: str,
+        lengths: torch.Tensor | None,
+        block_q: int,
+        block_k: int,
+        threads: int,
+        scratch: torch.Tensor,
+        options: ScoreOptions | None,
+    ) -> int:
+        """Both forwards' shared checks (lse, lengths) and C call: `pointers` (the tensors before lse), then
+        lse, the shape (B, H, Hkv, Sq, Sk, D, Dp), scale, mask, lengths, extras, sizes, scratch, tiles."""
+        batch, heads, _, seq_q = shape[:4]
+        if lse is not None:
+            _check_float32(lse=lse)
+            if lse.shape != (batch, heads, seq_q):
+                raise ValueError(f"lse must be {(batch, heads, seq_q)}, got {tuple(lse.shape)}")
+        _check_lengths(mask, lengths, batch)
+        extras = None if options is None else ctypes.byref(options.structure(batch, heads, seq_q))
         tiles = ctypes.c_int64(0)
-        status = self.library.attnbench_fused_forward_bf16(
-            q.data_ptr(),
-            k.data_ptr(),
-            kt16.data_ptr(),
-            v.data_ptr(),
-            v16.data_ptr(),
-            out.data_ptr(),
+        status = entry(
+            *(t.data_ptr() for t in pointers),
             None if lse is None else lse.data_ptr(),
-            batch,
-            heads,
-            kv_heads,
-            seq_q,
-            seq_k,
-            head_dim,
-            padded,
+            *shape,
             scale,
             MASK_CODES[mask],
             None if lengths is None else lengths.data_ptr(),
-            None if options is None else ctypes.byref(options.structure(batch, heads, seq_q)),
+            extras,
             block_q,
             block_k,
             threads,
@@ -221,7 +212,7 @@ class Kernel:
             ctypes.byref(tiles),
         )
         if status != 0:
-            raise RuntimeError(f"fused_cpu bf16 kernel rejected its arguments (status {status})")
+            raise RuntimeError(f"{what} kernel rejected its arguments (status {status})")
         return tiles.value
 
     def decode_max_rows(self) -> int:

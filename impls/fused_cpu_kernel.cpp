@@ -1,8 +1,10 @@
-// attnbench fused_cpu: FlashAttention-style forward on the CPU, float32.
+// attnbench fused_cpu: FlashAttention-style forward on the CPU, float32 (and bfloat16 products where the
+// CPU has AVX512-BF16, fused_cpu_bf16.h).
 //
-// out = softmax(q·kᵀ·scale + mask)·v, computed one block of BQ query rows at a time against blocks of
-// BK keys with the online-softmax recurrence (running row max m, running denominator l, rescaled
-// output accumulator), so no more than a BQ×BK tile of scores ever exists.
+// out = softmax(q·kᵀ·scale + mask)·v, computed for work items of up to block_q query rows, six rows (GROUP)
+// at a time against blocks of block_k keys, with the online-softmax recurrence (running row max m, running
+// denominator l, rescaled output accumulator), so no more than a GROUP × block_k tile of scores exists per
+// group; the softmax of one group runs inside the previous group's P·V (fused_cpu_pipeline.h).
 //
 // Layouts (prepared by impls/fused_cpu.py, all float32, contiguous):
 //   q   (B, H,   Sq, D)     read as is; query head h uses kv head h / (H / Hkv) (GQA)
@@ -12,14 +14,14 @@
 //                           query block reads it; the key axis padded with zeros to a multiple of 64
 //   v   (B, Hkv, Sk, Dp)    values, head dim padded with zeros to a multiple of 16
 //   out (B, H,   Sq, Dp)
-// Every mask we support gives each query row a prefix of visible keys [0, limit(row)): none, causal
-// (top-left), causal bottom-right and padding (per-batch lengths). Key blocks past the largest limit of
-// a query block are never visited, which is how causal does half the work; inside the boundary block
-// the scores past a row's limit are dropped. Rows with no visible key output zeros.
+// Every mask gives each query row one range of visible keys [first(row), limit(row)) (RowLimits). A group
+// scores only the 64-key panels some row of it sees, which is how causal does half the work and a window
+// work proportional to its width; inside a boundary panel the scores outside a row's range are dropped.
+// Rows with no visible key output zeros.
 //
 // Vectors are GCC/Clang vector extensions 16 floats wide: one AVX-512 register when built with
 // -march=native on such a CPU, two AVX2 registers (or four SSE) elsewhere. Scores are kept in base 2
-// (q is pre-multiplied by scale·log2 e) so the exponential is exp2 with a degree-7 polynomial.
+// (q is pre-multiplied by scale·log2 e) so the exponential is exp2 (exp2_table; exp2fit3 in bf16).
 // Threads: an OpenMP team of nthreads (torch's own pool, see the end of the file; std::threads when
 // built without OpenMP) takes work items (batch, head, query block) from an atomic counter, largest first.
 
@@ -37,6 +39,10 @@ struct Packer {
   std::unique_ptr<std::atomic<uint8_t>[]> state;  // per panel: 0 to pack, 1 being packed, 2 ready
   std::function<void(int64_t)> pack;
   int64_t per_head = 0;
+
+  bool ready(int64_t kv, int64_t c0) const {
+    return c0 / PANEL < per_head && state[kv * per_head + c0 / PANEL].load(std::memory_order_acquire) == 2;
+  }
 
   // The panels of keys [c0, c1) of kv head kv, ready when this returns.
   void ensure(int64_t kv, int64_t c0, int64_t c1) {
@@ -267,17 +273,20 @@ void accumulate(const Problem& pb, const Item& it, const Tile& t, Scratch& sc, E
 
 // Part `part` of `parts` of the key block from key c1 (its kᵀ panels and v rows) brought into L2 ahead of use:
 // the groups of the current block each prefetch a share, so the next block's first group finds it there
-// instead of waiting on L3 for every line.
+// instead of waiting on L3 for every line. Packed panels only once packed (the block's first panel says):
+// before that the packer reads k itself; fp32 v is the caller's and always there.
 void prefetch_block(const Problem& pb, const Item& it, int64_t c1, int64_t part, int64_t parts) {
   const int64_t keys = std::min(pb.block_k, pb.seq_k - c1);
   if (keys <= 0) return;
+  const bool packed = pb.packer->ready(it.kv, c1);
   const char* regions[2];
   int64_t bytes[2];
   if (pb.q16 == nullptr) {
     regions[0] = reinterpret_cast<const char*>(pb.kt + (it.kv * pb.skp + c1) * pb.head_dim);
     regions[1] = reinterpret_cast<const char*>(pb.v + (it.kv * pb.seq_k + c1) * pb.dp);
-    bytes[0] = keys * pb.head_dim * 4, bytes[1] = keys * pb.dp * 4;
+    bytes[0] = packed ? keys * pb.head_dim * 4 : 0, bytes[1] = keys * pb.dp * 4;
   } else {
+    if (!packed) return;
     regions[0] = reinterpret_cast<const char*>(pb.kt16 + (it.kv * pb.skp + c1) * pb.head_dim);
     regions[1] = reinterpret_cast<const char*>(pb.v16 + (it.kv * pb.skp + c1) * pb.dp);
     bytes[0] = keys * pb.head_dim * 2, bytes[1] = keys * pb.dp * 2;
@@ -357,18 +366,18 @@ bool valid(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q, int64_
 }
 
 // The work items (batch, head, query block), largest first, from an atomic counter, each packing the panels
-// it needs (pack(p), p in [0, packs)) on first use (Packer). Returns 0, or 2 when the work list or the
+// it needs (pack(p) for panel p of the B·Hkv·skp/PANEL) on first use (Packer). Returns 0, or 2 when the work list or the
 // panels' states could not be allocated.
 template <typename Pack>
-int launch(Problem& pb, int64_t packs, Pack pack, int64_t nthreads, float* scratch, int64_t* tiles) {
+int launch(Problem& pb, Pack pack, int64_t nthreads, float* scratch, int64_t* tiles) {
   Packer packer;
+  packer.per_head = pb.skp / PANEL;
   try {
-    packer.state.reset(new std::atomic<uint8_t>[packs]());
+    packer.state.reset(new std::atomic<uint8_t>[pb.batch * pb.kv_heads * packer.per_head]());
     packer.pack = pack;
   } catch (...) {
     return 2;
   }
-  packer.per_head = pb.skp / PANEL;
   pb.packer = &packer;
   struct Item {
     int64_t b, h, i0, cost;
@@ -482,7 +491,7 @@ int attnbench_fused_forward(const float* q, const float* k, float* kt, const flo
   auto pack = [&](int64_t p) {  // panel p % per_head of kv head p / per_head
     pack_panel(k + (p / per_head) * seq_k * head_dim, seq_k, head_dim, p % per_head, kt + p * PANEL * head_dim);
   };
-  return launch(pb, batch * kv_heads * per_head, pack, nthreads, scratch, tiles);
+  return launch(pb, pack, nthreads, scratch, tiles);
 }
 
 // 1 when this build has the bfloat16 forward (AVX512-BF16), else 0.
@@ -508,7 +517,7 @@ int attnbench_fused_forward_bf16(const uint16_t* q, const uint16_t* k, uint16_t*
              scratch) ||
       !valid_extras(mask, extras) || head_dim % 2 != 0)
     return 1;
-  const int64_t skp = attnbench_fused_packed_keys(seq_k), per_head = skp / PANEL, kv = batch * kv_heads;
+  const int64_t skp = attnbench_fused_packed_keys(seq_k), per_head = skp / PANEL;
   Problem pb{nullptr, nullptr, nullptr, nullptr, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
              scale * 1.4426950408889634f, RowLimits{mask, seq_q, seq_k, lengths}, block_q, block_k};
   with_extras(pb, extras);
@@ -522,7 +531,7 @@ int attnbench_fused_forward_bf16(const uint16_t* q, const uint16_t* k, uint16_t*
     for (int64_t c = p % per_head * (PANEL / 2); c < (p % per_head + 1) * (PANEL / 2); ++c)
       pack_pair_bf16(v + head * seq_k * head_dim, seq_k, head_dim, dp, c, v16 + (head * pairs + c) * dp * 2);
   };
-  return launch(pb, kv * per_head, pack, nthreads, scratch, tiles);
+  return launch(pb, pack, nthreads, scratch, tiles);
 #else
   (void)q, (void)k, (void)kt16, (void)v, (void)v16, (void)out, (void)lse, (void)batch, (void)heads, (void)kv_heads;
   (void)extras;

@@ -2,8 +2,8 @@
 // group's O += P·V.
 //
 // P·V keeps both FMA pipes busy and leaves the vector unit's other pipes (adds, max, rounding, shuffles,
-// stores) nearly idle; the softmax is the opposite, and as a phase of its own it cost the forward about a
-// tenth of its time. So once a group's scores and row maxima are known, its exponentials become an ExpJob
+// stores) nearly idle; the softmax is the opposite, and as a phase of its own the FMA pipes wait for it.
+// So once a group's scores and row maxima are known, its exponentials become an ExpJob
 // handed out one vector (or one bf16 pair of vectors) at a time from inside the previous group's P·V loop,
 // where the out-of-order core runs them beside the FMAs. Per 16 scores that adds 4 operations on the FMA
 // pipes (exp2_table) to the 128 FMAs of the two products at D = 64 (bf16: exp2fit3's 5 or so to 64).

@@ -39,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,26 +226,33 @@ def triad_array_bytes() -> int:
     return max(MIN_TRIAD_ARRAY_BYTES, 4 * last_level_cache_bytes())
 
 
+def _best_gbps(run: Callable[[int], object], bytes_per_call: int, threads: int, openmp: bool) -> tuple[float, str]:
+    """The best GB/s of ``run(team)`` over TRIAD_REPEATS passes (after a warm-up pass) on ``threads`` threads
+    and on one (more threads never have less bandwidth), and how: "N threads (one thread: …)"."""
+    best = {threads: 0.0, 1: 0.0}
+    for repeat in range(TRIAD_REPEATS + 1):  # the first pass warms up
+        for team in best:
+            start = time.perf_counter()
+            run(team)
+            seconds = time.perf_counter() - start
+            if repeat > 0:
+                best[team] = max(best[team], bytes_per_call / seconds / 1e9)
+    how = f"{threads} threads (one thread: {best[1]:.3g} GB/s)" if threads > 1 else "1 thread"
+    return max(best.values()), how + ("" if openmp else ", no OpenMP")
+
+
 def triad_gbps(threads: int, array_bytes: int | None = None) -> tuple[float, str]:
     """(GB/s, method) of the triad on three float32 arrays of ``array_bytes`` each; raises BuildError."""
     built = load()
     array_bytes = array_bytes or triad_array_bytes()
     n = array_bytes // 4
     a, b, c = torch.zeros(n), torch.full((n,), 1.0), torch.full((n,), 2.0)  # every page touched before timing
-    best = {threads: 0.0, 1: 0.0}
-    for repeat in range(TRIAD_REPEATS + 1):  # the first pass warms up
-        for team in best:
-            start = time.perf_counter()
-            built.library.attnbench_hw_triad(a.data_ptr(), b.data_ptr(), c.data_ptr(), 3.0, n, team)
-            seconds = time.perf_counter() - start
-            if repeat > 0:
-                best[team] = max(best[team], 12 * n / seconds / 1e9)
+    pointers = a.data_ptr(), b.data_ptr(), c.data_ptr()
+    gbps, how = _best_gbps(lambda team: built.library.attnbench_hw_triad(*pointers, 3.0, n, team), 12 * n, threads,
+                           built.openmp)  # fmt: skip
     if a[n // 2].item() != 7.0:
         raise RuntimeError("the triad kernel computed a wrong result")
-    how = f"{threads} threads (one thread: {best[1]:.3g} GB/s)" if threads > 1 else "1 thread"
-    omp = "" if built.openmp else ", no OpenMP"
-    method = f"triad a = b + s·c, 3 × {array_bytes / 2**20:g} MiB float32, 12 B/element (no write-allocate), {how}{omp}"
-    return max(best.values()), method
+    return gbps, f"triad a = b + s·c, 3 × {array_bytes / 2**20:g} MiB float32, 12 B/element (no write-allocate), {how}"
 
 
 def read_gbps(threads: int, array_bytes: int | None = None) -> tuple[float, str]:
@@ -254,16 +262,8 @@ def read_gbps(threads: int, array_bytes: int | None = None) -> tuple[float, str]
     n = array_bytes // 4
     a = torch.full((n,), 0.5)  # every page touched before timing
     sink = ctypes.c_double(0.0)
-    best = {threads: 0.0, 1: 0.0}
-    for repeat in range(TRIAD_REPEATS + 1):  # the first pass warms up
-        for team in best:
-            start = time.perf_counter()
-            built.library.attnbench_hw_read(a.data_ptr(), n, team, ctypes.byref(sink))
-            seconds = time.perf_counter() - start
-            if repeat > 0:
-                best[team] = max(best[team], 4 * n / seconds / 1e9)
+    gbps, how = _best_gbps(lambda team: built.library.attnbench_hw_read(a.data_ptr(), n, team, ctypes.byref(sink)),
+                           4 * n, threads, built.openmp)  # fmt: skip
     if sink.value != 0.5 * n:
         raise RuntimeError("the read kernel computed a wrong sum")
-    how = f"{threads} threads (one thread: {best[1]:.3g} GB/s)" if threads > 1 else "1 thread"
-    omp = "" if built.openmp else ", no OpenMP"
-    return max(best.values()), f"read stream Σ a, {array_bytes / 2**20:g} MiB float32, 4 B/element, {how}{omp}"
+    return gbps, f"read stream Σ a, {array_bytes / 2**20:g} MiB float32, 4 B/element, {how}"
