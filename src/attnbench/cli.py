@@ -19,27 +19,16 @@ import torch
 
 from attnbench import registry
 from attnbench.allocator import POLICIES, configure_cpu_allocator
+from attnbench.axes import PASS, SWEEP_AXES, canonical_dtype, parse_overrides
 from attnbench.ceilings import load_ceilings
 from attnbench.errors import UsageError
 from attnbench.machine import command_line, environment
+from attnbench.request import ISOLATION, PROGRESS, RunRequest, build_request
 from attnbench.results import RunWriter
 from attnbench.runner import not_runnable
-from attnbench.suite import (
-    AXES,
-    DEFAULTS,
-    FLOAT_AXES,
-    INT_AXES,
-    Suite,
-    check_devices,
-    coerce_axis,
-    expand,
-    load_suite,
-    suite_names,
-)
-from attnbench.workload import DEVICES, canonical_dtype
+from attnbench.suite import check_devices, expand, load_suite, profile_suite, suite_names
 
-# CLI flag -> suite axis
-AXIS_FLAGS = {axis: "--" + axis.replace("_", "-") for axis in AXES}
+parse_axis_overrides = parse_overrides  # {axis: 'a,b'} -> checked lists; the pytest front end's name for it
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,43 +36,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _parse_list(axis: str, text: str) -> list[Any]:
-    flag = AXIS_FLAGS[axis]
-    items = [item.strip() for item in text.split(",")]
-    if not text.strip() or any(not item for item in items):
-        raise UsageError(f"{flag} {text!r}: give a comma-separated list of values, e.g. {flag} a,b")
-    if axis in INT_AXES:
-        try:
-            values: list[Any] = [int(item) for item in items]
-        except ValueError:
-            raise UsageError(f"{flag} {text!r}: expected positive integers, e.g. {flag} 512,1024") from None
-    elif axis in FLOAT_AXES:
-        try:
-            values = [float(item) for item in items]
-        except ValueError:
-            raise UsageError(f"{flag} {text!r}: expected positive numbers, e.g. {flag} 30,50") from None
-    else:
-        values = items
-    if axis == "dtype":
-        values = [canonical_dtype(v) for v in values]
-    return coerce_axis(axis, values, flag)
-
-
-def parse_axis_overrides(texts: dict[str, str]) -> dict[str, list[Any]]:
-    """{axis: 'a,b'} from flags (or pytest options) into validated value lists."""
-    overrides = {}
-    for axis, text in texts.items():
-        if axis not in AXIS_FLAGS:
-            raise UsageError(f"axis {axis!r} is not known; allowed: {', '.join(AXES)}")
-        overrides[axis] = _parse_list(axis, text)
-    for device in overrides.get("device", []):
-        if device not in DEVICES:
-            raise UsageError(f"--device {device!r} is not known; allowed: {', '.join(DEVICES)}")
-    return overrides
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, list[Any]]:
-    return parse_axis_overrides({axis: getattr(args, axis) for axis in AXES if getattr(args, axis) is not None})
+def _given_axes(args: argparse.Namespace) -> dict[str, str]:
+    """The axis flags given on the command line, as {axis: text}."""
+    return {axis.name: getattr(args, axis.name) for axis in SWEEP_AXES if getattr(args, axis.name, None) is not None}
 
 
 def _default_out(suite: str) -> Path:
@@ -96,12 +51,54 @@ def _default_out(suite: str) -> Path:
     return out
 
 
+def run_request(args: argparse.Namespace) -> RunRequest:
+    """``attnbench run``'s flags as a checked request."""
+    return build_request(
+        args.suite, _given_axes(args), repeat=args.repeat, budget_s=args.budget_s, case_budget_s=args.case_budget_s,
+        timeout_s=args.timeout_s, threads=args.threads, seed=args.seed, memory=not args.no_memory,
+        cpu_allocator=args.cpu_allocator, isolate=args.isolate, remeasure_ceilings=args.remeasure_ceilings,
+        progress=args.progress, out=args.out, resume=args.resume, shard=args.shard, store=args.store, db=args.db,
+        command=args.command_line,
+    )  # fmt: skip
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from attnbench import run_command
+    from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
 
-    overrides = _overrides(args)
-    name = Path(args.suite).stem if args.suite else ("models" if overrides.get("model") else "quick")
-    return run_command.cmd_run(args, overrides, _default_out(name))
+    request = run_request(args)
+    store_db = _store_target(request)
+    finished = run_command.run_sweep(request, _default_out(request.suite_name))
+    frame, writer = finished.frame, finished.writer
+    print(summary_table(frame))
+    print(f"\n{len(frame)} cases: {status_counts(frame)}")
+    reasons = non_ok_reasons(frame)
+    if reasons:
+        print(reasons)
+    for warning in run_command.late_warnings(finished):
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"results: {writer.out_dir / 'results.parquet'} (also results.csv, meta.json)")
+    if store_db is not None:
+        from attnbench.reports.store import store_runs
+
+        (stored,) = store_runs([writer.out_dir], store_db)
+        print(f"stored: {stored.action} in {store_db} (run_id {stored.run_id})")
+    if finished.interrupted:
+        print(f"interrupted: finished rows are saved; continue with: attnbench run --resume {writer.out_dir}",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    return 0
+
+
+def _store_target(request: RunRequest) -> Path | None:
+    """--store's database, checked before anything runs (a corrupt one is a usage error, nothing written)."""
+    if not request.store:
+        return None
+    from attnbench.reports.store import DEFAULT_DB, check_store
+
+    db = request.db or DEFAULT_DB
+    check_store(db)
+    return db
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -114,9 +111,6 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-PROFILE_WORKLOAD = {"batch": [1], "heads": [8], "seq": [1024], "head_dim": [64]}
-
-
 def cmd_profile(args: argparse.Namespace) -> int:
     from attnbench.profiling import profile_case, write_tables
 
@@ -124,9 +118,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UsageError(f"--calls {args.calls}: must be a positive integer")
     if not args.budget_s > 0:
         raise UsageError(f"--budget-s {args.budget_s:g}: must be a positive number of seconds")
-    overrides = _overrides(args)
-    suite = Suite("profile", "", 1.0, 60.0, ({**DEFAULTS, **PROFILE_WORKLOAD},))
-    cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names())
+    overrides = parse_overrides(_given_axes(args))
+    known, sweep_names = sorted(registry.load()), registry.sweep_names()
+    cases = expand(profile_suite(), overrides, known, sweep_names, registry.available_sweep_names())
     check_devices(cases)
     out = Path(args.out) if args.out else _default_out("profile")
     RunWriter.check_target(out)
@@ -367,6 +361,11 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _choices(allowed: tuple[str, ...]) -> str:
+    """How argparse shows a choice (checked by build_request, so the command and attnbench.run() agree)."""
+    return "{" + ",".join(allowed) + "}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attnbench", description="Benchmark attention implementations.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -381,21 +380,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="suite name (see `attnbench suites`) or a .toml path (default: quick; with --model: the presets)",
     )
     p_run.add_argument("--out", help="run folder to create (default: runs/SUITE-TIMESTAMP)")
-    for axis, flag in AXIS_FLAGS.items():
-        p_run.add_argument(flag, dest=axis, metavar="LIST", help=f"override {axis} (comma-separated)")
+    for axis in SWEEP_AXES:
+        p_run.add_argument(axis.flag, dest=axis.name, metavar="LIST", help=f"override {axis.name} (comma-separated)")
     p_run.add_argument("--threads", type=int, help="CPU threads (default: torch's default); recorded")
     p_run.add_argument("--budget-s", type=float, help="timing budget per case in seconds (default: the suite's)")
     p_run.add_argument("--case-budget-s", type=float, help="skip a case predicted to cost more (seconds)")
     p_run.add_argument("--remeasure-ceilings", action="store_true", help="measure ceilings again")
     p_run.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p_run.add_argument(
-        "--cpu-allocator", choices=POLICIES, default="cached",
+        "--cpu-allocator", metavar=_choices(POLICIES), default="cached",
         help="cached: malloc keeps freed memory, no page faults in timings (default); system: malloc as is",
     )  # fmt: skip
     p_run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_run.add_argument("--timeout-s", type=float, help="per-case limit; past it the case is `timeout` (default 120)")
     p_run.add_argument(
-        "--isolate", choices=["worker", "none"], default="worker",
+        "--isolate", metavar=_choices(ISOLATION), default="worker",
         help="worker: run cases in a worker process, so a hung or crashing kernel costs one row (default)",
     )  # fmt: skip
     p_run.add_argument(
@@ -405,17 +404,16 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p_run.add_argument("--shard", metavar="I/N", help="run the I-th of N balanced, deterministic slices")
     p_run.add_argument("--resume", metavar="RUN_DIR", help="run only the cases of RUN_DIR that have no row yet")
-    p_run.add_argument("--progress", choices=["auto", "on", "off"], default="auto", help="progress bar")
+    p_run.add_argument("--progress", metavar=_choices(PROGRESS), default="auto", help="progress bar")
     p_run.add_argument("--store", action="store_true", help="add the run to the results store as it finishes")
     p_run.add_argument("--db", help="the store for --store (default runs/attnbench.duckdb)")
     p_run.set_defaults(func=cmd_run)
 
     p_profile = commands.add_parser("profile", help="torch.profiler traces and top operators per contender")
     p_profile.add_argument("--out", help="folder to create (default: runs/profile-TIMESTAMP)")
-    for axis, flag in AXIS_FLAGS.items():
-        if axis != "pass":
-            p_profile.add_argument(flag, dest=axis, metavar="LIST", help=f"{axis} (comma-separated)")
-    p_profile.set_defaults(**{"pass": None})
+    for axis in SWEEP_AXES:
+        if axis is not PASS:  # profiling records the forward call
+            p_profile.add_argument(axis.flag, dest=axis.name, metavar="LIST", help=f"{axis.name} (comma-separated)")
     p_profile.add_argument("--calls", type=int, default=5, help="most calls recorded per case (default 5)")
     p_profile.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_profile.add_argument("--budget-s", type=float, default=1.0, help="timing budget for each case's median (1)")

@@ -16,37 +16,17 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench import axes
 from attnbench.errors import UsageError
 from attnbench.workload import Workload
 
 STATUSES = ("ok", "unavailable", "unsupported", "skipped", "oom", "timeout", "error", "incorrect")
 
-WORKLOAD_COLUMNS = [
-    "device",
-    "dtype",
-    "batch",
-    "heads",
-    "kv_heads",
-    "seq_q",
-    "seq_k",
-    "head_dim",
-    "mask",
-    "pass",
-    "hidden",
-    "module",
-    "scale",
-    "window",
-    "documents",
-    "score_mod",
-    "softcap",
-    "page_size",
-    "model",
-]
+WORKLOAD_COLUMNS = axes.WORKLOAD_COLUMNS
 # The workload features' neutral values: what a run folder written before these columns existed means.
-FEATURE_DEFAULTS: dict[str, Any] = {"window": 0, "documents": 0, "score_mod": "none", "softcap": 0.0,
-                                    "page_size": 0, "model": ""}  # fmt: skip
+FEATURE_DEFAULTS: dict[str, Any] = {axis.column: axis.neutral for axis in axes.FEATURES}
 # What identifies a case within one run (the scale follows from head_dim unless set).
-CASE_COLUMNS = ["impl", *(c for c in WORKLOAD_COLUMNS if c != "scale")]
+CASE_COLUMNS = ["impl", *(c for c in WORKLOAD_COLUMNS if axes.BY_COLUMN[c].sweep)]
 COLUMNS = [
     "impl", *WORKLOAD_COLUMNS,
     "status", "reason",
@@ -146,6 +126,17 @@ class RunWriter:
             f.write(json.dumps(row) + "\n")
             f.flush()
 
+    def repeats_done(self, key: tuple[Any, ...] | None = None) -> int:
+        """Repeats kept of one unfinished case (by :func:`case_key`), or of every unfinished case."""
+        if key is None:
+            return sum(map(len, self.partial.values()))
+        return len(self.partial.get(key, []))
+
+    def finish_case(self, row: dict[str, Any]) -> None:
+        """A case's final row (its repeats merged): appended, its kept repeats dropped."""
+        self.append(row)
+        self.partial.pop(case_key(row["impl"], row), None)
+
     def append_repeat(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         """Keep one repeat of a case (in repeats.jsonl too); returns every repeat of that case so far."""
         row = {key: _clean(value) for key, value in row.items()}
@@ -208,7 +199,8 @@ def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for column in FLOAT_COLUMNS:
         frame[column] = frame[column].astype("float64")
     frame["unstable"] = frame["unstable"].astype("boolean")
-    for column in ("n_samples", "calls_per_sample", "checked_rows", "threads", "hidden", "rounds"):
+    optional_sizes = [axis.column for axis in axes.WORKLOAD_AXES if axis.optional and axis.kind is int]
+    for column in ("n_samples", "calls_per_sample", "checked_rows", "threads", *optional_sizes, "rounds"):
         frame[column] = frame[column].astype("Int64")
     return fill_feature_defaults(frame)
 

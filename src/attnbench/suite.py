@@ -3,13 +3,10 @@
 A suite file has an optional ``description``, ``budget_s`` (timing budget per case, seconds),
 ``case_budget_s`` (a case predicted to cost more is skipped, default 60 s), a
 ``[defaults]`` table and one or more ``[[sweep]]`` tables. Each sweep is the Cartesian product of its
-axes (defaults filled in); every axis takes one value or a list. Axes: impl, batch, heads, kv_heads,
-seq, seq_kv, head_dim, dtype, device, mask, pass, hidden (additive scoring's hidden size), module
-(``core``, or ``mha`` for the core inside a multi-head attention module), and the workload features:
-window (sliding_window), documents (document), score_mod (none, softcap, alibi), softcap (its value,
-default 50), page_size (0 = contiguous KV, else a power of two). ``model`` (preset names, see
-``attnbench.models``) with ``phase`` (prefill, decode; default both) builds a sweep from model presets:
-then batch, heads and seq are not required.
+axes (defaults filled in); every axis takes one value or a list. The axes, their types, bounds and
+defaults are the table in ``attnbench.axes`` (the same names as ``attnbench run``'s flags). ``model``
+(preset names, see ``attnbench.models``) with ``phase`` (prefill, decode; default both) builds a sweep from
+model presets: then batch, heads and seq are not required.
 ``impl = "all"`` means every registered attention contender (scoring ones are named explicitly),
 ``"available"`` those of them that can run on this machine;
 kv_heads left out means kv_heads = heads, seq_kv left out means seq_kv = seq.
@@ -26,25 +23,31 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from attnbench.axes import (
+    BY_NAME,
+    DEFAULTS,
+    IMPL,
+    MODEL,
+    PASS,
+    PHASE,
+    REQUIRED,
+    SWEEP_AXES,
+    WORKLOAD_AXES,
+    coerce_axis,
+)
 from attnbench.errors import UsageError
 from attnbench.models import PHASES, phase_axes
-from attnbench.workload import LIMITS, Workload, check_page_size, check_softcap
+from attnbench.workload import Workload
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-INT_AXES = ("batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "hidden", "window", "documents", "page_size")
-FLOAT_AXES = ("softcap",)
-STR_AXES = ("impl", "dtype", "device", "mask", "pass", "module", "score_mod", "model", "phase")
-AXES = ("impl", "batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "dtype", "device", "mask", "pass", "hidden",
-        "module", "window", "documents", "score_mod", "softcap", "page_size", "model", "phase")  # fmt: skip
-REQUIRED = ("batch", "heads", "seq", "head_dim")
-DEFAULTS: dict[str, list[Any]] = {"impl": ["all"], "dtype": ["float32"], "device": ["cpu"], "mask": ["none"],
-                                  "pass": ["fwd"], "module": ["core"]}  # fmt: skip
-BOUND_NAMES = {"seq": "seq_q", "seq_kv": "seq_k"}  # axis -> its bound in workload.LIMITS
+AXES = tuple(axis.name for axis in SWEEP_AXES)  # the keys a sweep table may have
 TOP_KEYS = ("description", "budget_s", "case_budget_s", "defaults", "sweep")
+# What `attnbench profile` and attnbench.run() without a suite run: one modest case per contender.
+PROFILE_WORKLOAD: dict[str, list[Any]] = dict(batch=[1], heads=[8], seq=[1024], head_dim=[64])
 
 
 @dataclass(frozen=True)
@@ -73,34 +76,6 @@ def _read(name_or_path: str) -> tuple[str, str]:
         raise UsageError(f"suite {name_or_path!r} is not known; known: {', '.join(suite_names())} (or a .toml path)")
     text = resources.files("attnbench.suites").joinpath(f"{name_or_path}.toml").read_text()
     return name_or_path, text
-
-
-def coerce_axis(axis: str, value: Any, label: str) -> list[Any]:
-    """Validate one axis value (scalar or list) into a non-empty list of the axis' type.
-
-    ``label`` names the value in messages: "--seq" for a flag, "suite quick sweep 1: seq" for a file.
-    """
-    values = value if isinstance(value, list) else [value]
-    if not values:
-        raise UsageError(f"{label} is an empty list; give at least one value")
-    if axis in FLOAT_AXES:
-        for item in values:
-            check_softcap(item, f"{label} value")
-        return [float(item) for item in values]
-    kind = int if axis in INT_AXES else str
-    for item in values:
-        if isinstance(item, bool) or not isinstance(item, kind):
-            raise UsageError(f"{label} value {item!r} must be {'an integer' if kind is int else 'a string'}")
-        if axis == "page_size" and isinstance(item, int):
-            check_page_size(item, f"{label} value")
-        elif isinstance(item, int) and item < 1:
-            raise UsageError(f"{label} value {item} must be a positive integer")
-        bound = LIMITS.get(BOUND_NAMES.get(axis, axis))
-        if isinstance(item, int) and bound is not None and item > bound:
-            raise UsageError(f"{label} value {item} is past the sane upper bound; allowed: 1 to {bound}")
-        if axis == "phase" and item not in PHASES:
-            raise UsageError(f"{label} value {item!r} is not known; allowed: {', '.join(PHASES)}")
-    return values
 
 
 def _axes(table: Any, where: str) -> dict[str, list[Any]]:
@@ -134,7 +109,7 @@ def load_suite(name_or_path: str) -> Suite:
     for index, table in enumerate(raw_sweeps, start=1):
         where = f"suite {name} sweep {index}"
         sweep = {**defaults, **_axes(table, where)}
-        missing = [axis for axis in REQUIRED if axis not in sweep and "model" not in sweep]
+        missing = [axis for axis in REQUIRED if axis not in sweep and MODEL.name not in sweep]
         if missing:
             raise UsageError(f"{where}: missing axis {missing[0]!r}; required: {', '.join(REQUIRED)}")
         sweeps.append(sweep)
@@ -157,14 +132,11 @@ def expand(
     cases: dict[tuple[str, Workload], None] = {}
     for sweep in suite.sweeps:
         axes = {**sweep, **overrides}
-        impls = _impls(axes["impl"], known_impls, default_impls, available_impls)
-        if axes.get("phase") and not axes.get("model"):
+        impls = _impls(axes[IMPL.name], known_impls, default_impls, available_impls)
+        models, phases = axes.get(MODEL.name), axes.get(PHASE.name)
+        if phases and not models:
             raise UsageError("phase applies to model presets: give --model too (see `attnbench models`)")
-        expanded = (
-            [phase_axes(model, phase, axes) for model in axes["model"] for phase in axes.get("phase") or PHASES]
-            if axes.get("model")
-            else [axes]
-        )
+        expanded = [phase_axes(m, phase, axes) for m in models for phase in phases or PHASES] if models else [axes]
         for one in expanded:
             for workload in _workloads(one):
                 for impl in impls:
@@ -173,24 +145,22 @@ def expand(
 
 
 def _workloads(axes: dict[str, list[Any]]) -> list[Workload]:
-    """The Cartesian product of one sweep's axes as workloads (features that don't apply collapse)."""
-    features = [axes.get(a) or [d] for a, d in (("window", 0), ("documents", 0), ("score_mod", "none"),
-                                               ("softcap", 50.0), ("page_size", 0), ("model", ""))]  # fmt: skip
+    """The Cartesian product of one sweep's axes as workloads (features that don't apply collapse).
+
+    The basic case (sizes, dtype, device, mask, pass) varies slowest, then the axes that follow another
+    (kv_heads: heads, seq_kv: seq) and the rest, so the cases of one shape stay together."""
+    basic = WORKLOAD_AXES[: WORKLOAD_AXES.index(PASS) + 1]
+    order = [a for a in basic if not a.follows] + [a for a in WORKLOAD_AXES if a.follows]
+    order += [a for a in WORKLOAD_AXES if a.sweep and a not in order]
+    lists = [axes.get(a.name) or ([None] if a.follows else [a.sweep_default]) for a in order]
     workloads: dict[Workload, None] = {}
-    for batch, heads, seq, head_dim, dtype, device, mask, pass_ in itertools.product(
-        axes["batch"], axes["heads"], axes["seq"], axes["head_dim"],
-        axes["dtype"], axes["device"], axes["mask"], axes["pass"],
-    ):  # fmt: skip
-        for kv_heads, seq_k, hidden, module, *feature in itertools.product(
-            axes.get("kv_heads") or [heads], axes.get("seq_kv") or [seq], axes.get("hidden") or [None],
-            axes["module"], *features,
-        ):  # fmt: skip
-            shape = (batch, heads, kv_heads, seq, seq_k, head_dim)
-            window, documents, score_mod, softcap, page_size, model = feature
-            workload = Workload(*shape, dtype, device, mask, pass_, hidden=hidden, module=module, window=window,
-                                documents=documents, score_mod=score_mod, softcap=softcap, page_size=page_size,
-                                model=model)  # fmt: skip
-            workloads[workload] = None
+    for values in itertools.product(*lists):
+        given = dict(zip(order, values, strict=True))
+        fields = {a.workload_field: value for a, value in given.items()}
+        for axis in order:
+            if axis.follows and fields[axis.workload_field] is None:
+                fields[axis.workload_field] = fields[BY_NAME[axis.follows].workload_field]
+        workloads[Workload(**fields)] = None
     return list(workloads)
 
 
@@ -216,8 +186,14 @@ def _impls(requested: list[str], known: list[str], default: list[str] | None, av
     return list(dict.fromkeys(chosen))
 
 
+def profile_suite(name: str = "profile", description: str = "") -> Suite:
+    """One modest case per contender (B=1, H=8, S=1024, D=64, the basic defaults): what ``attnbench profile``
+    and :func:`attnbench.run` without a suite start from; overrides replace its axes."""
+    return Suite(name, description, 1.0, 60.0, ({**DEFAULTS, **PROFILE_WORKLOAD},))
+
+
 def model_suite() -> Suite:
     """The sweep ``attnbench run --model NAME`` runs when no --suite is given: every phase of the presets
     named on the command line (which replaces ``model``), with every available contender."""
-    sweep = {**DEFAULTS, "impl": ["available"], "model": ["llama3.1-8b"], "phase": list(PHASES)}
+    sweep = {**DEFAULTS, IMPL.name: ["available"], MODEL.name: ["llama3.1-8b"], PHASE.name: list(PHASES)}
     return Suite("models", "model presets, prefill and decode", 1.0, 60.0, (sweep,))
