@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench.axes import MODEL, case_label, is_decode
 from attnbench.errors import UsageError
 from attnbench.results import CASE_COLUMNS, COLUMNS, fill_feature_defaults, load_results, rows_to_frame
 
@@ -139,44 +140,14 @@ def load_runs(paths: list[Path]) -> tuple[pd.DataFrame, list[Run]]:
 
 
 def workload_label(row: Any, with_seq: bool = True) -> str:
-    """'cpu float32 B1 H8/2 S128x256 D64 causal fwd' from a results row (a dict or Series)."""
-    heads = f"H{row['heads']}" if row["heads"] == row["kv_heads"] else f"H{row['heads']}/{row['kv_heads']}"
-    seq = f"S{row['seq_q']}" if row["seq_q"] == row["seq_k"] else f"S{row['seq_q']}x{row['seq_k']}"
-    parts = [row["device"], row["dtype"], f"B{row['batch']}", heads, *([seq] if with_seq else []),
-             f"D{row['head_dim']}", row["mask"], row["pass"]]  # fmt: skip
-    hidden, module = row.get("hidden"), row.get("module")
-    if hidden is not None and not pd.isna(hidden):
-        parts.append(f"h{int(hidden)}")
-    if module == "mha":
-        parts.append("mha")
-    return " ".join(str(p) for p in parts) + features_text(row)
-
-
-def features_text(row: Any) -> str:
-    """' w48 docs5 softcap20 alibi page64 [llama3.1-8b]': the workload features a row has ('' if none);
-    older rows without the feature columns have none."""
-
-    def value(column: str) -> Any:
-        item = row.get(column) if hasattr(row, "get") else None
-        return None if item is None or (isinstance(item, float) and math.isnan(item)) else item
-
-    parts = [f"w{int(value('window'))}" if value("window") else "", f"docs{int(value('documents'))}" if value(
-        "documents") else ""]  # fmt: skip
-    if value("score_mod") == "softcap":
-        parts.append(f"softcap{float(value('softcap')):g}")
-    elif value("score_mod") == "alibi":
-        parts.append("alibi")
-    parts += [f"page{int(value('page_size'))}" if value("page_size") else "", f"[{value('model')}]" if value(
-        "model") else ""]  # fmt: skip
-    return "".join(f" {p}" for p in parts if p)
-
-
-DECODE_MAX_QUERY = 16  # a case with at most this many queries against a longer KV cache is a decode step
+    """'cpu float32 B1 H8/2 S128x256 D64 causal fwd' from a results row (a dict or Series): the core's case
+    label (``attnbench.axes.case_label``) with the machine's side first."""
+    return case_label(row, with_seq=with_seq, device_first=True)
 
 
 def phase_of(row: Any) -> str:
     """'decode' for a short query against a longer KV cache (Sq ≤ 16 < Sk), else 'prefill'."""
-    return "decode" if row["seq_q"] <= DECODE_MAX_QUERY < row["seq_k"] else "prefill"
+    return "decode" if is_decode(row) else "prefill"
 
 
 def group_label(row: Any) -> str:
@@ -185,7 +156,7 @@ def group_label(row: Any) -> str:
     label = workload_label(row, with_seq=False)
     if phase_of(row) == "decode":
         return f"{label} decode Sq{row['seq_q']}"
-    if features_text({"model": row.get("model")}):
+    if MODEL.read(row):
         label += " prefill"
     return f"{label} Sk{row['seq_k']}" if row["seq_k"] != row["seq_q"] else label
 

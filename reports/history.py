@@ -23,16 +23,16 @@ import numpy as np
 import pandas as pd
 
 import attnbench
+from attnbench.axes import LABELLED_COLUMNS
 from attnbench.errors import UsageError
 from attnbench.reports.changes import Point, SeriesChanges, Step, detect, run_noise
 from attnbench.reports.frames import workload_label
 from attnbench.reports.store import table_columns
 from attnbench.reports.trend import PALETTE, commit_label, panel
-from attnbench.results import CASE_COLUMNS, FEATURE_DEFAULTS
+from attnbench.results import CASE_COLUMNS
 
 # Columns that workload_label shows; any other case column (one a newer attnbench adds) is shown as col=value.
-LABELLED = {"impl", "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "mask", "pass",
-            "hidden", "module"}  # fmt: skip
+LABELLED = set(LABELLED_COLUMNS)
 NOISE_COLUMNS = ["median_ms", "iqr_ms", "samples_ms", "repeat_medians_ms"]
 RUN_COLUMNS = ["git_commit", "git_dirty", "started_at", "name"]
 
@@ -95,7 +95,7 @@ def runs_table(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 def _label(row: dict[Any, Any]) -> str:
     extras = [f"{c}={row[c]}" for c in CASE_COLUMNS
-              if c not in LABELLED and c not in FEATURE_DEFAULTS and not _missing(row.get(c))]  # fmt: skip
+              if c not in LABELLED and not _missing(row.get(c))]  # fmt: skip
     return " ".join([workload_label(row), *extras])
 
 

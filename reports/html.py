@@ -18,6 +18,7 @@ import markupsafe
 import pandas as pd
 
 import attnbench
+from attnbench.axes import features_asked
 from attnbench.reports.frames import Run, labels, machine_label, workload_label
 from attnbench.reports.plots import speedup_table
 from attnbench.reports.table import results_table_html
@@ -31,20 +32,12 @@ CAPTIONS = {
     "and triad kernels, or the GPU's datasheet), the dashed one torch's matmul and copy rates.",
     "decode.png": "decode steps: bytes of the KV cache read per second against its length; dashed: measured bandwidth.",
 }
-BASIC_MASKS = {"none", "causal", "causal_bottom_right", "padding"}
 
 
 def _features(rows: pd.DataFrame) -> str:
     """The workload features a group of rows asks for (new masks, score modifiers, paged KV), e.g.
     'mask sliding_window, score_mod alibi'; '' when none — so the table shows who lacks which feature."""
-    found: dict[str, None] = {}
-    for row in rows.to_dict("records"):
-        if row["mask"] not in BASIC_MASKS:
-            found[f"mask {row['mask']}"] = None
-        if row.get("score_mod") not in (None, "none"):
-            found[f"score_mod {row['score_mod']}"] = None
-        if row.get("page_size"):
-            found["paged KV"] = None
+    found = dict.fromkeys(feature for row in rows.to_dict("records") for feature in features_asked(row))
     return ", ".join(found)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnbench.reports.frames import features_text
+from attnbench.reports.frames import workload_label
 from attnbench.results import CASE_COLUMNS
 
 GROUP = CASE_COLUMNS[1:]  # the workload columns that identify a case
@@ -42,14 +42,7 @@ def summary_table(frame: pd.DataFrame) -> str:
 
 
 def _label(key: tuple) -> str:
-    values = dict(zip(GROUP, key, strict=True))
-    device, dtype, batch, heads, kv_heads, seq_q, seq_k, head_dim, mask, pass_, hidden, module = (values[c] for c in (
-        "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "mask", "pass", "hidden",
-        "module"))  # fmt: skip
-    heads_text = f"H{heads}" if heads == kv_heads else f"H{heads}/{kv_heads}"
-    seq_text = f"S{seq_q}" if seq_q == seq_k else f"S{seq_q}x{seq_k}"
-    extra = (f" h{hidden}" if hidden else "") + (" mha" if module == "mha" else "") + features_text(values)
-    return f"{device} {dtype} B{batch} {heads_text} {seq_text} D{head_dim} {mask} {pass_}{extra}"
+    return workload_label(dict(zip(GROUP, key, strict=True)))
 
 
 def status_counts(frame: pd.DataFrame) -> str:

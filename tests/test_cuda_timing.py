@@ -90,7 +90,7 @@ def test_a_sleep_is_enqueued_before_each_group_of_start_events(gpu):
 def test_without_the_sleep_host_work_would_land_in_the_samples(gpu, monkeypatch):
     """The defect the sleep removes, shown on the same model: no sleep, so the GPU waits for the host."""
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
-    samples = measure._events_loop(small_kernel(gpu), 0.01)
+    samples = measure.events_loop(small_kernel(gpu), 0.01)
     assert statistics.median(samples) == pytest.approx(HOST_MS)  # the host's time per call, 2.5× the kernel's
 
 

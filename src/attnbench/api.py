@@ -62,9 +62,10 @@ def run(
         if name not in BY_KEYWORD:
             raise TypeError(f"run() got an unexpected keyword argument {name!r}")
     given = {BY_KEYWORD[name].name: value for name, value in axes.items() if value is not None}
-    settings = {"threads": threads, "budget_s": budget_s, "case_budget_s": case_budget_s, "timeout_s": timeout_s,
-                "repeat": repeat, "seed": seed, "cpu_allocator": cpu_allocator, "isolate": isolate,
-                "progress": progress}  # fmt: skip
+    settings: dict[str, Any] = {
+        "threads": threads, "budget_s": budget_s, "case_budget_s": case_budget_s, "timeout_s": timeout_s,
+        "repeat": repeat, "seed": seed, "cpu_allocator": cpu_allocator, "isolate": isolate, "progress": progress,
+    }  # fmt: skip
     named = {"suite": suite, **{a.keyword: axes.get(a.keyword) for a in SWEEP_AXES}, **settings, "memory": memory,
              "out": out}  # fmt: skip
     command = f"attnbench.run({', '.join(f'{k}={v!r}' for k, v in named.items() if v is not None)})"

@@ -82,10 +82,10 @@ def _seconds(fn: Any, device: str, threads: int) -> float:
     """Seconds per call: the median of CUDA events on GPU; on CPU the fastest block of torch.utils.benchmark
     (a rate the library reaches: on a shared CPU the median measures the neighbours too)."""
     if device == "cuda":
-        from attnbench.measure import _events_loop
+        from attnbench.measure import events_loop
 
         fn()
-        return statistics.median(_events_loop(fn, 0.5)) / 1e3
+        return statistics.median(events_loop(fn, 0.5)) / 1e3
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
     return float(min(timer.blocked_autorange(min_run_time=0.5).times))
 

@@ -225,7 +225,7 @@ def _group_size(host_ms: float, kernel_ms: float, deadline: float, kept: int) ->
     return max(1, min(SYNC_EVERY, wanted, MAX_SAMPLES - kept, int(MAX_SLEEP_MS / (SLEEP_COVER * host_ms))))
 
 
-def _events_loop(fn: Callable[[], object], budget_s: float) -> list[float]:
+def events_loop(fn: Callable[[], object], budget_s: float) -> list[float]:
     """Per-call GPU times (ms) from an event pair around each call, the queue kept ahead of the host.
 
     Calls go in groups of up to SYNC_EVERY; each group is preceded by a device-side sleep lasting
@@ -282,7 +282,7 @@ def _graph_samples(fn: Callable[[], object], budget_s: float, replays: int = 100
                 fn()
     except Exception:  # not every kernel or library can be captured; the caller falls back to events
         return None
-    return [t / replays for t in _events_loop(graph.replay, budget_s)]
+    return [t / replays for t in events_loop(graph.replay, budget_s)]
 
 
 def _cold_median_ms(fn: Callable[[], object], budget_s: float) -> float | None:
@@ -302,7 +302,7 @@ def time_cuda(fn: Callable[[], object], budget_s: float, estimate_s: float) -> T
         if graph_samples is not None:
             timing = _timing(graph_samples, 100, "cuda_graph", cold)
     if timing is None:
-        timing = _timing(_events_loop(fn, budget_s / 2), 1, "cuda_events+sleep", cold)
+        timing = _timing(events_loop(fn, budget_s / 2), 1, "cuda_events+sleep", cold)
     return dataclasses.replace(timing, host_overhead_us=_host_overhead_us(fn, timing.median_ms))
 
 

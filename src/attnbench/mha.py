@@ -18,7 +18,7 @@ import torch
 
 from attnbench.check import TOLERANCES, CheckResult, compare
 from attnbench.inputs import AttentionInputs
-from attnbench.reference import _attention
+from attnbench.reference import reference_attention
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def reference_module_output(inputs: AttentionInputs) -> torch.Tensor:
         return projected.view(x.shape[0], x.shape[1], w.heads, w.head_dim).permute(0, 2, 1, 3)
 
     rows = torch.arange(w.seq_q, device=x_q.device)
-    core = _attention(inputs, heads(x_q, "q"), heads(x_kv, "k"), heads(x_kv, "v"), rows)  # (B, H, Sq, D)
+    core = reference_attention(inputs, heads(x_q, "q"), heads(x_kv, "k"), heads(x_kv, "v"), rows)  # (B, H, Sq, D)
     merged = core.permute(0, 2, 1, 3).reshape(w.batch, w.seq_q, w.d_model)
     return torch.einsum("bse,ef->bsf", merged, p["w_o"]) + p["b_o"]
 

@@ -65,7 +65,7 @@ def _modified(inputs: AttentionInputs, scores: torch.Tensor, rows: torch.Tensor)
 Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (Hq, R, D), (Hq, Sk, D) -> (Hq, R, Sk)
 
 
-def _attention(
+def reference_attention(
     inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
     score: Score | None = None,
 ) -> torch.Tensor:  # fmt: skip
@@ -102,7 +102,7 @@ def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score |
     product (for the scoring suite's functions); the mask, softmax and weighting stay this module's."""
     rows = rows.to(inputs.q.device)
     q = inputs.q.detach()[:, :, rows].double()
-    return _attention(inputs, q, inputs.k.detach(), inputs.v.detach(), rows, score)
+    return reference_attention(inputs, q, inputs.k.detach(), inputs.v.detach(), rows, score)
 
 
 GRAD_CHUNK_ELEMENTS = 2**25  # float64 scores per chunk of query rows (256 MiB)
@@ -124,7 +124,7 @@ def reference_grads(inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor
     for start in range(0, w.seq_q, chunk):
         rows = torch.arange(start, min(start + chunk, w.seq_q), device=q.device)
         q_rows = q[:, :, rows].clone().requires_grad_()
-        out = _attention(inputs, q_rows, k, v, rows)
+        out = reference_attention(inputs, q_rows, k, v, rows)
         g_q, g_k, g_v = torch.autograd.grad(out, (q_rows, k, v), upstream[:, :, rows])
         dq[:, :, rows] = g_q
         dk += g_k

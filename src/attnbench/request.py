@@ -94,8 +94,7 @@ def build_request(
             raise UsageError(f"argument {flag}: invalid choice: {value!r} (choose from {choices})")
     if threads is not None and threads < 1:
         raise UsageError(f"--threads {threads}: must be a positive integer")
-    if resume is None or repeat:
-        repeat = parse_repeat(repeat, isolate)
+    processes = parse_repeat(repeat, isolate) if resume is None or repeat else None
     seconds = {flag: _seconds(flag, value) for flag, value in (("--budget-s", budget_s),
                ("--case-budget-s", case_budget_s), ("--timeout-s", timeout_s))}  # fmt: skip
     if shard:
@@ -105,11 +104,11 @@ def build_request(
     if resume is not None:
         given = ["--suite"] if suite not in (None, DEFAULT_SUITE) else []
         given += [axis.flag for axis in SWEEP_AXES if axis.name in checked]
-        given += ["--shard"] * bool(shard) + ["--out"] * (out is not None) + ["--repeat"] * bool(repeat)
+        given += ["--shard"] * bool(shard) + ["--out"] * (out is not None) + ["--repeat"] * bool(processes)
         if given:
             raise UsageError(f"--resume takes the sweep from the run folder; drop {', '.join(given)}")
     return RunRequest(
-        suite=suite, axes=checked, repeat=repeat, budget_s=seconds["--budget-s"],
+        suite=suite, axes=checked, repeat=processes, budget_s=seconds["--budget-s"],
         case_budget_s=seconds["--case-budget-s"], timeout_s=seconds["--timeout-s"], threads=threads, seed=seed,
         memory=memory, cpu_allocator=cpu_allocator, isolate=isolate, remeasure_ceilings=remeasure_ceilings,
         progress=progress, out=Path(out) if out is not None else None,
