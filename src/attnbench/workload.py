@@ -130,7 +130,7 @@ class Workload:
     def as_row(self) -> dict[str, Any]:
         """The workload's columns in a results row (`pass_` becomes `pass`)."""
         row = dataclasses.asdict(self)
-        row["pass"] = row.pop("pass_")
+        row[axes.PASS.column] = row.pop(axes.PASS.workload_field)
         row["scale"] = self.softmax_scale  # the scale actually used, also when it is the 1/sqrt(D) default
         return row
 
