@@ -18,7 +18,20 @@ CASES = [
     Workload(1, 4, 4, 96, 96, 32, "bf16", mask="sliding_window", window=48, score_mod="softcap", softcap=20.0),
     Workload(3, 6, 2, 40, 40, 16, mask="document", documents=5, score_mod="alibi", pass_="fwd_bwd"),
     Workload(1, 2, 2, 32, 32, 8, hidden=16),
-    Workload(2, 16, 8, 256, 256, 256, mask="sliding_window", window=4096, score_mod="softcap", softcap=50, model="gemma2-9b"),
+    Workload(
+        2,
+        16,
+        8,
+        256,
+        256,
+        256,
+        "fp32",
+        mask="sliding_window",
+        window=4096,
+        score_mod="softcap",
+        softcap=50,
+        model="gemma2-9b",
+    ),
     Workload(8, 32, 8, 1, 2048, 128, mask="causal_bottom_right", page_size=16, model="llama3.1-8b"),
     Workload(1, 32, 8, 512, 1024, 128, mask="causal_bottom_right", model="llama3.1-8b"),  # prefill on a cache
 ]
