@@ -205,9 +205,9 @@ def _checked(axis: Axis, item: Any, label: str) -> Any:
     elif isinstance(item, bool) or not isinstance(item, axis.kind):
         raise UsageError(f"{label} value {item!r} must be {'an integer' if axis.kind is int else 'a string'}")
     if isinstance(item, int) and axis.rule is None and item < axis.low:
-        raise UsageError(f"{label} value {item} must be a positive integer")
+        raise UsageError(f"{label} value {item} must be {'a positive' if axis.low else 'a non-negative'} integer")
     if isinstance(item, int) and axis.high is not None and item > axis.high:
-        raise UsageError(f"{label} value {item} is past the sane upper bound; allowed: 1 to {axis.high}")
+        raise UsageError(f"{label} value {item} is past the sane upper bound; allowed: {axis.low} to {axis.high}")
     problem = axis.rule(item) if axis.rule is not None else None
     if problem:
         raise UsageError(f"{label} value {item!r} {problem}")
@@ -276,7 +276,9 @@ def check_field(axis: Axis, value: Any) -> Any:
             kind = "a non-negative integer" if smallest == 0 else "a positive integer"
             raise UsageError(f"{field} must be {kind}, got {value!r}")
         if axis.high is not None and value > axis.high:
-            raise UsageError(f"{field} {value} is past the sane upper bound for {field}; allowed: 1 to {axis.high}")
+            raise UsageError(
+                f"{field} {value} is past the sane upper bound for {field}; allowed: {axis.low} to {axis.high}"
+            )
         problem = axis.rule(value) if axis.rule is not None else None
         if problem:
             raise UsageError(f"{field} {value} {problem}")
