@@ -171,15 +171,6 @@ def test_truncated_rows_file_resumes_cleanly(tmp_path):
     assert reopened.rows_path.read_text() == ""
 
 
-def test_sigterm_is_an_interrupt():
-    from attnbench.run_command import sigterm_as_interrupt
-
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
-        signal.raise_signal(signal.SIGTERM)
-    assert signal.getsignal(signal.SIGTERM) == before
-
-
 def test_worker_reports_how_it_died(tmp_path):
     from attnbench.runner import RunOptions
     from attnbench.worker import CaseWorker
