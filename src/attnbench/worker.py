@@ -97,11 +97,12 @@ class CaseWorker:
             page.truncate(PROGRESS_BYTES)
             self._progress = Progress(page.fileno())
             self._progress.write(IDLE, 0)
-            command = [spawn.get_executable(), "-c", BOOTSTRAP, json.dumps(sys.path),
+            path = [os.fspath(p) for p in sys.path if isinstance(p, str | os.PathLike)]
+            command = [spawn.get_executable(), "-c", BOOTSTRAP, json.dumps(path),
                        str(theirs.fileno()), str(page.fileno()), str(os.getpid())]  # fmt: skip
             shared = (theirs.fileno(), page.fileno())
             self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=shared)
-        _live.add(self._process)
+            _live.add(self._process)
         theirs.close()
         conn = self._conn = Connection(ours.detach())
         try:

@@ -51,7 +51,10 @@ class Progress:
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL this process when its parent ends (Linux); exit now if it already has."""
+    """Ask the kernel to SIGKILL this process when its parent ends (Linux); exit now if it already has.
+
+    Strictly, when the parent's thread that started it ends: the thread running the sweep, which closes
+    its workers before it returns."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
