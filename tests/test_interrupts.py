@@ -141,9 +141,9 @@ def test_signals_stop_the_sweep_and_keep_its_results(pausing_site, tmp_path, sig
     _, err = run.communicate(timeout=120)
     assert run.returncode == 130, err
     name = signal.Signals(signum).name
-    assert f"attnbench: {name}: stopping after the case in hand" in err
-    if count == 2:
-        assert f"attnbench: {name}: cutting the case in hand short" in err
+    assert err.count(f"attnbench: {name}: stopping after the case in hand") == 1
+    # (whether the second SIGTERM cut the case short depends on whether the kernel delivered it before Python
+    # ran the first one's handler — two deliveries of one signal can merge; test_signals_are_counted covers it)
     check_stopped(out, err, workers, pausing_site)
 
 
