@@ -14,7 +14,7 @@ import pandas as pd
 
 from attnbench.errors import UsageError
 from attnbench.reports.frames import CASE_KEY, load_runs, workload_label
-from attnbench.results import write_frame
+from attnbench.results import write_frame, write_text
 
 
 def merge_runs(paths: list[Path], out_dir: Path, command: str) -> pd.DataFrame:
@@ -33,5 +33,5 @@ def merge_runs(paths: list[Path], out_dir: Path, command: str) -> pd.DataFrame:
     write_frame(frame, out_dir)
     meta = {"command": command, "n_cases": len(frame),
             "merged_from": [{"run": run.name, "path": str(run.path), "meta": run.meta} for run in runs]}  # fmt: skip
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    write_text(out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
     return frame

@@ -3,7 +3,9 @@
 Every planned case ends as exactly one row. Rows are appended to ``rows.jsonl`` as each case finishes
 (so a crash or Ctrl-C loses nothing finished); :meth:`RunWriter.finish` writes ``results.parquet``,
 ``results.csv`` and ``meta.json``. Raw timing samples are kept: a list column in Parquet, a JSON string
-in CSV.
+in CSV. Every file written whole (the results, ``meta.json``, ``plan.json``) is written to a temporary file
+beside it and renamed over it (:func:`replacing`), so a reader — or a run killed mid-write — never sees
+half a file.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +69,35 @@ def make_row(impl: str, workload: Workload, status: str, reason: str = "", **met
     return row
 
 
+_unfinished: set[Path] = set()  # temporary files being written now (removed by an exit at once)
+
+
+@contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write; it replaces ``path`` in one rename when the block ends
+    (and is removed if the block raises), so no reader ever sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    _unfinished.add(tmp)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        _unfinished.discard(tmp)
+        tmp.unlink(missing_ok=True)
+
+
+def remove_unfinished() -> None:
+    """Remove the temporary files of writes in progress (before exiting at once; safe in a signal handler)."""
+    for tmp in list(_unfinished):
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    """``path.write_text(text)``, all or nothing."""
+    with replacing(path) as tmp:
+        tmp.write_text(text)
+
+
 def _clean(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -93,7 +127,7 @@ class RunWriter:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rows_path.touch()
         entries = [{"impl": impl, "workload": dataclasses.asdict(w)} for impl, w in plan]
-        self.plan_path.write_text(json.dumps(entries) + "\n")
+        write_text(self.plan_path, json.dumps(entries) + "\n")
         self.write_meta(meta)
 
     @classmethod
@@ -108,7 +142,7 @@ class RunWriter:
         except (ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--resume {out_dir}: plan.json or meta.json is damaged ({exc})") from None
         writer.rows.extend(_read_jsonl(writer.rows_path))
-        writer.rows_path.write_text("".join(json.dumps(row) + "\n" for row in writer.rows))
+        write_text(writer.rows_path, "".join(json.dumps(row) + "\n" for row in writer.rows))
         finished = {case_key(row["impl"], row) for row in writer.rows}
         repeats = _read_jsonl(writer.repeats_path)
         for row in repeats:
@@ -116,7 +150,7 @@ class RunWriter:
             if key not in finished:
                 writer.partial.setdefault(key, []).append(row)
         if writer.repeats_path.exists():
-            writer.repeats_path.write_text("".join(json.dumps(row) + "\n" for row in repeats))
+            write_text(writer.repeats_path, "".join(json.dumps(row) + "\n" for row in repeats))
         return writer, meta, plan
 
     def append(self, row: dict[str, Any]) -> None:
@@ -154,9 +188,7 @@ class RunWriter:
         return frame
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        tmp = self.out_dir / "meta.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        tmp.replace(self.out_dir / "meta.json")
+        write_text(self.out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -171,12 +203,14 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def write_frame(frame: pd.DataFrame, out_dir: Path) -> None:
-    """results.parquet and results.csv (raw samples as a JSON list in the CSV)."""
-    frame.to_parquet(out_dir / "results.parquet", index=False)
+    """results.parquet and results.csv (raw samples as a JSON list in the CSV), each written whole."""
+    with replacing(out_dir / "results.parquet") as tmp:
+        frame.to_parquet(tmp, index=False)
     csv = frame.copy()
     for column in LIST_COLUMNS:
         csv[column] = csv[column].map(lambda s: json.dumps(list(s)) if s is not None else "")
-    csv.to_csv(out_dir / "results.csv", index=False)
+    with replacing(out_dir / "results.csv") as tmp:
+        csv.to_csv(tmp, index=False)
 
 
 def case_key(impl: str, workload_row: dict[str, Any]) -> tuple[Any, ...]:

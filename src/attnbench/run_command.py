@@ -1,7 +1,8 @@
 """Run a :class:`RunRequest`: plan the sweep (or reopen one with --resume), run it, save the run folder.
 
-Every finished row is on disk at once (rows.jsonl); Ctrl-C or SIGTERM stops after the case in hand and
-still writes a valid results file; ``--resume RUN_DIR`` runs only the planned cases with no row yet.
+Every finished row is on disk at once (rows.jsonl); Ctrl-C, SIGTERM or SIGHUP stops after the case in hand
+and still writes a valid results file — a second signal cuts the case in hand short, a third exits at once
+(see interrupts.py); ``--resume RUN_DIR`` runs only the planned cases with no row yet.
 Cases run in a worker process by default, so a hung kernel costs its ``--timeout-s`` and a crash costs
 one row, never the sweep. The contenders of one workload run together, timed in interleaved rounds;
 ``--repeat N`` runs the whole sweep N times, each pass in a fresh worker process (see repeats.py).
@@ -12,10 +13,8 @@ command then prints the summary and stores the run (reports are the command's, n
 from __future__ import annotations
 
 import datetime as dt
-import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,6 +27,7 @@ from attnbench.allocator import configure_cpu_allocator
 from attnbench.axes import MODEL
 from attnbench.ceilings import Ceilings, load_ceilings
 from attnbench.errors import UsageError
+from attnbench.interrupts import StopSignals
 from attnbench.machine import environment
 from attnbench.noise import environment_warnings, result_warnings
 from attnbench.repeats import DECIDED_ONCE, merge_repeats
@@ -41,20 +41,6 @@ from attnbench.workload import Workload
 
 def now() -> str:
     return dt.datetime.now().astimezone().isoformat()
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler's cancel, `kill`) stops the sweep the way Ctrl-C does."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _measure_ceilings(cases: list[tuple[str, Workload]], threads: int, remeasure: bool) -> dict[str, Ceilings]:
@@ -153,9 +139,20 @@ def run_sweep(request: RunRequest, default_out: Path) -> Finished:
               file=sys.stderr)  # fmt: skip
     else:
         writer.start(meta, cases)
-    interrupted = sweep(todo, options, writer, settings, request.progress)
-    meta.update(end_time=now(), finished=not interrupted)
-    return Finished(writer.finish(meta), writer, meta, warnings, interrupted)
+    with StopSignals(writer.out_dir, _exit_at_once) as stop:  # until the results are written
+        interrupted = sweep(todo, options, writer, settings, request.progress, stop)
+        meta.update(end_time=now(), finished=not interrupted)
+        frame = writer.finish(meta)
+    return Finished(frame, writer, meta, warnings, interrupted)
+
+
+def _exit_at_once() -> None:
+    """Before the third signal's exit: no worker left behind, no half-written temporary file."""
+    from attnbench.results import remove_unfinished
+    from attnbench.worker import kill_workers
+
+    kill_workers()
+    remove_unfinished()
 
 
 def late_warnings(finished: Finished) -> list[str]:
@@ -176,12 +173,13 @@ def group_by_workload(cases: list[tuple[str, Workload]]) -> list[tuple[Workload,
 
 
 def sweep(cases: list[tuple[str, Workload]], options: RunOptions, writer: RunWriter, settings: RunSettings,
-          progress_mode: str) -> bool:  # fmt: skip
+          progress_mode: str, stop: StopSignals | None = None) -> bool:  # fmt: skip
     """Run the cases, appending each row as it finishes; True if interrupted.
 
     The contenders of a workload run as one group (timed in interleaved rounds). With ``repeat`` N > 1 the
     sweep is run N times, each pass in a fresh worker process; a case's row is written when its last
-    repeat is in (or at once when a repeat is not ok)."""
+    repeat is in (or at once when a repeat is not ok). ``stop`` (signals, see interrupts.py) ends the sweep
+    after the group in hand, or cuts that group short (no rows from it)."""
     from attnbench.worker import CaseWorker
 
     repeat = settings.repeats
@@ -189,6 +187,7 @@ def sweep(cases: list[tuple[str, Workload]], options: RunOptions, writer: RunWri
     progress = _progress(len(cases) * repeat - writer.repeats_done(), progress_mode)
     worker: CaseWorker | None = None
     finished: set[tuple[Any, ...]] = set()
+    stop = stop or StopSignals(writer.out_dir, lambda: None)  # not installed: never requested
 
     def keep(row: dict[str, Any]) -> None:
         key = case_key(row["impl"], row)
@@ -206,43 +205,51 @@ def sweep(cases: list[tuple[str, Workload]], options: RunOptions, writer: RunWri
 
     references = tuple(registry.in_process_references()[0].values())  # contenders register()ed here
     try:
-        with sigterm_as_interrupt():
-            for pass_number in range(repeat):
-                if worker is not None:  # every pass in a fresh process
-                    worker.close()
-                worker = (
-                    CaseWorker(options, settings.cpu_allocator, settings.timeout_s, references)
-                    if settings.isolate == "worker"
-                    else None
-                )
-                for workload, impls in group_by_workload(cases):
-                    todo = []
-                    for impl in impls:
-                        key = case_key(impl, workload.as_row())
-                        if key in finished or writer.repeats_done(key) > pass_number:
-                            continue
-                        verdict = not_runnable(impl, workload)
-                        if verdict is not None:
-                            keep(make_row(impl, workload, *verdict))
-                        else:
-                            todo.append(impl)
-                    if not todo:
+        for pass_number in range(repeat):
+            if stop.requested:
+                return True
+            if worker is not None:  # every pass in a fresh process
+                worker.close()
+            worker = (
+                CaseWorker(options, settings.cpu_allocator, settings.timeout_s, references)
+                if settings.isolate == "worker"
+                else None
+            )
+            for workload, impls in group_by_workload(cases):
+                if stop.requested:
+                    return True
+                todo = []
+                for impl in impls:
+                    key = case_key(impl, workload.as_row())
+                    if key in finished or writer.repeats_done(key) > pass_number:
                         continue
-                    progress.set_description_str(f"{','.join(todo)} {workload.label()}")
+                    verdict = not_runnable(impl, workload)
+                    if verdict is not None:
+                        keep(make_row(impl, workload, *verdict))
+                    else:
+                        todo.append(impl)
+                if not todo:
+                    continue
+                progress.set_description_str(f"{','.join(todo)} {workload.label()}")
+                with stop.case():
                     rows = worker.run_group(todo, workload) if worker else run_group(todo, workload, options)
-                    for row in rows:
-                        keep(row)
-    except KeyboardInterrupt:
+                for row in rows:
+                    keep(row)
+    except KeyboardInterrupt:  # the case in hand cut short (a second signal), or Ctrl-C without StopSignals
+        if worker is not None:
+            worker.kill()
         return True
     finally:
         progress.close()
         if worker is not None:
             worker.close()
-    return False
+    return False  # every case has its row, even if a signal came during the last one
 
 
 def _progress(total: int, mode: str) -> Any:
     from tqdm import tqdm
 
+    if not hasattr(tqdm, "_lock"):  # a thread lock: tqdm's default adds a multiprocessing semaphore, which
+        tqdm.set_lock(threading.RLock())  # leaks (resource_tracker warns) when a run exits at once
     disable = mode == "off" or (mode == "auto" and not sys.stderr.isatty())
     return tqdm(total=total, unit="case", disable=disable, file=sys.stderr, dynamic_ncols=True)
