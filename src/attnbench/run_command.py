@@ -24,6 +24,7 @@ import torch
 
 from attnbench import registry
 from attnbench.allocator import configure_cpu_allocator
+from attnbench.bandwidth_watch import BandwidthWatch
 from attnbench.ceilings import Ceilings, load_ceilings
 from attnbench.errors import UsageError
 from attnbench.machine import environment
@@ -192,6 +193,7 @@ def run_sweep(args: argparse.Namespace, overrides: dict[str, list[Any]], default
                 ceilings={**meta.get("ceilings", {}), **{d: asdict(c) for d, c in ceilings.items()}},
                 end_time=None, finished=False)  # fmt: skip
     meta.setdefault("start_time", now())
+    bandwidth = BandwidthWatch(meta, ceilings, options.threads)  # measured now and after the sweep
     if resuming:
         writer.write_meta(meta)
         print(f"resuming {writer.out_dir}: {len(done)} of {len(cases)} cases done, {len(todo)} to run",
@@ -199,6 +201,9 @@ def run_sweep(args: argparse.Namespace, overrides: dict[str, list[Any]], default
     else:
         writer.start(meta, cases)
     interrupted = sweep(todo, options, writer, settings, args.progress)
+    for warning in bandwidth.after(interrupted):
+        print(f"warning: {warning}", file=sys.stderr)
+        warnings.append(warning)
     meta.update(end_time=now(), finished=not interrupted)
     return Finished(writer.finish(meta), writer, meta, warnings, interrupted, store_db)
 
