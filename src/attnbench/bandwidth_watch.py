@@ -4,8 +4,8 @@ The CPU bandwidth roof (ceilings.py) is measured once and cached, but a shared m
 a constant: on a shared VM the STREAM triad measured 33–83 GB/s within minutes, so a decode row's
 ``% of bandwidth`` swung between 49 % and over 100 % with no change in the kernel. So every run with CPU
 cases measures the bandwidth again, right before the sweep and right after it, with the roof's own kernels
-(hardware.py: the read stream and the triad, the same arrays, the best of ``WATCH_PASSES`` passes on the
-run's threads and on one: about 0.2–0.5 s each on a quiet machine), and keeps it in meta.json:
+(hardware.py: the read stream and the triad, the same arrays, the best of ``WATCH_PASSES`` passes after a
+warm-up, on the run's threads and on one: a fraction of the roof's 20 passes), and keeps it in meta.json:
 
 - ``bandwidth_during_run``: one entry per measurement, ``{device, when, time, read_gbps, triad_gbps,
   passes}`` (``when``: ``before`` / ``after`` the sweep, ``before (resumed)`` for each ``--resume``);
