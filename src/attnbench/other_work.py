@@ -139,4 +139,5 @@ def measure(window_s: float = 0.25, roots: Iterable[int] | None = None) -> Other
         cores_used = max(named_cores, (busy_after - busy_before - own_ticks) / hertz / elapsed)
     else:
         cores_used = named_cores
-    return OtherWork(elapsed, os.cpu_count() or 1, cores_used, others)
+    cores = os.cpu_count() or 1
+    return OtherWork(elapsed, cores, min(cores_used, cores), others)  # ticks are coarse: never over the machine
