@@ -90,16 +90,37 @@ def _accuracy(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
+def bandwidth_during_run(meta: dict[str, Any], device: str) -> str:
+    """The bandwidth measured before and after the sweep (bandwidth_watch.py), as one cell: each stream's
+    range and spread, the floor it is held to, and when it was measured; or why it was not."""
+    entries = [e for e in meta.get("bandwidth_during_run") or [] if e.get("device", "cpu") == device]
+    found = meta.get("bandwidth_spread") or {}
+    if not entries:
+        return str(found.get("note", "")) if device == "cpu" else ""
+    parts = []
+    for stream, label in (("read_gbps", "read"), ("triad_gbps", "triad")):
+        values = [e[stream] for e in entries if e.get(stream)]
+        if values:
+            parts.append(f"{label} {min(values):.3g}–{max(values):.3g} (spread {found.get(stream, 0):.0%})")
+    floor = found.get("floor")
+    verdict = (f"; moved more than the {floor:.0%} floor" if found.get("moved") else f"; within the {floor:.0%} floor"
+               ) if floor is not None else ""  # fmt: skip
+    times = ", ".join(f"{e.get('when')} {str(e.get('time', ''))[11:19]}" for e in entries)
+    return f"{', '.join(parts)}{verdict} ({times})"
+
+
 def _ceilings(meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """One line per device and dtype: the hardware roofs with their sources and the library's rates."""
+    """One line per device and dtype: the hardware roofs with their sources, the library's rates, and the
+    bandwidth measured during the run beside the cached roof."""
     rows = []
     for device, c in (meta.get("ceilings") or {}).items():
+        during = bandwidth_during_run(meta, device)
         for dtype, matmul in (c.get("matmul_tflops") or {}).items():
             rows.append({"device": device, "dtype": dtype,
                          "roof": _fmt((c.get("roof_tflops") or {}).get(dtype)),
                          "roof_source": (c.get("roof_source") or {}).get(dtype, ""), "matmul": _fmt(matmul),
                          "roof_gbps": _fmt(c.get("roof_gbps")), "bandwidth_source": c.get("bandwidth_source", ""),
-                         "copy_gbps": _fmt(c.get("copy_gbps"))})  # fmt: skip
+                         "copy_gbps": _fmt(c.get("copy_gbps")), "during_run": during})  # fmt: skip
     return rows
 
 

@@ -50,6 +50,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # One ceilings cache for the whole session (and its subprocesses), not the user's.
     if "ATTNBENCH_CACHE_DIR" not in os.environ:
         os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-test-cache-")
+    # The bandwidth measured before and after each run (about a second) is left out of the many tiny test
+    # runs; tests/test_bandwidth_watch.py turns it on.
+    os.environ.setdefault("ATTNBENCH_BANDWIDTH_WATCH", "off")
 
 
 @pytest.fixture

@@ -233,7 +233,7 @@ def test_report_environment_block_shows_both_ceilings():
     assert _ceilings(meta) == [{"device": "cpu", "dtype": "float32", "roof": "0.48",
                                 "roof_source": "measured fma kernel: avx512f fma fp32", "matmul": "0.19",
                                 "roof_gbps": "15", "bandwidth_source": "measured triad",
-                                "copy_gbps": "10"}]  # fmt: skip
+                                "copy_gbps": "10", "during_run": ""}]  # fmt: skip
 
 
 def test_read_stream_bandwidth_and_the_roof_bounds_both_streams(quick):

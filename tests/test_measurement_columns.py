@@ -1,8 +1,6 @@
 """FLOP/byte columns, roofline, ceilings cache, peak memory, predictions and skips, warnings, profile."""
 
 import json
-import subprocess
-import sys
 import time
 
 import pandas as pd
@@ -13,7 +11,7 @@ from attnbench import registry
 from attnbench.ceilings import CACHE_VERSION, Ceilings, load_ceilings
 from attnbench.flops import attention_bytes, attention_flops
 from attnbench.memory import peak_memory_mb
-from attnbench.noise import _busy_process_warnings, result_warnings
+from attnbench.noise import result_warnings
 from attnbench.predict import predict, skip_reason
 from attnbench.runner import RunOptions, prepare_checked, run_case
 from attnbench.workload import Workload
@@ -117,16 +115,6 @@ def test_skip_reason_thresholds():
     assert skip_reason(Prediction(1.0, 0, 0), case_budget_s=10, free_bytes=10) is None
     assert "case budget" in skip_reason(Prediction(4.0, 0, 0), case_budget_s=10, free_bytes=10)
     assert "free" in skip_reason(Prediction(0.1, 9, 9), case_budget_s=10, free_bytes=10)
-
-
-def test_busy_processes_are_named():
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.3)
-        warnings = _busy_process_warnings(window_s=0.5)
-    finally:
-        hog.kill()
-    assert any(f"process {hog.pid} (python" in w for w in warnings), warnings
 
 
 def test_result_warnings_flag_unstable_and_thin_cases():

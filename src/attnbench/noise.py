@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from attnbench import other_work
 from attnbench.measure import MIN_TRUSTED, UNSTABLE_REL_IQR
 
-BUSY_PROCESS_SHARE = 0.2  # another process using a fifth of a core is worth a warning
 MIN_TRUSTED_SAMPLES = MIN_TRUSTED
 
 
@@ -20,14 +19,6 @@ def _read(path: Path) -> str | None:
         return path.read_text().strip()
     except OSError:
         return None
-
-
-def _load_warning() -> str | None:
-    cores = os.cpu_count() or 1
-    load1 = os.getloadavg()[0]
-    if load1 > 0.5 * cores + 0.5:
-        return f"load average {load1:.2f} on {cores} cores: other work competes for the CPU"
-    return None
 
 
 def _governor_warnings() -> list[str]:
@@ -39,39 +30,17 @@ def _governor_warnings() -> list[str]:
     return warnings
 
 
-def _cpu_ticks() -> dict[int, tuple[str, int]]:
-    ticks = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        text = _read(stat)
-        if not text:
-            continue
-        name = text[text.find("(") + 1 : text.rfind(")")]
-        fields = text[text.rfind(")") + 2 :].split()
-        ticks[int(stat.parent.name)] = (name, int(fields[11]) + int(fields[12]))  # utime + stime
-    return ticks
-
-
-def _busy_process_warnings(window_s: float = 0.25) -> list[str]:
-    if not Path("/proc/self/stat").exists():
-        return []
-    before = _cpu_ticks()
-    time.sleep(window_s)
-    after = _cpu_ticks()
-    hertz = os.sysconf("SC_CLK_TCK")
-    warnings = []
-    for pid, (name, used) in after.items():
-        if pid == os.getpid() or pid not in before:
-            continue
-        share = (used - before[pid][1]) / hertz / window_s
-        if share >= BUSY_PROCESS_SHARE:
-            warnings.append(f"process {pid} ({name}) uses {share:.0%} of a core")
-    return warnings
+def _other_work_warnings(window_s: float = 0.25, roots: Iterable[int] | None = None) -> list[str]:
+    """Other work competing for the CPU, named with what it used; only work outside attnbench's own tree
+    (``roots``, by default this process: see other_work.py) counts."""
+    seen = other_work.measure(window_s, roots)
+    warning = seen.warning() if seen is not None else None
+    return [warning] if warning else []
 
 
 def environment_warnings() -> list[str]:
     """Warnings about the machine, taken just before a run starts."""
-    load = _load_warning()
-    return [*([load] if load else []), *_governor_warnings(), *_busy_process_warnings()]
+    return [*_governor_warnings(), *_other_work_warnings()]
 
 
 def result_warnings(frame: pd.DataFrame) -> list[str]:

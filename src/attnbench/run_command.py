@@ -25,6 +25,7 @@ import torch
 from attnbench import registry
 from attnbench.allocator import configure_cpu_allocator
 from attnbench.axes import MODEL
+from attnbench.bandwidth_watch import BandwidthWatch
 from attnbench.ceilings import Ceilings, load_ceilings
 from attnbench.errors import UsageError
 from attnbench.interrupts import StopSignals
@@ -133,6 +134,7 @@ def run_sweep(request: RunRequest, default_out: Path) -> Finished:
                 ceilings={**meta.get("ceilings", {}), **{d: asdict(c) for d, c in ceilings.items()}},
                 end_time=None, finished=False)  # fmt: skip
     meta.setdefault("start_time", now())
+    bandwidth = BandwidthWatch(meta, ceilings, options.threads)  # measured now and after the sweep
     if resuming:
         writer.write_meta(meta)
         print(f"resuming {writer.out_dir}: {len(done)} of {len(cases)} cases done, {len(todo)} to run",
@@ -141,6 +143,9 @@ def run_sweep(request: RunRequest, default_out: Path) -> Finished:
         writer.start(meta, cases)
     with StopSignals(writer.out_dir, _exit_at_once) as stop:  # until the results are written
         interrupted = sweep(todo, options, writer, settings, request.progress, stop)
+        for warning in bandwidth.after(interrupted):
+            print(f"warning: {warning}", file=sys.stderr)
+            warnings.append(warning)
         meta.update(end_time=now(), finished=not interrupted)
         frame = writer.finish(meta)
     return Finished(frame, writer, meta, warnings, interrupted)
