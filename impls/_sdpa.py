@@ -31,14 +31,12 @@ SOFTCAP = "score_mod softcap not supported: SDPA takes a mask, not a function of
 
 
 def mask_bytes(w: Workload) -> float:
-    """The mask SDPA is given, and the k and v gathered out of a paged cache."""
+    """The mask SDPA is given (a paged cache's gathered k and v: attnbench.paged.gathered_bytes)."""
     extra = 0.0
     if w.score_mod == "alibi":  # additive float mask: one per head, per batch element for padding
         extra += (w.batch if w.mask == "padding" else 1) * w.heads * w.seq_q * w.seq_k * w.torch_dtype.itemsize
     elif w.mask not in ("none", "causal"):  # boolean mask
         extra += (w.batch if w.mask == "padding" else 1) * w.seq_q * w.seq_k
-    if w.page_size:
-        extra += 2.0 * w.batch * w.kv_heads * w.seq_k * w.head_dim * w.torch_dtype.itemsize
     return extra
 
 

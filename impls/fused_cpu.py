@@ -50,7 +50,7 @@ from attnbench.impls import _cpu_kernel
 from attnbench.impls._cpu_kernel import ScoreOptions
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import alibi_slopes, key_ranges
-from attnbench.paged import gather_pages
+from attnbench.paged import gather_pages, gathered_bytes
 from attnbench.workload import Workload
 
 BLOCK_Q = 2048  # most query rows per forward work item: its row groups share each key block while in L2
@@ -359,8 +359,8 @@ class FusedCpu(Contender):
             floats += w.batch * w.heads * w.seq_q  # lse
             floats += kernel.backward_scratch_floats(q, k, BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K, threads)
             floats += 3 * (q_rows + kv_rows) * padded_dim  # q, dout, dq and k, v, dk, dv at worst
-        gathered = 2.0 * kv_rows * w.head_dim * w.torch_dtype.itemsize  # k and v copied out of the pages
-        return 4.0 * (floats + threads * per_thread) + (gathered if w.page_size and not reads_pages_in_place(w) else 0)
+        gathered = 0.0 if reads_pages_in_place(w) else gathered_bytes(w)  # k and v copied out of the pages
+        return 4.0 * (floats + threads * per_thread) + gathered
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         _cpu_kernel.load()

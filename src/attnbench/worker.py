@@ -6,8 +6,9 @@ the index of the contender it is busy with, and a step counter, into shared memo
 (prepare, each timing sample, the memory pass); the parent watches them:
 
 * no step within ``timeout_s`` → that contender gets a ``timeout`` row, the worker is killed;
-* the worker process ends (a segfault, an abort, the OOM killer, ``os._exit``) → that contender gets an
-  ``error`` row saying how it died (signal or exit code). A closed pipe is a death, never a timeout: the
+* the worker process ends (a segfault, an abort, ``os._exit``) → that contender gets an ``error`` row
+  saying how it died (signal or exit code); killed by the kernel's OOM killer (SIGKILL while the memory
+  cgroup's oom_kill count rose) → an ``oom`` row (:func:`death_status`). A closed pipe is a death, never a timeout: the
   parent waits for the process to be reaped before it says how it ended.
 
 Either way the rest of the group runs again in a fresh worker, without the contender that failed, so one
@@ -26,6 +27,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from attnbench.memory import oom_kills
 from attnbench.results import make_row
 from attnbench.runner import RunOptions, run_group
 from attnbench.workload import Workload
@@ -76,6 +78,20 @@ def _how_it_died(code: int | None) -> str:
             name = "unknown"
         return f"signal {-code} ({name})"
     return f"exit code {code}"
+
+
+def death_status(code: int | None, oom_killed: bool | None) -> tuple[str, str]:
+    """Status and reason for the contender whose worker died with exit ``code`` (negative: the signal).
+
+    ``oom_killed`` is the evidence: whether the memory cgroup's oom_kill count rose while the case ran
+    (None where it can't be read). SIGKILL with that evidence is the kernel's OOM killer: ``oom``.
+    Anything else is an ``error`` saying how the worker died."""
+    how = _how_it_died(code)
+    if code == -signal.SIGKILL and oom_killed:
+        return "oom", f"the kernel's OOM killer ended the worker process during the case ({how}; cgroup oom_kill rose)"
+    if code == -signal.SIGKILL and oom_killed is None:
+        how += "; the OOM killer sends it too, but no cgroup oom_kill count could be read here"
+    return "error", f"the worker process died during the case ({how})"
 
 
 class CaseWorker:
@@ -130,6 +146,7 @@ class CaseWorker:
     def _attempt(self, impls: list[str], workload: Workload) -> list[dict[str, Any]] | tuple[int, dict[str, Any]]:
         """Rows for every contender, or (index of the contender that failed, its row)."""
         conn = self._conn or self._start()
+        kills_before = oom_kills()
         self._current.value = 0
         last_steps, last_progress = self._steps.value, time.monotonic()
         try:
@@ -151,8 +168,10 @@ class CaseWorker:
             pass  # the pipe closed: the worker died; say how below
         culprit = int(self._current.value)
         code = self._reap()
-        reason = f"the worker process died during the case ({_how_it_died(code)})"
-        return culprit, make_row(impls[max(culprit, 0)], workload, "error", reason)
+        kills_after = oom_kills()
+        oom_killed = None if kills_before is None or kills_after is None else kills_after > kills_before
+        status, reason = death_status(code, oom_killed)
+        return culprit, make_row(impls[max(culprit, 0)], workload, status, reason)
 
     def _reap(self) -> int | None:
         """Wait for a dying worker to end and return its exit code (negative: the signal)."""
