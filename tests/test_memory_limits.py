@@ -77,7 +77,7 @@ def test_skip_reason_gives_predicted_and_free_gib():
     prediction = Prediction(0.001, extra_bytes=1 * GIB, total_bytes=9 * GIB, check_bytes=0.5 * GIB)
     reason = skip_reason(prediction, case_budget_s=60, free_bytes=10 * GIB)
     assert reason == (
-        "predicted 9 GiB (inputs, their making and output 7.5 GiB, working memory 1 GiB, check 0.5 GiB) "
+        "predicted 9 GiB (inputs, their making and output 7.50 GiB, working memory 1.00 GiB, check 0.50 GiB) "
         "exceeds 70% of the 10 GiB free"
     )
 

@@ -93,10 +93,10 @@ def skip_reason(prediction: Prediction, case_budget_s: float, free_bytes: int) -
         gib = 2**30
         total, extra, check = prediction.total_bytes / gib, prediction.extra_bytes / gib, prediction.check_bytes / gib
         held = total - extra - check - prediction.cache_bytes / gib
-        cache = f" + {prediction.cache_bytes / gib:.3g} GiB allocator cache" if prediction.cache_bytes else ""
+        cache = f" + {prediction.cache_bytes / gib:.2f} GiB allocator cache" if prediction.cache_bytes else ""
         return (
-            f"predicted {total:.3g} GiB (inputs, their making and output {held:.3g} GiB, "
-            f"working memory {extra:.3g} GiB{cache}, check {check:.3g} GiB) "
+            f"predicted {total:.3g} GiB (inputs, their making and output {held:.2f} GiB, "
+            f"working memory {extra:.2f} GiB{cache}, check {check:.2f} GiB) "
             f"exceeds {MEMORY_HEADROOM:.0%} of the {free_bytes / gib:.3g} GiB free"
         )
     return None
