@@ -24,11 +24,9 @@ KeyValues = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 def materialised_bytes(w: Workload) -> float:
     """Memory model of the matmul-softmax-matmul contenders: scores and probabilities, plus the masked
     copy of the scores when there is a mask, plus one more for softmax's temporaries (a CPU process that
-    runs out of memory is killed, so the model errs on the high side)."""
-    extra = score_matrix_bytes(w, 3 if w.mask == "none" and w.score_mod == "none" else 4)
-    if w.page_size:  # k and v gathered out of the page pool
-        extra += 2.0 * w.batch * w.kv_heads * w.seq_k * w.head_dim * w.torch_dtype.itemsize
-    return extra
+    runs out of memory is killed, so the model errs on the high side). A paged cache's gathered k and v
+    are counted by the harness (attnbench.paged.gathered_bytes)."""
+    return score_matrix_bytes(w, 3 if w.mask == "none" and w.score_mod == "none" else 4)
 
 
 def grouped_bias(inputs: AttentionInputs) -> torch.Tensor | None:

@@ -31,14 +31,12 @@ SOFTCAP = "score_mod softcap not supported: SDPA takes a mask, not a function of
 
 
 def mask_bytes(w: Workload) -> float:
-    """The mask SDPA is given, and the k and v gathered out of a paged cache."""
+    """The mask SDPA is given (a paged cache's gathered k and v: attnbench.paged.gathered_bytes)."""
     extra = 0.0
     if w.score_mod == "alibi":  # additive float mask: one per head, per batch element for padding
         extra += (w.batch if w.mask == "padding" else 1) * w.heads * w.seq_q * w.seq_k * w.torch_dtype.itemsize
     elif w.mask not in ("none", "causal"):  # boolean mask
         extra += (w.batch if w.mask == "padding" else 1) * w.seq_q * w.seq_k
-    if w.page_size:
-        extra += 2.0 * w.batch * w.kv_heads * w.seq_k * w.head_dim * w.torch_dtype.itemsize
     return extra
 
 
@@ -75,9 +73,10 @@ class SdpaBackend(Contender):
         if self.member != "MATH":
             return super().predicted_extra_bytes(workload) + mask_bytes(workload)
         # The math backend materialises scores, probabilities and a masked copy, in at least fp32, and copies
-        # k (measured on CPU, torch 2.13: one (B, Hq, Sk, D) copy; with GQA k and v expanded to Hq heads too).
+        # k (measured on CPU, torch 2.13: one (B, Hq, Sk, D) copy; with GQA four: k and v expanded to Hq heads,
+        # and copies of them; decode at B 8, 16k keys: 7.7 GiB at its peak RSS).
         w, element = workload, max(4, workload.torch_dtype.itemsize)
-        copies = (1 + (2 if w.kv_heads != w.heads else 0)) * w.batch * w.heads * w.seq_k * w.head_dim * element
+        copies = (4 if w.kv_heads != w.heads else 1) * w.batch * w.heads * w.seq_k * w.head_dim * element
         return score_matrix_bytes(w, 3, element=element) + copies + mask_bytes(w)
 
     def unsupported_reason(self, workload: Workload) -> str | None:

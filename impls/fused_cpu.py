@@ -50,7 +50,7 @@ from attnbench.impls import _cpu_kernel
 from attnbench.impls._cpu_kernel import ScoreOptions
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import alibi_slopes, key_ranges
-from attnbench.paged import gather_pages
+from attnbench.paged import gather_pages, gathered_bytes
 from attnbench.workload import Workload
 
 BLOCK_Q = 2048  # most query rows per forward work item: its row groups share each key block while in L2
@@ -345,13 +345,14 @@ class FusedCpu(Contender):
         widened = w.torch_dtype != torch.float32
         q_rows = w.batch * w.heads * w.seq_q
         kv_rows = w.batch * w.kv_heads * w.seq_k
-        floats = w.batch * w.kv_heads * kernel.packed_keys(w.seq_k) * w.head_dim  # packed kᵀ
+        decode = w.seq_q <= kernel.decode_max_rows() and w.mask in DEFAULT_MASKS and w.score_mod == "none"
+        floats = 0 if decode else w.batch * w.kv_heads * kernel.packed_keys(w.seq_k) * w.head_dim  # packed kᵀ
         floats += kv_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # v in float32
         floats += (q_rows + kv_rows) * w.head_dim if widened else 0  # q and k in float32
         floats += q_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # the float32 output
         threads = torch.get_num_threads()
         rows = block_q(w.batch * w.heads, w.seq_q, threads)
-        per_thread = kernel.scratch_floats(rows, BLOCK_K, w.head_dim, padded_dim)
+        per_thread = 0 if decode else kernel.scratch_floats(rows, BLOCK_K, w.head_dim, padded_dim)  # decode: none
         if w.pass_ != "fwd":  # lse kept; the backward's scratch, padded copies and float32 gradients
             q_shape = torch.Size((w.batch, w.heads, w.seq_q, padded_dim))
             k_shape = torch.Size((w.batch, w.kv_heads, w.seq_k, padded_dim))
@@ -359,8 +360,8 @@ class FusedCpu(Contender):
             floats += w.batch * w.heads * w.seq_q  # lse
             floats += kernel.backward_scratch_floats(q, k, BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K, threads)
             floats += 3 * (q_rows + kv_rows) * padded_dim  # q, dout, dq and k, v, dk, dv at worst
-        gathered = 2.0 * kv_rows * w.head_dim * w.torch_dtype.itemsize  # k and v copied out of the pages
-        return 4.0 * (floats + threads * per_thread) + (gathered if w.page_size and not reads_pages_in_place(w) else 0)
+        gathered = 0.0 if reads_pages_in_place(w) else gathered_bytes(w)  # k and v copied out of the pages
+        return 4.0 * (floats + threads * per_thread) + gathered
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         _cpu_kernel.load()

@@ -141,19 +141,6 @@ class FusedTriton(Contender):
             return _interpreter_seconds(workload)  # the interpreter's steps, not FLOPs, set its time
         return super().predicted_seconds(workload, flops_per_s, bytes_per_s)
 
-    def predicted_extra_bytes(self, workload: Workload) -> float:
-        extra = super().predicted_extra_bytes(workload)
-        if workload.page_size:  # k and v gathered out of the page pool
-            extra += (
-                2.0
-                * workload.batch
-                * workload.kv_heads
-                * workload.seq_k
-                * workload.head_dim
-                * workload.torch_dtype.itemsize
-            )
-        return extra
-
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         kernels = _kernels()
         q, k, v = inputs.q, inputs.k, inputs.v

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.allocator import uncached
 from attnbench.masks import alibi_bias, dense_mask_of, has_empty_rows, padding_lengths
 from attnbench.paged import PagedKV, make_paged
 from attnbench.workload import Workload
@@ -63,7 +64,8 @@ class AttentionInputs:
         w = self.workload
         if not w.page_size:
             return None
-        return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1)
+        with uncached():  # its transient copies leave no fragments in the allocator's cache
+            return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1)
 
     @functools.cached_property
     def empty_rows(self) -> torch.Tensor | None:
@@ -97,7 +99,14 @@ class AttentionInputs:
 
 
 def make_inputs(workload: Workload, seed: int = DEFAULT_SEED, requires_grad: bool = False) -> AttentionInputs:
-    """Random normal q, k, v and upstream gradient for ``workload`` (deterministic per seed)."""
+    """Random normal q, k, v and upstream gradient for ``workload`` (deterministic per seed). Made outside
+    the allocator's cache (allocator.uncached): the float32 draws converted to the dtype would leave holes
+    in it, and inputs mapped on their own go back to the system as soon as they are freed."""
+    with uncached():
+        return _make_inputs(workload, seed, requires_grad)
+
+
+def _make_inputs(workload: Workload, seed: int, requires_grad: bool) -> AttentionInputs:
     w = workload
     generator = torch.Generator(device=w.device).manual_seed(workload_seed(w, seed))
 

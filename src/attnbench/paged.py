@@ -18,9 +18,29 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.workload import Workload
+
 
 def pages_per_sequence(seq_k: int, page_size: int) -> int:
     return -(-seq_k // page_size)
+
+
+def pool_bytes(w: Workload) -> float:
+    """The page pool of a paged workload: k_pages and v_pages, whole pages; 0 for a contiguous cache."""
+    if not w.page_size:
+        return 0.0
+    slots = w.batch * w.kv_heads * pages_per_sequence(w.seq_k, w.page_size) * w.page_size
+    return 2.0 * slots * w.head_dim * w.torch_dtype.itemsize
+
+
+def gathered_bytes(w: Workload) -> float:
+    """What gathering k and v out of the page pool (:func:`gather_pages`, twice) holds at its peak: the
+    contiguous (B, Hkv, Sk, D) k and v, plus v's picked pages before they are copied into order; 0 for a
+    contiguous cache. Memory models count the gather through this one function."""
+    if not w.page_size:
+        return 0.0
+    one = w.batch * w.kv_heads * pages_per_sequence(w.seq_k, w.page_size) * w.page_size * w.head_dim
+    return 3.0 * one * w.torch_dtype.itemsize
 
 
 @dataclass(frozen=True, eq=False)

@@ -2,39 +2,60 @@
 
 A CPU process that runs out of memory is killed, not caught, and a Python loop at 16k tokens would run
 for an hour; so every case is priced first. Time comes from the contender's model (by default its FLOPs
-at the machine's measured matmul rate — a lower bound); memory from its memory model (the working memory
-one call needs beyond inputs and output) plus the inputs and the output.
+at the machine's measured matmul rate — a lower bound). Memory is an upper bound of everything the case
+holds at its peak: the inputs (and a paged cache's pool), the output, the contender's working memory (its
+memory model, plus k and v gathered out of the pages for a contender that gathers), and the correctness
+check's float64 reference (attnbench.reference.reference_bytes). Measured against a fresh process's peak
+RSS (VmHWM) the figure stays above it; the README's memory section gives the audit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from attnbench.ceilings import Ceilings
 from attnbench.contender import Contender, output_bytes
+from attnbench.paged import gathered_bytes, pool_bytes
+from attnbench.reference import reference_bytes, sample_rows
 from attnbench.workload import Workload
 
 CALLS_AT_LEAST = 3  # first call, one warm-up, one sample: a case costs at least this many calls
-MEMORY_HEADROOM = 0.7  # use at most this fraction of the free memory (the rest: reference, allocator slack)
+MEMORY_HEADROOM = 0.7  # use at most this fraction of the free memory (the rest: other processes' growth)
 FALLBACK_FLOPS_PER_S = 1e11  # when no ceiling was measured for the dtype
 FALLBACK_BYTES_PER_S = 1e10
+# The working memory counts twice on CPU: blocks freed and asked for again every call, between smaller ones,
+# land in new places in the cached allocator (allocator.py), which then holds a second set (measured RSS over
+# the profiler's peak: bmm gathering pages at B 8, 16k keys, +1.6 GiB; sdpa_math prefill at 2048, +0.8 GiB).
+CACHE_COPIES = {"cpu": 2, "cuda": 1}
 MEMORY_PASS_COST = 20  # the CPU memory pass (the profiler) can cost this many calls of op-heavy code
 
 
 def input_bytes(w: Workload) -> int:
-    """q, k, v, upstream gradient (B, H, S, D) in the workload's dtype, and a paged cache's pool."""
+    """q, k, v, upstream gradient (B, H, S, D) in the workload's dtype, and a paged cache's pool (a second
+    copy of k and v, whole pages)."""
     element = w.torch_dtype.itemsize
-    kv_rows = w.batch * w.kv_heads * w.seq_k
-    if w.page_size:  # the page pool holds a second copy of k and v, whole pages
-        kv_rows += w.batch * w.kv_heads * -(-w.seq_k // w.page_size) * w.page_size
-    return element * w.head_dim * (2 * w.batch * w.heads * w.seq_q + 2 * kv_rows)
+    rows = 2 * w.batch * w.heads * w.seq_q + 2 * w.batch * w.kv_heads * w.seq_k
+    return int(element * w.head_dim * rows + pool_bytes(w))
+
+
+def making_bytes(w: Workload) -> float:
+    """What making the inputs holds for a moment beyond them: a float32 draw of the largest tensor before it
+    is converted to the dtype, or a paged pool's padded and reordered copies of k (then v) (see
+    attnbench.paged.make_paged), whichever is larger."""
+    largest = w.head_dim * max(w.batch * w.heads * w.seq_q, w.batch * w.kv_heads * w.seq_k)
+    draw = 4.0 * largest if w.torch_dtype != torch.float32 else 0.0
+    return max(draw, pool_bytes(w))  # the pool is k's and v's copies: two more of one while it is made
 
 
 @dataclass(frozen=True)
 class Prediction:
     seconds: float  # one call
-    extra_bytes: float  # one call's working memory at its peak, beyond inputs and output
-    total_bytes: float  # with the inputs and the output
+    extra_bytes: float  # one call's working memory at its peak, beyond inputs and output (peak_mem_mb's figure)
+    total_bytes: float  # with the inputs, the output and the check
+    check_bytes: float = 0.0  # the correctness check's float64 reference
+    cache_bytes: float = 0.0  # a second set of the working memory the CPU allocator's cache may hold
 
     @property
     def ms(self) -> float:
@@ -51,8 +72,14 @@ def predict(contender: Contender, w: Workload, ceilings: Ceilings | None) -> Pre
         flops_per_s = ceilings.matmul_tflops.get(w.dtype, flops_per_s / 1e12) * 1e12
         bytes_per_s = ceilings.copy_gbps * 1e9 or bytes_per_s
     extra = contender.predicted_extra_bytes(w)
+    if w.page_size and contender.capabilities.paged == "gather":  # the timed call gathers k and v
+        extra += gathered_bytes(w)
+    rows = w.seq_q if contender.kind == "module" else len(sample_rows(w.seq_q))
+    check = reference_bytes(w, rows, repeated_keys=contender.kind == "scoring")
     seconds = contender.predicted_seconds(w, flops_per_s, bytes_per_s)
-    return Prediction(seconds, extra, extra + input_bytes(w) + output_bytes(w))
+    held = input_bytes(w) + making_bytes(w) + output_bytes(w)
+    cache = (CACHE_COPIES.get(w.device, 1) - 1) * extra
+    return Prediction(seconds, extra, held + extra + cache + check, check, cache)
 
 
 def skip_reason(prediction: Prediction, case_budget_s: float, free_bytes: int) -> str | None:
@@ -63,8 +90,13 @@ def skip_reason(prediction: Prediction, case_budget_s: float, free_bytes: int) -
             f"of {case_budget_s:g} s (raise --case-budget-s to run it)"
         )
     if prediction.total_bytes > MEMORY_HEADROOM * free_bytes:
+        gib = 2**30
+        total, extra, check = prediction.total_bytes / gib, prediction.extra_bytes / gib, prediction.check_bytes / gib
+        held = total - extra - check - prediction.cache_bytes / gib
+        cache = f" + {prediction.cache_bytes / gib:.2f} GiB allocator cache" if prediction.cache_bytes else ""
         return (
-            f"predicted {prediction.total_bytes / 2**30:.3g} GiB (inputs + {prediction.mem_mb:.0f} MiB "
-            f"extra) exceeds {MEMORY_HEADROOM:.0%} of the {free_bytes / 2**30:.3g} GiB free"
+            f"predicted {total:.3g} GiB (inputs, their making and output {held:.2f} GiB, "
+            f"working memory {extra:.2f} GiB{cache}, check {check:.2f} GiB) "
+            f"exceeds {MEMORY_HEADROOM:.0%} of the {free_bytes / gib:.3g} GiB free"
         )
     return None

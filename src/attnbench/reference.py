@@ -14,6 +14,7 @@ import torch
 
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import document_lengths, padding_lengths
+from attnbench.workload import Workload
 
 MAX_CHECKED_ROWS = 256
 
@@ -70,31 +71,37 @@ def reference_attention(
     score: Score | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """softmax(q·kᵀ·scale + mask)·v in float64, differentiable: q (B, Hq, R, D) holds the given query rows,
-    k and v (B, Hkv, Sk, D). Rows that see no key give zeros."""
+    k and v (B, Hkv, Sk, D). Rows that see no key give zeros. One batch element at a time, each in a
+    call of its own, so the float64 copies of one element's k and v are gone before the next's are made."""
     w = inputs.workload
-    kv_head = torch.arange(w.heads, device=rows.device) // w.gqa_group  # query head -> kv head
+    return torch.stack([_one_sequence(inputs, q[b], k[b], v[b], b, rows, score) for b in range(w.batch)])
+
+
+def _one_sequence(
+    inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, rows: torch.Tensor,
+    score: Score | None,
+) -> torch.Tensor:  # fmt: skip
+    """(Hq, R, Dv) for batch element ``b``: q (Hq, R, D), k and v (Hkv, Sk, D)."""
+    w = inputs.workload
     group, count = w.gqa_group, len(rows)
-    outputs = []
-    for b in range(w.batch):  # one batch element at a time bounds the float64 memory (k and v included)
-        keys, values = k[b].double(), v[b].double()  # (Hkv, Sk, D)
-        if score is None:  # query head h = kv head h // G: grouped, so k and v are never repeated
-            grouped = q[b].double().reshape(w.kv_heads, group, count, -1)
-            scores = torch.matmul(grouped, keys.unsqueeze(1).transpose(-1, -2)).view(w.heads, count, w.seq_k)
-            scores = scores * w.softmax_scale
-        else:  # the scoring suite's function, on keys repeated to Hq heads
-            scores = score(q[b].double(), keys[kv_head])
-        scores = _modified(inputs, scores, rows)
-        visible = _visible(inputs, b, rows)
-        if visible is not None:
-            scores = scores.masked_fill(~visible, float("-inf"))
-        row_max = scores.amax(dim=-1, keepdim=True).detach()
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        weights = torch.exp(scores - row_max)
-        total = weights.sum(dim=-1, keepdim=True)
-        probs = torch.where(total > 0, weights / total.clamp_min(1e-300), torch.zeros_like(weights))
-        grouped_probs = probs.reshape(w.kv_heads, group, count, w.seq_k)
-        outputs.append(torch.matmul(grouped_probs, values.unsqueeze(1)).reshape(w.heads, count, -1))  # (Hq, R, Dv)
-    return torch.stack(outputs)
+    keys, values = k.double(), v.double()  # (Hkv, Sk, D)
+    if score is None:  # query head h = kv head h // G: (Hkv, G·R, D) rows against their own kv head, no copies
+        grouped = q.double().reshape(w.kv_heads, group * count, -1)
+        scores = torch.matmul(grouped, keys.transpose(-1, -2)).view(w.heads, count, w.seq_k) * w.softmax_scale
+    else:  # the scoring suite's function, on keys repeated to Hq heads
+        kv_head = torch.arange(w.heads, device=rows.device) // group  # query head -> kv head
+        scores = score(q.double(), keys[kv_head])
+    scores = _modified(inputs, scores, rows)
+    visible = _visible(inputs, b, rows)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True).detach()
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    weights = torch.exp(scores - row_max)
+    total = weights.sum(dim=-1, keepdim=True)
+    probs = torch.where(total > 0, weights / total.clamp_min(1e-300), torch.zeros_like(weights))
+    grouped_probs = probs.reshape(w.kv_heads, group * count, w.seq_k)
+    return torch.matmul(grouped_probs, values).reshape(w.heads, count, -1)  # (Hq, R, Dv)
 
 
 def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score | None = None) -> torch.Tensor:
@@ -105,7 +112,7 @@ def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score |
     return reference_attention(inputs, q, inputs.k.detach(), inputs.v.detach(), rows, score)
 
 
-GRAD_CHUNK_ELEMENTS = 2**25  # float64 scores per chunk of query rows (256 MiB)
+GRAD_CHUNK_ELEMENTS = 2**25  # float64 scores per chunk of query rows, all batch elements (256 MiB)
 
 
 def reference_grads(inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -120,7 +127,7 @@ def reference_grads(inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor
     v = inputs.v.detach().double().requires_grad_()
     upstream = inputs.grad_out.double()
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    chunk = max(1, GRAD_CHUNK_ELEMENTS // (w.heads * w.seq_k))
+    chunk = max(1, GRAD_CHUNK_ELEMENTS // (w.batch * w.heads * w.seq_k))  # the graph holds every batch element
     for start in range(0, w.seq_q, chunk):
         rows = torch.arange(start, min(start + chunk, w.seq_q), device=q.device)
         q_rows = q[:, :, rows].clone().requires_grad_()
@@ -130,3 +137,29 @@ def reference_grads(inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor
         dk += g_k
         dv += g_v
     return dq, dk, dv
+
+
+SCORE_COPIES = 6  # (Hq, R, Sk) float64 tensors alive at once in _one_sequence: scores, weights, probs, temporaries
+MODIFIER_COPIES = 2  # more for softcap's tanh or alibi's bias
+GRAD_SCORE_COPIES = 10  # saved for backward and their gradients, per chunk
+
+
+def reference_bytes(w: Workload, rows: int, repeated_keys: bool = False) -> float:
+    """Memory model of the check against this reference, at its peak, beyond the inputs: float64 k and v of
+    one batch element (and k repeated to Hq heads for a scoring function, ``repeated_keys``), that element's
+    score-sized temporaries for ``rows`` query rows, and the (B, Hq, rows, D) outputs, query rows and
+    comparison copies. Backward passes add the float64 gradients (reference_grads): q, k, v, upstream,
+    dq, dk, dv and one chunk's graph."""
+    f64 = 8.0
+    heads, kv_heads, seq_k, dim = w.heads, w.kv_heads, w.seq_k, w.head_dim
+    copies = SCORE_COPIES + (MODIFIER_COPIES if w.score_mod != "none" else 0)
+    per_sequence = f64 * (2 * kv_heads * seq_k * dim + (heads * seq_k * dim if repeated_keys else 0))
+    per_sequence += f64 * copies * heads * rows * seq_k + 2.0 * rows * seq_k  # scores; visible (bool) and its not
+    checked = f64 * 8 * w.batch * heads * rows * dim  # outputs, stacked; q rows; the comparison's copies
+    forward = per_sequence + checked
+    if w.pass_ == "fwd":
+        return forward
+    tensors = 2 * w.batch * heads * w.seq_q * dim + 2 * w.batch * kv_heads * seq_k * dim  # q, upstream, k, v
+    chunk = max(1, GRAD_CHUNK_ELEMENTS // (w.batch * heads * seq_k))
+    graph = GRAD_SCORE_COPIES * w.batch * heads * min(chunk, w.seq_q) * seq_k  # one chunk's scores, all elements
+    return max(forward, f64 * (2 * tensors + graph) + per_sequence)  # float64 inputs and gradients; a chunk

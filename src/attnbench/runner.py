@@ -23,9 +23,9 @@ from attnbench.contender import Unsupported
 from attnbench.flops import attention_bytes
 from attnbench.inputs import AttentionInputs, make_inputs
 from attnbench.measure import SampleError, Timing, call_once_ms, time_callable, time_cpu_rounds, warm_up
-from attnbench.memory import free_memory_bytes, peak_memory_mb
+from attnbench.memory import free_memory_bytes, held_for_reuse_bytes, peak_memory_mb, release_cached_memory
 from attnbench.mha import check_module_output, wrap_core
-from attnbench.predict import MEMORY_PASS_COST, predict, skip_reason
+from attnbench.predict import MEMORY_PASS_COST, input_bytes, predict, skip_reason
 from attnbench.results import make_row
 from attnbench.workload import Workload
 
@@ -91,15 +91,16 @@ def _passes(inputs: AttentionInputs, forward: Callable[[], torch.Tensor]) -> Cal
     return lambda: torch.autograd.grad(output, leaves, upstream, retain_graph=True)
 
 
-def prepare_checked(impl: str, workload: Workload, seed: int = 0) -> Prepared:
-    """Make inputs, prepare the contender, make its first call and check it against the float64 reference
-    (the output, and for backward passes the gradients of q, k and v).
+def prepare_checked(impl: str, workload: Workload, seed: int = 0, inputs: AttentionInputs | None = None) -> Prepared:
+    """Make inputs (unless given: a group shares one set), prepare the contender, make its first call and
+    check it against the float64 reference (the output, and for backward passes the gradients of q, k and v).
 
     Raises :class:`Unsupported` or whatever the contender raises.
     """
     contender = registry.get(impl).contender
     assert contender is not None
-    inputs = make_inputs(workload, seed=seed, requires_grad=workload.pass_ != "fwd")
+    if inputs is None:
+        inputs = make_inputs(workload, seed=seed, requires_grad=workload.pass_ != "fwd")
     start = time.perf_counter()
     forward = contender.prepare(inputs, workload)
     if workload.module == "mha":
@@ -144,7 +145,35 @@ def _failure_row(impl: str, workload: Workload, exc: BaseException, predicted: d
     return make_row(impl, workload, "oom" if _is_oom(exc) else "error", _first_line(exc), **predicted)
 
 
-def _get_ready(impl: str, workload: Workload, options: RunOptions) -> _Ready | dict[str, Any]:
+class _GroupMemory:
+    """The inputs a group shares, and the free memory a case of the group could have.
+
+    Every contender of a workload reads the same seeded tensors (make_inputs is deterministic), so they are
+    made once, on first use, and held once: N contenders don't hold N copies. The group starts with the
+    allocator's cache given back (the last workload's tensors), so the free memory it reads is a fresh
+    process's; what a case may count as free is that, plus the memory this group freed into the cache since
+    (its next allocations reuse it), plus the shared inputs its prediction counts again."""
+
+    def __init__(self, workload: Workload, seed: int) -> None:
+        self.workload, self.seed = workload, seed
+        self._inputs: AttentionInputs | None = None
+        release_cached_memory(workload.device)
+        self._held_at_start = held_for_reuse_bytes(workload.device)
+
+    def inputs(self) -> AttentionInputs:
+        if self._inputs is None:
+            w = self.workload
+            self._inputs = make_inputs(w, seed=self.seed, requires_grad=w.pass_ != "fwd")
+        return self._inputs
+
+    def free_bytes(self) -> int:
+        device = self.workload.device
+        cached = max(0, held_for_reuse_bytes(device) - self._held_at_start)
+        shared = input_bytes(self.workload) if self._inputs is not None else 0
+        return free_memory_bytes(device) + cached + shared
+
+
+def _get_ready(impl: str, workload: Workload, options: RunOptions, group: _GroupMemory) -> _Ready | dict[str, Any]:
     """Checks, prediction, prepare, correctness gate and warm-up; a row when the case ends here."""
     verdict = not_runnable(impl, workload)
     if verdict is not None:
@@ -153,11 +182,11 @@ def _get_ready(impl: str, workload: Workload, options: RunOptions) -> _Ready | d
     assert contender is not None
     prediction = predict(contender, workload, options.ceilings.get(workload.device))
     predicted = {"predicted_ms": prediction.ms, "predicted_mem_mb": prediction.mem_mb}
-    reason = skip_reason(prediction, options.case_budget_s, free_memory_bytes(workload.device))
+    reason = skip_reason(prediction, options.case_budget_s, group.free_bytes())
     if reason is not None:
         return make_row(impl, workload, "skipped", reason, **predicted)
     try:
-        prepared = prepare_checked(impl, workload, options.seed)
+        prepared = prepare_checked(impl, workload, options.seed, group.inputs())
         estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
     except Exception as exc:  # a contender may fail in any way; the sweep must go on
         return _failure_row(impl, workload, exc, predicted)
@@ -194,10 +223,11 @@ def run_group(
     """The contenders of one workload to one row each (in the order given), timed in interleaved rounds."""
     rows: dict[int, dict[str, Any]] = {}
     ready: dict[int, _Ready] = {}
+    group = _GroupMemory(workload, options.seed)
     for index, impl in enumerate(impls):
         if progress is not None:
             progress(index)
-        outcome = _get_ready(impl, workload, options)
+        outcome = _get_ready(impl, workload, options, group)
         if isinstance(outcome, _Ready):
             ready[index] = outcome
         else:

@@ -7,9 +7,10 @@ the index of the contender it is busy with, and a step counter, into shared memo
 (prepare, each timing sample, the memory pass); the parent watches them:
 
 * no step within ``timeout_s`` → that contender gets a ``timeout`` row, the worker is killed;
-* the worker process ends (a segfault, an abort, the OOM killer, ``os._exit``) → that contender gets an
-  ``error`` row saying how it died (signal or exit code). A closed connection is a death, never a timeout:
-  the parent waits for the process to be reaped before it says how it ended.
+* the worker process ends (a segfault, an abort, ``os._exit``) → that contender gets an ``error`` row
+  saying how it died (signal or exit code); killed by the kernel's OOM killer (SIGKILL while the memory
+  cgroup's oom_kill count rose) → an ``oom`` row (:func:`death_status`). A closed connection is a death,
+  never a timeout: the parent waits for the process to be reaped before it says how it ended.
 
 Either way the rest of the group runs again in a fresh worker, without the contender that failed, so one
 bad kernel costs its own row and nothing else. Contenders come from the entry-point group, as in the
@@ -38,6 +39,7 @@ from multiprocessing import spawn
 from multiprocessing.connection import Connection
 from typing import Any
 
+from attnbench.memory import oom_kills
 from attnbench.results import make_row
 from attnbench.runner import RunOptions
 from attnbench.worker_main import IDLE, PROGRESS_BYTES, Progress
@@ -78,6 +80,20 @@ def _how_it_died(code: int | None) -> str:
             name = "unknown"
         return f"signal {-code} ({name})"
     return f"exit code {code}"
+
+
+def death_status(code: int | None, oom_killed: bool | None) -> tuple[str, str]:
+    """Status and reason for the contender whose worker died with exit ``code`` (negative: the signal).
+
+    ``oom_killed`` is the evidence: whether the memory cgroup's oom_kill count rose while the case ran
+    (None where it can't be read). SIGKILL with that evidence is the kernel's OOM killer: ``oom``.
+    Anything else is an ``error`` saying how the worker died."""
+    how = _how_it_died(code)
+    if code == -signal.SIGKILL and oom_killed:
+        return "oom", f"the kernel's OOM killer ended the worker process during the case ({how}; cgroup oom_kill rose)"
+    if code == -signal.SIGKILL and oom_killed is None:
+        how += "; the OOM killer sends it too, but no cgroup oom_kill count could be read here"
+    return "error", f"the worker process died during the case ({how})"
 
 
 class CaseWorker:
@@ -144,6 +160,7 @@ class CaseWorker:
         conn = self._conn or self._start()
         assert self._process is not None and self._progress is not None
         progress = self._progress
+        kills_before = oom_kills()
         progress.write(0, progress.read()[1])
         last_steps, last_progress = progress.read()[1], time.monotonic()
         try:
@@ -165,8 +182,10 @@ class CaseWorker:
             pass  # the connection closed: the worker died; say how below
         culprit = progress.read()[0]
         code = self._reap()
-        reason = f"the worker process died during the case ({_how_it_died(code)})"
-        return culprit, make_row(impls[max(culprit, 0)], workload, "error", reason)
+        kills_after = oom_kills()
+        oom_killed = None if kills_before is None or kills_after is None else kills_after > kills_before
+        status, reason = death_status(code, oom_killed)
+        return culprit, make_row(impls[max(culprit, 0)], workload, status, reason)
 
     def _forget(self) -> subprocess.Popen[bytes] | None:
         """Close the connection and the progress page; return the process (no longer ours to watch)."""
