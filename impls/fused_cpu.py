@@ -32,8 +32,8 @@ ranges [lo, hi) from ``masks.key_ranges`` (mask "ranges": blocks outside every r
 window's work grows with the window, not S); softcap and ALiBi (slopes 2^(−8(h+1)/H)) act inside the score
 tile, forward only — the backward takes the ranges but not the modifiers, so those passes are unsupported. A
 paged KV cache is read in place by the decode kernel through the page table (Sq ≤ 16, pages of a multiple
-of 16 keys, the basic masks, no modifier); any other paged case gathers the pages into contiguous k and v
-inside the timed call, as bmm does.
+of 16 keys, the basic masks, no modifier: ``reads_pages``); for any other paged case the harness gathers the
+pages into contiguous k and v inside the timed call, as for bmm.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from attnbench.impls import _cpu_kernel
 from attnbench.impls._cpu_kernel import ScoreOptions
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import alibi_slopes, key_ranges
-from attnbench.paged import gather_pages
 from attnbench.workload import Workload
 
 BLOCK_Q = 2048  # most query rows per forward work item: its row groups share each key block while in L2
@@ -310,7 +309,7 @@ def score_options(w: Workload) -> tuple[str, ScoreOptions | None]:
 def reads_pages_in_place(w: Workload) -> bool:
     """Whether a paged workload goes to the decode kernel reading the pool through the page table: few query
     rows, pages of a multiple of 16 keys, a mask that kernel applies itself and no score modifier. Other paged
-    workloads gather the pages into contiguous k and v inside the timed call."""
+    workloads are gathered into contiguous k and v by the harness inside the timed call."""
     rows = _cpu_kernel.load().decode_max_rows()
     return w.seq_q <= rows and w.page_size % 16 == 0 and w.mask in NATIVE_PAGED_MASKS and w.score_mod == "none"
 
@@ -338,6 +337,9 @@ class FusedCpu(Contender):
             )
         return reason
 
+    def reads_pages(self, workload: Workload) -> bool:
+        return reads_pages_in_place(workload)
+
     def predicted_extra_bytes(self, workload: Workload) -> float:
         w = workload
         kernel = _cpu_kernel.load()  # predictions are made only for available contenders
@@ -359,8 +361,7 @@ class FusedCpu(Contender):
             floats += w.batch * w.heads * w.seq_q  # lse
             floats += kernel.backward_scratch_floats(q, k, BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K, threads)
             floats += 3 * (q_rows + kv_rows) * padded_dim  # q, dout, dq and k, v, dk, dv at worst
-        gathered = 2.0 * kv_rows * w.head_dim * w.torch_dtype.itemsize  # k and v copied out of the pages
-        return 4.0 * (floats + threads * per_thread) + (gathered if w.page_size and not reads_pages_in_place(w) else 0)
+        return 4.0 * (floats + threads * per_thread)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         _cpu_kernel.load()
@@ -368,7 +369,7 @@ class FusedCpu(Contender):
         lengths = None if inputs.lengths is None else torch.tensor(inputs.lengths, dtype=torch.int64)
         scale, (mask, options) = inputs.scale, score_options(w)
         paged = inputs.paged
-        if paged is not None and reads_pages_in_place(w):
+        if paged is not None and self.reads_pages(w):
             table = paged.page_table.contiguous()
 
             def decode() -> torch.Tensor:
@@ -380,10 +381,8 @@ class FusedCpu(Contender):
             return decode
 
         def run() -> torch.Tensor:
-            k, v = inputs.k, inputs.v
-            if paged is not None:  # a layout the decode kernel does not read: the pages gathered, timed
-                k, v = (gather_pages(pages, paged.page_table, w.seq_k) for pages in (paged.k_pages, paged.v_pages))
-            out, _ = fused_attention(inputs.q, k, v, scale=scale, mask=mask, lengths=lengths, options=options)
+            q, k, v = inputs.q, inputs.k, inputs.v
+            out, _ = fused_attention(q, k, v, scale=scale, mask=mask, lengths=lengths, options=options)
             return out
 
         return run

@@ -12,7 +12,8 @@ their strides, so nothing is copied and the mha module's in-place projections ar
 Every mask and score modifier of the harness runs in the kernel (``_mask_options``): ``sliding_window`` as
 its bottom-right ``window``, ``document`` as ``cu_seqlens`` from ``masks.document_lengths`` (the lengths
 every contender uses), ``softcap`` and ``alibi`` inside the score tile. A paged KV cache is not read
-natively: the timed call gathers the pages back into contiguous k and v first (``paged="gather"``).
+natively: the harness gathers the pages back into contiguous k and v at the start of the timed call
+(``paged="gather"``).
 
 Without a GPU, ``TRITON_INTERPRET=1`` (set before Triton defines the kernel, i.e. in the environment of
 the process) runs the same kernel in Triton's CPU interpreter; the contender then also accepts CPU
@@ -34,7 +35,6 @@ import torch
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import document_lengths, key_ranges
-from attnbench.paged import gather_pages
 from attnbench.workload import Workload
 
 NEEDS_CUDA = "needs a CUDA GPU (set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter, for correctness only)"
@@ -141,38 +141,15 @@ class FusedTriton(Contender):
             return _interpreter_seconds(workload)  # the interpreter's steps, not FLOPs, set its time
         return super().predicted_seconds(workload, flops_per_s, bytes_per_s)
 
-    def predicted_extra_bytes(self, workload: Workload) -> float:
-        extra = super().predicted_extra_bytes(workload)
-        if workload.page_size:  # k and v gathered out of the page pool
-            extra += (
-                2.0
-                * workload.batch
-                * workload.kv_heads
-                * workload.seq_k
-                * workload.head_dim
-                * workload.torch_dtype.itemsize
-            )
-        return extra
-
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         kernels = _kernels()
         q, k, v = inputs.q, inputs.k, inputs.v
         plan = kernels.make_plan(q, k, v, scale=inputs.scale, **_mask_options(inputs, workload))
         plan.tune(q.detach(), k.detach(), v.detach(), backward=workload.pass_ != "fwd")  # once, untimed
         attend = kernels.attend
-        paged = inputs.paged
 
-        if paged is None:
-
-            def run() -> torch.Tensor:
-                return attend(inputs.q, inputs.k, inputs.v, plan)
-
-        else:  # the pages gathered back into contiguous k and v inside the timed call
-
-            def run() -> torch.Tensor:
-                k = gather_pages(paged.k_pages, paged.page_table, paged.seq_k)
-                v = gather_pages(paged.v_pages, paged.page_table, paged.seq_k)
-                return attend(inputs.q, k, v, plan)
+        def run() -> torch.Tensor:
+            return attend(inputs.q, inputs.k, inputs.v, plan)
 
         run.plan = plan  # type: ignore[attr-defined]  # the tiles it launches, for tests and reports
         return run

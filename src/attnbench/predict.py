@@ -3,7 +3,8 @@
 A CPU process that runs out of memory is killed, not caught, and a Python loop at 16k tokens would run
 for an hour; so every case is priced first. Time comes from the contender's model (by default its FLOPs
 at the machine's measured matmul rate — a lower bound); memory from its memory model (the working memory
-one call needs beyond inputs and output) plus the inputs and the output.
+one call needs beyond inputs and output; for a contender that does not read a paged cache, at least the
+harness's gather of it) plus the inputs and the output.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from attnbench.ceilings import Ceilings
 from attnbench.contender import Contender, output_bytes
+from attnbench.paged import gather_bytes
 from attnbench.workload import Workload
 
 CALLS_AT_LEAST = 3  # first call, one warm-up, one sample: a case costs at least this many calls
@@ -51,6 +53,8 @@ def predict(contender: Contender, w: Workload, ceilings: Ceilings | None) -> Pre
         flops_per_s = ceilings.matmul_tflops.get(w.dtype, flops_per_s / 1e12) * 1e12
         bytes_per_s = ceilings.copy_gbps * 1e9 or bytes_per_s
     extra = contender.predicted_extra_bytes(w)
+    if w.page_size and not contender.reads_pages(w):  # the harness's gather of the pages, in the timed call:
+        extra = max(extra, gather_bytes(w))  # its temporary is freed before the contender's call begins
     seconds = contender.predicted_seconds(w, flops_per_s, bytes_per_s)
     return Prediction(seconds, extra, extra + input_bytes(w) + output_bytes(w))
 
