@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from attnbench import paged as paged_module
-from attnbench.impls import _cpu_kernel
+from attnbench.impls.fused_cpu import bindings as _cpu_kernel
 from attnbench.impls.fused_cpu import contender, reads_pages_in_place, score_options
 from attnbench.paged import gather_bytes, gather_pages
 from attnbench.predict import predict

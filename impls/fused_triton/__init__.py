@@ -1,9 +1,10 @@
 """``fused_triton`` — attnbench's own FlashAttention-2 kernels, forward and backward, written in Triton (CUDA).
 
-The kernels are in ``_triton_kernels.py`` (design: masks as per-row key ranges with fully masked blocks
-skipped, GQA by head index, the head dim padded to a power of two, a backward that recomputes P from the
-saved log-sum-exp); the attention function, its plan and the autograd wrapper in ``_triton_flash.py``;
-tile candidates and tuning in ``_triton_tiles.py``. This file is the contender around them: ``prepare``
+This package holds them: the kernels in ``kernels.py`` (design: masks as per-row key ranges with fully
+masked blocks skipped, GQA by head index, the head dim padded to a power of two, a backward that recomputes
+P from the saved log-sum-exp); the attention function, its plan and the autograd wrapper in ``flash.py``;
+tile candidates and tuning in ``tiles.py``; ``smoke.py``, ``nox -s gpu_smoke``'s check of every tile on a
+GPU. This module (the package's ``__init__``, the entry point) is the contender around them: ``prepare``
 builds the plan (padding lengths on the device) and tunes every kernel the pass needs once, so the timed
 callable launches the chosen tiles directly. It reads ``inputs.q``, ``k`` and ``v`` at call time and passes
 their strides, so nothing is copied and the mha module's in-place projections are seen. ``bwd`` and
@@ -49,9 +50,9 @@ BACKWARD_STEPS = 3.0
 def _kernels() -> ModuleType:
     """The kernel module, imported on first use: Triton is optional, and it decides at this import
     whether the kernel is compiled for the GPU or interpreted on the CPU."""
-    from attnbench.impls import _triton_flash
+    from attnbench.impls.fused_triton import flash
 
-    return _triton_flash
+    return flash
 
 
 def _interpreted() -> bool:
