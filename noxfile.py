@@ -187,7 +187,7 @@ def calibrate(session: nox.Session) -> None:
 def gpu_smoke(session: nox.Session) -> None:
     """Force every fused_triton tile once, forward and backward, against float64 on a CUDA GPU (exit 0 without one)."""
     install(session, "triton")
-    session.run("python", "-m", "attnbench.impls._triton_smoke", *session.posargs)
+    session.run("python", "-m", "attnbench.impls.fused_triton.smoke", *session.posargs)
 
 
 @nox.session(default=False)

@@ -1,31 +1,24 @@
-"""Helpers shared by the matmul-based contenders (bmm, einsum): GQA by grouping, masked softmax, the
-score modifiers, and the paged KV cache gathered back into contiguous k and v.
+"""Helpers shared by the matmul-based contenders (bmm, einsum): GQA by grouping, masked softmax and the
+score modifiers.
 
 GQA without copies: query head h reads kv head h // G, so q viewed as (B, Hkv, G, Sq, D) lines up with
-k and v as (B, Hkv, Sk, D). Masks and the alibi bias are prepared in the same 5-D layout before timing;
-a paged cache is gathered inside the timed call (a contender that stores its cache in pages pays that
-copy every step).
+k and v as (B, Hkv, Sk, D). Masks and the alibi bias are prepared in the same 5-D layout before timing.
+(A paged cache is gathered into k and v by the harness, inside the timed call: ``attnbench.paged``.)
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
 from attnbench.contender import score_matrix_bytes
 from attnbench.inputs import AttentionInputs
-from attnbench.paged import gather_pages
 from attnbench.workload import Workload
-
-KeyValues = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 
 
 def materialised_bytes(w: Workload) -> float:
     """Memory model of the matmul-softmax-matmul contenders: scores and probabilities, plus the masked
     copy of the scores when there is a mask, plus one more for softmax's temporaries (a CPU process that
-    runs out of memory is killed, so the model errs on the high side). A paged cache's gathered k and v
-    are counted by the harness (attnbench.paged.gathered_bytes)."""
+    runs out of memory is killed, so the model errs on the high side)."""
     return score_matrix_bytes(w, 3 if w.mask == "none" and w.score_mod == "none" else 4)
 
 
@@ -33,19 +26,6 @@ def grouped_bias(inputs: AttentionInputs) -> torch.Tensor | None:
     """The alibi bias as (1, Hkv, G, Sq, Sk), or None without alibi."""
     bias, w = inputs.alibi_bias, inputs.workload
     return None if bias is None else bias.view(1, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k)
-
-
-def key_values(inputs: AttentionInputs) -> KeyValues:
-    """A callable giving k and v as (B, Hkv, Sk, D): the inputs' own tensors, or — for a paged cache —
-    the pages gathered back in logical order (call it inside the timed callable)."""
-    paged = inputs.paged
-    if paged is None:
-        k, v = inputs.k, inputs.v
-        return lambda: (k, v)
-    return lambda: (
-        gather_pages(paged.k_pages, paged.page_table, paged.seq_k),
-        gather_pages(paged.v_pages, paged.page_table, paged.seq_k),
-    )
 
 
 def grouped_masks(inputs: AttentionInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -8,8 +8,8 @@ as the reason.
 Masks other than top-left causal go in as SDPA users pass them: a dense boolean ``attn_mask``, or an
 additive float one carrying alibi's bias with −inf where the mask hides a key; that mask is built in
 ``prepare`` and its memory is part of the memory model. softcap has no place in SDPA (it would need the
-scores), so it is unsupported; a paged cache is gathered back into contiguous k and v inside the timed
-call.
+scores), so it is unsupported; a paged cache is gathered back into contiguous k and v by the harness inside
+the timed call.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from attnbench.contender import ALL_MASKS, Capabilities, Contender, Unsupported, score_matrix_bytes
-from attnbench.impls._grouped import key_values
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
@@ -31,7 +30,7 @@ SOFTCAP = "score_mod softcap not supported: SDPA takes a mask, not a function of
 
 
 def mask_bytes(w: Workload) -> float:
-    """The mask SDPA is given (a paged cache's gathered k and v: attnbench.paged.gathered_bytes)."""
+    """The mask SDPA is given."""
     extra = 0.0
     if w.score_mod == "alibi":  # additive float mask: one per head, per batch element for padding
         extra += (w.batch if w.mask == "padding" else 1) * w.heads * w.seq_q * w.seq_k * w.torch_dtype.itemsize
@@ -102,10 +101,9 @@ class SdpaBackend(Contender):
             kwargs["attn_mask"] = inputs.bool_mask  # (B|1, 1, Sq, Sk) bool, True = visible
         if workload.kv_heads != workload.heads:
             kwargs["enable_gqa"] = True
-        q, kv = inputs.q, key_values(inputs)
+        q, k, v = inputs.q, inputs.k, inputs.v
 
         def run() -> torch.Tensor:
-            k, v = kv()
             with sdpa_kernel([backend]):
                 out = F.scaled_dot_product_attention(q, k, v, **kwargs)
             return out if empty is None else out.masked_fill(empty, 0.0)

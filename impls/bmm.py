@@ -1,8 +1,8 @@
 """``bmm`` — two batched matmuls around a softmax, materialising the (B, H, Sq, Sk) score matrix.
 
 Every mask comes as a dense boolean mask, the score modifiers act on the materialised scores (softcap's
-tanh, alibi's bias added), and a paged KV cache is gathered back into contiguous k and v inside the timed
-call.
+tanh, alibi's bias added); a paged KV cache is gathered into k and v by the harness inside the timed call
+(``paged="gather"``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
-from attnbench.impls._grouped import grouped_bias, grouped_masks, key_values, masked_softmax, materialised_bytes
+from attnbench.impls._grouped import grouped_bias, grouped_masks, masked_softmax, materialised_bytes
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import modify_scores
 from attnbench.workload import Workload
@@ -35,10 +35,9 @@ class BatchedMatmul(Contender):
         q = inputs.q.reshape(B * Hkv, G * Sq, D)  # head h = kv_head·G + g, so this is a view
         hidden, empty = grouped_masks(inputs)
         bias = grouped_bias(inputs)
-        scale, kv = inputs.scale, key_values(inputs)
+        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D)
 
         def run() -> torch.Tensor:
-            k, v = kv()  # (B, Hkv, Sk, D)
             k_t = k.reshape(B * Hkv, Sk, D).transpose(1, 2)  # (B·Hkv, D, Sk)
             scores = torch.bmm(q, k_t).mul_(scale).view(B, Hkv, G, Sq, Sk)
             scores = modify_scores(scores, w, bias)

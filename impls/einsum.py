@@ -1,5 +1,5 @@
 """``einsum`` — the same computation as ``bmm`` written with torch.einsum (same masks, score modifiers and
-paged-cache gather)."""
+paged-cache gather by the harness)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
-from attnbench.impls._grouped import grouped_bias, grouped_masks, key_values, masked_softmax, materialised_bytes
+from attnbench.impls._grouped import grouped_bias, grouped_masks, masked_softmax, materialised_bytes
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import modify_scores
 from attnbench.workload import Workload
@@ -27,10 +27,9 @@ class Einsum(Contender):
         q = inputs.q.view(w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.head_dim)  # (B, Hkv, G, Sq, D)
         hidden, empty = grouped_masks(inputs)
         bias = grouped_bias(inputs)
-        scale, kv = inputs.scale, key_values(inputs)
+        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D)
 
         def run() -> torch.Tensor:
-            k, v = kv()  # (B, Hkv, Sk, D)
             scores = modify_scores(torch.einsum("bhgqd,bhkd->bhgqk", q, k) * scale, w, bias)
             probs = masked_softmax(scores, hidden, empty)
             out = torch.einsum("bhgqk,bhkd->bhgqd", probs, v)

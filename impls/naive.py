@@ -4,7 +4,7 @@ f(q) = Σᵢ softmax(s(q·kᵢ·scale))·vᵢ over the keys the mask leaves visi
 Every mask we support leaves each query row one range of keys [lo, hi) (``masks.key_ranges``), so the
 loop slices keys lo:hi, with the ranges worked out before timing; alibi's bias row is a slice of a bias
 built before timing, softcap a tanh on the row's scores. A paged cache is gathered back into contiguous
-k and v at the start of each call. It is the slow baseline that makes the others' speedups concrete;
+k and v by the harness at the start of each call. It is the slow baseline that makes the others' speedups concrete;
 CPU only (on a GPU it would measure kernel-launch latency, not attention).
 """
 
@@ -16,7 +16,6 @@ import torch
 
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
 from attnbench.flops import attention_flops
-from attnbench.impls._grouped import key_values
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import key_ranges, workload_pairs
 from attnbench.workload import Workload
@@ -42,13 +41,13 @@ class NaiveLoop(Contender):
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         w = workload
         q = inputs.q.detach()
-        scale, group, kv = inputs.scale, w.gqa_group, key_values(inputs)
+        scale, group = inputs.scale, w.gqa_group
+        k, v = inputs.k.detach(), inputs.v.detach()  # views of the tensors a paged cache is gathered into
         lo, hi = (t.expand(w.batch, w.seq_q).tolist() for t in key_ranges(w))
         bias = inputs.alibi_bias  # (1, H, Sq, Sk) or None
         softcap = w.softcap if w.score_mod == "softcap" else None
 
         def run() -> torch.Tensor:
-            k, v = (t.detach() for t in kv())
             out = torch.zeros(w.batch, w.heads, w.seq_q, w.head_dim, dtype=q.dtype, device=q.device)
             for b in range(w.batch):
                 for h in range(w.heads):

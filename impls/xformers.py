@@ -7,7 +7,7 @@ LowerTriangularFromBottomRightMask, LowerTriangularFromBottomRightLocalAttention
 sliding window, BlockDiagonalCausalMask over the packed documents (the batch folded into one packed
 sequence, its varlen form); padding and alibi use an additive bias tensor (alibi's bias, −inf where the
 mask hides a key). softcap is unsupported (no such bias); a paged cache is gathered back into contiguous
-k and v inside the timed call.
+k and v by the harness inside the timed call.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from attnbench.contender import ALL_MASKS, Capabilities, Contender
-from attnbench.impls._grouped import key_values
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import document_lengths
 from attnbench.workload import Workload
@@ -92,11 +91,12 @@ class XformersMemoryEfficient(Contender):
             lengths = document_lengths(Sq, w.documents) * B
             bias = biases.BlockDiagonalCausalMask.from_seqlens(lengths, device=q.device)
             q = q.reshape(1, B * Sq, Hkv, G, D)
-        scale, kv = inputs.scale, key_values(inputs)
+        scale = inputs.scale
 
         def run() -> torch.Tensor:
             batch, keys = (1, B * Sk) if packed else (B, Sk)
-            k, v = (t.transpose(1, 2).reshape(batch, keys, Hkv, 1, D).expand(batch, keys, Hkv, G, D) for t in kv())
+            k, v = (t.transpose(1, 2).reshape(batch, keys, Hkv, 1, D).expand(batch, keys, Hkv, G, D)
+                    for t in (inputs.k, inputs.v))  # fmt: skip
             out = ops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)  # (B, Sq, Hkv, G, D)
             return out.reshape(B, Sq, Hkv * G, D).transpose(1, 2)
 

@@ -10,9 +10,9 @@ import torch
 
 from attnbench import registry
 from attnbench.errors import UsageError
-from attnbench.impls import _cpu_kernel
-from attnbench.impls._cpu_kernel import ScoreOptions
 from attnbench.impls.fused_cpu import BLOCK_K, GROUP, block_q, contender, fused_attention, isa, paged_decode
+from attnbench.impls.fused_cpu import bindings as _cpu_kernel
+from attnbench.impls.fused_cpu.bindings import ScoreOptions
 from attnbench.memory import peak_memory_mb
 from attnbench.runner import prepare_checked
 from attnbench.workload import Workload

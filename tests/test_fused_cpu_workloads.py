@@ -1,15 +1,17 @@
 """fused_cpu on issue 13's workloads through the harness: sliding_window and document masks (key ranges per
-row), softcap and alibi score modifiers, a paged KV cache (read in place for decode, gathered otherwise),
+row), softcap and alibi score modifiers, a paged KV cache (read in place for decode, gathered by the harness
+otherwise),
 each checked against the float64 reference as ``attnbench run`` checks it."""
 
 from __future__ import annotations
 
 import pytest
 
-from attnbench.impls import _cpu_kernel
-from attnbench.impls import fused_cpu as fused_cpu_module
+from attnbench import paged as paged_module
+from attnbench.impls.fused_cpu import bindings as _cpu_kernel
 from attnbench.impls.fused_cpu import contender, reads_pages_in_place, score_options
-from attnbench.paged import gather_pages
+from attnbench.paged import gather_bytes, gather_pages
+from attnbench.predict import predict
 from attnbench.runner import RunOptions, prepare_checked, run_case
 from attnbench.workload import Workload
 
@@ -79,10 +81,10 @@ def test_score_mods_backward_is_unsupported_with_the_reason(score_mod, value):
 def no_gather(monkeypatch):
     """Fail any gather of the page pool: the case must read the pages in place."""
 
-    def refuse(*args: object) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("gathered the pages")
 
-    monkeypatch.setattr(fused_cpu_module, "gather_pages", refuse)
+    monkeypatch.setattr(paged_module, "gather_pages", refuse)
 
 
 @pytest.mark.parametrize(
@@ -91,10 +93,11 @@ def no_gather(monkeypatch):
 )
 def test_paged_decode_reads_pages_in_place(no_gather, seq_k, page_size, mask):
     w = Workload(2, 4, 2, 1, seq_k, 32, mask=mask, page_size=page_size)  # 200 and 250: the last page partly used
-    assert reads_pages_in_place(w)
+    assert reads_pages_in_place(w) and contender.reads_pages(w)
     prepared = prepare_checked("fused_cpu", w)
     assert prepared.check.ok, prepared.check.reason
     assert prepared.check.max_abs_err < 1e-5
+    assert predict(contender, w, None).extra_bytes == contender.predicted_extra_bytes(w)  # no gather counted
 
 
 def test_paged_decode_rows_with_bottom_right_alignment_in_place(no_gather):
@@ -113,18 +116,19 @@ def test_paged_decode_rows_with_bottom_right_alignment_in_place(no_gather):
 def test_other_paged_cases_gather_the_pages_and_match_float64(monkeypatch, features):
     gathered = []
 
-    def gather(*args: object) -> object:
+    def gather(*args: object, **kwargs: object) -> object:
         gathered.append(1)
-        return gather_pages(*args)  # type: ignore[arg-type]
+        return gather_pages(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(fused_cpu_module, "gather_pages", gather)
+    monkeypatch.setattr(paged_module, "gather_pages", gather)
     seq_q = features.pop("seq_q")
     w = Workload(2, 4, 2, seq_q, 256, 32, **features)
-    assert not reads_pages_in_place(w)
+    assert not reads_pages_in_place(w) and not contender.reads_pages(w)
     prepared = prepare_checked("fused_cpu", w)
     assert prepared.check.ok, prepared.check.reason
-    assert gathered == [1, 1]  # k and v, in the one (timed) call
-    assert contender.predicted_extra_bytes(w) >= 2 * 2 * 2 * 256 * 32 * 4  # the gathered k and v counted
+    assert gathered == [1, 1]  # k and v, by the harness, in the one (timed) call
+    assert gather_bytes(w) == 2 * 2 * 256 * 32 * 4  # the pages of k (then of v) picked, counted once
+    assert predict(contender, w, None).extra_bytes == max(contender.predicted_extra_bytes(w), gather_bytes(w))
 
 
 def test_declared_capabilities():

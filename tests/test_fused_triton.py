@@ -41,6 +41,7 @@ import torch
 from attnbench.check import check_grads, check_output
 from attnbench.impls.fused_triton import contender
 from attnbench.inputs import AttentionInputs, make_inputs
+from attnbench.paged import gathered
 from attnbench.runner import prepare_checked
 from attnbench.workload import Workload
 
@@ -94,7 +95,7 @@ for name, spec in json.loads(sys.argv[1]).items():
             result["unchanged_by_nan"] = torch.equal(contender.prepare(poisoned, w)(), out)
         if w.page_size:  # the timed call reads the page pool: NaN in the contiguous k and v changes nothing
             paged = make_inputs(w)
-            run = contender.prepare(paged, w)
+            run = gathered(paged.paged, paged.k, paged.v, contender.prepare(paged, w))
             paged.k.fill_(float("nan")), paged.v.fill_(float("nan"))
             result["reads_pages"] = torch.equal(run(), out)
     results[name] = result
@@ -102,8 +103,8 @@ for name, spec in json.loads(sys.argv[1]).items():
 # gpu_smoke's own checks, run here in the interpreter: its 64-bit offset case (q, k, v rows 2^26 elements
 # apart, the last past 2^31: a 5 GiB buffer of address space of which only 40 rows' pages are touched) and
 # its forced-tile loop on one tiny case with a few tiles.
-from attnbench.impls._triton_smoke import check_far_offsets, smoke
-from attnbench.impls._triton_tiles import Tile
+from attnbench.impls.fused_triton.smoke import check_far_offsets, smoke
+from attnbench.impls.fused_triton.tiles import Tile
 results["far-offsets"] = {"reason": check_far_offsets("cpu")}
 tiny = Workload(1, 4, 2, 40, 24, 50, dtype="float32", mask="causal_bottom_right", pass_="fwd_bwd")
 forced = {"fwd": [Tile(16, 32, 1, 1)], "dkdv": [Tile(32, 16, 1, 1)], "dq": [Tile(16, 16, 1, 1)]}
@@ -292,10 +293,10 @@ def test_without_cuda_or_interpreter_it_is_unavailable_with_the_reason():
 
 
 def test_a_missing_triton_is_an_unavailable_reason(monkeypatch):
-    import attnbench.impls
+    import attnbench.impls.fused_triton
 
-    monkeypatch.delitem(sys.modules, "attnbench.impls._triton_flash", raising=False)
-    monkeypatch.delattr(attnbench.impls, "_triton_flash", raising=False)
+    monkeypatch.delitem(sys.modules, "attnbench.impls.fused_triton.flash", raising=False)
+    monkeypatch.delattr(attnbench.impls.fused_triton, "flash", raising=False)
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now fails as if it weren't installed
     assert contender.availability() == (
         "triton is not installed or failed to import "
@@ -347,7 +348,7 @@ def test_in_the_interpreter_cpu_is_supported_and_its_time_is_priced_by_steps(mon
 
 def test_padding_without_lengths_is_refused_before_launch():
     pytest.importorskip("triton")
-    from attnbench.impls._triton_flash import flash_attention
+    from attnbench.impls.fused_triton.flash import flash_attention
 
     q = torch.randn(2, 2, 16, 16)
     with pytest.raises(ValueError, match="mask 'padding' needs lengths"):

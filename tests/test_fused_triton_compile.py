@@ -22,8 +22,9 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from attnbench.impls import _triton_flash, _triton_kernels  # noqa: E402
-from attnbench.impls._triton_tiles import Tile, shared_bytes  # noqa: E402
+from attnbench.impls.fused_triton import flash as _triton_flash  # noqa: E402
+from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E402
+from attnbench.impls.fused_triton.tiles import Tile, shared_bytes  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 _TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32"}

@@ -31,7 +31,7 @@ from conftest import run_subprocess
 _SCRIPT = """
 import json, sys
 import torch
-from attnbench.impls._triton_flash import flash_attention, forward, make_plan
+from attnbench.impls.fused_triton.flash import flash_attention, forward, make_plan
 
 def visible_mask(Sq, Sk, B, window=None, documents=None):  # (B, 1, Sq, Sk) bool, from the definitions
     i, j = torch.arange(Sq).view(Sq, 1), torch.arange(Sk).view(1, Sk)
@@ -182,7 +182,7 @@ def test_bad_options_are_refused_before_launch():
     pytest.importorskip("triton")
     import torch
 
-    from attnbench.impls._triton_flash import flash_attention
+    from attnbench.impls.fused_triton.flash import flash_attention
 
     q = torch.randn(1, 2, 16, 16)
     for options, message in (

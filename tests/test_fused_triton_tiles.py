@@ -17,9 +17,11 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from attnbench.impls import _triton_flash, _triton_kernels, _triton_tiles  # noqa: E402
-from attnbench.impls._triton_tiles import CUDA_TILES, Tile, prune, shared_bytes  # noqa: E402
 from attnbench.impls.fused_triton import contender  # noqa: E402
+from attnbench.impls.fused_triton import flash as _triton_flash  # noqa: E402
+from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E402
+from attnbench.impls.fused_triton import tiles as _triton_tiles  # noqa: E402
+from attnbench.impls.fused_triton.tiles import CUDA_TILES, Tile, prune, shared_bytes  # noqa: E402
 from attnbench.inputs import make_inputs  # noqa: E402
 from attnbench.workload import Workload  # noqa: E402
 
@@ -162,7 +164,7 @@ def test_in_the_interpreter_fp32_dots_are_ieee(monkeypatch):
 
 
 def test_gpu_smoke_without_cuda_says_so_and_exits_0(monkeypatch, capsys):
-    from attnbench.impls import _triton_smoke
+    from attnbench.impls.fused_triton import smoke as _triton_smoke
 
     monkeypatch.setattr(_triton_flash, "INTERPRETED", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -173,7 +175,7 @@ def test_gpu_smoke_without_cuda_says_so_and_exits_0(monkeypatch, capsys):
 
 
 def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsys):
-    from attnbench.impls import _triton_smoke
+    from attnbench.impls.fused_triton import smoke as _triton_smoke
 
     forced: list[tuple[str, Tile]] = []
     bad = CUDA_TILES["dq"][2]

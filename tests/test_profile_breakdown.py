@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import attnbench
-from attnbench.impls import _cpu_kernel
+from attnbench.impls.fused_cpu import bindings as _cpu_kernel
 from attnbench.profiling import OUTSIDE_OPS, UNATTRIBUTED, named_share
 
 needs_compiler = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")

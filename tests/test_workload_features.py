@@ -13,7 +13,7 @@ from attnbench import UsageError, Workload, make_inputs, registry
 from attnbench.flops import attention_bytes, kv_positions_read
 from attnbench.masks import dense_mask_of, document_lengths, key_span, visible_pairs, workload_pairs
 from attnbench.models import PRESETS
-from attnbench.paged import gather_pages, make_paged
+from attnbench.paged import gather_bytes, gather_pages, make_paged
 from attnbench.reference import reference_output
 from attnbench.runner import RunOptions, prepare_checked, run_case
 from attnbench.suite import Suite, expand, load_suite, model_suite
@@ -192,6 +192,46 @@ def test_paged_layout_round_trips_and_is_shuffled():
             assert (int(paged.page_owner[page]), int(paged.page_position[page])) == (b, p)
     again = make_paged(inputs.k, inputs.v, 16, seed=123)
     assert torch.equal(gather_pages(again.k_pages, again.page_table, 100), inputs.k)
+
+
+def test_gather_pages_writes_into_a_given_tensor_with_a_partial_last_page():
+    w = Workload(2, 6, 3, 1, 70, 8, mask="causal_bottom_right", page_size=32)  # 3 pages, the last 6 keys used
+    inputs = make_inputs(w)
+    paged = inputs.paged
+    assert paged is not None
+    into = torch.full_like(inputs.k, float("nan"))
+    assert gather_pages(paged.k_pages, paged.page_table, 70, out=into) is into
+    assert torch.equal(into, inputs.k)
+    assert gather_bytes(w) == 2 * 3 * 32 * 3 * 8 * 4  # one of k and v picked at a time, in whole pages
+
+
+def test_the_harness_gathers_pages_for_a_contender_that_does_not_read_them(monkeypatch):
+    """bmm declares paged="gather": the runner gathers k and v in its timed callable, twice per call, and the
+    prediction counts the gather once; flex reads pages natively (no gather counted)."""
+    from attnbench import paged as paged_module
+    from attnbench import registry
+    from attnbench.impls._grouped import materialised_bytes
+    from attnbench.predict import predict
+
+    calls = []
+
+    def counting(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return gather_pages(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(paged_module, "gather_pages", counting)
+    w = Workload(2, 4, 2, 3, 100, 16, mask="causal_bottom_right", page_size=16)
+    bmm = registry.get("bmm").contender
+    assert bmm is not None and not bmm.reads_pages(w)
+    prepared = prepare_checked("bmm", w)
+    assert prepared.check.ok, prepared.reason
+    assert len(calls) == 2  # k and v, in the first (checked) call
+    prepared.fn()
+    assert len(calls) == 4
+    assert predict(bmm, w, None).extra_bytes == max(materialised_bytes(w), gather_bytes(w))
+    flex = registry.get("flex").contender
+    assert flex is not None and flex.reads_pages(w)
+    assert predict(flex, w, None).extra_bytes == flex.predicted_extra_bytes(w)
 
 
 def test_decode_bytes_count_the_pages_read():

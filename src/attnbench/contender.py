@@ -35,8 +35,9 @@ class Capabilities:
     dtypes: frozenset[str] = ALL_DTYPES
     masks: frozenset[str] = DEFAULT_MASKS  # ALL_MASKS adds sliding_window and document
     score_mods: frozenset[str] = frozenset({"none"})  # ALL_SCORE_MODS adds softcap and alibi
-    # Paged KV (page_size > 0): "native" reads the page pool through the page table; "gather" copies the
-    # pages back into contiguous k and v inside the timed call (say so in the description); "" can't.
+    # Paged KV (page_size > 0): "native" reads the page pool through the page table (for the workloads
+    # Contender.reads_pages accepts); "gather": the harness gathers the pages into the contender's k and v
+    # at the start of each timed call (attnbench.paged.gathered); "": contiguous k and v only (unsupported).
     paged: str = ""
     gqa: bool = True
     cross: bool = True  # seq_q != seq_k
@@ -127,6 +128,13 @@ class Contender(abc.ABC):
             return f"a scoring function replaces the scaled dot product that score_mod {workload.score_mod} modifies"
         return self.capabilities.unsupported_reason(workload)
 
+    def reads_pages(self, workload: Workload) -> bool:
+        """Whether this contender reads a paged workload's page pool itself (``inputs.paged``). When it does
+        not, the harness gathers the pages into ``inputs.k`` and ``inputs.v`` at the start of every timed
+        call, and counts that gather's memory in the prediction. Default: ``capabilities.paged == "native"``;
+        override where the answer depends on the case (fused_cpu reads pages only in its decode kernel)."""
+        return self.capabilities.paged == "native"
+
     def predicted_extra_bytes(self, workload: Workload) -> float:
         """Memory model: working memory one call needs at its peak beyond its inputs and its output
         (what ``peak_mem_mb`` measures; used to skip cases that would not fit). Default, a fused
@@ -140,7 +148,10 @@ class Contender(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
-        """Do all set-up, then return the zero-argument callable that computes the (B, Hq, Sq, D) output."""
+        """Do all set-up, then return the zero-argument callable that computes the (B, Hq, Sq, D) output.
+        The callable reads ``inputs.k`` and ``inputs.v`` (those tensors, not copies made here): for a paged
+        workload this contender does not read natively, the harness writes the gathered pages into them
+        before each call."""
 
 
 __all__ = [

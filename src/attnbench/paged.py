@@ -7,18 +7,25 @@ Pages are assigned to the pool in a seeded-shuffled order, so logically adjacent
 memory as in a real cache that has been filled and freed for a while.
 
 A contender either reads the pool natively (through ``page_table``, or through :meth:`PagedKV.page_owner`
-and :meth:`PagedKV.page_position`, the inverse map), or gathers the pages back into (B, Hkv, Sk, D) with
-:func:`gather_pages` inside its timed call.
+and :meth:`PagedKV.page_position`, the inverse map; ``Contender.reads_pages`` says for which workloads), or
+the harness gathers the pages back into its contiguous k and v at the start of every timed call
+(:func:`gathered`): a cache stored in pages costs a kernel that cannot read them that copy every step. The
+gather is written once, here (:func:`gather_pages`), and its working memory is counted once, in the
+prediction (:func:`gather_bytes`).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from attnbench.workload import Workload
+
+T = TypeVar("T")
 
 
 def pages_per_sequence(seq_k: int, page_size: int) -> int:
@@ -31,16 +38,6 @@ def pool_bytes(w: Workload) -> float:
         return 0.0
     slots = w.batch * w.kv_heads * pages_per_sequence(w.seq_k, w.page_size) * w.page_size
     return 2.0 * slots * w.head_dim * w.torch_dtype.itemsize
-
-
-def gathered_bytes(w: Workload) -> float:
-    """What gathering k and v out of the page pool (:func:`gather_pages`, twice) holds at its peak: the
-    contiguous (B, Hkv, Sk, D) k and v, plus v's picked pages before they are copied into order; 0 for a
-    contiguous cache. Memory models count the gather through this one function."""
-    if not w.page_size:
-        return 0.0
-    one = w.batch * w.kv_heads * pages_per_sequence(w.seq_k, w.page_size) * w.page_size * w.head_dim
-    return 3.0 * one * w.torch_dtype.itemsize
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,10 +84,38 @@ def make_paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int) -> P
     return PagedKV(pool(k), pool(v), table.to(torch.int32), page_size, seq_k)
 
 
-def gather_pages(pages: torch.Tensor, page_table: torch.Tensor, seq_k: int) -> torch.Tensor:
-    """(N, Hkv, P, D) pool → (B, Hkv, Sk, D) contiguous, one sequence's pages in logical order."""
+def gather_pages(
+    pages: torch.Tensor, page_table: torch.Tensor, seq_k: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(N, Hkv, P, D) pool → (B, Hkv, Sk, D), one sequence's pages in logical order, written into ``out``
+    (any (B, Hkv, Sk, D) tensor, e.g. a contender's k) or a new tensor. The pages are picked with one
+    index_select (a temporary of the pages in use) and copied into place with one strided copy."""
     batch, count = page_table.shape
     _, kv_heads, page_size, head_dim = pages.shape
+    if out is None:
+        out = pages.new_empty(batch, kv_heads, seq_k, head_dim)
     picked = pages.index_select(0, page_table.flatten())  # (B·n, Hkv, P, D)
-    logical = picked.view(batch, count, kv_heads, page_size, head_dim).transpose(1, 2)
-    return logical.reshape(batch, kv_heads, count * page_size, head_dim)[:, :, :seq_k]
+    logical = picked.view(batch, count, kv_heads, page_size, head_dim).transpose(1, 2)  # (B, Hkv, n, P, D)
+    full, tail = divmod(seq_k, page_size)
+    out[:, :, : full * page_size].unflatten(2, (full, page_size)).copy_(logical[:, :, :full])
+    if tail:  # the last page partly used
+        out[:, :, full * page_size :].copy_(logical[:, :, full, :tail])
+    return out
+
+
+def gather_bytes(w: Workload) -> float:
+    """Working memory of the harness's gather at its peak: the picked pages of k (then of v), whole pages."""
+    pages = w.batch * pages_per_sequence(w.seq_k, w.page_size) if w.page_size else 0
+    return float(pages * w.kv_heads * w.page_size * w.head_dim * w.torch_dtype.itemsize)
+
+
+def gathered(paged: PagedKV, k: torch.Tensor, v: torch.Tensor, forward: Callable[[], T]) -> Callable[[], T]:
+    """``forward`` preceded, in the same call, by the gather of the page pool into ``k`` and ``v`` — the
+    contiguous tensors the contender was prepared with, so it computes on what was just gathered."""
+
+    def run() -> T:
+        gather_pages(paged.k_pages, paged.page_table, paged.seq_k, out=k)
+        gather_pages(paged.v_pages, paged.page_table, paged.seq_k, out=v)
+        return forward()
+
+    return run

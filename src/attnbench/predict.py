@@ -4,9 +4,9 @@ A CPU process that runs out of memory is killed, not caught, and a Python loop a
 for an hour; so every case is priced first. Time comes from the contender's model (by default its FLOPs
 at the machine's measured matmul rate — a lower bound). Memory is an upper bound of everything the case
 holds at its peak: the inputs (and a paged cache's pool), the output, the contender's working memory (its
-memory model, plus k and v gathered out of the pages for a contender that gathers), and the correctness
-check's float64 reference (attnbench.reference.reference_bytes). Measured against a fresh process's peak
-RSS (VmHWM) the figure stays above it; the README's memory section gives the audit.
+memory model; for a contender that does not read a paged cache itself, at least the harness's gather of
+it), and the correctness check's float64 reference (attnbench.reference.reference_bytes). Measured against
+a fresh process's peak RSS (VmHWM) the figure stays above it; the README's memory section gives the audit.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from attnbench.ceilings import Ceilings
 from attnbench.contender import Contender, output_bytes
-from attnbench.paged import gathered_bytes, pool_bytes
+from attnbench.paged import gather_bytes, pool_bytes
 from attnbench.reference import reference_bytes, sample_rows
 from attnbench.workload import Workload
 
@@ -72,8 +72,8 @@ def predict(contender: Contender, w: Workload, ceilings: Ceilings | None) -> Pre
         flops_per_s = ceilings.matmul_tflops.get(w.dtype, flops_per_s / 1e12) * 1e12
         bytes_per_s = ceilings.copy_gbps * 1e9 or bytes_per_s
     extra = contender.predicted_extra_bytes(w)
-    if w.page_size and contender.capabilities.paged == "gather":  # the timed call gathers k and v
-        extra += gathered_bytes(w)
+    if w.page_size and not contender.reads_pages(w):  # the harness's gather of the pages, in the timed call:
+        extra = max(extra, gather_bytes(w))  # its temporary is freed before the contender's call begins
     rows = w.seq_q if contender.kind == "module" else len(sample_rows(w.seq_q))
     check = reference_bytes(w, rows, repeated_keys=contender.kind == "scoring")
     seconds = contender.predicted_seconds(w, flops_per_s, bytes_per_s)

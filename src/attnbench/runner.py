@@ -25,6 +25,7 @@ from attnbench.inputs import AttentionInputs, make_inputs
 from attnbench.measure import SampleError, Timing, call_once_ms, time_callable, time_cpu_rounds, warm_up
 from attnbench.memory import free_memory_bytes, held_for_reuse_bytes, peak_memory_mb, release_cached_memory
 from attnbench.mha import check_module_output, wrap_core
+from attnbench.paged import gathered
 from attnbench.predict import MEMORY_PASS_COST, input_bytes, predict, skip_reason
 from attnbench.results import make_row
 from attnbench.workload import Workload
@@ -94,6 +95,8 @@ def _passes(inputs: AttentionInputs, forward: Callable[[], torch.Tensor]) -> Cal
 def prepare_checked(impl: str, workload: Workload, seed: int = 0, inputs: AttentionInputs | None = None) -> Prepared:
     """Make inputs (unless given: a group shares one set), prepare the contender, make its first call and
     check it against the float64 reference (the output, and for backward passes the gradients of q, k and v).
+    For a paged cache the contender does not read itself, the callable gathers the pages into its k and v
+    first (``attnbench.paged.gathered``).
 
     Raises :class:`Unsupported` or whatever the contender raises.
     """
@@ -101,8 +104,11 @@ def prepare_checked(impl: str, workload: Workload, seed: int = 0, inputs: Attent
     assert contender is not None
     if inputs is None:
         inputs = make_inputs(workload, seed=seed, requires_grad=workload.pass_ != "fwd")
+    paged = inputs.paged  # the page pool is part of the inputs, built before set-up is timed
     start = time.perf_counter()
     forward = contender.prepare(inputs, workload)
+    if paged is not None and not contender.reads_pages(workload):  # the harness gathers, in the timed call
+        forward = gathered(paged, inputs.k, inputs.v, forward)
     if workload.module == "mha":
         module = forward if contender.kind == "module" else wrap_core(forward, inputs)
         setup_ms = (time.perf_counter() - start) * 1e3

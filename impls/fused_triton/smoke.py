@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from attnbench.check import check_grads, check_output
-from attnbench.impls._triton_tiles import CUDA_TILES, Tile
+from attnbench.impls.fused_triton.tiles import CUDA_TILES, Tile
 from attnbench.inputs import make_inputs
 from attnbench.workload import Workload
 
@@ -38,7 +38,7 @@ def _with_device(w: Workload, device: str) -> Workload:
 
 def check_case(w: Workload, forced: dict[str, Tile]) -> str:
     """'' when fused_triton with the ``forced`` tiles passes both gates on ``w``, else the reason."""
-    from attnbench.impls import _triton_flash as flash
+    from attnbench.impls.fused_triton import flash
 
     inputs = make_inputs(w, requires_grad=True)
     lengths = None
@@ -57,7 +57,7 @@ def check_case(w: Workload, forced: dict[str, Tile]) -> str:
 def check_far_offsets(device: str) -> str:
     """'' when a causal fwd+bwd on fp16 views whose rows lie 2^26 elements apart (the last past 2^31
     elements) matches float64, else the reason."""
-    from attnbench.impls import _triton_flash as flash
+    from attnbench.impls.fused_triton import flash
 
     rows, dim = 40, 32
     buffer = torch.empty(rows << 26, dtype=torch.float16, device=device)
@@ -86,7 +86,7 @@ def check_far_offsets(device: str) -> str:
 
 def _candidates(case: Workload, kernel: str) -> list[Tile]:
     """The tiles the tuner would consider for ``case`` on its device (every tile in the interpreter)."""
-    from attnbench.impls import _triton_flash as flash
+    from attnbench.impls.fused_triton import flash
 
     if flash.INTERPRETED:
         return list(CUDA_TILES[kernel])
@@ -123,7 +123,7 @@ def smoke(
 
 
 def main() -> int:
-    from attnbench.impls import _triton_flash as flash
+    from attnbench.impls.fused_triton import flash
 
     if not torch.cuda.is_available() and not flash.INTERPRETED:
         print("gpu_smoke: no CUDA device here, nothing to check (fused_triton's configs need a GPU)")

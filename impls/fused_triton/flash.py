@@ -1,7 +1,7 @@
 """fused_triton's Python side: the attention function, its plan, the launches and the autograd wrapper.
 
 ``flash_attention(q, k, v, ...)`` computes softmax(q·kᵀ·scale + mask [+ score modifiers])·v with the
-kernels of ``_triton_kernels`` (their docstring has the algorithm) and, when q, k or v require grad,
+kernels of ``kernels`` (their docstring has the algorithm) and, when q, k or v require grad,
 records a backward that runs the FlashAttention-2 backward kernels. Its keyword arguments:
 
 * ``mask``: one of attnbench's masks (``none``, ``causal`` top-left, ``causal_bottom_right``,
@@ -15,7 +15,7 @@ records a backward that runs the FlashAttention-2 backward kernels. Its keyword 
 A :class:`Plan` holds everything about a call that does not change between calls (mask tables built on
 the device, flags, scale) and the tile chosen for each kernel; fused_triton builds it and tunes it in
 ``prepare`` (``plan.tune``), so each timed call launches ``kernel[grid](..., BLOCK_M=…, num_warps=…)``
-directly. Tile choice, pruning and the tuning cache are in ``_triton_tiles``.
+directly. Tile choice, pruning and the tuning cache are in ``tiles``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 import triton
 
-from attnbench.impls import _triton_kernels as kernels
-from attnbench.impls._triton_tiles import (
+from attnbench.impls.fused_triton import kernels
+from attnbench.impls.fused_triton.tiles import (
     CUDA_TILES,
     INTERPRETER_TILES,
     Tile,

@@ -1,9 +1,10 @@
 """``fused_triton`` — attnbench's own FlashAttention-2 kernels, forward and backward, written in Triton (CUDA).
 
-The kernels are in ``_triton_kernels.py`` (design: masks as per-row key ranges with fully masked blocks
-skipped, GQA by head index, the head dim padded to a power of two, a backward that recomputes P from the
-saved log-sum-exp); the attention function, its plan and the autograd wrapper in ``_triton_flash.py``;
-tile candidates and tuning in ``_triton_tiles.py``. This file is the contender around them: ``prepare``
+This package holds them: the kernels in ``kernels.py`` (design: masks as per-row key ranges with fully
+masked blocks skipped, GQA by head index, the head dim padded to a power of two, a backward that recomputes
+P from the saved log-sum-exp); the attention function, its plan and the autograd wrapper in ``flash.py``;
+tile candidates and tuning in ``tiles.py``; ``smoke.py``, ``nox -s gpu_smoke``'s check of every tile on a
+GPU. This module (the package's ``__init__``, the entry point) is the contender around them: ``prepare``
 builds the plan (padding lengths on the device) and tunes every kernel the pass needs once, so the timed
 callable launches the chosen tiles directly. It reads ``inputs.q``, ``k`` and ``v`` at call time and passes
 their strides, so nothing is copied and the mha module's in-place projections are seen. ``bwd`` and
@@ -12,7 +13,8 @@ their strides, so nothing is copied and the mha module's in-place projections ar
 Every mask and score modifier of the harness runs in the kernel (``_mask_options``): ``sliding_window`` as
 its bottom-right ``window``, ``document`` as ``cu_seqlens`` from ``masks.document_lengths`` (the lengths
 every contender uses), ``softcap`` and ``alibi`` inside the score tile. A paged KV cache is not read
-natively: the timed call gathers the pages back into contiguous k and v first (``paged="gather"``).
+natively: the harness gathers the pages back into contiguous k and v at the start of the timed call
+(``paged="gather"``).
 
 Without a GPU, ``TRITON_INTERPRET=1`` (set before Triton defines the kernel, i.e. in the environment of
 the process) runs the same kernel in Triton's CPU interpreter; the contender then also accepts CPU
@@ -34,7 +36,6 @@ import torch
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import document_lengths, key_ranges
-from attnbench.paged import gather_pages
 from attnbench.workload import Workload
 
 NEEDS_CUDA = "needs a CUDA GPU (set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter, for correctness only)"
@@ -49,9 +50,9 @@ BACKWARD_STEPS = 3.0
 def _kernels() -> ModuleType:
     """The kernel module, imported on first use: Triton is optional, and it decides at this import
     whether the kernel is compiled for the GPU or interpreted on the CPU."""
-    from attnbench.impls import _triton_flash
+    from attnbench.impls.fused_triton import flash
 
-    return _triton_flash
+    return flash
 
 
 def _interpreted() -> bool:
@@ -147,19 +148,9 @@ class FusedTriton(Contender):
         plan = kernels.make_plan(q, k, v, scale=inputs.scale, **_mask_options(inputs, workload))
         plan.tune(q.detach(), k.detach(), v.detach(), backward=workload.pass_ != "fwd")  # once, untimed
         attend = kernels.attend
-        paged = inputs.paged
 
-        if paged is None:
-
-            def run() -> torch.Tensor:
-                return attend(inputs.q, inputs.k, inputs.v, plan)
-
-        else:  # the pages gathered back into contiguous k and v inside the timed call
-
-            def run() -> torch.Tensor:
-                k = gather_pages(paged.k_pages, paged.page_table, paged.seq_k)
-                v = gather_pages(paged.v_pages, paged.page_table, paged.seq_k)
-                return attend(inputs.q, k, v, plan)
+        def run() -> torch.Tensor:
+            return attend(inputs.q, inputs.k, inputs.v, plan)
 
         run.plan = plan  # type: ignore[attr-defined]  # the tiles it launches, for tests and reports
         return run

@@ -18,7 +18,7 @@
 //
 // Masks: the four prefix masks and per-row key ranges (RANGES, row_lo/row_hi (B, Sq)), as in the forward.
 //
-// Layouts (prepared by impls/fused_cpu.py, all float32, contiguous, head dim padded with zeros to Dp, a
+// Layouts (prepared by impls/fused_cpu/__init__.py, all float32, contiguous, head dim padded with zeros to Dp, a
 // multiple of 16): q, out, dout, dq (B, H, Sq, Dp); k, v, dk, dv (B, Hkv, Sk, Dp); lse (B, H, Sq).
 
 #include "fused_cpu_tiles.h"

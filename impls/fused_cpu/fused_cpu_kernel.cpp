@@ -6,7 +6,7 @@
 // denominator l, rescaled output accumulator), so no more than a GROUP × block_k tile of scores exists per
 // group; the softmax of one group runs inside the previous group's P·V (fused_cpu_pipeline.h).
 //
-// Layouts (prepared by impls/fused_cpu.py, all float32, contiguous):
+// Layouts (prepared by impls/fused_cpu/__init__.py, all float32, contiguous):
 //   q   (B, H,   Sq, D)     read as is; query head h uses kv head h / (H / Hkv) (GQA)
 //   k   (B, Hkv, Sk, D)     read once, to fill kt
 //   kt  (B, Hkv, Skp/64, D, 64)  scratch the kernel fills as it goes: kᵀ in panels of 64 keys, each panel

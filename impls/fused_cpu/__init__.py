@@ -1,13 +1,16 @@
 """``fused_cpu`` — our fused, memory-efficient attention for the CPU (FlashAttention's recurrence in C++).
 
-The kernel (``fused_cpu_kernel.cpp``, built at first use, see ``_cpu_kernel.py``) gives each work item up to
-BLOCK_Q query rows (fewer when that would leave a thread fewer than 4 items) and walks them against blocks of
-BLOCK_K keys with the online softmax, six rows at a time, so its working memory is a 6 × BLOCK_K score tile
-per thread instead of the S×S matrix, and it never visits a 64-key panel the mask hides from all six rows
-(causal does about half the work of none). The inner products are register tiles of 6 rows × 64 floats; a
-row group's exponentials (a 16-entry table and a cubic: few operations on the FMA pipes) run inside the
-previous group's P·V loop, beside its FMAs (``fused_cpu_pipeline.h``), and each group prefetches a share of
-the next key block into L2; kᵀ is packed into 64-key panels by the first work item that needs each one.
+This package holds the contender (this module, the entry point), ``bindings.py`` (builds the C++ sources
+beside it at first use, caches the library and calls it through ctypes) and the sources themselves.
+
+The kernel (``fused_cpu_kernel.cpp``) gives each work item up to BLOCK_Q query rows (fewer when that would leave a
+thread fewer than 4 items) and walks them against blocks of BLOCK_K keys with the online softmax, six rows at a time,
+so its working memory is a 6 × BLOCK_K score tile per thread instead of the S×S matrix, and it never visits a 64-key
+panel the mask hides from all six rows (causal does about half the work of none). The inner products are register
+tiles of 6 rows × 64 floats; a row group's exponentials (a 16-entry table and a cubic: few operations on the FMA
+pipes) run inside the previous group's P·V loop, beside its FMAs (``fused_cpu_pipeline.h``), and each group
+prefetches a share of the next key block into L2; kᵀ is packed into 64-key panels by the first work item that needs
+each one.
 
 Backward (``fused_cpu_backward.cpp``, FlashAttention-2): the forward also keeps each row's log-sum-exp; the
 backward recomputes the probabilities tile by tile from q, k and it (64 query rows × 256 keys), one work item
@@ -32,8 +35,8 @@ ranges [lo, hi) from ``masks.key_ranges`` (mask "ranges": blocks outside every r
 window's work grows with the window, not S); softcap and ALiBi (slopes 2^(−8(h+1)/H)) act inside the score
 tile, forward only — the backward takes the ranges but not the modifiers, so those passes are unsupported. A
 paged KV cache is read in place by the decode kernel through the page table (Sq ≤ 16, pages of a multiple
-of 16 keys, the basic masks, no modifier); any other paged case gathers the pages into contiguous k and v
-inside the timed call, as bmm does.
+of 16 keys, the basic masks, no modifier: ``reads_pages``); for any other paged case the harness gathers the
+pages into contiguous k and v inside the timed call, as for bmm.
 """
 
 from __future__ import annotations
@@ -46,11 +49,10 @@ import torch
 
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, DEFAULT_MASKS, Capabilities, Contender
 from attnbench.errors import UsageError
-from attnbench.impls import _cpu_kernel
-from attnbench.impls._cpu_kernel import ScoreOptions
+from attnbench.impls.fused_cpu import bindings
+from attnbench.impls.fused_cpu.bindings import ScoreOptions
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import alibi_slopes, key_ranges
-from attnbench.paged import gather_pages, gathered_bytes
 from attnbench.workload import Workload
 
 BLOCK_Q = 2048  # most query rows per forward work item: its row groups share each key block while in L2
@@ -87,7 +89,7 @@ def fused_attention(
     Hkv; ``lengths`` (one per batch element, any integer dtype) for the padding mask. Returns the output, in
     q's dtype, and the number of score entries the kernel computed (how block skipping shows). When autograd
     records (grad enabled and q, k or v requiring grad), the output's backward is the fused backward kernel.
-    ``options`` (per-row key ranges with mask "ranges", softcap, ALiBi: see ``_cpu_kernel.ScoreOptions``) are
+    ``options`` (per-row key ranges with mask "ranges", softcap, ALiBi: see ``bindings.ScoreOptions``) are
     forward only for now, but for the key ranges, which the backward takes too."""
     threads = threads or torch.get_num_threads()
     if lengths is not None:
@@ -122,8 +124,8 @@ def paged_decode(
     decode kernel's (none, causal, causal_bottom_right, padding; default padding with lengths, else none);
     ``seq_k`` the cache length (default: every page full). The kernel reads the pages in place (no gather).
     Returns the output in q's dtype and the score entries computed."""
-    kernel = _cpu_kernel.load()
-    padded_dim = _round_up(q.shape[-1], _cpu_kernel.VECTOR)
+    kernel = bindings.load()
+    padded_dim = _round_up(q.shape[-1], bindings.VECTOR)
     out = torch.empty(*q.shape[:3], padded_dim, dtype=torch.float32)
     k32 = k_pages.detach().to(torch.float32).contiguous()
     if lengths is not None:
@@ -164,10 +166,10 @@ def _forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """The forward kernel: (output (B, H, Sq, Dp) float32, each row's log-sum-exp (B, H, Sq) or None, score
     entries computed)."""
-    kernel = _cpu_kernel.load()
+    kernel = bindings.load()
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
-    padded_dim = _round_up(head_dim, _cpu_kernel.VECTOR)
+    padded_dim = _round_up(head_dim, bindings.VECTOR)
     rows = block_q(batch * heads, seq_q, threads)
     out = torch.empty(batch, heads, seq_q, padded_dim, dtype=torch.float32)
     lse = torch.empty(batch, heads, seq_q, dtype=torch.float32) if keep_lse else None
@@ -219,7 +221,7 @@ def isa(dtype: torch.dtype) -> str:
     choice = os.environ.get(ISA_VARIABLE, "auto")
     if choice not in ("auto", "fp32"):
         raise UsageError(f"{ISA_VARIABLE}={choice!r} is not known; allowed: auto, fp32")
-    if dtype == torch.bfloat16 and choice == "auto" and _cpu_kernel.load().has_bf16():
+    if dtype == torch.bfloat16 and choice == "auto" and bindings.load().has_bf16():
         return "avx512_bf16"
     return "fp32"
 
@@ -268,7 +270,7 @@ class _FusedAttention(torch.autograd.Function):
         q, k, v, out32, lse = ctx.saved_tensors
         scale, mask, lengths, threads, ranges = ctx.options
         padded_dim = out32.shape[-1]
-        dq, dk, dv, _ = _cpu_kernel.load().backward(
+        dq, dk, dv, _ = bindings.load().backward(
             _padded32(q, padded_dim),
             _padded32(k, padded_dim),
             _padded32(v, padded_dim),
@@ -310,8 +312,8 @@ def score_options(w: Workload) -> tuple[str, ScoreOptions | None]:
 def reads_pages_in_place(w: Workload) -> bool:
     """Whether a paged workload goes to the decode kernel reading the pool through the page table: few query
     rows, pages of a multiple of 16 keys, a mask that kernel applies itself and no score modifier. Other paged
-    workloads gather the pages into contiguous k and v inside the timed call."""
-    rows = _cpu_kernel.load().decode_max_rows()
+    workloads are gathered into contiguous k and v by the harness inside the timed call."""
+    rows = bindings.load().decode_max_rows()
     return w.seq_q <= rows and w.page_size % 16 == 0 and w.mask in NATIVE_PAGED_MASKS and w.score_mod == "none"
 
 
@@ -327,7 +329,7 @@ class FusedCpu(Contender):
     )
 
     def availability(self) -> str | None:
-        return _cpu_kernel.unavailable_reason()
+        return bindings.unavailable_reason()
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         reason = super().unsupported_reason(workload)
@@ -338,10 +340,13 @@ class FusedCpu(Contender):
             )
         return reason
 
+    def reads_pages(self, workload: Workload) -> bool:
+        return reads_pages_in_place(workload)
+
     def predicted_extra_bytes(self, workload: Workload) -> float:
         w = workload
-        kernel = _cpu_kernel.load()  # predictions are made only for available contenders
-        padded_dim = _round_up(w.head_dim, _cpu_kernel.VECTOR)
+        kernel = bindings.load()  # predictions are made only for available contenders
+        padded_dim = _round_up(w.head_dim, bindings.VECTOR)
         widened = w.torch_dtype != torch.float32
         q_rows = w.batch * w.heads * w.seq_q
         kv_rows = w.batch * w.kv_heads * w.seq_k
@@ -360,16 +365,15 @@ class FusedCpu(Contender):
             floats += w.batch * w.heads * w.seq_q  # lse
             floats += kernel.backward_scratch_floats(q, k, BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K, threads)
             floats += 3 * (q_rows + kv_rows) * padded_dim  # q, dout, dq and k, v, dk, dv at worst
-        gathered = 0.0 if reads_pages_in_place(w) else gathered_bytes(w)  # k and v copied out of the pages
-        return 4.0 * (floats + threads * per_thread) + gathered
+        return 4.0 * (floats + threads * per_thread)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
-        _cpu_kernel.load()
+        bindings.load()
         w = workload
         lengths = None if inputs.lengths is None else torch.tensor(inputs.lengths, dtype=torch.int64)
         scale, (mask, options) = inputs.scale, score_options(w)
         paged = inputs.paged
-        if paged is not None and reads_pages_in_place(w):
+        if paged is not None and self.reads_pages(w):
             table = paged.page_table.contiguous()
 
             def decode() -> torch.Tensor:
@@ -381,10 +385,8 @@ class FusedCpu(Contender):
             return decode
 
         def run() -> torch.Tensor:
-            k, v = inputs.k, inputs.v
-            if paged is not None:  # a layout the decode kernel does not read: the pages gathered, timed
-                k, v = (gather_pages(pages, paged.page_table, w.seq_k) for pages in (paged.k_pages, paged.v_pages))
-            out, _ = fused_attention(inputs.q, k, v, scale=scale, mask=mask, lengths=lengths, options=options)
+            q, k, v = inputs.q, inputs.k, inputs.v
+            out, _ = fused_attention(q, k, v, scale=scale, mask=mask, lengths=lengths, options=options)
             return out
 
         return run
