@@ -243,14 +243,14 @@ def ratio_figure(table: pd.DataFrame, path: Path, settings: Settings) -> Path | 
 
 
 def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
-    from attnbench.reports.figure_layout import finish, legend_right, value_axis
+    from attnbench.reports.figure_layout import DPI, finish, legend_right, value_axis
     from attnbench.reports.plots import matplotlib, plt, sns
 
     compared = table[table["ratio"].notna()]
     if compared.empty:
         return None
     labels = compared["impl"] + " · " + compared["workload"]
-    figure, axis = plt.subplots(figsize=(8, 0.28 * len(compared) + 1.6), layout="constrained")
+    figure, axis = plt.subplots(figsize=(8, 0.28 * len(compared) + 1.6), layout="constrained", dpi=DPI)
     colours = {"faster": "#137333", "slower": "#b3261e", "same": "#777777", "unclear": "#e8a317"}
     sns.scatterplot(x=compared["ratio"].to_numpy(), y=labels.to_numpy(), hue=compared["verdict"].to_numpy(),
                     palette=colours, ax=axis, s=30, legend=False)  # fmt: skip

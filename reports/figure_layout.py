@@ -35,6 +35,8 @@ LOG_SPAN = 3.0  # values spanning less than this factor are drawn on a linear ax
 TITLE_SIZE = 8
 PANEL_SIZE = (4.4, 3.4)  # inches per panel
 COLUMNS = 3
+DPI = 110  # figures are laid out, checked and saved at this resolution
+TICK_GAP_PX = 4.0  # tick labels closer than this are treated as touching
 
 
 def plain(value: float, _position: Any = None) -> str:
@@ -102,7 +104,7 @@ def panel_grid(count: int, size: tuple[float, float] = PANEL_SIZE) -> tuple[Any,
     columns = max(1, min(COLUMNS, count))
     rows = -(-count // columns)
     figure, grid = plt.subplots(rows, columns, figsize=(size[0] * columns, size[1] * rows), squeeze=False,
-                                layout="constrained")  # fmt: skip
+                                layout="constrained", dpi=DPI)  # fmt: skip
     axes = list(grid.flat)
     for spare in axes[count:]:
         spare.remove()
@@ -113,7 +115,7 @@ def legend_right(figure: Any, handles: list[Any], title: str) -> Any:
     """One legend for the figure, outside every panel on the right: the figure is widened by the legend's
     width, so the panels keep theirs (the constrained layout places it)."""
     legend = figure.legend(handles=handles, title=title, loc="outside right upper", frameon=False)
-    width = legend.get_window_extent(_renderer(figure)).width / figure.dpi
+    width = legend.get_window_extent(figure.canvas.get_renderer()).width / figure.dpi  # its own size: no layout
     figure.set_size_inches(figure.get_figwidth() + width + 0.2, figure.get_figheight())
     return legend
 
@@ -136,22 +138,28 @@ def wrap_titles(figure: Any) -> None:
 
 
 def fit_ticks(figure: Any) -> None:
-    """After layout: x tick labels that touch are turned upright, then thinned; y labels that touch thinned."""
-    for axis in figure.axes:
-        for which in ("x", "y"):
-            for _ in range(4):
-                labels = _tick_labels(axis, which, _renderer(figure))
-                if not _any_overlap([box for _, box in labels]):
-                    break
-                ticks = axis.xaxis if which == "x" else axis.yaxis
-                if which == "x" and labels[0][0].get_rotation() != 90:
-                    axis.tick_params(axis="x", labelrotation=90)
-                    for label in ticks.get_ticklabels():
-                        label.set_horizontalalignment("center")
-                elif isinstance(ticks.get_major_locator(), matplotlib.ticker.FixedLocator):
-                    _thin_fixed(ticks)
-                else:
-                    ticks.set_major_locator(MaxNLocator(nbins=max(2, len(labels) // 2)))
+    """After layout: x tick labels that touch are turned upright, then thinned; y labels that touch thinned
+    (a few passes, one drawing each: a change moves the layout)."""
+    for _ in range(4):
+        renderer = _renderer(figure)
+        sides = [(axis, which, _tick_labels(axis, which, renderer)) for axis in figure.axes for which in ("x", "y")]
+        crowded = [side for side in sides if _any_overlap([box for _, box in side[2]], -TICK_GAP_PX)]
+        if not crowded:
+            return
+        upright = [box.width for _, which, labels in crowded if which == "x" and labels[0][0].get_rotation() != 90
+                   for _, box in labels]  # fmt: skip
+        if upright:  # upright labels take their width in height: the figure grows by it, the panels keep theirs
+            figure.set_size_inches(figure.get_figwidth(), figure.get_figheight() + max(upright) / figure.dpi)
+        for axis, which, labels in crowded:
+            ticks = axis.xaxis if which == "x" else axis.yaxis
+            if which == "x" and labels[0][0].get_rotation() != 90:
+                axis.tick_params(axis="x", labelrotation=90)
+                for label in ticks.get_ticklabels():
+                    label.set_horizontalalignment("center")
+            elif isinstance(ticks.get_major_locator(), matplotlib.ticker.FixedLocator):
+                _thin_fixed(ticks)
+            else:
+                ticks.set_major_locator(MaxNLocator(nbins=max(2, len(labels) // 2)))
 
 
 def _thin_fixed(ticks: Any) -> None:
@@ -175,7 +183,8 @@ def finish(figure: Any) -> Any:
 
 
 def _renderer(figure: Any) -> Any:
-    figure.canvas.draw()
+    """Lay the figure out (constrained layout, ticks) without rasterising it; the renderer measures text."""
+    figure.draw_without_rendering()
     return figure.canvas.get_renderer()
 
 
@@ -196,11 +205,12 @@ def _tick_labels(axis: Any, which: str, renderer: Any) -> list[tuple[Any, Any]]:
 
 
 def _overlap(a: Any, b: Any, slack: float = 0.5) -> bool:
+    """Boxes share more than ``slack`` pixels each way (a negative slack: they come closer than that)."""
     return min(a.x1, b.x1) - max(a.x0, b.x0) > slack and min(a.y1, b.y1) - max(a.y0, b.y0) > slack
 
 
-def _any_overlap(boxes: list[Any]) -> bool:
-    return any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+def _any_overlap(boxes: list[Any], slack: float = 0.5) -> bool:
+    return any(_overlap(a, b, slack) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
 
 
 def _all_axes(figure: Any) -> list[Any]:

@@ -20,7 +20,7 @@ import pandas as pd
 import seaborn as sns
 
 from attnbench.reports.facets import AXIS_LABELS, Facet, facets
-from attnbench.reports.figure_layout import TITLE_SIZE, finish, legend_right, panel_grid, plain, value_axis
+from attnbench.reports.figure_layout import DPI, TITLE_SIZE, finish, legend_right, panel_grid, plain, value_axis
 from attnbench.reports.frames import group_label, labels, phase_of
 
 KNOWN_ORDER = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
@@ -35,7 +35,6 @@ TORCH_CONTENDERS = {
     "sdpa_cudnn",
     "flex",
 }
-DPI = 110
 
 
 def palette(impls: list[str]) -> dict[str, Any]:
@@ -63,7 +62,7 @@ def _log2_x(axis: Any) -> None:
     axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
-Decorate = Callable[[Facet, Any], list[float]]  # draws on a panel; returns values its y axis must show
+Decorate = Callable[[Facet, Any], list[tuple[float, str]]]  # draws on a panel; returns its reference lines
 
 
 def _facet_figure(panels: list[Facet], y: str, ylabel: str, colours: dict[str, Any], decorate: Decorate | None = None,
@@ -73,8 +72,10 @@ def _facet_figure(panels: list[Facet], y: str, ylabel: str, colours: dict[str, A
     figure, axes = panel_grid(len(panels))
     for axis, panel in zip(axes, panels, strict=True):
         _draw_panel(axis, panel, y, colours, xlabel)
-        extra = decorate(panel, axis) if decorate else []
-        value_axis(axis, panel.rows[y], extra=extra)
+        lines = decorate(panel, axis) if decorate else []
+        value_axis(axis, panel.rows[y], extra=[value for value, _ in lines])
+        for value, text in lines:
+            _reference_line(axis, value, text)
         axis.set_ylabel(ylabel)
         axis.set_title(panel.title, size=TITLE_SIZE)
         axis.grid(True, which="major", alpha=0.3)
@@ -99,11 +100,15 @@ def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any], xlabel
     axis.set_xlabel(xlabel or AXIS_LABELS[panel.x])
 
 
-def _reference_line(axis: Any, value: float, text: str) -> list[float]:
-    """A dashed horizontal line with its label just above it, at the panel's left."""
+def _reference_line(axis: Any, value: float, text: str) -> None:
+    """A dashed horizontal line labelled at the panel's left: below it in the panel's upper half, above it in
+    the lower half, so the label stays inside the panel (clear of the title and the tick labels)."""
     axis.axhline(value, color="black", linestyle="--", linewidth=1)
-    axis.annotate(text, (0.02, value), xycoords=("axes fraction", "data"), va="bottom", fontsize=7)
-    return [value]
+    height = axis.transLimits.transform((0, value))[1]  # 0 at the bottom of the panel, 1 at the top
+    upper = height > 0.5
+    axis.annotate(text, (0.02, value), xycoords=("axes fraction", "data"), xytext=(0, -2 if upper else 2),
+                  textcoords="offset points", va="top" if upper else "bottom", fontsize=7,
+                  bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1})  # fmt: skip
 
 
 def latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
@@ -116,10 +121,10 @@ def throughput(ok: pd.DataFrame, colours: dict[str, Any], peaks: dict[tuple[str,
     if ok.empty:
         return None
 
-    def peak_line(panel: Facet, axis: Any) -> list[float]:
+    def peak_line(panel: Facet, axis: Any) -> list[tuple[float, str]]:
         row = panel.rows.iloc[0]
         peak = peaks.get((row["machine"], row["device"], row["dtype"]))
-        return _reference_line(axis, peak, f"measured matmul peak {peak:.3g}") if peak else []
+        return [(peak, f"measured matmul peak {peak:.3g} TFLOP/s")] if peak else []
 
     return _facet_figure(facets(ok), "tflops", "TFLOP/s", colours, peak_line)
 
@@ -158,7 +163,8 @@ def speedup(ok: pd.DataFrame, colours: dict[str, Any], baseline: str | None) -> 
         return None
     table = table.reindex([i for i in colours if i in table.index]).T  # rows: workloads, columns: contenders
     rows = [f"{w}  (baseline {base[w]})" for w in table.index]
-    figure, axis = plt.subplots(figsize=(0.9 * len(table.columns) + 6.5, 0.38 * len(rows) + 1.8), layout="constrained")
+    size = (0.9 * len(table.columns) + 6.5, 0.38 * len(rows) + 1.8)
+    figure, axis = plt.subplots(figsize=size, layout="constrained", dpi=DPI)
     values = np.log2(table.to_numpy(dtype=float))
     limit = max(1.0, float(np.nanmax(np.abs(values)))) if np.isfinite(values).any() else 1.0
     sns.heatmap(values, ax=axis, cmap="RdYlGn", center=0, vmin=-limit, vmax=limit,
@@ -196,9 +202,10 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
         rows = points[(points["machine"] == key[0]) & (points["device"] == key[1]) & (points["dtype"] == key[2])]
         low, high = rows["intensity"].min() / 4, rows["intensity"].max() * 4
         x = np.geomspace(low, high, 200)
-        axis.plot(x, np.minimum(peak, x * bandwidth_gbps / 1e3), color="black", linewidth=1.2)
+        axis.plot(x, np.minimum(peak, x * bandwidth_gbps / 1e3), color="black", linewidth=1.2,
+                  label=f"hardware roof ({peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s)")  # fmt: skip
         axis.plot(x, np.minimum(roofs.matmul_tflops, x * roofs.copy_gbps / 1e3), color="black", linewidth=1,
-                  linestyle="--")  # fmt: skip
+                  linestyle="--", label=f"torch matmul ({roofs.matmul_tflops:.3g} TFLOP/s) and copy")  # fmt: skip
         sns.scatterplot(data=rows, x="intensity", y="tflops", hue="impl", hue_order=[i for i in colours
                         if i in set(rows["impl"])], palette=colours, ax=axis, s=40, legend=False)  # fmt: skip
         value_axis(axis, [low, high], which="x")
@@ -231,7 +238,7 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
     panels = [Facet(group, "seq_k" if rows["seq_k"].nunique() > 1 else None, rows)
               for group, rows in decode.groupby("group", sort=False)]  # fmt: skip
 
-    def bandwidth_line(panel: Facet, axis: Any) -> list[float]:
+    def bandwidth_line(panel: Facet, axis: Any) -> list[tuple[float, str]]:
         row = panel.rows.iloc[0]
         roofs = ceilings.get((row["machine"], row["device"], row["dtype"]))
         bandwidth = roofs.roof_gbps if roofs is not None else 0.0
@@ -242,7 +249,7 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
         percent.set_ylabel("% of bandwidth", fontsize=8)
         percent.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
         percent.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        return _reference_line(axis, bandwidth, f"measured bandwidth {bandwidth:.3g} GB/s")
+        return [(bandwidth, f"measured bandwidth {bandwidth:.3g} GB/s")]
 
     return _facet_figure(panels, "gbps", "GB/s (bytes of the KV read)", colours, bandwidth_line,
                          xlabel="KV cache length (keys)")  # fmt: skip
