@@ -235,7 +235,7 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
     decode = decode[[phase_of(r) == "decode" for r in decode.to_dict("records")]]
     if decode.empty:
         return None
-    panels = [Facet(group, "seq_k" if rows["seq_k"].nunique() > 1 else None, rows)
+    panels = [Facet(str(group), "seq_k" if rows["seq_k"].nunique() > 1 else None, rows)
               for group, rows in decode.groupby("group", sort=False)]  # fmt: skip
 
     def bandwidth_line(panel: Facet, axis: Any) -> list[tuple[float, str]]:
