@@ -232,26 +232,38 @@ def load_pair(base: Path, new: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def ratio_figure(table: pd.DataFrame, path: Path, settings: Settings) -> Path | None:
-    """Dot plot of new/base ratios per case, coloured by verdict, with the floor shaded."""
-    from attnbench.reports.plots import DPI, plt, sns
+    """Dot plot of new/base ratios per case, coloured by verdict, with the floor shaded; the ratio axis is
+    logarithmic only when the ratios span a factor of 3 (figure_layout.value_axis), the legend outside."""
+    figure = ratio_plot(table, settings)
+    if figure is None:
+        return None
+    from attnbench.reports.plots import save
+
+    return save(figure, path)
+
+
+def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
+    from attnbench.reports.figure_layout import DPI, finish, legend_right, value_axis
+    from attnbench.reports.plots import matplotlib, plt, sns
 
     compared = table[table["ratio"].notna()]
     if compared.empty:
         return None
     labels = compared["impl"] + " · " + compared["workload"]
-    figure, axis = plt.subplots(figsize=(8, 0.28 * len(compared) + 1.6))
+    figure, axis = plt.subplots(figsize=(8, 0.28 * len(compared) + 1.6), layout="constrained", dpi=DPI)
     colours = {"faster": "#137333", "slower": "#b3261e", "same": "#777777", "unclear": "#e8a317"}
     sns.scatterplot(x=compared["ratio"].to_numpy(), y=labels.to_numpy(), hue=compared["verdict"].to_numpy(),
-                    palette=colours, ax=axis, s=30)  # fmt: skip
-    axis.axvspan(1 - settings.threshold, 1 + settings.threshold, color="#dddddd", alpha=0.6, zorder=0)
+                    palette=colours, ax=axis, s=30, legend=False)  # fmt: skip
+    band = (1 - settings.threshold, 1 + settings.threshold)
+    axis.axvspan(*band, color="#dddddd", alpha=0.6, zorder=0)
     axis.axvline(1, color="black", linewidth=0.8)
-    axis.set_xscale("log")
+    value_axis(axis, compared["ratio"], which="x", extra=band, zero=False)
     axis.set_xlabel("new / base median (< 1 is faster)")
     axis.tick_params(axis="y", labelsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(figure)
-    return path
+    shown = [v for v in colours if v in set(compared["verdict"])]
+    handles = [matplotlib.lines.Line2D([], [], color=colours[v], marker="o", linestyle="", label=v) for v in shown]
+    legend_right(figure, handles, "verdict")
+    return finish(figure)
 
 
 COMPARE_TEMPLATE = """<!doctype html>

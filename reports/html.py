@@ -24,7 +24,7 @@ from attnbench.reports.plots import speedup_table
 from attnbench.reports.table import results_table_html
 
 CAPTIONS = {
-    "latency.png": "median time per call; log axes; one colour per contender in every figure.",
+    "latency.png": "median time per call (log axis where times span 3× or more); one colour per contender throughout.",
     "tflops.png": "achieved TFLOP/s from the shared FLOP count; the dashed line is the measured matmul peak.",
     "memory.png": "working memory one call needs beyond inputs and output, measured in a separate pass.",
     "speedup.png": "baseline median / contender median per workload; green is faster than the baseline.",

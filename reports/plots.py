@@ -1,7 +1,8 @@
 """The report's figures, drawn with seaborn: one colour per contender across every figure, log axes
 where sizes double, a panel per workload group and machine (``facets.py``: what varies in a group goes on
 x — sequence length, key length, heads, head_dim or batch — and a group run at one size is drawn as
-points by contender)."""
+points by contender). Layout — panels, legends outside, value axes, tick labels — follows
+``figure_layout.py``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pandas as pd
 import seaborn as sns
 
 from attnbench.reports.facets import AXIS_LABELS, Facet, facets
+from attnbench.reports.figure_layout import DPI, TITLE_SIZE, finish, legend_right, panel_grid, plain, value_axis
 from attnbench.reports.frames import group_label, labels, phase_of
 
 KNOWN_ORDER = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
@@ -33,7 +35,6 @@ TORCH_CONTENDERS = {
     "sdpa_cudnn",
     "flex",
 }
-DPI = 110
 
 
 def palette(impls: list[str]) -> dict[str, Any]:
@@ -57,74 +58,82 @@ def plottable(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _log2_x(axis: Any) -> None:
     axis.set_xscale("log", base=2)
-    axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
+    axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
-def _facet_figure(
-    ok: pd.DataFrame, y: str, ylabel: str, colours: dict[str, Any], logy: bool = True
-) -> tuple[Any, list[tuple[Facet, Any]]]:
-    """A panel per facet: lines against its x axis, or points by contender where it has one size; returns the
-    figure and each facet with its axes."""
-    panels = facets(ok)
-    columns = min(3, len(panels))
-    rows = -(-len(panels) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4.4 * columns, 3.4 * rows), squeeze=False)
-    for axis, panel in zip(axes.flat, panels, strict=False):
-        _draw_panel(axis, panel, y, colours)
-        if logy:
-            axis.set_yscale("log")
+Decorate = Callable[[Facet, Any], list[tuple[float, str]]]  # draws on a panel; returns its reference lines
+
+
+def _facet_figure(panels: list[Facet], y: str, ylabel: str, colours: dict[str, Any], decorate: Decorate | None = None,
+                  xlabel: str | None = None) -> Any:  # fmt: skip
+    """A panel per facet — lines against its x axis, or points by contender where it has one size — each
+    with its own value axis, and one legend of contenders to the right."""
+    figure, axes = panel_grid(len(panels))
+    for axis, panel in zip(axes, panels, strict=True):
+        _draw_panel(axis, panel, y, colours, xlabel)
+        lines = decorate(panel, axis) if decorate else []
+        value_axis(axis, panel.rows[y], extra=[value for value, _ in lines])
+        for value, text in lines:
+            _reference_line(axis, value, text)
         axis.set_ylabel(ylabel)
-        axis.set_title(panel.title, size=8)
+        axis.set_title(panel.title, size=TITLE_SIZE)
         axis.grid(True, which="major", alpha=0.3)
-    for axis in list(axes.flat)[len(panels) :]:
-        axis.set_visible(False)
-    shown = [impl for impl in colours if impl in set(ok["impl"])]
+    shown = [impl for impl in colours if any(impl in set(p.rows["impl"]) for p in panels)]
     handles = [matplotlib.lines.Line2D([], [], color=colours[i], marker="o", label=i) for i in shown]
-    figure.legend(handles=handles, title="impl", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    figure.tight_layout()
-    return figure, [(panel, axis) for axis, panel in zip(axes.flat, panels, strict=False)]
+    legend_right(figure, handles, "impl")
+    return finish(figure)
 
 
-def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any]) -> None:
+def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any], xlabel: str | None = None) -> None:
     order = [impl for impl in colours if impl in set(panel.rows["impl"])]
     if panel.x is None:
-        # a point per contender on the panel's (log) y axis: a bar from an arbitrary log floor would mislead
+        # a point per contender on the panel's y axis: a bar from an arbitrary log floor would mislead
         sns.stripplot(data=panel.rows, x="impl", y=y, hue="impl", order=order, hue_order=order, palette=colours,
                       jitter=False, size=8, ax=axis, legend=False)  # fmt: skip
         axis.set_xlabel("")
-        axis.tick_params(axis="x", labelrotation=30, labelsize=7)
+        axis.tick_params(axis="x", labelsize=7)
         return
     sns.lineplot(data=panel.rows, x=panel.x, y=y, hue="impl", hue_order=order, palette=colours, marker="o", ax=axis,
                  legend=False)  # fmt: skip
     _log2_x(axis)
-    axis.set_xlabel(AXIS_LABELS[panel.x])
+    axis.set_xlabel(xlabel or AXIS_LABELS[panel.x])
+
+
+def _reference_line(axis: Any, value: float, text: str) -> None:
+    """A dashed horizontal line labelled at the panel's left: below it in the panel's upper half, above it in
+    the lower half, so the label stays inside the panel (clear of the title and the tick labels)."""
+    axis.axhline(value, color="black", linestyle="--", linewidth=1)
+    height = axis.transLimits.transform((0, value))[1]  # 0 at the bottom of the panel, 1 at the top
+    upper = height > 0.5
+    axis.annotate(text, (0.02, value), xycoords=("axes fraction", "data"), xytext=(0, -2 if upper else 2),
+                  textcoords="offset points", va="top" if upper else "bottom", fontsize=7,
+                  bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1})  # fmt: skip
 
 
 def latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
     if ok.empty:  # only decode rows: they have their own figure
         return None
-    return _facet_figure(ok, "median_ms", "median time per call (ms)", colours)[0]
+    return _facet_figure(facets(ok), "median_ms", "median time per call (ms)", colours)
 
 
 def throughput(ok: pd.DataFrame, colours: dict[str, Any], peaks: dict[tuple[str, str, str], float]) -> Any:
     if ok.empty:
         return None
-    figure, panels = _facet_figure(ok, "tflops", "TFLOP/s", colours)
-    for panel, axis in panels:
-        rows = panel.rows.iloc[0]
-        peak = peaks.get((rows["machine"], rows["device"], rows["dtype"]))
-        if peak:
-            axis.axhline(peak, color="black", linestyle="--", linewidth=1)
-            axis.annotate(f"measured matmul peak {peak:.3g}", (0.02, peak), xycoords=("axes fraction", "data"),
-                          va="bottom", fontsize=7)  # fmt: skip
-    return figure
+
+    def peak_line(panel: Facet, axis: Any) -> list[tuple[float, str]]:
+        row = panel.rows.iloc[0]
+        peak = peaks.get((row["machine"], row["device"], row["dtype"]))
+        return [(peak, f"measured matmul peak {peak:.3g} TFLOP/s")] if peak else []
+
+    return _facet_figure(facets(ok), "tflops", "TFLOP/s", colours, peak_line)
 
 
 def memory(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
     with_memory = ok[ok["peak_mem_mb"].notna() & (ok["peak_mem_mb"] > 0)] if not ok.empty else ok
     if with_memory.empty:
         return None
-    return _facet_figure(with_memory, "peak_mem_mb", "peak working memory (MiB)", colours)[0]
+    return _facet_figure(facets(with_memory), "peak_mem_mb", "peak working memory (MiB)", colours)
 
 
 def speedup_table(ok: pd.DataFrame, baseline: str | None) -> tuple[pd.DataFrame, pd.Series]:
@@ -154,20 +163,20 @@ def speedup(ok: pd.DataFrame, colours: dict[str, Any], baseline: str | None) -> 
         return None
     table = table.reindex([i for i in colours if i in table.index]).T  # rows: workloads, columns: contenders
     rows = [f"{w}  (baseline {base[w]})" for w in table.index]
-    figure, axis = plt.subplots(figsize=(0.9 * len(table.columns) + 6.5, 0.38 * len(rows) + 1.8))
+    size = (0.9 * len(table.columns) + 6.5, 0.38 * len(rows) + 1.8)
+    figure, axis = plt.subplots(figsize=size, layout="constrained", dpi=DPI)
     values = np.log2(table.to_numpy(dtype=float))
     limit = max(1.0, float(np.nanmax(np.abs(values)))) if np.isfinite(values).any() else 1.0
     sns.heatmap(values, ax=axis, cmap="RdYlGn", center=0, vmin=-limit, vmax=limit,
                 annot=table.map(lambda v: "" if pd.isna(v) else f"{v:.2g}×").to_numpy(), fmt="",
                 annot_kws={"size": 7}, cbar_kws={"label": "log2 speedup over baseline"},
                 xticklabels=list(table.columns), yticklabels=rows)  # fmt: skip
-    axis.set_xticklabels(axis.get_xticklabels(), rotation=30, ha="right", fontsize=8)
+    axis.set_xticklabels(axis.get_xticklabels(), rotation=0, fontsize=8)
     axis.set_yticklabels(axis.get_yticklabels(), rotation=0, fontsize=7)
-    axis.set_title("speedup over the baseline (> 1× is faster; the baseline is 1×)")
+    axis.set_title("speedup over the baseline (> 1× is faster; the baseline is 1×)", size=10)
     axis.set_xlabel("")
     axis.set_ylabel("")
-    figure.tight_layout()
-    return figure
+    return finish(figure)
 
 
 class Roofs(NamedTuple):
@@ -181,13 +190,13 @@ class Roofs(NamedTuple):
 
 def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str, str, str], Roofs]) -> Any:
     """Achieved TFLOP/s against arithmetic intensity, under the hardware roofline (solid) and the library's
-    (dashed: torch's matmul and copy rates)."""
+    (dashed: torch's matmul and copy rates); their figures in each panel's title, one legend to the right."""
     points = ok[ok["intensity"].notna() & ok["tflops"].notna()]
     keys = sorted(set(zip(points["machine"], points["device"], points["dtype"], strict=True)) & set(ceilings))
     if not keys:
         return None
-    figure, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 4.2), squeeze=False)
-    for axis, key in zip(axes[0], keys, strict=True):
+    figure, axes = panel_grid(len(keys), size=(5.2, 4.2))
+    for axis, key in zip(axes, keys, strict=True):
         roofs = ceilings[key]
         peak, bandwidth_gbps = roofs.roof_tflops, roofs.roof_gbps
         rows = points[(points["machine"] == key[0]) & (points["device"] == key[1]) & (points["dtype"] == key[2])]
@@ -198,17 +207,22 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
         axis.plot(x, np.minimum(roofs.matmul_tflops, x * roofs.copy_gbps / 1e3), color="black", linewidth=1,
                   linestyle="--", label=f"torch matmul ({roofs.matmul_tflops:.3g} TFLOP/s) and copy")  # fmt: skip
         sns.scatterplot(data=rows, x="intensity", y="tflops", hue="impl", hue_order=[i for i in colours
-                        if i in set(rows["impl"])], palette=colours, ax=axis, s=40)  # fmt: skip
-        axis.set_xscale("log")
-        axis.set_yscale("log")
+                        if i in set(rows["impl"])], palette=colours, ax=axis, s=40, legend=False)  # fmt: skip
+        value_axis(axis, [low, high], which="x")
+        value_axis(axis, rows["tflops"], extra=[peak, low * bandwidth_gbps / 1e3])
         axis.set_xlabel("arithmetic intensity (FLOP/byte)")
         axis.set_ylabel("achieved TFLOP/s")
-        axis.set_title(f"{key[0]}\n{key[1]} {key[2]}: hardware roof {peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s",
-                       size=8)  # fmt: skip
+        axis.set_title(f"{key[0]}, {key[1]} {key[2]}: hardware roof {peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s; "
+                       f"torch matmul {roofs.matmul_tflops:.3g} TFLOP/s, copy {roofs.copy_gbps:.3g} GB/s",
+                       size=TITLE_SIZE)  # fmt: skip
         axis.grid(True, which="both", alpha=0.25)
-        axis.legend(fontsize=7)
-    figure.tight_layout()
-    return figure
+    shown = [i for i in colours if i in set(points["impl"])]
+    line = matplotlib.lines.Line2D
+    handles = [line([], [], color="black", linewidth=1.2, label="hardware roof"),
+               line([], [], color="black", linewidth=1, linestyle="--", label="torch matmul and copy"),
+               *[line([], [], color=colours[i], marker="o", linestyle="", label=i) for i in shown]]  # fmt: skip
+    legend_right(figure, handles, "roofs and impl")
+    return finish(figure)
 
 
 def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str, str, str], Roofs]) -> Any:
@@ -221,30 +235,24 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
     decode = decode[[phase_of(r) == "decode" for r in decode.to_dict("records")]]
     if decode.empty:
         return None
-    groups = list(dict.fromkeys(decode["group"]))
-    grid = sns.relplot(
-        data=decode, x="seq_k", y="gbps", hue="impl", hue_order=[i for i in colours if i in set(decode["impl"])],
-        palette=colours, col="group", col_order=groups, col_wrap=min(3, len(groups)), kind="line", marker="o",
-        height=3.2, aspect=1.35, facet_kws={"sharey": False, "sharex": False},
-    )  # fmt: skip
-    for group, axis in grid.axes_dict.items():
-        _log2_x(axis)
-        axis.grid(True, which="major", alpha=0.3)
-        row = decode[decode["group"] == group].iloc[0]
+    panels = [Facet(str(group), "seq_k" if rows["seq_k"].nunique() > 1 else None, rows)
+              for group, rows in decode.groupby("group", sort=False)]  # fmt: skip
+
+    def bandwidth_line(panel: Facet, axis: Any) -> list[tuple[float, str]]:
+        row = panel.rows.iloc[0]
         roofs = ceilings.get((row["machine"], row["device"], row["dtype"]))
         bandwidth = roofs.roof_gbps if roofs is not None else 0.0
-        if bandwidth:
-            axis.axhline(bandwidth, color="black", linestyle="--", linewidth=1)
-            axis.annotate(f"measured bandwidth {bandwidth:.3g} GB/s", (0.02, bandwidth),
-                          xycoords=("axes fraction", "data"), va="bottom", fontsize=7)  # fmt: skip
-            axis.set_ylim(0, max(bandwidth, float(decode[decode["group"] == group]["gbps"].max())) * 1.15)
-            percent = axis.secondary_yaxis(
-                "right", functions=(lambda v, b=bandwidth: 100 * v / b, lambda p, b=bandwidth: p * b / 100)
-            )
-            percent.set_ylabel("% of bandwidth", fontsize=8)
-    grid.set_titles("{col_name}", size=8)
-    grid.set_axis_labels("KV cache length (keys)", "GB/s (bytes of the KV read)")
-    return grid
+        if not bandwidth:
+            return []
+        percent = axis.secondary_yaxis("right", functions=(lambda v: 100 * v / bandwidth,
+                                                           lambda p: p * bandwidth / 100))  # fmt: skip
+        percent.set_ylabel("% of bandwidth", fontsize=8)
+        percent.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
+        percent.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        return [(bandwidth, f"measured bandwidth {bandwidth:.3g} GB/s")]
+
+    return _facet_figure(panels, "gbps", "GB/s (bytes of the KV read)", colours, bandwidth_line,
+                         xlabel="KV cache length (keys)")  # fmt: skip
 
 
 def save(figure: Any, path: Path) -> Path:

@@ -156,6 +156,18 @@ def test_default_run_folder_goes_under_runs(cli, tmp_path, monkeypatch):
     assert run.name.startswith("quick-") and (run / "results.parquet").exists()
 
 
+def test_suites_descriptions_start_in_one_column(cli):
+    """The description column is aligned to the longest suite name (fused_cpu_decode and friends)."""
+    code, out, _ = cli("suites")
+    lines = out.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert code == 0 and "fused_cpu_decode" in names
+    width = max(map(len, names))
+    starts = {len(line) - len(line[width:].lstrip()) for line in lines}
+    assert starts == {width + 2}, out
+    assert all(line[len(name) : width + 2].strip() == "" for line, name in zip(lines, names, strict=True))
+
+
 def test_module_entry_point_env_and_suites(tmp_path):
     env = run_subprocess(*attnbench_cmd("env", "--dtype", "fp32"))
     assert env.returncode == 0 and json.loads(env.stdout)["torch_version"]

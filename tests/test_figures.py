@@ -3,6 +3,7 @@ key length, heads, head_dim, batch), and a group run at one size is a point per 
 x axis, not a lone dot on a size axis."""
 
 import itertools
+import re
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -93,3 +94,104 @@ def test_draw_all_writes_every_figure_for_mixed_groups(tmp_path):
     drawn = draw_all(frame, tmp_path, None, {("test cpu", "cpu", "float32"): Roofs(1.0, 50.0, 0.5, 40.0)})
     assert {path.name for _, path in drawn} >= {"latency.png", "tflops.png", "memory.png", "speedup.png"}
     assert all(path.stat().st_size > 10_000 for _, path in drawn)
+
+
+# --- text on text (issue 24 item 4): every figure kind, on frames made to crowd it ---------------------------
+
+MANY = ("naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "flex", "fused_cpu", "xformers",
+        "my_org_flash_attention_v3_experimental", "another_plugin_with_a_long_name", "tiled_cpu_kernel_v2",
+        "z_last_contender")  # fmt: skip
+LONG_MODEL = "a-very-long-model-preset-name-for-testing-70b-instruct"
+ROOFS = {("test cpu", "cpu", "float32"): Roofs(1.0, 50.0, 0.5, 40.0)}
+
+
+def crowded():
+    """Long workload labels (a long model name, sliding windows), a dozen contenders, eleven x values, a
+    one-size group (points by contender), and decode groups over many KV lengths, paged and not."""
+    sweep = fabricate(impls=MANY, seq_q=[2**n for n in range(6, 17)]).assign(model=LONG_MODEL, window=4096)
+    sweep["mask"] = "sliding_window"
+    one = fabricate(impls=MANY, seq_q=[512], seq_k=[8192]).assign(mask="causal_bottom_right", model=LONG_MODEL)
+    decode = fabricate(impls=MANY, seq_q=[1], seq_k=[2**n for n in range(10, 18)], page_size=[0, 64])
+    decode = decode.assign(model=LONG_MODEL, heads=32, kv_heads=8, head_dim=128)
+    frame = pd.concat([sweep, one, decode], ignore_index=True)
+    frame["gbps"] = 1e3 / frame["median_ms"] % 60 + 1
+    frame["intensity"] = frame["seq_k"] / 8
+    return frame
+
+
+def figures_of_every_kind():
+    from attnbench.reports.compare import Settings, ratio_plot
+    from attnbench.reports.plots import decode_bandwidth, memory, roofline, speedup, throughput
+
+    ok = plottable(crowded())
+    colours = palette(sorted(set(ok["impl"])))
+    not_decode = ok[ok["seq_q"] > 1]
+    compared = crowded().assign(workload=lambda f: f["mask"] + " " + f["seq_q"].astype(str) + " " + LONG_MODEL)
+    compared = compared.assign(ratio=[0.7 + 0.05 * (i % 13) for i in range(len(compared))], verdict="unclear")
+    return {
+        "latency": latency(not_decode, colours),
+        "tflops": throughput(not_decode, colours, {key: roofs.matmul_tflops for key, roofs in ROOFS.items()}),
+        "memory": memory(not_decode, colours),
+        "speedup": speedup(ok, colours, None),
+        "roofline": roofline(ok, colours, ROOFS),
+        "decode": decode_bandwidth(ok, colours, ROOFS),
+        "compare": ratio_plot(compared.head(40), Settings()),
+    }
+
+
+def _tick_texts(figure):
+    return [t.get_text() for a in figure.axes for ax in (a.xaxis, a.yaxis) for t in ax.get_ticklabels()]
+
+
+def test_no_figure_kind_draws_text_on_text():
+    """Titles, tick labels, axis labels, legend entries and annotations never overlap, and legends lie outside
+    every axes (figure_layout.text_overlaps measures each text's window extent)."""
+    from attnbench.reports.figure_layout import text_overlaps
+
+    drawn = figures_of_every_kind()
+    assert all(figure is not None for figure in drawn.values()), [k for k, f in drawn.items() if f is None]
+    for kind, figure in drawn.items():
+        assert text_overlaps(figure) == [], kind
+        assert not [t for t in _tick_texts(figure) if re.search(r"\$|×|\d[eE][+-]?\d", t)], kind  # plain decimals
+        assert len(figure.legends) <= 1 and not [a for a in figure.axes if a.get_legend()], kind
+        plt.close(figure)
+
+
+def test_the_checker_finds_text_on_text():
+    """The check itself: two titles run together, a legend over the data."""
+    from attnbench.reports.figure_layout import text_overlaps
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(4, 2))
+    left.set_title("a title long enough to run into the next panel's own title")
+    right.set_title("the next panel's title")
+    left.plot([1, 2], [1, 2], label="a line")
+    left.legend(loc="center")
+    problems = text_overlaps(figure)
+    assert any("title" in p and "overlaps" in p for p in problems)
+    assert any(p.startswith("legend 0 lies over axes 0") for p in problems)
+    plt.close(figure)
+
+
+def test_a_five_percent_spread_is_drawn_from_zero_with_plain_labels():
+    """pytest-benchmark latencies 0.80–0.84 ms: a linear axis from zero, not a log axis labelled 8.05×10⁻¹."""
+    frame = fabricate(impls=("bmm", "sdpa_flash"), seq_q=[256, 512, 1024])
+    frame["median_ms"] = [0.80, 0.81, 0.82, 0.84, 0.83, 0.805]
+    ok = plottable(frame)
+    figure = latency(ok, palette(sorted(set(ok["impl"]))))
+    (axis,) = figure.axes
+    assert axis.get_yscale() == "linear" and axis.get_ylim()[0] == 0 and axis.get_ylim()[1] < 1.2
+    labels = [t.get_text() for t in axis.get_yticklabels() if t.get_text()]
+    assert labels and all(text.replace(".", "").isdigit() for text in labels), labels
+    plt.close(figure)
+
+
+def test_a_wide_spread_gets_a_log_axis_with_plain_labels():
+    from attnbench.reports.figure_layout import plain
+
+    frame = fabricate(seq_q=[256, 1024, 4096])  # times over 256× apart
+    ok = plottable(frame)
+    figure = latency(ok, palette(sorted(set(ok["impl"]))))
+    (axis,) = figure.axes
+    assert axis.get_yscale() == "log"
+    assert [plain(v) for v in (0.000805, 0.5, 2.0, 1024.0, 16384.0)] == ["0.000805", "0.5", "2", "1024", "16384"]
+    plt.close(figure)

@@ -1,6 +1,10 @@
-"""`attnbench profile` accounts for a call's whole time: each call runs under its own record_function range,
-the range's time that no torch operator explains is the contender's own kernel, what nothing explains is
-`unattributed`, and every case's breakdown adds up to its measured median (issue 12 item 3)."""
+"""`attnbench profile` accounts for a call's whole time: each call runs under its own record_function range;
+the range's time that no torch operator explains is the contender's own kernel where it runs in one long
+stretch without a torch op (numpy, ctypes), else Python and dispatch overhead between the ops (a pure-torch
+contender, issue 24 item 5); what nothing explains is `unattributed`, and every case's breakdown adds up to
+its measured median (issue 12 item 3)."""
+
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -8,7 +12,7 @@ import pytest
 
 import attnbench
 from attnbench.impls.fused_cpu import bindings as _cpu_kernel
-from attnbench.profiling import OUTSIDE_OPS, UNATTRIBUTED, named_share
+from attnbench.profiling import OUTSIDE_OPS, OVERHEAD, UNATTRIBUTED, named_share, outside_op_stretches
 
 needs_compiler = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")
 
@@ -60,8 +64,35 @@ def test_a_kernel_outside_torch_ops_is_the_bulk_of_its_profile(cli, planted, tmp
     _check_adds_up(flash)
     assert flash.loc["fused_attention", "pct"] > 50  # torch's own operator still gets the time
     top = pd.read_csv(out / "top_ops.csv")
-    assert f"attnbench.call:{NumpyKernel.name}" in set(top.op)
+    assert f"attnbench.call:{NumpyKernel.name} ({OUTSIDE_OPS})" in set(top.op)
     assert f"{OUTSIDE_OPS} " in text and "median " in text
+
+
+def _event(name, start, end, children=()):
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), cpu_children=list(children))
+
+
+def test_stretches_without_a_torch_op_are_a_kernel_only_when_long():
+    """Per call: a stretch ≥ a quarter of the call and ≥ 50 µs is a kernel; short ones are overhead."""
+    pure_torch = _event("attnbench.call:t", 0, 1000, [_event("aten::bmm", 30, 480), _event("aten::softmax", 490, 600),
+                                                      _event("aten::bmm", 610, 920)])  # fmt: skip
+    native = _event("attnbench.call:t", 0, 1000, [_event("aten::empty", 10, 15), _event("aten::view", 990, 995)])
+    tiny = _event("attnbench.call:t", 0, 40, [_event("aten::mm", 25, 35)])  # 25 µs lead: over a quarter, not long
+    other = _event("attnbench.call:other", 0, 5000)
+    assert outside_op_stretches([pure_torch], "attnbench.call:t") == (0.0, 30 + 10 + 10 + 80)
+    assert outside_op_stretches([native], "attnbench.call:t") == (975.0, 10 + 5)
+    assert outside_op_stretches([pure_torch, native, tiny, other], "attnbench.call:t") == (975.0, 130 + 15 + 30)
+
+
+def test_a_pure_torch_contender_has_overhead_between_ops_not_a_kernel(cli, tmp_path):
+    out = tmp_path / "prof"
+    shape = ["--batch", "1", "--heads", "4", "--seq", "256", "--head-dim", "64", "--budget-s", "0.05"]
+    code, text, _ = cli("profile", "--impl", "bmm", *shape, "--out", str(out))
+    assert code == 0
+    rows = _breakdown(out, "bmm")
+    _check_adds_up(rows)
+    assert rows.loc[OVERHEAD, "ms_per_call"] > 0 and f"{OVERHEAD} " in text
+    assert rows.loc["matmul", "pct"] > 50
 
 
 @needs_compiler

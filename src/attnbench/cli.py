@@ -335,9 +335,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_suites(args: argparse.Namespace) -> int:
-    for name in suite_names():
-        suite = load_suite(name)
-        print(f"{name:<10} {suite.description}")
+    names = suite_names()
+    width = max(map(len, names), default=0)  # the description column starts after the longest name
+    for name in names:
+        print(f"{name:<{width}}  {load_suite(name).description}")
     return 0
 
 

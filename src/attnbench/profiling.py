@@ -9,9 +9,16 @@ Definitions (per call, from the profiled calls):
 
 * an operator's category comes from its name (``CATEGORIES``): matmul, softmax, copies, fused_attention,
   else ``other``;
-* ``kernel (outside torch ops)`` (CPU) — time inside the contender's range that no torch operator in it
-  accounts for: the range's self time. A kernel called through ctypes or a third-party library that does
-  not go through torch's dispatcher runs there (with the Python glue of the call, usually microseconds);
+* the range's self time (CPU: time inside the contender's range that no torch operator in it accounts for)
+  is split by its gap structure: the stretches of a call with no torch operator running — before the first,
+  between two, after the last. A stretch that holds at least ``KERNEL_STRETCH_SHARE`` of the call and at
+  least ``KERNEL_STRETCH_MIN_US`` is ``kernel (outside torch ops)``: a kernel called through ctypes or a
+  library that does not go through torch's dispatcher (``fused_cpu``, numpy) runs there, in one stretch.
+  The other stretches are ``python / dispatch overhead between ops``: the contender's Python between its
+  torch calls, argument parsing and dispatch before each operator's start is stamped, the range's own entry
+  and exit, and, after a large operator, the interpreter running from caches the operator evicted. A
+  pure-torch contender (``bmm``) has only these: measured at S 256, about ten stretches of 2–30 µs and one
+  of 60–140 µs as the call returns — no stretch near a quarter of the call;
 * ``unattributed`` — the profiled wall time of a call that nothing above accounts for (the range's own
   entry and exit, synchronisation, profiler overhead; on CUDA also gaps between kernels);
 * the categories are then scaled by ``median_ms / profiled_ms`` so that a case's breakdown adds up to its
@@ -45,6 +52,9 @@ CATEGORIES = [
 PROFILE_SECONDS = 0.1  # record at most about this much run time (a Python-loop trace grows fast)
 RANGE_PREFIX = "attnbench.call:"  # each profiled call runs under the range RANGE_PREFIX + impl
 OUTSIDE_OPS = "kernel (outside torch ops)"
+OVERHEAD = "python / dispatch overhead between ops"
+KERNEL_STRETCH_SHARE = 0.25  # a stretch without a torch op this share of its call or more is a kernel …
+KERNEL_STRETCH_MIN_US = 50.0  # … when it is this long too (Python between ops takes microseconds)
 UNATTRIBUTED = "unattributed"
 UNNAMED = ("other", UNATTRIBUTED)  # categories that say nothing about where the time went
 
@@ -98,12 +108,41 @@ def profile_case(
     trace_path = out_dir / f"{_slug(impl)}__{_slug(workload.label())}.trace.json"
     prof.export_chrome_trace(str(trace_path))
     profiled_ms = wall_s * 1e3 / calls
-    top, breakdown = _tables(prof.key_averages(), name, workload.device, calls, profiled_ms, timing.median_ms)
+    stretches = outside_op_stretches(prof.events(), name)
+    top, breakdown = _tables(prof.key_averages(), name, workload.device, calls, profiled_ms, timing.median_ms,
+                             stretches)  # fmt: skip
     return CaseProfile(impl, workload, calls, timing.median_ms, profiled_ms, trace_path, top, breakdown)
 
 
+def outside_op_stretches(events: list, range_name: str) -> tuple[float, float]:
+    """(kernel µs, overhead µs) summed over the recorded calls: each call's range split into its stretches
+    with no torch operator running, each stretch named by its length (see the module docstring)."""
+    kernel_us = overhead_us = 0.0
+    for event in events:
+        if event.name != range_name:
+            continue
+        start, end = event.time_range.start, event.time_range.end
+        edges = [start]
+        for child in sorted(event.cpu_children, key=lambda c: c.time_range.start):
+            edges += [child.time_range.start, child.time_range.end]
+        edges.append(end)
+        for gap_start, gap_end in zip(edges[::2], edges[1::2], strict=True):
+            gap = max(0.0, gap_end - gap_start)
+            if gap >= KERNEL_STRETCH_SHARE * (end - start) and gap >= KERNEL_STRETCH_MIN_US:
+                kernel_us += gap
+            else:
+                overhead_us += gap
+    return kernel_us, overhead_us
+
+
 def _tables(
-    averages: list, range_name: str, device: str, calls: int, profiled_ms: float, median_ms: float
+    averages: list,
+    range_name: str,
+    device: str,
+    calls: int,
+    profiled_ms: float,
+    median_ms: float,
+    stretches: tuple[float, float],
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Self time per operator (kernel time on CUDA), per call, ranked; and the call split by category,
     scaled to add up to ``median_ms`` (see the module docstring)."""
@@ -115,13 +154,16 @@ def _tables(
         if event.key == range_name:
             if on_gpu:
                 continue  # host time of the call, not device time; on CUDA third-party kernels show by name
-            self_us, op_category = event.self_cpu_time_total, OUTSIDE_OPS
+            kernel_us, overhead_us = stretches
+            parts = [(f"{range_name} ({OUTSIDE_OPS})", kernel_us, 1.0, OUTSIDE_OPS),
+                     (f"{range_name} ({OVERHEAD})", overhead_us, 1.0, OVERHEAD)]  # fmt: skip
         else:
             self_us = getattr(event, "self_device_time_total", 0.0) if on_gpu else event.self_cpu_time_total
-            op_category = category(event.key)
-        if self_us > 0:
-            records.append({"op": event.key, "self_ms_per_call": self_us / 1e3 / calls,
-                            "count_per_call": event.count / calls, "category": op_category})  # fmt: skip
+            parts = [(event.key, self_us, event.count / calls, category(event.key))]
+        for op, self_us, count, op_category in parts:
+            if self_us > 0:
+                records.append({"op": op, "self_ms_per_call": self_us / 1e3 / calls, "count_per_call": count,
+                                "category": op_category})  # fmt: skip
     top = pd.DataFrame(records, columns=["op", "self_ms_per_call", "count_per_call", "category"])
     top = top.sort_values("self_ms_per_call", ascending=False, ignore_index=True)
     top.insert(3, "pct", 100 * top["self_ms_per_call"] / profiled_ms if profiled_ms > 0 else 0.0)
