@@ -4,12 +4,19 @@ PyTorch is installed first, as an exact build, so that pip never resolves it its
 `torch==2.13.0` is the CPU build on machines that carry it locally and the CUDA build from the package
 index elsewhere on Linux. Set ATTNBENCH_TORCH to install another (e.g. "torch==2.13.0+cu128" with your
 own index settings).
+
+Your plugins (packages with contenders) go into every session that runs attnbench: name them in
+ATTNBENCH_PLUGINS (space-separated pip requirements or paths) and/or in plugins.txt beside this file (one
+per line), so a rebuilt session venv still has them. `nox -s dev` makes .venv/ here, your own environment.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import nox
@@ -22,32 +29,74 @@ ROOT = Path(__file__).parent
 PACKAGES = ["src", "impls", "suites", "reports"]
 
 
-def install(session: nox.Session, *extras: str) -> None:
-    """torch first (exact build), then attnbench with the given extras, never letting pip swap torch."""
-    session.install(TORCH)
-    constraint = Path(session.create_tmp()) / "torch-constraint.txt"
+def plugin_requirements(environ: Mapping[str, str] = os.environ, file: Path | None = None) -> list[str]:
+    """The user's plugins as pip arguments: ATTNBENCH_PLUGINS split as a shell splits a line, then each line of
+    `file` (default plugins.txt here, git-ignored; blank lines and `#` comments skipped; a line that starts
+    with `-`, e.g. `-e ../mypkg`, is an option and its value). Paths are relative to this folder, where nox
+    runs."""
+    requirements = shlex.split(environ.get("ATTNBENCH_PLUGINS", ""))
+    file = ROOT / "plugins.txt" if file is None else file
+    if file.exists():
+        for line in file.read_text().splitlines():
+            line = line.split(" #")[0].strip()
+            if line and not line.startswith("#"):
+                requirements += shlex.split(line) if line.startswith("-") else [line]
+    return requirements
+
+
+def install_steps(tmp: Path, extras: tuple[str, ...], editable: bool = False, plugins: bool = True) -> list[list[str]]:
+    """The `pip install` argument lists, in order: torch (the exact build), attnbench with `extras` under a
+    constraint that pins that torch, then the user's plugins under the same constraint."""
+    constraint = tmp / "torch-constraint.txt"
     constraint.write_text(TORCH + "\n")
-    session.install("--constraint", str(constraint), f".[{','.join(extras)}]" if extras else ".")
+    target = f".[{','.join(extras)}]" if extras else "."
+    steps = [[TORCH], ["--constraint", str(constraint), *(["-e"] if editable else []), target]]
+    requirements = plugin_requirements() if plugins else []
+    if requirements:
+        steps.append(["--constraint", str(constraint), *requirements])
+    return steps
+
+
+def install(session: nox.Session, *extras: str, plugins: bool = True) -> None:
+    """torch first (exact build), then attnbench with the given extras and the user's plugins (see
+    plugin_requirements), never letting pip swap torch. The test and lint sessions leave plugins out: they
+    check attnbench itself."""
+    for args in install_steps(Path(session.create_tmp()), extras, plugins=plugins):
+        session.install(*args)
+
+
+@nox.session(python=False, default=False)
+def dev(session: nox.Session) -> None:
+    """Make or update .venv/ here, your own environment: attnbench editable, torch pinned, pytest, your plugins."""
+    venv = ROOT / ".venv"
+    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    if not python.exists():
+        session.run(sys.executable, "-m", "venv", str(venv), external=True)
+    for args in install_steps(Path(session.create_tmp()), ("test",), editable=True):
+        session.run(str(python), "-m", "pip", "install", *args, external=True)
+    bin_dir = python.parent.relative_to(ROOT)
+    session.log(f"ready: `source {bin_dir}/activate` puts attnbench on PATH (or call {bin_dir}/attnbench); "
+                "edits to this folder take effect without reinstalling")  # fmt: skip
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the tests against a plain, non-editable install of attnbench."""
-    install(session, "test", "xformers", "triton")
+    install(session, "test", "xformers", "triton", plugins=False)
     session.run("pytest", "tests", *session.posargs)
 
 
 @nox.session(default=False)
 def timing_checks(session: nox.Session) -> None:
     """Check the timing claims (agreement with blocked_autorange, repeatability) on a quiet machine."""
-    install(session, "test")
+    install(session, "test", plugins=False)
     session.run("pytest", "tests", "-m", "timing", "-v", *session.posargs)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
     """Check style with ruff and types with mypy."""
-    install(session, "lint")
+    install(session, "lint", plugins=False)
     session.run("ruff", "check", *PACKAGES, "tests", "noxfile.py", "examples")
     session.run("ruff", "format", "--check", *PACKAGES, "tests", "noxfile.py", "examples")
     # mypy cannot follow setuptools' package-dir mapping, so check a symlinked view of the import layout.
@@ -93,6 +142,13 @@ def _newest_run() -> Path:
 
 
 @nox.session(default=False)
+def profile(session: nox.Session) -> None:
+    """Profile contenders with torch.profiler (arguments go to `attnbench profile`, e.g. --impl bmm --seq 1024)."""
+    install(session)
+    session.run("attnbench", "profile", *session.posargs)
+
+
+@nox.session(default=False)
 def history(session: nox.Session) -> None:
     """Store the newest runs under runs/ in runs/attnbench.duckdb and draw runs/history/history.html.
 
@@ -118,7 +174,7 @@ def _newest_runs(count: int) -> list[Path]:
 def report_check(session: nox.Session) -> None:
     """Test the reports, in headless Chromium too (installed from Debian's packages when missing)."""
     session.run("bash", ".ci/install-chromium", external=True)
-    install(session, "test")
+    install(session, "test", plugins=False)
     session.run("pytest", "tests/test_reports.py", "tests/test_report_browser.py", "-rs", *session.posargs)
 
 

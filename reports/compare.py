@@ -7,7 +7,10 @@ Two sources of evidence, by what the runs have:
   minutes — the noise a run-vs-run comparison must beat. A one-sided Welch t-test on their logarithms
   decides significance;
 * **within-run samples** only (``--repeat 1``): a Mann-Whitney U test on the raw samples. Those samples do
-  not see the drift between runs, so the verdicts say they are within-run only.
+  not see what changes between processes and over minutes (two identical quick runs differed by 8 % on one
+  case with p 7e-05), so they never decide ``slower`` or ``faster``: a case that would be called so is
+  ``unclear``, and its note says to rerun both with ``--repeat N`` or to time both versions in one process
+  (``attnbench ab``).
 
 A case is ``slower`` / ``faster`` only when its change is beyond its **floor** — the larger of
 ``--threshold`` and the noise the runs measured for that case (the relative range of the per-repeat
@@ -22,6 +25,8 @@ shift explains is ``unclear`` (machine drift, or a change everywhere: the runs c
 change beyond it but within the measured noise is ``unclear``, as is anything else that can't be decided.
 
 The geometric mean of the ratios summarises the comparison; the exit code is 1 when any case is slower.
+Two runs that share no case, or no case that ran ``ok`` in both, are bad input (nothing compared is not a
+pass).
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ MATCH_ON = CASE_COLUMNS
 VERDICTS = ("faster", "slower", "same", "unclear")
 MIN_CASES_FOR_SHIFT = 3  # cases (over ≥ 2 contenders) needed before a run-wide shift is estimated
 MIN_CONTENDERS_PER_WORKLOAD = 3  # a workload's own shift is the median of this many contenders or more
+WITHIN_RUN_ONLY = (
+    "looks {direction}, but on within-run samples only: rerun both with --repeat 3, "
+    "or time both versions in one process with `attnbench ab`"
+)
 
 
 @dataclass(frozen=True)
@@ -131,7 +140,10 @@ def verdict(base: Any, new: Any, settings: Settings, shift: float = 0.0) -> tupl
     separated = adjusted.min() > base_ev.values.max() if change > 0 else adjusted.max() < base_ev.values.min()
     if p_value >= settings.alpha and not separated:
         return "unclear", ratio, p_value, floor, "beyond the floor but not significant"
-    return ("slower" if change > 0 else "faster"), ratio, p_value, floor, ""
+    direction = "slower" if change > 0 else "faster"
+    if basis == "samples":
+        return "unclear", ratio, p_value, floor, WITHIN_RUN_ONLY.format(direction=direction)
+    return direction, ratio, p_value, floor, ""
 
 
 @dataclass
@@ -172,11 +184,17 @@ def _shift_groups(frame: pd.DataFrame) -> list[pd.Index]:
 
 def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) -> Comparison:
     """One row per case present in either run: verdict, ratio, p-value, floor, or why it can't be compared."""
+    merged = base.merge(new, on=MATCH_ON, how="outer", suffixes=("_base", "_new"), indicator=True)
+    shared = merged[merged["_merge"] == "both"]
+    if shared.empty:
+        raise UsageError(f"BASE and NEW share no case ({len(base)} case(s) in BASE, {len(new)} in NEW, none with "
+                         "the same contender and workload): compare two runs of the same sweep")  # fmt: skip
+    if not ((shared["status_base"] == "ok") & (shared["status_new"] == "ok")).any():
+        raise UsageError(f"BASE and NEW share {len(shared)} case(s) but none ran ok in both: nothing to compare")
     base_repeats, new_repeats = repeat_count(base, "BASE"), repeat_count(new, "NEW")
     if base_repeats != new_repeats:
         raise UsageError(f"BASE has {base_repeats} repeat(s) per case and NEW {new_repeats}: "
                          "compare runs made with the same --repeat")  # fmt: skip
-    merged = base.merge(new, on=MATCH_ON, how="outer", suffixes=("_base", "_new"), indicator=True)
     merged["_row"] = range(len(merged))
     merged.index = merged["_row"]
     both = merged[(merged["_merge"] == "both") & (merged["status_base"] == "ok") & (merged["status_new"] == "ok")]
@@ -209,8 +227,9 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
     basis = "repeats" if bases == {"repeats"} else "samples"
     notes = []
     if basis == "samples":
-        notes.append("verdicts are within-run only: the runs have no per-repeat medians (run with --repeat 3 "
-                     "to see the noise between processes and over time)")  # fmt: skip
+        notes.append("verdicts are within-run only: the runs have no per-repeat medians, so no case is called "
+                     "slower or faster (run both with --repeat 3 to see the noise between processes and over "
+                     "time, or time both versions in one process with `attnbench ab`)")  # fmt: skip
     if estimate:
         notes.append(f"machine drift divided out: the contenders of each workload (timed together) move alike "
                      f"between runs; median shift {math.expm1(shift):+.1%} over {len(both)} cases, and a case must "

@@ -1,15 +1,24 @@
 """Every attnbench and pytest command in the README runs as written (the nox ones run in CI itself; the
 SLURM script is covered by the shard, merge and resume tests)."""
 
+import contextlib
+import io
 import re
 import shlex
 import sys
 
 import pytest
 
+from attnbench.cli import main
+
 from conftest import REPO, run_subprocess
 
 README = (REPO / "README.md").read_text()
+FENCE = re.compile(r"```(\w*)\n(.*?)```", flags=re.DOTALL)
+# nox sessions whose arguments after `--` go to an attnbench subcommand
+SESSION_COMMAND = {"bench": "run", "bench_gpu": "run", "bench_fused": "run", "profile": "profile", "history": "history"}
+# subcommands cheap enough to run here as written, and what their output must hold
+CHEAP = {"list": "sdpa_flash", "suites": "quick", "models": "llama3.1-8b"}
 
 
 def _commands(prefix: str) -> list[str]:
@@ -37,9 +46,123 @@ def test_readme_attnbench_commands_run_in_order(tmp_path):
         assert result.returncode in allowed, (command, result.stderr[-2000:])
     assert (tmp_path / "runs" / "report" / "report.html").exists()
     assert (tmp_path / "runs" / "prof" / "top_ops.csv").exists()
+    # The DuckDB query, in its Python form, over the store the commands above filled: `runs` counts runs.
+    (query,) = [body for language, body in FENCE.findall(README) if language == "python" and "duckdb" in body]
+    shown = run_subprocess(sys.executable, "-c", query, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    bmm = next(line for line in shown.stdout.splitlines() if line.startswith("│ bmm "))
+    assert bmm.split("│")[2].strip() == "2" and int(bmm.split("│")[3]) > 2  # runs/mine and runs/mine-again
 
 
 def test_readme_pytest_command_runs():
     (command,) = _commands("pytest suites/")
     result = run_subprocess(sys.executable, "-m", *shlex.split(command), "-q", "-p", "no:cacheprovider", cwd=REPO)
     assert result.returncode == 0, result.stdout[-2000:]
+
+
+def _shown_commands() -> list[list[str]]:
+    """Every command line the README shows: the lines of its bash blocks, `$ ` lines and lines that start with
+    attnbench or nox in its other blocks (not Python or TOML sources, not job scripts), and inline `…` spans
+    that start with attnbench or nox (after VAR=value settings); each split at &&, || and ;."""
+    lines = []
+    for language, body in FENCE.findall(README):
+        if language in ("python", "toml") or body.startswith("#!"):
+            continue
+        for line in body.splitlines():
+            line = line.strip()
+            if line.startswith("$ "):
+                line = line[2:]
+            elif language != "bash" and not line.startswith(("attnbench ", "nox ")):
+                continue
+            line = line.split("  #")[0].strip()
+            if line and not line.startswith("#"):
+                lines.append(line)
+    for span in re.findall(r"`([^`]+)`", FENCE.sub("", README)):
+        span = span.replace("\n", " ")
+        if re.match(r"([A-Z_]+=\S+ )*(attnbench|nox) ", span):
+            lines.append(span)
+    commands = []
+    for line in lines:
+        lexer = shlex.shlex(line, posix=True, punctuation_chars="&|;")
+        lexer.whitespace_split = True
+        words: list[str] = []
+        for word in [*lexer, ";"]:
+            if word in ("&&", "||", ";", "|"):
+                commands += [_without_settings(words)] if _without_settings(words) else []
+                words = []
+            else:
+                words.append(word)
+    return commands
+
+
+def _without_settings(words: list[str]) -> list[str]:
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+        words = words[1:]
+    return words
+
+
+def _help(*args: str) -> str:
+    """What `attnbench ARGS --help` prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main([*args, "--help"])
+    return out.getvalue()
+
+
+def _nox_sessions() -> set[str]:
+    listed = run_subprocess(sys.executable, "-m", "nox", "-l", "-f", str(REPO / "noxfile.py"), cwd=REPO)
+    assert listed.returncode == 0, listed.stderr
+    return {m.group(1) for m in re.finditer(r"^[*-] (\w+)", listed.stdout, flags=re.MULTILINE)}
+
+
+def _unknown_flags(subcommand: str, words: list[str]) -> list[str]:
+    text = _help(subcommand)
+    flags = [w.split("=")[0] for w in words if w.startswith("--") and len(w) > 2]
+    return [f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", text)]
+
+
+def test_every_nox_session_and_attnbench_subcommand_the_readme_names_exists(cli):
+    """Each `nox -s NAME` is a session (`nox -l`), and the README lists them all; each `attnbench SUB`
+    is a subcommand (`attnbench --help`) and each of its flags is in `attnbench SUB --help`; the cheap
+    subcommands run as written."""
+    commands = _shown_commands()
+    sessions = _nox_sessions()
+    assert {"bench", "tests", "dev", "profile", "pytest_bench"} <= sessions
+    subcommands = set(re.search(r"\{([\w,]+)\}", _help()).group(1).split(","))
+    problems, ran = [], set()
+    for words in commands:
+        if words[0] == "nox" and "-s" in words:
+            named = words[words.index("-s") + 1 : words.index("--") if "--" in words else len(words)]
+            problems += [f"no nox session {name!r}: {' '.join(words)}" for name in named if name not in sessions]
+            if "--" in words and named[0] in SESSION_COMMAND:
+                rest = words[words.index("--") + 1 :]
+                problems += [f"{f} not in attnbench {SESSION_COMMAND[named[0]]} --help: {' '.join(words)}"
+                             for f in _unknown_flags(SESSION_COMMAND[named[0]], rest)]  # fmt: skip
+        elif words[0] == "attnbench" and words[1] != "…":  # `attnbench …`: any command
+            if words[1] not in subcommands:
+                problems.append(f"no attnbench subcommand {words[1]!r}: {' '.join(words)}")
+                continue
+            problems += [f"{f} not in attnbench {words[1]} --help: {' '.join(words)}"
+                         for f in _unknown_flags(words[1], words[2:])]  # fmt: skip
+            if words[1] in CHEAP and "…" not in words:
+                code, out, err = cli(*words[1:])
+                assert code == 0 and CHEAP[words[1]] in out, (words, err)
+                ran.add(words[1])
+    assert not problems, "\n".join(problems)
+    assert ran == set(CHEAP)
+    listed = re.search(r"`nox -l` lists every session: (.*?)\.\n\n", README, flags=re.DOTALL)
+    assert listed, "the README's list of nox sessions"
+    named = re.sub(r"\([^)]*\)", "", listed.group(1))  # what the parentheses say about a session is not one
+    assert set(re.findall(r"`(\w+)`", named)) == sessions
+
+
+def test_readme_names_the_environment_each_command_runs_in():
+    """`attnbench` is not on PATH after `nox -s bench`: the README says where it is and how to get your own."""
+    setup = README[README.index("## Set up and run") : README.index("## What a run gives you")]
+    assert "`.nox/bench/`" in setup and "nox -s dev" in setup and "source .venv/bin/activate" in setup
+    dev = _commands("nox -s dev")
+    assert dev and dev[0].startswith("nox -s dev")
+    (pytest_line,) = _commands("pytest suites/")
+    section = README[README.index("## pytest-benchmark") : README.index("## From Python")]
+    through_nox = "nox -s pytest_bench --" + pytest_line.removeprefix("pytest suites/ --benchmark-only")
+    assert "`nox -s dev` (`source .venv/bin/activate`)" in section and through_nox in section.splitlines()

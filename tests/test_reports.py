@@ -5,13 +5,14 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
 
 import attnbench
 from attnbench import registry
-from attnbench.reports.compare import Settings, verdict
+from attnbench.reports.compare import Evidence, Settings, verdict
 
 from conftest import Shifted
 
@@ -162,7 +163,9 @@ def test_compare_same_run_has_no_slower_case(cli, two_runs, tmp_path):
     assert (tmp_path / "cmp" / "compare.html").exists() and (tmp_path / "cmp" / "compare.png").exists()
 
 
-def _slowed_copy(run: Path, target: Path, impl: str, factor: float) -> Path:
+def _slowed_copy(run: Path, target: Path, impl: str, factor: float, repeats: bool = False) -> Path:
+    """A copy of ``run`` with ``impl``'s times × ``factor``; ``repeats``: every ok row given three per-repeat
+    medians (±1 %) as ``--repeat 3`` would have stored."""
     shutil.copytree(run, target)
     frame = pd.read_parquet(target / "results.parquet")
     chosen = frame.impl == impl
@@ -171,27 +174,54 @@ def _slowed_copy(run: Path, target: Path, impl: str, factor: float) -> Path:
         [s * factor for s in samples] if pick and samples is not None else samples
         for samples, pick in zip(frame["samples_ms"], chosen, strict=True)
     ]
+    if repeats:
+        frame["repeat_medians_ms"] = [
+            [m * 0.99, m, m * 1.01] if status == "ok" else None
+            for m, status in zip(frame["median_ms"], frame["status"], strict=True)
+        ]
     frame.to_parquet(target / "results.parquet")
     return target
 
 
 def test_compare_flags_a_contender_made_slower_and_exits_1(cli, two_runs, tmp_path):
     run, _ = two_runs
-    slowed = _slowed_copy(run, tmp_path / "slow", "bmm", 1.5)
-    code, text, err = cli("compare", str(run), str(slowed), "--out", str(tmp_path / "cmp"))
+    base = _slowed_copy(run, tmp_path / "base", "bmm", 1.0, repeats=True)
+    slowed = _slowed_copy(run, tmp_path / "slow", "bmm", 1.5, repeats=True)
+    code, text, err = cli("compare", str(base), str(slowed), "--out", str(tmp_path / "cmp"))
     assert code == 1 and "slower beyond their floor" in err
     lines = [line for line in text.splitlines() if line.lstrip().startswith(("bmm", "sdpa_flash", "naive"))]
     assert lines and all(("slower" in line) == line.lstrip().startswith("bmm") for line in lines)
-    assert "geometric-mean new/base" in text
+    assert "geometric-mean new/base" in text and "from per-repeat medians" in text
+
+
+def test_compare_within_run_only_never_says_slower(cli, two_runs, tmp_path):
+    """Without per-repeat medians even a 100× slowdown (beyond any noise this loaded machine measures) is
+    `unclear`, with the way to decide it (exit 0)."""
+    run, _ = two_runs
+    slowed = _slowed_copy(run, tmp_path / "slow", "bmm", 100.0)
+    code, text, err = cli("compare", str(run), str(slowed), "--out", str(tmp_path / "cmp"))
+    assert code == 0 and err == ""
+    bmm = [line for line in text.splitlines() if line.lstrip().startswith("bmm")]
+    assert bmm and all(" unclear " in line and "looks slower, but on within-run samples only" in line for line in bmm)
+    assert " slower " not in text.split("note:")[0]
+    assert "no case is called slower or faster" in text and "--repeat 3" in text and "`attnbench ab`" in text
 
 
 def test_verdict_rules():
+    def repeats(values):
+        return Evidence(np.asarray(values), "repeats", float(max(values) / min(values) - 1))
+
     base = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98] * 5
-    assert verdict(base, [x * 1.5 for x in base], Settings())[0] == "slower"
-    assert verdict(base, [x / 1.5 for x in base], Settings())[0] == "faster"
+    assert verdict(repeats(base), repeats([x * 1.5 for x in base]), Settings())[0] == "slower"
+    assert verdict(repeats(base), repeats([x / 1.5 for x in base]), Settings())[0] == "faster"
     assert verdict(base, [x * 1.01 for x in base], Settings())[0] == "same"
     assert verdict([1.0, 2.0, 3.0], [1.5, 2.5, 3.5], Settings(threshold=0.02))[0] == "unclear"
-    assert verdict([1.0, 1.1, 1.2], [1.5, 1.6, 1.7], Settings())[0] == "slower"  # p = 0.1, but clear-cut
+    clear_cut = verdict(repeats([1.0, 1.3]), repeats([1.7, 2.2]), Settings())
+    assert clear_cut[0] == "slower" and clear_cut[2] > 0.05  # not significant, but every new value is beyond
+    # Raw samples of one process each (no --repeat): never slower or faster, whatever the size of the change.
+    outcome, ratio, _, _, note = verdict(base, [x * 1.5 for x in base], Settings())
+    assert outcome == "unclear" and ratio == pytest.approx(1.5) and note.startswith("looks slower")
+    assert verdict(base, [x / 1.5 for x in base], Settings())[4].startswith("looks faster")
 
 
 def test_compare_rejects_bad_settings(cli, two_runs):

@@ -431,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_merge.add_argument("--out", required=True, help="folder to create for the merged results")
     p_merge.set_defaults(func=cmd_merge)
 
-    p_compare = commands.add_parser("compare", help="per-case verdicts between two runs; exit 1 if slower")
+    p_compare = commands.add_parser("compare", help="per-case verdicts of two runs; exit 1 if slower (--repeat runs)")
     p_compare.add_argument("base", metavar="BASE", help="run folder or pytest-benchmark .json")
     p_compare.add_argument("new", metavar="NEW", help="run folder or pytest-benchmark .json")
     p_compare.add_argument(

@@ -1,0 +1,122 @@
+"""The noxfile's own logic, without running nox: the user's plugins reach every session that runs attnbench,
+torch is pinned before anything else, `nox -s dev` makes one durable .venv/ (issue 24)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, attnbench_cmd, run_subprocess
+
+
+def _load_noxfile():
+    spec = importlib.util.spec_from_file_location("attnbench_noxfile", REPO / "noxfile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+noxfile = _load_noxfile()
+
+
+class FakeSession:
+    """What a session body calls, recorded: pip installs, commands, log lines."""
+
+    def __init__(self, tmp: Path, posargs: tuple[str, ...] = ()) -> None:
+        self.tmp, self.posargs = tmp, list(posargs)
+        self.installs: list[tuple[str, ...]] = []
+        self.runs: list[tuple[str, ...]] = []
+        self.logs: list[str] = []
+
+    def create_tmp(self) -> str:
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        return str(self.tmp)
+
+    def install(self, *args: str) -> None:
+        self.installs.append(args)
+
+    def run(self, *args: str, **_: object) -> str:
+        self.runs.append(args)
+        return ""
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+
+@pytest.fixture
+def plugins(monkeypatch, tmp_path):
+    """ATTNBENCH_PLUGINS and a plugins.txt in a stand-in repository root."""
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path)
+    monkeypatch.setenv("ATTNBENCH_PLUGINS", "mypkg '/path/with space/pkg'")
+    (tmp_path / "plugins.txt").write_text("# my contenders\n\nother-pkg>=1.2  # pinned\n-e ../editable-pkg\n")
+    return ["mypkg", "/path/with space/pkg", "other-pkg>=1.2", "-e", "../editable-pkg"]
+
+
+def test_plugin_requirements_come_from_the_variable_then_the_file(tmp_path):
+    listed = tmp_path / "plugins.txt"
+    listed.write_text("# comment\n  git+https://example.org/pkg.git  \n\n--editable ./local # mine\nplain\n")
+    found = noxfile.plugin_requirements({"ATTNBENCH_PLUGINS": " a  'b c' "}, listed)
+    assert found == ["a", "b c", "git+https://example.org/pkg.git", "--editable", "./local", "plain"]
+    assert noxfile.plugin_requirements({}, tmp_path / "absent.txt") == []
+    assert noxfile.plugin_requirements({"ATTNBENCH_PLUGINS": ""}, tmp_path / "absent.txt") == []
+
+
+def test_install_steps_pin_torch_first_and_install_plugins_under_the_same_pin(plugins, tmp_path):
+    (tmp_path / "tmp").mkdir()
+    steps = noxfile.install_steps(tmp_path / "tmp", ("test",), editable=True)
+    constraint = str(tmp_path / "tmp" / "torch-constraint.txt")
+    pinned = ["--constraint", constraint]
+    assert steps == [[noxfile.TORCH], [*pinned, "-e", ".[test]"], [*pinned, *plugins]]
+    assert Path(constraint).read_text() == noxfile.TORCH + "\n"
+    assert noxfile.install_steps(tmp_path / "tmp", (), plugins=False) == [[noxfile.TORCH], [*pinned, "."]]
+
+
+def test_sessions_that_run_attnbench_get_the_plugins_and_the_checks_do_not(plugins, tmp_path):
+    bench = FakeSession(tmp_path / "bench", ("--seq", "512"))
+    noxfile.bench(bench)
+    assert bench.installs[0] == (noxfile.TORCH,) and bench.installs[-1][2:] == tuple(plugins)
+    assert bench.runs == [("attnbench", "run", "--suite", "quick", "--seq", "512")]
+    profile = FakeSession(tmp_path / "profile", ("--impl", "bmm", "--seq", "256"))
+    noxfile.profile(profile)
+    assert profile.installs[-1][2:] == tuple(plugins)
+    assert profile.runs == [("attnbench", "profile", "--impl", "bmm", "--seq", "256")]
+    tests = FakeSession(tmp_path / "tests")
+    noxfile.tests(tests)
+    assert len(tests.installs) == 2 and not any("mypkg" in args for args in tests.installs)
+
+
+def test_dev_makes_the_venv_once_and_installs_attnbench_editable_with_the_plugins(plugins, tmp_path):
+    session = FakeSession(tmp_path / "dev-tmp")
+    noxfile.dev(session)
+    python = str(tmp_path / ".venv" / "bin" / "python")
+    assert session.runs[0] == (sys.executable, "-m", "venv", str(tmp_path / ".venv"))
+    pip = [args[4:] for args in session.runs[1:]]
+    assert all(args[:3] == (python, "-m", "pip") and args[3] == "install" for args in session.runs[1:])
+    assert pip[0] == (noxfile.TORCH,) and pip[1][-2:] == ("-e", ".[test]") and pip[2][2:] == tuple(plugins)
+    assert "`source .venv/bin/activate` puts attnbench on PATH (or call .venv/bin/attnbench)" in session.logs[-1]
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").touch()
+    again = FakeSession(tmp_path / "dev-tmp")
+    noxfile.dev(again)
+    assert len(again.runs) == 3 and all(args[0] == python for args in again.runs)  # kept, only updated
+
+
+def test_a_plugin_named_in_plugins_txt_is_installed_and_listed(tmp_path):
+    """The documented route, for real: a plugins.txt line naming the example package, given to pip as the
+    sessions give it (here into a target folder, not a fresh venv), makes `chunked` show in `attnbench list`."""
+    listed = tmp_path / "plugins.txt"
+    listed.write_text("examples/attnbench-chunked  # the README's example\n")
+    requirements = noxfile.plugin_requirements({}, listed)
+    assert requirements == ["examples/attnbench-chunked"]
+    site = tmp_path / "site"
+    install = run_subprocess(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                             "--target", str(site), *requirements, cwd=REPO)  # fmt: skip
+    assert install.returncode == 0, install.stderr
+    shown = run_subprocess(*attnbench_cmd("list"), env={"PYTHONPATH": str(site)})
+    assert shown.returncode == 0, shown.stderr
+    (line,) = [line for line in shown.stdout.splitlines() if line.startswith("chunked ")]
+    assert "available" in line and "query chunks of 256 rows" in line
