@@ -19,7 +19,7 @@ import torch
 from attnbench import registry
 from attnbench.ceilings import Ceilings
 from attnbench.check import CheckResult, GradCheck, check_grads, check_output
-from attnbench.contender import Unsupported
+from attnbench.contender import Contender, Unsupported
 from attnbench.flops import attention_bytes
 from attnbench.inputs import AttentionInputs, make_inputs
 from attnbench.measure import SampleError, Timing, call_once_ms, time_callable, time_cpu_rounds, warm_up
@@ -91,13 +91,14 @@ def _passes(inputs: AttentionInputs, forward: Callable[[], torch.Tensor]) -> Cal
     return lambda: torch.autograd.grad(output, leaves, upstream, retain_graph=True)
 
 
-def prepare_checked(impl: str, workload: Workload, seed: int = 0) -> Prepared:
+def prepare_checked(impl: str, workload: Workload, seed: int = 0, contender: Contender | None = None) -> Prepared:
     """Make inputs, prepare the contender, make its first call and check it against the float64 reference
-    (the output, and for backward passes the gradients of q, k and v).
+    (the output, and for backward passes the gradients of q, k and v). ``contender`` stands in for the
+    registered one named ``impl`` (the A/B command's second copy, or a version from another git revision).
 
     Raises :class:`Unsupported` or whatever the contender raises.
     """
-    contender = registry.get(impl).contender
+    contender = contender or registry.get(impl).contender
     assert contender is not None
     inputs = make_inputs(workload, seed=seed, requires_grad=workload.pass_ != "fwd")
     start = time.perf_counter()
