@@ -18,6 +18,7 @@ matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
@@ -61,8 +62,8 @@ def samples_frame(records: list[dict[str, Any]], samples: list[tuple[list[float]
     return pd.DataFrame(rows, columns=["workload", "round", "a_ms", "b_ms", "ratio"])
 
 
-def plot_ratios(records: list[dict[str, Any]], path: Path) -> Path:
-    """``ab.png`` (see the module docstring)."""
+def draw_ratios(records: list[dict[str, Any]]) -> Figure:
+    """The figure of ``ab.png`` (see the module docstring)."""
     threshold = records[0]["threshold"]
     fig, ax = plt.subplots(figsize=(9, 1.6 + 0.42 * len(records)))
     ax.axvspan(1 - threshold, 1 + threshold, color="#dddddd", zorder=0)
@@ -91,6 +92,12 @@ def plot_ratios(records: list[dict[str, Any]], path: Path) -> Path:
     handles.append(Patch(color="#dddddd", label=f"±{threshold:.0%} threshold"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=8)
     fig.tight_layout(rect=(0, 0.06 if len(records) > 2 else 0.12, 1, 1))
+    return fig
+
+
+def plot_ratios(records: list[dict[str, Any]], path: Path) -> Path:
+    """``ab.png``."""
+    fig = draw_ratios(records)
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return path

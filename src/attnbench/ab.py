@@ -7,13 +7,19 @@ A and one of B, in a shuffled order), the machine's state of the moment lands on
 round i's two samples, B_i / A_i, carries the change and little of the drift.
 
 The statistic: the ratio is the median of the per-round ratios (taken on logs, so ×1.05 and ÷1.05 weigh
-alike), with a seeded 95 % bootstrap interval of that median. Why the median and a bootstrap rather
-than a paired t on the mean log ratio: on a shared machine a round now and then catches a preemption on
-one side only (ratios of 0.7 or 1.5), the mean is pulled and the t interval widened by these, the median
-is not, and the bootstrap assumes no distribution. The resampling is a circular *block* bootstrap (blocks
-of about n^⅓ consecutive rounds): neighbouring rounds share the machine's state, and resampling single
-rounds would make the interval narrower than the data support. Seeded (by ``--seed``), so the same
-samples always give the same verdict.
+alike), with a 95 % interval of that median. Why the median rather than a paired t on the mean log ratio:
+on a shared machine a round now and then catches a preemption on one side only (ratios of 0.3 or 4),
+the mean is pulled and the t interval widened by these, the median is not. The interval is the wider
+(the union) of two that assume no distribution:
+
+* a seeded circular *block* bootstrap of the median (blocks of about n^⅓ consecutive rounds):
+  neighbouring rounds share the machine's state, and resampling single rounds would make the interval
+  narrower than the data support;
+* the order-statistic interval of the median (the sign test's: exact for independent rounds at any n),
+  because a percentile bootstrap of a median covers too little with few rounds — a case that got ten
+  rounds on a busy machine must come out ``unclear``, not be decided on a lucky resample.
+
+Seeded (by ``--seed``), so the same samples always give the same verdict.
 
 The verdict, with ``threshold`` t (default 2 %):
 
@@ -31,12 +37,14 @@ run this workload), ``incorrect`` (a version's output fails the float64 check, n
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import binom
 
 from attnbench import registry, revision
 from attnbench.contender import Contender, Unsupported
@@ -138,7 +146,20 @@ def paired_ratio(a_ms: list[float], b_ms: list[float], seed: int = 0) -> PairedR
     index = ((starts[:, :, None] + np.arange(block)) % n).reshape(RESAMPLES, -1)[:, :n]
     medians = np.median(logs[index], axis=1)
     low, high = np.quantile(medians, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    rank_low, rank_high = _order_statistic_ranks(n)
+    ordered = np.sort(logs)
+    low, high = min(low, ordered[rank_low]), max(high, ordered[rank_high])
     return PairedRatio(math.exp(float(np.median(logs))), math.exp(float(low)), math.exp(float(high)), n)
+
+
+def _order_statistic_ranks(n: int) -> tuple[int, int]:
+    """0-based ranks (j, n−1−j) of the sorted sample bounding the median with ≥ CONFIDENCE: the largest j
+    with P(Binomial(n, ½) ≤ j) ≤ (1 − CONFIDENCE)/2; the whole range when n is too small for that."""
+    j = int(binom.ppf((1 - CONFIDENCE) / 2, n, 0.5)) - 1
+    while j >= 0 and binom.cdf(j, n, 0.5) > (1 - CONFIDENCE) / 2:
+        j -= 1
+    j = max(j, 0)
+    return j, n - 1 - j
 
 
 def verdict(paired: PairedRatio, threshold: float) -> str:
@@ -187,6 +208,18 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+def _per_call_s(fn: Callable[[], object], least_s: float = 0.01) -> float:
+    """Seconds per call over ``least_s`` of back-to-back calls: the block size's estimate (one call after
+    the warm-up can be several times off on a busy machine)."""
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= least_s:
+            return elapsed / calls
+
+
 def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> AbCase:
     """Prepare and check both versions (each with its own inputs), warm them up, time them in paired rounds
     for ``options.budget_s`` seconds in all, and judge the ratio."""
@@ -200,7 +233,8 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
             prepared = prepare_checked(version.name, workload, options.seed, version.contender)
             if not prepared.ok:
                 return AbCase(workload, "incorrect", f"{version.name}: {prepared.reason}")
-            estimates[key] = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s / 2)
+            warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s / 2)
+            estimates[key] = _per_call_s(prepared.fn)
         except Unsupported as exc:
             return AbCase(workload, "unsupported", f"{version.name}: {exc}")
         except Exception as exc:  # a contender may fail in any way; the sweep goes on

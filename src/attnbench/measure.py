@@ -44,6 +44,7 @@ import torch
 import torch.utils.benchmark as benchmark
 
 MIN_SAMPLE_S = 2e-3  # a CPU sample blocks calls until it lasts at least this long
+PAIRED_BLOCK_GROWTH = 10  # paired rounds: a slower contender's block grows to at most 10 × MIN_SAMPLE_S
 TARGET_CI = 0.005  # stop once the median's 95 % CI half-width is within 0.5 % of the median
 MIN_SAMPLES = 10  # before the confidence-interval rule may stop sampling
 MIN_TRUSTED = 5  # a budget-limited case still gets this many samples, up to twice its budget
@@ -174,11 +175,12 @@ def time_cpu_rounds(
     samples (the worker uses it to know who is running). A contender that raises drops out with a
     :class:`SampleError` in its place; the others go on. ``paired``: all sample in every round until each
     has spent ``budget_s`` (:meth:`_CpuSeries.spent_budget`), so their samples pair up round by round."""
+    calls = {name: max(1, math.ceil(MIN_SAMPLE_S / max(estimate, 1e-9))) for name, estimate in estimates_s.items()}
+    if paired:  # one block size for all (the one the fastest needs), so a block's timer overhead is shared alike
+        shared = max(calls[name] for name in fns)
+        calls = {name: min(shared, PAIRED_BLOCK_GROWTH * calls[name]) for name in fns}
     series = {
-        name: _CpuSeries(
-            benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads),
-            max(1, math.ceil(MIN_SAMPLE_S / max(estimates_s[name], 1e-9))),
-        )
+        name: _CpuSeries(benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads), calls[name])
         for name, fn in fns.items()
     }
     failed: dict[str, SampleError] = {}
