@@ -211,6 +211,13 @@ def test_a_comment_only_commit_is_not_slower(plugin_repo, tmp_path):
         assert record["verdict"] in ("same", "unclear") and 0.85 < record["ratio"] < 1.15, record
 
 
+def test_a_revision_that_names_no_commit_is_bad_input(plugin_repo, tmp_path):
+    done = ab_at(plugin_repo, tmp_path / "none", "--base", "no-such-rev")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"attnbench: error: --base 'no-such-rev': not a commit of the repository {plugin_repo}\n"
+    assert not (tmp_path / "none").exists()
+
+
 # --- bad input ---------------------------------------------------------------------------------------------
 
 NOT_IN_GIT = """\
@@ -250,7 +257,6 @@ def loose_contender(tmp_path, planted, monkeypatch):
         (["--base", "HEAD"], "--base needs --impl NAME"),
         ([], "give --a A --b B, or --impl NAME [--base REV]"),
         (["--a", "bmm", "--b", "bmm", "--impl", "bmm"], "give either --a A --b B, or --impl NAME"),
-        (["--impl", "bmm", "--base", "no-such-rev"], "--base 'no-such-rev': not a commit of the repository"),
         (["--a", "bmm", "--b", "bmm", "--threshold", "0"], "--threshold 0.0: must be a fraction"),
         (["--a", "bmm", "--b", "bmm", "--device", "cuda"], "attnbench ab times on the CPU only"),
     ],
