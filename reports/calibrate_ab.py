@@ -20,6 +20,7 @@ times things, so it is not a test; run it on a quiet machine and put its output 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -61,7 +62,7 @@ def extra_work(target_s: float) -> Callable[[], None]:
     x = torch.randn(MATMUL_SIZES[0], MATMUL_SIZES[0])
     for size in MATMUL_SIZES:
         candidate = torch.randn(size, size)
-        if _median_s(lambda c=candidate: torch.mm(c, c)) * 4 > target_s:
+        if _median_s(functools.partial(torch.mm, candidate, candidate)) * 4 > target_s:
             break
         x = candidate
     out = torch.empty_like(x)
@@ -108,7 +109,8 @@ def decide(kind: str, factor: float, a: Version, b: Version, options: AbOptions)
         seconds = time.perf_counter() - start
         ratio = case.paired.ratio if case.paired else None
         records.append({"kind": kind, "factor": factor, "impl": a.name, "workload": workload.label(),
-                        "verdict": case.verdict, "ratio": ratio, "seconds": seconds, "reason": case.reason})  # fmt: skip
+                        "verdict": case.verdict, "ratio": ratio, "seconds": seconds,
+                        "reason": case.reason})  # fmt: skip
         shown = f"{ratio:.3f}" if ratio is not None else case.reason
         print(f"{kind} ×{factor:.2f} {a.name:<10} {workload.label():<38} {case.verdict:<8} {shown} ({seconds:.1f} s)",
               flush=True)  # fmt: skip
@@ -139,7 +141,8 @@ def summarise(frame: pd.DataFrame) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnbench.reports.calibrate_ab", description=__doc__.split("\n")[0])
+    prog, description = "python -m attnbench.reports.calibrate_ab", __doc__.split("\n")[0]
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--aa-passes", type=int, default=13, help="A/A passes over the 8-case sweep (default 13)")
     parser.add_argument("--slow-passes", type=int, default=4, help="passes per slowdown factor (default 4)")
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="timing seconds per case")
