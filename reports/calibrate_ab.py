@@ -43,17 +43,16 @@ MATMUL_SIZES = (16, 32, 64, 128)  # the extra work's square fp32 matmuls; the la
 
 
 def _median_s(fn: Callable[[], object], samples: int = 15, least_s: float = 0.005) -> float:
-    """Median seconds per call over ``samples`` blocks of at least ``least_s`` each."""
+    """Median seconds per call over ``samples`` blocks of back-to-back calls lasting ``least_s`` or more."""
     fn()
-    start = time.perf_counter()
-    fn()
-    calls = max(1, round(least_s / max(time.perf_counter() - start, 1e-9)))
     times = []
     for _ in range(samples):
-        start = time.perf_counter()
-        for _ in range(calls):
+        calls, start, elapsed = 0, time.perf_counter(), 0.0
+        while elapsed < least_s:
             fn()
-        times.append((time.perf_counter() - start) / calls)
+            calls += 1
+            elapsed = time.perf_counter() - start
+        times.append(elapsed / calls)
     return statistics.median(times)
 
 

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from attnbench import registry
 from attnbench.ab import MIN_PAIRS, PairedRatio, paired_ratio, verdict
@@ -290,3 +291,33 @@ def test_paired_rounds_give_every_contender_a_sample_in_every_round_with_one_blo
     calls = {name: t.calls_per_sample for name, t in timings.items()}
     assert calls["fast"] == calls["slow"] == 200  # the fastest's block, shared
     assert calls["much_slower"] == PAIRED_BLOCK_GROWTH * 5  # capped at 10 × its own block of 5
+
+
+def test_calibration_summary_counts_false_alarms_and_catches():
+    from attnbench.reports.calibrate_ab import summarise
+
+    rows = [{"kind": "A/A", "factor": 1.0, "verdict": v, "ratio": 1.0, "seconds": 4.0}
+            for v in ["same"] * 98 + ["unclear", "slower"]]  # fmt: skip
+    rows += [{"kind": "slowed", "factor": 1.05, "verdict": v, "ratio": 1.05, "seconds": 5.0}
+             for v in ["slower"] * 9 + ["unclear"]]  # fmt: skip
+    lines = summarise(pd.DataFrame(rows))
+    assert lines[0] == "A/A: 100 decisions, 1 false alarm(s) = 1.0% (same 98, unclear 1, slower 1)"
+    assert lines[1] == "slowdown ×1.05: 9/10 cases caught = 90.0%; median measured ratio 1.050"
+    assert lines[2].startswith("seconds per case: median 4.0, max 5.0 (110 cases")
+
+
+def test_the_slowed_calibration_contender_is_correct_and_does_extra_work():
+    from attnbench.reports.calibrate_ab import Slowed
+    from attnbench.runner import prepare_checked
+    from attnbench.workload import Workload
+
+    slowed = Slowed(registry.get("bmm").contender, 1.25)
+    workload = Workload(1, 2, 2, 64, 64, 16, "float32", "cpu", "causal", "fwd")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops on a busy machine: an OpenMP team waits for its descheduled thread
+    try:
+        prepared = prepare_checked(slowed.name, workload, contender=slowed)
+    finally:
+        torch.set_num_threads(threads)
+    assert prepared.ok and prepared.check.max_abs_err < prepared.check.atol
+    assert slowed.name == "bmm_x1.25" and "25% of its median" in slowed.description
