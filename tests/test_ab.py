@@ -321,3 +321,48 @@ def test_the_slowed_calibration_contender_is_correct_and_does_extra_work():
         torch.set_num_threads(threads)
     assert prepared.ok and prepared.check.max_abs_err < prepared.check.atol
     assert slowed.name == "bmm_x1.25" and "25% of its median" in slowed.description
+
+
+SINGLE_FILE = """\
+import torch
+from attnbench import Capabilities, Contender
+
+VERSION = {version}
+
+
+class Single(Contender):
+    name = "ab_single"
+    capabilities = Capabilities(devices=frozenset({{"cpu"}}))
+
+    def prepare(self, inputs, workload):
+        return lambda: torch.softmax(inputs.q @ inputs.k.transpose(-1, -2) * inputs.scale, dim=-1) @ inputs.v
+"""
+
+
+def test_a_single_file_contender_at_the_base_revision_lives_beside_the_working_tree(tmp_path, planted, monkeypatch):
+    from attnbench.ab import revision_versions
+
+    repo = tmp_path / "single"
+    repo.mkdir()
+    module = repo / "ab_single_module.py"
+    module.write_text(SINGLE_FILE.format(version=1))
+    git(repo, "init", "-q")
+    commit_all(repo, "version 1")
+    module.write_text(SINGLE_FILE.format(version=2))
+    commit_all(repo, "version 2")
+    monkeypatch.syspath_prepend(str(repo))
+    import ab_single_module
+
+    registry.register(ab_single_module.Single)
+    planted.append("ab_single")
+    try:
+        base, current = revision_versions("ab_single", "HEAD~1", tmp_path / "checkout")
+        assert (base.name, current.name) == ("ab_single@HEAD~1", "ab_single")
+        assert sys.modules[type(base.contender).__module__] is ab_single_module  # the working tree's, restored
+        assert sys.modules[type(base.contender).__module__].VERSION == 2
+        kept = [m for n, m in sys.modules.items() if n.startswith("_attnbench_base_") and hasattr(m, "Single")]
+        (base_module,) = [m for m in kept if m.Single is type(base.contender)]  # kept under its own name
+        assert base_module.VERSION == 1 and base_module is not ab_single_module
+        assert base.source.startswith("git ") and base.source.endswith(" (HEAD~1)")
+    finally:
+        sys.modules.pop("ab_single_module", None)

@@ -21,8 +21,9 @@ by its sources' contents, so the two builds are two libraries, both loaded.
 
 Limits: imports made later, inside functions (``prepare`` importing a sibling module lazily), resolve to
 the working tree; code outside the package root (attnbench's core, another package of the repository)
-is the working tree's; the base version's classes keep their module names (``myplugin.kernel``), so
-they cannot be pickled — the A/B command times both in this one process and needs no worker.
+is the working tree's; the module the entry point names must exist under that name at REV; the base
+version's classes keep their module names (``myplugin.kernel``), so they cannot be pickled — the A/B
+command times both in this one process and needs no worker.
 """
 
 from __future__ import annotations
