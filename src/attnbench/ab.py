@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import binom
+import torch
 
 from attnbench import registry, revision
 from attnbench.contender import Contender, Unsupported
@@ -154,10 +154,14 @@ def paired_ratio(a_ms: list[float], b_ms: list[float], seed: int = 0) -> PairedR
 
 def _order_statistic_ranks(n: int) -> tuple[int, int]:
     """0-based ranks (j, n−1−j) of the sorted sample bounding the median with ≥ CONFIDENCE: the largest j
-    with P(Binomial(n, ½) ≤ j) ≤ (1 − CONFIDENCE)/2; the whole range when n is too small for that."""
-    j = int(binom.ppf((1 - CONFIDENCE) / 2, n, 0.5)) - 1
-    while j >= 0 and binom.cdf(j, n, 0.5) > (1 - CONFIDENCE) / 2:
-        j -= 1
+    with P(Binomial(n, ½) ≤ j) ≤ (1 − CONFIDENCE)/2 (exact, in integers); the whole range when n is too
+    small for that."""
+    tail, total = (1 - CONFIDENCE) / 2, 2**n
+    j, term, cumulative = -1, 1, 1  # term = C(n, j + 1), cumulative = Σ C(n, i) for i ≤ j + 1
+    while cumulative / total <= tail:
+        j += 1
+        term = term * (n - j) // (j + 1)
+        cumulative += term
     j = max(j, 0)
     return j, n - 1 - j
 
@@ -257,13 +261,19 @@ def run_ab(
     options: AbOptions,
     on_case: Callable[[int, AbCase], None] | None = None,
 ) -> list[AbCase]:
-    """Every workload to one :class:`AbCase`, in order; ``on_case(index, case)`` as each one finishes."""
+    """Every workload to one :class:`AbCase`, in order; ``on_case(index, case)`` as each one finishes.
+    torch runs on ``options.threads`` threads meanwhile (prepare, checks, warm-up and timing alike)."""
     cases = []
-    for index, workload in enumerate(workloads):
-        case = run_case(a, b, workload, options)
-        if on_case is not None:
-            on_case(index, case)
-        cases.append(case)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(options.threads)
+    try:
+        for index, workload in enumerate(workloads):
+            case = run_case(a, b, workload, options)
+            if on_case is not None:
+                on_case(index, case)
+            cases.append(case)
+    finally:
+        torch.set_num_threads(previous)
     return cases
 
 

@@ -54,7 +54,6 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_ou
         else:
             a, b = ab.revision_versions(args.impl, args.base or "HEAD", Path(workdir))
         configure_cpu_allocator("cached")  # as `run` does by default
-        torch.set_num_threads(threads)  # prepare, checks and warm-up too, not only the timed blocks
 
         def report(index: int, case: ab.AbCase) -> None:
             record = case.record(a, b, args.threshold)
