@@ -393,3 +393,15 @@ def test_fused_cpu_at_the_base_revision_builds_from_that_revisions_sources(tmp_p
     workload = Workload(1, 2, 2, 64, 64, 16, "float32", "cpu", "causal", "fwd")
     prepared = prepare_checked(base.name, workload, contender=base.contender)
     assert prepared.ok, prepared.reason
+
+
+def test_the_sweep_is_the_suites_workloads_with_the_axis_flags_applied():
+    from attnbench.ab import sweep_workloads
+    from attnbench.suite import expand, load_suite
+
+    assert [w.label() for w in sweep_workloads(None, {})] == ["B1 H8 S1024 D64 float32 cpu none fwd"]
+    quick = sweep_workloads("quick", {})
+    expected = list(dict.fromkeys(w for _, w in expand(load_suite("quick"), {}, sorted(registry.load()))))
+    assert quick == expected and len(quick) >= 6  # every workload once, whatever its contenders
+    narrowed = sweep_workloads("quick", {"seq": [128], "mask": ["causal"]})
+    assert {(w.seq_q, w.mask) for w in narrowed} == {(128, "causal")}
