@@ -12,8 +12,8 @@ round takes one sample of every contender still sampling, in an order shuffled p
 generator, until each one's stop rule is met. A shared machine's speed wanders by several per cent over
 minutes; timed one after another, contender A would get the fast minute and B the slow one, and their
 ratio would carry the drift. In rounds, the drift lands on all of them alike. With ``paired=True`` (the A/B
-command) no contender drops out early: every one takes a sample in every round until all have spent the
-budget, so sample i of each comes from round i and per-round ratios can be formed.
+command) no contender drops out early: every one takes a sample in every round until one of them has spent
+the budget, so sample i of each comes from round i and per-round ratios can be formed.
 
 GPU — CUDA events around each call, the host waiting only after the end event (host syncs are not kernel
 time). Two figures: *warm* (back-to-back calls, L2 holding what the last call left) and *cold* (L2 flushed
@@ -173,7 +173,7 @@ def time_cpu_rounds(
 
     Each contender keeps its own stop rule and budget; ``on_sample(name)`` is called before each of its
     samples (the worker uses it to know who is running). A contender that raises drops out with a
-    :class:`SampleError` in its place; the others go on. ``paired``: all sample in every round until each
+    :class:`SampleError` in its place; the others go on. ``paired``: all sample in every round until one
     has spent ``budget_s`` (:meth:`_CpuSeries.spent_budget`), so their samples pair up round by round."""
     calls = {name: max(1, math.ceil(MIN_SAMPLE_S / max(estimate, 1e-9))) for name, estimate in estimates_s.items()}
     if paired:  # one block size for all (the one the fastest needs), so a block's timer overhead is shared alike
@@ -202,7 +202,7 @@ def time_cpu_rounds(
                 continue
             if not paired and series[name].finished(budget_s):
                 active.remove(name)
-        if paired and all(series[name].spent_budget(budget_s) for name in active):
+        if paired and any(series[name].spent_budget(budget_s) for name in active):
             active = []
     results: dict[str, Timing | SampleError] = dict(failed)
     for name, one in series.items():
