@@ -234,9 +234,17 @@ def bench_fused(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def calibrate(session: nox.Session) -> None:
-    """Measure compare's false-alarm and detection rates on this machine (A/A runs, injected slowdowns)."""
+    """Measure ab's and compare's false-alarm and detection rates on this machine (A/A, injected slowdowns)."""
     install(session)
+    session.run("python", "-m", "attnbench.reports.calibrate_ab")
     session.run("python", "-m", "attnbench.reports.calibrate", *session.posargs)
+
+
+@nox.session(default=False)
+def calibrate_ab(session: nox.Session) -> None:
+    """Measure `attnbench ab`'s false alarms (A/A) and detection of ×1.05/×1.10/×1.25 slowdowns by real work."""
+    install(session)
+    session.run("python", "-m", "attnbench.reports.calibrate_ab", *session.posargs)
 
 
 @nox.session(default=False)

@@ -41,7 +41,7 @@ def test_readme_attnbench_commands_run_in_order(tmp_path):
     for command in commands:
         args = shlex.split(command)[1:]
         result = run_subprocess(sys.executable, "-m", "attnbench", *args, cwd=tmp_path)
-        allowed = (0, 1) if args[0] == "compare" else (0,)  # compare exits 1 when a case got slower
+        allowed = (0, 1) if args[0] in ("compare", "ab") else (0,)  # compare, ab: exit 1 when a case got slower
         allowed = (0, 1) if "--fail-on-regression" in args else allowed  # history: 1 when the newest step is slower
         assert result.returncode in allowed, (command, result.stderr[-2000:])
     assert (tmp_path / "runs" / "report" / "report.html").exists()

@@ -19,7 +19,7 @@ import torch
 
 from attnbench import registry
 from attnbench.allocator import POLICIES, configure_cpu_allocator
-from attnbench.axes import PASS, SWEEP_AXES, canonical_dtype, parse_overrides
+from attnbench.axes import IMPL, PASS, SWEEP_AXES, canonical_dtype, parse_overrides
 from attnbench.ceilings import load_ceilings
 from attnbench.errors import UsageError
 from attnbench.machine import command_line, environment
@@ -304,6 +304,36 @@ def _add_history_commands(commands: Any) -> None:
     p_history.set_defaults(func=cmd_history)
 
 
+def cmd_ab(args: argparse.Namespace) -> int:
+    from attnbench.reports import ab_command
+
+    # --impl names ab's contender here, not the sweep's impl axis
+    texts = {axis.name: getattr(args, axis.name) for axis in SWEEP_AXES
+             if axis is not IMPL and getattr(args, axis.name, None) is not None}  # fmt: skip
+    return ab_command.cmd_ab(args, parse_overrides(texts), _default_out("ab"))
+
+
+def _add_ab_command(commands: Any) -> None:
+    p_ab = commands.add_parser("ab", help="A/B: two versions of a contender timed in one process; exit 1 if slower")
+    p_ab.add_argument("--a", metavar="IMPL", help="version A, a registered contender (with --b)")
+    p_ab.add_argument("--b", metavar="IMPL", help="version B, judged against A (--a X --b X: an A/A run)")
+    p_ab.add_argument("--impl", metavar="NAME", help="one contender at two git revisions: the working tree is B")
+    p_ab.add_argument("--base", metavar="REV", help="with --impl: the revision that is A (default HEAD)")
+    p_ab.add_argument("--suite", help="a suite's workloads (name or .toml; default: B1 H8 S1024 D64)")
+    for axis in SWEEP_AXES:
+        if axis is not IMPL:
+            p_ab.add_argument(axis.flag, dest=axis.name, metavar="LIST", help=f"override {axis.name} (comma-separated)")
+    p_ab.add_argument("--threshold", type=float, default=0.02,
+                      help="smallest change called faster or slower (default 0.02 = 2%%)")  # fmt: skip
+    p_ab.add_argument("--budget-s", type=float, default=3.0,
+                      help="timing seconds per case, shared by A and B (default 3)")  # fmt: skip
+    p_ab.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
+    p_ab.add_argument("--seed", type=int, default=0, help="input and bootstrap seed (default 0)")
+    p_ab.add_argument("--json", action="store_true", help="one JSON object per case per line")
+    p_ab.add_argument("--out", help="folder for ab.csv, ab_samples.csv, ab.png (default: runs/ab-TIMESTAMP)")
+    p_ab.set_defaults(func=cmd_ab)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     entries = registry.load()
     records: list[dict[str, Any]] = []
@@ -462,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_ratios.set_defaults(func=cmd_ratios)
 
     _add_history_commands(commands)
+    _add_ab_command(commands)
     commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
     commands.add_parser("models", help="the model presets for --model").set_defaults(func=cmd_models)
     p_env = commands.add_parser("env", help="what this machine is and its ceilings, as recorded in meta.json")

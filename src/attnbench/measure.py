@@ -11,7 +11,9 @@ Interleaved rounds — the contenders of one workload are timed together (:func:
 round takes one sample of every contender still sampling, in an order shuffled per round from a seeded
 generator, until each one's stop rule is met. A shared machine's speed wanders by several per cent over
 minutes; timed one after another, contender A would get the fast minute and B the slow one, and their
-ratio would carry the drift. In rounds, the drift lands on all of them alike.
+ratio would carry the drift. In rounds, the drift lands on all of them alike. With ``paired=True`` (the A/B
+command) no contender drops out early: every one takes a sample in every round until one of them has spent
+the budget, so sample i of each comes from round i and per-round ratios can be formed.
 
 GPU — CUDA events around each call, the host waiting only after the end event (host syncs are not kernel
 time). Two figures: *warm* (back-to-back calls, L2 holding what the last call left) and *cold* (L2 flushed
@@ -42,6 +44,7 @@ import torch
 import torch.utils.benchmark as benchmark
 
 MIN_SAMPLE_S = 2e-3  # a CPU sample blocks calls until it lasts at least this long
+PAIRED_BLOCK_GROWTH = 10  # paired rounds: a slower contender's block grows to at most 10 × MIN_SAMPLE_S
 TARGET_CI = 0.005  # stop once the median's 95 % CI half-width is within 0.5 % of the median
 MIN_SAMPLES = 10  # before the confidence-interval rule may stop sampling
 MIN_TRUSTED = 5  # a budget-limited case still gets this many samples, up to twice its budget
@@ -127,6 +130,15 @@ class _CpuSeries:
         self.samples_ms.append(seconds / self.calls * 1e3)
         self.spent_s += seconds
 
+    def spent_budget(self, budget_s: float) -> bool:
+        """The paired stop rule: the budget spent with MIN_SAMPLES samples (or twice it with MIN_TRUSTED)."""
+        n = len(self.samples_ms)
+        return (
+            n >= MAX_SAMPLES
+            or (self.spent_s >= budget_s and n >= MIN_SAMPLES)
+            or (self.spent_s >= 2 * budget_s and n >= MIN_TRUSTED)
+        )
+
     def finished(self, budget_s: float) -> bool:
         """The stop rule: the median's 95 % CI within TARGET_CI, or the budget spent (with enough samples
         to trust, or ever at twice the budget)."""
@@ -155,17 +167,20 @@ def time_cpu_rounds(
     estimates_s: dict[str, float],
     seed: int = 0,
     on_sample: Callable[[str], None] | None = None,
+    paired: bool = False,
 ) -> dict[str, Timing | SampleError]:
     """Time the callables of one workload in interleaved rounds (see the module docstring).
 
     Each contender keeps its own stop rule and budget; ``on_sample(name)`` is called before each of its
     samples (the worker uses it to know who is running). A contender that raises drops out with a
-    :class:`SampleError` in its place; the others go on."""
+    :class:`SampleError` in its place; the others go on. ``paired``: all sample in every round until one
+    has spent ``budget_s`` (:meth:`_CpuSeries.spent_budget`), so their samples pair up round by round."""
+    calls = {name: max(1, math.ceil(MIN_SAMPLE_S / max(estimate, 1e-9))) for name, estimate in estimates_s.items()}
+    if paired:  # one block size for all (the one the fastest needs), so a block's timer overhead is shared alike
+        shared = max(calls[name] for name in fns)
+        calls = {name: min(shared, PAIRED_BLOCK_GROWTH * calls[name]) for name in fns}
     series = {
-        name: _CpuSeries(
-            benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads),
-            max(1, math.ceil(MIN_SAMPLE_S / max(estimates_s[name], 1e-9))),
-        )
+        name: _CpuSeries(benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads), calls[name])
         for name, fn in fns.items()
     }
     failed: dict[str, SampleError] = {}
@@ -185,8 +200,10 @@ def time_cpu_rounds(
                 failed[name] = SampleError(name, exc)
                 active.remove(name)
                 continue
-            if series[name].finished(budget_s):
+            if not paired and series[name].finished(budget_s):
                 active.remove(name)
+        if paired and any(series[name].spent_budget(budget_s) for name in active):
+            active = []
     results: dict[str, Timing | SampleError] = dict(failed)
     for name, one in series.items():
         if name not in failed:

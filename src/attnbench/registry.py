@@ -60,6 +60,9 @@ def _as_contender(obj: object, name: str) -> Contender:
     return obj
 
 
+as_contender = _as_contender  # public: the A/B command checks a contender taken from another git revision
+
+
 def _make_entry(name: str, source: str, loader: Callable[[], object]) -> Entry:
     """Build an Entry, turning any failure to load or probe into an unavailable reason."""
     try:

@@ -19,7 +19,7 @@ import torch
 from attnbench import registry
 from attnbench.ceilings import Ceilings
 from attnbench.check import CheckResult, GradCheck, check_grads, check_output
-from attnbench.contender import Unsupported
+from attnbench.contender import Contender, Unsupported
 from attnbench.flops import attention_bytes
 from attnbench.inputs import AttentionInputs, make_inputs
 from attnbench.measure import SampleError, Timing, call_once_ms, time_callable, time_cpu_rounds, warm_up
@@ -92,15 +92,19 @@ def _passes(inputs: AttentionInputs, forward: Callable[[], torch.Tensor]) -> Cal
     return lambda: torch.autograd.grad(output, leaves, upstream, retain_graph=True)
 
 
-def prepare_checked(impl: str, workload: Workload, seed: int = 0, inputs: AttentionInputs | None = None) -> Prepared:
+def prepare_checked(
+    impl: str, workload: Workload, seed: int = 0, inputs: AttentionInputs | None = None,
+    contender: Contender | None = None,
+) -> Prepared:  # fmt: skip
     """Make inputs (unless given: a group shares one set), prepare the contender, make its first call and
     check it against the float64 reference (the output, and for backward passes the gradients of q, k and v).
     For a paged cache the contender does not read itself, the callable gathers the pages into its k and v
-    first (``attnbench.paged.gathered``).
+    first (``attnbench.paged.gathered``). ``contender`` stands in for the registered one named ``impl`` (the
+    A/B command's second copy, or a version from another git revision).
 
     Raises :class:`Unsupported` or whatever the contender raises.
     """
-    contender = registry.get(impl).contender
+    contender = contender or registry.get(impl).contender
     assert contender is not None
     if inputs is None:
         inputs = make_inputs(workload, seed=seed, requires_grad=workload.pass_ != "fwd")

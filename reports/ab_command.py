@@ -1,0 +1,79 @@
+"""`attnbench ab`: check the flags, build the two versions, run the sweep, print and write the verdicts.
+
+Everything that can be bad input (the flags, the output folder, the contenders, the git revision, the
+sweep) is checked before anything is timed or written. The versions come from ``attnbench.ab``; the
+table, CSV and figure from ``attnbench.reports.ab_report``. Exit 1 when a case is ``slower`` (or a
+version's output ``incorrect``), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnbench import ab
+from attnbench.allocator import configure_cpu_allocator
+from attnbench.errors import UsageError
+from attnbench.machine import environment
+from attnbench.reports.ab_report import format_table, summary_line, write_ab
+from attnbench.results import RunWriter
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """One line per mistake: which versions to compare, the threshold, the budget, the threads."""
+    if (args.a is None) != (args.b is None):
+        raise UsageError("--a and --b go together: --a A --b B times B against A (--a X --b X: an A/A run)")
+    if args.a is not None and (args.impl or args.base):
+        raise UsageError("give either --a A --b B, or --impl NAME [--base REV]; not both")
+    if args.a is None and args.impl is None:
+        raise UsageError("--base needs --impl NAME" if args.base else "give --a A --b B, or --impl NAME [--base REV]")
+    if not 0 < args.threshold < 1:
+        raise UsageError(f"--threshold {args.threshold}: must be a fraction between 0 and 1, e.g. 0.02")
+    if not args.budget_s > 0:
+        raise UsageError(f"--budget-s {args.budget_s:g}: must be a positive number of seconds")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads {args.threads}: must be a positive integer")
+
+
+def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out: Path) -> int:
+    check_flags(args)
+    out = Path(args.out) if args.out else default_out
+    RunWriter.check_target(out)
+    workloads = ab.sweep_workloads(args.suite, overrides)
+    threads = args.threads or torch.get_num_threads()
+    options = ab.AbOptions(args.threshold, args.budget_s, threads, args.seed)
+    with tempfile.TemporaryDirectory(prefix="attnbench-ab-") as workdir:  # the base revision's files
+        if args.a is not None:
+            a, b = ab.registered_versions(args.a, args.b)
+        else:
+            a, b = ab.revision_versions(args.impl, args.base or "HEAD", Path(workdir))
+        configure_cpu_allocator("cached")  # as `run` does by default
+
+        def report(index: int, case: ab.AbCase) -> None:
+            record = case.record(a, b, args.threshold)
+            if args.json:
+                print(json.dumps(record), flush=True)
+            else:
+                shown = f"{case.paired.ratio:.3f}" if case.paired else case.reason
+                print(f"[{index + 1}/{len(workloads)}] {record['workload']}: {case.verdict} {shown}", file=sys.stderr)
+
+        cases = ab.run_ab(a, b, workloads, options, report)
+    records = [case.record(a, b, args.threshold) for case in cases]
+    settings = {"threshold": args.threshold, "budget_s": args.budget_s, "seed": args.seed}
+    meta = {"command_line": args.command_line, "versions": [ab.describe(a), ab.describe(b)], **settings,
+            **environment(threads)}  # fmt: skip
+    paths = write_ab(records, [(c.samples_a_ms, c.samples_b_ms) for c in cases], out, meta)
+    if not args.json:
+        print(format_table(records))
+        print(summary_line(records))
+    print(f"ab: {', '.join(map(str, paths))}", file=sys.stderr if args.json else sys.stdout)
+    bad = ab.failed(cases)
+    if bad:
+        print(f"{len(bad)} case(s) slower beyond {args.threshold:.1%} or incorrect", file=sys.stderr)
+    return 1 if bad else 0

@@ -1,0 +1,119 @@
+"""The A/B command's outputs: the printed table, ``ab.csv``, the raw paired rounds, and ``ab.png``.
+
+``ab.png`` draws every case's ratio B/A with its 95 % interval on a linear axis with plain decimal ticks,
+1 marked, and the threshold band [1 − t, 1 + t] shaded: a case whose interval sits inside the band is
+``same``, one wholly to the right of 1 and with its point past the band ``slower``. One row per case, its
+workload label on the left; the height grows with the cases so labels never overlap.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+
+COLOURS = {"faster": "#1a9850", "slower": "#d73027", "same": "#4575b4", "unclear": "#999999"}
+DPI = 110
+
+
+def format_table(records: list[dict[str, Any]]) -> str:
+    """One line per case: medians of A and B, the ratio with its interval, the verdict (or why none)."""
+    rows = []
+    for r in records:
+        timed = r["ratio"] is not None
+        rows.append({
+            "workload": r["workload"],
+            "A ms": f"{r['median_a_ms']:.4g}" if timed else "",
+            "B ms": f"{r['median_b_ms']:.4g}" if timed else "",
+            "B/A": f"{r['ratio']:.3f}" if timed else "",
+            "95% CI": f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if timed else "",
+            "rounds": r["n_pairs"] if timed else "",
+            "verdict": r["verdict"] if timed else f"{r['verdict']}: {r['reason']}",
+        })  # fmt: skip
+    return pd.DataFrame(rows).to_string(index=False)
+
+
+def summary_line(records: list[dict[str, Any]]) -> str:
+    """``8 cases: 1 slower, 6 same, 1 unclear (B = x vs A = y, threshold 2%)``."""
+    counts = pd.Series([r["verdict"] for r in records]).value_counts()
+    first = records[0]
+    parts = ", ".join(f"{n} {verdict}" for verdict, n in counts.items())
+    return (f"{len(records)} case(s): {parts} (B = {first['impl_b']} vs A = {first['impl_a']}, "
+            f"threshold {first['threshold']:.1%})")  # fmt: skip
+
+
+def samples_frame(records: list[dict[str, Any]], samples: list[tuple[list[float], list[float]]]) -> pd.DataFrame:
+    """The raw paired rounds: one row per (case, round) with A's and B's per-call time and their ratio."""
+    rows = [
+        {"workload": r["workload"], "round": i, "a_ms": a, "b_ms": b, "ratio": b / a}
+        for r, (a_ms, b_ms) in zip(records, samples, strict=True)
+        for i, (a, b) in enumerate(zip(a_ms, b_ms, strict=False))
+    ]
+    return pd.DataFrame(rows, columns=["workload", "round", "a_ms", "b_ms", "ratio"])
+
+
+def draw_ratios(records: list[dict[str, Any]]) -> Figure:
+    """The figure of ``ab.png`` (see the module docstring)."""
+    threshold = records[0]["threshold"]
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.42 * len(records)))
+    ax.axvspan(1 - threshold, 1 + threshold, color="#dddddd", zorder=0)
+    ax.axvline(1.0, color="#444444", linewidth=1, zorder=1)
+    labels, lows, highs = [], [1 - 2 * threshold], [1 + 2 * threshold]
+    for y, r in enumerate(records):
+        if r["ratio"] is None:
+            labels.append(f"{r['workload']} — {r['verdict']}")
+            continue
+        labels.append(r["workload"])
+        colour = COLOURS.get(r["verdict"], "#999999")
+        error = [[r["ratio"] - r["ci_low"]], [r["ci_high"] - r["ratio"]]]
+        ax.errorbar(r["ratio"], y, xerr=error, fmt="o", color=colour, capsize=4, zorder=2)
+        lows.append(r["ci_low"])
+        highs.append(r["ci_high"])
+    span = max(highs) - min(lows)
+    ax.set_xlim(min(lows) - 0.05 * span, max(highs) + 0.05 * span)
+    ax.set_yticks(range(len(records)), labels)
+    ax.set_ylim(len(records) - 0.5, -0.5)  # first case on top
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%.3f" if span < 0.05 else "%.2f"))
+    first = records[0]
+    ax.set_xlabel(f"time ratio B/A  (B = {first['impl_b']}, A = {first['impl_a']}; > 1: B slower)")
+    ax.set_title("A/B in one process: median per-round ratio, 95% interval", fontsize=10)
+    handles = [Patch(color=c, label=v) for v, c in COLOURS.items()]
+    handles.append(Patch(color="#dddddd", label=f"±{threshold:.0%} threshold"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=8)
+    fig.tight_layout(rect=(0, 0.06 if len(records) > 2 else 0.12, 1, 1))
+    return fig
+
+
+def plot_ratios(records: list[dict[str, Any]], path: Path) -> Path:
+    """``ab.png``."""
+    fig = draw_ratios(records)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def write_ab(
+    records: list[dict[str, Any]],
+    samples: list[tuple[list[float], list[float]]],
+    out: Path,
+    meta: dict[str, Any],
+) -> list[Path]:
+    """``ab.csv``, ``ab_samples.csv``, ``ab.png`` and ``meta.json`` in ``out`` (created); their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "ab.csv", out / "ab_samples.csv", out / "ab.png", out / "meta.json"]
+    pd.DataFrame(records).to_csv(paths[0], index=False)
+    samples_frame(records, samples).to_csv(paths[1], index=False)
+    plot_ratios(records, paths[2])
+    paths[3].write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return paths

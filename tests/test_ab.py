@@ -1,0 +1,407 @@
+"""`attnbench ab`: the verdict on fabricated paired rounds, the command end to end (A/A of bmm, and one
+plugin at two git revisions), its figure, and bad input (one line, exit 2, nothing written)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from attnbench import registry
+from attnbench.ab import MIN_PAIRS, PairedRatio, paired_ratio, verdict
+from attnbench.reports.ab_report import draw_ratios
+
+from conftest import attnbench_cmd, run_subprocess
+
+# One thread: on a busy machine a two-thread OpenMP team waits for its descheduled thread (samples of 30 ms
+# for a 50 µs call), which would make these plumbing tests slow and their verdicts noise.
+TINY = ["--batch", "1", "--heads", "2", "--seq", "64", "--head-dim", "16", "--threads", "1"]
+FIELDS = {"impl_a", "impl_b", "workload", "ratio", "ci_low", "ci_high", "verdict"}
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com"}  # fmt: skip
+
+
+def noisy_rounds(seed: int, n: int, factor: float) -> tuple[list[float], list[float]]:
+    """Paired rounds as a shared machine gives them: a drift common to both sides, 3 % noise of each
+    sample's own, and now and then a round in which one side was preempted (×1.5)."""
+    rng = np.random.default_rng(seed)
+    drift = 1 + 0.1 * np.sin(np.linspace(0, 6, n))  # minutes-long structure, lands on both
+    a = drift * np.exp(rng.normal(0, 0.03, n))
+    b = factor * drift * np.exp(rng.normal(0, 0.03, n))
+    a[rng.random(n) < 0.05] *= 1.5
+    b[rng.random(n) < 0.05] *= 1.5
+    return list(a), list(b)
+
+
+def test_a_a_rounds_are_never_called_slower_or_faster():
+    verdicts = [verdict(paired_ratio(*noisy_rounds(seed, 200, 1.0), seed=seed), 0.02) for seed in range(200)]
+    assert set(verdicts) <= {"same", "unclear"}, pd.Series(verdicts).value_counts().to_dict()
+    assert verdicts.count("same") >= 190  # 200 rounds with 3 % noise pin the ratio well inside ±2 %
+
+
+def test_a_real_slowdown_is_slower_and_a_speedup_faster():
+    slower = paired_ratio(*noisy_rounds(1, 200, 1.3))
+    assert verdict(slower, 0.02) == "slower"
+    assert slower.ratio == pytest.approx(1.3, rel=0.02)
+    assert slower.ci_low < slower.ratio < slower.ci_high and slower.ci_low > 1.25
+    assert verdict(paired_ratio(*noisy_rounds(2, 200, 0.7)), 0.02) == "faster"
+
+
+def test_a_change_inside_the_threshold_is_not_called_and_a_wide_interval_is_unclear():
+    small = paired_ratio(*noisy_rounds(3, 400, 1.01))
+    assert verdict(small, 0.02) == "same" and small.ci_low > 1.0  # resolved, but inside ±2 %
+    wide = PairedRatio(1.10, 0.97, 1.25, 50)  # a 10 % point estimate the interval can't tell from none
+    assert verdict(wide, 0.02) == "unclear"
+    assert verdict(PairedRatio(1.5, 1.4, 1.6, MIN_PAIRS - 1), 0.02) == "unclear"  # too few rounds
+    assert wide.resolution == pytest.approx(math.sqrt(1.25 / 0.97) - 1)
+
+
+def test_the_bootstrap_is_seeded():
+    a, b = noisy_rounds(4, 100, 1.05)
+    assert paired_ratio(a, b, seed=7) == paired_ratio(a, b, seed=7)
+
+
+def test_a_a_of_bmm_end_to_end(tmp_path):
+    out = tmp_path / "ab"
+    # A wide threshold: this checks the plumbing on a loaded machine, not the machine's noise
+    args = ["--mask", "none,causal", "--budget-s", "0.1", "--threshold", "0.25", "--json", "--out", str(out)]
+    done = run_subprocess(*attnbench_cmd("ab", "--a", "bmm", "--b", "bmm", *TINY, *args))
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["workload"] for r in lines] == [f"B1 H2 S64 D16 float32 cpu {mask} fwd" for mask in ("none", "causal")]
+    for record in lines:
+        assert set(record) >= FIELDS
+        assert (record["impl_a"], record["impl_b"]) == ("bmm", "bmm (b)")
+        assert record["verdict"] in ("same", "unclear")
+        assert record["ci_low"] <= record["ratio"] <= record["ci_high"]
+        assert record["n_pairs"] >= MIN_PAIRS
+    table = pd.read_csv(out / "ab.csv")
+    assert list(table["verdict"]) == [r["verdict"] for r in lines]
+    samples = pd.read_csv(out / "ab_samples.csv")
+    assert len(samples) == sum(r["n_pairs"] for r in lines)
+    assert samples["ratio"].to_numpy() == pytest.approx((samples["b_ms"] / samples["a_ms"]).to_numpy())
+    assert (out / "ab.png").stat().st_size > 10_000
+    assert json.loads((out / "meta.json").read_text())["versions"][1]["name"] == "bmm (b)"
+
+
+def test_the_table_names_both_rows(cli, tmp_path):
+    code, out, err = cli("ab", "--a", "einsum", "--b", "bmm", *TINY, "--budget-s", "0.05", "--threshold", "0.5",
+                         "--out", str(tmp_path / "ab"))  # fmt: skip
+    assert code == 0, out + err
+    assert "B1 H2 S64 D16 float32 cpu none fwd" in out
+    assert "(B = bmm vs A = einsum, threshold 50.0%)" in out
+    assert "[1/1] B1 H2 S64 D16 float32 cpu none fwd:" in err
+
+
+def test_the_figure_has_plain_decimal_ticks_and_labels_that_do_not_overlap():
+    cases = [(256, 1.0, "same"), (512, 1.06, "slower"), (1024, 0.93, "faster"), (2048, 1.01, "unclear")]
+    records = [{"impl_a": "x", "impl_b": "x (b)", "workload": f"B1 H8 S{s} D64 float32 cpu none fwd",
+                "ratio": r, "ci_low": r - 0.01, "ci_high": r + 0.012, "verdict": v, "threshold": 0.02}
+               for s, r, v in cases]  # fmt: skip
+    records.append({**records[0], "workload": "B1 H8 S4096 D64 float32 cpu none fwd", "ratio": None,
+                    "verdict": "incorrect"})  # fmt: skip
+    fig = draw_ratios(records)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert all(float(t.replace("−", "-")) > 0 for t in ticks) and not any("e" in t or "×" in t for t in ticks)
+    boxes = [t.get_window_extent() for t in ax.get_yticklabels()]
+    assert len(boxes) == 5 and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    assert ax.get_yticklabels()[4].get_text().endswith("— incorrect")
+    low, high = ax.get_xlim()
+    assert low < 0.92 and high > 1.072  # every interval and the band are in view
+    plt.close(fig)
+
+
+# --- one plugin at two git revisions ---------------------------------------------------------------------
+
+KERNEL = '''\
+"""A plugin contender: bmm-style attention whose score product lives in a sibling module."""
+import torch
+
+from attnbench import Capabilities, Contender
+
+from . import work  # relative import: must come from the same revision
+
+
+class Kernel(Contender):
+    name = "abkernel"
+    capabilities = Capabilities(devices=frozenset({"cpu"}), masks=frozenset({"none"}))
+
+    def prepare(self, inputs, workload):
+        q, k, v, scale = inputs.q, inputs.k, inputs.v, inputs.scale
+        return lambda: torch.softmax(work.scores(q, k) * scale, dim=-1) @ v
+
+
+contender = Kernel()
+'''
+WORK = """\
+import torch
+
+from abplug.settings import PASSES  # absolute import within the package: also the same revision
+
+
+def scores(q, k):
+    out = q @ k.transpose(-1, -2)
+    for _ in range(PASSES - 1):  # real extra work, the product again
+        out = torch.maximum(out, q @ k.transpose(-1, -2))
+    return out
+"""
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, env={**os.environ, **GIT_ENV})
+
+
+def commit_all(repo: Path, message: str) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+
+
+@pytest.fixture
+def plugin_repo(tmp_path):
+    """A git repository holding the plugin package ``abplug`` (and the .dist-info naming its entry point):
+    commit 1 computes the scores once, commit 2 three times (PASSES = 3: real work, about 1.5-2× slower —
+    large, so that a busy machine can't hide it)."""
+    repo = tmp_path / "repo"
+    package = repo / "abplug"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "kernel.py").write_text(KERNEL)
+    (package / "work.py").write_text(WORK)
+    (package / "settings.py").write_text("PASSES = 1\n")
+    info = repo / "abplug-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: abplug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[attnbench.impls]\nabkernel = abplug.kernel:contender\n")
+    git(repo, "init", "-q")
+    commit_all(repo, "the kernel")
+    (package / "settings.py").write_text("PASSES = 3\n")
+    commit_all(repo, "the score product three times")
+    return repo
+
+
+def ab_at(repo: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    args = attnbench_cmd("ab", "--impl", "abkernel", "--batch", "1", "--heads", "2", "--seq", "256", "--head-dim",
+                         "64", "--threads", "1", "--budget-s", "1", "--json", "--out", str(out), *extra)  # fmt: skip
+    return run_subprocess(*args, env={"PYTHONPATH": str(repo)}, cwd=repo)
+
+
+def test_base_revision_slower_kernel_is_slower_and_exit_1(plugin_repo, tmp_path):
+    done = ab_at(plugin_repo, tmp_path / "slower", "--base", "HEAD~1")
+    (record,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert done.returncode == 1, (record, done.stderr)
+    assert (record["impl_a"], record["impl_b"], record["verdict"]) == ("abkernel@HEAD~1", "abkernel", "slower")
+    assert record["ratio"] > 1.2, record
+    assert "1 case(s) slower beyond 2.0%" in done.stderr
+
+
+def test_a_comment_only_commit_is_not_slower(plugin_repo, tmp_path):
+    kernel = plugin_repo / "abplug" / "kernel.py"
+    kernel.write_text(kernel.read_text().replace('"""A plugin', '"""Only this comment changed. A plugin'))
+    commit_all(plugin_repo, "a comment")
+    done = ab_at(plugin_repo, tmp_path / "comment")  # --base defaults to HEAD: the same code once more
+    done_previous = ab_at(plugin_repo, tmp_path / "comment-1", "--base", "HEAD~1")
+    for run in (done, done_previous):
+        assert run.returncode == 0, run.stderr
+        (record,) = [json.loads(line) for line in run.stdout.splitlines()]
+        assert record["verdict"] in ("same", "unclear") and 0.85 < record["ratio"] < 1.15, record
+
+
+def test_a_revision_that_names_no_commit_is_bad_input(plugin_repo, tmp_path):
+    done = ab_at(plugin_repo, tmp_path / "none", "--base", "no-such-rev")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"attnbench: error: --base 'no-such-rev': not a commit of the repository {plugin_repo}\n"
+    assert not (tmp_path / "none").exists()
+
+
+# --- bad input ---------------------------------------------------------------------------------------------
+
+NOT_IN_GIT = """\
+import torch
+from attnbench import Capabilities, Contender
+
+
+class Loose(Contender):
+    name = "ab_loose"
+    capabilities = Capabilities(devices=frozenset({"cpu"}))
+
+    def prepare(self, inputs, workload):
+        return lambda: torch.softmax(inputs.q @ inputs.k.transpose(-1, -2) * inputs.scale, dim=-1) @ inputs.v
+"""
+
+
+@pytest.fixture
+def loose_contender(tmp_path, planted, monkeypatch):
+    """A contender registered from a module file outside any git repository."""
+    folder = tmp_path / "loose"
+    folder.mkdir()
+    (folder / "ab_loose_module.py").write_text(NOT_IN_GIT)
+    monkeypatch.syspath_prepend(str(folder))
+    import ab_loose_module
+
+    registry.register(ab_loose_module.Loose)
+    planted.append("ab_loose")
+    yield "ab_loose"
+    sys.modules.pop("ab_loose_module", None)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--a", "nosuch", "--b", "bmm"], "contender 'nosuch' is not known"),
+        (["--a", "bmm"], "--a and --b go together"),
+        (["--base", "HEAD"], "--base needs --impl NAME"),
+        ([], "give --a A --b B, or --impl NAME [--base REV]"),
+        (["--a", "bmm", "--b", "bmm", "--impl", "bmm"], "give either --a A --b B, or --impl NAME"),
+        (["--a", "bmm", "--b", "bmm", "--threshold", "0"], "--threshold 0.0: must be a fraction"),
+        (["--a", "bmm", "--b", "bmm", "--device", "cuda"], "attnbench ab times on the CPU only"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(cli, tmp_path, args, message):
+    out = tmp_path / "ab"
+    code, stdout, err = cli("ab", *args, *TINY, "--out", str(out))
+    assert code == 2
+    assert err.startswith("attnbench: error: ") and message in err and err.count("\n") == 1, err
+    assert not out.exists() and stdout == ""
+
+
+def test_a_contender_outside_git_is_bad_input(cli, tmp_path, loose_contender):
+    out = tmp_path / "ab"
+    code, stdout, err = cli("ab", "--impl", loose_contender, *TINY, "--out", str(out))
+    assert code == 2 and "is not in a git repository" in err and err.count("\n") == 1, err
+    assert not out.exists() and stdout == ""
+
+
+def test_paired_rounds_give_every_contender_a_sample_in_every_round_with_one_block_size():
+    from attnbench.measure import PAIRED_BLOCK_GROWTH, time_cpu_rounds
+
+    def work(n):
+        return lambda: sum(range(n))
+
+    fns = {"fast": work(2_000), "slow": work(6_000), "much_slower": work(2_000 * 4 * PAIRED_BLOCK_GROWTH)}
+    estimates = {"fast": 1e-5, "slow": 3e-5, "much_slower": 4 * PAIRED_BLOCK_GROWTH * 1e-5}
+    timings = time_cpu_rounds(fns, 1, 0.02, estimates, paired=True)
+    counts = {name: t.n_samples for name, t in timings.items()}
+    assert len(set(counts.values())) == 1 and counts["fast"] >= 5, counts
+    calls = {name: t.calls_per_sample for name, t in timings.items()}
+    assert calls["fast"] == calls["slow"] == 200  # the fastest's block, shared
+    assert calls["much_slower"] == PAIRED_BLOCK_GROWTH * 5  # capped at 10 × its own block of 5
+
+
+def test_calibration_summary_counts_false_alarms_and_catches():
+    from attnbench.reports.calibrate_ab import summarise
+
+    rows = [{"kind": "A/A", "factor": 1.0, "verdict": v, "ratio": 1.0, "seconds": 4.0}
+            for v in ["same"] * 98 + ["unclear", "slower"]]  # fmt: skip
+    rows += [{"kind": "slowed", "factor": 1.05, "verdict": v, "ratio": 1.05, "seconds": 5.0}
+             for v in ["slower"] * 9 + ["unclear"]]  # fmt: skip
+    lines = summarise(pd.DataFrame(rows))
+    assert lines[0] == "A/A: 100 decisions, 1 false alarm(s) = 1.0% (same 98, unclear 1, slower 1)"
+    assert lines[1] == "slowdown ×1.05: 9/10 cases caught = 90.0%; median measured ratio 1.050"
+    assert lines[2].startswith("seconds per case: median 4.0, max 5.0 (110 cases")
+
+
+def test_the_slowed_calibration_contender_is_correct_and_does_extra_work():
+    from attnbench.reports.calibrate_ab import Slowed
+    from attnbench.runner import prepare_checked
+    from attnbench.workload import Workload
+
+    slowed = Slowed(registry.get("bmm").contender, 1.25)
+    workload = Workload(1, 2, 2, 64, 64, 16, "float32", "cpu", "causal", "fwd")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops on a busy machine: an OpenMP team waits for its descheduled thread
+    try:
+        prepared = prepare_checked(slowed.name, workload, contender=slowed)
+    finally:
+        torch.set_num_threads(threads)
+    assert prepared.ok and prepared.check.max_abs_err < prepared.check.atol
+    assert slowed.name == "bmm_x1.25" and "25% of its median" in slowed.description
+
+
+SINGLE_FILE = """\
+import torch
+from attnbench import Capabilities, Contender
+
+VERSION = {version}
+
+
+class Single(Contender):
+    name = "ab_single"
+    capabilities = Capabilities(devices=frozenset({{"cpu"}}))
+
+    def prepare(self, inputs, workload):
+        return lambda: torch.softmax(inputs.q @ inputs.k.transpose(-1, -2) * inputs.scale, dim=-1) @ inputs.v
+"""
+
+
+def test_a_single_file_contender_at_the_base_revision_lives_beside_the_working_tree(tmp_path, planted, monkeypatch):
+    from attnbench.ab import revision_versions
+
+    repo = tmp_path / "single"
+    repo.mkdir()
+    module = repo / "ab_single_module.py"
+    module.write_text(SINGLE_FILE.format(version=1))
+    git(repo, "init", "-q")
+    commit_all(repo, "version 1")
+    module.write_text(SINGLE_FILE.format(version=2))
+    commit_all(repo, "version 2")
+    monkeypatch.syspath_prepend(str(repo))
+    import ab_single_module
+
+    registry.register(ab_single_module.Single)
+    planted.append("ab_single")
+    try:
+        base, current = revision_versions("ab_single", "HEAD~1", tmp_path / "checkout")
+        assert (base.name, current.name) == ("ab_single@HEAD~1", "ab_single")
+        assert sys.modules[type(base.contender).__module__] is ab_single_module  # the working tree's, restored
+        assert sys.modules[type(base.contender).__module__].VERSION == 2
+        kept = [m for n, m in sys.modules.items() if n.startswith("_attnbench_base_") and hasattr(m, "Single")]
+        (base_module,) = [m for m in kept if m.Single is type(base.contender)]  # kept under its own name
+        assert base_module.VERSION == 1 and base_module is not ab_single_module
+        assert base.source.startswith("git ") and base.source.endswith(" (HEAD~1)")
+    finally:
+        sys.modules.pop("ab_single_module", None)
+
+
+@pytest.mark.slow
+def test_fused_cpu_at_the_base_revision_builds_from_that_revisions_sources(tmp_path):
+    """attnbench's own kernel: the base revision's package imports its own ``_cpu_kernel``, which finds the
+    C++ sources beside it in the extracted folder (the build is keyed by their contents)."""
+    from attnbench import revision
+    from attnbench.ab import revision_versions
+    from attnbench.runner import prepare_checked
+    from attnbench.workload import Workload
+
+    current = registry.get("fused_cpu").contender
+    try:
+        revision.locate("fused_cpu", current)
+    except Exception as exc:  # a plain (non-editable) install: not in a git repository
+        pytest.skip(f"fused_cpu is not in a git checkout here: {exc}")
+    base, _ = revision_versions("fused_cpu", "HEAD", tmp_path / "checkout")
+    kernel = type(base.contender).prepare.__globals__["_cpu_kernel"]  # what the base class's module imported
+    assert (tmp_path / "checkout") in Path(kernel.__file__).parents
+    assert all((tmp_path / "checkout") in source.parents for source in kernel.SOURCES)
+    assert kernel is not sys.modules["attnbench.impls._cpu_kernel"]
+    workload = Workload(1, 2, 2, 64, 64, 16, "float32", "cpu", "causal", "fwd")
+    prepared = prepare_checked(base.name, workload, contender=base.contender)
+    assert prepared.ok, prepared.reason
+
+
+def test_the_sweep_is_the_suites_workloads_with_the_axis_flags_applied():
+    from attnbench.ab import sweep_workloads
+    from attnbench.suite import expand, load_suite
+
+    assert [w.label() for w in sweep_workloads(None, {})] == ["B1 H8 S1024 D64 float32 cpu none fwd"]
+    quick = sweep_workloads("quick", {})
+    expected = list(dict.fromkeys(w for _, w in expand(load_suite("quick"), {}, sorted(registry.load()))))
+    assert quick == expected and len(quick) >= 6  # every workload once, whatever its contenders
+    narrowed = sweep_workloads("quick", {"seq": [128], "mask": ["causal"]})
+    assert {(w.seq_q, w.mask) for w in narrowed} == {(128, "causal")}
