@@ -210,6 +210,7 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
     for row in merged.to_dict("records"):
         record = {key: row[key] for key in MATCH_ON}
         record["workload"] = workload_label(pd.Series(record))
+        record["reproduce"] = row.get("reproduce_new") if isinstance(row.get("reproduce_new"), str) else ""
         if row["_merge"] != "both":
             record.update(verdict="missing", note=f"only in {'base' if row['_merge'] == 'left_only' else 'new'}")
         elif row["status_base"] != "ok" or row["status_new"] != "ok":
@@ -222,7 +223,8 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
             record.update(verdict=outcome, ratio=ratio, p_value=p_value, floor=floor, note=note,
                           base_ms=row["median_ms_base"], new_ms=row["median_ms_new"])  # fmt: skip
         records.append(record)
-    columns = ["impl", "workload", "verdict", "ratio", "p_value", "floor", "base_ms", "new_ms", "note", *MATCH_ON[1:]]
+    columns = ["impl", "workload", "verdict", "ratio", "p_value", "floor", "base_ms", "new_ms", "note", "reproduce",
+               *MATCH_ON[1:]]
     table = pd.DataFrame.from_records(records).reindex(columns=columns)
     basis = "repeats" if bases == {"repeats"} else "samples"
     notes = []
@@ -297,10 +299,10 @@ img{max-width:100%}</style></head><body>
 {% for note in notes %}<p class="note">{{ note }}</p>{% endfor %}
 {% if image %}<img src="data:image/png;base64,{{ image }}" alt="new/base ratio per case">{% endif %}
 <table><thead><tr><th>impl</th><th>workload</th><th>verdict</th><th>new/base</th><th>p-value</th>
-<th>floor</th><th>base ms</th><th>new ms</th><th>note</th></tr></thead><tbody>
+<th>floor</th><th>base ms</th><th>new ms</th><th>note</th><th>rerun (new)</th></tr></thead><tbody>
 {% for r in rows %}<tr><td>{{ r.impl }}</td><td>{{ r.workload }}</td><td class="{{ r.verdict }}">{{ r.verdict }}</td>
 <td>{{ r.ratio }}</td><td>{{ r.p_value }}</td><td>{{ r.floor }}</td><td>{{ r.base_ms }}</td><td>{{ r.new_ms }}</td>
-<td>{{ r.note }}</td></tr>
+<td>{{ r.note }}</td><td><code>{{ r.reproduce }}</code></td></tr>
 {% endfor %}</tbody></table>
 <p>Made with: <code>{{ command }}</code></p></body></html>
 """
@@ -333,7 +335,7 @@ def write_compare(comparison: Comparison, out_dir: Path, base: Path, new: Path, 
 
     rows = [{"impl": r["impl"], "workload": r["workload"], "verdict": r["verdict"], "ratio": fmt(r["ratio"], ".3f"),
              "p_value": fmt(r["p_value"], ".2g"), "floor": fmt(r["floor"], ".1%"), "base_ms": fmt(r["base_ms"], ".4g"),
-             "new_ms": fmt(r["new_ms"], ".4g"), "note": r["note"]} for r in table.to_dict("records")]  # fmt: skip
+             "new_ms": fmt(r["new_ms"], ".4g"), "note": r["note"], "reproduce": r["reproduce"]} for r in table.to_dict("records")]  # fmt: skip
     html = (
         jinja2.Environment(autoescape=True)
         .from_string(COMPARE_TEMPLATE)

@@ -23,6 +23,7 @@ import pandas as pd
 
 from attnbench.axes import MODEL, case_label, is_decode
 from attnbench.errors import UsageError
+from attnbench.reproduce import Reproducer
 from attnbench.results import CASE_COLUMNS, COLUMNS, fill_feature_defaults, load_results, rows_to_frame
 
 EXTRA_COLUMNS = ["run", "machine", "source"]
@@ -74,7 +75,17 @@ def _load_folder(path: Path) -> Run:
     frame = frame.reindex(columns=list(dict.fromkeys([*COLUMNS, *frame.columns])))  # older runs lack newer columns
     frame = fill_feature_defaults(frame)
     meta = _load_meta(path)
-    return Run(path.name, path, frame, meta)
+    return Run(path.name, path, _fill_reproduce(frame, meta), meta)
+
+
+def _fill_reproduce(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
+    """A run written before the ``reproduce`` column gets its commands from its rows and meta.json."""
+    missing = frame["reproduce"].isna()
+    if missing.any():
+        reproduce = Reproducer.of_meta(meta)
+        frame["reproduce"] = frame["reproduce"].astype(object)
+        frame.loc[missing, "reproduce"] = [reproduce(row) for row in frame[missing].to_dict("records")]
+    return frame
 
 
 def _pytest_benchmark_row(bench: dict[str, Any]) -> dict[str, Any]:

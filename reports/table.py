@@ -24,8 +24,10 @@ from attnbench.reports.frames import workload_label
 
 TABLE_ID = "results-table"
 PAGE_LENGTH = 25
-# Shown by default, in this order; ``shape`` is B, H (/Hkv), S (xSk), D in one readable cell.
-SHOWN = ["impl", "shape", "mask", "pass", "dtype", "device", "status", "median_ms", "tflops", "gbps", "pct_of_peak",
+# Shown by default, in this order; ``shape`` is B, H (/Hkv), S (xSk), D in one readable cell; ``case`` is the
+# row's index in its run's results file (what ``attnbench run --from RUN --case N`` takes). ``reproduce``, the
+# command that reruns the row's case, is one click away (the "Columns" button), as every other column.
+SHOWN = ["case", "impl", "shape", "mask", "pass", "dtype", "device", "status", "median_ms", "tflops", "gbps", "pct_of_peak",
          "peak_mem_mb", "max_abs_err", "reason"]  # fmt: skip
 FILTERS = ["impl", "status", "mask", "dtype", "device"]  # a SearchPanes pane each
 LEFT_OUT = ["samples_ms"]  # raw samples: in results.parquet, too long for a table cell
@@ -47,6 +49,8 @@ def table_frame(frame: pd.DataFrame) -> pd.DataFrame:
     records = frame.to_dict("records")
     table = frame.drop(columns=[c for c in LEFT_OUT if c in frame.columns]).copy()
     table["shape"] = [_shape(r) for r in records]
+    # rows of one run are consecutive and in their file's order (load_runs keeps them so)
+    table["case"] = table.groupby("run", sort=False).cumcount() if "run" in table else range(len(table))
     rest = [c for c in table.columns if c not in SHOWN]
     table = table[[c for c in SHOWN if c in table.columns] + rest]
     for column in table.columns:

@@ -53,6 +53,8 @@ def _default_out(suite: str) -> Path:
 
 def run_request(args: argparse.Namespace) -> RunRequest:
     """``attnbench run``'s flags as a checked request."""
+    if args.from_run is not None or args.case is not None:
+        return _from_run_request(args)
     return build_request(
         args.suite, _given_axes(args), repeat=args.repeat, budget_s=args.budget_s, case_budget_s=args.case_budget_s,
         timeout_s=args.timeout_s, threads=args.threads, seed=args.seed, memory=not args.no_memory,
@@ -60,6 +62,22 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         progress=args.progress, out=args.out, resume=args.resume, shard=args.shard, store=args.store, db=args.db,
         command=args.command_line,
     )  # fmt: skip
+
+
+def _from_run_request(args: argparse.Namespace) -> RunRequest:
+    """--from RUN_DIR --case N: one case of a run, with that run's sweep settings (see reproduce.py)."""
+    from attnbench.reproduce import from_run_request
+
+    if args.from_run is None or args.case is None:
+        raise UsageError("--from RUN_DIR and --case N go together: give both (N: the row's index in results.csv)")
+    given = [flag for flag, value in (("--suite", args.suite), ("--resume", args.resume), ("--shard", args.shard),
+             ("--repeat", args.repeat), ("--threads", args.threads), ("--budget-s", args.budget_s),
+             ("--case-budget-s", args.case_budget_s), ("--timeout-s", args.timeout_s)) if value is not None]  # fmt: skip
+    given += [axis.flag for axis in SWEEP_AXES if getattr(args, axis.name, None) is not None]
+    if given:
+        raise UsageError(f"--from reruns one case of RUN_DIR with its settings; drop {', '.join(given)}")
+    return from_run_request(args.from_run, args.case, out=args.out, progress=args.progress, store=args.store,
+                            db=args.db, command=args.command_line)  # fmt: skip
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -435,6 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p_run.add_argument("--shard", metavar="I/N", help="run the I-th of N balanced, deterministic slices")
     p_run.add_argument("--resume", metavar="RUN_DIR", help="run only the cases of RUN_DIR that have no row yet")
+    p_run.add_argument("--from", dest="from_run", metavar="RUN_DIR",
+                       help="rerun one case of RUN_DIR (with --case) with that run's seed, threads and budgets")
+    p_run.add_argument("--case", metavar="N", help="with --from: the row's index in RUN_DIR's results.csv and "
+                       "results.parquet (0 is the first row; the `case` column of the report's table)")
     p_run.add_argument("--progress", metavar=_choices(PROGRESS), default="auto", help="progress bar")
     p_run.add_argument("--store", action="store_true", help="add the run to the results store as it finishes")
     p_run.add_argument("--db", help="the store for --store (default runs/attnbench.duckdb)")

@@ -40,7 +40,7 @@ COLUMNS = [
     "tflops", "gbps", "flops", "bytes", "intensity", "pct_of_peak", "pct_of_matmul",
     "peak_mem_mb", "predicted_ms", "predicted_mem_mb",
     "max_abs_err", "atol", "rtol", "checked_rows", "grad_err", "grad_tol",
-    "setup_ms", "first_call_ms", "threads", "samples_ms",
+    "setup_ms", "first_call_ms", "threads", "reproduce", "samples_ms",
 ]  # fmt: skip
 LIST_COLUMNS = ["samples_ms", "repeat_medians_ms"]  # lists in Parquet, JSON strings in CSV
 

@@ -17,6 +17,7 @@ import sys
 import threading
 from dataclasses import asdict
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pandas as pd
@@ -32,12 +33,18 @@ from attnbench.interrupts import StopSignals
 from attnbench.machine import environment
 from attnbench.noise import environment_warnings, result_warnings
 from attnbench.repeats import DECIDED_ONCE, merge_repeats
+from attnbench.reproduce import Reproducer
 from attnbench.request import DEFAULT_SUITE, RunRequest, RunSettings
 from attnbench.results import RunWriter, case_key, make_row
 from attnbench.runner import RunOptions, not_runnable, run_group
 from attnbench.shard import shard_cases
 from attnbench.suite import Suite, check_devices, expand, load_suite, model_suite
 from attnbench.workload import Workload
+
+
+# What a fresh process's torch takes without --threads (a sweep sets torch's threads, so read it at import):
+# a row's reproduce command gives --threads when the run's differ.
+DEFAULT_THREADS = torch.get_num_threads()
 
 
 def now() -> str:
@@ -76,7 +83,8 @@ def _plan(request: RunRequest, default_out: Path) -> tuple[RunWriter, dict[str, 
     RunWriter.check_target(out)
     settings = RunSettings.resolve(request, suite, torch.get_num_threads())
     meta = {"command": request.command, "suite": suite.name, "overrides": dict(request.axes),
-            "shard": request.shard, "n_cases": len(cases), "settings": settings.as_meta()}  # fmt: skip
+            "shard": request.shard, "n_cases": len(cases), "settings": settings.as_meta(),
+            "default_threads": DEFAULT_THREADS}  # fmt: skip
     return RunWriter(out), meta, cases
 
 
@@ -142,7 +150,7 @@ def run_sweep(request: RunRequest, default_out: Path) -> Finished:
     else:
         writer.start(meta, cases)
     with StopSignals(writer.out_dir, _exit_at_once) as stop:  # until the results are written
-        interrupted = sweep(todo, options, writer, settings, request.progress, stop)
+        interrupted = sweep(todo, options, writer, settings, request.progress, stop, Reproducer.of_meta(meta))
         for warning in bandwidth.after(interrupted):
             print(f"warning: {warning}", file=sys.stderr)
             warnings.append(warning)
@@ -178,13 +186,15 @@ def group_by_workload(cases: list[tuple[str, Workload]]) -> list[tuple[Workload,
 
 
 def sweep(cases: list[tuple[str, Workload]], options: RunOptions, writer: RunWriter, settings: RunSettings,
-          progress_mode: str, stop: StopSignals | None = None) -> bool:  # fmt: skip
+          progress_mode: str, stop: StopSignals | None = None,
+          reproduce: Callable[[dict[str, Any]], str] | None = None) -> bool:  # fmt: skip
     """Run the cases, appending each row as it finishes; True if interrupted.
 
     The contenders of a workload run as one group (timed in interleaved rounds). With ``repeat`` N > 1 the
     sweep is run N times, each pass in a fresh worker process; a case's row is written when its last
     repeat is in (or at once when a repeat is not ok). ``stop`` (signals, see interrupts.py) ends the sweep
-    after the group in hand, or cuts that group short (no rows from it)."""
+    after the group in hand, or cuts that group short (no rows from it). ``reproduce`` gives each row's
+    ``reproduce`` command (see reproduce.py)."""
     from attnbench.worker import CaseWorker
 
     repeat = settings.repeats
@@ -195,6 +205,8 @@ def sweep(cases: list[tuple[str, Workload]], options: RunOptions, writer: RunWri
     stop = stop or StopSignals(writer.out_dir, lambda: None)  # not installed: never requested
 
     def keep(row: dict[str, Any]) -> None:
+        if reproduce is not None:
+            row = {**row, "reproduce": reproduce(row)}
         key = case_key(row["impl"], row)
         if repeat == 1 or (row["status"] in DECIDED_ONCE and not writer.repeats_done(key)):
             writer.finish_case(merge_repeats([row]))
