@@ -223,8 +223,19 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
             record.update(verdict=outcome, ratio=ratio, p_value=p_value, floor=floor, note=note,
                           base_ms=row["median_ms_base"], new_ms=row["median_ms_new"])  # fmt: skip
         records.append(record)
-    columns = ["impl", "workload", "verdict", "ratio", "p_value", "floor", "base_ms", "new_ms", "note", "reproduce",
-               *MATCH_ON[1:]]
+    columns = [
+        "impl",
+        "workload",
+        "verdict",
+        "ratio",
+        "p_value",
+        "floor",
+        "base_ms",
+        "new_ms",
+        "note",
+        "reproduce",
+        *MATCH_ON[1:],
+    ]
     table = pd.DataFrame.from_records(records).reindex(columns=columns)
     basis = "repeats" if bases == {"repeats"} else "samples"
     notes = []
@@ -335,7 +346,8 @@ def write_compare(comparison: Comparison, out_dir: Path, base: Path, new: Path, 
 
     rows = [{"impl": r["impl"], "workload": r["workload"], "verdict": r["verdict"], "ratio": fmt(r["ratio"], ".3f"),
              "p_value": fmt(r["p_value"], ".2g"), "floor": fmt(r["floor"], ".1%"), "base_ms": fmt(r["base_ms"], ".4g"),
-             "new_ms": fmt(r["new_ms"], ".4g"), "note": r["note"], "reproduce": r["reproduce"]} for r in table.to_dict("records")]  # fmt: skip
+             "new_ms": fmt(r["new_ms"], ".4g"), "note": r["note"], "reproduce": r["reproduce"]}
+            for r in table.to_dict("records")]  # fmt: skip
     html = (
         jinja2.Environment(autoescape=True)
         .from_string(COMPARE_TEMPLATE)

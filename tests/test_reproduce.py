@@ -102,7 +102,8 @@ def test_bad_from_case_is_one_line_exit_2_nothing_written(runs, tmp_path, capsys
 
 def test_from_a_folder_that_is_not_a_run(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    for folder, message in ((tmp_path / "empty", "no results.parquet or rows.jsonl"), (tmp_path / "no", "not a folder")):
+    cases = ((tmp_path / "empty", "no results.parquet or rows.jsonl"), (tmp_path / "no", "not a folder"))
+    for folder, message in cases:
         assert main(["run", "--from", str(folder), "--case", "0", "--out", str(tmp_path / "never")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"--from {folder}" in err and message in err

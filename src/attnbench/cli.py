@@ -70,9 +70,10 @@ def _from_run_request(args: argparse.Namespace) -> RunRequest:
 
     if args.from_run is None or args.case is None:
         raise UsageError("--from RUN_DIR and --case N go together: give both (N: the row's index in results.csv)")
-    given = [flag for flag, value in (("--suite", args.suite), ("--resume", args.resume), ("--shard", args.shard),
-             ("--repeat", args.repeat), ("--threads", args.threads), ("--budget-s", args.budget_s),
-             ("--case-budget-s", args.case_budget_s), ("--timeout-s", args.timeout_s)) if value is not None]  # fmt: skip
+    settings = (("--suite", args.suite), ("--resume", args.resume), ("--shard", args.shard), ("--repeat", args.repeat),
+                ("--threads", args.threads), ("--budget-s", args.budget_s), ("--case-budget-s", args.case_budget_s),
+                ("--timeout-s", args.timeout_s))  # fmt: skip
+    given = [flag for flag, value in settings if value is not None]
     given += [axis.flag for axis in SWEEP_AXES if getattr(args, axis.name, None) is not None]
     if given:
         raise UsageError(f"--from reruns one case of RUN_DIR with its settings; drop {', '.join(given)}")
@@ -453,10 +454,18 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p_run.add_argument("--shard", metavar="I/N", help="run the I-th of N balanced, deterministic slices")
     p_run.add_argument("--resume", metavar="RUN_DIR", help="run only the cases of RUN_DIR that have no row yet")
-    p_run.add_argument("--from", dest="from_run", metavar="RUN_DIR",
-                       help="rerun one case of RUN_DIR (with --case) with that run's seed, threads and budgets")
-    p_run.add_argument("--case", metavar="N", help="with --from: the row's index in RUN_DIR's results.csv and "
-                       "results.parquet (0 is the first row; the `case` column of the report's table)")
+    p_run.add_argument(
+        "--from",
+        dest="from_run",
+        metavar="RUN_DIR",
+        help="rerun one case of RUN_DIR (with --case) with that run's seed, threads and budgets",
+    )
+    p_run.add_argument(
+        "--case",
+        metavar="N",
+        help="with --from: the row's index in RUN_DIR's results.csv and "
+        "results.parquet (0 is the first row; the `case` column of the report's table)",
+    )
     p_run.add_argument("--progress", metavar=_choices(PROGRESS), default="auto", help="progress bar")
     p_run.add_argument("--store", action="store_true", help="add the run to the results store as it finishes")
     p_run.add_argument("--db", help="the store for --store (default runs/attnbench.duckdb)")

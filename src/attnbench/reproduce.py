@@ -61,9 +61,10 @@ class Reproducer:
             flags += ["--seed", str(settings.seed)]
         if self.default_threads is None or settings.threads != default.threads:
             flags += ["--threads", str(settings.threads)]
+        usual_timeout = max(120.0, 2 * settings.case_budget_s)  # what --case-budget-s below gives
         for flag, value, usual in (("--budget-s", settings.budget_s, default.budget_s),
                                    ("--case-budget-s", settings.case_budget_s, default.case_budget_s),
-                                   ("--timeout-s", settings.timeout_s, max(120.0, 2 * settings.case_budget_s))):  # fmt: skip
+                                   ("--timeout-s", settings.timeout_s, usual_timeout)):  # fmt: skip
             if value != usual:
                 flags += [flag, _number(value)]
         flags += ["--no-memory"] * (not settings.measure_memory)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pandas as pd
@@ -40,7 +40,6 @@ from attnbench.runner import RunOptions, not_runnable, run_group
 from attnbench.shard import shard_cases
 from attnbench.suite import Suite, check_devices, expand, load_suite, model_suite
 from attnbench.workload import Workload
-
 
 # What a fresh process's torch takes without --threads (a sweep sets torch's threads, so read it at import):
 # a row's reproduce command gives --threads when the run's differ.
