@@ -27,7 +27,7 @@ PAGE_LENGTH = 25
 # Shown by default, in this order; ``shape`` is B, H (/Hkv), S (xSk), D in one readable cell; ``case`` is the
 # row's index in its run's results file (what ``attnbench run --from RUN --case N`` takes). ``reproduce``, the
 # command that reruns the row's case, is one click away (the "Columns" button), as every other column.
-SHOWN = ["case", "impl", "shape", "mask", "pass", "dtype", "device", "status", "median_ms", "tflops", "gbps",
+SHOWN = ["impl", "case", "shape", "mask", "pass", "dtype", "device", "status", "median_ms", "tflops", "gbps",
          "pct_of_peak", "peak_mem_mb", "max_abs_err", "reason"]  # fmt: skip
 FILTERS = ["impl", "status", "mask", "dtype", "device"]  # a SearchPanes pane each
 LEFT_OUT = ["samples_ms"]  # raw samples: in results.parquet, too long for a table cell
