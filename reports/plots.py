@@ -19,12 +19,11 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from attnbench.registry import declared_names
 from attnbench.reports.facets import AXIS_LABELS, Facet, facets
 from attnbench.reports.figure_layout import DPI, TITLE_SIZE, finish, legend_right, panel_grid, plain, value_axis
 from attnbench.reports.frames import group_label, labels, phase_of
 
-KNOWN_ORDER = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
-               "xformers", "flex", "fused_cpu", "fused_triton"]  # fmt: skip
 TORCH_CONTENDERS = {
     "naive",
     "bmm",
@@ -38,10 +37,12 @@ TORCH_CONTENDERS = {
 
 
 def palette(impls: list[str]) -> dict[str, Any]:
-    """A fixed colour per contender: built-ins always get the same one, others follow in name order."""
+    """A fixed colour per contender: every contender declared on this machine (built-ins and installed
+    plugins, in the registry's order) keeps its colour in every figure; others follow in name order."""
     tab20 = sns.color_palette("tab20", 20)
     colours = [tab20[i] for i in range(0, 20, 2)] + [tab20[i] for i in range(1, 20, 2)]
-    names = KNOWN_ORDER + sorted(set(impls) - set(KNOWN_ORDER))
+    declared = declared_names()
+    names = declared + sorted(set(impls) - set(declared))
     return {name: colours[i % len(colours)] for i, name in enumerate(names) if name in impls}
 
 

@@ -1,11 +1,15 @@
 """fused_cpu on issue 13's workloads through the harness: sliding_window and document masks (key ranges per
 row), softcap and alibi score modifiers, a paged KV cache (read in place for decode, gathered by the harness
 otherwise),
-each checked against the float64 reference as ``attnbench run`` checks it."""
+each checked against the float64 reference as ``attnbench run`` checks it; and decode with one query head per
+kv head (an odd number of rows per work item), whose scratch once overran its per-thread block."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
+import torch
 
 from attnbench import paged as paged_module
 from attnbench.impls.fused_cpu import bindings as _cpu_kernel
@@ -135,3 +139,52 @@ def test_declared_capabilities():
     caps = contender.capabilities
     assert {"sliding_window", "document"} <= caps.masks and {"softcap", "alibi"} <= caps.score_mods
     assert caps.paged == "native"
+
+
+@pytest.fixture(params=[1, 2], ids=lambda n: f"threads{n}")
+def threads(request):
+    """torch's (and so fused_cpu's) thread count for one test, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+# (batch, heads, kv_heads, seq_k, head_dim): GQA group 1 at Sq 1, one row per work item; with one thread every
+# case splits its keys (≥ 512 each), so a scratch overrun corrupted the first split's partial output
+GROUP_ONE_DECODE = [(2, 8, 8, 4096, 64), (1, 1, 1, 2048, 64), (1, 1, 1, 2048, 128), (1, 2, 2, 1536, 64)]
+
+
+@pytest.mark.parametrize("page_size", [0, 64], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("shape", GROUP_ONE_DECODE, ids=lambda s: "B{}-H{}of{}-Sk{}-D{}".format(*s))
+def test_group_one_decode_at_long_keys_matches_float64(threads, shape, page_size):
+    batch, heads, kv_heads, seq_k, head_dim = shape
+    w = Workload(batch, heads, kv_heads, 1, seq_k, head_dim, mask="causal_bottom_right", page_size=page_size)
+    prepared = prepare_checked("fused_cpu", w)
+    assert prepared.check.ok, prepared.check.reason
+    assert prepared.check.max_abs_err < 1e-5
+
+
+@pytest.mark.parametrize("seq_q", [1, 3])
+def test_decode_stays_inside_the_scratch_it_asks_for(seq_q):
+    """One thread and no key split: the scratch is that thread's block alone, so an overrun of it (by one
+    float, with an odd row count) lands in the floats right after; they must be untouched, the output right."""
+    kernel = _cpu_kernel.load()
+    batch, heads, seq_k, head_dim = 2, 2, 1024, 64
+    torch.manual_seed(0)
+    q = torch.randn(batch, heads, seq_q, head_dim)
+    k, v = torch.randn(batch, heads, seq_k, head_dim), torch.randn(batch, heads, seq_k, head_dim)
+    out = torch.empty(batch, heads, seq_q, head_dim)
+    asked = kernel.library.attnbench_fused_decode_scratch_floats(batch, heads, heads, seq_q, seq_k, head_dim, 1)
+    assert asked % 2 == 0  # every thread's block starts 8-byte aligned (its int64 key limits too)
+    scratch = torch.full((asked + 16,), 7.0)
+    splits = ctypes.c_int64(0)
+    status = kernel.library.attnbench_fused_decode(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), None, batch, heads, heads, seq_q, seq_k,
+        head_dim, head_dim, 0.125, 2, None, None, 0, 0, 1, scratch.data_ptr(), None, ctypes.byref(splits),
+    )  # fmt: skip
+    assert status == 0 and splits.value == 1
+    assert scratch[asked:].tolist() == [7.0] * 16
+    visible = torch.arange(seq_k)[None, :] <= torch.arange(seq_q)[:, None] + seq_k - seq_q  # bottom-right causal
+    scores = (q.double() @ k.double().transpose(-1, -2) * 0.125).masked_fill(~visible, float("-inf"))
+    assert (out.double() - torch.softmax(scores, -1) @ v.double()).abs().max() < 1e-5

@@ -157,8 +157,11 @@ inline void pv_rows(float* o, const float* p, const float* v, int64_t Dp, int64_
 }
 
 // Per-thread scratch: the group's scaled q rows (Dp each), their o, lane-wise sums l (W each), the tile's
-// probabilities (W each), m, and key limits (int64, two floats).
-int64_t decode_thread_floats(int64_t rows, int64_t dp) { return rows * (2 * dp + 2 * W + 3); }
+// probabilities (W each), m, one float of padding when rows is odd (so the int64 limits start 8-byte aligned),
+// and key limits (int64, two floats). The padding is counted here too: without it an odd row count (GQA group
+// 1 at Sq 1) wrote each thread's last limit one float into the next thread's q rows, or past the scratch.
+// The total is even, so every thread's block starts 8-byte aligned when the first one does.
+int64_t decode_thread_floats(int64_t rows, int64_t dp) { return rows * (2 * dp + 2 * W + 3) + rows % 2; }
 
 // One item: rows of kv head hkv of batch b against keys [split·chunk, …). Returns score entries computed.
 // Per tile of 16 keys: every row's scores and online softmax (the running max only rescales o and l when it

@@ -104,6 +104,11 @@ def load(refresh: bool = False) -> dict[str, Entry]:
     return dict(_cache)
 
 
+def declared_names() -> list[str]:
+    """The names of the installed contenders' entry points, in the registry's order, without loading them."""
+    return sorted({ep.name for ep in metadata.entry_points(group=GROUP)})
+
+
 C = TypeVar("C", bound="Contender | type[Contender]")
 
 
