@@ -373,7 +373,7 @@ def test_a_single_file_contender_at_the_base_revision_lives_beside_the_working_t
 
 @pytest.mark.slow
 def test_fused_cpu_at_the_base_revision_builds_from_that_revisions_sources(tmp_path):
-    """attnbench's own kernel: the base revision's package imports its own ``_cpu_kernel``, which finds the
+    """attnbench's own kernel: the base revision's package imports its own ``bindings``, which finds the
     C++ sources beside it in the extracted folder (the build is keyed by their contents)."""
     from attnbench import revision
     from attnbench.ab import revision_versions
@@ -386,10 +386,10 @@ def test_fused_cpu_at_the_base_revision_builds_from_that_revisions_sources(tmp_p
     except Exception as exc:  # a plain (non-editable) install: not in a git repository
         pytest.skip(f"fused_cpu is not in a git checkout here: {exc}")
     base, _ = revision_versions("fused_cpu", "HEAD", tmp_path / "checkout")
-    kernel = type(base.contender).prepare.__globals__["_cpu_kernel"]  # what the base class's module imported
+    kernel = type(base.contender).prepare.__globals__["bindings"]  # what the base class's module imported
     assert (tmp_path / "checkout") in Path(kernel.__file__).parents
     assert all((tmp_path / "checkout") in source.parents for source in kernel.SOURCES)
-    assert kernel is not sys.modules["attnbench.impls._cpu_kernel"]
+    assert kernel is not sys.modules["attnbench.impls.fused_cpu.bindings"]
     workload = Workload(1, 2, 2, 64, 64, 16, "float32", "cpu", "causal", "fwd")
     prepared = prepare_checked(base.name, workload, contender=base.contender)
     assert prepared.ok, prepared.reason
