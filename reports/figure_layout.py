@@ -172,6 +172,8 @@ def _thin_fixed(ticks: Any) -> None:
 
 def finish(figure: Any) -> Any:
     """Apply the text rules to a drawn figure: plain tick labels, titles wrapped, tick labels fitted."""
+    if any(getattr(axis, "child_axes", []) for axis in figure.axes):
+        figure.draw_without_rendering()  # a second axis takes its parent's scale (and resets its labels) when drawn
     for axis in figure.axes:
         plain_ticks(axis)
     wrap_titles(figure)
