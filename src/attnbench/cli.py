@@ -7,12 +7,13 @@ anything is written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pandas as pd
 import torch
@@ -27,6 +28,9 @@ from attnbench.request import ISOLATION, PROGRESS, RunRequest, build_request
 from attnbench.results import RunWriter
 from attnbench.runner import not_runnable
 from attnbench.suite import check_devices, expand, load_suite, profile_suite, suite_names
+
+if TYPE_CHECKING:
+    from attnbench.run_command import Finished
 
 parse_axis_overrides = parse_overrides  # {axis: 'a,b'} -> checked lists; the pytest front end's name for it
 
@@ -83,11 +87,19 @@ def _from_run_request(args: argparse.Namespace) -> RunRequest:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from attnbench import run_command
-    from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
 
     request = run_request(args)
     store_db = _store_target(request)
     finished = run_command.run_sweep(request, _default_out(request.suite_name))
+    with finished.stop or contextlib.nullcontext():  # signals still counted: a burst never cuts the summary
+        return _summarise(finished, store_db)
+
+
+def _summarise(finished: Finished, store_db: Path | None) -> int:
+    """The end of `attnbench run`: the summary table, counts, reasons, warnings, the store, the exit code."""
+    from attnbench import run_command
+    from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
+
     frame, writer = finished.frame, finished.writer
     print(summary_table(frame))
     print(f"\n{len(frame)} cases: {status_counts(frame)}")

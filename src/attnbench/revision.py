@@ -102,6 +102,11 @@ def locate(name: str, contender: Contender) -> Located:
             f"--impl {name}: its module {file} is not in a git repository (install it editable from its clone)"
         )
     repo = Path(done.stdout.decode().strip()).resolve()
+    if _git(repo, "ls-files", "--error-unmatch", str(file)).returncode != 0:  # e.g. a venv inside a clone
+        raise UsageError(
+            f"--impl {name}: its module {file} is not in a git repository that tracks it (it lies inside {repo}, "
+            "untracked; install it editable from its clone)"
+        )
     root, root_path = _package_root(module_name, file)
     if repo not in root_path.parents:
         raise UsageError(f"--impl {name}: its package {root} ({root_path}) lies outside the repository {repo}")

@@ -102,6 +102,7 @@ class Finished(NamedTuple):
     meta: dict[str, Any]
     warnings: list[str]
     interrupted: bool
+    stop: StopSignals | None = None  # the run's signal counter: the CLI keeps it installed while it summarises
 
 
 def _check_worker_can_load(cases: list[tuple[str, Workload]], isolate: str) -> None:
@@ -155,7 +156,7 @@ def run_sweep(request: RunRequest, default_out: Path) -> Finished:
             warnings.append(warning)
         meta.update(end_time=now(), finished=not interrupted)
         frame = writer.finish(meta)
-    return Finished(frame, writer, meta, warnings, interrupted)
+    return Finished(frame, writer, meta, warnings, interrupted, stop)
 
 
 def _exit_at_once() -> None:
