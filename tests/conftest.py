@@ -67,6 +67,17 @@ def cli(capsys: pytest.CaptureFixture[str]):
     return run
 
 
+def fake_distribution(site: Path, name: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
+    """Install a minimal distribution by hand: a dist-info with entry points, plus module files."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    lines = "\n".join(f"{key} = {value}" for key, value in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[attnbench.impls]\n{lines}\n")
+    for module, source in modules.items():
+        (site / f"{module}.py").write_text(source)
+
+
 def run_subprocess(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ import pytest
 
 from attnbench.results import case_key
 
-from conftest import attnbench_cmd, run_subprocess
+from conftest import attnbench_cmd, fake_distribution, run_subprocess
 
 PAUSING = """
 import os
@@ -45,11 +45,7 @@ LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /
 def pausing_site(tmp_path_factory):
     """A distribution with the pausing contender, installed by putting it on PYTHONPATH."""
     site = tmp_path_factory.mktemp("site")
-    info = site / "planted_pause-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: planted-pause\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[attnbench.impls]\nplanted_pause = planted_pause:Pause\n")
-    (site / "planted_pause.py").write_text(PAUSING)
+    fake_distribution(site, "planted_pause", {"planted_pause": "planted_pause:Pause"}, {"planted_pause": PAUSING})
     return {**os.environ, "PYTHONPATH": str(site), "ATTNBENCH_TEST_PAUSE_S": "1"}
 
 

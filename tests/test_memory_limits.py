@@ -14,7 +14,7 @@ from attnbench import memory
 from attnbench.predict import Prediction, skip_reason
 from attnbench.worker import death_status
 
-from conftest import attnbench_cmd
+from conftest import attnbench_cmd, fake_distribution
 
 GIB = 2**30
 
@@ -35,11 +35,7 @@ class Hog(Contender):
 def hog_site(tmp_path_factory):
     """A contender whose memory model under-predicts, installed by putting it on PYTHONPATH."""
     site = tmp_path_factory.mktemp("site")
-    info = site / "hog-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hog\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[attnbench.impls]\nplanted_hog = hog:Hog\n")
-    (site / "hog.py").write_text(HOG)
+    fake_distribution(site, "hog", {"planted_hog": "hog:Hog"}, {"hog": HOG})
     return {"PYTHONPATH": str(site)}
 
 

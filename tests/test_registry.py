@@ -1,7 +1,6 @@
 """Registry behaviour: in-process registration, plugins that fail, duplicate names (via real entry points)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -9,18 +8,7 @@ import attnbench
 from attnbench import registry
 from attnbench.registry import RegistryError
 
-from conftest import Shifted, attnbench_cmd, run_subprocess
-
-
-def _fake_distribution(site: Path, name: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
-    """Install a minimal distribution by hand: a dist-info with entry points, plus module files."""
-    info = site / f"{name}-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-    lines = "\n".join(f"{key} = {value}" for key, value in entry_points.items())
-    (info / "entry_points.txt").write_text(f"[attnbench.impls]\n{lines}\n")
-    for module, source in modules.items():
-        (site / f"{module}.py").write_text(source)
+from conftest import Shifted, attnbench_cmd, fake_distribution, run_subprocess
 
 
 def test_register_rejects_a_duplicate_naming_both_sources(planted):
@@ -58,7 +46,7 @@ def test_unknown_name_lists_the_known_ones():
 
 
 def test_broken_plugins_are_unavailable_and_disturb_nothing(tmp_path):
-    _fake_distribution(
+    fake_distribution(
         tmp_path, "broken-plugins",
         {"broken_import": "broken_module:contender", "not_a_contender": "plain_module:thing",
          "wrong_name": "plain_module:contender"},
@@ -76,7 +64,7 @@ def test_broken_plugins_are_unavailable_and_disturb_nothing(tmp_path):
 
 
 def test_duplicate_entry_point_names_are_an_error_naming_both(tmp_path):
-    _fake_distribution(tmp_path, "evil-twin", {"bmm": "twin:contender"}, {"twin": "contender = None\n"})
+    fake_distribution(tmp_path, "evil-twin", {"bmm": "twin:contender"}, {"twin": "contender = None\n"})
     result = run_subprocess(*attnbench_cmd("list"), env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

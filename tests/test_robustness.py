@@ -10,7 +10,7 @@ import pytest
 
 from attnbench.results import case_key
 
-from conftest import attnbench_cmd, run_subprocess
+from conftest import attnbench_cmd, fake_distribution, run_subprocess
 
 PLANTED = """
 import time
@@ -44,14 +44,9 @@ class Sleeper(_Base):
 def planted_site(tmp_path_factory):
     """A distribution with three misbehaving contenders, installed by putting it on PYTHONPATH."""
     site = tmp_path_factory.mktemp("site")
-    info = site / "planted-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: planted\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[attnbench.impls]\nplanted_raises = planted:Raises\nplanted_wrong = planted:Wrong\n"
-        "planted_sleeper = planted:Sleeper\n"
-    )
-    (site / "planted.py").write_text(PLANTED)
+    entry_points = {"planted_raises": "planted:Raises", "planted_wrong": "planted:Wrong",
+                    "planted_sleeper": "planted:Sleeper"}  # fmt: skip
+    fake_distribution(site, "planted", entry_points, {"planted": PLANTED})
     return {"PYTHONPATH": str(site)}
 
 

@@ -55,7 +55,7 @@ from attnbench.suite import DEFAULTS, Suite, expand, load_suite
 from attnbench.workload import Workload
 
 DEFAULT_THRESHOLD = 0.02
-DEFAULT_BUDGET_S = 3.0  # timing seconds per case, shared by A and B: a case of the sweep takes ~4–6 s
+DEFAULT_BUDGET_S = 3.0  # timing seconds per case, shared by A and B (preparing and checking come on top)
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 MIN_PAIRS = 5  # fewer rounds than this can't give an interval worth a verdict
