@@ -242,3 +242,16 @@ def test_read_stream_bandwidth_and_the_roof_bounds_both_streams(quick):
     c = load_ceilings("cpu", ["float32"], 2)
     assert c.read_gbps and c.triad_gbps and c.roof_gbps >= max(c.read_gbps, c.triad_gbps)
     assert "read stream" in c.bandwidth_source and "triad" in c.bandwidth_source  # the other one named beside
+
+
+@pytest.mark.parametrize("copy_gbps", [10.0, 50.0])  # below both streams, then above both
+def test_the_bandwidth_source_names_both_streams_whichever_wins(monkeypatch, copy_gbps):
+    from attnbench.ceilings import Ceilings, _cpu_bandwidth_roof
+
+    monkeypatch.setattr(hardware, "triad_gbps", lambda threads: (30.0, "triad a = b + s·c"))
+    monkeypatch.setattr(hardware, "read_gbps", lambda threads: (25.0, "read stream Σ a"))
+    c = Ceilings("cpu", "test cpu", 2, "0", copy_gbps=copy_gbps)
+    _cpu_bandwidth_roof(c)
+    assert c.roof_gbps == max(copy_gbps, 30.0)
+    assert "read stream Σ a: 25 GB/s" in c.bandwidth_source and "triad a = b + s·c" in c.bandwidth_source
+    assert c.bandwidth_source.startswith("measured copy" if copy_gbps > 30 else "measured triad")
