@@ -44,6 +44,9 @@ def _rule(w: Workload, device: torch.device) -> Rule | None:
         lengths = torch.tensor(document_lengths(w.seq_q, w.documents), device=device)
         document = torch.arange(w.documents, device=device).repeat_interleave(lengths)  # (S,)
         return lambda b, q_idx, kv_idx: (document[q_idx] == document[kv_idx]) & (q_idx >= kv_idx)
+    if w.mask == "chunked":
+        chunk = w.chunk
+        return lambda b, q_idx, kv_idx: (q_idx + offset >= kv_idx) & ((q_idx + offset) // chunk == kv_idx // chunk)
     return None
 
 

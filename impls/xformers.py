@@ -74,7 +74,7 @@ class XformersMemoryEfficient(Contender):
         biases = ops.fmha.attn_bias
         bias: Any = None
         packed = w.mask == "document" and w.score_mod == "none"  # the batch as one packed varlen sequence
-        if w.score_mod == "alibi" or w.mask == "padding":
+        if w.score_mod == "alibi" or w.mask in ("padding", "chunked"):  # a dense additive bias
             additive = torch.zeros(1, w.heads, Sq, Sk, dtype=q.dtype, device=q.device)
             if inputs.alibi_bias is not None:
                 additive = additive + inputs.alibi_bias

@@ -325,8 +325,12 @@ class FusedCpu(Contender):
         "ALiBi in the tile, no S² memory; decode reads KV pages in place (other paged cases gather them, timed)"
     )
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True
-    )
+        devices=frozenset({"cpu"}),
+        masks=ALL_MASKS - {"chunked"},
+        score_mods=ALL_SCORE_MODS,
+        paged="native",
+        backward=True,
+    )  # chunked: the kernel's own support is issue 23
 
     def availability(self) -> str | None:
         return bindings.unavailable_reason()

@@ -31,7 +31,7 @@ from attnbench.errors import UsageError
 from attnbench.models import MAX_DECODE_QUERY, PHASES, PRESETS, get_model
 
 BASIC_MASKS = ("none", "causal", "causal_bottom_right", "padding")
-MASKS = (*BASIC_MASKS, "sliding_window", "document")
+MASKS = (*BASIC_MASKS, "sliding_window", "document", "chunked")
 SCORE_MODS = ("none", "softcap", "alibi")
 PASSES = ("fwd", "bwd", "fwd_bwd")
 MODULES = ("core", "mha")  # the attention core alone, or inside a multi-head attention module
@@ -186,6 +186,8 @@ AXES: tuple[Axis, ...] = (
          applies=("mask", "sliding_window"), tag=lambda v: f"w{int(v)}" if v else ""),
     Axis("documents", int, "document: packed documents in the sequence", high=SIZE, neutral=0,
          applies=("mask", "document"), tag=lambda v: f"docs{int(v)}" if v else ""),
+    Axis("chunk", int, "chunked: keys per chunk (Llama 4's local attention)", high=TOKENS, neutral=0,
+         applies=("mask", "chunked"), tag=lambda v: f"chunk{int(v)}" if v else ""),
     Axis("score_mod", str, "none, softcap or alibi", choices=SCORE_MODS, neutral="none",
          tag=lambda v: v if v not in ("none", "softcap") else "",  # softcap shows with its value
          asks=lambda v: f"score_mod {v}" if v != "none" else ""),

@@ -13,6 +13,9 @@ Masks (``offset`` = Sk − Sq, so that query i sits at key position i + offset):
   keys up to the bottom-right diagonal (flash-attention's ``window_size=(window − 1, 0)``).
 * ``document`` — packed documents (Sq = Sk, flash-attention's varlen / ``cu_seqlens``): query i sees key
   j iff both lie in the same document and j <= i. Document lengths: :func:`document_lengths`.
+* ``chunked`` — Llama 4's chunked local attention: positions cut into chunks of ``chunk`` keys from key 0;
+  query i (at position p = i + offset, bottom-right aligned) sees key j iff j <= p and j lies in p's chunk,
+  ⌊j / chunk⌋ = ⌊p / chunk⌋. Rows with p < 0 (Sq > Sk) see no key.
 
 Every mask gives each query row one key range [lo, hi) (:func:`key_ranges`); kernels skip what is outside.
 
@@ -84,6 +87,10 @@ def key_ranges(w: Workload, device: str | torch.device = "cpu") -> tuple[torch.T
         lengths = torch.tensor(document_lengths(w.seq_q, w.documents), device=device)
         starts = torch.cumsum(lengths, 0) - lengths  # (documents,)
         return starts.repeat_interleave(lengths).view(1, -1), i + 1
+    if w.mask == "chunked":  # from the start of the position's chunk up to the position
+        position = i + w.offset
+        chunk_start = torch.div(position, w.chunk, rounding_mode="floor") * w.chunk
+        return chunk_start.clamp(0, w.seq_k), (position + 1).clamp(0, w.seq_k)
     raise ValueError(f"unknown mask {w.mask!r}")
 
 
@@ -98,10 +105,11 @@ def dense_mask_of(w: Workload, device: str | torch.device) -> torch.Tensor | Non
 
 
 def dense_mask(
-    mask: str, batch: int, seq_q: int, seq_k: int, device: str | torch.device, *, window: int = 0, documents: int = 0
-) -> torch.Tensor | None:
+    mask: str, batch: int, seq_q: int, seq_k: int, device: str | torch.device, *, window: int = 0, documents: int = 0,
+    chunk: int = 0,
+) -> torch.Tensor | None:  # fmt: skip
     """:func:`dense_mask_of` from the mask's fields."""
-    return dense_mask_of(_shape(mask, batch, seq_q, seq_k, window, documents), device)
+    return dense_mask_of(_shape(mask, batch, seq_q, seq_k, window, documents, chunk), device)
 
 
 def alibi_bias(w: Workload, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -123,8 +131,8 @@ def modify_scores(scores: torch.Tensor, w: Workload, bias: torch.Tensor | None) 
     return scores
 
 
-def _shape(mask: str, batch: int, seq_q: int, seq_k: int, window: int, documents: int) -> Workload:
-    return Workload(batch, 1, 1, seq_q, seq_k, 1, mask=mask, window=window, documents=documents)
+def _shape(mask: str, batch: int, seq_q: int, seq_k: int, window: int, documents: int, chunk: int = 0) -> Workload:
+    return Workload(batch, 1, 1, seq_q, seq_k, 1, mask=mask, window=window, documents=documents, chunk=chunk)
 
 
 def _clamped_sum(count: int, first: int, cap: int) -> int:
@@ -137,7 +145,7 @@ def _clamped_sum(count: int, first: int, cap: int) -> int:
 
 
 def visible_pairs(
-    mask: str, batch: int, seq_q: int, seq_k: int, *, window: int = 0, documents: int = 0
+    mask: str, batch: int, seq_q: int, seq_k: int, *, window: int = 0, documents: int = 0, chunk: int = 0
 ) -> int:  # fmt: skip
     """Exact number of visible (query, key) pairs summed over the batch (per head), in closed form."""
     if mask == "none":
@@ -146,6 +154,8 @@ def visible_pairs(
         return seq_q * sum(padding_lengths(batch, seq_k))
     if mask == "document":
         return batch * sum(n * (n + 1) // 2 for n in document_lengths(seq_q, documents))
+    if mask == "chunked":  # the row at position p sees (p mod chunk) + 1 keys; positions max(0, Sk − Sq) … Sk − 1
+        return batch * (_chunked_prefix_sum(seq_k, chunk) - _chunked_prefix_sum(max(0, seq_k - seq_q), chunk))
     offset = 0 if mask == "causal" else seq_k - seq_q
     # Row i sees clamp(i + offset + 1, 0, Sk) keys; a window removes the clamp(i + offset + 1 − window, 0, Sk) before.
     per_batch = _clamped_sum(seq_q, offset + 1, seq_k)
@@ -156,9 +166,15 @@ def visible_pairs(
     return batch * per_batch
 
 
+def _chunked_prefix_sum(positions: int, chunk: int) -> int:
+    """Σ (p mod chunk) + 1 over p = 0 … positions − 1, in O(1): whole chunks, then the partial one."""
+    whole, rest = divmod(positions, chunk)
+    return whole * chunk * (chunk + 1) // 2 + rest * (rest + 1) // 2
+
+
 def workload_pairs(w: Workload) -> int:
     """:func:`visible_pairs` of a workload."""
-    return visible_pairs(w.mask, w.batch, w.seq_q, w.seq_k, window=w.window, documents=w.documents)
+    return visible_pairs(w.mask, w.batch, w.seq_q, w.seq_k, window=w.window, documents=w.documents, chunk=w.chunk)
 
 
 def key_span(w: Workload) -> list[tuple[int, int]]:
@@ -171,6 +187,8 @@ def key_span(w: Workload) -> list[tuple[int, int]]:
         end = min(w.seq_k, w.seq_q)
     elif w.mask == "sliding_window":  # the first row that sees a key is max(0, −offset)
         first = max(0, min(w.seq_k, max(w.offset, 0) + 1 - w.window))
+    elif w.mask == "chunked":  # the first row that sees a key starts at its chunk's first key
+        first = max(w.offset, 0) // w.chunk * w.chunk
     return [(first, end)] * w.batch
 
 
@@ -181,4 +199,4 @@ def keys_read(w: Workload) -> list[int]:
 
 def has_empty_rows(mask: str, seq_q: int, seq_k: int) -> bool:
     """True when some query row sees no key at all (bottom-right alignment with Sq > Sk)."""
-    return mask in ("causal_bottom_right", "sliding_window") and seq_q > seq_k
+    return mask in ("causal_bottom_right", "sliding_window", "chunked") and seq_q > seq_k

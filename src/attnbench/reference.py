@@ -46,6 +46,9 @@ def _visible(inputs: AttentionInputs, batch_index: int, rows: torch.Tensor) -> t
         ends = torch.tensor(document_lengths(w.seq_q, w.documents), device=rows.device).cumsum(0)
         document_of = torch.bucketize(torch.arange(w.seq_k, device=rows.device), ends, right=True)
         return (document_of[i] == document_of[j]) & (j <= i)
+    if w.mask == "chunked":  # not in the future, and in the same chunk as the query's own position
+        position = i + (w.seq_k - w.seq_q)
+        return (j <= position) & (j // w.chunk == position // w.chunk)
     raise ValueError(f"reference has no rule for mask {w.mask!r}")
 
 
