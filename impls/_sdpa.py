@@ -56,8 +56,9 @@ class SdpaBackend(Contender):
         self.member = member
         self.description = description
         self.capabilities = Capabilities(
-            devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True
-        )
+            devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True,
+            features=frozenset({"shared_prefix"}),
+        )  # fmt: skip
 
     def availability(self) -> str | None:
         try:

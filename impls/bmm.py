@@ -24,7 +24,9 @@ class BatchedMatmul(Contender):
         "torch.bmm(q, kᵀ)·scale → masked softmax → torch.bmm(p, v); S² memory; a paged cache is gathered "
         "inside the timed call"
     )
-    capabilities = Capabilities(masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True)
+    capabilities = Capabilities(
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True, features=frozenset({"shared_prefix"})
+    )
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)

@@ -64,8 +64,9 @@ class FlexAttention(Contender):
     name = "flex"
     description = "torch.nn.attention.flex_attention under torch.compile (block-sparse masks, reads KV pages natively)"
     capabilities = Capabilities(
-        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16
-    )
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16,
+        features=frozenset({"shared_prefix"}),
+    )  # fmt: skip
 
     def availability(self) -> str | None:
         try:
@@ -110,7 +111,7 @@ class FlexAttention(Contender):
 
             def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
                 j = logical(b, kv_idx)
-                mine = (owner[kv_idx // size] == b) & (j < seq_k)
+                mine = ((owner[kv_idx // size] == b) | (owner[kv_idx // size] < 0)) & (j < seq_k)  # <0: shared
                 return mine if rule is None else mine & rule(b, q_idx, j)
 
             batch, kv_len, block = w.batch, pages * size, {"BLOCK_SIZE": (128, size)}

@@ -27,8 +27,9 @@ class NaiveLoop(Contender):
     name = "naive"
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ (pages gathered first)"
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False
-    )
+        devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False,
+        features=frozenset({"shared_prefix"}),
+    )  # fmt: skip
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
         """Per (batch, head, query) row: Python overhead, plus reading the visible keys and values (a

@@ -135,6 +135,8 @@ class Contender(abc.ABC):
             return "the mha module is timed forward only"
         if workload.module == "mha" and workload.page_size:
             return "the mha module projects k and v into contiguous buffers each call; a paged cache has no place there"
+        if workload.module == "mha" and workload.shared_prefix:
+            return "the mha module projects k and v from its input each call, so no cached prefix is shared there"
         if self.kind == "scoring" and workload.score_mod != "none":
             return f"a scoring function replaces the scaled dot product that score_mod {workload.score_mod} modifies"
         return self.capabilities.unsupported_reason(workload)

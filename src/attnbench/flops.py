@@ -9,13 +9,15 @@ Minimum bytes: what any implementation must move at least once. Forward reads q 
 the keys and values some query row sees (k and v at Hkv heads; per sequence the span of visible keys, see
 ``masks.key_span`` — a decode step against a padded or windowed cache reads only its part). With a paged
 cache (page_size > 0) the reads are whole pages — every page the span touches — plus one int32 page-table
-entry per page, so ``gbps`` places decode rows where they belong. Backward reads q, k, v, o, dO and
+entry per page, so ``gbps`` places decode rows where they belong. A shared prefix (``attnbench.prefix``) is
+read once for the whole batch, each sequence's own positions once. Backward reads q, k, v, o, dO and
 writes dq, dk, dv.
 """
 
 from __future__ import annotations
 
 from attnbench.masks import key_span, workload_pairs
+from attnbench.prefix import shared_positions
 from attnbench.workload import Workload
 
 PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
@@ -45,13 +47,30 @@ def attention_bytes(w: Workload) -> float:
 
 
 def kv_positions_read(w: Workload) -> int:
-    """Key positions read over the batch: the visible span per sequence, in whole pages when paged."""
-    total = 0
+    """Key positions read over the batch: the visible span per sequence, in whole pages when paged; of a shared
+    prefix's positions, those some sequence's span holds, once."""
+    shared = shared_positions(w)
+    total, in_prefix = 0, []
     for first, end in key_span(w):
-        if w.page_size and end > first:
-            first, end = (first // w.page_size) * w.page_size, -(-end // w.page_size) * w.page_size
-        total += end - first
+        total += _positions(w, max(first, shared), end)
+        in_prefix.append(_pages_of(w, first, min(end, shared)))
+    covered = 0  # the union of the spans' shared parts, each counted once
+    for first, end in sorted(span for span in in_prefix if span[1] > span[0]):
+        total += max(0, end - max(first, covered))
+        covered = max(covered, end)
     return total
+
+
+def _pages_of(w: Workload, first: int, end: int) -> tuple[int, int]:
+    """[first, end) widened to whole pages when paged."""
+    if w.page_size and end > first:
+        return (first // w.page_size) * w.page_size, -(-end // w.page_size) * w.page_size
+    return first, end
+
+
+def _positions(w: Workload, first: int, end: int) -> int:
+    first, end = _pages_of(w, first, end)
+    return max(0, end - first)
 
 
 def kv_read_elements(w: Workload) -> int:

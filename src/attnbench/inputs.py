@@ -15,6 +15,7 @@ import torch
 from attnbench.allocator import uncached
 from attnbench.masks import alibi_bias, dense_mask_of, has_empty_rows, padding_lengths
 from attnbench.paged import PagedKV, make_paged
+from attnbench.prefix import prefix_views, share_prefix, shared_pages
 from attnbench.workload import Workload
 
 DEFAULT_SEED = 0
@@ -65,7 +66,14 @@ class AttentionInputs:
         if not w.page_size:
             return None
         with uncached():  # its transient copies leave no fragments in the allocator's cache
-            return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1)
+            return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1, shared=shared_pages(w))
+
+    @property
+    def prefix_kv(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The shared prefix's one copy, k and v (Hkv, P, D) — views of sequence 0's first P positions, so a
+        paged cache gathered into k and v refreshes them — or None without a shared prefix (attnbench.prefix)."""
+        prefix = self.workload.shared_prefix
+        return prefix_views(self.k, self.v, prefix) if prefix else None
 
     @functools.cached_property
     def empty_rows(self) -> torch.Tensor | None:
@@ -117,5 +125,7 @@ def _make_inputs(workload: Workload, seed: int, requires_grad: bool) -> Attentio
     q = randn(w.batch, w.heads, w.seq_q, w.head_dim)
     k = randn(w.batch, w.kv_heads, w.seq_k, w.head_dim)
     v = randn(w.batch, w.kv_heads, w.seq_k, w.head_dim)
+    share_prefix(k, w.shared_prefix)  # every sequence's first shared_prefix positions: sequence 0's
+    share_prefix(v, w.shared_prefix)
     grad_out = randn(w.batch, w.heads, w.seq_q, w.head_dim).detach()
     return AttentionInputs(w, q, k, v, grad_out)

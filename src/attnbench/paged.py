@@ -5,6 +5,8 @@ Keys and values live in a pool of pages, k_pages and v_pages (N, Hkv, P, D) with
 index of the page holding its positions p·P … p·P + P − 1 (the tail of the last page is unused, zeros).
 Pages are assigned to the pool in a seeded-shuffled order, so logically adjacent pages are scattered in
 memory as in a real cache that has been filled and freed for a while.
+A shared prefix's whole pages are in the pool once, and every sequence's page table points at them
+(``attnbench.prefix``).
 
 A contender either reads the pool natively (through ``page_table``, or through :meth:`PagedKV.page_owner`
 and :meth:`PagedKV.page_position`, the inverse map; ``Contender.reads_pages`` says for which workloads), or
@@ -23,6 +25,7 @@ from typing import TypeVar
 
 import torch
 
+from attnbench.prefix import shared_pages
 from attnbench.workload import Workload
 
 T = TypeVar("T")
@@ -33,10 +36,13 @@ def pages_per_sequence(seq_k: int, page_size: int) -> int:
 
 
 def pool_bytes(w: Workload) -> float:
-    """The page pool of a paged workload: k_pages and v_pages, whole pages; 0 for a contiguous cache."""
+    """The page pool of a paged workload: k_pages and v_pages, whole pages (a shared prefix's once); 0 for a
+    contiguous cache."""
     if not w.page_size:
         return 0.0
-    slots = w.batch * w.kv_heads * pages_per_sequence(w.seq_k, w.page_size) * w.page_size
+    shared = shared_pages(w)
+    pages = shared + w.batch * (pages_per_sequence(w.seq_k, w.page_size) - shared)
+    slots = w.kv_heads * pages * w.page_size
     return 2.0 * slots * w.head_dim * w.torch_dtype.itemsize
 
 
@@ -47,41 +53,47 @@ class PagedKV:
     page_table: torch.Tensor  # (B, pages per sequence) int32: pool index of each logical page
     page_size: int
     seq_k: int
+    shared_pages: int = 0  # the first logical pages, the same pool pages in every sequence's table (a shared prefix)
 
     @functools.cached_property
     def page_owner(self) -> torch.Tensor:
-        """(N,) int64: the sequence each pool page belongs to."""
+        """(N,) int64: the sequence each pool page belongs to; −1 for a page every sequence shares (a shared
+        prefix's)."""
         batch, pages = self.page_table.shape
-        owner = torch.empty(batch * pages, dtype=torch.int64, device=self.page_table.device)
+        owner = torch.empty(self.k_pages.shape[0], dtype=torch.int64, device=self.page_table.device)
         owner[self.page_table.flatten().long()] = torch.arange(batch, device=owner.device).repeat_interleave(pages)
+        owner[self.page_table[0, : self.shared_pages].long()] = -1
         return owner
 
     @functools.cached_property
     def page_position(self) -> torch.Tensor:
         """(N,) int64: the logical page index (within its sequence) of each pool page."""
         batch, pages = self.page_table.shape
-        position = torch.empty(batch * pages, dtype=torch.int64, device=self.page_table.device)
+        position = torch.empty(self.k_pages.shape[0], dtype=torch.int64, device=self.page_table.device)
         position[self.page_table.flatten().long()] = torch.arange(pages, device=position.device).repeat(batch)
         return position
 
 
-def make_paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int) -> PagedKV:
-    """Copy contiguous k and v (B, Hkv, Sk, D) into a shuffled page pool with a page table."""
+def make_paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int, shared: int = 0) -> PagedKV:
+    """Copy contiguous k and v (B, Hkv, Sk, D) into a shuffled page pool with a page table. The first
+    ``shared`` logical pages (a shared prefix's whole pages: the same data in every sequence) are in the
+    pool once, sequence 0's, and every sequence's page table points at them."""
     batch, kv_heads, seq_k, head_dim = k.shape
     pages = pages_per_sequence(seq_k, page_size)
+    own = pages - shared
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    order = torch.randperm(batch * pages, generator=generator).to(k.device)
-    table = order.view(batch, pages)
+    order = torch.randperm(shared + batch * own, generator=generator).to(k.device)
+    table = torch.cat([order[:shared].expand(batch, -1), order[shared:].view(batch, own)], dim=1)
 
     def pool(t: torch.Tensor) -> torch.Tensor:
         padded = t.new_zeros(batch, kv_heads, pages * page_size, head_dim)
         padded[:, :, :seq_k] = t.detach()
         logical = padded.view(batch, kv_heads, pages, page_size, head_dim).transpose(1, 2)  # (B, n, Hkv, P, D)
-        out = t.new_empty(batch * pages, kv_heads, page_size, head_dim)
-        out[table.flatten()] = logical.reshape(batch * pages, kv_heads, page_size, head_dim)
+        out = t.new_empty(len(order), kv_heads, page_size, head_dim)
+        out[table.flatten()] = logical.reshape(batch * pages, kv_heads, page_size, head_dim)  # shared: equal data
         return out
 
-    return PagedKV(pool(k), pool(v), table.to(torch.int32), page_size, seq_k)
+    return PagedKV(pool(k), pool(v), table.to(torch.int32), page_size, seq_k, shared)
 
 
 def gather_pages(
