@@ -33,6 +33,7 @@ def _workload(case: tuple, **more: object) -> Workload:
     return Workload(batch, heads, kv_heads, seq_q, seq_k, 12, **{**features, **more})  # an odd head dim
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: _workload(c).label())
 def test_every_sequence_holds_the_same_prefix_and_its_own_suffix(case):
     w = _workload(case)
     inputs = make_inputs(w, requires_grad=True)
