@@ -3,7 +3,8 @@
 Shapes follow torch SDPA: q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D), output (B, Hq, Sq, D).
 
 Workload features (see ``attnbench.masks`` for their definitions): the ``sliding_window`` mask with its
-``window``, the ``document`` mask with its number of ``documents``, a ``score_mod`` (``softcap`` with its
+``window``, the ``document`` mask with its number of ``documents``, the ``chunked`` mask with its ``chunk``,
+a ``score_mod`` (``softcap`` with its
 ``softcap`` value, or ``alibi``), the KV cache's ``page_size`` (0: contiguous) and the ``model`` preset a
 case came from. A value that does not apply to the case (a window without the sliding_window mask) is
 stored as its neutral value (0, "none", ""), so equal cases compare equal.
