@@ -302,7 +302,7 @@ def compare_frames(
     return Comparison(table, basis, shift, len(both) if estimate else 0, notes)
 
 
-def _yardsticks_used(row: dict[str, Any]) -> str | None:
+def _yardsticks_used(row: dict[Any, Any]) -> str | None:
     """Which yardstick normalised the case ("fma", "stream"; "raw" when a side had none), None unless the
     runs were normalised (reports.normalise)."""
     if "yardstick_new" not in row:

@@ -107,7 +107,7 @@ def normalise_history(frame: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataF
     for key, ok in zip(keys, has_rates, strict=True):
         whole[key] = whole.get(key, True) and ok
     raw = [not whole[key] for key in keys]
-    rows = [dict(old, yardstick=None) if keep_raw else new for old, new, keep_raw in
+    rows = [{**old, "yardstick": None} if keep_raw else new for old, new, keep_raw in
             zip(frame.to_dict("records"), normalised.to_dict("records"), raw, strict=True)]  # fmt: skip
     return pd.DataFrame(rows, columns=normalised.columns), sum(not ok for ok in whole.values())
 

@@ -36,7 +36,7 @@ HISTORY_RUNS = 20  # the newest stored runs of a case that its spread is taken f
 MIN_HISTORY_RUNS = 5  # fewer than this and the case's floor is its own runs'
 
 
-def case_key(row: dict[str, Any], machine: Any) -> tuple[Any, ...]:
+def case_key(row: dict[Any, Any], machine: Any) -> tuple[Any, ...]:
     """The case's columns (missing values as None) and the machine: how a compared row finds its series."""
     values = []
     for column in CASE_COLUMNS:

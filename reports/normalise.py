@@ -33,10 +33,10 @@ from attnbench.results import REPEAT_YARDSTICK_COLUMNS, YARDSTICK_COLUMNS
 MODES = ("raw", "yardstick")
 SHORT = {"fma_gflops": "fma", "stream_gbps": "stream"}
 
-RidgeOf = Callable[[dict[str, Any]], float | None]  # a row → the ridge point (FLOP/byte) of its run, if known
+RidgeOf = Callable[[dict[Any, Any]], float | None]  # a row → the ridge point (FLOP/byte) of its run, if known
 
 
-def ridge_from_meta(meta: dict[str, Any], dtype: str) -> float | None:
+def ridge_from_meta(meta: dict[Any, Any], dtype: str) -> float | None:
     """The hardware roof's ridge point (FLOP/byte) for ``dtype`` from a run's meta.json ceilings (CPU)."""
     ceilings = (meta.get("ceilings") or {}).get("cpu") or {}
     peak, gbps = (ceilings.get("roof_tflops") or {}).get(dtype), ceilings.get("roof_gbps")
@@ -53,7 +53,7 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) and number > 0 else None
 
 
-def yardstick_of(row: dict[str, Any], ridge: float | None) -> str | None:
+def yardstick_of(row: dict[Any, Any], ridge: float | None) -> str | None:
     """``fma_gflops`` (compute-bound) or ``stream_gbps`` (memory-bound) for a row, None without rates."""
     fma, stream = (_number(row.get(column)) for column in YARDSTICK_COLUMNS.values())
     intensity = _number(row.get("intensity"))
@@ -85,10 +85,10 @@ def _listed(value: Any) -> list[float] | None:
     return None if any(v is None for v in numbers) else [float(v) for v in numbers if v is not None]
 
 
-def normalise_row(row: dict[str, Any], ridge: float | None, reference: dict[tuple[str, str], float]) -> dict[str, Any]:
+def normalise_row(row: dict[Any, Any], ridge: float | None, reference: dict[tuple[str, str], float]) -> dict[Any, Any]:
     """The row with its times normalised (module docstring) and ``yardstick`` naming the one used, or unchanged
     with ``yardstick`` None."""
-    row = dict(row, yardstick=None)
+    row = {**row, "yardstick": None}
     name = yardstick_of(row, ridge)
     reference_rate = reference.get((str(row.get("machine") or ""), name or ""))
     if row.get("status", "ok") != "ok" or name is None or reference_rate is None:

@@ -339,9 +339,13 @@ def _add_history_commands(commands: Any) -> None:
     p_history.add_argument("--alpha", type=float, default=0.001, help="significance of a step (default 0.001)")
     p_history.add_argument("--min-change", type=float, default=0.05,
                            help="smallest step reported, a fraction (default 0.05; never below the noise)")  # fmt: skip
-    p_history.add_argument("--normalise", choices=["raw", "yardstick"], default="raw",
-                           help="yardstick: divide each run's time by the yardstick matching the case's place on "
-                           "the roofline, timed in the same rounds (default raw)")
+    p_history.add_argument(
+        "--normalise",
+        choices=["raw", "yardstick"],
+        default="raw",
+        help="yardstick: divide each run's time by the yardstick matching the case's place on "
+        "the roofline, timed in the same rounds (default raw)",
+    )
     p_history.add_argument("--fail-on-regression", type=float, metavar="PCT",
                            help="exit 1 when a series' newest step is a slowdown beyond PCT per cent")  # fmt: skip
     p_history.set_defaults(func=cmd_history)
@@ -527,11 +531,18 @@ def build_parser() -> argparse.ArgumentParser:
         "noise the runs measured for it",
     )
     p_compare.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
-    p_compare.add_argument("--db", help="a results store: each case's floor from the spread between the runs "
-                           "it holds of that case on this machine (default: floors from the two runs only)")
-    p_compare.add_argument("--normalise", choices=["raw", "yardstick"], default="raw",
-                           help="yardstick: divide each case's times by the rate of the yardstick that matches "
-                           "its place on the roofline, timed in the same rounds (default raw)")
+    p_compare.add_argument(
+        "--db",
+        help="a results store: each case's floor from the spread between the runs "
+        "it holds of that case on this machine (default: floors from the two runs only)",
+    )
+    p_compare.add_argument(
+        "--normalise",
+        choices=["raw", "yardstick"],
+        default="raw",
+        help="yardstick: divide each case's times by the rate of the yardstick that matches "
+        "its place on the roofline, timed in the same rounds (default raw)",
+    )
     p_compare.add_argument("--out", help="folder for compare.html and compare.png (default: runs/compare-…)")
     p_compare.set_defaults(func=cmd_compare)
 

@@ -67,6 +67,7 @@ def _repeat_yardsticks(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for name, column in YARDSTICK_COLUMNS.items():
         rates = [row.get(column) for row in rows]
         whole = all(row["status"] == "ok" for row in rows) and all(rate is not None for rate in rates)
-        merged[REPEAT_YARDSTICK_COLUMNS[name]] = [float(rate) for rate in rates] if whole else None
-        merged[column] = statistics.median(float(rate) for rate in rates) if whole else None
+        numbers = [float(rate) for rate in rates if rate is not None]
+        merged[REPEAT_YARDSTICK_COLUMNS[name]] = numbers if whole else None
+        merged[column] = statistics.median(numbers) if whole else None
     return merged
