@@ -169,6 +169,7 @@ def test_counts_and_memory():
     assert materialised_bytes(sinks) - materialised_bytes(plain) == score
 
 
+@pytest.mark.slow
 def test_the_label_and_a_cli_run(tmp_path):
     out = tmp_path / "runs"
     args = ["run", "--impl", "bmm,sdpa_math", "--seq", "64", "--seq-kv", "300", "--heads", "6", "--kv-heads", "2",
