@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from attnbench.errors import UsageError
-from attnbench.models import MAX_DECODE_QUERY, PHASES, PRESETS, get_model
+from attnbench.models import LAYER_KINDS, MAX_DECODE_QUERY, PHASES, PRESET_AXES, PRESETS, get_model
 
 BASIC_MASKS = ("none", "causal", "causal_bottom_right", "padding")
 MASKS = (*BASIC_MASKS, "sliding_window", "document")
@@ -42,6 +42,15 @@ DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
 }
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp64": "float64"}
+# A KV cache may be stored in a narrower type than the workload's dtype (q and the output stay in dtype): these
+# two besides bfloat16. fp8 caches carry one float32 scale per (sequence, kv head), or per page when paged.
+FP8_DTYPES: dict[str, torch.dtype] = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+KV_DTYPES: dict[str, torch.dtype] = {**DTYPES, **FP8_DTYPES}
+KV_DTYPE_ALIASES = {**DTYPE_ALIASES, "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
+                    "fp8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2"}  # fmt: skip
+KV_LAYOUTS = ("separate", "latent")  # latent: MLA's one cache per token shared by all heads, keys and values in it
+SINKS = ("none", "learned")  # learned: one logit per query head joins every row's softmax denominator
+LENGTH_DISTRIBUTIONS = ("equal", "uniform", "longtail", "bimodal")  # per-sequence lengths of a ragged batch
 DEVICES = ("cpu", "cuda")
 MAX_SOFTCAP = 1e6
 # Sane upper bounds: 2^24 tokens is beyond any context length in use; the others likewise. Past a bound a
@@ -54,6 +63,17 @@ def canonical_dtype(name: str) -> str:
     canonical = DTYPE_ALIASES.get(name, name)
     if canonical not in DTYPES:
         raise UsageError(f"dtype {name!r} is not known; allowed: {', '.join(DTYPES)} (or fp32, fp16, bf16)")
+    return canonical
+
+
+def canonical_kv_dtype(name: str) -> str:
+    """'fp8' -> 'float8_e4m3fn', 'bf16' -> 'bfloat16'; unknown names raise a UsageError listing what is allowed.
+    Which of them a case may use depends on its dtype (Workload's joined rules)."""
+    canonical = KV_DTYPE_ALIASES.get(name, name)
+    if canonical not in KV_DTYPES:
+        raise UsageError(
+            f"kv_dtype {name!r} is not known; allowed: the dtype, bfloat16, {', '.join(FP8_DTYPES)} (or fp8, e5m2)"
+        )
     return canonical
 
 
@@ -93,6 +113,10 @@ class Axis:
     optional: bool = False  # a Workload may leave it None (hidden)
     tag: Callable[[Any], str] | None = None  # the label part for a value ('' for none)
     asks: Callable[[Any], str] | None = None  # the feature a report names for a value ('' for none)
+    # A contender runs a value other than the neutral one (for a follows axis: other than the followed axis'
+    # value) only when its Capabilities.features name the axis ("sinks") or the value ("kv_dtype=bfloat16").
+    declared: bool = False
+    within: str | None = None  # its label part shows inside this axis' ('layer': '[gpt-oss-20b sliding]')
 
     @property
     def workload_field(self) -> str:
@@ -117,10 +141,21 @@ class Axis:
         return self.default if self.default is not None else self.neutral
 
     def read(self, row: Any) -> Any:
-        """This axis' value in a results row (a dict or Series) or a Workload; missing or NaN: neutral."""
+        """This axis' value in a results row (a dict or Series) or a Workload; missing or NaN: neutral (for an
+        axis that follows another, the other's value: a row written before head_dim_v existed has Dv = D)."""
         value = getattr(row, self.workload_field, None) if not hasattr(row, "get") else row.get(self.column)
         missing = value is None or type(value).__name__ == "NAType"  # pandas' NA, without importing pandas
-        return self.neutral if missing or (isinstance(value, float) and math.isnan(value)) else value
+        if missing or (isinstance(value, float) and math.isnan(value)):
+            return BY_NAME[self.follows].read(row) if self.follows else self.neutral
+        return value
+
+    def departs(self, row: Any) -> bool:
+        """Whether a row or Workload asks this axis for more than the plain case: a feature away from its
+        neutral value, an axis that follows another away from the other's value (head_dim_v ≠ head_dim)."""
+        value = self.read(row)
+        if self.follows:
+            return bool(value != BY_NAME[self.follows].read(row))
+        return self.neutral is not None and value != self.neutral
 
 
 # fmt: off
@@ -132,7 +167,12 @@ AXES: tuple[Axis, ...] = (
     Axis("seq", int, "query length Sq", field="seq_q", high=TOKENS, required=True),
     Axis("seq_kv", int, "key/value length Sk; default: seq", field="seq_k", high=TOKENS, follows="seq"),
     Axis("head_dim", int, "head dim D", high=WIDTH, required=True),
+    Axis("head_dim_v", int, "value (and output) head dim Dv; default: head_dim", high=WIDTH, follows="head_dim",
+         declared=True, asks=lambda v: f"head_dim_v {v} (≠ head_dim)"),
     Axis("dtype", str, "element type", choices=tuple(DTYPES), parse=canonical_dtype, default="float32"),
+    Axis("kv_dtype", str, "KV cache element type: the dtype, bfloat16 or fp8 (scaled); default: dtype",
+         choices=tuple(KV_DTYPES), parse=canonical_kv_dtype, follows="dtype", declared=True,
+         tag=lambda v: f"kv-{v}", asks=lambda v: f"kv_dtype {v}"),
     Axis("device", str, "cpu or cuda", choices=DEVICES, default="cpu",
          unknown="{label} {value!r} is not known; allowed: {allowed}"),
     Axis("mask", str, "which (query, key) pairs are visible", choices=MASKS, default="none",
@@ -155,8 +195,22 @@ AXES: tuple[Axis, ...] = (
          tag=lambda v: f"softcap{float(v):g}" if v else ""),
     Axis("page_size", int, "KV cache in pages of this many tokens; 0: contiguous", low=0, rule=_page_size_problem,
          neutral=0, tag=lambda v: f"page{int(v)}" if v else "", asks=lambda v: "paged KV" if v else ""),
+    Axis("kv_layout", str, "separate k and v, or latent: one cache per token for all heads (MLA)",
+         choices=KV_LAYOUTS, neutral="separate", declared=True, tag=lambda v: "latent" if v == "latent" else "",
+         asks=lambda v: f"kv_layout {v}" if v != "separate" else ""),
+    Axis("sinks", str, "none, or learned: one logit per query head joins each softmax denominator",
+         choices=SINKS, neutral="none", declared=True, tag=lambda v: "sinks" if v != "none" else "",
+         asks=lambda v: f"sinks {v}" if v != "none" else ""),
+    Axis("lengths", str, "per-sequence lengths: equal, or drawn (seeded) from a distribution",
+         choices=LENGTH_DISTRIBUTIONS, neutral="equal", declared=True,
+         tag=lambda v: f"len-{v}" if v != "equal" else "", asks=lambda v: f"lengths {v}" if v != "equal" else ""),
+    Axis("shared_prefix", int, "tokens of cached prefix every sequence of the batch shares; 0: none", high=TOKENS,
+         low=0, neutral=0, declared=True, tag=lambda v: f"prefix{int(v)}" if v else "",
+         asks=lambda v: f"shared_prefix {v}" if v else ""),
     Axis("model", str, "the model preset a case is built from (see `attnbench models`)", choices=tuple(PRESETS),
          neutral="", tag=lambda v: f"[{v}]" if v else ""),
+    Axis("layer", str, "which kind of layer of a preset with two: sliding, full or chunked (default: each)",
+         choices=LAYER_KINDS, neutral="", within="model"),
     Axis("phase", str, "prefill or decode, with model presets (default both)", field=None, choices=PHASES,
          unknown="{label} value {value!r} is not known; allowed: {allowed}"),
 )
@@ -166,6 +220,7 @@ SWEEP_AXES = tuple(axis for axis in AXES if axis.sweep)  # suite keys and flags,
 WORKLOAD_AXES = tuple(axis for axis in AXES if axis.field is not None)  # Workload fields
 BY_COLUMN = {axis.column: axis for axis in WORKLOAD_AXES}
 FEATURES = tuple(a for a in WORKLOAD_AXES if a.neutral is not None)  # what a row may have or not
+DECLARED = tuple(a for a in WORKLOAD_AXES if a.declared)  # what a contender must declare to run
 # Results columns: device and dtype lead (they name the machine's side), then the table's order.
 WORKLOAD_COLUMNS = [*(a.column for a in (BY_NAME["device"], BY_NAME["dtype"])),
                     *(a.column for a in WORKLOAD_AXES if a.name not in ("device", "dtype"))]  # fmt: skip
@@ -176,6 +231,7 @@ DEFAULTS: dict[str, list[Any]] = {
 REQUIRED = tuple(a.name for a in SWEEP_AXES if a.required)
 # Named here so other modules use the axis, not its name.
 IMPL, MODEL, PHASE, PASS, SEQ, SEQ_KV = (BY_NAME[n] for n in ("impl", "model", "phase", "pass", "seq", "seq_kv"))
+LAYER = BY_NAME["layer"]
 
 
 def _allowed(axis: Axis) -> str:
@@ -292,7 +348,7 @@ def check_field(axis: Axis, value: Any) -> Any:
         return float(value)
     if axis.parse is not None:
         return axis.parse(value)
-    if axis.choices and axis is not MODEL and value not in axis.choices:
+    if axis.choices and axis is not MODEL and value != axis.neutral and value not in axis.choices:
         raise UsageError(axis.unknown.format(name=axis.column, label=field, value=value, allowed=_allowed(axis)))
     if not isinstance(value, str):
         raise UsageError(f"{field} must be a string, got {value!r}")
@@ -319,7 +375,8 @@ def case_label(row: Any, *, with_seq: bool = True, device_first: bool = False) -
     v = {axis.name: axis.read(row) for axis in WORKLOAD_AXES}
     heads = f"H{v['heads']}" if v["heads"] == v["kv_heads"] else f"H{v['heads']}/{v['kv_heads']}"
     seq = f"S{v['seq']}" if v["seq"] == v["seq_kv"] else f"S{v['seq']}x{v['seq_kv']}"
-    sizes = [f"B{v['batch']}", heads, *([seq] if with_seq else []), f"D{v['head_dim']}"]
+    dims = f"D{v['head_dim']}" if v["head_dim"] == v["head_dim_v"] else f"D{v['head_dim']}/{v['head_dim_v']}"
+    sizes = [f"B{v['batch']}", heads, *([seq] if with_seq else []), dims]
     machine = [v["device"], v["dtype"]] if device_first else [v["dtype"], v["device"]]
     parts = [*machine, *sizes] if device_first else [*sizes, *machine]
     return " ".join(str(p) for p in [*parts, v["mask"], v["pass"]]) + tags(row)
@@ -328,22 +385,31 @@ def case_label(row: Any, *, with_seq: bool = True, device_first: bool = False) -
 def tags(row: Any, axes: Iterable[Axis] = WORKLOAD_AXES) -> str:
     """' h64 mha w48 docs5 softcap20 alibi page64 [llama3.1-8b]': the label parts of the axes that have
     them ('' when none applies); older rows without a column show its neutral value, i.e. nothing."""
-    parts = [axis.tag(axis.read(row)) for axis in axes if axis.tag is not None]
+    parts = [_tag(axis, row) for axis in axes if not axis.follows or axis.departs(row)]
     return "".join(f" {p}" for p in parts if p)
+
+
+def _tag(axis: Axis, row: Any) -> str:
+    if axis.tag is None:
+        return ""
+    value = axis.read(row)
+    inside = [str(other.read(row)) for other in AXES if other.within == axis.name and other.read(row)]
+    return axis.tag(" ".join([str(value), *inside]) if value and inside else value)
 
 
 def features_label(row: Any) -> str:
     """The workload features' label parts: ' w48 docs5 softcap20 alibi page64 [llama3.1-8b]'."""
-    return tags(row, FEATURES)
+    return tags(row, (*FEATURES, *(a for a in DECLARED if a.follows)))
 
 
-LABELLED_COLUMNS = ("impl", *(a.column for a in WORKLOAD_AXES if a.tag is not None or a.neutral is None))
+LABELLED_COLUMNS = ("impl", *(a.column for a in WORKLOAD_AXES if a.tag is not None or a.neutral is None or a.within))
 
 
 def features_asked(row: Any) -> list[str]:
     """What a case asks of a contender beyond the basic ones: 'mask sliding_window', 'score_mod alibi',
     'paged KV' (the words of Capabilities' reasons)."""
-    found = [axis.asks(axis.read(row)) for axis in WORKLOAD_AXES if axis.asks is not None]
+    found = [axis.asks(axis.read(row)) for axis in WORKLOAD_AXES if axis.asks is not None
+             and (not axis.follows or axis.departs(row))]  # fmt: skip
     return [f for f in found if f]
 
 
@@ -369,9 +435,10 @@ def reproduce_flags(row: Any) -> list[str]:
     impl = row.get(IMPL.name) if hasattr(row, "get") else None
     given: dict[str, Any] = {IMPL.name: impl} if impl else {}
     if values["model"]:
-        given.update(_model_flags(values))
+        given.update(_model_flags(values, row))
     else:
-        given.update({a.name: values[a.name] for a in SWEEP_AXES if a.name in values and a.neutral is None})
+        plain = [a for a in SWEEP_AXES if a.name in values and a.neutral is None]
+        given.update({a.name: values[a.name] for a in plain if not (a.declared and not a.departs(row))})
         given.update({a.name: values[a.name] for a in FEATURES if values[a.name] != a.neutral})
     flags = []
     for name, value in given.items():
@@ -381,14 +448,18 @@ def reproduce_flags(row: Any) -> list[str]:
     return flags
 
 
-def _model_flags(values: dict[str, Any]) -> dict[str, Any]:
-    """A preset's case: the preset gives heads, head_dim, mask and its features; the phase gives the rest."""
+def _model_flags(values: dict[str, Any], row: Any) -> dict[str, Any]:
+    """A preset's case: the preset gives heads, head dims, mask and its features (``PRESET_AXES``) and the
+    phase the rest; ``--layer`` names a two-kind preset's layer, and any other feature the case departs in
+    (paged KV, a narrower KV cache …) is given as it is."""
     phase = "decode" if is_decode({SEQ.column: values["seq"], SEQ_KV.column: values["seq_kv"]}) else "prefill"
     given = {"model": values["model"], "phase": phase, "batch": values["batch"], "seq": values["seq"]}
+    if values["layer"]:
+        given["layer"] = values["layer"]
     # prefill without --seq-kv is square and causal; with it, bottom-right causal (or the preset's window)
     if phase == "decode" or values["seq_kv"] != values["seq"] or values["mask"] == "causal_bottom_right":
         given["seq_kv"] = values["seq_kv"]
     given.update({a.name: values[a.name] for a in SWEEP_AXES if a.name in ("dtype", "device", "pass", "module")})
-    if values["page_size"]:
-        given["page_size"] = values["page_size"]
+    departing = [a for a in (*FEATURES, *DECLARED) if a.name not in PRESET_AXES and a.sweep and a.departs(row)]
+    given.update({a.name: values[a.name] for a in departing})
     return given

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnbench.axes import DECLARED
 from attnbench.flops import attention_bytes, attention_flops
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import BASIC_MASKS, DTYPES, MASKS, PASSES, SCORE_MODS, Workload
@@ -44,6 +45,10 @@ class Capabilities:
     min_head_dim: int = 1
     max_head_dim: int | None = None
     backward: bool = False
+    # The cache and batch features of attnbench.axes.DECLARED (head_dim_v, kv_dtype, kv_layout, sinks, lengths,
+    # shared_prefix) a contender runs: an axis' name for all its values ("sinks"), or one value
+    # ("kv_dtype=bfloat16"). A case asking for one not named here is unsupported, with the reason.
+    features: frozenset[str] = frozenset()
     notes: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -63,6 +68,12 @@ class Capabilities:
             return f"paged KV (page_size {w.page_size}) not supported: this contender reads contiguous k and v only"
         if w.page_size and w.pass_ != "fwd":
             return "paged KV is the decode-time cache layout: forward only"
+        for axis in DECLARED:
+            value = getattr(w, axis.workload_field)
+            if axis.departs(w) and axis.name not in self.features and f"{axis.name}={value}" not in self.features:
+                named = sorted(f for f in self.features if f.split("=")[0] == axis.name)
+                supports = f"supports {', '.join(named)}" if named else f"declares no {axis.name} support"
+                return f"{axis.asks(value) if axis.asks else axis.name} not supported ({supports})"
         if w.kv_heads != w.heads and not self.gqa:
             return "GQA/MQA (kv_heads < heads) not supported"
         if w.seq_q != w.seq_k and not self.cross:

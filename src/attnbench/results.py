@@ -224,7 +224,12 @@ def case_key(impl: str, workload_row: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def fill_feature_defaults(frame: pd.DataFrame) -> pd.DataFrame:
-    """Missing or empty feature columns (older runs) read as their neutral values, in their dtypes."""
+    """Missing or empty feature columns (older runs) read as their neutral values, in their dtypes; a missing
+    column of an axis that follows another (head_dim_v, kv_dtype) as the other's values."""
+    for axis in axes.DECLARED:
+        followed = axes.BY_NAME[axis.follows].column if axis.follows else ""
+        if followed in frame and axis.column not in frame:  # (not a results file at all: the caller says so)
+            frame[axis.column] = frame[followed]
     for column, default in FEATURE_DEFAULTS.items():
         values = frame[column] if column in frame else pd.Series(default, index=frame.index)
         values = values.where(values.notna(), default) if len(frame) else values

@@ -62,6 +62,13 @@ class Workload:
     softcap: float = 0.0  # softcap: scores -> softcap·tanh(scores / softcap) (0 for other score_mods)
     page_size: int = 0  # KV cache in pages of this many tokens; 0 = contiguous
     model: str = ""  # the model preset the case was built from ("" otherwise)
+    head_dim_v: int = 0  # v's and the output's head dim Dv; 0 (or None): head_dim
+    kv_dtype: str = ""  # the KV cache's element type; "" (or None): dtype (also bfloat16 or an fp8 type)
+    kv_layout: str = "separate"  # latent: MLA's one cache tensor (kv_heads 1), keys and values its channels
+    sinks: str = "none"  # learned: one seeded logit per query head joins each row's softmax denominator
+    lengths: str = "equal"  # per-sequence lengths of the batch: equal, or drawn from a distribution
+    shared_prefix: int = 0  # tokens of cached prefix every sequence of the batch shares (0: none)
+    layer: str = ""  # which kind of layer of a two-kind preset: sliding, full or chunked ("" otherwise)
 
     def __post_init__(self) -> None:
         """Every field checked by its axis' rule (see attnbench.axes); a feature that does not apply to the
@@ -72,6 +79,9 @@ class Workload:
             value = getattr(self, axis.workload_field)
             if not axis.sweep or (value is None and axis.optional):
                 continue  # scale (checked above), hidden left out
+            if axis.follows and (value is None or (axis.declared and not value)):  # head_dim_v: head_dim, …
+                object.__setattr__(self, axis.workload_field, getattr(self, axes.BY_NAME[axis.follows].workload_field))
+                continue
             if not axes.applies(axis, self):
                 object.__setattr__(self, axis.workload_field, axis.neutral)
                 continue
@@ -98,11 +108,42 @@ class Workload:
                     f"documents {self.documents} with sequence length {self.seq_q}: allowed 1 to {self.seq_q} "
                     "(each document holds at least one token)"
                 )
+        self._check_cache()
         for axis in axes.FEATURES:  # a feature that applies needs a value (window ≥ 1 with sliding_window)
             value = getattr(self, axis.workload_field)
             if axis.applies is not None and axes.applies(axis, self) and axis.kind is int and value == axis.neutral:
                 other, needed = axis.applies
                 raise UsageError(f"{other} {needed} needs {axis.name} ≥ 1 ({axis.flag}), got {value}")
+
+    def _check_cache(self) -> None:
+        """The rules of the KV cache's own axes: its type, its latent layout, its shared prefix, its lengths."""
+        allowed_kv = (self.dtype, "bfloat16", *axes.FP8_DTYPES)
+        if self.kv_dtype not in allowed_kv:
+            raise UsageError(
+                f"kv_dtype {self.kv_dtype} with dtype {self.dtype} is not allowed; allowed: "
+                f"{', '.join(dict.fromkeys(allowed_kv))} (a cache is the dtype or narrower)"
+            )
+        if self.kv_layout == "latent":
+            if self.kv_heads != 1:
+                raise UsageError(
+                    f"kv_layout latent stores one cache shared by all heads, so it needs kv_heads 1; "
+                    f"got {self.kv_heads}"
+                )
+            if self.head_dim_v > self.head_dim:
+                raise UsageError(
+                    f"kv_layout latent reads values as the first head_dim_v channels of the head_dim-wide cache: "
+                    f"head_dim_v {self.head_dim_v} > head_dim {self.head_dim}; allowed: head_dim_v ≤ head_dim"
+                )
+        if self.shared_prefix >= self.seq_k:
+            raise UsageError(
+                f"shared_prefix {self.shared_prefix} with seq_kv {self.seq_k}: allowed 0 to {self.seq_k - 1} "
+                "(each sequence holds the prefix and at least one token of its own)"
+            )
+        if self.lengths != "equal" and self.mask == "padding":
+            raise UsageError(
+                f"lengths {self.lengths} draws each sequence's length, and mask padding has lengths of its own; "
+                "allowed with padding: lengths equal"
+            )
 
     @property
     def offset(self) -> int:
@@ -112,6 +153,11 @@ class Workload:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def kv_torch_dtype(self) -> torch.dtype:
+        """The KV cache's element type (the dtype unless kv_dtype narrows it)."""
+        return axes.KV_DTYPES[self.kv_dtype]
 
     @property
     def softmax_scale(self) -> float:
