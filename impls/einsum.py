@@ -1,5 +1,6 @@
 """``einsum`` — the same computation as ``bmm`` written with torch.einsum (same masks, score modifiers and
-paged-cache gather by the harness)."""
+paged-cache gather by the harness; v's own head dim Dv, and a latent (MLA) cache's values as the strided
+view einsum's bmm reads in place)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from attnbench.workload import Workload
 class Einsum(Contender):
     name = "einsum"
     description = "torch.einsum scores → masked softmax → torch.einsum with v; S² memory; pages gathered in the call"
-    capabilities = Capabilities(masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True)
+    capabilities = Capabilities(
+        masks=ALL_MASKS,
+        score_mods=ALL_SCORE_MODS,
+        paged="gather",
+        backward=True,
+        features=frozenset({"head_dim_v", "kv_layout"}),
+    )
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)
@@ -27,13 +34,13 @@ class Einsum(Contender):
         q = inputs.q.view(w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.head_dim)  # (B, Hkv, G, Sq, D)
         hidden, empty = grouped_masks(inputs)
         bias = grouped_bias(inputs)
-        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D)
+        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D), (B, Hkv, Sk, Dv)
 
         def run() -> torch.Tensor:
             scores = modify_scores(torch.einsum("bhgqd,bhkd->bhgqk", q, k) * scale, w, bias)
             probs = masked_softmax(scores, hidden, empty)
             out = torch.einsum("bhgqk,bhkd->bhgqd", probs, v)
-            return out.reshape(w.batch, w.heads, w.seq_q, w.head_dim)
+            return out.reshape(w.batch, w.heads, w.seq_q, w.head_dim_v)
 
         return run
 

@@ -8,6 +8,9 @@ attention-gym's paged attention does: the pool is laid out per head once in ``pr
 sequence and logical position through the inverse page table, with one block per page, so each sequence
 visits only its own pages.
 
+flex_attention takes v with its own head dim Dv; a latent (MLA) cache's values go in as the strided view of
+its first Dv channels (paged: the same view of the one page pool), not a copy.
+
 Dynamo's cache is reset in ``prepare``, so the first timed call carries the compilation; the harness
 reports that call as ``first_call_ms`` and keeps it out of the timing samples.
 """
@@ -61,7 +64,12 @@ class FlexAttention(Contender):
     name = "flex"
     description = "torch.nn.attention.flex_attention under torch.compile (block-sparse masks, reads KV pages natively)"
     capabilities = Capabilities(
-        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16
+        masks=ALL_MASKS,
+        score_mods=ALL_SCORE_MODS,
+        paged="native",
+        backward=True,
+        min_head_dim=16,
+        features=frozenset({"head_dim_v", "kv_layout"}),
     )
 
     def availability(self) -> str | None:
@@ -99,7 +107,7 @@ class FlexAttention(Contender):
             size, owner, position, seq_k = paged.page_size, paged.page_owner, paged.page_position, w.seq_k
             pages = paged.k_pages.shape[0]
             # (N, Hkv, P, D) -> (1, Hkv, N·P, D): the pool, per head, pages in pool order
-            k, v = (t.permute(1, 0, 2, 3).reshape(1, w.kv_heads, pages * size, w.head_dim)
+            k, v = (t.permute(1, 0, 2, 3).reshape(1, w.kv_heads, pages * size, t.shape[-1])
                     for t in (paged.k_pages, paged.v_pages))  # fmt: skip
 
             def logical(b: Any, kv_idx: Any) -> Any:
