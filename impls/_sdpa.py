@@ -8,8 +8,9 @@ as the reason.
 Masks other than top-left causal go in as SDPA users pass them: a dense boolean ``attn_mask``, or an
 additive float one carrying alibi's bias with −inf where the mask hides a key; that mask is built in
 ``prepare`` and its memory is part of the memory model. softcap has no place in SDPA (it would need the
-scores), so it is unsupported; a paged cache is gathered back into contiguous k and v by the harness inside
-the timed call.
+scores), so it is unsupported, and so are learned sinks (SDPA's softmax denominator sums the keys only, and
+it returns no log-sum-exp to rescale by); a paged cache is gathered back into contiguous k and v by the
+harness inside the timed call.
 
 Values with their own head dim Dv (torch documents value (…, S, Ev)) go in as they are, and a latent (MLA)
 cache's values as the view of its first Dv channels. Where the backend has no kernel for Ev ≠ E (CPU flash
@@ -33,6 +34,10 @@ from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
 SOFTCAP = "score_mod softcap not supported: SDPA takes a mask, not a function of the scores (softcap needs tanh)"
+SINKS = (
+    "sinks learned not supported: SDPA's softmax has no sink term (its denominator sums the keys only, and "
+    "it returns no log-sum-exp to rescale by)"
+)
 
 
 def mask_bytes(w: Workload) -> float:
@@ -62,13 +67,9 @@ class SdpaBackend(Contender):
         self.member = member
         self.description = description
         self.capabilities = Capabilities(
-            devices=devices,
-            masks=ALL_MASKS,
-            score_mods=frozenset({"none", "alibi"}),
-            paged="gather",
-            backward=True,
+            devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True,
             features=frozenset({"head_dim_v", "kv_layout"}),
-        )
+        )  # fmt: skip
 
     def availability(self) -> str | None:
         try:
@@ -93,6 +94,8 @@ class SdpaBackend(Contender):
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.score_mod == "softcap":
             return SOFTCAP
+        if workload.sinks != "none":
+            return SINKS
         return super().unsupported_reason(workload)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
