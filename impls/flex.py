@@ -11,6 +11,9 @@ them: flex_attention(return_aux=AuxRequest(lse=True)), then out · sigmoid(lse �
 (``attnbench.impls._sinks``); gradients reach the sink logits through the lse (torch 2.13's flex backward
 takes the lse's gradient). GPU only: on CPU torch 2.13 compiles flex for inference without the lse.
 
+flex_attention takes v with its own head dim Dv; a latent (MLA) cache's values go in as the strided view of
+its first Dv channels (paged: the same view of the one page pool), not a copy.
+
 Dynamo's cache is reset in ``prepare``, so the first timed call carries the compilation; the harness
 reports that call as ``first_call_ms`` and keeps it out of the timing samples.
 """
@@ -66,7 +69,7 @@ class FlexAttention(Contender):
     description = "torch.nn.attention.flex_attention under torch.compile (block-sparse masks, reads KV pages natively)"
     capabilities = Capabilities(
         masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16,
-        features=frozenset({"sinks"}),
+        features=frozenset({"sinks", "head_dim_v", "kv_layout"}),
     )  # fmt: skip
 
     def availability(self) -> str | None:
@@ -111,7 +114,7 @@ class FlexAttention(Contender):
             size, owner, position, seq_k = paged.page_size, paged.page_owner, paged.page_position, w.seq_k
             pages = paged.k_pages.shape[0]
             # (N, Hkv, P, D) -> (1, Hkv, N·P, D): the pool, per head, pages in pool order
-            k, v = (t.permute(1, 0, 2, 3).reshape(1, w.kv_heads, pages * size, w.head_dim)
+            k, v = (t.permute(1, 0, 2, 3).reshape(1, w.kv_heads, pages * size, t.shape[-1])
                     for t in (paged.k_pages, paged.v_pages))  # fmt: skip
 
             def logical(b: Any, kv_idx: Any) -> Any:

@@ -30,7 +30,7 @@ class NaiveLoop(Contender):
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ (pages gathered first)"
     capabilities = Capabilities(
         devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False,
-        features=frozenset({"sinks"}),
+        features=frozenset({"sinks", "head_dim_v", "kv_layout"}),  # latent: v's rows are slices of the cache's
     )  # fmt: skip
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
@@ -38,7 +38,7 @@ class NaiveLoop(Contender):
         matrix-vector product is bandwidth-bound), plus the arithmetic."""
         w = workload
         rows = w.batch * w.heads * w.seq_q
-        key_value_bytes = workload_pairs(w) * w.heads * 2 * w.head_dim * w.torch_dtype.itemsize
+        key_value_bytes = workload_pairs(w) * w.heads * (w.head_dim + w.head_dim_v) * w.torch_dtype.itemsize
         return rows * SECONDS_PER_ROW + key_value_bytes / bytes_per_s + attention_flops(w) / flops_per_s
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
@@ -52,10 +52,10 @@ class NaiveLoop(Contender):
         sinks = None if inputs.sinks is None else inputs.sinks.detach()  # (Hq,)
 
         def run() -> torch.Tensor:
-            out = torch.zeros(w.batch, w.heads, w.seq_q, w.head_dim, dtype=q.dtype, device=q.device)
+            out = torch.zeros(w.batch, w.heads, w.seq_q, w.head_dim_v, dtype=q.dtype, device=q.device)
             for b in range(w.batch):
                 for h in range(w.heads):
-                    keys, values = k[b, h // group], v[b, h // group]  # (Sk, D)
+                    keys, values = k[b, h // group], v[b, h // group]  # (Sk, D), (Sk, Dv)
                     for i in range(w.seq_q):
                         start, end = lo[b][i], hi[b][i]
                         if end <= start:

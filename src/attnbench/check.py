@@ -60,14 +60,14 @@ def check_output(
     output: object,
     reference: Callable[[AttentionInputs, torch.Tensor], torch.Tensor] = reference_output,
 ) -> CheckResult:
-    """Compare ``output`` (B, Hq, Sq, D) with the float64 reference on sampled query rows."""
+    """Compare ``output`` (B, Hq, Sq, Dv) with the float64 reference on sampled query rows."""
     w = inputs.workload
     atol, rtol = TOLERANCES[w.dtype]
     rows = sample_rows(w.seq_q)
-    expected_shape = (w.batch, w.heads, w.seq_q, w.head_dim)
+    expected_shape = (w.batch, w.heads, w.seq_q, w.head_dim_v)
     if isinstance(output, torch.Tensor) and tuple(output.shape) == expected_shape:
         output = output[:, :, rows.to(output.device)]
-        expected_shape = (w.batch, w.heads, len(rows), w.head_dim)
+        expected_shape = (w.batch, w.heads, len(rows), w.head_dim_v)
     with uncached():  # the float64 temporaries leave no fragments in the allocator's cache
         result = compare(output, reference(inputs, rows), expected_shape, atol, rtol, len(rows))
     reason = result.reason + (f" ({w.dtype})" if result.reason.startswith("max_abs_err") else "")

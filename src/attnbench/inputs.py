@@ -31,13 +31,14 @@ def workload_seed(workload: Workload, seed: int = DEFAULT_SEED) -> int:
 
 @dataclass(frozen=True, eq=False)
 class AttentionInputs:
-    """q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D), in the workload's dtype and device."""
+    """q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv), in the workload's dtype and device. With
+    kv_layout latent (MLA) k is the one cache (B, 1, Sk, D) and v the view of its first Dv channels."""
 
     workload: Workload
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
-    grad_out: torch.Tensor  # (B, Hq, Sq, D), the fixed upstream gradient for backward passes
+    grad_out: torch.Tensor  # (B, Hq, Sq, Dv), the fixed upstream gradient for backward passes
 
     @property
     def scale(self) -> float:
@@ -69,7 +70,7 @@ class AttentionInputs:
         if not w.page_size:
             return None
         with uncached():  # its transient copies leave no fragments in the allocator's cache
-            return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1)
+            return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1, latent=w.kv_layout == "latent")
 
     @functools.cached_property
     def empty_rows(self) -> torch.Tensor | None:
@@ -131,6 +132,7 @@ def _make_inputs(workload: Workload, seed: int, requires_grad: bool) -> Attentio
 
     q = randn(w.batch, w.heads, w.seq_q, w.head_dim)
     k = randn(w.batch, w.kv_heads, w.seq_k, w.head_dim)
-    v = randn(w.batch, w.kv_heads, w.seq_k, w.head_dim)
-    grad_out = randn(w.batch, w.heads, w.seq_q, w.head_dim).detach()
+    # latent (MLA): values are the first Dv channels of the one cache — a view, no second tensor
+    v = k[..., : w.head_dim_v] if w.kv_layout == "latent" else randn(w.batch, w.kv_heads, w.seq_k, w.head_dim_v)
+    grad_out = randn(w.batch, w.heads, w.seq_q, w.head_dim_v).detach()
     return AttentionInputs(w, q, k, v, grad_out)
