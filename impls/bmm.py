@@ -1,8 +1,11 @@
 """``bmm`` — two batched matmuls around a softmax, materialising the (B, H, Sq, Sk) score matrix.
 
 Every mask comes as a dense boolean mask, the score modifiers act on the materialised scores (softcap's
-tanh, alibi's bias added); a paged KV cache is gathered into k and v by the harness inside the timed call
-(``paged="gather"``).
+tanh, alibi's bias added), learned sinks as gpt-oss's reference has them (a column of sink logits
+concatenated to the scores before the softmax, dropped after); a paged KV cache is gathered into k and v by
+the harness inside the timed call (``paged="gather"``). v may have its own head dim Dv; with kv_layout latent
+(MLA) v is the view of the cache's first Dv channels, which the second bmm reads in place with its row
+stride (no copy).
 """
 
 from __future__ import annotations
@@ -22,29 +25,30 @@ class BatchedMatmul(Contender):
     name = "bmm"
     description = (
         "torch.bmm(q, kᵀ)·scale → masked softmax → torch.bmm(p, v); S² memory; a paged cache is gathered "
-        "inside the timed call"
+        "inside the timed call; a latent (MLA) cache's values read in place, strided"
     )
     capabilities = Capabilities(
-        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True, features=frozenset({"shared_prefix"})
-    )
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
+        features=frozenset({"sinks", "head_dim_v", "kv_layout", "shared_prefix"}),
+    )  # fmt: skip
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         w = workload
-        B, Hkv, G, Sq, Sk, D = w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k, w.head_dim
+        B, Hkv, G, Sq, Sk, D, Dv = w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k, w.head_dim, w.head_dim_v
         q = inputs.q.reshape(B * Hkv, G * Sq, D)  # head h = kv_head·G + g, so this is a view
         hidden, empty = grouped_masks(inputs)
-        bias = grouped_bias(inputs)
-        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D)
+        bias, sinks = grouped_bias(inputs), inputs.sinks
+        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D), (B, Hkv, Sk, Dv)
 
         def run() -> torch.Tensor:
             k_t = k.reshape(B * Hkv, Sk, D).transpose(1, 2)  # (B·Hkv, D, Sk)
             scores = torch.bmm(q, k_t).mul_(scale).view(B, Hkv, G, Sq, Sk)
             scores = modify_scores(scores, w, bias)
-            probs = masked_softmax(scores, hidden, empty).view(B * Hkv, G * Sq, Sk)
-            return torch.bmm(probs, v.reshape(B * Hkv, Sk, D)).view(B, Hkv * G, Sq, D)
+            probs = masked_softmax(scores, hidden, empty, sinks).view(B * Hkv, G * Sq, Sk)
+            return torch.bmm(probs, v.reshape(B * Hkv, Sk, Dv)).view(B, Hkv * G, Sq, Dv)
 
         return run
 

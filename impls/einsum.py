@@ -1,5 +1,6 @@
-"""``einsum`` — the same computation as ``bmm`` written with torch.einsum (same masks, score modifiers and
-paged-cache gather by the harness)."""
+"""``einsum`` — the same computation as ``bmm`` written with torch.einsum (same masks, score modifiers,
+learned sinks and paged-cache gather by the harness; v's own head dim Dv, and a latent (MLA) cache's values
+as the strided view einsum's bmm reads in place)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ class Einsum(Contender):
     name = "einsum"
     description = "torch.einsum scores → masked softmax → torch.einsum with v; S² memory; pages gathered in the call"
     capabilities = Capabilities(
-        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True, features=frozenset({"shared_prefix"})
-    )
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
+        features=frozenset({"sinks", "head_dim_v", "kv_layout", "shared_prefix"}),
+    )  # fmt: skip
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)
@@ -28,14 +30,14 @@ class Einsum(Contender):
         w = workload
         q = inputs.q.view(w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.head_dim)  # (B, Hkv, G, Sq, D)
         hidden, empty = grouped_masks(inputs)
-        bias = grouped_bias(inputs)
-        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D)
+        bias, sinks = grouped_bias(inputs), inputs.sinks
+        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D), (B, Hkv, Sk, Dv)
 
         def run() -> torch.Tensor:
             scores = modify_scores(torch.einsum("bhgqd,bhkd->bhgqk", q, k) * scale, w, bias)
-            probs = masked_softmax(scores, hidden, empty)
+            probs = masked_softmax(scores, hidden, empty, sinks)
             out = torch.einsum("bhgqk,bhkd->bhgqd", probs, v)
-            return out.reshape(w.batch, w.heads, w.seq_q, w.head_dim)
+            return out.reshape(w.batch, w.heads, w.seq_q, w.head_dim_v)
 
         return run
 

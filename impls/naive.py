@@ -3,7 +3,8 @@ f(q) = Σᵢ softmax(s(q·kᵢ·scale))·vᵢ over the keys the mask leaves visi
 
 Every mask we support leaves each query row one range of keys [lo, hi) (``masks.key_ranges``), so the
 loop slices keys lo:hi, with the ranges worked out before timing; alibi's bias row is a slice of a bias
-built before timing, softcap a tanh on the row's scores. A paged cache is gathered back into contiguous
+built before timing, softcap a tanh on the row's scores; learned sinks join each row's softmax as one more
+logit whose weight is dropped (``attnbench.impls._sinks``). A paged cache is gathered back into contiguous
 k and v by the harness at the start of each call. It is the slow baseline that makes the others' speedups concrete;
 CPU only (on a GPU it would measure kernel-launch latency, not attention).
 """
@@ -16,6 +17,7 @@ import torch
 
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
 from attnbench.flops import attention_flops
+from attnbench.impls._sinks import softmax_with_sink
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import key_ranges, workload_pairs
 from attnbench.workload import Workload
@@ -28,7 +30,7 @@ class NaiveLoop(Contender):
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ (pages gathered first)"
     capabilities = Capabilities(
         devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False,
-        features=frozenset({"shared_prefix"}),
+        features=frozenset({"sinks", "head_dim_v", "kv_layout", "shared_prefix"}),  # latent: v's rows slice the cache
     )  # fmt: skip
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
@@ -36,7 +38,7 @@ class NaiveLoop(Contender):
         matrix-vector product is bandwidth-bound), plus the arithmetic."""
         w = workload
         rows = w.batch * w.heads * w.seq_q
-        key_value_bytes = workload_pairs(w) * w.heads * 2 * w.head_dim * w.torch_dtype.itemsize
+        key_value_bytes = workload_pairs(w) * w.heads * (w.head_dim + w.head_dim_v) * w.torch_dtype.itemsize
         return rows * SECONDS_PER_ROW + key_value_bytes / bytes_per_s + attention_flops(w) / flops_per_s
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
@@ -47,12 +49,13 @@ class NaiveLoop(Contender):
         lo, hi = (t.expand(w.batch, w.seq_q).tolist() for t in key_ranges(w))
         bias = inputs.alibi_bias  # (1, H, Sq, Sk) or None
         softcap = w.softcap if w.score_mod == "softcap" else None
+        sinks = None if inputs.sinks is None else inputs.sinks.detach()  # (Hq,)
 
         def run() -> torch.Tensor:
-            out = torch.zeros(w.batch, w.heads, w.seq_q, w.head_dim, dtype=q.dtype, device=q.device)
+            out = torch.zeros(w.batch, w.heads, w.seq_q, w.head_dim_v, dtype=q.dtype, device=q.device)
             for b in range(w.batch):
                 for h in range(w.heads):
-                    keys, values = k[b, h // group], v[b, h // group]  # (Sk, D)
+                    keys, values = k[b, h // group], v[b, h // group]  # (Sk, D), (Sk, Dv)
                     for i in range(w.seq_q):
                         start, end = lo[b][i], hi[b][i]
                         if end <= start:
@@ -62,7 +65,11 @@ class NaiveLoop(Contender):
                             scores = torch.tanh(scores / softcap) * softcap
                         if bias is not None:
                             scores = scores + bias[0, h, i, start:end]
-                        out[b, h, i] = torch.softmax(scores, dim=0) @ values[start:end]
+                        if sinks is None:
+                            weights = torch.softmax(scores, dim=0)
+                        else:
+                            weights = softmax_with_sink(scores, sinks[h : h + 1])
+                        out[b, h, i] = weights @ values[start:end]
             return out
 
         return run

@@ -3,10 +3,12 @@
 forward FLOPs = 2·Hq·(D + Dv)·P, with P the exact number of (query, key) pairs the mask leaves visible
 summed over the batch — so causal with Sq ≠ Sk and padding are counted right, and a kernel that skips
 masked blocks is not credited with work it did not need to do. Backward is 2.5× forward,
-forward+backward 3.5×.
+forward+backward 3.5×. Learned sinks (``sinks`` learned) are not counted: one exp and add per query row,
+O(Hq·Sq) against the O(Hq·Sq·Sk·D) of the count (likewise their Hq float32 logits among the bytes).
 
-Minimum bytes: what any implementation must move at least once. Forward reads q and writes o, and reads
-the keys and values some query row sees (k and v at Hkv heads; per sequence the span of visible keys, see
+Minimum bytes: what any implementation must move at least once. Forward reads q (D wide) and writes o
+(Dv wide), and reads the keys and values some query row sees (k at D and v at Dv channels, Hkv heads;
+kv_layout latent: the one cache at D channels, counted once; per sequence the span of visible keys, see
 ``masks.key_span`` — a decode step against a padded or windowed cache reads only its part). With a paged
 cache (page_size > 0) the reads are whole pages — every page the span touches — plus one int32 page-table
 entry per page, so ``gbps`` places decode rows where they belong. A shared prefix (``attnbench.prefix``) is
@@ -27,7 +29,7 @@ def attention_flops(w: Workload) -> float:
     """Floating-point operations of one call of the workload's pass (the mha module adds its four
     d_model × d_model projections)."""
     pairs = workload_pairs(w)
-    forward = 2.0 * w.heads * (w.head_dim + w.head_dim) * pairs
+    forward = 2.0 * w.heads * (w.head_dim + w.head_dim_v) * pairs
     if w.module == "mha":
         forward += 2.0 * w.d_model**2 * (2 * w.batch * w.seq_q + 2 * w.batch * w.seq_k)
     return forward * PASS_FACTOR[w.pass_]
@@ -36,10 +38,11 @@ def attention_flops(w: Workload) -> float:
 def attention_bytes(w: Workload) -> float:
     """Minimum bytes one call of the workload's pass must read and write."""
     element = w.torch_dtype.itemsize
-    q = w.batch * w.heads * w.seq_q * w.head_dim  # also o, dO, dq
-    kv = w.batch * w.kv_heads * w.seq_k * w.head_dim  # each of k, v, dk, dv
-    forward = q + 2 * kv_read_elements(w) + q + page_table_bytes(w) / element
-    backward = 4 * q + 4 * kv  # read q, o, dO, k, v; write dq, dk, dv
+    q = w.batch * w.heads * w.seq_q * w.head_dim  # also dq
+    o = w.batch * w.heads * w.seq_q * w.head_dim_v  # also dO
+    kv = w.batch * w.kv_heads * w.seq_k * kv_channels(w)  # k and v (latent: the one cache), also dk and dv
+    forward = q + kv_read_elements(w) + o + page_table_bytes(w) / element
+    backward = 2 * q + 2 * o + 2 * kv  # read q, o, dO, k, v; write dq, dk, dv
     if w.module == "mha":  # reads x (and the keys' input), the four weight matrices; writes the output
         forward += 4 * w.d_model**2 + 2 * w.batch * w.seq_q * w.d_model + w.batch * w.seq_k * w.d_model
     per_pass = {"fwd": forward, "bwd": backward, "fwd_bwd": forward + backward}
@@ -73,9 +76,15 @@ def _positions(w: Workload, first: int, end: int) -> int:
     return max(0, end - first)
 
 
+def kv_channels(w: Workload) -> int:
+    """Cache channels per (token, kv head): k's D and v's Dv, or D once for kv_layout latent (MLA), whose
+    values are the first Dv channels of the keys' cache."""
+    return w.head_dim if w.kv_layout == "latent" else w.head_dim + w.head_dim_v
+
+
 def kv_read_elements(w: Workload) -> int:
-    """Elements of k (or of v) one forward call reads."""
-    return kv_positions_read(w) * w.kv_heads * w.head_dim
+    """Elements of k and v together one forward call reads (the one cache once for latent)."""
+    return kv_positions_read(w) * w.kv_heads * kv_channels(w)
 
 
 def page_table_bytes(w: Workload) -> int:

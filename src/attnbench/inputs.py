@@ -19,6 +19,10 @@ from attnbench.prefix import prefix_views, share_prefix, shared_pages
 from attnbench.workload import Workload
 
 DEFAULT_SEED = 0
+# Learned sink logits: normal with this spread, like the scaled scores' own (unit normal q and k give scores
+# of spread 1 and a row's log-sum-exp of a few units), so a sink takes a share of a short row's softmax mass
+# that shows and a visible one of a long row's (sinks of size ±2 to ±4 decide a check at fp32 tolerances).
+SINK_STD = 2.0
 
 
 def workload_seed(workload: Workload, seed: int = DEFAULT_SEED) -> int:
@@ -28,13 +32,14 @@ def workload_seed(workload: Workload, seed: int = DEFAULT_SEED) -> int:
 
 @dataclass(frozen=True, eq=False)
 class AttentionInputs:
-    """q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D), in the workload's dtype and device."""
+    """q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv), in the workload's dtype and device. With
+    kv_layout latent (MLA) k is the one cache (B, 1, Sk, D) and v the view of its first Dv channels."""
 
     workload: Workload
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
-    grad_out: torch.Tensor  # (B, Hq, Sq, D), the fixed upstream gradient for backward passes
+    grad_out: torch.Tensor  # (B, Hq, Sq, Dv), the fixed upstream gradient for backward passes
 
     @property
     def scale(self) -> float:
@@ -66,12 +71,14 @@ class AttentionInputs:
         if not w.page_size:
             return None
         with uncached():  # its transient copies leave no fragments in the allocator's cache
-            return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1, shared=shared_pages(w))
+            latent, shared = w.kv_layout == "latent", shared_pages(w)
+            return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1, latent=latent, shared=shared)
 
     @property
     def prefix_kv(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The shared prefix's one copy, k and v (Hkv, P, D) — views of sequence 0's first P positions, so a
-        paged cache gathered into k and v refreshes them — or None without a shared prefix (attnbench.prefix)."""
+        """The shared prefix's one copy, k (Hkv, P, D) and v (Hkv, P, Dv) — views of sequence 0's first P
+        positions, so a paged cache gathered into k and v refreshes them — or None without a shared prefix
+        (attnbench.prefix)."""
         prefix = self.workload.shared_prefix
         return prefix_views(self.k, self.v, prefix) if prefix else None
 
@@ -85,16 +92,27 @@ class AttentionInputs:
         assert mask is not None
         return ~mask.any(dim=-1, keepdim=True)
 
-    def parameter(self, name: str, *shape: int, std: float = 1.0) -> torch.Tensor:
-        """A named, seeded random parameter (a projection matrix, a scoring vector) in the workload's dtype:
-        the same tensor for the contender that uses it and for its float64 reference."""
+    @functools.cached_property
+    def sinks(self) -> torch.Tensor | None:
+        """(Hq,) float32 learned sink logits, one per query head (gpt-oss), or None without sinks (``sinks``
+        none). Each query row's softmax denominator gains exp(sink_h); the sink contributes no value. Seeded
+        like ``parameter``; a leaf that requires grad when q does (backward passes check its gradient)."""
+        w = self.workload
+        if w.sinks == "none":
+            return None
+        logits = self.parameter("sinks", w.heads, std=SINK_STD, dtype=torch.float32)
+        return logits.detach().clone().requires_grad_(self.q.requires_grad)
+
+    def parameter(self, name: str, *shape: int, std: float = 1.0, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A named, seeded random parameter (a projection matrix, a scoring vector) in the workload's dtype
+        (or ``dtype``): the same tensor for the contender that uses it and for its float64 reference."""
         cache = self.__dict__.setdefault("_parameters", {})
         if name not in cache:
             w = self.workload
             seed = (workload_seed(w) + zlib.crc32(name.encode())) % (2**63)
             generator = torch.Generator(device=w.device).manual_seed(seed)
             values = torch.randn(*shape, generator=generator, device=w.device, dtype=torch.float32) * std
-            cache[name] = values.to(w.torch_dtype)
+            cache[name] = values.to(dtype or w.torch_dtype)
         tensor: torch.Tensor = cache[name]
         return tensor
 
@@ -124,8 +142,10 @@ def _make_inputs(workload: Workload, seed: int, requires_grad: bool) -> Attentio
 
     q = randn(w.batch, w.heads, w.seq_q, w.head_dim)
     k = randn(w.batch, w.kv_heads, w.seq_k, w.head_dim)
-    v = randn(w.batch, w.kv_heads, w.seq_k, w.head_dim)
     share_prefix(k, w.shared_prefix)  # every sequence's first shared_prefix positions: sequence 0's
-    share_prefix(v, w.shared_prefix)
-    grad_out = randn(w.batch, w.heads, w.seq_q, w.head_dim).detach()
+    # latent (MLA): values are the first Dv channels of the one cache — a view, no second tensor
+    v = k[..., : w.head_dim_v] if w.kv_layout == "latent" else randn(w.batch, w.kv_heads, w.seq_k, w.head_dim_v)
+    if w.kv_layout != "latent":
+        share_prefix(v, w.shared_prefix)
+    grad_out = randn(w.batch, w.heads, w.seq_q, w.head_dim_v).detach()
     return AttentionInputs(w, q, k, v, grad_out)

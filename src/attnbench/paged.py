@@ -36,20 +36,20 @@ def pages_per_sequence(seq_k: int, page_size: int) -> int:
 
 
 def pool_bytes(w: Workload) -> float:
-    """The page pool of a paged workload: k_pages and v_pages, whole pages (a shared prefix's once); 0 for a
-    contiguous cache."""
+    """The page pool of a paged workload: k_pages and v_pages, whole pages (latent: the one pool of the
+    cache; a shared prefix's whole pages once); 0 for a contiguous cache."""
     if not w.page_size:
         return 0.0
     shared = shared_pages(w)
-    pages = shared + w.batch * (pages_per_sequence(w.seq_k, w.page_size) - shared)
-    slots = w.kv_heads * pages * w.page_size
-    return 2.0 * slots * w.head_dim * w.torch_dtype.itemsize
+    slots = w.kv_heads * (shared + w.batch * (pages_per_sequence(w.seq_k, w.page_size) - shared)) * w.page_size
+    channels = w.head_dim + (0 if w.kv_layout == "latent" else w.head_dim_v)
+    return float(slots * channels * w.torch_dtype.itemsize)
 
 
 @dataclass(frozen=True, eq=False)
 class PagedKV:
     k_pages: torch.Tensor  # (N, Hkv, P, D), N = B · pages per sequence
-    v_pages: torch.Tensor  # (N, Hkv, P, D)
+    v_pages: torch.Tensor  # (N, Hkv, P, Dv); with kv_layout latent the view k_pages[..., :Dv] (one pool)
     page_table: torch.Tensor  # (B, pages per sequence) int32: pool index of each logical page
     page_size: int
     seq_k: int
@@ -74,11 +74,14 @@ class PagedKV:
         return position
 
 
-def make_paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int, shared: int = 0) -> PagedKV:
-    """Copy contiguous k and v (B, Hkv, Sk, D) into a shuffled page pool with a page table. The first
-    ``shared`` logical pages (a shared prefix's whole pages: the same data in every sequence) are in the
-    pool once, sequence 0's, and every sequence's page table points at them."""
-    batch, kv_heads, seq_k, head_dim = k.shape
+def make_paged(
+    k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int, latent: bool = False, shared: int = 0
+) -> PagedKV:
+    """Copy contiguous k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv) into a shuffled page pool with a page table.
+    ``latent`` (MLA, v the first Dv channels of k): one pool, v_pages the view of k_pages' first channels.
+    The first ``shared`` logical pages (a shared prefix's whole pages: the same data in every sequence) are in
+    the pool once, sequence 0's, and every sequence's page table points at them."""
+    batch, kv_heads, seq_k, _ = k.shape
     pages = pages_per_sequence(seq_k, page_size)
     own = pages - shared
     generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -86,6 +89,7 @@ def make_paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int, shar
     table = torch.cat([order[:shared].expand(batch, -1), order[shared:].view(batch, own)], dim=1)
 
     def pool(t: torch.Tensor) -> torch.Tensor:
+        head_dim = t.shape[-1]
         padded = t.new_zeros(batch, kv_heads, pages * page_size, head_dim)
         padded[:, :, :seq_k] = t.detach()
         logical = padded.view(batch, kv_heads, pages, page_size, head_dim).transpose(1, 2)  # (B, n, Hkv, P, D)
@@ -93,7 +97,9 @@ def make_paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int, shar
         out[table.flatten()] = logical.reshape(batch * pages, kv_heads, page_size, head_dim)  # shared: equal data
         return out
 
-    return PagedKV(pool(k), pool(v), table.to(torch.int32), page_size, seq_k, shared)
+    k_pages = pool(k)
+    v_pages = k_pages[..., : v.shape[-1]] if latent else pool(v)
+    return PagedKV(k_pages, v_pages, table.to(torch.int32), page_size, seq_k, shared)
 
 
 def gather_pages(
@@ -118,16 +124,19 @@ def gather_pages(
 def gather_bytes(w: Workload) -> float:
     """Working memory of the harness's gather at its peak: the picked pages of k (then of v), whole pages."""
     pages = w.batch * pages_per_sequence(w.seq_k, w.page_size) if w.page_size else 0
-    return float(pages * w.kv_heads * w.page_size * w.head_dim * w.torch_dtype.itemsize)
+    return float(pages * w.kv_heads * w.page_size * max(w.head_dim, w.head_dim_v) * w.torch_dtype.itemsize)
 
 
 def gathered(paged: PagedKV, k: torch.Tensor, v: torch.Tensor, forward: Callable[[], T]) -> Callable[[], T]:
     """``forward`` preceded, in the same call, by the gather of the page pool into ``k`` and ``v`` — the
     contiguous tensors the contender was prepared with, so it computes on what was just gathered."""
 
+    shared = v.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()  # latent: v is k's view
+
     def run() -> T:
         gather_pages(paged.k_pages, paged.page_table, paged.seq_k, out=k)
-        gather_pages(paged.v_pages, paged.page_table, paged.seq_k, out=v)
+        if not shared:  # one cache (latent): its gather already wrote the values
+            gather_pages(paged.v_pages, paged.page_table, paged.seq_k, out=v)
         return forward()
 
     return run

@@ -17,6 +17,7 @@ import torch
 
 from attnbench.ceilings import Ceilings
 from attnbench.contender import Contender, output_bytes
+from attnbench.flops import kv_channels
 from attnbench.paged import gather_bytes, pool_bytes
 from attnbench.reference import reference_bytes, sample_rows
 from attnbench.workload import Workload
@@ -33,18 +34,18 @@ MEMORY_PASS_COST = 20  # the CPU memory pass (the profiler) can cost this many c
 
 
 def input_bytes(w: Workload) -> int:
-    """q, k, v, upstream gradient (B, H, S, D) in the workload's dtype, and a paged cache's pool (a second
-    copy of k and v, whole pages)."""
+    """q and k (D wide), v and the upstream gradient (Dv wide; latent: v is k's view) in the workload's dtype,
+    and a paged cache's pool (a second copy of k and v, whole pages)."""
     element = w.torch_dtype.itemsize
-    rows = 2 * w.batch * w.heads * w.seq_q + 2 * w.batch * w.kv_heads * w.seq_k
-    return int(element * w.head_dim * rows + pool_bytes(w))
+    queries = w.batch * w.heads * w.seq_q * (w.head_dim + w.head_dim_v)
+    return int(element * (queries + w.batch * w.kv_heads * w.seq_k * kv_channels(w)) + pool_bytes(w))
 
 
 def making_bytes(w: Workload) -> float:
     """What making the inputs holds for a moment beyond them: a float32 draw of the largest tensor before it
     is converted to the dtype, or a paged pool's padded and reordered copies of k (then v) (see
     attnbench.paged.make_paged), whichever is larger."""
-    largest = w.head_dim * max(w.batch * w.heads * w.seq_q, w.batch * w.kv_heads * w.seq_k)
+    largest = max(w.head_dim, w.head_dim_v) * max(w.batch * w.heads * w.seq_q, w.batch * w.kv_heads * w.seq_k)
     draw = 4.0 * largest if w.torch_dtype != torch.float32 else 0.0
     return max(draw, pool_bytes(w))  # the pool is k's and v's copies: two more of one while it is made
 
