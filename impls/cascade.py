@@ -17,7 +17,8 @@ none at all comes out zero. A paged cache is gathered into k and v by the harnes
 from sequence 0's copy, the pool's one set of prefix pages.
 
 Without a shared prefix there is nothing to split (``bmm`` is the same computation in one level): such a case
-is unsupported, with that reason. Forward only, as FlashInfer's cascade wrapper is.
+is unsupported, with that reason. Forward only, as FlashInfer's cascade wrapper is. Values may have their
+own head dim Dv, and an MLA latent cache's prefix values are the view of its keys' first Dv channels.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Cascade(Contender):
         masks=DEFAULT_MASKS | {"sliding_window", "chunked"},
         paged="gather",
         backward=False,
-        features=frozenset({"shared_prefix"}),
+        features=frozenset({"shared_prefix", "head_dim_v", "kv_layout"}),  # latent: the prefix's v a view of its k
     )
 
     def unsupported_reason(self, workload: Workload) -> str | None:
@@ -66,7 +67,7 @@ class Cascade(Contender):
         masked copies, the per-kv-head copy of q, the two float32 partial outputs and the merged one."""
         w = workload
         rows = w.batch * w.heads * w.seq_q
-        return score_matrix_bytes(w, 3, element=4) + rows * (w.head_dim * w.torch_dtype.itemsize + 3 * 4 * w.head_dim)
+        return score_matrix_bytes(w, 3, element=4) + rows * (w.head_dim * w.torch_dtype.itemsize + 3 * 4 * w.head_dim_v)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         w = workload

@@ -66,6 +66,20 @@ def test_cascade_in_bfloat16_and_backward_of_the_per_sequence_ones():
     assert prepared.ok and prepared.grad_check is not None, prepared.reason
 
 
+@pytest.mark.parametrize(
+    "features",
+    [{"head_dim_v": 8}, {"kv_heads": 1, "head_dim_v": 8, "kv_layout": "latent"},
+     {"kv_heads": 1, "head_dim_v": 8, "kv_layout": "latent", "page_size": 8}],
+    ids=str,
+)  # fmt: skip
+def test_cascade_with_a_value_head_dim_and_mla_latent_cache(features):
+    w = Workload(3, 4, features.pop("kv_heads", 2), 2, 37, 20, mask=BOTTOM_RIGHT, shared_prefix=20, **features)
+    inputs = make_inputs(w)
+    assert inputs.prefix_kv is not None and inputs.prefix_kv[1].shape == (w.kv_heads, 20, 8)
+    prepared = prepare_checked("cascade", w, inputs=inputs)
+    assert prepared.ok and prepared.check.max_abs_err < 1e-5, prepared.reason
+
+
 def test_cascade_reads_the_one_copy_so_a_prefix_that_is_not_shared_fails_the_check():
     """The reference works per sequence from each sequence's own keys; cascade reads sequence 0's prefix for
     every sequence. Data whose prefix differs in sequence 1 makes them disagree: the check has teeth."""
