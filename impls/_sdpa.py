@@ -5,7 +5,8 @@ masquerade as another: the call runs under ``sdpa_kernel([backend])`` alone, and
 no kernel for the workload torch raises, which we report as ``unsupported`` with torch's own warnings
 as the reason.
 
-Masks other than top-left causal go in as SDPA users pass them: a dense boolean ``attn_mask``, or an
+Masks other than top-left causal go in as SDPA users pass them: a dense boolean ``attn_mask`` (a ragged or
+mixed batch's per sequence, (B, 1, Sq, Sk), as users pad a varlen batch for SDPA), or an
 additive float one carrying alibi's bias with −inf where the mask hides a key; that mask is built in
 ``prepare`` and its memory is part of the memory model. softcap has no place in SDPA (it would need the
 scores), so it is unsupported; a paged cache is gathered back into contiguous k and v by the harness inside
@@ -24,18 +25,19 @@ import torch.nn.functional as F
 
 from attnbench.contender import ALL_MASKS, Capabilities, Contender, Unsupported, score_matrix_bytes
 from attnbench.inputs import AttentionInputs
+from attnbench.sequences import is_ragged
 from attnbench.workload import Workload
 
 SOFTCAP = "score_mod softcap not supported: SDPA takes a mask, not a function of the scores (softcap needs tanh)"
 
 
 def mask_bytes(w: Workload) -> float:
-    """The mask SDPA is given."""
-    extra = 0.0
-    if w.score_mod == "alibi":  # additive float mask: one per head, per batch element for padding
-        extra += (w.batch if w.mask == "padding" else 1) * w.heads * w.seq_q * w.seq_k * w.torch_dtype.itemsize
-    elif w.mask not in ("none", "causal"):  # boolean mask
-        extra += (w.batch if w.mask == "padding" else 1) * w.seq_q * w.seq_k
+    """The mask SDPA is given (per batch element for padding and for a ragged or mixed batch)."""
+    extra, per_batch = 0.0, w.mask == "padding" or is_ragged(w)
+    if w.score_mod == "alibi":  # additive float mask: one per head
+        extra += (w.batch if per_batch else 1) * w.heads * w.seq_q * w.seq_k * w.torch_dtype.itemsize
+    elif w.mask not in ("none", "causal") or is_ragged(w):  # boolean mask
+        extra += (w.batch if per_batch else 1) * w.seq_q * w.seq_k
     return extra
 
 
@@ -56,7 +58,8 @@ class SdpaBackend(Contender):
         self.member = member
         self.description = description
         self.capabilities = Capabilities(
-            devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True
+            devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True,
+            features=frozenset({"lengths"}),
         )
 
     def availability(self) -> str | None:
@@ -95,9 +98,9 @@ class SdpaBackend(Contender):
                 additive = additive.masked_fill(~inputs.bool_mask, float("-inf"))
             kwargs["attn_mask"] = additive
             empty = inputs.empty_rows  # rows of −inf only would come out NaN; the definition says zeros
-        elif workload.mask == "causal":
+        elif workload.mask == "causal" and not is_ragged(workload):
             kwargs["is_causal"] = True  # top-left, which is torch's definition
-        elif workload.mask != "none":
+        elif inputs.bool_mask is not None:
             kwargs["attn_mask"] = inputs.bool_mask  # (B|1, 1, Sq, Sk) bool, True = visible
         if workload.kv_heads != workload.heads:
             kwargs["enable_gqa"] = True

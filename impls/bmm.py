@@ -1,6 +1,6 @@
 """``bmm`` — two batched matmuls around a softmax, materialising the (B, H, Sq, Sk) score matrix.
 
-Every mask comes as a dense boolean mask, the score modifiers act on the materialised scores (softcap's
+Every mask comes as a dense boolean mask (a ragged or mixed batch's per sequence, (B, 1, Sq, Sk)), the score modifiers act on the materialised scores (softcap's
 tanh, alibi's bias added); a paged KV cache is gathered into k and v by the harness inside the timed call
 (``paged="gather"``).
 """
@@ -24,7 +24,8 @@ class BatchedMatmul(Contender):
         "torch.bmm(q, kᵀ)·scale → masked softmax → torch.bmm(p, v); S² memory; a paged cache is gathered "
         "inside the timed call"
     )
-    capabilities = Capabilities(masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True)
+    capabilities = Capabilities(masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
+                                features=frozenset({"lengths"}))  # fmt: skip
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)

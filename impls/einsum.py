@@ -17,7 +17,8 @@ from attnbench.workload import Workload
 class Einsum(Contender):
     name = "einsum"
     description = "torch.einsum scores → masked softmax → torch.einsum with v; S² memory; pages gathered in the call"
-    capabilities = Capabilities(masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True)
+    capabilities = Capabilities(masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
+                                features=frozenset({"lengths"}))  # fmt: skip
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)

@@ -1,6 +1,7 @@
 """``flex`` — torch FlexAttention, compiled with torch.compile.
 
-Every mask is a ``mask_mod`` (key ranges as index rules; documents by a document-id lookup) turned into a
+Every mask is a ``mask_mod`` (key ranges as index rules; documents by a document-id lookup; a ragged or mixed
+batch's sequences by lookups of their (B,) query and key lengths) turned into a
 block mask in ``prepare`` — so its cost is part of ``setup_ms`` — and the score modifiers are its
 ``score_mod`` (softcap's tanh, alibi's −slope_h·|i + offset − j|). A paged KV cache is read natively, as
 attention-gym's paged attention does: the pool is laid out per head once in ``prepare`` as one long
@@ -22,14 +23,30 @@ import torch
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender, Unsupported, score_matrix_bytes
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import alibi_slopes, document_lengths, padding_lengths
+from attnbench.sequences import is_ragged, sequence_lengths, sequence_offsets
 from attnbench.workload import Workload
 
 Rule = Callable[[Any, Any, Any], Any]  # (b, q_idx, logical kv_idx) -> visible
 
 
 def _rule(w: Workload, device: torch.device) -> Rule | None:
-    """The mask as an index rule on logical key positions; None for ``none``."""
+    """The mask as an index rule on logical key positions; None for ``none``. A ragged or mixed batch reads each
+    sequence's lengths from (B,) tensors: its own rows and keys, bottom-right causal within it."""
     offset = w.offset
+    ragged = sequence_lengths(w)
+    if ragged is not None:
+        q_len, kv_len = (torch.tensor(column, device=device) for column in zip(*ragged, strict=True))
+        shift, window, causal = kv_len - q_len, w.window, w.mask != "none"
+
+        def in_sequence(b: Any, q_idx: Any, kv_idx: Any) -> Any:
+            seen = (q_idx < q_len[b]) & (kv_idx < kv_len[b])
+            if causal:
+                seen = seen & (q_idx + shift[b] >= kv_idx)
+            if w.mask == "sliding_window":
+                seen = seen & (q_idx + shift[b] - window < kv_idx)
+            return seen
+
+        return in_sequence
     if w.mask == "causal":
         return lambda b, q_idx, kv_idx: q_idx >= kv_idx
     if w.mask == "causal_bottom_right":
@@ -41,7 +58,7 @@ def _rule(w: Workload, device: torch.device) -> Rule | None:
         window = w.window
         return lambda b, q_idx, kv_idx: (q_idx + offset >= kv_idx) & (q_idx + offset - window < kv_idx)
     if w.mask == "document":
-        lengths = torch.tensor(document_lengths(w.seq_q, w.documents), device=device)
+        lengths = torch.tensor(document_lengths(w.seq_q, w.documents, w.lengths), device=device)
         document = torch.arange(w.documents, device=device).repeat_interleave(lengths)  # (S,)
         return lambda b, q_idx, kv_idx: (document[q_idx] == document[kv_idx]) & (q_idx >= kv_idx)
     return None
@@ -52,8 +69,8 @@ def _score_mod(w: Workload, device: torch.device, logical: Callable[[Any, Any], 
         cap = w.softcap
         return lambda score, b, h, q_idx, kv_idx: torch.tanh(score / cap) * cap
     if w.score_mod == "alibi":
-        slopes, offset = alibi_slopes(w.heads).to(device=device, dtype=torch.float32), w.offset
-        return lambda score, b, h, q_idx, kv_idx: score - slopes[h] * (q_idx + offset - logical(b, kv_idx)).abs()
+        slopes, offset = alibi_slopes(w.heads).to(device=device, dtype=torch.float32), sequence_offsets(w, device)
+        return lambda score, b, h, q_idx, kv_idx: score - slopes[h] * (q_idx + offset[b] - logical(b, kv_idx)).abs()
     return None
 
 
@@ -61,7 +78,8 @@ class FlexAttention(Contender):
     name = "flex"
     description = "torch.nn.attention.flex_attention under torch.compile (block-sparse masks, reads KV pages natively)"
     capabilities = Capabilities(
-        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16,
+        features=frozenset({"lengths"}),
     )
 
     def availability(self) -> str | None:
@@ -89,7 +107,7 @@ class FlexAttention(Contender):
         rule = _rule(w, device)
         paged = inputs.paged
         k, v = inputs.k, inputs.v
-        batch = w.batch if w.mask == "padding" else None
+        batch = w.batch if w.mask == "padding" or is_ragged(w) else None
         kv_len = w.seq_k
         block: dict[str, Any] = {}
         if paged is None:

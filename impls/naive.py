@@ -1,7 +1,8 @@
 """``naive`` — the textbook definition as Python loops: for each batch, head and query row q,
 f(q) = Σᵢ softmax(s(q·kᵢ·scale))·vᵢ over the keys the mask leaves visible, s the score modifier.
 
-Every mask we support leaves each query row one range of keys [lo, hi) (``masks.key_ranges``), so the
+Every mask we support leaves each query row one range of keys [lo, hi) (``masks.key_ranges``; a ragged or
+mixed batch's rows each their own sequence's), so the
 loop slices keys lo:hi, with the ranges worked out before timing; alibi's bias row is a slice of a bias
 built before timing, softcap a tanh on the row's scores. A paged cache is gathered back into contiguous
 k and v by the harness at the start of each call. It is the slow baseline that makes the others' speedups concrete;
@@ -27,7 +28,8 @@ class NaiveLoop(Contender):
     name = "naive"
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ (pages gathered first)"
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False
+        devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False,
+        features=frozenset({"lengths"}),
     )
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
@@ -44,7 +46,7 @@ class NaiveLoop(Contender):
         scale, group = inputs.scale, w.gqa_group
         k, v = inputs.k.detach(), inputs.v.detach()  # views of the tensors a paged cache is gathered into
         lo, hi = (t.expand(w.batch, w.seq_q).tolist() for t in key_ranges(w))
-        bias = inputs.alibi_bias  # (1, H, Sq, Sk) or None
+        bias = inputs.alibi_bias  # (1 or B, H, Sq, Sk) or None
         softcap = w.softcap if w.score_mod == "softcap" else None
 
         def run() -> torch.Tensor:
@@ -60,7 +62,7 @@ class NaiveLoop(Contender):
                         if softcap is not None:
                             scores = torch.tanh(scores / softcap) * softcap
                         if bias is not None:
-                            scores = scores + bias[0, h, i, start:end]
+                            scores = scores + bias[b if len(bias) > 1 else 0, h, i, start:end]
                         out[b, h, i] = torch.softmax(scores, dim=0) @ values[start:end]
             return out
 

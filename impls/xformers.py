@@ -37,7 +37,7 @@ class XformersMemoryEfficient(Contender):
     name = "xformers"
     description = "xformers.ops.memory_efficient_attention (CUDA only; a paged cache is gathered in the call)"
     capabilities = Capabilities(
-        devices=frozenset({"cuda"}), masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather",
+        devices=frozenset({"cuda"}), masks=ALL_MASKS - {"mixed"}, score_mods=frozenset({"none", "alibi"}), paged="gather",
         backward=True,
     )  # fmt: skip
 

@@ -325,7 +325,7 @@ class FusedCpu(Contender):
         "ALiBi in the tile, no S² memory; decode reads KV pages in place (other paged cases gather them, timed)"
     )
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True
+        devices=frozenset({"cpu"}), masks=ALL_MASKS - {"mixed"}, score_mods=ALL_SCORE_MODS, paged="native", backward=True
     )
 
     def availability(self) -> str | None:

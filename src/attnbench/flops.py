@@ -7,7 +7,8 @@ forward+backward 3.5×.
 
 Minimum bytes: what any implementation must move at least once. Forward reads q and writes o, and reads
 the keys and values some query row sees (k and v at Hkv heads; per sequence the span of visible keys, see
-``masks.key_span`` — a decode step against a padded or windowed cache reads only its part). With a paged
+``masks.key_span`` — a decode step against a padded or windowed cache reads only its part; a ragged or
+mixed batch counts each sequence's own query rows and cache, ``attnbench.sequences``). With a paged
 cache (page_size > 0) the reads are whole pages — every page the span touches — plus one int32 page-table
 entry per page, so ``gbps`` places decode rows where they belong. Backward reads q, k, v, o, dO and
 writes dq, dk, dv.
@@ -16,6 +17,7 @@ writes dq, dk, dv.
 from __future__ import annotations
 
 from attnbench.masks import key_span, workload_pairs
+from attnbench.sequences import cached_tokens, query_rows
 from attnbench.workload import Workload
 
 PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
@@ -34,8 +36,8 @@ def attention_flops(w: Workload) -> float:
 def attention_bytes(w: Workload) -> float:
     """Minimum bytes one call of the workload's pass must read and write."""
     element = w.torch_dtype.itemsize
-    q = w.batch * w.heads * w.seq_q * w.head_dim  # also o, dO, dq
-    kv = w.batch * w.kv_heads * w.seq_k * w.head_dim  # each of k, v, dk, dv
+    q = query_rows(w) * w.heads * w.head_dim  # also o, dO, dq (a ragged batch: its sequences' own rows)
+    kv = cached_tokens(w) * w.kv_heads * w.head_dim  # each of k, v, dk, dv (a ragged batch: its real cache)
     forward = q + 2 * kv_read_elements(w) + q + page_table_bytes(w) / element
     backward = 4 * q + 4 * kv  # read q, o, dO, k, v; write dq, dk, dv
     if w.module == "mha":  # reads x (and the keys' input), the four weight matrices; writes the output

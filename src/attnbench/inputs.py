@@ -15,6 +15,7 @@ import torch
 from attnbench.allocator import uncached
 from attnbench.masks import alibi_bias, dense_mask_of, has_empty_rows, padding_lengths
 from attnbench.paged import PagedKV, make_paged
+from attnbench.sequences import is_ragged
 from attnbench.workload import Workload
 
 DEFAULT_SEED = 0
@@ -69,13 +70,15 @@ class AttentionInputs:
 
     @functools.cached_property
     def empty_rows(self) -> torch.Tensor | None:
-        """(1, 1, Sq, 1) bool of query rows that see no key (their output must be zeros), or None."""
+        """(1, 1, Sq, 1) bool of query rows that see no key (their output must be zeros), or None; (B, 1, Sq, 1)
+        for a ragged or mixed batch (a sequence's rows past its own query length)."""
         w = self.workload
-        if not has_empty_rows(w.mask, w.seq_q, w.seq_k):
+        if not has_empty_rows(w.mask, w.seq_q, w.seq_k) and not is_ragged(w):
             return None
         mask = self.bool_mask
         assert mask is not None
-        return ~mask.any(dim=-1, keepdim=True)
+        empty = ~mask.any(dim=-1, keepdim=True)
+        return empty if bool(empty.any()) else None
 
     def parameter(self, name: str, *shape: int, std: float = 1.0) -> torch.Tensor:
         """A named, seeded random parameter (a projection matrix, a scoring vector) in the workload's dtype:

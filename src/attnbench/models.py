@@ -9,6 +9,10 @@ turns presets into cases (:func:`phase_axes`):
   Given ``--seq-kv``, the prompt chunk attends to a longer cache: bottom-right causal.
 * ``decode`` — one generation step: Sq = 1 (up to 16 for speculative decoding) against a KV cache of
   1k–32k tokens, bottom-right causal (or the window), batch 1–64.
+* ``mixed`` — one batch of prefill chunks and decode steps, as chunked prefill schedules it (vLLM's mixed
+  batch specs, e.g. ``2q2k_32q1kv1k``): batch 8, half of it (``--decode-share``) decode steps, the others
+  512-token chunks, every cache 4096 tokens (or drawn by ``--lengths``); mask ``mixed``, bottom-right causal
+  within each sequence. A preset's sliding window is not applied: the phase measures its full-attention layers.
 
 ``--seq``, ``--seq-kv`` and ``--batch`` replace the phase's values; the rows carry the preset's name in
 the ``model`` column.
@@ -46,10 +50,12 @@ PRESETS: dict[str, ModelConfig] = {
         ModelConfig("gpt2", 12, 12, 64),
     )
 }
-PHASES = ("prefill", "decode")
+PHASES = ("prefill", "decode", "mixed")
+DEFAULT_PHASES = ("prefill", "decode")  # what --model runs without --phase
 PHASE_DEFAULTS: dict[str, dict[str, list[int]]] = {
     "prefill": {"seq": [512, 1024, 2048, 4096, 8192], "batch": [1]},
     "decode": {"seq": [1], "seq_kv": [1024, 2048, 4096, 8192, 16384, 32768], "batch": [1, 8, 64]},
+    "mixed": {"seq": [512], "seq_kv": [4096], "batch": [8]},  # seq: the prefill chunk
 }
 MAX_DECODE_QUERY = 16  # decode: one token, or a few for speculative decoding
 
@@ -82,13 +88,15 @@ def phase_axes(name: str, phase: str, given: dict[str, list[Any]]) -> dict[str, 
                 "query tokens (use phase prefill for longer ones)"
             )
         mask = "causal_bottom_right"
+    elif phase == "mixed":
+        mask = "mixed"
     else:
         mask = "causal_bottom_right" if given.get("seq_kv") else "causal"
         if not given.get("seq_kv"):
             axes.pop("seq_kv", None)
     axes.update(
         heads=[model.heads], kv_heads=[model.kv_heads], head_dim=[model.head_dim],
-        mask=["sliding_window" if model.window else mask], window=[model.window or 1],
+        mask=["sliding_window" if model.window and phase != "mixed" else mask], window=[model.window or 1],
         score_mod=["softcap" if model.softcap else "none"], softcap=[model.softcap or 50.0], model=[model.name],
     )  # fmt: skip
     return axes

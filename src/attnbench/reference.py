@@ -1,7 +1,7 @@
 """The float64 reference every contender is checked against.
 
 It re-implements each mask rule and score modifier from its definition (see ``attnbench.masks`` for the
-rules: it shares only the data — padding and document lengths — never the code that builds masks), expands
+rules: it shares only the data — padding, document and per-sequence lengths — never the code that builds masks), expands
 GQA heads by index, and works on a sample of query rows at long sequence lengths so that checking a
 16k-token case costs a few hundred rows, not the whole S×S score matrix.
 """
@@ -14,6 +14,7 @@ import torch
 
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import document_lengths, padding_lengths
+from attnbench.sequences import sequence_lengths
 from attnbench.workload import Workload
 
 MAX_CHECKED_ROWS = 256
@@ -31,6 +32,15 @@ def _visible(inputs: AttentionInputs, batch_index: int, rows: torch.Tensor) -> t
     w = inputs.workload
     i = rows.view(-1, 1)
     j = torch.arange(w.seq_k, device=rows.device).view(1, -1)
+    ragged = sequence_lengths(w)
+    if ragged is not None:  # its own rows and keys; bottom-right within the sequence (all its keys for none)
+        q_len, kv_len = ragged[batch_index]
+        visible = (i < q_len) & (j < kv_len)
+        if w.mask != "none":
+            visible &= (q_len - 1 - i) <= (kv_len - 1 - j)
+        if w.mask == "sliding_window":
+            visible &= j > i + (kv_len - q_len) - w.window
+        return visible
     if w.mask == "none":
         return None
     if w.mask == "causal":  # top-left: key index never past the query index
@@ -43,15 +53,18 @@ def _visible(inputs: AttentionInputs, batch_index: int, rows: torch.Tensor) -> t
         diagonal = i + (w.seq_k - w.seq_q)
         return (j <= diagonal) & (j > diagonal - w.window)
     if w.mask == "document":  # same document, and not in the future
-        ends = torch.tensor(document_lengths(w.seq_q, w.documents), device=rows.device).cumsum(0)
+        ends = torch.tensor(document_lengths(w.seq_q, w.documents, w.lengths), device=rows.device).cumsum(0)
         document_of = torch.bucketize(torch.arange(w.seq_k, device=rows.device), ends, right=True)
         return (document_of[i] == document_of[j]) & (j <= i)
     raise ValueError(f"reference has no rule for mask {w.mask!r}")
 
 
-def _modified(inputs: AttentionInputs, scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """(Hq, R, Sk) scaled scores with the workload's score modifier applied, from its definition."""
+def _modified(inputs: AttentionInputs, scores: torch.Tensor, rows: torch.Tensor, b: int) -> torch.Tensor:
+    """(Hq, R, Sk) scaled scores of batch element ``b`` with the workload's score modifier applied, from its
+    definition (alibi's distance from the query's own key position, the sequence's own in a ragged batch)."""
     w = inputs.workload
+    ragged = sequence_lengths(w)
+    offset = w.seq_k - w.seq_q if ragged is None else ragged[b][1] - ragged[b][0]
     if w.score_mod == "softcap":
         return w.softcap * torch.tanh(scores / w.softcap)
     if w.score_mod == "alibi":
@@ -59,7 +72,7 @@ def _modified(inputs: AttentionInputs, scores: torch.Tensor, rows: torch.Tensor)
         slope = torch.tensor(slopes, dtype=torch.float64, device=rows.device).view(-1, 1, 1)
         i = rows.view(1, -1, 1).double()
         j = torch.arange(w.seq_k, device=rows.device).view(1, 1, -1).double()
-        return scores - slope * (i + (w.seq_k - w.seq_q) - j).abs()
+        return scores - slope * (i + offset - j).abs()
     return scores
 
 
@@ -91,7 +104,7 @@ def _one_sequence(
     else:  # the scoring suite's function, on keys repeated to Hq heads
         kv_head = torch.arange(w.heads, device=rows.device) // group  # query head -> kv head
         scores = score(q.double(), keys[kv_head])
-    scores = _modified(inputs, scores, rows)
+    scores = _modified(inputs, scores, rows, b)
     visible = _visible(inputs, b, rows)
     if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))

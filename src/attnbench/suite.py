@@ -36,7 +36,7 @@ from attnbench.axes import (
     coerce_axis,
 )
 from attnbench.errors import UsageError
-from attnbench.models import PHASES, phase_axes
+from attnbench.models import DEFAULT_PHASES, phase_axes
 from attnbench.workload import Workload
 
 if sys.version_info >= (3, 11):
@@ -136,7 +136,7 @@ def expand(
         models, phases = axes.get(MODEL.name), axes.get(PHASE.name)
         if phases and not models:
             raise UsageError("phase applies to model presets: give --model too (see `attnbench models`)")
-        expanded = [phase_axes(m, phase, axes) for m in models for phase in phases or PHASES] if models else [axes]
+        expanded = [phase_axes(m, phase, axes) for m in models for phase in phases or DEFAULT_PHASES] if models else [axes]
         for one in expanded:
             for workload in _workloads(one):
                 for impl in impls:
@@ -195,5 +195,5 @@ def profile_suite(name: str = "profile", description: str = "") -> Suite:
 def model_suite() -> Suite:
     """The sweep ``attnbench run --model NAME`` runs when no --suite is given: every phase of the presets
     named on the command line (which replaces ``model``), with every available contender."""
-    sweep = {**DEFAULTS, IMPL.name: ["available"], MODEL.name: ["llama3.1-8b"], PHASE.name: list(PHASES)}
+    sweep = {**DEFAULTS, IMPL.name: ["available"], MODEL.name: ["llama3.1-8b"], PHASE.name: list(DEFAULT_PHASES)}
     return Suite("models", "model presets, prefill and decode", 1.0, 60.0, (sweep,))

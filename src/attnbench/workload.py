@@ -68,6 +68,7 @@ class Workload:
     sinks: str = "none"  # learned: one seeded logit per query head joins each row's softmax denominator
     lengths: str = "equal"  # per-sequence lengths of the batch: equal, or drawn from a distribution
     shared_prefix: int = 0  # tokens of cached prefix every sequence of the batch shares (0: none)
+    decode_share: float = 0.0  # mixed: share of the batch's sequences that are decode steps (0 for other masks)
 
     def __post_init__(self) -> None:
         """Every field checked by its axis' rule (see attnbench.axes); a feature that does not apply to the
@@ -107,6 +108,10 @@ class Workload:
                     f"documents {self.documents} with sequence length {self.seq_q}: allowed 1 to {self.seq_q} "
                     "(each document holds at least one token)"
                 )
+        if self.mask == "mixed" and self.batch < 2:
+            raise UsageError(
+                f"mask mixed holds prefill chunks and decode steps in one batch, so it needs batch ≥ 2; got {self.batch}"
+            )
         self._check_cache()
         for axis in axes.FEATURES:  # a feature that applies needs a value (window ≥ 1 with sliding_window)
             value = getattr(self, axis.workload_field)
