@@ -60,7 +60,7 @@ class SdpaBackend(Contender):
         self.capabilities = Capabilities(
             devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True,
             features=frozenset({"lengths"}),
-        )
+        )  # fmt: skip
 
     def availability(self) -> str | None:
         try:

@@ -1,8 +1,8 @@
 """``bmm`` — two batched matmuls around a softmax, materialising the (B, H, Sq, Sk) score matrix.
 
-Every mask comes as a dense boolean mask (a ragged or mixed batch's per sequence, (B, 1, Sq, Sk)), the score modifiers act on the materialised scores (softcap's
-tanh, alibi's bias added); a paged KV cache is gathered into k and v by the harness inside the timed call
-(``paged="gather"``).
+Every mask comes as a dense boolean mask (a ragged or mixed batch's per sequence, (B, 1, Sq, Sk)), the score
+modifiers act on the materialised scores (softcap's tanh, alibi's bias added); a paged KV cache is gathered
+into k and v by the harness inside the timed call (``paged="gather"``).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class FlexAttention(Contender):
     capabilities = Capabilities(
         masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16,
         features=frozenset({"lengths"}),
-    )
+    )  # fmt: skip
 
     def availability(self) -> str | None:
         try:

@@ -30,7 +30,7 @@ class NaiveLoop(Contender):
     capabilities = Capabilities(
         devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False,
         features=frozenset({"lengths"}),
-    )
+    )  # fmt: skip
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
         """Per (batch, head, query) row: Python overhead, plus reading the visible keys and values (a

@@ -325,8 +325,9 @@ class FusedCpu(Contender):
         "ALiBi in the tile, no S² memory; decode reads KV pages in place (other paged cases gather them, timed)"
     )
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}), masks=ALL_MASKS - {"mixed"}, score_mods=ALL_SCORE_MODS, paged="native", backward=True
-    )
+        devices=frozenset({"cpu"}), masks=ALL_MASKS - {"mixed"}, score_mods=ALL_SCORE_MODS, paged="native",
+        backward=True,
+    )  # fmt: skip
 
     def availability(self) -> str | None:
         return bindings.unavailable_reason()

@@ -217,8 +217,8 @@ AXES: tuple[Axis, ...] = (
          asks=lambda v: f"shared_prefix {v}" if v else ""),
     Axis("model", str, "the model preset a case is built from (see `attnbench models`)", choices=tuple(PRESETS),
          neutral="", tag=lambda v: f"[{v}]" if v else ""),
-    Axis("phase", str, "prefill, decode or mixed, with model presets (default prefill and decode)", field=None, choices=PHASES,
-         unknown="{label} value {value!r} is not known; allowed: {allowed}"),
+    Axis("phase", str, "prefill, decode or mixed, with model presets (default prefill and decode)", field=None,
+         choices=PHASES, unknown="{label} value {value!r} is not known; allowed: {allowed}"),
 )
 # fmt: on
 BY_NAME = {axis.name: axis for axis in AXES}

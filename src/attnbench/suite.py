@@ -136,7 +136,8 @@ def expand(
         models, phases = axes.get(MODEL.name), axes.get(PHASE.name)
         if phases and not models:
             raise UsageError("phase applies to model presets: give --model too (see `attnbench models`)")
-        expanded = [phase_axes(m, phase, axes) for m in models for phase in phases or DEFAULT_PHASES] if models else [axes]
+        phases = phases or list(DEFAULT_PHASES)
+        expanded = [phase_axes(m, phase, axes) for m in models for phase in phases] if models else [axes]
         for one in expanded:
             for workload in _workloads(one):
                 for impl in impls:

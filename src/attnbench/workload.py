@@ -3,7 +3,8 @@
 Shapes follow torch SDPA: q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D), output (B, Hq, Sq, D).
 
 Workload features (see ``attnbench.masks`` for their definitions): the ``sliding_window`` mask with its
-``window``, the ``document`` mask with its number of ``documents``, a ``score_mod`` (``softcap`` with its
+``window``, the ``document`` mask with its number of ``documents``, the ``mixed`` mask with its
+``decode_share`` and the ``lengths`` distribution (``attnbench.sequences``), a ``score_mod`` (``softcap`` with its
 ``softcap`` value, or ``alibi``), the KV cache's ``page_size`` (0: contiguous) and the ``model`` preset a
 case came from. A value that does not apply to the case (a window without the sliding_window mask) is
 stored as its neutral value (0, "none", ""), so equal cases compare equal.
@@ -110,7 +111,8 @@ class Workload:
                 )
         if self.mask == "mixed" and self.batch < 2:
             raise UsageError(
-                f"mask mixed holds prefill chunks and decode steps in one batch, so it needs batch ≥ 2; got {self.batch}"
+                "mask mixed holds prefill chunks and decode steps in one batch, so it needs batch ≥ 2; "
+                f"got {self.batch}"
             )
         self._check_cache()
         for axis in axes.FEATURES:  # a feature that applies needs a value (window ≥ 1 with sliding_window)
