@@ -234,10 +234,11 @@ def bench_fused(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def calibrate(session: nox.Session) -> None:
-    """Measure ab's and compare's false-alarm and detection rates on this machine (A/A, injected slowdowns)."""
+    """A/A false alarms and detection of ×1.05/×1.10/×1.25 slowdowns on this machine, one table: ab (one process),
+    compare run vs run (raw, yardstick-normalised, history floors) and history's change detection (a real +10 %
+    step). Arguments go to `python -m attnbench.reports.calibrate` (e.g. --quick, --runs 10)."""
     install(session)
-    session.run("python", "-m", "attnbench.reports.calibrate_ab")
-    session.run("python", "-m", "attnbench.reports.calibrate", *session.posargs)
+    session.run("python", "-m", "attnbench.reports.calibrate", "--ab", *session.posargs)
 
 
 @nox.session(default=False)

@@ -9,8 +9,9 @@ Masks other than top-left causal go in as SDPA users pass them: a dense boolean 
 mixed batch's per sequence, (B, 1, Sq, Sk), as users pad a varlen batch for SDPA), or an
 additive float one carrying alibi's bias with −inf where the mask hides a key; that mask is built in
 ``prepare`` and its memory is part of the memory model. softcap has no place in SDPA (it would need the
-scores), so it is unsupported; a paged cache is gathered back into contiguous k and v by the harness inside
-the timed call.
+scores), so it is unsupported, and so are learned sinks (SDPA's softmax denominator sums the keys only, and
+it returns no log-sum-exp to rescale by); a paged cache is gathered back into contiguous k and v by the
+harness inside the timed call.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from attnbench.sequences import is_ragged
 from attnbench.workload import Workload
 
 SOFTCAP = "score_mod softcap not supported: SDPA takes a mask, not a function of the scores (softcap needs tanh)"
+SINKS = (
+    "sinks learned not supported: SDPA's softmax has no sink term (its denominator sums the keys only, and "
+    "it returns no log-sum-exp to rescale by)"
+)
 
 
 def mask_bytes(w: Workload) -> float:
@@ -84,6 +89,8 @@ class SdpaBackend(Contender):
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.score_mod == "softcap":
             return SOFTCAP
+        if workload.sinks != "none":
+            return SINKS
         return super().unsupported_reason(workload)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:

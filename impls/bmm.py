@@ -1,8 +1,9 @@
 """``bmm`` — two batched matmuls around a softmax, materialising the (B, H, Sq, Sk) score matrix.
 
 Every mask comes as a dense boolean mask (a ragged or mixed batch's per sequence, (B, 1, Sq, Sk)), the score
-modifiers act on the materialised scores (softcap's tanh, alibi's bias added); a paged KV cache is gathered
-into k and v by the harness inside the timed call (``paged="gather"``).
+modifiers act on the materialised scores (softcap's tanh, alibi's bias added), learned sinks as gpt-oss's
+reference has them (a column of sink logits concatenated to the scores before the softmax, dropped after); a
+paged KV cache is gathered into k and v by the harness inside the timed call (``paged="gather"``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ class BatchedMatmul(Contender):
         "torch.bmm(q, kᵀ)·scale → masked softmax → torch.bmm(p, v); S² memory; a paged cache is gathered "
         "inside the timed call"
     )
-    capabilities = Capabilities(masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
-                                features=frozenset({"lengths"}))  # fmt: skip
+    capabilities = Capabilities(
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
+        features=frozenset({"sinks", "lengths"}),
+    )  # fmt: skip
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)
@@ -35,14 +38,14 @@ class BatchedMatmul(Contender):
         B, Hkv, G, Sq, Sk, D = w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k, w.head_dim
         q = inputs.q.reshape(B * Hkv, G * Sq, D)  # head h = kv_head·G + g, so this is a view
         hidden, empty = grouped_masks(inputs)
-        bias = grouped_bias(inputs)
+        bias, sinks = grouped_bias(inputs), inputs.sinks
         scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D)
 
         def run() -> torch.Tensor:
             k_t = k.reshape(B * Hkv, Sk, D).transpose(1, 2)  # (B·Hkv, D, Sk)
             scores = torch.bmm(q, k_t).mul_(scale).view(B, Hkv, G, Sq, Sk)
             scores = modify_scores(scores, w, bias)
-            probs = masked_softmax(scores, hidden, empty).view(B * Hkv, G * Sq, Sk)
+            probs = masked_softmax(scores, hidden, empty, sinks).view(B * Hkv, G * Sq, Sk)
             return torch.bmm(probs, v.reshape(B * Hkv, Sk, D)).view(B, Hkv * G, Sq, D)
 
         return run

@@ -1,5 +1,5 @@
-"""``einsum`` — the same computation as ``bmm`` written with torch.einsum (same masks, score modifiers and
-paged-cache gather by the harness)."""
+"""``einsum`` — the same computation as ``bmm`` written with torch.einsum (same masks, score modifiers,
+learned sinks and paged-cache gather by the harness)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from attnbench.workload import Workload
 class Einsum(Contender):
     name = "einsum"
     description = "torch.einsum scores → masked softmax → torch.einsum with v; S² memory; pages gathered in the call"
-    capabilities = Capabilities(masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
-                                features=frozenset({"lengths"}))  # fmt: skip
+    capabilities = Capabilities(
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
+        features=frozenset({"sinks", "lengths"}),
+    )  # fmt: skip
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)
@@ -27,12 +29,12 @@ class Einsum(Contender):
         w = workload
         q = inputs.q.view(w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.head_dim)  # (B, Hkv, G, Sq, D)
         hidden, empty = grouped_masks(inputs)
-        bias = grouped_bias(inputs)
+        bias, sinks = grouped_bias(inputs), inputs.sinks
         scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D)
 
         def run() -> torch.Tensor:
             scores = modify_scores(torch.einsum("bhgqd,bhkd->bhgqk", q, k) * scale, w, bias)
-            probs = masked_softmax(scores, hidden, empty)
+            probs = masked_softmax(scores, hidden, empty, sinks)
             out = torch.einsum("bhgqk,bhkd->bhgqd", probs, v)
             return out.reshape(w.batch, w.heads, w.seq_q, w.head_dim)
 

@@ -1,75 +1,90 @@
-"""Calibrate ``attnbench compare`` on this machine: how often it cries wolf, how often it catches a slowdown.
+"""Calibrate attnbench's three answers to "is it slower?" on this machine, and print one table of them.
 
-``python -m attnbench.reports.calibrate`` (``nox -s calibrate``) makes N identical runs of the ``calibrate``
-suite (bmm, einsum, sdpa_flash at S 512/1024, none/causal) with ``--repeat 3``, then
+``python -m attnbench.reports.calibrate --ab`` (``nox -s calibrate``) reports A/A false alarms and the
+detection of ×1.05, ×1.10 and ×1.25 slowdowns for
 
-* compares every pair of runs (A/A: the same code twice): every ``faster`` or ``slower`` verdict is a false
-  alarm;
-* compares every pair again with one contender's stored times in the newer run multiplied by 1.10 and by
-  1.25 (all its time columns: median, samples, per-repeat medians; the noise stays the real one): every
-  case of it not called ``slower`` is a miss;
-* prints the false-alarm rate, the detection rates (per case, and per pair: every case of the contender
-  caught), and the spread of the repeated medians per contender — the noise this machine has.
+(a) ``attnbench ab``, A/B in one process (reports.calibrate_ab: real extra work, not a sleep; with ``--ab``);
+(b) run-vs-run ``compare`` by each of its methods — raw, yardstick-normalised, floors from history, both
+    (reports.calibrate_runs.run_vs_run) — and names the best one (A/A false alarms ≤ 1 %, most caught);
+(c) ``history``'s change detection over the runs as ten commits with a real +10 % CPU-bound step at run
+    ``--step-at`` (reports.calibrate_runs.history_detection): the step must be found at that run, the
+    other series must show none.
 
-It times things, so it is not a test; its output goes into the README.
+The runs: ``--runs`` (default 10) runs of the calibrate suite with ``--repeat`` (default 3) plus the
+``calib_step`` contender (see reports.calibrate_runs). ``--use RUN…`` reads runs made before instead
+(made by this module: they have ``calib_step``). ``--quick`` makes a small version (4 runs at S 256,
+short budgets, ab 1 pass) that checks the machinery, not the machine. It times things, so it is not a
+test; its figures belong to a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import pandas as pd
+import torch
 
+from attnbench.ab import DEFAULT_BUDGET_S
+from attnbench.machine import cpu_name
+from attnbench.reports import calibrate_runs
+from attnbench.reports.calibrate_ab import calibrate_ab, rates
+from attnbench.reports.calibrate_runs import (
+    METHODS,
+    SLOWDOWNS,
+    best_method,
+    history_detection,
+    load,
+    run_vs_run,
+    slowed,
+)  # fmt: skip
 from attnbench.reports.compare import Settings, compare_frames
 
-SLOWDOWNS = (1.10, 1.25)
-TIME_COLUMNS = ("median_ms", "iqr_ms")
-LIST_COLUMNS = ("samples_ms", "repeat_medians_ms")
-RATE_COLUMNS = ("tflops", "gbps", "pct_of_peak", "pct_of_matmul")
+# --quick: 4 runs at S 256 with short budgets, the step at run 3, ab one pass: the machinery, not the machine.
+QUICK_RUNS, QUICK_STEP_AT, QUICK_REPEAT, QUICK_AB_PASSES, QUICK_AB_BUDGET_S = 4, 3, 2, 1, 0.5
+QUICK_AXES: dict[str, Any] = {"seq": [256], "budget_s": 0.05}
+HEADERS = ["answer", "A/A false alarms", *(f"×{f:.2f}" for f in SLOWDOWNS), "real +10 % step"]
 
 
-def slowed(frame: pd.DataFrame, impl: str, factor: float) -> pd.DataFrame:
-    """A copy of a run's results with ``impl``'s stored times multiplied by ``factor``."""
-    frame = frame.copy()
-    chosen = frame["impl"] == impl
-    for column in TIME_COLUMNS:
-        frame.loc[chosen, column] = frame.loc[chosen, column] * factor
-    for column in RATE_COLUMNS:
-        if column in frame:
-            frame.loc[chosen, column] = frame.loc[chosen, column] / factor
-    for column in LIST_COLUMNS:
-        frame[column] = [
-            [v * factor for v in values] if pick and values is not None else values
-            for values, pick in zip(frame[column], chosen, strict=True)
-        ]
-    return frame
+def _rate(hits: int, total: int, digits: int = 0) -> str:
+    return f"{hits}/{total} = {hits / total:.{digits}%}" if total else "–"
 
 
-def make_runs(count: int, repeat: int, out: Path, extra: list[str]) -> list[Path]:
-    runs = []
-    for index in range(count):
-        target = out / f"run-{index + 1}"
-        command = [sys.executable, "-m", "attnbench", "run", "--suite", "calibrate", "--repeat", str(repeat),
-                   "--progress", "off", "--out", str(target), *extra]  # fmt: skip
-        start = time.perf_counter()
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-        print(f"run {index + 1}/{count}: {target} ({time.perf_counter() - start:.0f} s)", flush=True)
-        runs.append(target)
-    return runs
+def compare_rows(table: pd.DataFrame) -> list[list[str]]:
+    """(b): one line per compare method."""
+    lines = []
+    for row in table.to_dict("records"):
+        lines.append([f"compare, {row['method']}", _rate(row["aa_hits"], row["aa_total"], 1),
+                      *(_rate(row[f"{f}_hits"], row[f"{f}_total"]) for f in SLOWDOWNS),
+                      _rate(row["real_hits"], row["real_total"])])  # fmt: skip
+    return lines
+
+
+def history_row(found: dict[str, Any], label: str, step_at: int) -> list[str]:
+    """(c): steps reported in the A/A series, and the step series found at the right run."""
+    size = f" ({found['step_change_pct']:+.1f} %)" if found["step_change_pct"] is not None else ""
+    elsewhere = f", {found['step_elsewhere']} elsewhere" if found["step_elsewhere"] else ""
+    aa = f"{found['aa_steps']} step(s) in {found['aa_series']} series"
+    step = f"{found['step_found']}/{found['step_series']} series at run {step_at}{size}{elsewhere}"
+    return [f"history, {label}", aa, "", "", "", step]
+
+
+def markdown(rows: list[list[str]]) -> str:
+    """The table as the README quotes it."""
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
 
 
 def calibrate(frames: list[pd.DataFrame], settings: Settings) -> dict[str, object]:
-    """False alarms over all A/A pairs and detection of injected slowdowns, as counts and rates."""
+    """Raw compare over every pair of runs: A/A decisions and false alarms, and per slowdown factor the cases
+    caught and the (pair, contender)s with every case caught (of the newer run's contender ×factor)."""
     aa_decisions = aa_alarms = 0
-    caught = {f: [0, 0] for f in SLOWDOWNS}  # cases caught, cases
-    pairs_caught = {f: [0, 0] for f in SLOWDOWNS}  # (pair, contender) with every case caught, total
+    caught = {f: [0, 0] for f in SLOWDOWNS}
+    pairs_caught = {f: [0, 0] for f in SLOWDOWNS}
     for base, new in itertools.combinations(frames, 2):
         table = compare_frames(base, new, settings).table
         decided = table[table["verdict"].isin(["faster", "slower", "same", "unclear"])]
@@ -86,51 +101,49 @@ def calibrate(frames: list[pd.DataFrame], settings: Settings) -> dict[str, objec
     return {"aa_decisions": aa_decisions, "aa_alarms": aa_alarms, "caught": caught, "pairs_caught": pairs_caught}
 
 
-def spread_table(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """Per contender: the median relative range of the per-repeat medians within a run, and of the
-    medians between runs (the drift a single run's samples cannot see)."""
-    rows = []
-    joined = pd.concat([f.assign(run=i) for i, f in enumerate(frames)], ignore_index=True)
-    joined = joined[joined["status"] == "ok"]
-    keys = ["impl", "seq_q", "mask"]
-    for impl, group in joined.groupby("impl"):
-        within = [max(v) / min(v) - 1 for v in group["repeat_medians_ms"] if v is not None and len(v) > 1]
-        between = [g["median_ms"].max() / g["median_ms"].min() - 1 for _, g in group.groupby(keys)]
-        rows.append({"impl": impl, "within_run_repeat_spread": float(np.median(within)) if within else np.nan,
-                     "between_run_spread": float(np.median(between)) if between else np.nan})  # fmt: skip
-    return pd.DataFrame(rows)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnbench.reports.calibrate", description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=6, help="identical runs to make (default 6)")
+    parser.add_argument("--runs", type=int, default=10, help="identical runs to make (default 10)")
+    parser.add_argument("--step-at", type=int, default=6, help="first run with calib_step's +10 %% step (default 6)")
     parser.add_argument("--repeat", type=int, default=3, help="--repeat of each run (default 3)")
+    parser.add_argument("--ab", action="store_true", help="also calibrate `attnbench ab` (reports.calibrate_ab)")
+    parser.add_argument(
+        "--ab-passes",
+        type=int,
+        default=13,
+        help="ab's A/A passes over its 8 cases (default 13; a quarter as many per slowdown)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a small, fast version: checks the machinery only")
     parser.add_argument("--out", help="folder for the runs (default: a temporary folder)")
-    parser.add_argument("--use", nargs="*", default=None, help="existing run folders instead of new runs")
-    args, extra = parser.parse_known_args(argv)
-    settings = Settings()
+    parser.add_argument("--use", nargs="*", default=None, help="existing run folders (made by this module)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    runs_count, step_at, repeat = (QUICK_RUNS, QUICK_STEP_AT, QUICK_REPEAT) if args.quick else (
+        args.runs, args.step_at, args.repeat)  # fmt: skip
+    rows: list[list[str]] = []
+    if args.ab:
+        passes, budget = (QUICK_AB_PASSES, QUICK_AB_BUDGET_S) if args.quick else (args.ab_passes, DEFAULT_BUDGET_S)
+        found = rates(calibrate_ab(["bmm", "sdpa_flash"], passes, max(1, passes // 4), budget))
+        rows.append(["ab, one process", found["A/A false alarms"], *(found[f"×{f:.2f}"] for f in SLOWDOWNS), ""])
     if args.use:
         runs = [Path(p) for p in args.use]
     else:
         out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="attnbench-calibrate-"))
-        runs = make_runs(args.runs, args.repeat, out, extra)
-    frames = [pd.read_parquet(run / "results.parquet") for run in runs]
-    result = calibrate(frames, settings)
-    decisions, alarms = result["aa_decisions"], result["aa_alarms"]
-    assert isinstance(decisions, int) and isinstance(alarms, int)
-    print(f"\nA/A: {len(runs)} runs, {len(runs) * (len(runs) - 1) // 2} pairs, {decisions} decisions, "
-          f"{alarms} false alarm(s) = {alarms / max(decisions, 1):.1%}")  # fmt: skip
-    caught, pairs = result["caught"], result["pairs_caught"]
-    assert isinstance(caught, dict) and isinstance(pairs, dict)
-    for factor in SLOWDOWNS:
-        hits, total = caught[factor]
-        whole, count = pairs[factor]
-        print(
-            f"slowdown ×{factor:.2f}: {hits}/{total} cases caught = {hits / max(total, 1):.1%}; "
-            f"every case of the contender caught in {whole}/{count} pair×contender = {whole / max(count, 1):.1%}"
-        )
-    print("\nspread of medians (median over cases; relative range):")
-    print(spread_table(frames).to_string(index=False, float_format=lambda v: f"{v:.1%}"))
+        axes = dict(QUICK_AXES) if args.quick else {}
+        runs = calibrate_runs.make_runs(runs_count, step_at, repeat, out, axes)
+    frames, metas = load(runs)
+    table = run_vs_run(frames, metas, step_at)
+    rows += compare_rows(table)
+    for label, normalise_times in (("raw", False), ("yardstick", True)):
+        rows.append(history_row(history_detection(frames, metas, step_at, normalise_times), label, step_at))
+    print()
+    print(markdown(rows))
+    print(f"\nbest run-vs-run method: {best_method(table)} (of {', '.join(METHODS)}: A/A false alarms ≤ 1 %, "
+          "then most ×1.10 caught)")  # fmt: skip
+    print(
+        f"machine: {cpu_name()}, {torch.get_num_threads()} threads; {len(runs)} runs "
+        f"({len(runs) * (len(runs) - 1) // 2} pairs), step at run {step_at}; {time.perf_counter() - start:.0f} s"
+    )
     return 0
 
 

@@ -139,6 +139,35 @@ def summarise(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def rates(frame: pd.DataFrame) -> dict[str, str]:
+    """The figures of the combined calibration table (reports.calibrate): false alarms, detection per factor."""
+    aa = frame[(frame["kind"] == "A/A") & frame["verdict"].isin(["faster", "slower", "same", "unclear"])]
+    alarms = int(aa["verdict"].isin(["faster", "slower"]).sum())
+    found = {"A/A false alarms": f"{alarms}/{len(aa)} = {alarms / max(len(aa), 1):.1%}"}
+    for factor in FACTORS:
+        slowed = frame[(frame["kind"] == "slowed") & (frame["factor"] == factor)]
+        caught = int((slowed["verdict"] == "slower").sum())
+        found[f"×{factor:.2f}"] = f"{caught}/{len(slowed)} = {caught / max(len(slowed), 1):.0%}" if len(slowed) else ""
+    return found
+
+
+def calibrate_ab(contenders: list[str], aa_passes: int, slow_passes: int, budget_s: float) -> pd.DataFrame:
+    """Every decision of the A/A passes and the slowed passes (the module docstring), one record each."""
+    options = AbOptions(DEFAULT_THRESHOLD, budget_s, torch.get_num_threads(), 0)
+    records: list[dict[str, object]] = []
+    for name in contenders:
+        contender = registry.get(name).contender
+        assert contender is not None
+        same = Version(name, contender, "registered")
+        for _ in range(aa_passes):
+            records += decide("A/A", 1.0, same, Version(f"{name} (b)", contender, "registered"), options)
+        for factor in FACTORS:
+            slowed = Version(f"{name}×{factor:g}", Slowed(contender, factor), "calibration")
+            for _ in range(slow_passes):
+                records += decide("slowed", factor, same, slowed, options)
+    return pd.DataFrame(records)
+
+
 def main(argv: list[str] | None = None) -> int:
     prog, description = "python -m attnbench.reports.calibrate_ab", __doc__.split("\n")[0]
     parser = argparse.ArgumentParser(prog=prog, description=description)
@@ -148,19 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated (default bmm,sdpa_flash)")
     parser.add_argument("--out", help="write every decision to this CSV file")
     args = parser.parse_args(argv)
-    options = AbOptions(DEFAULT_THRESHOLD, args.budget_s, torch.get_num_threads(), 0)
-    records: list[dict[str, object]] = []
-    for name in args.contenders.split(","):
-        contender = registry.get(name).contender
-        assert contender is not None
-        same = Version(name, contender, "registered")
-        for _ in range(args.aa_passes):
-            records += decide("A/A", 1.0, same, Version(f"{name} (b)", contender, "registered"), options)
-        for factor in FACTORS:
-            slowed = Version(f"{name}×{factor:g}", Slowed(contender, factor), "calibration")
-            for _ in range(args.slow_passes):
-                records += decide("slowed", factor, same, slowed, options)
-    frame = pd.DataFrame(records)
+    frame = calibrate_ab(args.contenders.split(","), args.aa_passes, args.slow_passes, args.budget_s)
     if args.out:
         frame.to_csv(Path(args.out), index=False)
     print()

@@ -24,6 +24,17 @@ shift explains is ``unclear`` (machine drift, or a change everywhere: the runs c
 ``slower``. ``same`` is within ``--threshold``; a
 change beyond it but within the measured noise is ``unclear``, as is anything else that can't be decided.
 
+**Floors from history** (``--db STORE``): a case the store has seen in ``MIN_HISTORY_RUNS`` runs or more
+on the new run's machine takes its floor from the spread between those runs (reports.noise_floor) — the
+drift over minutes and hours that a run's own repeats cannot see — and may then be decided on within-run
+samples too. The ``floor_source`` column says which floor each case used: ``history (N runs)``,
+``repeats`` or ``within-run only``.
+
+**Yardstick-normalised** (``--normalise yardstick``): each case's times are divided by the machine's
+speed of the moment, the rate of the yardstick that matches its place on the roofline, timed in the same
+rounds (reports.normalise); the ``yardstick`` column says which (``fma``, ``stream``, ``raw`` without
+rates). Raw is the default until the calibration (``nox -s calibrate``) shows normalising helps.
+
 The geometric mean of the ratios summarises the comparison; the exit code is 1 when any case is slower.
 Two runs that share no case, or no case that ran ``ok`` in both, are bad input (nothing compared is not a
 pass).
@@ -38,14 +49,17 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.stats import mannwhitneyu, ttest_ind
+from scipy.stats import mannwhitneyu, norm, ttest_ind
 
 from attnbench.errors import UsageError
 from attnbench.measure import median_ci_halfwidth
 from attnbench.reports.frames import load_runs, workload_label
-from attnbench.results import CASE_COLUMNS
+from attnbench.reports.noise_floor import HISTORY_RUNS, MIN_HISTORY_RUNS, case_key, history_sigmas, load_store_history
+from attnbench.reports.normalise import normalise, references, ridge_from_meta
+from attnbench.results import CASE_COLUMNS, YARDSTICK_COLUMNS
 
 MATCH_ON = CASE_COLUMNS
+HistorySigmas = dict[tuple[Any, ...], tuple[float, int]]  # case key → (between-run σ, runs), noise_floor
 VERDICTS = ("faster", "slower", "same", "unclear")
 MIN_CASES_FOR_SHIFT = 3  # cases (over ≥ 2 contenders) needed before a run-wide shift is estimated
 MIN_CONTENDERS_PER_WORKLOAD = 3  # a workload's own shift is the median of this many contenders or more
@@ -115,19 +129,36 @@ def _p_value(base: np.ndarray, new: np.ndarray, basis: str, shift: float) -> flo
     return float(mannwhitneyu(log_new, log_base, alternative=alternative).pvalue)
 
 
-def verdict(base: Any, new: Any, settings: Settings, shift: float = 0.0) -> tuple[str, float, float, float, str]:
+def history_floor(sigma: float, alpha: float) -> float:
+    """The relative change two runs with between-run σ (log scale) exceed by chance with probability alpha
+    (one-sided): e^{z · √2 · σ} − 1 (reports.noise_floor)."""
+    return math.expm1(float(norm.isf(alpha)) * math.sqrt(2) * sigma)
+
+
+def verdict(
+    base: Any, new: Any, settings: Settings, shift: float = 0.0, history_sigma: float | None = None
+) -> tuple[str, float, float, float, str]:
     """(verdict, new/base median ratio, p-value, floor, note) for one case.
 
     ``base`` and ``new`` are :class:`Evidence` or plain lists of samples; ``shift`` is the run-wide change
-    (log of a ratio) that a case must move beyond."""
+    (log of a ratio) that a case must move beyond. ``history_sigma``: the case's between-run σ from the
+    store (reports.noise_floor); it raises the floor to :func:`history_floor`, gives the p-value (a z-test
+    of the change beyond the shift against two runs' spread) and lets within-run samples decide, since
+    the spread between runs is then known."""
     base_ev = base if isinstance(base, Evidence) else Evidence(np.asarray(base, float), "samples", 0.0)
     new_ev = new if isinstance(new, Evidence) else Evidence(np.asarray(new, float), "samples", 0.0)
     ratio = new_ev.median / base_ev.median
     change = math.log(ratio)
     floor = max(settings.threshold, base_ev.noise, new_ev.noise)
+    if history_sigma is not None:
+        floor = max(floor, history_floor(history_sigma, settings.alpha))
     limit = math.log1p(floor)
     basis = base_ev.basis if base_ev.basis == new_ev.basis else "samples"
-    p_value = _p_value(base_ev.values, new_ev.values, basis, shift)
+    if history_sigma is None:
+        p_value = _p_value(base_ev.values, new_ev.values, basis, shift)
+    else:
+        spread = math.sqrt(2) * history_sigma
+        p_value = float(norm.sf(abs(change - shift) / spread)) if spread > 0 else float(change == shift)
     if abs(change) <= math.log1p(settings.threshold):
         return "same", ratio, p_value, floor, ""
     if abs(change) <= limit:
@@ -141,7 +172,7 @@ def verdict(base: Any, new: Any, settings: Settings, shift: float = 0.0) -> tupl
     if p_value >= settings.alpha and not separated:
         return "unclear", ratio, p_value, floor, "beyond the floor but not significant"
     direction = "slower" if change > 0 else "faster"
-    if basis == "samples":
+    if basis == "samples" and history_sigma is None:
         return "unclear", ratio, p_value, floor, WITHIN_RUN_ONLY.format(direction=direction)
     return direction, ratio, p_value, floor, ""
 
@@ -182,8 +213,13 @@ def _shift_groups(frame: pd.DataFrame) -> list[pd.Index]:
     return groups
 
 
-def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) -> Comparison:
-    """One row per case present in either run: verdict, ratio, p-value, floor, or why it can't be compared."""
+def compare_frames(
+    base: pd.DataFrame, new: pd.DataFrame, settings: Settings, history: HistorySigmas | None = None
+) -> Comparison:
+    """One row per case present in either run: verdict, ratio, p-value, floor, or why it can't be compared.
+
+    ``history``: the store's between-run σ per case and machine (reports.noise_floor.history_sigmas); a case
+    found there takes its floor from it. ``floor_source`` says, per case, which floor it used."""
     merged = base.merge(new, on=MATCH_ON, how="outer", suffixes=("_base", "_new"), indicator=True)
     shared = merged[merged["_merge"] == "both"]
     if shared.empty:
@@ -207,6 +243,7 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
     shift = float(np.median(changes)) if estimate else 0.0
     records: list[dict[str, Any]] = []
     bases: set[str] = set()
+    histories = 0
     for row in merged.to_dict("records"):
         record = {key: row[key] for key in MATCH_ON}
         record["workload"] = workload_label(pd.Series(record))
@@ -219,9 +256,15 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
             base_ev, new_ev = evidence(row, "_base"), evidence(row, "_new")
             bases.add(base_ev.basis if base_ev.basis == new_ev.basis else "samples")
             case_shift = float(shifts.get(row["_row"], 0.0))
-            outcome, ratio, p_value, floor, note = verdict(base_ev, new_ev, settings, case_shift)
+            seen = (history or {}).get(case_key(record, row.get("machine_new")))
+            outcome, ratio, p_value, floor, note = verdict(base_ev, new_ev, settings, case_shift,
+                                                           seen[0] if seen else None)  # fmt: skip
+            own = "repeats" if base_ev.basis == new_ev.basis == "repeats" else "within-run only"
             record.update(verdict=outcome, ratio=ratio, p_value=p_value, floor=floor, note=note,
-                          base_ms=row["median_ms_base"], new_ms=row["median_ms_new"])  # fmt: skip
+                          base_ms=row["median_ms_base"], new_ms=row["median_ms_new"],
+                          floor_source=f"history ({seen[1]} runs)" if seen else own,
+                          yardstick=_yardsticks_used(row))  # fmt: skip
+            histories += bool(seen)
         records.append(record)
     columns = [
         "impl",
@@ -230,6 +273,8 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
         "ratio",
         "p_value",
         "floor",
+        "floor_source",
+        *(["yardstick"] if "yardstick_new" in merged else []),
         "base_ms",
         "new_ms",
         "note",
@@ -239,7 +284,12 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
     table = pd.DataFrame.from_records(records).reindex(columns=columns)
     basis = "repeats" if bases == {"repeats"} else "samples"
     notes = []
-    if basis == "samples":
+    compared = int(table["floor_source"].notna().sum())
+    if history is not None:
+        notes.append(f"{histories} of {compared} case(s) took their floor from the store's between-run spread "
+                     f"(history, the last {HISTORY_RUNS} runs at most, {MIN_HISTORY_RUNS} at least); the others "
+                     "kept their runs' own floor (floor_source)")  # fmt: skip
+    if basis == "samples" and histories < compared:
         notes.append("verdicts are within-run only: the runs have no per-repeat medians, so no case is called "
                      "slower or faster (run both with --repeat 3 to see the noise between processes and over "
                      "time, or time both versions in one process with `attnbench ab`)")  # fmt: skip
@@ -252,6 +302,15 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, settings: Settings) ->
     return Comparison(table, basis, shift, len(both) if estimate else 0, notes)
 
 
+def _yardsticks_used(row: dict[Any, Any]) -> str | None:
+    """Which yardstick normalised the case ("fma", "stream"; "raw" when a side had none), None unless the
+    runs were normalised (reports.normalise)."""
+    if "yardstick_new" not in row:
+        return None
+    sides = {row.get("yardstick_base"), row.get("yardstick_new")}
+    return sides.pop() if len(sides) == 1 and all(isinstance(side, str) for side in sides) else "raw"
+
+
 def geometric_mean(ratios: pd.Series) -> float | None:
     values = ratios.dropna()
     return float(np.exp(np.log(values).mean())) if len(values) else None
@@ -261,6 +320,30 @@ def load_pair(base: Path, new: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     frame, _ = load_runs([base, new])
     names = list(dict.fromkeys(frame["run"]))
     return frame[frame["run"] == names[0]], frame[frame["run"] == names[1]]
+
+
+def load_for_compare(
+    base: Path, new: Path, mode: str = "raw", db: Path | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame, HistorySigmas | None]:
+    """BASE's and NEW's rows, normalised by the yardsticks when ``mode`` is ``yardstick``
+    (reports.normalise), and the store's between-run σ per case when ``db`` is given (reports.noise_floor;
+    the two compared runs left out of it)."""
+    frame, runs = load_runs([base, new])
+    if mode == "yardstick":
+        if not any(column in frame and frame[column].notna().any() for column in YARDSTICK_COLUMNS.values()):
+            raise UsageError("--normalise yardstick: neither run has yardstick rates (runs made before attnbench "
+                             "timed yardsticks, or on a GPU); compare them raw")  # fmt: skip
+        metas = {run.name: run.meta for run in runs}
+        ridge_of = lambda row: ridge_from_meta(metas.get(row["run"], {}), str(row.get("dtype")))  # noqa: E731
+        frame = normalise(frame, ridge_of, references(frame))
+    names = list(dict.fromkeys(frame["run"]))
+    history = None
+    if db is not None:
+        from attnbench.reports.store import run_id
+
+        stored = load_store_history(db, normalised=mode == "yardstick")
+        history = history_sigmas(stored, {run_id(run) for run in runs}) if not stored.empty else {}
+    return frame[frame["run"] == names[0]], frame[frame["run"] == names[1]], history
 
 
 def ratio_figure(table: pd.DataFrame, path: Path, settings: Settings) -> Path | None:
@@ -310,9 +393,10 @@ img{max-width:100%}</style></head><body>
 {% for note in notes %}<p class="note">{{ note }}</p>{% endfor %}
 {% if image %}<img src="data:image/png;base64,{{ image }}" alt="new/base ratio per case">{% endif %}
 <table><thead><tr><th>impl</th><th>workload</th><th>verdict</th><th>new/base</th><th>p-value</th>
-<th>floor</th><th>base ms</th><th>new ms</th><th>note</th><th>rerun (new)</th></tr></thead><tbody>
+<th>floor</th><th>floor from</th><th>base ms</th><th>new ms</th><th>note</th><th>rerun (new)</th></tr></thead><tbody>
 {% for r in rows %}<tr><td>{{ r.impl }}</td><td>{{ r.workload }}</td><td class="{{ r.verdict }}">{{ r.verdict }}</td>
-<td>{{ r.ratio }}</td><td>{{ r.p_value }}</td><td>{{ r.floor }}</td><td>{{ r.base_ms }}</td><td>{{ r.new_ms }}</td>
+<td>{{ r.ratio }}</td><td>{{ r.p_value }}</td><td>{{ r.floor }}</td><td>{{ r.floor_source }}</td>
+<td>{{ r.base_ms }}</td><td>{{ r.new_ms }}</td>
 <td>{{ r.note }}</td><td><code>{{ r.reproduce }}</code></td></tr>
 {% endfor %}</tbody></table>
 <p>Made with: <code>{{ command }}</code></p></body></html>
@@ -326,7 +410,10 @@ def summary_line(comparison: Comparison, settings: Settings) -> str:
     mean = geometric_mean(table["ratio"])
     gm = f"; geometric-mean new/base {mean:.3f}" if mean is not None else ""
     basis = "per-repeat medians" if comparison.basis == "repeats" else "within-run samples"
-    floor = f" (floor ≥ {settings.threshold:.0%} and the measured noise, alpha {settings.alpha:g}, from {basis})"
+    kinds = table["floor_source"].dropna().str.replace(r" \(\d+ runs\)", "", regex=True).value_counts()
+    sources = ", ".join(f"{kind} {count}" for kind, count in kinds.items())
+    floor = (f" (floor ≥ {settings.threshold:.0%} and the measured noise, alpha {settings.alpha:g}, from {basis}; "
+             f"floors: {sources or 'none'})")  # fmt: skip
     return ", ".join(parts) + gm + floor
 
 
@@ -345,7 +432,9 @@ def write_compare(comparison: Comparison, out_dir: Path, base: Path, new: Path, 
         return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
     rows = [{"impl": r["impl"], "workload": r["workload"], "verdict": r["verdict"], "ratio": fmt(r["ratio"], ".3f"),
-             "p_value": fmt(r["p_value"], ".2g"), "floor": fmt(r["floor"], ".1%"), "base_ms": fmt(r["base_ms"], ".4g"),
+             "p_value": fmt(r["p_value"], ".2g"), "floor": fmt(r["floor"], ".1%"),
+             "floor_source": r["floor_source"] if isinstance(r["floor_source"], str) else "",
+             "base_ms": fmt(r["base_ms"], ".4g"),
              "new_ms": fmt(r["new_ms"], ".4g"), "note": r["note"], "reproduce": r["reproduce"]}
             for r in table.to_dict("records")]  # fmt: skip
     html = (

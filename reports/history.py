@@ -11,6 +11,7 @@ self-contained page: a trend per case as inline SVG, filters, the table of steps
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -27,13 +28,15 @@ from attnbench.axes import LABELLED_COLUMNS
 from attnbench.errors import UsageError
 from attnbench.reports.changes import Point, SeriesChanges, Step, detect, run_noise
 from attnbench.reports.frames import workload_label
+from attnbench.reports.normalise import normalise, references, ridge_from_meta
 from attnbench.reports.store import table_columns
 from attnbench.reports.trend import PALETTE, commit_label, panel
-from attnbench.results import CASE_COLUMNS
+from attnbench.results import CASE_COLUMNS, REPEAT_YARDSTICK_COLUMNS, YARDSTICK_COLUMNS
 
 # Columns that workload_label shows; any other case column (one a newer attnbench adds) is shown as col=value.
 LABELLED = set(LABELLED_COLUMNS)
-NOISE_COLUMNS = ["median_ms", "iqr_ms", "samples_ms", "repeat_medians_ms"]
+NOISE_COLUMNS = ["median_ms", "iqr_ms", "samples_ms", "repeat_medians_ms", "intensity", "status",
+                 *YARDSTICK_COLUMNS.values(), *REPEAT_YARDSTICK_COLUMNS.values()]  # fmt: skip
 RUN_COLUMNS = ["git_commit", "git_dirty", "started_at", "name"]
 
 
@@ -87,6 +90,26 @@ def load_history(con: duckdb.DuckDBPyConnection, impls: list[str], where: list[s
         if missing:
             raise UsageError(f"--impl: no ok row of {', '.join(missing)} in the store (with the --where given)")
     return frame
+
+
+def normalise_history(frame: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """``--normalise yardstick``: every series' times divided by its yardstick's rate (reports.normalise),
+    the ridge point from each run's ceilings. A series with a run that has no yardstick rates (stored before
+    attnbench timed them) stays raw whole — half a series normalised would be a step of its own; returns
+    the frame and how many series stayed raw."""
+    metas = {row["run_id"]: json.loads(row["meta_json"]) if isinstance(row.get("meta_json"), str) else {}
+             for row in runs.to_dict("records")}  # fmt: skip
+    ridge_of = lambda row: ridge_from_meta(metas.get(row["run_id"], {}), str(row.get("dtype")))  # noqa: E731
+    normalised = normalise(frame, ridge_of, references(frame))
+    keys = [tuple(map(str, key)) for key in frame[[*CASE_COLUMNS, "machine"]].itertuples(index=False)]
+    has_rates = normalised["yardstick"].notna().tolist()
+    whole: dict[tuple[str, ...], bool] = {}
+    for key, ok in zip(keys, has_rates, strict=True):
+        whole[key] = whole.get(key, True) and ok
+    raw = [not whole[key] for key in keys]
+    rows = [{**old, "yardstick": None} if keep_raw else new for old, new, keep_raw in
+            zip(frame.to_dict("records"), normalised.to_dict("records"), raw, strict=True)]  # fmt: skip
+    return pd.DataFrame(rows, columns=normalised.columns), sum(not ok for ok in whole.values())
 
 
 def runs_table(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:

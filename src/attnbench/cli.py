@@ -202,7 +202,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from attnbench.reports.compare import Settings, compare_frames, load_pair, summary_line, write_compare
+    from attnbench.reports.compare import Settings, compare_frames, load_for_compare, summary_line, write_compare
 
     if not 0 < args.threshold < 1:
         raise UsageError(f"--threshold {args.threshold}: must be a fraction between 0 and 1, e.g. 0.05")
@@ -210,10 +210,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"--alpha {args.alpha}: must be between 0 and 1, e.g. 0.01")
     base, new = _run_paths([args.base, args.new])
     settings = Settings(threshold=args.threshold, alpha=args.alpha)
-    comparison = compare_frames(*load_pair(base, new), settings)
+    db = Path(args.db) if args.db else None
+    if db is not None and not db.is_file():
+        raise UsageError(f"--db {db}: no such store; store runs first with `attnbench store RUN… --db {db}`")
+    base_rows, new_rows, history = load_for_compare(base, new, args.normalise, db)
+    comparison = compare_frames(base_rows, new_rows, settings, history)
     out = Path(args.out) if args.out else _default_out("compare")
     table = comparison.table
-    shown = table[["impl", "workload", "verdict", "ratio", "p_value", "floor", "note"]].copy()
+    extra = ["yardstick"] if "yardstick" in table else []
+    shown = table[["impl", "workload", "verdict", "ratio", "p_value", "floor", "floor_source", *extra, "note"]].copy()
     shown["ratio"] = shown["ratio"].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
     shown["p_value"] = shown["p_value"].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
     shown["floor"] = shown["floor"].map(lambda v: "" if pd.isna(v) else f"{v:.1%}")
@@ -289,6 +294,9 @@ def cmd_history(args: argparse.Namespace) -> int:
         runs = history.runs_table(con)
     if frame.empty:
         raise UsageError(f"--db {db}: no ok row to draw (with the --impl and --where given)")
+    if args.normalise == "yardstick":
+        frame, left_raw = history.normalise_history(frame, runs)
+        print(f"normalised by the yardsticks; {left_raw} series left raw (a run without yardstick rates)")
     cases = history.case_histories(frame, args.alpha, args.min_change)
     changes = history.change_records(cases)
     n_machines = frame["machine"].nunique()
@@ -300,7 +308,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"{row['impl']}  {row['workload']}{where}  {commits}  {size}  confidence {row['confidence']:.4f}"
               f"  (runs {row['runs_before']}/{row['runs_after']}, noise: {row['noise']})")  # fmt: skip
     settings = {"alpha": args.alpha, "floor": f"max({args.min_change:.0%}, the series' typical noise)",
-                "noise": "per-repeat medians where the run has them, else the run's own IQR"}  # fmt: skip
+                "noise": "per-repeat medians where the run has them, else the run's own IQR",
+                "times": "normalised by the yardsticks" if args.normalise == "yardstick" else "raw"}  # fmt: skip
     html = history.write_history(cases, changes, runs, out, args.x, args.command_line, settings)
     print(f"history: {html} (steps also in {out / 'changes.csv'})")
     if args.fail_on_regression is not None:
@@ -330,6 +339,13 @@ def _add_history_commands(commands: Any) -> None:
     p_history.add_argument("--alpha", type=float, default=0.001, help="significance of a step (default 0.001)")
     p_history.add_argument("--min-change", type=float, default=0.05,
                            help="smallest step reported, a fraction (default 0.05; never below the noise)")  # fmt: skip
+    p_history.add_argument(
+        "--normalise",
+        choices=["raw", "yardstick"],
+        default="raw",
+        help="yardstick: divide each run's time by the yardstick matching the case's place on "
+        "the roofline, timed in the same rounds (default raw)",
+    )
     p_history.add_argument("--fail-on-regression", type=float, metavar="PCT",
                            help="exit 1 when a series' newest step is a slowdown beyond PCT per cent")  # fmt: skip
     p_history.set_defaults(func=cmd_history)
@@ -515,6 +531,18 @@ def build_parser() -> argparse.ArgumentParser:
         "noise the runs measured for it",
     )
     p_compare.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
+    p_compare.add_argument(
+        "--db",
+        help="a results store: each case's floor from the spread between the runs "
+        "it holds of that case on this machine (default: floors from the two runs only)",
+    )
+    p_compare.add_argument(
+        "--normalise",
+        choices=["raw", "yardstick"],
+        default="raw",
+        help="yardstick: divide each case's times by the rate of the yardstick that matches "
+        "its place on the roofline, timed in the same rounds (default raw)",
+    )
     p_compare.add_argument("--out", help="folder for compare.html and compare.png (default: runs/compare-…)")
     p_compare.set_defaults(func=cmd_compare)
 

@@ -37,7 +37,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -68,6 +68,7 @@ class Timing:
     cold_median_ms: float | None = None  # GPU: L2 flushed before each call
     rounds: int = 1  # rounds of the interleaved loop the workload's contenders were sampled in
     host_overhead_us: float | None = None  # GPU: synchronised wall time per call minus the kernel time
+    yardsticks: dict[str, float] = field(default_factory=dict)  # CPU: yardstick rates, median over its rounds
 
     @property
     def rel_iqr(self) -> float:
@@ -168,13 +169,18 @@ def time_cpu_rounds(
     seed: int = 0,
     on_sample: Callable[[str], None] | None = None,
     paired: bool = False,
+    yardsticks: Mapping[str, Callable[[], float]] | None = None,
 ) -> dict[str, Timing | SampleError]:
     """Time the callables of one workload in interleaved rounds (see the module docstring).
 
     Each contender keeps its own stop rule and budget; ``on_sample(name)`` is called before each of its
     samples (the worker uses it to know who is running). A contender that raises drops out with a
     :class:`SampleError` in its place; the others go on. ``paired``: all sample in every round until one
-    has spent ``budget_s`` (:meth:`_CpuSeries.spent_budget`), so their samples pair up round by round."""
+    has spent ``budget_s`` (:meth:`_CpuSeries.spent_budget`), so their samples pair up round by round.
+
+    ``yardsticks``: name → a call returning a rate, timed once in every round at a shuffled place among
+    the contenders (attnbench.yardsticks); each Timing keeps the median rate over the rounds it sampled in
+    (its sample i came from round i). A yardstick that raises is dropped, the contenders go on."""
     calls = {name: max(1, math.ceil(MIN_SAMPLE_S / max(estimate, 1e-9))) for name, estimate in estimates_s.items()}
     if paired:  # one block size for all (the one the fastest needs), so a block's timer overhead is shared alike
         shared = max(calls[name] for name in fns)
@@ -187,11 +193,16 @@ def time_cpu_rounds(
     active = list(series)
     generator = random.Random(seed)
     rounds = 0
+    sticks = dict(yardsticks or {})
+    rates: dict[str, list[float]] = {name: [] for name in sticks}
     while active:
         rounds += 1
-        order = active[:]
+        order = [(name, False) for name in active] + [(name, True) for name in sticks]
         generator.shuffle(order)
-        for name in order:
+        for name, is_yardstick in order:
+            if is_yardstick:
+                _take_yardstick(name, sticks, rates)
+                continue
             if on_sample is not None:
                 on_sample(name)
             try:
@@ -208,9 +219,24 @@ def time_cpu_rounds(
     for name, one in series.items():
         if name not in failed:
             q1, median, q3 = quartiles(one.samples_ms)
+            own = {stick: statistics.median(values[: len(one.samples_ms)]) for stick, values in rates.items()
+                   if stick in sticks and values}  # fmt: skip
             results[name] = Timing(median, q3 - q1, len(one.samples_ms), one.calls, one.samples_ms,
-                                   "torch.utils.benchmark", rounds=rounds)  # fmt: skip
+                                   "torch.utils.benchmark", rounds=rounds, yardsticks=own)  # fmt: skip
     return results
+
+
+def _take_yardstick(name: str, sticks: dict[str, Callable[[], float]], rates: dict[str, list[float]]) -> None:
+    """One rate of yardstick ``name`` into ``rates``; a yardstick that raises or returns no positive rate
+    is dropped (the round's other samples go on)."""
+    try:
+        rate = float(sticks[name]())
+    except Exception:  # a broken yardstick must not cost the contenders their row
+        rate = math.nan
+    if math.isfinite(rate) and rate > 0:
+        rates[name].append(rate)
+    else:
+        del sticks[name]
 
 
 def time_cpu(fn: Callable[[], object], threads: int, budget_s: float, estimate_s: float) -> Timing:

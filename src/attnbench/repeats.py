@@ -16,6 +16,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from attnbench.results import REPEAT_YARDSTICK_COLUMNS, YARDSTICK_COLUMNS
+
 DECIDED_ONCE = ("unavailable", "unsupported", "skipped")  # no measurement: the same in every process
 RATE_COLUMNS = ("tflops", "gbps", "pct_of_peak", "pct_of_matmul")  # ∝ 1 / median_ms
 
@@ -27,7 +29,8 @@ def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     the worst error and the largest memory are kept. Any repeat not ok: that repeat's row, its reason
     saying which repeat it was — a case that failed once is not ``ok``."""
     if len(rows) == 1:
-        return {**rows[0], "repeat_medians_ms": [rows[0]["median_ms"]] if rows[0]["status"] == "ok" else None}
+        ok = rows[0]["status"] == "ok"
+        return {**rows[0], "repeat_medians_ms": [rows[0]["median_ms"]] if ok else None, **_repeat_yardsticks(rows)}
     for number, row in enumerate(rows, start=1):
         if row["status"] != "ok":
             return {**row, "reason": f"repeat {number} of {len(rows)}: {row['reason']}", "repeat_medians_ms": None}
@@ -46,6 +49,7 @@ def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
         first_call_ms=rows[0].get("first_call_ms"),
         setup_ms=rows[0].get("setup_ms"),
     )
+    merged.update(_repeat_yardsticks(rows))
     for column in ("max_abs_err", "grad_err", "peak_mem_mb"):
         values = [row[column] for row in rows if row.get(column) is not None]
         merged[column] = max(values) if values else None
@@ -53,4 +57,17 @@ def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for column in RATE_COLUMNS:
         if merged.get(column) is not None:
             merged[column] = float(merged[column]) * scale
+    return merged
+
+
+def _repeat_yardsticks(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per yardstick: its rate in each repeat (beside ``repeat_medians_ms``, in the same order) and their
+    median; both empty unless every repeat is ok and has the rate."""
+    merged: dict[str, Any] = {}
+    for name, column in YARDSTICK_COLUMNS.items():
+        rates = [row.get(column) for row in rows]
+        whole = all(row["status"] == "ok" for row in rows) and all(rate is not None for rate in rates)
+        numbers = [float(rate) for rate in rates if rate is not None]
+        merged[REPEAT_YARDSTICK_COLUMNS[name]] = numbers if whole else None
+        merged[column] = statistics.median(numbers) if whole else None
     return merged

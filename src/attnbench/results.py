@@ -41,15 +41,20 @@ COLUMNS = [
     "peak_mem_mb", "predicted_ms", "predicted_mem_mb",
     "max_abs_err", "atol", "rtol", "checked_rows", "grad_err", "grad_tol",
     "setup_ms", "first_call_ms", "threads", "reproduce", "samples_ms",
+    "yardstick_fma_gflops", "yardstick_stream_gbps", "repeat_fma_gflops", "repeat_stream_gbps",
 ]  # fmt: skip
-LIST_COLUMNS = ["samples_ms", "repeat_medians_ms"]  # lists in Parquet, JSON strings in CSV
+# The yardsticks (attnbench.yardsticks): their rates in the rounds that timed the case, medians (per repeat
+# in the repeat_ lists, beside repeat_medians_ms).
+YARDSTICK_COLUMNS = {"fma_gflops": "yardstick_fma_gflops", "stream_gbps": "yardstick_stream_gbps"}
+REPEAT_YARDSTICK_COLUMNS = {"fma_gflops": "repeat_fma_gflops", "stream_gbps": "repeat_stream_gbps"}
+LIST_COLUMNS = ["samples_ms", "repeat_medians_ms", *REPEAT_YARDSTICK_COLUMNS.values()]  # lists in Parquet, JSON in CSV
 
 FLOAT_COLUMNS = [
     "scale", "median_ms", "iqr_ms", "cold_median_ms", "tflops", "gbps", "flops", "bytes", "intensity",
     "pct_of_peak", "pct_of_matmul", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "max_abs_err", "atol", "rtol",
     "grad_err", "grad_tol",
     "setup_ms", "first_call_ms",
-    "host_overhead_us",
+    "host_overhead_us", "yardstick_fma_gflops", "yardstick_stream_gbps",
 ]  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnbench import registry
+from attnbench import registry, yardsticks
 from attnbench.ceilings import Ceilings
 from attnbench.check import CheckResult, GradCheck, check_grads, check_output
 from attnbench.contender import Contender, Unsupported
@@ -27,7 +27,7 @@ from attnbench.memory import free_memory_bytes, held_for_reuse_bytes, peak_memor
 from attnbench.mha import check_module_output, wrap_core
 from attnbench.paged import gathered
 from attnbench.predict import MEMORY_PASS_COST, input_bytes, predict, skip_reason
-from attnbench.results import make_row
+from attnbench.results import YARDSTICK_COLUMNS, make_row
 from attnbench.workload import Workload
 
 
@@ -39,6 +39,7 @@ class RunOptions:
     seed: int = 0
     measure_memory: bool = True
     ceilings: dict[str, Ceilings] = field(default_factory=dict)  # by device
+    yardsticks: bool = True  # CPU: time the yardstick kernels in every round (attnbench.yardsticks)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -82,8 +83,11 @@ class Prepared:
 
 def _passes(inputs: AttentionInputs, forward: Callable[[], torch.Tensor]) -> Callable[[], object]:
     """The callable to time for the workload's pass. Gradients come from torch.autograd.grad, which returns
-    them instead of accumulating into .grad, so nothing builds up between samples."""
-    leaves, upstream = (inputs.q, inputs.k, inputs.v), inputs.grad_out
+    them instead of accumulating into .grad, so nothing builds up between samples. Learned sinks are a fourth leaf."""
+    leaves: tuple[torch.Tensor, ...] = (inputs.q, inputs.k, inputs.v)
+    if inputs.sinks is not None:
+        leaves = (*leaves, inputs.sinks)
+    upstream = inputs.grad_out
     if inputs.workload.pass_ == "fwd":
         return forward
     if inputs.workload.pass_ == "fwd_bwd":
@@ -223,7 +227,9 @@ def _time_group(
     fns = {str(index): one.prepared.fn for index, one in ready.items()}
     estimates = {str(index): one.estimate_s for index, one in ready.items()}
     on_sample = (lambda name: progress(int(name))) if progress is not None else None
-    results = time_cpu_rounds(fns, options.threads, options.budget_s, estimates, options.seed, on_sample)
+    sticks = yardsticks.for_threads(options.threads) if options.yardsticks else None
+    results = time_cpu_rounds(fns, options.threads, options.budget_s, estimates, options.seed, on_sample,
+                              yardsticks=sticks.callables() if sticks else None)  # fmt: skip
     return {int(name): result for name, result in results.items()}
 
 
@@ -278,6 +284,7 @@ def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready,
         max_abs_err=check.max_abs_err, atol=check.atol, rtol=check.rtol, checked_rows=check.checked_rows,
         grad_err=grad_check.grad_err if grad_check else None, grad_tol=grad_check.grad_tol if grad_check else None,
         setup_ms=prepared.setup_ms, first_call_ms=prepared.first_call_ms, threads=options.threads,
+        **{column: timing.yardsticks.get(name) for name, column in YARDSTICK_COLUMNS.items()},
     )  # fmt: skip
     ceilings = options.ceilings.get(workload.device)
     roof = ceilings.roofline_tflops(workload.dtype, metrics["intensity"]) if ceilings else None

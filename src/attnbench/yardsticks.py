@@ -1,0 +1,102 @@
+"""Yardsticks: short reference kernels timed in every round of a run, whose speed only the machine changes.
+
+A comparison across runs (``compare``, ``history``) cannot tell a slower kernel from a slower minute of a
+shared machine. So each interleaved round (``measure.time_cpu_rounds``) also times two kernels of
+``hardware_kernels.cpp`` that never change, and every row keeps their rates measured in the same rounds as
+its own samples:
+
+* ``fma_gflops`` — the FMA-throughput kernel (the widest fp32 FMA this CPU has, as ``hardware.py``'s
+  compute roof uses), one call of about ``FMA_S`` on the run's threads: what a compute-bound case sees;
+* ``stream_gbps`` — the read-stream kernel over one ``STREAM_CHUNK_BYTES`` chunk of an array of
+  ``hardware.triad_array_bytes()`` (≥ 4 × the last-level cache), the next chunk each round, so the chunk
+  read was evicted since its last visit and comes from memory: what a memory-bound case sees.
+
+Both are short (well under ``MAX_YARDSTICK_S`` each), so they add little to a round. Their figures are not
+roofs (one call, not the best of many): they move with the machine, which is the point. A machine where
+the kernels cannot be built has no yardsticks; the rows' columns stay empty.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnbench import hardware
+from attnbench.native_build import BuildError, cpu_flags
+
+FMA_S = 0.5e-3  # one FMA yardstick call lasts about this long
+STREAM_CHUNK_BYTES = 4 * 2**20  # one stream yardstick call reads this much
+MAX_YARDSTICK_S = 2e-3  # neither may take longer than this per round (the FMA sizing stops below it)
+NAMES = ("fma_gflops", "stream_gbps")
+
+
+@dataclass
+class Yardsticks:
+    """The two kernels, sized once for this process and thread count."""
+
+    library: ctypes.CDLL
+    fma_code: int
+    fma_iters: int
+    threads: int
+    array: torch.Tensor  # float32, touched before timing
+    chunk: int  # elements per stream call
+    offset: int = 0
+
+    def fma_gflops(self) -> float:
+        sink = ctypes.c_double(0.0)
+        start = time.perf_counter()
+        flops = self.library.attnbench_hw_flops(self.fma_code, self.fma_iters, self.threads, ctypes.byref(sink))
+        return flops / (time.perf_counter() - start) / 1e9
+
+    def stream_gbps(self) -> float:
+        sink = ctypes.c_double(0.0)
+        pointer = self.array.data_ptr() + 4 * self.offset
+        start = time.perf_counter()
+        self.library.attnbench_hw_read(pointer, self.chunk, self.threads, ctypes.byref(sink))
+        seconds = time.perf_counter() - start
+        self.offset = (self.offset + self.chunk) % (self.array.numel() - self.chunk + 1)
+        return 4 * self.chunk / seconds / 1e9
+
+    def callables(self) -> dict[str, Callable[[], float]]:
+        """Name → a call that times the kernel once and returns its rate (GFLOP/s or GB/s)."""
+        return {"fma_gflops": self.fma_gflops, "stream_gbps": self.stream_gbps}
+
+
+def _fma_iters(library: ctypes.CDLL, code: int, threads: int) -> int:
+    """Iterations for a call of about FMA_S on ``threads`` threads (the least of 3 calls, to skip preemption)."""
+    sink = ctypes.c_double(0.0)
+
+    def seconds(iters: int) -> float:
+        start = time.perf_counter()
+        library.attnbench_hw_flops(code, iters, threads, ctypes.byref(sink))
+        return time.perf_counter() - start
+
+    iters = 256
+    while iters < 1 << 30:
+        fastest = min(seconds(iters) for _ in range(3))
+        if fastest >= FMA_S / 2:
+            break
+        iters *= 2
+    return iters
+
+
+@functools.cache
+def for_threads(threads: int, array_bytes: int | None = None) -> Yardsticks | None:
+    """This process's yardsticks on ``threads`` threads (built once), or None where the kernels can't be built."""
+    try:
+        built = hardware.load()
+    except BuildError:
+        return None
+    library = built.library
+    compiled = {name for name, k in hardware.KERNELS.items() if library.attnbench_hw_compiled(k.code)}
+    name, _ = hardware.choose_kernel("float32", cpu_flags(), hardware.isa_cap(), compiled)
+    code = hardware.KERNELS[name].code
+    elements = (array_bytes or hardware.triad_array_bytes()) // 4
+    chunk = min(STREAM_CHUNK_BYTES // 4, elements)
+    array = torch.full((elements,), 0.5)  # every page touched before timing
+    return Yardsticks(library, code, _fma_iters(library, code, threads), threads, array, chunk)
