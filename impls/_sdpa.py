@@ -9,7 +9,7 @@ Masks other than top-left causal go in as SDPA users pass them: a dense boolean 
 additive float one carrying alibi's bias with −inf where the mask hides a key; that mask is built in
 ``prepare`` and its memory is part of the memory model. softcap has no place in SDPA (it would need the
 scores), so it is unsupported; a paged cache is gathered back into contiguous k and v by the harness inside
-the timed call.
+the timed call; a cache in another kv_dtype (SDPA takes q, k, v of one dtype) is dequantized in the call.
 """
 
 from __future__ import annotations
@@ -56,7 +56,12 @@ class SdpaBackend(Contender):
         self.member = member
         self.description = description
         self.capabilities = Capabilities(
-            devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True
+            devices=devices,
+            masks=ALL_MASKS,
+            score_mods=frozenset({"none", "alibi"}),
+            paged="gather",
+            backward=True,
+            features=frozenset({"kv_dtype"}),
         )
 
     def availability(self) -> str | None:
@@ -101,9 +106,10 @@ class SdpaBackend(Contender):
             kwargs["attn_mask"] = inputs.bool_mask  # (B|1, 1, Sq, Sk) bool, True = visible
         if workload.kv_heads != workload.heads:
             kwargs["enable_gqa"] = True
-        q, k, v = inputs.q, inputs.k, inputs.v
+        q, load = inputs.q, inputs.kv_loader()  # k, v dequantized in the call when the cache is narrower
 
         def run() -> torch.Tensor:
+            k, v = load()
             with sdpa_kernel([backend]):
                 out = F.scaled_dot_product_attention(q, k, v, **kwargs)
             return out if empty is None else out.masked_fill(empty, 0.0)

@@ -2,7 +2,7 @@
 
 Every mask comes as a dense boolean mask, the score modifiers act on the materialised scores (softcap's
 tanh, alibi's bias added); a paged KV cache is gathered into k and v by the harness inside the timed call
-(``paged="gather"``).
+(``paged="gather"``); a cache in another kv_dtype is dequantized to the dtype first, in the call.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ class BatchedMatmul(Contender):
         "torch.bmm(q, kᵀ)·scale → masked softmax → torch.bmm(p, v); S² memory; a paged cache is gathered "
         "inside the timed call"
     )
-    capabilities = Capabilities(masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True)
+    capabilities = Capabilities(
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True, features=frozenset({"kv_dtype"})
+    )
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)
@@ -35,9 +37,10 @@ class BatchedMatmul(Contender):
         q = inputs.q.reshape(B * Hkv, G * Sq, D)  # head h = kv_head·G + g, so this is a view
         hidden, empty = grouped_masks(inputs)
         bias = grouped_bias(inputs)
-        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D)
+        scale, load = inputs.scale, inputs.kv_loader()  # k, v (B, Hkv, Sk, D), dequantized in the call
 
         def run() -> torch.Tensor:
+            k, v = load()
             k_t = k.reshape(B * Hkv, Sk, D).transpose(1, 2)  # (B·Hkv, D, Sk)
             scores = torch.bmm(q, k_t).mul_(scale).view(B, Hkv, G, Sq, Sk)
             scores = modify_scores(scores, w, bias)

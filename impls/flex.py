@@ -6,7 +6,8 @@ block mask in ``prepare`` — so its cost is part of ``setup_ms`` — and the sc
 attention-gym's paged attention does: the pool is laid out per head once in ``prepare`` as one long
 (1, Hkv, N·P, D) key sequence shared by the batch, and the mask maps each physical key back to its
 sequence and logical position through the inverse page table, with one block per page, so each sequence
-visits only its own pages.
+visits only its own pages. A cache in another kv_dtype is dequantized to the dtype at the start of each call
+(flex_attention takes q, k, v of one dtype), an fp8 pool with each page's own scale.
 
 Dynamo's cache is reset in ``prepare``, so the first timed call carries the compilation; the harness
 reports that call as ``first_call_ms`` and keeps it out of the timing samples.
@@ -21,6 +22,7 @@ import torch
 
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender, Unsupported, score_matrix_bytes
 from attnbench.inputs import AttentionInputs
+from attnbench.kv_cache import kv_loader
 from attnbench.masks import alibi_slopes, document_lengths, padding_lengths
 from attnbench.workload import Workload
 
@@ -61,7 +63,12 @@ class FlexAttention(Contender):
     name = "flex"
     description = "torch.nn.attention.flex_attention under torch.compile (block-sparse masks, reads KV pages natively)"
     capabilities = Capabilities(
-        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16
+        masks=ALL_MASKS,
+        score_mods=ALL_SCORE_MODS,
+        paged="native",
+        backward=True,
+        min_head_dim=16,
+        features=frozenset({"kv_dtype"}),
     )
 
     def availability(self) -> str | None:
@@ -88,11 +95,11 @@ class FlexAttention(Contender):
         w, device = workload, inputs.q.device
         rule = _rule(w, device)
         paged = inputs.paged
-        k, v = inputs.k, inputs.v
         batch = w.batch if w.mask == "padding" else None
         kv_len = w.seq_k
         block: dict[str, Any] = {}
         if paged is None:
+            load = inputs.kv_loader()  # k, v in the dtype (dequantized in the call when the cache is narrower)
             logical: Callable[[Any, Any], Any] = lambda b, kv_idx: kv_idx  # noqa: E731
             mask_mod = None if rule is None else (lambda b, h, q_idx, kv_idx: rule(b, q_idx, kv_idx))
         else:
@@ -101,6 +108,11 @@ class FlexAttention(Contender):
             # (N, Hkv, P, D) -> (1, Hkv, N·P, D): the pool, per head, pages in pool order
             k, v = (t.permute(1, 0, 2, 3).reshape(1, w.kv_heads, pages * size, w.head_dim)
                     for t in (paged.k_pages, paged.v_pages))  # fmt: skip
+            # an fp8 pool's scales (N, Hkv, 1, 1) -> (1, Hkv, N·P, 1): each slot its page's scale
+            slots = (1, w.kv_heads, pages * size, 1)
+            k_scale, v_scale = (None if s is None else s.transpose(0, 1).expand(-1, -1, size, -1).reshape(slots)
+                                for s in (paged.k_scale, paged.v_scale))  # fmt: skip
+            load = kv_loader(k, v, k_scale, v_scale, w.torch_dtype)
 
             def logical(b: Any, kv_idx: Any) -> Any:
                 return position[kv_idx // size] * size + kv_idx % size
@@ -123,6 +135,7 @@ class FlexAttention(Contender):
         q, scale, gqa = inputs.q, inputs.scale, w.kv_heads != w.heads
 
         def run() -> torch.Tensor:
+            k, v = load()
             return compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
         return run

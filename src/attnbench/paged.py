@@ -3,6 +3,8 @@
 Keys and values live in a pool of pages, k_pages and v_pages (N, Hkv, P, D) with P = page_size (the
 "HND" page layout). Sequence b owns n = ceil(Sk / P) pages; ``page_table[b, p]`` (int32) is the pool
 index of the page holding its positions p·P … p·P + P − 1 (the tail of the last page is unused, zeros).
+An fp8 cache (``attnbench.kv_cache``) was quantized page by page: each pool page carries its own float32
+scale, k_scale and v_scale (N, Hkv, 1, 1), moved with it.
 Pages are assigned to the pool in a seeded-shuffled order, so logically adjacent pages are scattered in
 memory as in a real cache that has been filled and freed for a while.
 
@@ -37,7 +39,7 @@ def pool_bytes(w: Workload) -> float:
     if not w.page_size:
         return 0.0
     slots = w.batch * w.kv_heads * pages_per_sequence(w.seq_k, w.page_size) * w.page_size
-    return 2.0 * slots * w.head_dim * w.torch_dtype.itemsize
+    return 2.0 * slots * w.head_dim * w.kv_torch_dtype.itemsize
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,6 +49,8 @@ class PagedKV:
     page_table: torch.Tensor  # (B, pages per sequence) int32: pool index of each logical page
     page_size: int
     seq_k: int
+    k_scale: torch.Tensor | None = None  # fp8: (N, Hkv, 1, 1) float32, each pool page's scale
+    v_scale: torch.Tensor | None = None
 
     @functools.cached_property
     def page_owner(self) -> torch.Tensor:
@@ -65,8 +69,12 @@ class PagedKV:
         return position
 
 
-def make_paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int) -> PagedKV:
-    """Copy contiguous k and v (B, Hkv, Sk, D) into a shuffled page pool with a page table."""
+def make_paged(
+    k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int,
+    scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+) -> PagedKV:  # fmt: skip
+    """Copy contiguous k and v (B, Hkv, Sk, D) into a shuffled page pool with a page table; an fp8 cache's
+    per-page ``scales`` (B, Hkv, pages, 1) go to the pool with their pages."""
     batch, kv_heads, seq_k, head_dim = k.shape
     pages = pages_per_sequence(seq_k, page_size)
     generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -81,7 +89,14 @@ def make_paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int) -> P
         out[table.flatten()] = logical.reshape(batch * pages, kv_heads, page_size, head_dim)
         return out
 
-    return PagedKV(pool(k), pool(v), table.to(torch.int32), page_size, seq_k)
+    def pool_scale(scale: torch.Tensor | None) -> torch.Tensor | None:
+        if scale is None:
+            return None
+        out = scale.new_empty(batch * pages, kv_heads, 1, 1)
+        out[table.flatten()] = scale.transpose(1, 2).reshape(batch * pages, kv_heads, 1, 1)
+        return out
+
+    return PagedKV(pool(k), pool(v), table.to(torch.int32), page_size, seq_k, *map(pool_scale, scales))
 
 
 def gather_pages(
@@ -106,7 +121,7 @@ def gather_pages(
 def gather_bytes(w: Workload) -> float:
     """Working memory of the harness's gather at its peak: the picked pages of k (then of v), whole pages."""
     pages = w.batch * pages_per_sequence(w.seq_k, w.page_size) if w.page_size else 0
-    return float(pages * w.kv_heads * w.page_size * w.head_dim * w.torch_dtype.itemsize)
+    return float(pages * w.kv_heads * w.page_size * w.head_dim * w.kv_torch_dtype.itemsize)
 
 
 def gathered(paged: PagedKV, k: torch.Tensor, v: torch.Tensor, forward: Callable[[], T]) -> Callable[[], T]:

@@ -2,8 +2,10 @@
 
 It re-implements each mask rule and score modifier from its definition (see ``attnbench.masks`` for the
 rules: it shares only the data — padding and document lengths — never the code that builds masks), expands
-GQA heads by index, and works on a sample of query rows at long sequence lengths so that checking a
-16k-token case costs a few hundred rows, not the whole S×S score matrix.
+GQA heads by index, reads an fp8 KV cache as its stored values times their scales (``attnbench.kv_cache``
+says what is stored; the dequantization is written here again, in float64), and works on a sample of
+query rows at long sequence lengths so that checking a 16k-token case costs a few hundred rows, not the
+whole S×S score matrix.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def _one_sequence(
     """(Hq, R, Dv) for batch element ``b``: q (Hq, R, D), k and v (Hkv, Sk, D)."""
     w = inputs.workload
     group, count = w.gqa_group, len(rows)
-    keys, values = k.double(), v.double()  # (Hkv, Sk, D)
+    keys, values = _cached64(w, k, inputs.k_scale, b), _cached64(w, v, inputs.v_scale, b)  # (Hkv, Sk, D)
     if score is None:  # query head h = kv head h // G: (Hkv, G·R, D) rows against their own kv head, no copies
         grouped = q.double().reshape(w.kv_heads, group * count, -1)
         scores = torch.matmul(grouped, keys.transpose(-1, -2)).view(w.heads, count, w.seq_k) * w.softmax_scale
@@ -102,6 +104,17 @@ def _one_sequence(
     probs = torch.where(total > 0, weights / total.clamp_min(1e-300), torch.zeros_like(weights))
     grouped_probs = probs.reshape(w.kv_heads, group * count, w.seq_k)
     return torch.matmul(grouped_probs, values).reshape(w.heads, count, -1)  # (Hq, R, Dv)
+
+
+def _cached64(w: Workload, stored: torch.Tensor, scale: torch.Tensor | None, b: int) -> torch.Tensor:
+    """Batch element ``b``'s k or v as the cache holds it, in float64: the stored values, times the scale of
+    their block (an fp8 cache: one per sequence and kv head, or per page of ``page_size`` positions)."""
+    values = stored.double()
+    if scale is None:
+        return values
+    per_block = scale[b].double()  # (Hkv, blocks, 1)
+    block = w.page_size if per_block.shape[1] > 1 else w.seq_k
+    return values * per_block.repeat_interleave(block, dim=1)[:, : w.seq_k]
 
 
 def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score | None = None) -> torch.Tensor:
