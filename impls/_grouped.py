@@ -1,5 +1,5 @@
-"""Helpers shared by the matmul-based contenders (bmm, einsum): GQA by grouping, masked softmax and the
-score modifiers.
+"""Helpers shared by the matmul-based contenders (bmm, einsum): GQA by grouping, masked softmax (with learned
+sinks: ``attnbench.impls._sinks``) and the score modifiers.
 
 GQA without copies: query head h reads kv head h // G, so q viewed as (B, Hkv, G, Sq, D) lines up with
 k and v as (B, Hkv, Sk, D). Masks and the alibi bias are prepared in the same 5-D layout before timing.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from attnbench.contender import score_matrix_bytes
+from attnbench.impls._sinks import softmax_with_sink
 from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
@@ -18,8 +19,10 @@ from attnbench.workload import Workload
 def materialised_bytes(w: Workload) -> float:
     """Memory model of the matmul-softmax-matmul contenders: scores and probabilities, plus the masked
     copy of the scores when there is a mask, plus one more for softmax's temporaries (a CPU process that
-    runs out of memory is killed, so the model errs on the high side)."""
-    return score_matrix_bytes(w, 3 if w.mask == "none" and w.score_mod == "none" else 4)
+    runs out of memory is killed, so the model errs on the high side). Learned sinks add one: the scores
+    with the sink column concatenated."""
+    copies = 3 if w.mask == "none" and w.score_mod == "none" else 4
+    return score_matrix_bytes(w, copies + (1 if w.sinks != "none" else 0))
 
 
 def grouped_bias(inputs: AttentionInputs) -> torch.Tensor | None:
@@ -37,11 +40,17 @@ def grouped_masks(inputs: AttentionInputs) -> tuple[torch.Tensor | None, torch.T
     return hidden, empty
 
 
-def masked_softmax(scores: torch.Tensor, hidden: torch.Tensor | None, empty: torch.Tensor | None) -> torch.Tensor:
-    """softmax over the last dim of (B, Hkv, G, Sq, Sk) scores with masked keys removed; empty rows -> 0."""
+def masked_softmax(
+    scores: torch.Tensor, hidden: torch.Tensor | None, empty: torch.Tensor | None, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
+    """softmax over the last dim of (B, Hkv, G, Sq, Sk) scores with masked keys removed, and with learned
+    sinks ((Hq,) logits, inputs.sinks) in each row's denominator when given; empty rows -> 0."""
     if hidden is not None:
         scores = scores.masked_fill(hidden, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:  # head h = kv_head·G + g: the logits line up with (Hkv, G) as a view
+        probs = softmax_with_sink(scores, sinks.view(1, *scores.shape[1:3], 1, 1))
     if empty is not None:
         probs = probs.masked_fill(empty, 0.0)
     return probs

@@ -8,8 +8,10 @@ as the reason.
 Masks other than top-left causal go in as SDPA users pass them: a dense boolean ``attn_mask``, or an
 additive float one carrying alibi's bias with −inf where the mask hides a key; that mask is built in
 ``prepare`` and its memory is part of the memory model. softcap has no place in SDPA (it would need the
-scores), so it is unsupported; a paged cache is gathered back into contiguous k and v by the harness inside
-the timed call; a cache in another kv_dtype (SDPA takes q, k, v of one dtype) is dequantized in the call.
+scores), so it is unsupported, and so are learned sinks (SDPA's softmax denominator sums the keys only, and
+it returns no log-sum-exp to rescale by); a paged cache is gathered back into contiguous k and v by the
+harness inside the timed call; a cache in another kv_dtype (SDPA takes q, k, v of one dtype) is dequantized
+in the call.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
 
 SOFTCAP = "score_mod softcap not supported: SDPA takes a mask, not a function of the scores (softcap needs tanh)"
+SINKS = (
+    "sinks learned not supported: SDPA's softmax has no sink term (its denominator sums the keys only, and "
+    "it returns no log-sum-exp to rescale by)"
+)
 
 
 def mask_bytes(w: Workload) -> float:
@@ -56,13 +62,9 @@ class SdpaBackend(Contender):
         self.member = member
         self.description = description
         self.capabilities = Capabilities(
-            devices=devices,
-            masks=ALL_MASKS,
-            score_mods=frozenset({"none", "alibi"}),
-            paged="gather",
-            backward=True,
+            devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True,
             features=frozenset({"kv_dtype"}),
-        )
+        )  # fmt: skip
 
     def availability(self) -> str | None:
         try:
@@ -86,6 +88,8 @@ class SdpaBackend(Contender):
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.score_mod == "softcap":
             return SOFTCAP
+        if workload.sinks != "none":
+            return SINKS
         return super().unsupported_reason(workload)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:

@@ -1,8 +1,10 @@
 """``bmm`` — two batched matmuls around a softmax, materialising the (B, H, Sq, Sk) score matrix.
 
 Every mask comes as a dense boolean mask, the score modifiers act on the materialised scores (softcap's
-tanh, alibi's bias added); a paged KV cache is gathered into k and v by the harness inside the timed call
-(``paged="gather"``); a cache in another kv_dtype is dequantized to the dtype first, in the call.
+tanh, alibi's bias added), learned sinks as gpt-oss's reference has them (a column of sink logits
+concatenated to the scores before the softmax, dropped after); a paged KV cache is gathered into k and v by
+the harness inside the timed call (``paged="gather"``); a cache in another kv_dtype is dequantized to the
+dtype first, in the call.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ class BatchedMatmul(Contender):
         "inside the timed call"
     )
     capabilities = Capabilities(
-        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True, features=frozenset({"kv_dtype"})
-    )
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
+        features=frozenset({"sinks", "kv_dtype"}),
+    )  # fmt: skip
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)
@@ -36,7 +39,7 @@ class BatchedMatmul(Contender):
         B, Hkv, G, Sq, Sk, D = w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k, w.head_dim
         q = inputs.q.reshape(B * Hkv, G * Sq, D)  # head h = kv_head·G + g, so this is a view
         hidden, empty = grouped_masks(inputs)
-        bias = grouped_bias(inputs)
+        bias, sinks = grouped_bias(inputs), inputs.sinks
         scale, load = inputs.scale, inputs.kv_loader()  # k, v (B, Hkv, Sk, D), dequantized in the call
 
         def run() -> torch.Tensor:
@@ -44,7 +47,7 @@ class BatchedMatmul(Contender):
             k_t = k.reshape(B * Hkv, Sk, D).transpose(1, 2)  # (B·Hkv, D, Sk)
             scores = torch.bmm(q, k_t).mul_(scale).view(B, Hkv, G, Sq, Sk)
             scores = modify_scores(scores, w, bias)
-            probs = masked_softmax(scores, hidden, empty).view(B * Hkv, G * Sq, Sk)
+            probs = masked_softmax(scores, hidden, empty, sinks).view(B * Hkv, G * Sq, Sk)
             return torch.bmm(probs, v.reshape(B * Hkv, Sk, D)).view(B, Hkv * G, Sq, D)
 
         return run

@@ -1,5 +1,5 @@
-"""``einsum`` — the same computation as ``bmm`` written with torch.einsum (same masks, score modifiers and
-paged-cache gather by the harness, same dequantization of a narrowed cache in the call)."""
+"""``einsum`` — the same computation as ``bmm`` written with torch.einsum (same masks, score modifiers,
+learned sinks and paged-cache gather by the harness, same dequantization of a narrowed cache in the call)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ class Einsum(Contender):
     name = "einsum"
     description = "torch.einsum scores → masked softmax → torch.einsum with v; S² memory; pages gathered in the call"
     capabilities = Capabilities(
-        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True, features=frozenset({"kv_dtype"})
-    )
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
+        features=frozenset({"sinks", "kv_dtype"}),
+    )  # fmt: skip
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)
@@ -28,13 +29,13 @@ class Einsum(Contender):
         w = workload
         q = inputs.q.view(w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.head_dim)  # (B, Hkv, G, Sq, D)
         hidden, empty = grouped_masks(inputs)
-        bias = grouped_bias(inputs)
+        bias, sinks = grouped_bias(inputs), inputs.sinks
         scale, load = inputs.scale, inputs.kv_loader()  # k, v (B, Hkv, Sk, D), dequantized in the call
 
         def run() -> torch.Tensor:
             k, v = load()
             scores = modify_scores(torch.einsum("bhgqd,bhkd->bhgqk", q, k) * scale, w, bias)
-            probs = masked_softmax(scores, hidden, empty)
+            probs = masked_softmax(scores, hidden, empty, sinks)
             out = torch.einsum("bhgqk,bhkd->bhgqd", probs, v)
             return out.reshape(w.batch, w.heads, w.seq_q, w.head_dim)
 

@@ -6,8 +6,12 @@ block mask in ``prepare`` — so its cost is part of ``setup_ms`` — and the sc
 attention-gym's paged attention does: the pool is laid out per head once in ``prepare`` as one long
 (1, Hkv, N·P, D) key sequence shared by the batch, and the mask maps each physical key back to its
 sequence and logical position through the inverse page table, with one block per page, so each sequence
-visits only its own pages. A cache in another kv_dtype is dequantized to the dtype at the start of each call
-(flex_attention takes q, k, v of one dtype), an fp8 pool with each page's own scale.
+visits only its own pages. Learned sinks go through the kernel's log-sum-exp, as FlexAttention users add
+them: flex_attention(return_aux=AuxRequest(lse=True)), then out · sigmoid(lse − sink_h) outside the compiled kernel
+(``attnbench.impls._sinks``); gradients reach the sink logits through the lse (torch 2.13's flex backward
+takes the lse's gradient). GPU only: on CPU torch 2.13 compiles flex for inference without the lse.
+A cache in another kv_dtype is dequantized to the dtype at the start of each call (flex_attention takes q, k,
+v of one dtype), an fp8 pool with each page's own scale.
 
 Dynamo's cache is reset in ``prepare``, so the first timed call carries the compilation; the harness
 reports that call as ``first_call_ms`` and keeps it out of the timing samples.
@@ -21,6 +25,7 @@ from typing import Any
 import torch
 
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender, Unsupported, score_matrix_bytes
+from attnbench.impls._sinks import rescaled_by_sink
 from attnbench.inputs import AttentionInputs
 from attnbench.kv_cache import kv_loader
 from attnbench.masks import alibi_slopes, document_lengths, padding_lengths
@@ -63,13 +68,9 @@ class FlexAttention(Contender):
     name = "flex"
     description = "torch.nn.attention.flex_attention under torch.compile (block-sparse masks, reads KV pages natively)"
     capabilities = Capabilities(
-        masks=ALL_MASKS,
-        score_mods=ALL_SCORE_MODS,
-        paged="native",
-        backward=True,
-        min_head_dim=16,
-        features=frozenset({"kv_dtype"}),
-    )
+        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16,
+        features=frozenset({"sinks", "kv_dtype"}),
+    )  # fmt: skip
 
     def availability(self) -> str | None:
         try:
@@ -81,16 +82,23 @@ class FlexAttention(Contender):
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.pass_ != "fwd" and workload.device == "cpu":
             return f"FlexAttention has no backward on CPU (torch {torch.__version__} raises NotImplementedError)"
+        if workload.sinks != "none" and workload.device == "cpu":
+            return (
+                f"sinks {workload.sinks}: the sink rescales by the log-sum-exp, which compiled FlexAttention on CPU "
+                f"does not return (torch {torch.__version__}: 'return_lse is not supported yet')"
+            )
         return super().unsupported_reason(workload)
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         if workload.device == "cuda":
             return super().predicted_extra_bytes(workload)
-        # Measured on CPU (torch 2.13): peak grows with Sq·Sk at about half a score matrix.
-        return score_matrix_bytes(workload, 0.6)
+        # Measured on CPU (torch 2.13): peak grows with Sq·Sk at about half a score matrix. Sinks add the
+        # float32 lse and its rescaling factor per query row.
+        sink_rows = 8.0 * workload.batch * workload.heads * workload.seq_q if workload.sinks != "none" else 0.0
+        return score_matrix_bytes(workload, 0.6) + sink_rows
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
         w, device = workload, inputs.q.device
         rule = _rule(w, device)
@@ -131,11 +139,15 @@ class FlexAttention(Contender):
                 raise Unsupported(f"create_block_mask failed ({type(exc).__name__}: {exc})") from None
         score_mod = _score_mod(w, device, logical)
         torch._dynamo.reset()  # fresh compile per case: comparable first_call_ms, no recompile limit
-        compiled = torch.compile(flex_attention, dynamic=False)
-        q, scale, gqa = inputs.q, inputs.scale, w.kv_heads != w.heads
+        compiled: Callable[..., Any] = torch.compile(flex_attention, dynamic=False)  # its overloads vary by request
+        q, scale, gqa, sinks = inputs.q, inputs.scale, w.kv_heads != w.heads, inputs.sinks
 
         def run() -> torch.Tensor:
             k, v = load()
+            if sinks is not None:
+                out, aux = compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                    enable_gqa=gqa, return_aux=AuxRequest(lse=True))  # fmt: skip
+                return rescaled_by_sink(out, aux.lse, sinks)
             return compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
         return run

@@ -3,7 +3,8 @@ f(q) = Σᵢ softmax(s(q·kᵢ·scale))·vᵢ over the keys the mask leaves visi
 
 Every mask we support leaves each query row one range of keys [lo, hi) (``masks.key_ranges``), so the
 loop slices keys lo:hi, with the ranges worked out before timing; alibi's bias row is a slice of a bias
-built before timing, softcap a tanh on the row's scores. A paged cache is gathered back into contiguous
+built before timing, softcap a tanh on the row's scores; learned sinks join each row's softmax as one more
+logit whose weight is dropped (``attnbench.impls._sinks``). A paged cache is gathered back into contiguous
 k and v by the harness at the start of each call, and a cache in another kv_dtype dequantized whole (as its
 users would before looping) at the start of each call. It is the slow baseline that makes the others' speedups
 concrete; CPU only (on a GPU it would measure kernel-launch latency, not attention).
@@ -17,6 +18,7 @@ import torch
 
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
 from attnbench.flops import attention_flops
+from attnbench.impls._sinks import softmax_with_sink
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import key_ranges, workload_pairs
 from attnbench.workload import Workload
@@ -28,13 +30,9 @@ class NaiveLoop(Contender):
     name = "naive"
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ (pages gathered first)"
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}),
-        masks=ALL_MASKS,
-        score_mods=ALL_SCORE_MODS,
-        paged="gather",
-        backward=False,
-        features=frozenset({"kv_dtype"}),
-    )
+        devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False,
+        features=frozenset({"sinks", "kv_dtype"}),
+    )  # fmt: skip
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
         """Per (batch, head, query) row: Python overhead, plus reading the visible keys and values (a
@@ -52,6 +50,7 @@ class NaiveLoop(Contender):
         lo, hi = (t.expand(w.batch, w.seq_q).tolist() for t in key_ranges(w))
         bias = inputs.alibi_bias  # (1, H, Sq, Sk) or None
         softcap = w.softcap if w.score_mod == "softcap" else None
+        sinks = None if inputs.sinks is None else inputs.sinks.detach()  # (Hq,)
 
         def run() -> torch.Tensor:
             out = torch.zeros(w.batch, w.heads, w.seq_q, w.head_dim, dtype=q.dtype, device=q.device)
@@ -68,7 +67,11 @@ class NaiveLoop(Contender):
                             scores = torch.tanh(scores / softcap) * softcap
                         if bias is not None:
                             scores = scores + bias[0, h, i, start:end]
-                        out[b, h, i] = torch.softmax(scores, dim=0) @ values[start:end]
+                        if sinks is None:
+                            weights = torch.softmax(scores, dim=0)
+                        else:
+                            weights = softmax_with_sink(scores, sinks[h : h + 1])
+                        out[b, h, i] = weights @ values[start:end]
             return out
 
         return run

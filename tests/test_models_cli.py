@@ -30,17 +30,19 @@ def test_models_lists_every_preset(cli):
     code, out, _ = cli("models")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["name", "heads", "kv_heads", "head_dim", "window", "softcap"]
+    assert lines[0].split() == ["name", "heads", "kv_heads", "head_dim", "Dv", "window", "chunk", "softcap", "sinks",
+                                "layout", "layers"]  # fmt: skip
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-    assert rows["llama3.1-8b"] == ["32", "8", "128", "-", "-"]
-    assert rows["llama3.1-70b"] == ["64", "8", "128", "-", "-"]
-    assert rows["llama3.1-405b"] == ["128", "8", "128", "-", "-"]
-    assert rows["llama3.2-1b"] == ["32", "8", "64", "-", "-"]
-    assert rows["llama3.2-3b"] == ["24", "8", "128", "-", "-"]
-    assert rows["mistral-7b"] == ["32", "8", "128", "4096", "-"]
-    assert rows["gemma2-9b"] == ["16", "8", "256", "4096", "50"]
-    assert rows["qwen2.5-7b"] == ["28", "4", "128", "-", "-"]
-    assert rows["gpt2"] == ["12", "12", "64", "-", "-"]
+    plain = ["-"] * 6  # chunk, softcap, sinks, layout, layers after the window
+    assert rows["llama3.1-8b"] == ["32", "8", "128", "128", *plain]
+    assert rows["llama3.1-70b"] == ["64", "8", "128", "128", *plain]
+    assert rows["llama3.1-405b"] == ["128", "8", "128", "128", *plain]
+    assert rows["llama3.2-1b"] == ["32", "8", "64", "64", *plain]
+    assert rows["llama3.2-3b"] == ["24", "8", "128", "128", *plain]
+    assert rows["mistral-7b"] == ["32", "8", "128", "128", "4096", *plain[1:]]
+    assert rows["gemma2-9b"] == ["16", "8", "256", "256", "4096", "-", "50", "-", "-", "-"]
+    assert rows["qwen2.5-7b"] == ["28", "4", "128", "128", *plain]
+    assert rows["gpt2"] == ["12", "12", "64", "64", *plain]
 
 
 def test_model_decode_rows_carry_the_preset_and_bandwidth(decode_run):

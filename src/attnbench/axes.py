@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from attnbench.errors import UsageError
-from attnbench.models import MAX_DECODE_QUERY, PHASES, PRESETS, get_model
+from attnbench.models import LAYER_KINDS, MAX_DECODE_QUERY, PHASES, PRESET_AXES, PRESETS, get_model
 
 BASIC_MASKS = ("none", "causal", "causal_bottom_right", "padding")
 MASKS = (*BASIC_MASKS, "sliding_window", "document")
@@ -116,6 +116,7 @@ class Axis:
     # A contender runs a value other than the neutral one (for a follows axis: other than the followed axis'
     # value) only when its Capabilities.features name the axis ("sinks") or the value ("kv_dtype=bfloat16").
     declared: bool = False
+    within: str | None = None  # its label part shows inside this axis' ('layer': '[gpt-oss-20b sliding]')
 
     @property
     def workload_field(self) -> str:
@@ -208,6 +209,8 @@ AXES: tuple[Axis, ...] = (
          asks=lambda v: f"shared_prefix {v}" if v else ""),
     Axis("model", str, "the model preset a case is built from (see `attnbench models`)", choices=tuple(PRESETS),
          neutral="", tag=lambda v: f"[{v}]" if v else ""),
+    Axis("layer", str, "which kind of layer of a preset with two: sliding, full or chunked (default: each)",
+         choices=LAYER_KINDS, neutral="", within="model"),
     Axis("phase", str, "prefill or decode, with model presets (default both)", field=None, choices=PHASES,
          unknown="{label} value {value!r} is not known; allowed: {allowed}"),
 )
@@ -228,6 +231,7 @@ DEFAULTS: dict[str, list[Any]] = {
 REQUIRED = tuple(a.name for a in SWEEP_AXES if a.required)
 # Named here so other modules use the axis, not its name.
 IMPL, MODEL, PHASE, PASS, SEQ, SEQ_KV = (BY_NAME[n] for n in ("impl", "model", "phase", "pass", "seq", "seq_kv"))
+LAYER = BY_NAME["layer"]
 
 
 def _allowed(axis: Axis) -> str:
@@ -344,7 +348,7 @@ def check_field(axis: Axis, value: Any) -> Any:
         return float(value)
     if axis.parse is not None:
         return axis.parse(value)
-    if axis.choices and axis is not MODEL and value not in axis.choices:
+    if axis.choices and axis is not MODEL and value != axis.neutral and value not in axis.choices:
         raise UsageError(axis.unknown.format(name=axis.column, label=field, value=value, allowed=_allowed(axis)))
     if not isinstance(value, str):
         raise UsageError(f"{field} must be a string, got {value!r}")
@@ -386,7 +390,11 @@ def tags(row: Any, axes: Iterable[Axis] = WORKLOAD_AXES) -> str:
 
 
 def _tag(axis: Axis, row: Any) -> str:
-    return axis.tag(axis.read(row)) if axis.tag is not None else ""
+    if axis.tag is None:
+        return ""
+    value = axis.read(row)
+    inside = [str(other.read(row)) for other in AXES if other.within == axis.name and other.read(row)]
+    return axis.tag(" ".join([str(value), *inside]) if value and inside else value)
 
 
 def features_label(row: Any) -> str:
@@ -394,7 +402,7 @@ def features_label(row: Any) -> str:
     return tags(row, (*FEATURES, *(a for a in DECLARED if a.follows)))
 
 
-LABELLED_COLUMNS = ("impl", *(a.column for a in WORKLOAD_AXES if a.tag is not None or a.neutral is None))
+LABELLED_COLUMNS = ("impl", *(a.column for a in WORKLOAD_AXES if a.tag is not None or a.neutral is None or a.within))
 
 
 def features_asked(row: Any) -> list[str]:
@@ -427,7 +435,7 @@ def reproduce_flags(row: Any) -> list[str]:
     impl = row.get(IMPL.name) if hasattr(row, "get") else None
     given: dict[str, Any] = {IMPL.name: impl} if impl else {}
     if values["model"]:
-        given.update(_model_flags(values))
+        given.update(_model_flags(values, row))
     else:
         plain = [a for a in SWEEP_AXES if a.name in values and a.neutral is None]
         given.update({a.name: values[a.name] for a in plain if not (a.declared and not a.departs(row))})
@@ -440,14 +448,18 @@ def reproduce_flags(row: Any) -> list[str]:
     return flags
 
 
-def _model_flags(values: dict[str, Any]) -> dict[str, Any]:
-    """A preset's case: the preset gives heads, head_dim, mask and its features; the phase gives the rest."""
+def _model_flags(values: dict[str, Any], row: Any) -> dict[str, Any]:
+    """A preset's case: the preset gives heads, head dims, mask and its features (``PRESET_AXES``) and the
+    phase the rest; ``--layer`` names a two-kind preset's layer, and any other feature the case departs in
+    (paged KV, a narrower KV cache …) is given as it is."""
     phase = "decode" if is_decode({SEQ.column: values["seq"], SEQ_KV.column: values["seq_kv"]}) else "prefill"
     given = {"model": values["model"], "phase": phase, "batch": values["batch"], "seq": values["seq"]}
+    if values["layer"]:
+        given["layer"] = values["layer"]
     # prefill without --seq-kv is square and causal; with it, bottom-right causal (or the preset's window)
     if phase == "decode" or values["seq_kv"] != values["seq"] or values["mask"] == "causal_bottom_right":
         given["seq_kv"] = values["seq_kv"]
     given.update({a.name: values[a.name] for a in SWEEP_AXES if a.name in ("dtype", "device", "pass", "module")})
-    if values["page_size"]:
-        given["page_size"] = values["page_size"]
+    departing = [a for a in (*FEATURES, *DECLARED) if a.name not in PRESET_AXES and a.sweep and a.departs(row)]
+    given.update({a.name: values[a.name] for a in departing})
     return given

@@ -86,20 +86,24 @@ GRAD_TOLERANCES: dict[str, float] = {"float64": 1e-9, "float32": 1e-4, "float16"
 @dataclass(frozen=True)
 class GradCheck:
     ok: bool
-    grad_err: float  # max over dq, dk, dv of max|g − g_ref| / max|g_ref|
+    grad_err: float  # max over dq, dk, dv (and dsinks with learned sinks) of max|g − g_ref| / max|g_ref|
     grad_tol: float
     reason: str = ""
 
 
 def check_grads(inputs: AttentionInputs, grads: object) -> GradCheck:
-    """Compare a contender's (dq, dk, dv) with the float64 reference gradients."""
+    """Compare a contender's (dq, dk, dv) — and dsinks, the sink logits' gradient, with learned sinks — with
+    the float64 reference gradients."""
     tolerance = GRAD_TOLERANCES[inputs.workload.dtype]
-    if not (isinstance(grads, tuple | list) and len(grads) == 3 and all(isinstance(g, torch.Tensor) for g in grads)):
-        return GradCheck(False, math.inf, tolerance, "backward did not give three gradient tensors")
+    names = ("dq", "dk", "dv") if inputs.sinks is None else ("dq", "dk", "dv", "dsinks")
+    if not (
+        isinstance(grads, tuple | list) and len(grads) == len(names) and all(isinstance(g, torch.Tensor) for g in grads)
+    ):
+        return GradCheck(False, math.inf, tolerance, f"backward did not give the gradient tensors {', '.join(names)}")
     with uncached():  # the float64 temporaries leave no fragments in the allocator's cache
         expected_grads = reference_grads(inputs)
     worst, worst_name = 0.0, ""
-    for name, got, expected in zip(("dq", "dk", "dv"), grads, expected_grads, strict=True):
+    for name, got, expected in zip(names, grads, expected_grads, strict=True):
         if tuple(got.shape) != tuple(expected.shape):
             shapes = f"{name} shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
             return GradCheck(False, math.inf, tolerance, shapes)

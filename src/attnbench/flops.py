@@ -3,7 +3,8 @@
 forward FLOPs = 2·Hq·(D + Dv)·P, with P the exact number of (query, key) pairs the mask leaves visible
 summed over the batch — so causal with Sq ≠ Sk and padding are counted right, and a kernel that skips
 masked blocks is not credited with work it did not need to do. Backward is 2.5× forward,
-forward+backward 3.5×.
+forward+backward 3.5×. Learned sinks (``sinks`` learned) are not counted: one exp and add per query row,
+O(Hq·Sq) against the O(Hq·Sq·Sk·D) of the count (likewise their Hq float32 logits among the bytes).
 
 Minimum bytes: what any implementation must move at least once. Forward reads q and writes o, and reads
 the keys and values some query row sees (k and v at Hkv heads; per sequence the span of visible keys, see

@@ -19,6 +19,10 @@ from attnbench.paged import PagedKV, make_paged
 from attnbench.workload import Workload
 
 DEFAULT_SEED = 0
+# Learned sink logits: normal with this spread, like the scaled scores' own (unit normal q and k give scores
+# of spread 1 and a row's log-sum-exp of a few units), so a sink takes a share of a short row's softmax mass
+# that shows and a visible one of a long row's (sinks of size ±2 to ±4 decide a check at fp32 tolerances).
+SINK_STD = 2.0
 
 
 def workload_seed(workload: Workload, seed: int = DEFAULT_SEED) -> int:
@@ -89,16 +93,27 @@ class AttentionInputs:
         assert mask is not None
         return ~mask.any(dim=-1, keepdim=True)
 
-    def parameter(self, name: str, *shape: int, std: float = 1.0) -> torch.Tensor:
-        """A named, seeded random parameter (a projection matrix, a scoring vector) in the workload's dtype:
-        the same tensor for the contender that uses it and for its float64 reference."""
+    @functools.cached_property
+    def sinks(self) -> torch.Tensor | None:
+        """(Hq,) float32 learned sink logits, one per query head (gpt-oss), or None without sinks (``sinks``
+        none). Each query row's softmax denominator gains exp(sink_h); the sink contributes no value. Seeded
+        like ``parameter``; a leaf that requires grad when q does (backward passes check its gradient)."""
+        w = self.workload
+        if w.sinks == "none":
+            return None
+        logits = self.parameter("sinks", w.heads, std=SINK_STD, dtype=torch.float32)
+        return logits.detach().clone().requires_grad_(self.q.requires_grad)
+
+    def parameter(self, name: str, *shape: int, std: float = 1.0, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A named, seeded random parameter (a projection matrix, a scoring vector) in the workload's dtype
+        (or ``dtype``): the same tensor for the contender that uses it and for its float64 reference."""
         cache = self.__dict__.setdefault("_parameters", {})
         if name not in cache:
             w = self.workload
             seed = (workload_seed(w) + zlib.crc32(name.encode())) % (2**63)
             generator = torch.Generator(device=w.device).manual_seed(seed)
             values = torch.randn(*shape, generator=generator, device=w.device, dtype=torch.float32) * std
-            cache[name] = values.to(w.torch_dtype)
+            cache[name] = values.to(dtype or w.torch_dtype)
         tensor: torch.Tensor = cache[name]
         return tensor
 
@@ -137,4 +152,4 @@ def _make_inputs(workload: Workload, seed: int, requires_grad: bool) -> Attentio
     k, k_scale = cache(w.batch, w.kv_heads, w.seq_k, w.head_dim)
     v, v_scale = cache(w.batch, w.kv_heads, w.seq_k, w.head_dim)
     grad_out = randn(w.batch, w.heads, w.seq_q, w.head_dim).detach()
-    return AttentionInputs(w, q, k, v, grad_out, k_scale, v_scale)
+    return AttentionInputs(w, q, k, v, grad_out, k_scale=k_scale, v_scale=v_scale)

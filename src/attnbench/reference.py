@@ -6,6 +6,10 @@ GQA heads by index, reads an fp8 KV cache as its stored values times their scale
 says what is stored; the dequantization is written here again, in float64), and works on a sample of
 query rows at long sequence lengths so that checking a 16k-token case costs a few hundred rows, not the
 whole S×S score matrix.
+
+Learned sinks (gpt-oss) from their definition: with m a row's largest logit (sink included),
+out_i = Σ_j exp(s_ij − m)·v_j / (exp(sink_h − m) + Σ_j exp(s_ij − m)) over the visible keys j. A row that
+sees no key has an empty sum above the line, so its output is zeros — the same as without sinks.
 """
 
 from __future__ import annotations
@@ -70,20 +74,23 @@ Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (Hq, R, D), (Hq,
 
 def reference_attention(
     inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
-    score: Score | None = None,
+    score: Score | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """softmax(q·kᵀ·scale + mask)·v in float64, differentiable: q (B, Hq, R, D) holds the given query rows,
     k and v (B, Hkv, Sk, D). Rows that see no key give zeros. One batch element at a time, each in a
-    call of its own, so the float64 copies of one element's k and v are gone before the next's are made."""
+    call of its own, so the float64 copies of one element's k and v are gone before the next's are made.
+    ``sinks`` (Hq,): the sink logits to differentiate; by default the inputs' own (none without sinks)."""
     w = inputs.workload
-    return torch.stack([_one_sequence(inputs, q[b], k[b], v[b], b, rows, score) for b in range(w.batch)])
+    if sinks is None and inputs.sinks is not None:
+        sinks = inputs.sinks.detach()
+    return torch.stack([_one_sequence(inputs, q[b], k[b], v[b], b, rows, score, sinks) for b in range(w.batch)])
 
 
 def _one_sequence(
     inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, rows: torch.Tensor,
-    score: Score | None,
+    score: Score | None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """(Hq, R, Dv) for batch element ``b``: q (Hq, R, D), k and v (Hkv, Sk, D)."""
+    """(Hq, R, Dv) for batch element ``b``: q (Hq, R, D), k and v (Hkv, Sk, D); sinks (Hq,) or None."""
     w = inputs.workload
     group, count = w.gqa_group, len(rows)
     keys, values = _cached64(w, k, inputs.k_scale, b), _cached64(w, v, inputs.v_scale, b)  # (Hkv, Sk, D)
@@ -98,9 +105,14 @@ def _one_sequence(
     if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True).detach()
+    sink = None if sinks is None else sinks.double().view(-1, 1, 1)  # (Hq, 1, 1)
+    if sink is not None:  # the largest logit of the row, the sink's among them
+        row_max = torch.maximum(row_max, sink.detach())
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     weights = torch.exp(scores - row_max)
     total = weights.sum(dim=-1, keepdim=True)
+    if sink is not None:  # the sink joins the denominator only; it has no value
+        total = total + torch.exp(sink - row_max)
     probs = torch.where(total > 0, weights / total.clamp_min(1e-300), torch.zeros_like(weights))
     grouped_probs = probs.reshape(w.kv_heads, group * count, w.seq_k)
     return torch.matmul(grouped_probs, values).reshape(w.heads, count, -1)  # (Hq, R, Dv)
@@ -128,28 +140,34 @@ def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score |
 GRAD_CHUNK_ELEMENTS = 2**25  # float64 scores per chunk of query rows, all batch elements (256 MiB)
 
 
-def reference_grads(inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Float64 gradients of ⟨output, grad_out⟩ with respect to q, k and v.
+def reference_grads(inputs: AttentionInputs) -> tuple[torch.Tensor, ...]:
+    """Float64 gradients of ⟨output, grad_out⟩ with respect to q, k and v — and, with learned sinks, a
+    fourth: the sink logits' (Hq,).
 
-    Every query row contributes to dk and dv, so no sampling here: query rows go through in chunks sized
-    to bound memory, dq chunk by chunk and dk, dv summed over the chunks.
+    Every query row contributes to dk and dv (and to the sinks' gradient), so no sampling here: query rows
+    go through in chunks sized to bound memory, dq chunk by chunk and dk, dv summed over the chunks.
     """
     w = inputs.workload
     q = inputs.q.detach().double()
     k = inputs.k.detach().double().requires_grad_()
     v = inputs.v.detach().double().requires_grad_()
     upstream = inputs.grad_out.double()
+    sinks = None if inputs.sinks is None else inputs.sinks.detach().double().requires_grad_()
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dsinks = None if sinks is None else torch.zeros_like(sinks)
     chunk = max(1, GRAD_CHUNK_ELEMENTS // (w.batch * w.heads * w.seq_k))  # the graph holds every batch element
     for start in range(0, w.seq_q, chunk):
         rows = torch.arange(start, min(start + chunk, w.seq_q), device=q.device)
         q_rows = q[:, :, rows].clone().requires_grad_()
-        out = reference_attention(inputs, q_rows, k, v, rows)
-        g_q, g_k, g_v = torch.autograd.grad(out, (q_rows, k, v), upstream[:, :, rows])
+        out = reference_attention(inputs, q_rows, k, v, rows, sinks=sinks)
+        leaves = (q_rows, k, v) if sinks is None else (q_rows, k, v, sinks)
+        g_q, g_k, g_v, *g_sinks = torch.autograd.grad(out, leaves, upstream[:, :, rows])
         dq[:, :, rows] = g_q
         dk += g_k
         dv += g_v
-    return dq, dk, dv
+        if dsinks is not None:
+            dsinks += g_sinks[0]
+    return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
 
 SCORE_COPIES = 6  # (Hq, R, Sk) float64 tensors alive at once in _one_sequence: scores, weights, probs, temporaries

@@ -82,8 +82,11 @@ class Prepared:
 
 def _passes(inputs: AttentionInputs, forward: Callable[[], torch.Tensor]) -> Callable[[], object]:
     """The callable to time for the workload's pass. Gradients come from torch.autograd.grad, which returns
-    them instead of accumulating into .grad, so nothing builds up between samples."""
-    leaves, upstream = (inputs.q, inputs.k, inputs.v), inputs.grad_out
+    them instead of accumulating into .grad, so nothing builds up between samples. Learned sinks are a fourth leaf."""
+    leaves: tuple[torch.Tensor, ...] = (inputs.q, inputs.k, inputs.v)
+    if inputs.sinks is not None:
+        leaves = (*leaves, inputs.sinks)
+    upstream = inputs.grad_out
     if inputs.workload.pass_ == "fwd":
         return forward
     if inputs.workload.pass_ == "fwd_bwd":

@@ -27,6 +27,7 @@ from attnbench.axes import (
     BY_NAME,
     DEFAULTS,
     IMPL,
+    LAYER,
     MODEL,
     PASS,
     PHASE,
@@ -36,7 +37,7 @@ from attnbench.axes import (
     coerce_axis,
 )
 from attnbench.errors import UsageError
-from attnbench.models import PHASES, phase_axes
+from attnbench.models import PHASES, preset_axes
 from attnbench.workload import Workload
 
 if sys.version_info >= (3, 11):
@@ -134,9 +135,14 @@ def expand(
         axes = {**sweep, **overrides}
         impls = _impls(axes[IMPL.name], known_impls, default_impls, available_impls)
         models, phases = axes.get(MODEL.name), axes.get(PHASE.name)
-        if phases and not models:
-            raise UsageError("phase applies to model presets: give --model too (see `attnbench models`)")
-        expanded = [phase_axes(m, phase, axes) for m in models for phase in phases or PHASES] if models else [axes]
+        for axis in (PHASE, LAYER):
+            if axes.get(axis.name) and not models:
+                raise UsageError(f"{axis.name} applies to model presets: give --model too (see `attnbench models`)")
+        expanded = (
+            [one for m in models for phase in phases or PHASES for one in preset_axes(m, phase, axes)]
+            if models
+            else [axes]
+        )
         for one in expanded:
             for workload in _workloads(one):
                 for impl in impls:

@@ -68,6 +68,7 @@ class Workload:
     sinks: str = "none"  # learned: one seeded logit per query head joins each row's softmax denominator
     lengths: str = "equal"  # per-sequence lengths of the batch: equal, or drawn from a distribution
     shared_prefix: int = 0  # tokens of cached prefix every sequence of the batch shares (0: none)
+    layer: str = ""  # which kind of layer of a two-kind preset: sliding, full or chunked ("" otherwise)
 
     def __post_init__(self) -> None:
         """Every field checked by its axis' rule (see attnbench.axes); a feature that does not apply to the
