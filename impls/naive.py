@@ -5,8 +5,9 @@ Every mask we support leaves each query row one range of keys [lo, hi) (``masks.
 loop slices keys lo:hi, with the ranges worked out before timing; alibi's bias row is a slice of a bias
 built before timing, softcap a tanh on the row's scores; learned sinks join each row's softmax as one more
 logit whose weight is dropped (``attnbench.impls._sinks``). A paged cache is gathered back into contiguous
-k and v by the harness at the start of each call. It is the slow baseline that makes the others' speedups concrete;
-CPU only (on a GPU it would measure kernel-launch latency, not attention).
+k and v by the harness at the start of each call, and a cache in another kv_dtype dequantized whole (as its
+users would before looping) at the start of each call. It is the slow baseline that makes the others' speedups
+concrete; CPU only (on a GPU it would measure kernel-launch latency, not attention).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class NaiveLoop(Contender):
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ (pages gathered first)"
     capabilities = Capabilities(
         devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False,
-        features=frozenset({"sinks", "head_dim_v", "kv_layout"}),  # latent: v's rows are slices of the cache's
+        features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype"}),  # latent: v's rows slice the cache's
     )  # fmt: skip
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
@@ -45,7 +46,7 @@ class NaiveLoop(Contender):
         w = workload
         q = inputs.q.detach()
         scale, group = inputs.scale, w.gqa_group
-        k, v = inputs.k.detach(), inputs.v.detach()  # views of the tensors a paged cache is gathered into
+        load = inputs.kv_loader()  # reads the tensors a paged cache is gathered into; dequantizes a narrowed one
         lo, hi = (t.expand(w.batch, w.seq_q).tolist() for t in key_ranges(w))
         bias = inputs.alibi_bias  # (1, H, Sq, Sk) or None
         softcap = w.softcap if w.score_mod == "softcap" else None
@@ -53,6 +54,7 @@ class NaiveLoop(Contender):
 
         def run() -> torch.Tensor:
             out = torch.zeros(w.batch, w.heads, w.seq_q, w.head_dim_v, dtype=q.dtype, device=q.device)
+            k, v = (t.detach() for t in load())
             for b in range(w.batch):
                 for h in range(w.heads):
                     keys, values = k[b, h // group], v[b, h // group]  # (Sk, D), (Sk, Dv)

@@ -2,8 +2,10 @@
 
 It re-implements each mask rule and score modifier from its definition (see ``attnbench.masks`` for the
 rules: it shares only the data — padding and document lengths — never the code that builds masks), expands
-GQA heads by index, and works on a sample of query rows at long sequence lengths so that checking a
-16k-token case costs a few hundred rows, not the whole S×S score matrix.
+GQA heads by index, reads an fp8 KV cache as its stored values times their scales (``attnbench.kv_cache``
+says what is stored; the dequantization is written here again, in float64), and works on a sample of
+query rows at long sequence lengths so that checking a 16k-token case costs a few hundred rows, not the
+whole S×S score matrix.
 
 Learned sinks (gpt-oss) from their definition: with m a row's largest logit (sink included),
 out_i = Σ_j exp(s_ij − m)·v_j / (exp(sink_h − m) + Σ_j exp(s_ij − m)) over the visible keys j. A row that
@@ -91,7 +93,7 @@ def _one_sequence(
     """(Hq, R, Dv) for batch element ``b``: q (Hq, R, D), k (Hkv, Sk, D), v (Hkv, Sk, Dv); sinks (Hq,) or None."""
     w = inputs.workload
     group, count = w.gqa_group, len(rows)
-    keys, values = k.double(), v.double()  # (Hkv, Sk, D)
+    keys, values = _cached64(w, k, inputs.k_scale, b), _cached64(w, v, inputs.v_scale, b)  # (Hkv, Sk, D)
     if score is None:  # query head h = kv head h // G: (Hkv, G·R, D) rows against their own kv head, no copies
         grouped = q.double().reshape(w.kv_heads, group * count, -1)
         scores = torch.matmul(grouped, keys.transpose(-1, -2)).view(w.heads, count, w.seq_k) * w.softmax_scale
@@ -120,6 +122,17 @@ def values_of(w: Workload, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The values attention weighs: v, or with kv_layout latent (MLA) by definition the first head_dim_v
     channels of the one cache k — taken here from k itself, whatever the inputs' v is."""
     return k[..., : w.head_dim_v] if w.kv_layout == "latent" else v
+
+
+def _cached64(w: Workload, stored: torch.Tensor, scale: torch.Tensor | None, b: int) -> torch.Tensor:
+    """Batch element ``b``'s k or v as the cache holds it, in float64: the stored values, times the scale of
+    their block (an fp8 cache: one per sequence and kv head, or per page of ``page_size`` positions)."""
+    values = stored.double()
+    if scale is None:
+        return values
+    per_block = scale[b].double()  # (Hkv, blocks, 1)
+    block = w.page_size if per_block.shape[1] > 1 else w.seq_k
+    return values * per_block.repeat_interleave(block, dim=1)[:, : w.seq_k]
 
 
 def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score | None = None) -> torch.Tensor:
