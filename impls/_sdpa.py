@@ -11,7 +11,14 @@ additive float one carrying alibi's bias with −inf where the mask hides a key;
 ``prepare`` and its memory is part of the memory model. softcap has no place in SDPA (it would need the
 scores), so it is unsupported, and so are learned sinks (SDPA's softmax denominator sums the keys only, and
 it returns no log-sum-exp to rescale by); a paged cache is gathered back into contiguous k and v by the
-harness inside the timed call.
+harness inside the timed call; a cache in another kv_dtype (SDPA takes q, k, v of one dtype) is dequantized
+in the call.
+
+Values with their own head dim Dv (torch documents value (…, S, Ev)) go in as they are, and a latent (MLA)
+cache's values as the view of its first Dv channels. Where the backend has no kernel for Ev ≠ E (CPU flash
+needs one head dim), the call does what vLLM does for such kernels (:func:`_one_head_dim`): zero-pads the
+narrower side to one head dim inside the timed call and slices the output to Dv — for a latent cache's
+forward it passes the whole cache as v instead (no copy; the extra output channels are sliced away).
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ class SdpaBackend(Contender):
         self.description = description
         self.capabilities = Capabilities(
             devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True,
-            features=frozenset({"lengths"}),
+            features=frozenset({"head_dim_v", "kv_layout", "kv_dtype", "lengths"}),
         )  # fmt: skip
 
     def availability(self) -> str | None:
@@ -78,12 +85,13 @@ class SdpaBackend(Contender):
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         if self.member != "MATH":
-            return super().predicted_extra_bytes(workload) + mask_bytes(workload)
+            return super().predicted_extra_bytes(workload) + mask_bytes(workload) + padding_bytes(workload)
         # The math backend materialises scores, probabilities and a masked copy, in at least fp32, and copies
         # k (measured on CPU, torch 2.13: one (B, Hq, Sk, D) copy; with GQA four: k and v expanded to Hq heads,
         # and copies of them; decode at B 8, 16k keys: 7.7 GiB at its peak RSS).
         w, element = workload, max(4, workload.torch_dtype.itemsize)
-        copies = (4 if w.kv_heads != w.heads else 1) * w.batch * w.heads * w.seq_k * w.head_dim * element
+        channels = 2 * (w.head_dim + w.head_dim_v) if w.kv_heads != w.heads else w.head_dim
+        copies = channels * w.batch * w.heads * w.seq_k * element
         return score_matrix_bytes(w, 3, element=element) + copies + mask_bytes(w)
 
     def unsupported_reason(self, workload: Workload) -> str | None:
@@ -111,15 +119,55 @@ class SdpaBackend(Contender):
             kwargs["attn_mask"] = inputs.bool_mask  # (B|1, 1, Sq, Sk) bool, True = visible
         if workload.kv_heads != workload.heads:
             kwargs["enable_gqa"] = True
-        q, k, v = inputs.q, inputs.k, inputs.v
+        q, load = inputs.q, inputs.kv_loader()  # k, v dequantized in the call when the cache is narrower
 
-        def run() -> torch.Tensor:
-            with sdpa_kernel([backend]):
-                out = F.scaled_dot_product_attention(q, k, v, **kwargs)
-            return out if empty is None else out.masked_fill(empty, 0.0)
+        def call(operands: Operands, head_dim_v: int | None = None) -> Callable[[], torch.Tensor]:
+            def run() -> torch.Tensor:
+                k, v = load()
+                with sdpa_kernel([backend]):
+                    out = F.scaled_dot_product_attention(*operands(q, k, v), **kwargs)
+                out = out if head_dim_v is None else out[..., :head_dim_v]
+                return out if empty is None else out.masked_fill(empty, 0.0)
 
-        _probe(run)
+            return run
+
+        run = call(lambda q, k, v: (q, k, v))
+        if workload.head_dim_v == workload.head_dim:
+            _probe(run)
+            return run
+        try:
+            _probe(run)  # the backend may take Ev ≠ E itself
+        except Unsupported:
+            run = call(_one_head_dim(workload), workload.head_dim_v)
+            _probe(run)
         return run
+
+
+Operands = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def _one_head_dim(w: Workload) -> Operands:
+    """q, k, v brought to one head dim, in the timed call, for a backend without a kernel for Ev ≠ E: a
+    latent cache's forward passes the whole cache as v (no copy); otherwise the narrower side is
+    zero-padded (zero channels add nothing to q·kᵀ; v's zero channels give output channels sliced away)."""
+    narrower = w.head_dim - w.head_dim_v
+    if w.kv_layout == "latent" and w.pass_ == "fwd":
+        return lambda q, k, v: (q, k, k)
+    if narrower > 0:
+        return lambda q, k, v: (q, k, F.pad(v, (0, narrower)))
+    return lambda q, k, v: (F.pad(q, (0, -narrower)), F.pad(k, (0, -narrower)), v)
+
+
+def padding_bytes(w: Workload) -> float:
+    """Memory model of :func:`_one_head_dim` (an upper bound: the backend may take Ev ≠ E itself): the padded
+    copies and the output at the wider head dim."""
+    if w.head_dim_v == w.head_dim:
+        return 0.0
+    wide = max(w.head_dim, w.head_dim_v)
+    padded = w.batch * w.kv_heads * w.seq_k * wide  # v padded
+    if w.head_dim_v > w.head_dim:  # q and k padded
+        padded = (w.batch * w.heads * w.seq_q + w.batch * w.kv_heads * w.seq_k) * wide
+    return float((padded + w.batch * w.heads * w.seq_q * wide) * w.torch_dtype.itemsize)
 
 
 def _probe(run: Callable[[], torch.Tensor]) -> None:

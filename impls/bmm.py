@@ -3,7 +3,10 @@
 Every mask comes as a dense boolean mask (a ragged or mixed batch's per sequence, (B, 1, Sq, Sk)), the score
 modifiers act on the materialised scores (softcap's tanh, alibi's bias added), learned sinks as gpt-oss's
 reference has them (a column of sink logits concatenated to the scores before the softmax, dropped after); a
-paged KV cache is gathered into k and v by the harness inside the timed call (``paged="gather"``).
+paged KV cache is gathered into k and v by the harness inside the timed call (``paged="gather"``); a cache in
+another kv_dtype is dequantized to the dtype first, in the call. v may have its own head dim Dv; with
+kv_layout latent (MLA) v is the view of the cache's first Dv channels, which the second bmm reads in place
+with its row stride (no copy).
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ class BatchedMatmul(Contender):
     name = "bmm"
     description = (
         "torch.bmm(q, kᵀ)·scale → masked softmax → torch.bmm(p, v); S² memory; a paged cache is gathered "
-        "inside the timed call"
+        "inside the timed call; a latent (MLA) cache's values read in place, strided"
     )
     capabilities = Capabilities(
         masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
-        features=frozenset({"sinks", "lengths"}),
+        features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths"}),
     )  # fmt: skip
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
@@ -35,18 +38,19 @@ class BatchedMatmul(Contender):
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         w = workload
-        B, Hkv, G, Sq, Sk, D = w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k, w.head_dim
+        B, Hkv, G, Sq, Sk, D, Dv = w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k, w.head_dim, w.head_dim_v
         q = inputs.q.reshape(B * Hkv, G * Sq, D)  # head h = kv_head·G + g, so this is a view
         hidden, empty = grouped_masks(inputs)
         bias, sinks = grouped_bias(inputs), inputs.sinks
-        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D)
+        scale, load = inputs.scale, inputs.kv_loader()  # k (B, Hkv, Sk, D), v (…, Dv), dequantized in the call
 
         def run() -> torch.Tensor:
+            k, v = load()
             k_t = k.reshape(B * Hkv, Sk, D).transpose(1, 2)  # (B·Hkv, D, Sk)
             scores = torch.bmm(q, k_t).mul_(scale).view(B, Hkv, G, Sq, Sk)
             scores = modify_scores(scores, w, bias)
             probs = masked_softmax(scores, hidden, empty, sinks).view(B * Hkv, G * Sq, Sk)
-            return torch.bmm(probs, v.reshape(B * Hkv, Sk, D)).view(B, Hkv * G, Sq, D)
+            return torch.bmm(probs, v.reshape(B * Hkv, Sk, Dv)).view(B, Hkv * G, Sq, Dv)
 
         return run
 

@@ -11,6 +11,11 @@ visits only its own pages. Learned sinks go through the kernel's log-sum-exp, as
 them: flex_attention(return_aux=AuxRequest(lse=True)), then out · sigmoid(lse − sink_h) outside the compiled kernel
 (``attnbench.impls._sinks``); gradients reach the sink logits through the lse (torch 2.13's flex backward
 takes the lse's gradient). GPU only: on CPU torch 2.13 compiles flex for inference without the lse.
+A cache in another kv_dtype is dequantized to the dtype at the start of each call (flex_attention takes q, k,
+v of one dtype), an fp8 pool with each page's own scale.
+
+flex_attention takes v with its own head dim Dv; a latent (MLA) cache's values go in as the strided view of
+its first Dv channels (paged: the same view of the one page pool), not a copy.
 
 Dynamo's cache is reset in ``prepare``, so the first timed call carries the compilation; the harness
 reports that call as ``first_call_ms`` and keeps it out of the timing samples.
@@ -26,6 +31,7 @@ import torch
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender, Unsupported, score_matrix_bytes
 from attnbench.impls._sinks import rescaled_by_sink
 from attnbench.inputs import AttentionInputs
+from attnbench.kv_cache import kv_loader
 from attnbench.masks import alibi_slopes, document_lengths, padding_lengths
 from attnbench.sequences import is_ragged, sequence_lengths, sequence_offsets
 from attnbench.workload import Workload
@@ -83,7 +89,7 @@ class FlexAttention(Contender):
     description = "torch.nn.attention.flex_attention under torch.compile (block-sparse masks, reads KV pages natively)"
     capabilities = Capabilities(
         masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16,
-        features=frozenset({"sinks", "lengths"}),
+        features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths"}),
     )  # fmt: skip
 
     def availability(self) -> str | None:
@@ -117,19 +123,24 @@ class FlexAttention(Contender):
         w, device = workload, inputs.q.device
         rule = _rule(w, device)
         paged = inputs.paged
-        k, v = inputs.k, inputs.v
         batch = w.batch if w.mask == "padding" or is_ragged(w) else None
         kv_len = w.seq_k
         block: dict[str, Any] = {}
         if paged is None:
+            load = inputs.kv_loader()  # k, v in the dtype (dequantized in the call when the cache is narrower)
             logical: Callable[[Any, Any], Any] = lambda b, kv_idx: kv_idx  # noqa: E731
             mask_mod = None if rule is None else (lambda b, h, q_idx, kv_idx: rule(b, q_idx, kv_idx))
         else:
             size, owner, position, seq_k = paged.page_size, paged.page_owner, paged.page_position, w.seq_k
             pages = paged.k_pages.shape[0]
             # (N, Hkv, P, D) -> (1, Hkv, N·P, D): the pool, per head, pages in pool order
-            k, v = (t.permute(1, 0, 2, 3).reshape(1, w.kv_heads, pages * size, w.head_dim)
+            k, v = (t.permute(1, 0, 2, 3).reshape(1, w.kv_heads, pages * size, t.shape[-1])
                     for t in (paged.k_pages, paged.v_pages))  # fmt: skip
+            # an fp8 pool's scales (N, Hkv, 1, 1) -> (1, Hkv, N·P, 1): each slot its page's scale
+            slots = (1, w.kv_heads, pages * size, 1)
+            k_scale, v_scale = (None if s is None else s.transpose(0, 1).expand(-1, -1, size, -1).reshape(slots)
+                                for s in (paged.k_scale, paged.v_scale))  # fmt: skip
+            load = kv_loader(k, v, k_scale, v_scale, w.torch_dtype)
 
             def logical(b: Any, kv_idx: Any) -> Any:
                 return position[kv_idx // size] * size + kv_idx % size
@@ -152,6 +163,7 @@ class FlexAttention(Contender):
         q, scale, gqa, sinks = inputs.q, inputs.scale, w.kv_heads != w.heads, inputs.sinks
 
         def run() -> torch.Tensor:
+            k, v = load()
             if sinks is not None:
                 out, aux = compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                                     enable_gqa=gqa, return_aux=AuxRequest(lse=True))  # fmt: skip

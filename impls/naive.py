@@ -6,8 +6,9 @@ mixed batch's rows each their own sequence's), so the
 loop slices keys lo:hi, with the ranges worked out before timing; alibi's bias row is a slice of a bias
 built before timing, softcap a tanh on the row's scores; learned sinks join each row's softmax as one more
 logit whose weight is dropped (``attnbench.impls._sinks``). A paged cache is gathered back into contiguous
-k and v by the harness at the start of each call. It is the slow baseline that makes the others' speedups concrete;
-CPU only (on a GPU it would measure kernel-launch latency, not attention).
+k and v by the harness at the start of each call, and a cache in another kv_dtype dequantized whole (as its
+users would before looping) at the start of each call. It is the slow baseline that makes the others' speedups
+concrete; CPU only (on a GPU it would measure kernel-launch latency, not attention).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class NaiveLoop(Contender):
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ (pages gathered first)"
     capabilities = Capabilities(
         devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False,
-        features=frozenset({"sinks", "lengths"}),
+        # latent: v's rows slice the cache's
+        features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths"}),
     )  # fmt: skip
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
@@ -39,24 +41,25 @@ class NaiveLoop(Contender):
         matrix-vector product is bandwidth-bound), plus the arithmetic."""
         w = workload
         rows = w.batch * w.heads * w.seq_q
-        key_value_bytes = workload_pairs(w) * w.heads * 2 * w.head_dim * w.torch_dtype.itemsize
+        key_value_bytes = workload_pairs(w) * w.heads * (w.head_dim + w.head_dim_v) * w.torch_dtype.itemsize
         return rows * SECONDS_PER_ROW + key_value_bytes / bytes_per_s + attention_flops(w) / flops_per_s
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         w = workload
         q = inputs.q.detach()
         scale, group = inputs.scale, w.gqa_group
-        k, v = inputs.k.detach(), inputs.v.detach()  # views of the tensors a paged cache is gathered into
+        load = inputs.kv_loader()  # reads the tensors a paged cache is gathered into; dequantizes a narrowed one
         lo, hi = (t.expand(w.batch, w.seq_q).tolist() for t in key_ranges(w))
         bias = inputs.alibi_bias  # (1 or B, H, Sq, Sk) or None
         softcap = w.softcap if w.score_mod == "softcap" else None
         sinks = None if inputs.sinks is None else inputs.sinks.detach()  # (Hq,)
 
         def run() -> torch.Tensor:
-            out = torch.zeros(w.batch, w.heads, w.seq_q, w.head_dim, dtype=q.dtype, device=q.device)
+            out = torch.zeros(w.batch, w.heads, w.seq_q, w.head_dim_v, dtype=q.dtype, device=q.device)
+            k, v = (t.detach() for t in load())
             for b in range(w.batch):
                 for h in range(w.heads):
-                    keys, values = k[b, h // group], v[b, h // group]  # (Sk, D)
+                    keys, values = k[b, h // group], v[b, h // group]  # (Sk, D), (Sk, Dv)
                     for i in range(w.seq_q):
                         start, end = lo[b][i], hi[b][i]
                         if end <= start:

@@ -14,7 +14,11 @@ from attnbench.reference import reference_grads, reference_output, sample_rows
 
 # (atol, rtol): pass when |out - ref| <= atol + rtol·|ref| everywhere. Chosen a few output ulps wide
 # for the dtype at |out| ≈ 1 (outputs are averages of unit normals), so rounding passes and a wrong
-# mask, scale or head mapping (errors of order 0.1–1) never does.
+# mask, scale or head mapping (errors of order 0.1–1) never does. A KV cache narrower than the dtype
+# (kv_dtype: bf16, or fp8 with scales) keeps the dtype's tolerance: the reference reads the stored values
+# times their scales, so fp8's rounding of k and v (up to 2^-4 of a value in e4m3, 2^-3 in e5m2) is in the
+# data both sides see; a contender adds at most one rounding of the dequantized k and v to the dtype, the
+# size of its compute's own (tests/test_kv_dtype.py measures both, and that reading the draws instead fails).
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float64": (1e-9, 1e-9),
     "float32": (1e-4, 1e-4),
@@ -60,14 +64,14 @@ def check_output(
     output: object,
     reference: Callable[[AttentionInputs, torch.Tensor], torch.Tensor] = reference_output,
 ) -> CheckResult:
-    """Compare ``output`` (B, Hq, Sq, D) with the float64 reference on sampled query rows."""
+    """Compare ``output`` (B, Hq, Sq, Dv) with the float64 reference on sampled query rows."""
     w = inputs.workload
     atol, rtol = TOLERANCES[w.dtype]
     rows = sample_rows(w.seq_q)
-    expected_shape = (w.batch, w.heads, w.seq_q, w.head_dim)
+    expected_shape = (w.batch, w.heads, w.seq_q, w.head_dim_v)
     if isinstance(output, torch.Tensor) and tuple(output.shape) == expected_shape:
         output = output[:, :, rows.to(output.device)]
-        expected_shape = (w.batch, w.heads, len(rows), w.head_dim)
+        expected_shape = (w.batch, w.heads, len(rows), w.head_dim_v)
     with uncached():  # the float64 temporaries leave no fragments in the allocator's cache
         result = compare(output, reference(inputs, rows), expected_shape, atol, rtol, len(rows))
     reason = result.reason + (f" ({w.dtype})" if result.reason.startswith("max_abs_err") else "")

@@ -68,6 +68,8 @@ class Capabilities:
             return f"paged KV (page_size {w.page_size}) not supported: this contender reads contiguous k and v only"
         if w.page_size and w.pass_ != "fwd":
             return "paged KV is the decode-time cache layout: forward only"
+        if w.kv_dtype != w.dtype and w.pass_ != "fwd":
+            return f"kv_dtype {w.kv_dtype} is a serving cache's storage, not trained: forward only"
         for axis in DECLARED:
             value = getattr(w, axis.workload_field)
             if axis.departs(w) and axis.name not in self.features and f"{axis.name}={value}" not in self.features:
@@ -88,7 +90,7 @@ class Capabilities:
 
 
 def output_bytes(w: Workload) -> float:
-    return float(w.batch * w.heads * w.seq_q * w.head_dim * w.torch_dtype.itemsize)
+    return float(w.batch * w.heads * w.seq_q * w.head_dim_v * w.torch_dtype.itemsize)
 
 
 def score_matrix_bytes(w: Workload, copies: float, element: int | None = None) -> float:
@@ -133,8 +135,12 @@ class Contender(abc.ABC):
             return "a whole multi-head attention module: it runs in the mha suite (module mha)"
         if workload.module == "mha" and workload.pass_ != "fwd":
             return "the mha module is timed forward only"
+        if workload.module == "mha" and (workload.head_dim_v != workload.head_dim or workload.kv_layout != "separate"):
+            return "the mha module projects q, k and v alike to heads·head_dim channels: no head_dim_v, no latent cache"
         if workload.module == "mha" and workload.page_size:
             return "the mha module projects k and v into contiguous buffers each call; a paged cache has no place there"
+        if workload.module == "mha" and workload.kv_dtype != workload.dtype:
+            return "the mha module projects k and v in the dtype each call; a cache's kv_dtype has no place there"
         if self.kind == "scoring" and workload.score_mod != "none":
             return f"a scoring function replaces the scaled dot product that score_mod {workload.score_mod} modifies"
         return self.capabilities.unsupported_reason(workload)
@@ -159,7 +165,7 @@ class Contender(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
-        """Do all set-up, then return the zero-argument callable that computes the (B, Hq, Sq, D) output.
+        """Do all set-up, then return the zero-argument callable that computes the (B, Hq, Sq, Dv) output.
         The callable reads ``inputs.k`` and ``inputs.v`` (those tensors, not copies made here): for a paged
         workload this contender does not read natively, the harness writes the gathered pages into them
         before each call."""

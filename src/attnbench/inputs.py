@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench import kv_cache
 from attnbench.allocator import uncached
 from attnbench.masks import alibi_bias, dense_mask_of, has_empty_rows, padding_lengths
 from attnbench.paged import PagedKV, make_paged
@@ -32,13 +33,17 @@ def workload_seed(workload: Workload, seed: int = DEFAULT_SEED) -> int:
 
 @dataclass(frozen=True, eq=False)
 class AttentionInputs:
-    """q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D), in the workload's dtype and device."""
+    """q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv), in the workload's dtype and device (k and v in
+    its kv_dtype: an fp8 cache with its float32 scales, see ``attnbench.kv_cache``). With kv_layout latent (MLA)
+    k is the one cache (B, 1, Sk, D) and v the view of its first Dv channels (and v_scale is k_scale)."""
 
     workload: Workload
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
-    grad_out: torch.Tensor  # (B, Hq, Sq, D), the fixed upstream gradient for backward passes
+    grad_out: torch.Tensor  # (B, Hq, Sq, Dv), the fixed upstream gradient for backward passes
+    k_scale: torch.Tensor | None = None  # fp8 cache: (B, Hkv, blocks, 1) float32, a block per sequence or page
+    v_scale: torch.Tensor | None = None
 
     @property
     def scale(self) -> float:
@@ -70,7 +75,16 @@ class AttentionInputs:
         if not w.page_size:
             return None
         with uncached():  # its transient copies leave no fragments in the allocator's cache
-            return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1)
+            latent, scales = w.kv_layout == "latent", (self.k_scale, self.v_scale)
+            return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1, latent, scales)
+
+    def kv_loader(self) -> kv_cache.KvLoad:
+        """What a contender calls first in its timed callable to read k and v (these tensors, where a paged
+        cache's gather writes) in the dtype: themselves, or dequantized (``attnbench.kv_cache``)."""
+        w = self.workload
+        k_scale, v_scale = (None if s is None else kv_cache.position_scales(s, kv_cache.scale_block(w), w.seq_k)
+                            for s in (self.k_scale, self.v_scale))  # fmt: skip
+        return kv_cache.kv_loader(self.k, self.v, k_scale, v_scale, w.torch_dtype)
 
     @functools.cached_property
     def empty_rows(self) -> torch.Tensor | None:
@@ -128,12 +142,21 @@ def _make_inputs(workload: Workload, seed: int, requires_grad: bool) -> Attentio
     w = workload
     generator = torch.Generator(device=w.device).manual_seed(workload_seed(w, seed))
 
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=w.device, dtype=torch.float32)
+
     def randn(*shape: int) -> torch.Tensor:
-        t = torch.randn(*shape, generator=generator, device=w.device, dtype=torch.float32)
-        return t.to(w.torch_dtype).requires_grad_(requires_grad)
+        return draw(*shape).to(w.torch_dtype).requires_grad_(requires_grad)
+
+    def cache(*shape: int) -> tuple[torch.Tensor, torch.Tensor | None]:  # a narrowed cache is not trained
+        if w.kv_dtype == w.dtype:
+            return randn(*shape), None
+        return kv_cache.quantize(draw(*shape), w)
 
     q = randn(w.batch, w.heads, w.seq_q, w.head_dim)
-    k = randn(w.batch, w.kv_heads, w.seq_k, w.head_dim)
-    v = randn(w.batch, w.kv_heads, w.seq_k, w.head_dim)
-    grad_out = randn(w.batch, w.heads, w.seq_q, w.head_dim).detach()
-    return AttentionInputs(w, q, k, v, grad_out)
+    k, k_scale = cache(w.batch, w.kv_heads, w.seq_k, w.head_dim)
+    # latent (MLA): values are the first Dv channels of the one cache — a view, no second tensor, k's scales
+    latent = w.kv_layout == "latent"
+    v, v_scale = (k[..., : w.head_dim_v], k_scale) if latent else cache(w.batch, w.kv_heads, w.seq_k, w.head_dim_v)
+    grad_out = randn(w.batch, w.heads, w.seq_q, w.head_dim_v).detach()
+    return AttentionInputs(w, q, k, v, grad_out, k_scale=k_scale, v_scale=v_scale)

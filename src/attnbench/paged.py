@@ -3,6 +3,8 @@
 Keys and values live in a pool of pages, k_pages and v_pages (N, Hkv, P, D) with P = page_size (the
 "HND" page layout). Sequence b owns n = ceil(Sk / P) pages; ``page_table[b, p]`` (int32) is the pool
 index of the page holding its positions p·P … p·P + P − 1 (the tail of the last page is unused, zeros).
+An fp8 cache (``attnbench.kv_cache``) was quantized page by page: each pool page carries its own float32
+scale, k_scale and v_scale (N, Hkv, 1, 1), moved with it.
 Pages are assigned to the pool in a seeded-shuffled order, so logically adjacent pages are scattered in
 memory as in a real cache that has been filled and freed for a while.
 
@@ -33,20 +35,24 @@ def pages_per_sequence(seq_k: int, page_size: int) -> int:
 
 
 def pool_bytes(w: Workload) -> float:
-    """The page pool of a paged workload: k_pages and v_pages, whole pages; 0 for a contiguous cache."""
+    """The page pool of a paged workload: k_pages and v_pages, whole pages (latent: the one pool of the
+    cache); 0 for a contiguous cache."""
     if not w.page_size:
         return 0.0
     slots = w.batch * w.kv_heads * pages_per_sequence(w.seq_k, w.page_size) * w.page_size
-    return 2.0 * slots * w.head_dim * w.torch_dtype.itemsize
+    channels = w.head_dim + (0 if w.kv_layout == "latent" else w.head_dim_v)
+    return float(slots * channels * w.kv_torch_dtype.itemsize)
 
 
 @dataclass(frozen=True, eq=False)
 class PagedKV:
     k_pages: torch.Tensor  # (N, Hkv, P, D), N = B · pages per sequence
-    v_pages: torch.Tensor  # (N, Hkv, P, D)
+    v_pages: torch.Tensor  # (N, Hkv, P, Dv); with kv_layout latent the view k_pages[..., :Dv] (one pool)
     page_table: torch.Tensor  # (B, pages per sequence) int32: pool index of each logical page
     page_size: int
     seq_k: int
+    k_scale: torch.Tensor | None = None  # fp8: (N, Hkv, 1, 1) float32, each pool page's scale
+    v_scale: torch.Tensor | None = None
 
     @functools.cached_property
     def page_owner(self) -> torch.Tensor:
@@ -65,15 +71,21 @@ class PagedKV:
         return position
 
 
-def make_paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int) -> PagedKV:
-    """Copy contiguous k and v (B, Hkv, Sk, D) into a shuffled page pool with a page table."""
-    batch, kv_heads, seq_k, head_dim = k.shape
+def make_paged(
+    k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int, latent: bool = False,
+    scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+) -> PagedKV:  # fmt: skip
+    """Copy contiguous k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv) into a shuffled page pool with a page table.
+    ``latent`` (MLA, v the first Dv channels of k): one pool, v_pages the view of k_pages' first channels. An
+    fp8 cache's per-page ``scales`` (B, Hkv, pages, 1) go to the pool with their pages."""
+    batch, kv_heads, seq_k, _ = k.shape
     pages = pages_per_sequence(seq_k, page_size)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     order = torch.randperm(batch * pages, generator=generator).to(k.device)
     table = order.view(batch, pages)
 
     def pool(t: torch.Tensor) -> torch.Tensor:
+        head_dim = t.shape[-1]
         padded = t.new_zeros(batch, kv_heads, pages * page_size, head_dim)
         padded[:, :, :seq_k] = t.detach()
         logical = padded.view(batch, kv_heads, pages, page_size, head_dim).transpose(1, 2)  # (B, n, Hkv, P, D)
@@ -81,7 +93,18 @@ def make_paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int) -> P
         out[table.flatten()] = logical.reshape(batch * pages, kv_heads, page_size, head_dim)
         return out
 
-    return PagedKV(pool(k), pool(v), table.to(torch.int32), page_size, seq_k)
+    def pool_scale(scale: torch.Tensor | None) -> torch.Tensor | None:
+        if scale is None:
+            return None
+        out = scale.new_empty(batch * pages, kv_heads, 1, 1)
+        out[table.flatten()] = scale.transpose(1, 2).reshape(batch * pages, kv_heads, 1, 1)
+        return out
+
+    k_pages = pool(k)
+    v_pages = k_pages[..., : v.shape[-1]] if latent else pool(v)
+    k_scale = pool_scale(scales[0])
+    v_scale = k_scale if latent else pool_scale(scales[1])
+    return PagedKV(k_pages, v_pages, table.to(torch.int32), page_size, seq_k, k_scale, v_scale)
 
 
 def gather_pages(
@@ -106,16 +129,19 @@ def gather_pages(
 def gather_bytes(w: Workload) -> float:
     """Working memory of the harness's gather at its peak: the picked pages of k (then of v), whole pages."""
     pages = w.batch * pages_per_sequence(w.seq_k, w.page_size) if w.page_size else 0
-    return float(pages * w.kv_heads * w.page_size * w.head_dim * w.torch_dtype.itemsize)
+    return float(pages * w.kv_heads * w.page_size * max(w.head_dim, w.head_dim_v) * w.kv_torch_dtype.itemsize)
 
 
 def gathered(paged: PagedKV, k: torch.Tensor, v: torch.Tensor, forward: Callable[[], T]) -> Callable[[], T]:
     """``forward`` preceded, in the same call, by the gather of the page pool into ``k`` and ``v`` — the
     contiguous tensors the contender was prepared with, so it computes on what was just gathered."""
 
+    shared = v.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()  # latent: v is k's view
+
     def run() -> T:
         gather_pages(paged.k_pages, paged.page_table, paged.seq_k, out=k)
-        gather_pages(paged.v_pages, paged.page_table, paged.seq_k, out=v)
+        if not shared:  # one cache (latent): its gather already wrote the values
+            gather_pages(paged.v_pages, paged.page_table, paged.seq_k, out=v)
         return forward()
 
     return run

@@ -2,8 +2,10 @@
 
 It re-implements each mask rule and score modifier from its definition (see ``attnbench.masks`` for the
 rules: it shares only the data — padding, document and per-sequence lengths — never the code that builds masks), expands
-GQA heads by index, and works on a sample of query rows at long sequence lengths so that checking a
-16k-token case costs a few hundred rows, not the whole S×S score matrix.
+GQA heads by index, reads an fp8 KV cache as its stored values times their scales (``attnbench.kv_cache``
+says what is stored; the dequantization is written here again, in float64), and works on a sample of
+query rows at long sequence lengths so that checking a 16k-token case costs a few hundred rows, not the
+whole S×S score matrix.
 
 Learned sinks (gpt-oss) from their definition: with m a row's largest logit (sink included),
 out_i = Σ_j exp(s_ij − m)·v_j / (exp(sink_h − m) + Σ_j exp(s_ij − m)) over the visible keys j. A row that
@@ -88,9 +90,9 @@ def reference_attention(
     score: Score | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """softmax(q·kᵀ·scale + mask)·v in float64, differentiable: q (B, Hq, R, D) holds the given query rows,
-    k and v (B, Hkv, Sk, D). Rows that see no key give zeros. One batch element at a time, each in a
-    call of its own, so the float64 copies of one element's k and v are gone before the next's are made.
-    ``sinks`` (Hq,): the sink logits to differentiate; by default the inputs' own (none without sinks)."""
+    k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv). Rows that see no key give zeros. One batch element at a time,
+    each in a call of its own, so the float64 copies of one element's k and v are gone before the next's are
+    made. ``sinks`` (Hq,): the sink logits to differentiate; by default the inputs' own (none without sinks)."""
     w = inputs.workload
     if sinks is None and inputs.sinks is not None:
         sinks = inputs.sinks.detach()
@@ -101,10 +103,10 @@ def _one_sequence(
     inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, rows: torch.Tensor,
     score: Score | None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """(Hq, R, Dv) for batch element ``b``: q (Hq, R, D), k and v (Hkv, Sk, D); sinks (Hq,) or None."""
+    """(Hq, R, Dv) for batch element ``b``: q (Hq, R, D), k (Hkv, Sk, D), v (Hkv, Sk, Dv); sinks (Hq,) or None."""
     w = inputs.workload
     group, count = w.gqa_group, len(rows)
-    keys, values = k.double(), v.double()  # (Hkv, Sk, D)
+    keys, values = _cached64(w, k, inputs.k_scale, b), _cached64(w, v, inputs.v_scale, b)  # (Hkv, Sk, D)
     if score is None:  # query head h = kv head h // G: (Hkv, G·R, D) rows against their own kv head, no copies
         grouped = q.double().reshape(w.kv_heads, group * count, -1)
         scores = torch.matmul(grouped, keys.transpose(-1, -2)).view(w.heads, count, w.seq_k) * w.softmax_scale
@@ -129,12 +131,30 @@ def _one_sequence(
     return torch.matmul(grouped_probs, values).reshape(w.heads, count, -1)  # (Hq, R, Dv)
 
 
+def values_of(w: Workload, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The values attention weighs: v, or with kv_layout latent (MLA) by definition the first head_dim_v
+    channels of the one cache k — taken here from k itself, whatever the inputs' v is."""
+    return k[..., : w.head_dim_v] if w.kv_layout == "latent" else v
+
+
+def _cached64(w: Workload, stored: torch.Tensor, scale: torch.Tensor | None, b: int) -> torch.Tensor:
+    """Batch element ``b``'s k or v as the cache holds it, in float64: the stored values, times the scale of
+    their block (an fp8 cache: one per sequence and kv head, or per page of ``page_size`` positions)."""
+    values = stored.double()
+    if scale is None:
+        return values
+    per_block = scale[b].double()  # (Hkv, blocks, 1)
+    block = w.page_size if per_block.shape[1] > 1 else w.seq_k
+    return values * per_block.repeat_interleave(block, dim=1)[:, : w.seq_k]
+
+
 def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score | None = None) -> torch.Tensor:
-    """The float64 output for the given query rows: (B, Hq, R, D). ``score`` replaces the scaled dot
+    """The float64 output for the given query rows: (B, Hq, R, Dv). ``score`` replaces the scaled dot
     product (for the scoring suite's functions); the mask, softmax and weighting stay this module's."""
     rows = rows.to(inputs.q.device)
     q = inputs.q.detach()[:, :, rows].double()
-    return reference_attention(inputs, q, inputs.k.detach(), inputs.v.detach(), rows, score)
+    k = inputs.k.detach()
+    return reference_attention(inputs, q, k, values_of(inputs.workload, k, inputs.v.detach()), rows, score)
 
 
 GRAD_CHUNK_ELEMENTS = 2**25  # float64 scores per chunk of query rows, all batch elements (256 MiB)
@@ -145,12 +165,14 @@ def reference_grads(inputs: AttentionInputs) -> tuple[torch.Tensor, ...]:
     fourth: the sink logits' (Hq,).
 
     Every query row contributes to dk and dv (and to the sinks' gradient), so no sampling here: query rows
-    go through in chunks sized to bound memory, dq chunk by chunk and dk, dv summed over the chunks.
+    go through in chunks sized to bound memory, dq chunk by chunk and dk, dv summed over the chunks. With
+    kv_layout latent v is the view of k's first Dv channels, so dk is the whole cache's gradient (through
+    keys and values) and dv the values' part, as autograd gives them for a contender's (q, k, v).
     """
     w = inputs.workload
     q = inputs.q.detach().double()
     k = inputs.k.detach().double().requires_grad_()
-    v = inputs.v.detach().double().requires_grad_()
+    v = values_of(w, k, inputs.v.detach().double().requires_grad_())
     upstream = inputs.grad_out.double()
     sinks = None if inputs.sinks is None else inputs.sinks.detach().double().requires_grad_()
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -182,7 +204,7 @@ def reference_bytes(w: Workload, rows: int, repeated_keys: bool = False) -> floa
     comparison copies. Backward passes add the float64 gradients (reference_grads): q, k, v, upstream,
     dq, dk, dv and one chunk's graph."""
     f64 = 8.0
-    heads, kv_heads, seq_k, dim = w.heads, w.kv_heads, w.seq_k, w.head_dim
+    heads, kv_heads, seq_k, dim = w.heads, w.kv_heads, w.seq_k, max(w.head_dim, w.head_dim_v)
     copies = SCORE_COPIES + (MODIFIER_COPIES if w.score_mod != "none" else 0)
     per_sequence = f64 * (2 * kv_heads * seq_k * dim + (heads * seq_k * dim if repeated_keys else 0))
     per_sequence += f64 * copies * heads * rows * seq_k + 2.0 * rows * seq_k  # scores; visible (bool) and its not
