@@ -26,9 +26,9 @@ def materialised_bytes(w: Workload) -> float:
 
 
 def grouped_bias(inputs: AttentionInputs) -> torch.Tensor | None:
-    """The alibi bias as (1, Hkv, G, Sq, Sk), or None without alibi."""
+    """The alibi bias as (1 or B, Hkv, G, Sq, Sk), or None without alibi."""
     bias, w = inputs.alibi_bias, inputs.workload
-    return None if bias is None else bias.view(1, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k)
+    return None if bias is None else bias.view(-1, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k)
 
 
 def grouped_masks(inputs: AttentionInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:

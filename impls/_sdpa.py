@@ -5,12 +5,14 @@ masquerade as another: the call runs under ``sdpa_kernel([backend])`` alone, and
 no kernel for the workload torch raises, which we report as ``unsupported`` with torch's own warnings
 as the reason.
 
-Masks other than top-left causal go in as SDPA users pass them: a dense boolean ``attn_mask``, or an
+Masks other than top-left causal go in as SDPA users pass them: a dense boolean ``attn_mask`` (a ragged or
+mixed batch's per sequence, (B, 1, Sq, Sk), as users pad a varlen batch for SDPA), or an
 additive float one carrying alibi's bias with −inf where the mask hides a key; that mask is built in
 ``prepare`` and its memory is part of the memory model. softcap has no place in SDPA (it would need the
 scores), so it is unsupported, and so are learned sinks (SDPA's softmax denominator sums the keys only, and
 it returns no log-sum-exp to rescale by); a paged cache is gathered back into contiguous k and v by the
-harness inside the timed call.
+harness inside the timed call; a cache in another kv_dtype (SDPA takes q, k, v of one dtype) is dequantized
+in the call.
 
 Values with their own head dim Dv (torch documents value (…, S, Ev)) go in as they are, and a latent (MLA)
 cache's values as the view of its first Dv channels. Where the backend has no kernel for Ev ≠ E (CPU flash
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 
 from attnbench.contender import ALL_MASKS, Capabilities, Contender, Unsupported, score_matrix_bytes
 from attnbench.inputs import AttentionInputs
+from attnbench.sequences import is_ragged
 from attnbench.workload import Workload
 
 SOFTCAP = "score_mod softcap not supported: SDPA takes a mask, not a function of the scores (softcap needs tanh)"
@@ -41,12 +44,12 @@ SINKS = (
 
 
 def mask_bytes(w: Workload) -> float:
-    """The mask SDPA is given."""
-    extra = 0.0
-    if w.score_mod == "alibi":  # additive float mask: one per head, per batch element for padding
-        extra += (w.batch if w.mask == "padding" else 1) * w.heads * w.seq_q * w.seq_k * w.torch_dtype.itemsize
-    elif w.mask not in ("none", "causal"):  # boolean mask
-        extra += (w.batch if w.mask == "padding" else 1) * w.seq_q * w.seq_k
+    """The mask SDPA is given (per batch element for padding and for a ragged or mixed batch)."""
+    extra, per_batch = 0.0, w.mask == "padding" or is_ragged(w)
+    if w.score_mod == "alibi":  # additive float mask: one per head
+        extra += (w.batch if per_batch else 1) * w.heads * w.seq_q * w.seq_k * w.torch_dtype.itemsize
+    elif w.mask not in ("none", "causal") or is_ragged(w):  # boolean mask
+        extra += (w.batch if per_batch else 1) * w.seq_q * w.seq_k
     return extra
 
 
@@ -68,7 +71,7 @@ class SdpaBackend(Contender):
         self.description = description
         self.capabilities = Capabilities(
             devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True,
-            features=frozenset({"head_dim_v", "kv_layout", "shared_prefix"}),
+            features=frozenset({"head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
         )  # fmt: skip
 
     def availability(self) -> str | None:
@@ -110,48 +113,49 @@ class SdpaBackend(Contender):
                 additive = additive.masked_fill(~inputs.bool_mask, float("-inf"))
             kwargs["attn_mask"] = additive
             empty = inputs.empty_rows  # rows of −inf only would come out NaN; the definition says zeros
-        elif workload.mask == "causal":
+        elif workload.mask == "causal" and not is_ragged(workload):
             kwargs["is_causal"] = True  # top-left, which is torch's definition
-        elif workload.mask != "none":
+        elif inputs.bool_mask is not None:
             kwargs["attn_mask"] = inputs.bool_mask  # (B|1, 1, Sq, Sk) bool, True = visible
         if workload.kv_heads != workload.heads:
             kwargs["enable_gqa"] = True
-        q, k, v = inputs.q, inputs.k, inputs.v
+        q, load = inputs.q, inputs.kv_loader()  # k, v dequantized in the call when the cache is narrower
 
         def call(operands: Operands, head_dim_v: int | None = None) -> Callable[[], torch.Tensor]:
             def run() -> torch.Tensor:
+                k, v = load()
                 with sdpa_kernel([backend]):
-                    out = F.scaled_dot_product_attention(*operands(), **kwargs)
+                    out = F.scaled_dot_product_attention(*operands(q, k, v), **kwargs)
                 out = out if head_dim_v is None else out[..., :head_dim_v]
                 return out if empty is None else out.masked_fill(empty, 0.0)
 
             return run
 
-        run = call(lambda: (q, k, v))
+        run = call(lambda q, k, v: (q, k, v))
         if workload.head_dim_v == workload.head_dim:
             _probe(run)
             return run
         try:
             _probe(run)  # the backend may take Ev ≠ E itself
         except Unsupported:
-            run = call(_one_head_dim(workload, q, k, v), workload.head_dim_v)
+            run = call(_one_head_dim(workload), workload.head_dim_v)
             _probe(run)
         return run
 
 
-Operands = Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+Operands = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def _one_head_dim(w: Workload, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Operands:
+def _one_head_dim(w: Workload) -> Operands:
     """q, k, v brought to one head dim, in the timed call, for a backend without a kernel for Ev ≠ E: a
     latent cache's forward passes the whole cache as v (no copy); otherwise the narrower side is
     zero-padded (zero channels add nothing to q·kᵀ; v's zero channels give output channels sliced away)."""
     narrower = w.head_dim - w.head_dim_v
     if w.kv_layout == "latent" and w.pass_ == "fwd":
-        return lambda: (q, k, k)
+        return lambda q, k, v: (q, k, k)
     if narrower > 0:
-        return lambda: (q, k, F.pad(v, (0, narrower)))
-    return lambda: (F.pad(q, (0, -narrower)), F.pad(k, (0, -narrower)), v)
+        return lambda q, k, v: (q, k, F.pad(v, (0, narrower)))
+    return lambda q, k, v: (F.pad(q, (0, -narrower)), F.pad(k, (0, -narrower)), v)
 
 
 def padding_bytes(w: Workload) -> float:

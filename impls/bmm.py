@@ -1,11 +1,12 @@
 """``bmm`` — two batched matmuls around a softmax, materialising the (B, H, Sq, Sk) score matrix.
 
-Every mask comes as a dense boolean mask, the score modifiers act on the materialised scores (softcap's
-tanh, alibi's bias added), learned sinks as gpt-oss's reference has them (a column of sink logits
-concatenated to the scores before the softmax, dropped after); a paged KV cache is gathered into k and v by
-the harness inside the timed call (``paged="gather"``). v may have its own head dim Dv; with kv_layout latent
-(MLA) v is the view of the cache's first Dv channels, which the second bmm reads in place with its row
-stride (no copy).
+Every mask comes as a dense boolean mask (a ragged or mixed batch's per sequence, (B, 1, Sq, Sk)), the score
+modifiers act on the materialised scores (softcap's tanh, alibi's bias added), learned sinks as gpt-oss's
+reference has them (a column of sink logits concatenated to the scores before the softmax, dropped after); a
+paged KV cache is gathered into k and v by the harness inside the timed call (``paged="gather"``); a cache in
+another kv_dtype is dequantized to the dtype first, in the call. v may have its own head dim Dv; with
+kv_layout latent (MLA) v is the view of the cache's first Dv channels, which the second bmm reads in place
+with its row stride (no copy).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class BatchedMatmul(Contender):
     )
     capabilities = Capabilities(
         masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
-        features=frozenset({"sinks", "head_dim_v", "kv_layout", "shared_prefix"}),
+        features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
     )  # fmt: skip
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
@@ -41,9 +42,10 @@ class BatchedMatmul(Contender):
         q = inputs.q.reshape(B * Hkv, G * Sq, D)  # head h = kv_head·G + g, so this is a view
         hidden, empty = grouped_masks(inputs)
         bias, sinks = grouped_bias(inputs), inputs.sinks
-        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D), (B, Hkv, Sk, Dv)
+        scale, load = inputs.scale, inputs.kv_loader()  # k (B, Hkv, Sk, D), v (…, Dv), dequantized in the call
 
         def run() -> torch.Tensor:
+            k, v = load()
             k_t = k.reshape(B * Hkv, Sk, D).transpose(1, 2)  # (B·Hkv, D, Sk)
             scores = torch.bmm(q, k_t).mul_(scale).view(B, Hkv, G, Sq, Sk)
             scores = modify_scores(scores, w, bias)

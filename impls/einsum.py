@@ -1,6 +1,6 @@
 """``einsum`` — the same computation as ``bmm`` written with torch.einsum (same masks, score modifiers,
-learned sinks and paged-cache gather by the harness; v's own head dim Dv, and a latent (MLA) cache's values
-as the strided view einsum's bmm reads in place)."""
+learned sinks and paged-cache gather by the harness, same dequantization of a narrowed cache in the call; v's
+own head dim Dv, and a latent (MLA) cache's values as the strided view einsum's bmm reads in place)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class Einsum(Contender):
     description = "torch.einsum scores → masked softmax → torch.einsum with v; S² memory; pages gathered in the call"
     capabilities = Capabilities(
         masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
-        features=frozenset({"sinks", "head_dim_v", "kv_layout", "shared_prefix"}),
+        features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
     )  # fmt: skip
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
@@ -31,9 +31,10 @@ class Einsum(Contender):
         q = inputs.q.view(w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.head_dim)  # (B, Hkv, G, Sq, D)
         hidden, empty = grouped_masks(inputs)
         bias, sinks = grouped_bias(inputs), inputs.sinks
-        scale, k, v = inputs.scale, inputs.k, inputs.v  # (B, Hkv, Sk, D), (B, Hkv, Sk, Dv)
+        scale, load = inputs.scale, inputs.kv_loader()  # k (B, Hkv, Sk, D), v (…, Dv), dequantized in the call
 
         def run() -> torch.Tensor:
+            k, v = load()
             scores = modify_scores(torch.einsum("bhgqd,bhkd->bhgqk", q, k) * scale, w, bias)
             probs = masked_softmax(scores, hidden, empty, sinks)
             out = torch.einsum("bhgqk,bhkd->bhgqd", probs, v)

@@ -1,12 +1,14 @@
 """``naive`` — the textbook definition as Python loops: for each batch, head and query row q,
 f(q) = Σᵢ softmax(s(q·kᵢ·scale))·vᵢ over the keys the mask leaves visible, s the score modifier.
 
-Every mask we support leaves each query row one range of keys [lo, hi) (``masks.key_ranges``), so the
+Every mask we support leaves each query row one range of keys [lo, hi) (``masks.key_ranges``; a ragged or
+mixed batch's rows each their own sequence's), so the
 loop slices keys lo:hi, with the ranges worked out before timing; alibi's bias row is a slice of a bias
 built before timing, softcap a tanh on the row's scores; learned sinks join each row's softmax as one more
 logit whose weight is dropped (``attnbench.impls._sinks``). A paged cache is gathered back into contiguous
-k and v by the harness at the start of each call. It is the slow baseline that makes the others' speedups concrete;
-CPU only (on a GPU it would measure kernel-launch latency, not attention).
+k and v by the harness at the start of each call, and a cache in another kv_dtype dequantized whole (as its
+users would before looping) at the start of each call. It is the slow baseline that makes the others' speedups
+concrete; CPU only (on a GPU it would measure kernel-launch latency, not attention).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ class NaiveLoop(Contender):
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ (pages gathered first)"
     capabilities = Capabilities(
         devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False,
-        features=frozenset({"sinks", "head_dim_v", "kv_layout", "shared_prefix"}),  # latent: v's rows slice the cache
+        # latent: v's rows slice the cache's
+        features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
     )  # fmt: skip
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
@@ -45,14 +48,15 @@ class NaiveLoop(Contender):
         w = workload
         q = inputs.q.detach()
         scale, group = inputs.scale, w.gqa_group
-        k, v = inputs.k.detach(), inputs.v.detach()  # views of the tensors a paged cache is gathered into
+        load = inputs.kv_loader()  # reads the tensors a paged cache is gathered into; dequantizes a narrowed one
         lo, hi = (t.expand(w.batch, w.seq_q).tolist() for t in key_ranges(w))
-        bias = inputs.alibi_bias  # (1, H, Sq, Sk) or None
+        bias = inputs.alibi_bias  # (1 or B, H, Sq, Sk) or None
         softcap = w.softcap if w.score_mod == "softcap" else None
         sinks = None if inputs.sinks is None else inputs.sinks.detach()  # (Hq,)
 
         def run() -> torch.Tensor:
             out = torch.zeros(w.batch, w.heads, w.seq_q, w.head_dim_v, dtype=q.dtype, device=q.device)
+            k, v = (t.detach() for t in load())
             for b in range(w.batch):
                 for h in range(w.heads):
                     keys, values = k[b, h // group], v[b, h // group]  # (Sk, D), (Sk, Dv)
@@ -64,7 +68,7 @@ class NaiveLoop(Contender):
                         if softcap is not None:
                             scores = torch.tanh(scores / softcap) * softcap
                         if bias is not None:
-                            scores = scores + bias[0, h, i, start:end]
+                            scores = scores + bias[b if len(bias) > 1 else 0, h, i, start:end]
                         if sinks is None:
                             weights = torch.softmax(scores, dim=0)
                         else:

@@ -37,8 +37,8 @@ class XformersMemoryEfficient(Contender):
     name = "xformers"
     description = "xformers.ops.memory_efficient_attention (CUDA only; a paged cache is gathered in the call)"
     capabilities = Capabilities(
-        devices=frozenset({"cuda"}), masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather",
-        backward=True,
+        devices=frozenset({"cuda"}), masks=ALL_MASKS - {"mixed"}, score_mods=frozenset({"none", "alibi"}),
+        paged="gather", backward=True,
     )  # fmt: skip
 
     def availability(self) -> str | None:

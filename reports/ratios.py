@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnbench.axes import BY_NAME, WORKLOAD_AXES
 from attnbench.errors import UsageError
 from attnbench.reports.frames import CASE_KEY, workload_label
 
@@ -67,10 +68,17 @@ def ratio_table(
     """One row per (case of ``impl``, peer): medians, ratios, peak memory and both statuses. The peers' rows
     come from ``peer_frame`` (default: ``frame``) and are paired on every workload column but ``unpaired``
     (``--peer-where``: e.g. fused_cpu in bfloat16 against fused_cpu in float32, the same shape)."""
-    ours = frame[frame["impl"] == impl]
-    key = [c for c in PAIR_KEY if c not in unpaired]
+    # an axis that follows an unpaired one (kv_dtype follows dtype) pairs on whether it still follows it
+    following = {a.column: BY_NAME[a.follows].column for a in WORKLOAD_AXES
+                 if a.follows and BY_NAME[a.follows].column in unpaired and a.column not in unpaired}  # fmt: skip
+
+    def followed(rows: pd.DataFrame) -> pd.DataFrame:
+        return rows.assign(**{f"{column} follows": rows[column] == rows[other] for column, other in following.items()})
+
+    ours = followed(frame[frame["impl"] == impl])
+    key = [f"{c} follows" if c in following else c for c in PAIR_KEY if c not in unpaired]
     columns = [*key, "impl", "status", "median_ms", "peak_mem_mb"]
-    peer_rows = frame if peer_frame is None else peer_frame
+    peer_rows = followed(frame if peer_frame is None else peer_frame)
     theirs = peer_rows.loc[peer_rows["impl"].isin(peers), columns]
     if best:  # one peer per case: the fastest that ran ok, else any (its status then says why not)
         ranked = theirs.assign(ok=theirs["status"] != "ok").sort_values(["ok", "median_ms"])

@@ -101,6 +101,8 @@ def test_label_tag_and_bad_values():
     assert Workload(1, 1, 1, 8, 8, 8, chunk=4) == Workload(1, 1, 1, 8, 8, 8)  # no chunk without the mask
     with pytest.raises(UsageError, match=r"^mask chunked needs chunk ≥ 1 \(--chunk\), got 0$"):
         Workload(1, 1, 1, 8, 8, 8, mask="chunked")
+    with pytest.raises(UsageError, match=r"^lengths uniform with mask chunked is not defined yet .*allowed .*equal$"):
+        Workload(2, 1, 1, 8, 8, 8, mask="chunked", chunk=4, lengths="uniform")
 
 
 @pytest.mark.parametrize(

@@ -325,12 +325,9 @@ class FusedCpu(Contender):
         "ALiBi in the tile, no S² memory; decode reads KV pages in place (other paged cases gather them, timed)"
     )
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}),
-        masks=ALL_MASKS - {"chunked"},
-        score_mods=ALL_SCORE_MODS,
-        paged="native",
-        backward=True,
-    )  # chunked: the kernel's own support is issue 23
+        devices=frozenset({"cpu"}), masks=ALL_MASKS - {"mixed", "chunked"}, score_mods=ALL_SCORE_MODS,
+        paged="native", backward=True,
+    )  # fmt: skip  # chunked: the kernel's own support is issue 23
 
     def availability(self) -> str | None:
         return bindings.unavailable_reason()

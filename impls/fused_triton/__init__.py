@@ -113,7 +113,7 @@ class FusedTriton(Contender):
         dtypes=frozenset({"float16", "bfloat16", "float32"}),
         min_head_dim=16,
         max_head_dim=256,
-        masks=ALL_MASKS - {"chunked"},  # chunked: the kernel's own support is issue 23
+        masks=ALL_MASKS - {"mixed", "chunked"},  # chunked: the kernel's own support is issue 23
         score_mods=ALL_SCORE_MODS,
         paged="gather",
         gqa=True,

@@ -31,7 +31,7 @@ from attnbench.errors import UsageError
 from attnbench.models import LAYER_KINDS, MAX_DECODE_QUERY, PHASES, PRESET_AXES, PRESETS, get_model
 
 BASIC_MASKS = ("none", "causal", "causal_bottom_right", "padding")
-MASKS = (*BASIC_MASKS, "sliding_window", "document", "chunked")
+MASKS = (*BASIC_MASKS, "sliding_window", "document", "mixed", "chunked")  # mixed: prefill and decode in one batch
 SCORE_MODS = ("none", "softcap", "alibi")
 PASSES = ("fwd", "bwd", "fwd_bwd")
 MODULES = ("core", "mha")  # the attention core alone, or inside a multi-head attention module
@@ -75,6 +75,12 @@ def canonical_kv_dtype(name: str) -> str:
             f"kv_dtype {name!r} is not known; allowed: the dtype, bfloat16, {', '.join(FP8_DTYPES)} (or fp8, e5m2)"
         )
     return canonical
+
+
+def _share_problem(value: float) -> str | None:
+    if not 0 < value < 1:
+        return "is not allowed; allowed: a number strictly between 0 and 1 (the share of decode sequences)"
+    return None
 
 
 def _page_size_problem(value: int) -> str | None:
@@ -189,6 +195,9 @@ AXES: tuple[Axis, ...] = (
          applies=("mask", "document"), tag=lambda v: f"docs{int(v)}" if v else ""),
     Axis("chunk", int, "chunked: keys per chunk (Llama 4's local attention)", high=TOKENS, neutral=0,
          applies=("mask", "chunked"), tag=lambda v: f"chunk{int(v)}" if v else ""),
+    Axis("decode_share", float, "mixed: share of the batch's sequences that are decode steps (query length 1)",
+         rule=_share_problem, default=0.5, neutral=0.0, applies=("mask", "mixed"),
+         tag=lambda v: f"decode{float(v):g}" if v else ""),
     Axis("score_mod", str, "none, softcap or alibi", choices=SCORE_MODS, neutral="none",
          tag=lambda v: v if v not in ("none", "softcap") else "",  # softcap shows with its value
          asks=lambda v: f"score_mod {v}" if v != "none" else ""),
@@ -213,8 +222,8 @@ AXES: tuple[Axis, ...] = (
          neutral="", tag=lambda v: f"[{v}]" if v else ""),
     Axis("layer", str, "which kind of layer of a preset with two: sliding, full or chunked (default: each)",
          choices=LAYER_KINDS, neutral="", within="model"),
-    Axis("phase", str, "prefill or decode, with model presets (default both)", field=None, choices=PHASES,
-         unknown="{label} value {value!r} is not known; allowed: {allowed}"),
+    Axis("phase", str, "prefill, decode or mixed, with model presets (default prefill and decode)", field=None,
+         choices=PHASES, unknown="{label} value {value!r} is not known; allowed: {allowed}"),
 )
 # fmt: on
 BY_NAME = {axis.name: axis for axis in AXES}
@@ -455,11 +464,12 @@ def _model_flags(values: dict[str, Any], row: Any) -> dict[str, Any]:
     phase the rest; ``--layer`` names a two-kind preset's layer, and any other feature the case departs in
     (paged KV, a narrower KV cache …) is given as it is."""
     phase = "decode" if is_decode({SEQ.column: values["seq"], SEQ_KV.column: values["seq_kv"]}) else "prefill"
+    phase = "mixed" if values["mask"] == "mixed" else phase
     given = {"model": values["model"], "phase": phase, "batch": values["batch"], "seq": values["seq"]}
     if values["layer"]:
         given["layer"] = values["layer"]
     # prefill without --seq-kv is square and causal; with it, bottom-right causal (or the preset's window)
-    if phase == "decode" or values["seq_kv"] != values["seq"] or values["mask"] == "causal_bottom_right":
+    if phase != "prefill" or values["seq_kv"] != values["seq"] or values["mask"] == "causal_bottom_right":
         given["seq_kv"] = values["seq_kv"]
     given.update({a.name: values[a.name] for a in SWEEP_AXES if a.name in ("dtype", "device", "pass", "module")})
     departing = [a for a in (*FEATURES, *DECLARED) if a.name not in PRESET_AXES and a.sweep and a.departs(row)]

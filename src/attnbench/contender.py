@@ -68,6 +68,8 @@ class Capabilities:
             return f"paged KV (page_size {w.page_size}) not supported: this contender reads contiguous k and v only"
         if w.page_size and w.pass_ != "fwd":
             return "paged KV is the decode-time cache layout: forward only"
+        if w.kv_dtype != w.dtype and w.pass_ != "fwd":
+            return f"kv_dtype {w.kv_dtype} is a serving cache's storage, not trained: forward only"
         for axis in DECLARED:
             value = getattr(w, axis.workload_field)
             if axis.departs(w) and axis.name not in self.features and f"{axis.name}={value}" not in self.features:
@@ -139,6 +141,8 @@ class Contender(abc.ABC):
             return "the mha module projects k and v into contiguous buffers each call; a paged cache has no place there"
         if workload.module == "mha" and workload.shared_prefix:
             return "the mha module projects k and v from its input each call, so no cached prefix is shared there"
+        if workload.module == "mha" and workload.kv_dtype != workload.dtype:
+            return "the mha module projects k and v in the dtype each call; a cache's kv_dtype has no place there"
         if self.kind == "scoring" and workload.score_mod != "none":
             return f"a scoring function replaces the scaled dot product that score_mod {workload.score_mod} modifies"
         return self.capabilities.unsupported_reason(workload)

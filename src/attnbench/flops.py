@@ -9,17 +9,22 @@ O(Hq·Sq) against the O(Hq·Sq·Sk·D) of the count (likewise their Hq float32 l
 Minimum bytes: what any implementation must move at least once. Forward reads q (D wide) and writes o
 (Dv wide), and reads the keys and values some query row sees (k at D and v at Dv channels, Hkv heads;
 kv_layout latent: the one cache at D channels, counted once; per sequence the span of visible keys, see
-``masks.key_span`` — a decode step against a padded or windowed cache reads only its part). With a paged
+``masks.key_span`` — a decode step against a padded or windowed cache reads only its part; a ragged or
+mixed batch counts each sequence's own query rows and cache, ``attnbench.sequences``). With a paged
 cache (page_size > 0) the reads are whole pages — every page the span touches — plus one int32 page-table
-entry per page, so ``gbps`` places decode rows where they belong. A shared prefix (``attnbench.prefix``) is
-read once for the whole batch, each sequence's own positions once. Backward reads q, k, v, o, dO and
-writes dq, dk, dv.
+entry per page, so ``gbps`` places decode rows where they belong. k and v are read at the cache's own
+element type (``kv_dtype``: an fp8 cache moves a quarter of a float32 one), plus an fp8 cache's float32
+scales of the blocks read (one per sequence and kv head, or per page read); q and o at the dtype. A shared
+prefix (``attnbench.prefix``) is read once for the whole batch, each sequence's own positions once. Backward
+reads q, k, v, o, dO and writes dq, dk, dv.
 """
 
 from __future__ import annotations
 
+from attnbench.kv_cache import SCALE_BYTES, is_scaled
 from attnbench.masks import key_span, workload_pairs
 from attnbench.prefix import shared_positions
+from attnbench.sequences import cached_tokens, query_rows
 from attnbench.workload import Workload
 
 PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
@@ -37,12 +42,12 @@ def attention_flops(w: Workload) -> float:
 
 def attention_bytes(w: Workload) -> float:
     """Minimum bytes one call of the workload's pass must read and write."""
-    element = w.torch_dtype.itemsize
-    q = w.batch * w.heads * w.seq_q * w.head_dim  # also dq
-    o = w.batch * w.heads * w.seq_q * w.head_dim_v  # also dO
-    kv = w.batch * w.kv_heads * w.seq_k * kv_channels(w)  # k and v (latent: the one cache), also dk and dv
-    forward = q + kv_read_elements(w) + o + page_table_bytes(w) / element
-    backward = 2 * q + 2 * o + 2 * kv  # read q, o, dO, k, v; write dq, dk, dv
+    element, cached = w.torch_dtype.itemsize, w.kv_torch_dtype.itemsize / w.torch_dtype.itemsize
+    q = query_rows(w) * w.heads * w.head_dim  # also dq (a ragged batch: its sequences' own rows)
+    o = query_rows(w) * w.heads * w.head_dim_v  # also dO
+    kv = cached_tokens(w) * w.kv_heads * kv_channels(w)  # k and v (latent: the one cache), also dk and dv
+    forward = q + kv_read_elements(w) * cached + o + (page_table_bytes(w) + kv_scale_bytes(w)) / element
+    backward = 2 * q + 2 * o + kv * cached + kv  # read q, o, dO, k, v; write dq, dk, dv
     if w.module == "mha":  # reads x (and the keys' input), the four weight matrices; writes the output
         forward += 4 * w.d_model**2 + 2 * w.batch * w.seq_q * w.d_model + w.batch * w.seq_k * w.d_model
     per_pass = {"fwd": forward, "bwd": backward, "fwd_bwd": forward + backward}
@@ -85,6 +90,15 @@ def kv_channels(w: Workload) -> int:
 def kv_read_elements(w: Workload) -> int:
     """Elements of k and v together one forward call reads (the one cache once for latent)."""
     return kv_positions_read(w) * w.kv_heads * kv_channels(w)
+
+
+def kv_scale_bytes(w: Workload) -> int:
+    """float32 scales of an fp8 cache read by one forward call, of k and of v: one per (sequence, kv head), or
+    one per page read and kv head when paged (0 without scales)."""
+    if not is_scaled(w):
+        return 0
+    blocks = kv_positions_read(w) // w.page_size if w.page_size else sum(end > first for first, end in key_span(w))
+    return (1 if w.kv_layout == "latent" else 2) * SCALE_BYTES * blocks * w.kv_heads  # latent: one cache, one scale
 
 
 def page_table_bytes(w: Workload) -> int:

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench import kv_cache
 from attnbench.allocator import uncached
 from attnbench.masks import alibi_bias, dense_mask_of, has_empty_rows, padding_lengths
 from attnbench.paged import PagedKV, make_paged
 from attnbench.prefix import prefix_views, share_prefix, shared_pages
+from attnbench.sequences import is_ragged
 from attnbench.workload import Workload
 
 DEFAULT_SEED = 0
@@ -32,14 +34,17 @@ def workload_seed(workload: Workload, seed: int = DEFAULT_SEED) -> int:
 
 @dataclass(frozen=True, eq=False)
 class AttentionInputs:
-    """q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv), in the workload's dtype and device. With
-    kv_layout latent (MLA) k is the one cache (B, 1, Sk, D) and v the view of its first Dv channels."""
+    """q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv), in the workload's dtype and device (k and v in
+    its kv_dtype: an fp8 cache with its float32 scales, see ``attnbench.kv_cache``). With kv_layout latent (MLA)
+    k is the one cache (B, 1, Sk, D) and v the view of its first Dv channels (and v_scale is k_scale)."""
 
     workload: Workload
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     grad_out: torch.Tensor  # (B, Hq, Sq, Dv), the fixed upstream gradient for backward passes
+    k_scale: torch.Tensor | None = None  # fp8 cache: (B, Hkv, blocks, 1) float32, a block per sequence or page
+    v_scale: torch.Tensor | None = None
 
     @property
     def scale(self) -> float:
@@ -71,8 +76,8 @@ class AttentionInputs:
         if not w.page_size:
             return None
         with uncached():  # its transient copies leave no fragments in the allocator's cache
-            latent, shared = w.kv_layout == "latent", shared_pages(w)
-            return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1, latent=latent, shared=shared)
+            latent, scales, shared = w.kv_layout == "latent", (self.k_scale, self.v_scale), shared_pages(w)
+            return make_paged(self.k, self.v, w.page_size, workload_seed(w) + 1, latent, scales, shared=shared)
 
     @property
     def prefix_kv(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -82,15 +87,25 @@ class AttentionInputs:
         prefix = self.workload.shared_prefix
         return prefix_views(self.k, self.v, prefix) if prefix else None
 
+    def kv_loader(self) -> kv_cache.KvLoad:
+        """What a contender calls first in its timed callable to read k and v (these tensors, where a paged
+        cache's gather writes) in the dtype: themselves, or dequantized (``attnbench.kv_cache``)."""
+        w = self.workload
+        k_scale, v_scale = (None if s is None else kv_cache.position_scales(s, kv_cache.scale_block(w), w.seq_k)
+                            for s in (self.k_scale, self.v_scale))  # fmt: skip
+        return kv_cache.kv_loader(self.k, self.v, k_scale, v_scale, w.torch_dtype)
+
     @functools.cached_property
     def empty_rows(self) -> torch.Tensor | None:
-        """(1, 1, Sq, 1) bool of query rows that see no key (their output must be zeros), or None."""
+        """(1, 1, Sq, 1) bool of query rows that see no key (their output must be zeros), or None; (B, 1, Sq, 1)
+        for a ragged or mixed batch (a sequence's rows past its own query length)."""
         w = self.workload
-        if not has_empty_rows(w.mask, w.seq_q, w.seq_k):
+        if not has_empty_rows(w.mask, w.seq_q, w.seq_k) and not is_ragged(w):
             return None
         mask = self.bool_mask
         assert mask is not None
-        return ~mask.any(dim=-1, keepdim=True)
+        empty = ~mask.any(dim=-1, keepdim=True)
+        return empty if bool(empty.any()) else None
 
     @functools.cached_property
     def sinks(self) -> torch.Tensor | None:
@@ -136,16 +151,23 @@ def _make_inputs(workload: Workload, seed: int, requires_grad: bool) -> Attentio
     w = workload
     generator = torch.Generator(device=w.device).manual_seed(workload_seed(w, seed))
 
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=w.device, dtype=torch.float32)
+
     def randn(*shape: int) -> torch.Tensor:
-        t = torch.randn(*shape, generator=generator, device=w.device, dtype=torch.float32)
-        return t.to(w.torch_dtype).requires_grad_(requires_grad)
+        return draw(*shape).to(w.torch_dtype).requires_grad_(requires_grad)
+
+    def cache(*shape: int) -> tuple[torch.Tensor, torch.Tensor | None]:  # a narrowed cache is not trained
+        values = draw(*shape)
+        share_prefix(values, w.shared_prefix)  # every sequence's first shared_prefix positions: sequence 0's
+        if w.kv_dtype == w.dtype:
+            return values.to(w.torch_dtype).requires_grad_(requires_grad), None
+        return kv_cache.quantize(values, w)
 
     q = randn(w.batch, w.heads, w.seq_q, w.head_dim)
-    k = randn(w.batch, w.kv_heads, w.seq_k, w.head_dim)
-    share_prefix(k, w.shared_prefix)  # every sequence's first shared_prefix positions: sequence 0's
-    # latent (MLA): values are the first Dv channels of the one cache — a view, no second tensor
-    v = k[..., : w.head_dim_v] if w.kv_layout == "latent" else randn(w.batch, w.kv_heads, w.seq_k, w.head_dim_v)
-    if w.kv_layout != "latent":
-        share_prefix(v, w.shared_prefix)
+    k, k_scale = cache(w.batch, w.kv_heads, w.seq_k, w.head_dim)
+    # latent (MLA): values are the first Dv channels of the one cache — a view, no second tensor, k's scales
+    latent = w.kv_layout == "latent"
+    v, v_scale = (k[..., : w.head_dim_v], k_scale) if latent else cache(w.batch, w.kv_heads, w.seq_k, w.head_dim_v)
     grad_out = randn(w.batch, w.heads, w.seq_q, w.head_dim_v).detach()
-    return AttentionInputs(w, q, k, v, grad_out)
+    return AttentionInputs(w, q, k, v, grad_out, k_scale=k_scale, v_scale=v_scale)

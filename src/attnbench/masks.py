@@ -16,6 +16,8 @@ Masks (``offset`` = Sk − Sq, so that query i sits at key position i + offset):
 * ``chunked`` — Llama 4's chunked local attention: positions cut into chunks of ``chunk`` keys from key 0;
   query i (at position p = i + offset, bottom-right aligned) sees key j iff j <= p and j lies in p's chunk,
   ⌊j / chunk⌋ = ⌊p / chunk⌋. Rows with p < 0 (Sq > Sk) see no key.
+* ``mixed`` — prefill chunks and decode steps in one batch, bottom-right causal within each sequence.
+  It, and the ``lengths`` axis, give each sequence its own query and key lengths: ``attnbench.sequences``.
 
 Every mask gives each query row one key range [lo, hi) (:func:`key_ranges`); kernels skip what is outside.
 
@@ -36,6 +38,14 @@ import zlib
 
 import torch
 
+from attnbench.sequences import (
+    packed_document_lengths,
+    ragged_key_ranges,
+    ragged_pairs,
+    ragged_span,
+    sequence_lengths,
+    sequence_offsets,
+)
 from attnbench.workload import Workload
 
 
@@ -52,9 +62,12 @@ def padding_lengths(batch: int, seq_k: int) -> list[int]:
     return [seq_k - (b * (seq_k - shortest)) // (batch - 1) for b in range(batch)]
 
 
-def document_lengths(seq: int, documents: int) -> list[int]:
+def document_lengths(seq: int, documents: int, lengths: str = "equal") -> list[int]:
     """Lengths of ``documents`` packed documents, none empty, summing to ``seq``: seeded-random cut points
-    (the seed is the pair (seq, documents)), drawn in O(documents), never O(seq)."""
+    (the seed is the pair (seq, documents)), drawn in O(documents), never O(seq); with a ``lengths``
+    distribution other than equal, drawn from it (``sequences.packed_document_lengths``)."""
+    if lengths != "equal":
+        return packed_document_lengths(seq, documents, lengths)
     generator = random.Random(zlib.crc32(f"documents {seq} {documents}".encode()))
     cuts = sorted(generator.sample(range(1, seq), documents - 1))
     bounds = [0, *cuts, seq]
@@ -68,6 +81,8 @@ def alibi_slopes(heads: int) -> torch.Tensor:
 
 def key_ranges(w: Workload, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """(lo, hi), each (B or 1, Sq) int64: query row i of batch b sees exactly keys lo <= j < hi."""
+    if (ragged := sequence_lengths(w)) is not None:
+        return ragged_key_ranges(w, ragged, device)
     i = torch.arange(w.seq_q, device=device).view(1, -1)
     zeros = torch.zeros_like(i)
     full = torch.full_like(i, w.seq_k)
@@ -84,7 +99,7 @@ def key_ranges(w: Workload, device: str | torch.device = "cpu") -> tuple[torch.T
         hi = (i + w.offset + 1).clamp(0, w.seq_k)
         return (i + w.offset + 1 - w.window).clamp(0, w.seq_k).clamp(max=hi), hi
     if w.mask == "document":
-        lengths = torch.tensor(document_lengths(w.seq_q, w.documents), device=device)
+        lengths = torch.tensor(document_lengths(w.seq_q, w.documents, w.lengths), device=device)
         starts = torch.cumsum(lengths, 0) - lengths  # (documents,)
         return starts.repeat_interleave(lengths).view(1, -1), i + 1
     if w.mask == "chunked":  # from the start of the position's chunk up to the position
@@ -95,8 +110,9 @@ def key_ranges(w: Workload, device: str | torch.device = "cpu") -> tuple[torch.T
 
 
 def dense_mask_of(w: Workload, device: str | torch.device) -> torch.Tensor | None:
-    """Boolean mask broadcastable to (B, H, Sq, Sk), True where a key is visible; None for ``none``."""
-    if w.mask == "none":
+    """Boolean mask broadcastable to (B, H, Sq, Sk), True where a key is visible; None for ``none`` (unless the
+    batch is ragged: then each sequence's own rows and keys)."""
+    if w.mask == "none" and sequence_lengths(w) is None:
         return None
     lo, hi = key_ranges(w, device)
     j = torch.arange(w.seq_k, device=device).view(1, 1, -1)
@@ -113,11 +129,14 @@ def dense_mask(
 
 
 def alibi_bias(w: Workload, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """(1, H, Sq, Sk): −slope_h · |i + offset − j|, the additive form of the alibi modifier."""
-    i = torch.arange(w.seq_q, device=device, dtype=torch.float64).view(-1, 1)
-    j = torch.arange(w.seq_k, device=device, dtype=torch.float64).view(1, -1)
-    distance = (i + w.offset - j).abs()
-    return (-alibi_slopes(w.heads).to(device).view(-1, 1, 1) * distance).unsqueeze(0).to(dtype)
+    """(1, H, Sq, Sk): −slope_h · |i + offset − j|, the additive form of the alibi modifier; (B, H, Sq, Sk) for
+    a ragged or mixed batch, each sequence with its own offset (``sequences.sequence_offsets``)."""
+    i = torch.arange(w.seq_q, device=device, dtype=torch.float64).view(1, 1, -1, 1)
+    j = torch.arange(w.seq_k, device=device, dtype=torch.float64).view(1, 1, 1, -1)
+    ragged = sequence_lengths(w) is not None
+    offset = sequence_offsets(w, device).view(-1, 1, 1, 1).double() if ragged else torch.tensor(float(w.offset))
+    distance = (i + offset - j).abs()  # (1 or B, 1, Sq, Sk)
+    return (-alibi_slopes(w.heads).to(device).view(1, -1, 1, 1) * distance).to(dtype)
 
 
 def modify_scores(scores: torch.Tensor, w: Workload, bias: torch.Tensor | None) -> torch.Tensor:
@@ -132,7 +151,8 @@ def modify_scores(scores: torch.Tensor, w: Workload, bias: torch.Tensor | None) 
 
 
 def _shape(mask: str, batch: int, seq_q: int, seq_k: int, window: int, documents: int, chunk: int = 0) -> Workload:
-    return Workload(batch, 1, 1, seq_q, seq_k, 1, mask=mask, window=window, documents=documents, chunk=chunk)
+    return Workload(batch, 1, 1, seq_q, seq_k, 1, mask=mask, window=window, documents=documents, chunk=chunk,
+                    decode_share=0.5 if mask == "mixed" else 0.0)  # fmt: skip
 
 
 def _clamped_sum(count: int, first: int, cap: int) -> int:
@@ -145,15 +165,17 @@ def _clamped_sum(count: int, first: int, cap: int) -> int:
 
 
 def visible_pairs(
-    mask: str, batch: int, seq_q: int, seq_k: int, *, window: int = 0, documents: int = 0, chunk: int = 0
+    mask: str, batch: int, seq_q: int, seq_k: int, *, window: int = 0, documents: int = 0, lengths: str = "equal",
+    chunk: int = 0,
 ) -> int:  # fmt: skip
-    """Exact number of visible (query, key) pairs summed over the batch (per head), in closed form."""
+    """Exact number of visible (query, key) pairs summed over the batch (per head), in closed form (for a
+    ragged or mixed batch see :func:`workload_pairs`)."""
     if mask == "none":
         return batch * seq_q * seq_k
     if mask == "padding":
         return seq_q * sum(padding_lengths(batch, seq_k))
     if mask == "document":
-        return batch * sum(n * (n + 1) // 2 for n in document_lengths(seq_q, documents))
+        return batch * sum(n * (n + 1) // 2 for n in document_lengths(seq_q, documents, lengths))
     if mask == "chunked":  # the row at position p sees (p mod chunk) + 1 keys; positions max(0, Sk − Sq) … Sk − 1
         return batch * (_chunked_prefix_sum(seq_k, chunk) - _chunked_prefix_sum(max(0, seq_k - seq_q), chunk))
     offset = 0 if mask == "causal" else seq_k - seq_q
@@ -173,13 +195,19 @@ def _chunked_prefix_sum(positions: int, chunk: int) -> int:
 
 
 def workload_pairs(w: Workload) -> int:
-    """:func:`visible_pairs` of a workload."""
-    return visible_pairs(w.mask, w.batch, w.seq_q, w.seq_k, window=w.window, documents=w.documents, chunk=w.chunk)
+    """:func:`visible_pairs` of a workload; a ragged or mixed batch's sequence by sequence."""
+    if (ragged := sequence_lengths(w)) is not None:
+        return ragged_pairs(w, ragged)
+    return visible_pairs(
+        w.mask, w.batch, w.seq_q, w.seq_k, window=w.window, documents=w.documents, lengths=w.lengths, chunk=w.chunk
+    )
 
 
 def key_span(w: Workload) -> list[tuple[int, int]]:
     """Per batch element, [first, end) of the key positions some query row sees — the keys and values a
     kernel must read. Rows' ranges overlap or adjoin, so the span is their union. Closed form."""
+    if (ragged := sequence_lengths(w)) is not None:
+        return ragged_span(w, ragged)
     if w.mask == "padding":
         return [(0, length) for length in padding_lengths(w.batch, w.seq_k)]
     first, end = 0, w.seq_k

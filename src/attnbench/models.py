@@ -15,6 +15,10 @@ tensor of 512 + 64 channels shared by all heads (``kv_layout`` latent, kv_heads 
   Given ``--seq-kv``, the prompt chunk attends to a longer cache: bottom-right causal.
 * ``decode`` — one generation step: Sq = 1 (up to 16 for speculative decoding) against a KV cache of
   1k–32k tokens, bottom-right causal (or the window), batch 1–64.
+* ``mixed`` — one batch of prefill chunks and decode steps, as chunked prefill schedules it (vLLM's mixed
+  batch specs, e.g. ``2q2k_32q1kv1k``): batch 8, half of it (``--decode-share``) decode steps, the others
+  512-token chunks, every cache 4096 tokens (or drawn by ``--lengths``); mask ``mixed``, bottom-right causal
+  within each sequence. A preset's sliding window is not applied: the phase measures its full-attention layers.
 
 ``--seq``, ``--seq-kv`` and ``--batch`` replace the phase's values; the rows carry the preset's name in
 the ``model`` column. The softmax scale stays 1/sqrt(head_dim) (Gemma-3's 1/sqrt(168) and DeepSeek's
@@ -118,10 +122,12 @@ PRESETS: dict[str, ModelConfig] = {
                     source=_HF.format("meta-llama/Llama-4-Scout-17B-16E")),
     )
 }  # fmt: skip
-PHASES = ("prefill", "decode")
+PHASES = ("prefill", "decode", "mixed")
+DEFAULT_PHASES = ("prefill", "decode")  # what --model runs without --phase
 PHASE_DEFAULTS: dict[str, dict[str, list[int]]] = {
     "prefill": {"seq": [512, 1024, 2048, 4096, 8192], "batch": [1]},
     "decode": {"seq": [1], "seq_kv": [1024, 2048, 4096, 8192, 16384, 32768], "batch": [1, 8, 64]},
+    "mixed": {"seq": [512], "seq_kv": [4096], "batch": [8]},  # seq: the prefill chunk
 }
 MAX_DECODE_QUERY = 16  # decode: one token, or a few for speculative decoding
 
@@ -140,7 +146,10 @@ def check_phase(phase: str) -> None:
 def preset_axes(name: str, phase: str, given: dict[str, list[Any]]) -> list[dict[str, list[Any]]]:
     """Suite axes for one preset and phase: one sweep per kind of its layers (those ``given["layer"]``
     names, when it does)."""
-    return [phase_axes(name, phase, given, kind) for kind in layer_kinds(get_model(name), given.get("layer"))]
+    kinds = layer_kinds(get_model(name), given.get("layer"))
+    if phase == "mixed":  # one mask for the batch: the full layers (a model without them: its one kind, unwindowed)
+        kinds = [kind for kind in kinds if kind == "full"] or kinds[:1]
+    return [phase_axes(name, phase, given, kind) for kind in kinds]
 
 
 def layer_kinds(model: ModelConfig, wanted: list[str] | None = None) -> list[str]:
@@ -179,11 +188,15 @@ def phase_axes(name: str, phase: str, given: dict[str, list[Any]], kind: str = "
                 "query tokens (use phase prefill for longer ones)"
             )
         mask = "causal_bottom_right"
+    elif phase == "mixed":
+        mask = "mixed"
     else:
         mask = "causal_bottom_right" if given.get("seq_kv") else "causal"
         if not given.get("seq_kv"):
             axes.pop("seq_kv", None)
     axes.update({axis: [value] for axis, value in model.shape(phase, kind or model.kinds[0], mask).items()})
+    if phase == "mixed":  # bottom-right causal within each sequence, whatever the layer's window or chunk
+        axes["mask"] = ["mixed"]
     return axes
 
 

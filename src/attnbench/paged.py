@@ -3,6 +3,8 @@
 Keys and values live in a pool of pages, k_pages and v_pages (N, Hkv, P, D) with P = page_size (the
 "HND" page layout). Sequence b owns n = ceil(Sk / P) pages; ``page_table[b, p]`` (int32) is the pool
 index of the page holding its positions p·P … p·P + P − 1 (the tail of the last page is unused, zeros).
+An fp8 cache (``attnbench.kv_cache``) was quantized page by page: each pool page carries its own float32
+scale, k_scale and v_scale (N, Hkv, 1, 1), moved with it.
 Pages are assigned to the pool in a seeded-shuffled order, so logically adjacent pages are scattered in
 memory as in a real cache that has been filled and freed for a while.
 A shared prefix's whole pages are in the pool once, and every sequence's page table points at them
@@ -43,7 +45,7 @@ def pool_bytes(w: Workload) -> float:
     shared = shared_pages(w)
     slots = w.kv_heads * (shared + w.batch * (pages_per_sequence(w.seq_k, w.page_size) - shared)) * w.page_size
     channels = w.head_dim + (0 if w.kv_layout == "latent" else w.head_dim_v)
-    return float(slots * channels * w.torch_dtype.itemsize)
+    return float(slots * channels * w.kv_torch_dtype.itemsize)
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,6 +55,8 @@ class PagedKV:
     page_table: torch.Tensor  # (B, pages per sequence) int32: pool index of each logical page
     page_size: int
     seq_k: int
+    k_scale: torch.Tensor | None = None  # fp8: (N, Hkv, 1, 1) float32, each pool page's scale
+    v_scale: torch.Tensor | None = None
     shared_pages: int = 0  # the first logical pages, the same pool pages in every sequence's table (a shared prefix)
 
     @functools.cached_property
@@ -75,12 +79,14 @@ class PagedKV:
 
 
 def make_paged(
-    k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int, latent: bool = False, shared: int = 0
-) -> PagedKV:
+    k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int, latent: bool = False,
+    scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None), shared: int = 0,
+) -> PagedKV:  # fmt: skip
     """Copy contiguous k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv) into a shuffled page pool with a page table.
-    ``latent`` (MLA, v the first Dv channels of k): one pool, v_pages the view of k_pages' first channels.
-    The first ``shared`` logical pages (a shared prefix's whole pages: the same data in every sequence) are in
-    the pool once, sequence 0's, and every sequence's page table points at them."""
+    ``latent`` (MLA, v the first Dv channels of k): one pool, v_pages the view of k_pages' first channels. An
+    fp8 cache's per-page ``scales`` (B, Hkv, pages, 1) go to the pool with their pages. The first ``shared``
+    logical pages (a shared prefix's whole pages: the same data, and scales, in every sequence) are in the pool
+    once, sequence 0's, and every sequence's page table points at them."""
     batch, kv_heads, seq_k, _ = k.shape
     pages = pages_per_sequence(seq_k, page_size)
     own = pages - shared
@@ -97,9 +103,18 @@ def make_paged(
         out[table.flatten()] = logical.reshape(batch * pages, kv_heads, page_size, head_dim)  # shared: equal data
         return out
 
+    def pool_scale(scale: torch.Tensor | None) -> torch.Tensor | None:
+        if scale is None:
+            return None
+        out = scale.new_empty(len(order), kv_heads, 1, 1)
+        out[table.flatten()] = scale.transpose(1, 2).reshape(batch * pages, kv_heads, 1, 1)
+        return out
+
     k_pages = pool(k)
     v_pages = k_pages[..., : v.shape[-1]] if latent else pool(v)
-    return PagedKV(k_pages, v_pages, table.to(torch.int32), page_size, seq_k, shared)
+    k_scale = pool_scale(scales[0])
+    v_scale = k_scale if latent else pool_scale(scales[1])
+    return PagedKV(k_pages, v_pages, table.to(torch.int32), page_size, seq_k, k_scale, v_scale, shared)
 
 
 def gather_pages(
@@ -124,7 +139,7 @@ def gather_pages(
 def gather_bytes(w: Workload) -> float:
     """Working memory of the harness's gather at its peak: the picked pages of k (then of v), whole pages."""
     pages = w.batch * pages_per_sequence(w.seq_k, w.page_size) if w.page_size else 0
-    return float(pages * w.kv_heads * w.page_size * max(w.head_dim, w.head_dim_v) * w.torch_dtype.itemsize)
+    return float(pages * w.kv_heads * w.page_size * max(w.head_dim, w.head_dim_v) * w.kv_torch_dtype.itemsize)
 
 
 def gathered(paged: PagedKV, k: torch.Tensor, v: torch.Tensor, forward: Callable[[], T]) -> Callable[[], T]:

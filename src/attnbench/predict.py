@@ -18,6 +18,7 @@ import torch
 from attnbench.ceilings import Ceilings
 from attnbench.contender import Contender, output_bytes
 from attnbench.flops import kv_channels
+from attnbench.kv_cache import SCALE_BYTES, dequantized_bytes, scale_count
 from attnbench.paged import gather_bytes, pool_bytes
 from attnbench.reference import reference_bytes, sample_rows
 from attnbench.workload import Workload
@@ -34,11 +35,14 @@ MEMORY_PASS_COST = 20  # the CPU memory pass (the profiler) can cost this many c
 
 
 def input_bytes(w: Workload) -> int:
-    """q and k (D wide), v and the upstream gradient (Dv wide; latent: v is k's view) in the workload's dtype,
-    and a paged cache's pool (a second copy of k and v, whole pages)."""
-    element = w.torch_dtype.itemsize
+    """q and k (D wide), v and the upstream gradient (Dv wide; latent: v is k's view), q and the upstream
+    gradient in the workload's dtype, k and v in its kv_dtype with an fp8 cache's scales, and a paged cache's
+    pool (a second copy of k and v, whole pages, and scales)."""
+    element, cached = w.torch_dtype.itemsize, w.kv_torch_dtype.itemsize
+    scale_sets = (1 if w.kv_layout == "latent" else 2) * (2 if w.page_size else 1)
     queries = w.batch * w.heads * w.seq_q * (w.head_dim + w.head_dim_v)
-    return int(element * (queries + w.batch * w.kv_heads * w.seq_k * kv_channels(w)) + pool_bytes(w))
+    kv = w.batch * w.kv_heads * w.seq_k * kv_channels(w) * cached
+    return int(element * queries + kv + SCALE_BYTES * scale_count(w) * scale_sets + pool_bytes(w))
 
 
 def making_bytes(w: Workload) -> float:
@@ -47,6 +51,8 @@ def making_bytes(w: Workload) -> float:
     attnbench.paged.make_paged), whichever is larger."""
     largest = max(w.head_dim, w.head_dim_v) * max(w.batch * w.heads * w.seq_q, w.batch * w.kv_heads * w.seq_k)
     draw = 4.0 * largest if w.torch_dtype != torch.float32 else 0.0
+    if w.kv_dtype != w.dtype:  # the cache's float32 draw, and quantize's padded and divided copies of it
+        draw = max(draw, 12.0 * w.head_dim * w.batch * w.kv_heads * w.seq_k)
     return max(draw, pool_bytes(w))  # the pool is k's and v's copies: two more of one while it is made
 
 
@@ -72,7 +78,7 @@ def predict(contender: Contender, w: Workload, ceilings: Ceilings | None) -> Pre
     if ceilings is not None:
         flops_per_s = ceilings.matmul_tflops.get(w.dtype, flops_per_s / 1e12) * 1e12
         bytes_per_s = ceilings.copy_gbps * 1e9 or bytes_per_s
-    extra = contender.predicted_extra_bytes(w)
+    extra = contender.predicted_extra_bytes(w) + dequantized_bytes(w)  # a narrowed cache read back in the dtype
     if w.page_size and not contender.reads_pages(w):  # the harness's gather of the pages, in the timed call:
         extra = max(extra, gather_bytes(w))  # its temporary is freed before the contender's call begins
     rows = w.seq_q if contender.kind == "module" else len(sample_rows(w.seq_q))

@@ -12,6 +12,10 @@ How the inputs hold it:
   pool once and every sequence's page table points at them; the page where the prefix ends and the suffix begins
   is each sequence's own, as vLLM shares full blocks only (``attnbench.paged.make_paged``).
 
+The prefix is shared in the values drawn, before a narrowed cache (``kv_dtype``) stores them: with fp8 per
+page the shared pages and their scales are one; a contiguous fp8 cache has one scale per (sequence, kv head),
+so each sequence's copy of the prefix is rounded with its own scale (``cascade`` does not run fp8 caches).
+
 What must be read (:func:`shared_positions`, counted in ``attnbench.flops``): the shared positions once for the
 whole batch, each sequence's other positions once — whatever a contender actually reads, as every byte count.
 """

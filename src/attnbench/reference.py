@@ -1,9 +1,11 @@
 """The float64 reference every contender is checked against.
 
 It re-implements each mask rule and score modifier from its definition (see ``attnbench.masks`` for the
-rules: it shares only the data — padding and document lengths — never the code that builds masks), expands
-GQA heads by index, and works on a sample of query rows at long sequence lengths so that checking a
-16k-token case costs a few hundred rows, not the whole S×S score matrix.
+rules: it shares only the data — padding, document and per-sequence lengths — never the code that builds masks), expands
+GQA heads by index, reads an fp8 KV cache as its stored values times their scales (``attnbench.kv_cache``
+says what is stored; the dequantization is written here again, in float64), and works on a sample of
+query rows at long sequence lengths so that checking a 16k-token case costs a few hundred rows, not the
+whole S×S score matrix.
 
 Learned sinks (gpt-oss) from their definition: with m a row's largest logit (sink included),
 out_i = Σ_j exp(s_ij − m)·v_j / (exp(sink_h − m) + Σ_j exp(s_ij − m)) over the visible keys j. A row that
@@ -18,6 +20,7 @@ import torch
 
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import document_lengths, padding_lengths
+from attnbench.sequences import sequence_lengths
 from attnbench.workload import Workload
 
 MAX_CHECKED_ROWS = 256
@@ -35,6 +38,15 @@ def _visible(inputs: AttentionInputs, batch_index: int, rows: torch.Tensor) -> t
     w = inputs.workload
     i = rows.view(-1, 1)
     j = torch.arange(w.seq_k, device=rows.device).view(1, -1)
+    ragged = sequence_lengths(w)
+    if ragged is not None:  # its own rows and keys; bottom-right within the sequence (all its keys for none)
+        q_len, kv_len = ragged[batch_index]
+        visible = (i < q_len) & (j < kv_len)
+        if w.mask != "none":
+            visible &= (q_len - 1 - i) <= (kv_len - 1 - j)
+        if w.mask == "sliding_window":
+            visible &= j > i + (kv_len - q_len) - w.window
+        return visible
     if w.mask == "none":
         return None
     if w.mask == "causal":  # top-left: key index never past the query index
@@ -47,7 +59,7 @@ def _visible(inputs: AttentionInputs, batch_index: int, rows: torch.Tensor) -> t
         diagonal = i + (w.seq_k - w.seq_q)
         return (j <= diagonal) & (j > diagonal - w.window)
     if w.mask == "document":  # same document, and not in the future
-        ends = torch.tensor(document_lengths(w.seq_q, w.documents), device=rows.device).cumsum(0)
+        ends = torch.tensor(document_lengths(w.seq_q, w.documents, w.lengths), device=rows.device).cumsum(0)
         document_of = torch.bucketize(torch.arange(w.seq_k, device=rows.device), ends, right=True)
         return (document_of[i] == document_of[j]) & (j <= i)
     if w.mask == "chunked":  # not in the future, and in the same chunk as the query's own position
@@ -56,9 +68,12 @@ def _visible(inputs: AttentionInputs, batch_index: int, rows: torch.Tensor) -> t
     raise ValueError(f"reference has no rule for mask {w.mask!r}")
 
 
-def _modified(inputs: AttentionInputs, scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """(Hq, R, Sk) scaled scores with the workload's score modifier applied, from its definition."""
+def _modified(inputs: AttentionInputs, scores: torch.Tensor, rows: torch.Tensor, b: int) -> torch.Tensor:
+    """(Hq, R, Sk) scaled scores of batch element ``b`` with the workload's score modifier applied, from its
+    definition (alibi's distance from the query's own key position, the sequence's own in a ragged batch)."""
     w = inputs.workload
+    ragged = sequence_lengths(w)
+    offset = w.seq_k - w.seq_q if ragged is None else ragged[b][1] - ragged[b][0]
     if w.score_mod == "softcap":
         return w.softcap * torch.tanh(scores / w.softcap)
     if w.score_mod == "alibi":
@@ -66,7 +81,7 @@ def _modified(inputs: AttentionInputs, scores: torch.Tensor, rows: torch.Tensor)
         slope = torch.tensor(slopes, dtype=torch.float64, device=rows.device).view(-1, 1, 1)
         i = rows.view(1, -1, 1).double()
         j = torch.arange(w.seq_k, device=rows.device).view(1, 1, -1).double()
-        return scores - slope * (i + (w.seq_k - w.seq_q) - j).abs()
+        return scores - slope * (i + offset - j).abs()
     return scores
 
 
@@ -94,14 +109,14 @@ def _one_sequence(
     """(Hq, R, Dv) for batch element ``b``: q (Hq, R, D), k (Hkv, Sk, D), v (Hkv, Sk, Dv); sinks (Hq,) or None."""
     w = inputs.workload
     group, count = w.gqa_group, len(rows)
-    keys, values = k.double(), v.double()  # (Hkv, Sk, D)
+    keys, values = _cached64(w, k, inputs.k_scale, b), _cached64(w, v, inputs.v_scale, b)  # (Hkv, Sk, D)
     if score is None:  # query head h = kv head h // G: (Hkv, G·R, D) rows against their own kv head, no copies
         grouped = q.double().reshape(w.kv_heads, group * count, -1)
         scores = torch.matmul(grouped, keys.transpose(-1, -2)).view(w.heads, count, w.seq_k) * w.softmax_scale
     else:  # the scoring suite's function, on keys repeated to Hq heads
         kv_head = torch.arange(w.heads, device=rows.device) // group  # query head -> kv head
         scores = score(q.double(), keys[kv_head])
-    scores = _modified(inputs, scores, rows)
+    scores = _modified(inputs, scores, rows, b)
     visible = _visible(inputs, b, rows)
     if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
@@ -123,6 +138,17 @@ def values_of(w: Workload, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The values attention weighs: v, or with kv_layout latent (MLA) by definition the first head_dim_v
     channels of the one cache k — taken here from k itself, whatever the inputs' v is."""
     return k[..., : w.head_dim_v] if w.kv_layout == "latent" else v
+
+
+def _cached64(w: Workload, stored: torch.Tensor, scale: torch.Tensor | None, b: int) -> torch.Tensor:
+    """Batch element ``b``'s k or v as the cache holds it, in float64: the stored values, times the scale of
+    their block (an fp8 cache: one per sequence and kv head, or per page of ``page_size`` positions)."""
+    values = stored.double()
+    if scale is None:
+        return values
+    per_block = scale[b].double()  # (Hkv, blocks, 1)
+    block = w.page_size if per_block.shape[1] > 1 else w.seq_k
+    return values * per_block.repeat_interleave(block, dim=1)[:, : w.seq_k]
 
 
 def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score | None = None) -> torch.Tensor:

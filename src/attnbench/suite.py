@@ -37,7 +37,7 @@ from attnbench.axes import (
     coerce_axis,
 )
 from attnbench.errors import UsageError
-from attnbench.models import PHASES, preset_axes
+from attnbench.models import DEFAULT_PHASES, preset_axes
 from attnbench.workload import Workload
 
 if sys.version_info >= (3, 11):
@@ -139,7 +139,7 @@ def expand(
             if axes.get(axis.name) and not models:
                 raise UsageError(f"{axis.name} applies to model presets: give --model too (see `attnbench models`)")
         expanded = (
-            [one for m in models for phase in phases or PHASES for one in preset_axes(m, phase, axes)]
+            [one for m in models for phase in phases or DEFAULT_PHASES for one in preset_axes(m, phase, axes)]
             if models
             else [axes]
         )
@@ -201,5 +201,5 @@ def profile_suite(name: str = "profile", description: str = "") -> Suite:
 def model_suite() -> Suite:
     """The sweep ``attnbench run --model NAME`` runs when no --suite is given: every phase of the presets
     named on the command line (which replaces ``model``), with every available contender."""
-    sweep = {**DEFAULTS, IMPL.name: ["available"], MODEL.name: ["llama3.1-8b"], PHASE.name: list(PHASES)}
+    sweep = {**DEFAULTS, IMPL.name: ["available"], MODEL.name: ["llama3.1-8b"], PHASE.name: list(DEFAULT_PHASES)}
     return Suite("models", "model presets, prefill and decode", 1.0, 60.0, (sweep,))

@@ -4,7 +4,8 @@ Shapes follow torch SDPA: q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D), output (B, 
 
 Workload features (see ``attnbench.masks`` for their definitions): the ``sliding_window`` mask with its
 ``window``, the ``document`` mask with its number of ``documents``, the ``chunked`` mask with its ``chunk``,
-a ``score_mod`` (``softcap`` with its
+the ``mixed`` mask with its ``decode_share`` and the ``lengths`` distribution (``attnbench.sequences``), a
+``score_mod`` (``softcap`` with its
 ``softcap`` value, or ``alibi``), the KV cache's ``page_size`` (0: contiguous) and the ``model`` preset a
 case came from. A value that does not apply to the case (a window without the sliding_window mask) is
 stored as its neutral value (0, "none", ""), so equal cases compare equal.
@@ -70,6 +71,7 @@ class Workload:
     lengths: str = "equal"  # per-sequence lengths of the batch: equal, or drawn from a distribution
     shared_prefix: int = 0  # tokens of cached prefix every sequence of the batch shares (0: none)
     chunk: int = 0  # chunked: keys per chunk, a query sees its own chunk up to itself (0 for other masks)
+    decode_share: float = 0.0  # mixed: share of the batch's sequences that are decode steps (0 for other masks)
     layer: str = ""  # which kind of layer of a two-kind preset: sliding, full or chunked ("" otherwise)
 
     def __post_init__(self) -> None:
@@ -110,6 +112,11 @@ class Workload:
                     f"documents {self.documents} with sequence length {self.seq_q}: allowed 1 to {self.seq_q} "
                     "(each document holds at least one token)"
                 )
+        if self.mask == "mixed" and self.batch < 2:
+            raise UsageError(
+                "mask mixed holds prefill chunks and decode steps in one batch, so it needs batch ≥ 2; "
+                f"got {self.batch}"
+            )
         self._check_cache()
         for axis in axes.FEATURES:  # a feature that applies needs a value (window ≥ 1 with sliding_window)
             value = getattr(self, axis.workload_field)
@@ -145,6 +152,11 @@ class Workload:
             raise UsageError(
                 f"lengths {self.lengths} draws each sequence's length, and mask padding has lengths of its own; "
                 "allowed with padding: lengths equal"
+            )
+        if self.lengths != "equal" and self.mask == "chunked":
+            raise UsageError(
+                f"lengths {self.lengths} with mask chunked is not defined yet (each sequence's chunks would start at "
+                "its own key 0); allowed with chunked: lengths equal"
             )
 
     @property
