@@ -308,7 +308,11 @@ def test_declared_capabilities():
     caps = contender.capabilities
     assert caps.devices == {"cuda"} and caps.dtypes == {"float16", "bfloat16", "float32"}
     assert (caps.min_head_dim, caps.max_head_dim, caps.gqa, caps.cross, caps.backward) == (16, 256, True, True, True)
-    assert caps.masks == set(MASKS) - {"mixed", "chunked"} and caps.score_mods == {"none", "softcap", "alibi"} and caps.paged == "gather"
+    assert (
+        caps.masks == set(MASKS) - {"mixed", "chunked"}
+        and caps.score_mods == {"none", "softcap", "alibi"}
+        and caps.paged == "gather"
+    )
     assert "gathered inside the timed call" in contender.description
     assert contender.interpreter_capabilities.devices == {"cpu", "cuda"}
     too_wide = Workload(1, 2, 2, 64, 64, 300, device="cuda")
