@@ -117,12 +117,12 @@ def test_bytes_count_k_at_d_v_at_dv_and_a_latent_cache_once():
 
 def test_contenders_that_cannot_say_why():
     w = SEPARATE
-    fused = registry.get("fused_cpu").contender
-    assert fused is not None
+    plain = registry.get("score_dot").contender  # a scoring variant: plain q·kᵀ heads, no cache features
+    assert plain is not None
     narrower = "head_dim_v 24 (≠ head_dim) not supported (declares no head_dim_v support)"
-    assert fused.unsupported_reason(w) == narrower and fused.unsupported_reason(LATENT) == narrower
+    assert plain.unsupported_reason(w) == narrower and plain.unsupported_reason(LATENT) == narrower
     latent_same = _with(LATENT, head_dim_v=40)
-    assert fused.unsupported_reason(latent_same) == "kv_layout latent not supported (declares no kv_layout support)"
+    assert plain.unsupported_reason(latent_same) == "kv_layout latent not supported (declares no kv_layout support)"
     naive = registry.get("naive").contender
     assert naive is not None
     mha = Workload(1, 2, 2, 4, 4, 8, module="mha", head_dim_v=4)

@@ -160,13 +160,15 @@ def test_models_command_shows_the_new_columns(cli):
 
 def test_run_and_report_name_the_new_features_and_layers(cli, tmp_path):
     out = tmp_path / "run"
-    code, _, _ = cli("run", "--model", "gpt-oss-20b,deepseek-v3", "--phase", "decode", "--impl", "bmm,fused_cpu",
+    impls = "bmm,fused_cpu,score_dot"  # score_dot takes none of the features: its rows say which it lacks
+    code, _, _ = cli("run", "--model", "gpt-oss-20b,deepseek-v3", "--phase", "decode", "--impl", impls,
                      *SMALL, "--budget-s", "0.02", "--progress", "off", "--out", str(out))  # fmt: skip
     assert code == 0
     frame = pd.read_parquet(out / "results.parquet")
     assert sorted(zip(frame["model"], frame["layer"], strict=True)) == sorted(
-        [("deepseek-v3", "")] * 2 + [("gpt-oss-20b", "sliding")] * 2 + [("gpt-oss-20b", "full")] * 2
+        [("deepseek-v3", "")] * 3 + [("gpt-oss-20b", "sliding")] * 3 + [("gpt-oss-20b", "full")] * 3
     )
+    assert set(frame[frame["impl"] == "fused_cpu"]["status"]) == {"ok"}
     assert (frame[frame["status"] != "ok"]["reason"].str.len() > 0).all()  # unsupported says why
     code, _, _ = cli("report", str(out), "--out", str(tmp_path / "report"))
     assert code == 0

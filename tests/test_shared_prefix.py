@@ -104,8 +104,8 @@ def test_cascade_says_why_not_without_a_prefix_and_in_the_mha_module():
     assert registry.get("bmm").contender.unsupported_reason(mha) == (
         "the mha module projects k and v from its input each call, so no cached prefix is shared there"
     )
-    fused = registry.get("fused_cpu").contender
-    assert fused.unsupported_reason(_workload(CASES[0])) == (
+    plain = registry.get("score_dot").contender  # a scoring variant: no cache features
+    assert plain.unsupported_reason(_workload(CASES[0])) == (
         "shared_prefix 20 not supported (declares no shared_prefix support)"
     )
 

@@ -36,13 +36,19 @@ VECTOR = 16  # floats per vector in the kernel: the head dim of v is padded to i
 
 
 class ForwardExtras(ctypes.Structure):
-    """fused_cpu_kernel.cpp's ForwardExtras: per-row key ranges (mask "ranges"), softcap, ALiBi slopes."""
+    """fused_cpu_kernel.cpp's ForwardExtras: per-row key ranges (mask "ranges"), softcap, ALiBi slopes, sink
+    logits, and v's layout when it is not dense (a strided view, or Dv ≠ D in bf16)."""
 
     _fields_ = [
         ("lo", ctypes.c_void_p),
         ("hi", ctypes.c_void_p),
         ("softcap", ctypes.c_float),
         ("alibi", ctypes.c_void_p),
+        ("sinks", ctypes.c_void_p),
+        ("v_stride", ctypes.c_int64),
+        ("dv", ctypes.c_int64),
+        ("k_head_stride", ctypes.c_int64),
+        ("v_head_stride", ctypes.c_int64),
     ]
 
 
@@ -50,25 +56,30 @@ class ForwardExtras(ctypes.Structure):
 class ScoreOptions:
     """What the forward takes beyond the masks: ``ranges`` (lo, hi), each (B, Sq) int64, row i of batch b
     seeing keys [lo, hi) (with mask "ranges"); ``softcap`` (scores ← softcap·tanh(scores / softcap));
-    ``alibi`` (H float32 slopes: scores −= slope_h·|i + Sk − Sq − j|). Scores are q·kᵀ·scale."""
+    ``alibi`` (H float32 slopes: scores −= slope_h·|i + Sk − Sq − j|); ``sinks`` (H float32 learned logits,
+    natural log: exp(sink_h) joins each row's denominator and its log-sum-exp). Scores are q·kᵀ·scale."""
 
     ranges: tuple[torch.Tensor, torch.Tensor] | None = None
     softcap: float | None = None
     alibi: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
 
-    def structure(self, batch: int, heads: int, seq_q: int) -> ForwardExtras:
+    def structure(self, batch: int, heads: int, seq_q: int, layout: tuple[int, ...] = (0, 0, 0, 0)) -> ForwardExtras:
         lo = hi = None
         if self.ranges is not None:
             lo, hi = self.ranges
             for bound in (lo, hi):
                 if bound.dtype != torch.int64 or bound.shape != (batch, seq_q) or not bound.is_contiguous():
                     raise ValueError(f"key ranges must be contiguous int64 of shape ({batch}, {seq_q})")
-        if self.alibi is not None and (self.alibi.dtype != torch.float32 or self.alibi.shape != (heads,)):
-            raise ValueError(f"alibi slopes must be float32 of shape ({heads},)")
+        for name, per_head in (("alibi slopes", self.alibi), ("sinks", self.sinks)):
+            if per_head is not None and (
+                per_head.dtype != torch.float32 or per_head.shape != (heads,) or not per_head.is_contiguous()
+            ):
+                raise ValueError(f"{name} must be contiguous float32 of shape ({heads},)")
         if self.softcap is not None and not self.softcap > 0:
             raise ValueError(f"softcap must be positive, got {self.softcap}")
-        pointers = [None if t is None else t.data_ptr() for t in (lo, hi, self.alibi)]
-        return ForwardExtras(pointers[0], pointers[1], self.softcap or 0.0, pointers[2])
+        lo_p, hi_p, alibi_p, sinks_p = (None if t is None else t.data_ptr() for t in (lo, hi, self.alibi, self.sinks))
+        return ForwardExtras(lo_p, hi_p, self.softcap or 0.0, alibi_p, sinks_p, *layout)
 
 
 @dataclass(frozen=True)
@@ -108,15 +119,20 @@ class Kernel:
         options: ScoreOptions | None = None,
     ) -> int:
         """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D) over k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dp), all
-        float32 and contiguous; kt is scratch for B·Hkv·packed_keys(Sk)·D floats; lse (B, H, Sq), when given,
-        receives each row's log-sum-exp for the backward. Returns the number of score entries computed."""
+        float32 and contiguous — but v, which may be a view whose rows are evenly spaced (MLA's values, the first
+        Dv channels of its latent keys); Dp, a multiple of VECTOR, is the value head dim and need not equal D; kt is
+        scratch for B·Hkv·packed_keys(Sk)·D floats; lse (B, H, Sq), when given, receives each row's
+        log-sum-exp for the backward. Returns the number of score entries computed."""
         batch, heads, seq_q, head_dim = q.shape
         kv_heads, seq_k = k.shape[1], k.shape[2]
-        _check_float32(q=q, k=k, kt=kt, v=v, out=out, scratch=scratch)
+        _check_float32(q=q, kt=kt, out=out, scratch=scratch)
+        if v.dtype != torch.float32 or k.dtype != torch.float32:
+            raise ValueError("k and v must be float32 CPU tensors")
+        (_, k_head_stride), (v_stride, v_head_stride) = strides(k), strides(v)
         padded = v.shape[-1]
         if k.shape[0] != batch or heads % kv_heads or v.shape[:3] != k.shape[:3] or k.shape[3] != head_dim:
             raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-        if out.shape != (batch, heads, seq_q, padded) or padded < head_dim or padded % VECTOR:
+        if out.shape != (batch, heads, seq_q, padded) or padded % VECTOR:
             raise ValueError(f"out must be {(batch, heads, seq_q, padded)} with the head dim padded to {VECTOR}")
         if kt.numel() < batch * kv_heads * self.packed_keys(seq_k) * head_dim:
             raise ValueError(f"kt holds {kt.numel()} floats, fewer than the packed keys need")
@@ -126,7 +142,8 @@ class Kernel:
         pointers = (q, k, kt, v, out)
         return self._forward_call(self.library.attnbench_fused_forward, "fused_cpu", pointers, lse, shape,
                                   scale=scale, mask=mask, lengths=lengths, block_q=block_q, block_k=block_k,
-                                  threads=threads, scratch=scratch, options=options)  # fmt: skip
+                                  threads=threads, scratch=scratch, options=options,
+                                  layout=(v_stride, 0, k_head_stride, v_head_stride))  # fmt: skip
 
     def has_bf16(self) -> bool:
         """Whether this build has the bfloat16 forward (AVX512-BF16 dot products)."""
@@ -148,18 +165,24 @@ class Kernel:
         threads: int,
         options: ScoreOptions | None = None,
     ) -> int:
-        """out (B, H, Sq, Dp) float32 = attention of bfloat16 q (B, H, Sq, D) over k, v (B, Hkv, Sk, D), D even, all
-        contiguous, with AVX512-BF16 dot products and float32 softmax and accumulators; lse as in forward.
-        Returns the number of score entries computed."""
+        """out (B, H, Sq, Dp) float32 = attention of bfloat16 q (B, H, Sq, D) over k (B, Hkv, Sk, D) and v (B, Hkv,
+        Sk, Dv), D and Dv even, Dp ≥ Dv, q and k contiguous, v contiguous or a view with evenly spaced rows, with
+        AVX512-BF16 dot products and float32 softmax and accumulators; lse as in forward. Returns the number of
+        score entries computed."""
         for name, t in {"q": q, "k": k, "v": v}.items():
-            if t.dtype != torch.bfloat16 or not t.is_contiguous() or t.device.type != "cpu":
+            if t.dtype != torch.bfloat16 or not (t.is_contiguous() or name != "q") or t.device.type != "cpu":
                 raise ValueError(f"{name} must be a contiguous bfloat16 CPU tensor")
         _check_float32(out=out)
+        (k_stride, k_head_stride), (v_stride, v_head_stride) = strides(k), strides(v)
+        if k_stride != k.shape[-1]:
+            raise ValueError(f"k's rows must be dense, got strides {k.stride()}")
         batch, heads, seq_q, head_dim = q.shape
-        kv_heads, seq_k, padded = k.shape[1], k.shape[2], out.shape[-1]
-        if k.shape[0] != batch or heads % kv_heads or v.shape != k.shape or k.shape[3] != head_dim or head_dim % 2:
+        kv_heads, seq_k, padded, dv = k.shape[1], k.shape[2], out.shape[-1], v.shape[-1]
+        if k.shape[0] != batch or heads % kv_heads or v.shape[:3] != k.shape[:3] or k.shape[3] != head_dim:
             raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-        if out.shape != (batch, heads, seq_q, padded) or padded < head_dim or padded % VECTOR:
+        if head_dim % 2 or dv % 2:
+            raise ValueError(f"the bf16 forward takes even head dims, got D {head_dim} and Dv {dv}")
+        if out.shape != (batch, heads, seq_q, padded) or padded < dv or padded % VECTOR:
             raise ValueError(f"out must be {(batch, heads, seq_q, padded)} with the head dim padded to {VECTOR}")
         keys = batch * kv_heads * self.packed_keys(seq_k)
         kt16, v16 = torch.empty(keys * head_dim, dtype=torch.bfloat16), torch.empty(keys * padded, dtype=torch.bfloat16)
@@ -168,7 +191,8 @@ class Kernel:
         pointers = (q, k, kt16, v, v16, out)
         return self._forward_call(self.library.attnbench_fused_forward_bf16, "fused_cpu bf16", pointers, lse, shape,
                                   scale=scale, mask=mask, lengths=lengths, block_q=block_q, block_k=block_k,
-                                  threads=threads, scratch=scratch, options=options)  # fmt: skip
+                                  threads=threads, scratch=scratch, options=options,
+                                  layout=(v_stride, dv, k_head_stride, v_head_stride))  # fmt: skip
 
     def _forward_call(
         self,
@@ -186,16 +210,18 @@ class Kernel:
         threads: int,
         scratch: torch.Tensor,
         options: ScoreOptions | None,
+        layout: tuple[int, int, int, int] = (0, 0, 0, 0),
     ) -> int:
         """Both forwards' shared checks (lse, lengths) and C call: `pointers` (the tensors before lse), then
-        lse, the shape (B, H, Hkv, Sq, Sk, D, Dp), scale, mask, lengths, extras, sizes, scratch, tiles."""
+        lse, the shape (B, H, Hkv, Sq, Sk, D, Dp), scale, mask, lengths, extras, sizes, scratch, tiles.
+        ``layout`` (v's row stride, its row length, k's and v's kv-head strides) rides in the extras."""
         batch, heads, _, seq_q = shape[:4]
         if lse is not None:
             _check_float32(lse=lse)
             if lse.shape != (batch, heads, seq_q):
                 raise ValueError(f"lse must be {(batch, heads, seq_q)}, got {tuple(lse.shape)}")
         _check_lengths(mask, lengths, batch)
-        extras = None if options is None else ctypes.byref(options.structure(batch, heads, seq_q))
+        extras = ctypes.byref((options or ScoreOptions()).structure(batch, heads, seq_q, layout))
         tiles = ctypes.c_int64(0)
         status = entry(
             *(t.data_ptr() for t in pointers),
@@ -352,6 +378,21 @@ class Kernel:
         if status != 0:
             raise RuntimeError(f"fused_cpu backward kernel rejected its arguments (status {status})")
         return dq, dk, dv, tiles.value
+
+
+def strides(x: torch.Tensor) -> tuple[int, int]:
+    """(row stride, kv-head stride) in elements of k or v (B, Hkv, Sk, d) as the forward kernel reads it in
+    place: rows evenly spaced with unit channel stride, kv head b·Hkv + h at (b·Hkv + h)·head stride — a
+    contiguous tensor, MLA's values (the first Dv channels of the latent keys), a shared prefix (the first P
+    keys of a longer cache). Else ValueError: the caller copies it."""
+    batch, kv_heads, seq_k, dim = x.shape
+    row = x.stride(2) if seq_k > 1 else dim
+    head = x.stride(1) if kv_heads > 1 else (x.stride(0) if batch > 1 else seq_k * row)
+    if x.device.type != "cpu" or (dim > 1 and x.stride(3) != 1) or (batch > 1 and x.stride(0) != kv_heads * head):
+        raise ValueError(f"k and v must have unit channel stride and evenly spaced kv heads, got {x.stride()}")
+    if row < dim or head < seq_k * row:
+        raise ValueError(f"rows or heads overlap: strides {x.stride()} for shape {tuple(x.shape)}")
+    return row, head
 
 
 def _check_float32(**tensors: torch.Tensor) -> None:

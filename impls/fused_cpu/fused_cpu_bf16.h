@@ -79,11 +79,12 @@ inline void pack_panel_bf16(const bf16* k, int64_t seq_k, int64_t d_len, int64_t
   }
 }
 
-// Key pair c of v as (Dp, 2) from v's rows (d_len bf16 apart); zeros past seq_k and past d_len.
-inline void pack_pair_bf16(const bf16* v, int64_t seq_k, int64_t d_len, int64_t dp, int64_t c, bf16* out) {
+// Key pair c of v as (Dp, 2) from v's rows (d_len bf16 each, ld apart); zeros past seq_k and past d_len.
+inline void pack_pair_bf16(const bf16* v, int64_t seq_k, int64_t ld, int64_t d_len, int64_t dp, int64_t c,
+                           bf16* out) {
   for (int64_t e = 0; e < 2; ++e) {
     const int64_t key = 2 * c + e;
-    for (int64_t d = 0; d < dp; ++d) out[d * 2 + e] = key < seq_k && d < d_len ? v[key * d_len + d] : bf16{0};
+    for (int64_t d = 0; d < dp; ++d) out[d * 2 + e] = key < seq_k && d < d_len ? v[key * ld + d] : bf16{0};
   }
 }
 

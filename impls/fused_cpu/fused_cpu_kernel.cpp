@@ -77,6 +77,9 @@ struct Problem {
   float softcap2 = 0.f;          // softcap·log2(e): s ← softcap2·tanh(s / softcap2); 0 = off
   const float* alibi2 = nullptr;  // per query head, slope·log2(e): s −= slope2·|i + Sk − Sq − j|; null = off
   std::vector<float> alibi2_storage;
+  const float* sinks = nullptr;  // per query head, the learned sink logit (natural log); null = none
+  int64_t vs = 0;                // float32 v: floats from one v row to the next (dp unless v is a strided view)
+  int64_t vhs = 0;               // float32 v: floats from one kv head (b · Hkv + h) to the next (Sk · vs if dense)
   Packer* packer = nullptr;  // set by launch
 
   int64_t limit(int64_t b, int64_t i) const { return rows.limit(b, i); }
@@ -261,7 +264,7 @@ void softmax_now(const Problem& pb, const Item& it, const Tile& t, Scratch& sc) 
 void accumulate(const Problem& pb, const Item& it, const Tile& t, Scratch& sc, ExpJob& job) {
   const int64_t Dp = pb.dp;
   if (pb.q16 == nullptr) {
-    pv_group_exp(sc.s[t.buf], pb.block_k, pb.v + (it.kv * pb.seq_k + t.cs) * Dp, Dp, t.n, t.rows, Dp,
+    pv_group_exp(sc.s[t.buf], pb.block_k, pb.v + it.kv * pb.vhs + t.cs * pb.vs, pb.vs, t.n, t.rows, Dp,
                  sc.o + t.g0 * Dp, Dp, job);
   } else {
 #ifdef ATTNBENCH_BF16
@@ -283,8 +286,8 @@ void prefetch_block(const Problem& pb, const Item& it, int64_t c1, int64_t part,
   int64_t bytes[2];
   if (pb.q16 == nullptr) {
     regions[0] = reinterpret_cast<const char*>(pb.kt + (it.kv * pb.skp + c1) * pb.head_dim);
-    regions[1] = reinterpret_cast<const char*>(pb.v + (it.kv * pb.seq_k + c1) * pb.dp);
-    bytes[0] = packed ? keys * pb.head_dim * 4 : 0, bytes[1] = keys * pb.dp * 4;
+    regions[1] = reinterpret_cast<const char*>(pb.v + it.kv * pb.vhs + c1 * pb.vs);
+    bytes[0] = packed ? keys * pb.head_dim * 4 : 0, bytes[1] = keys * pb.vs * 4;
   } else {
     if (!packed) return;
     regions[0] = reinterpret_cast<const char*>(pb.kt16 + (it.kv * pb.skp + c1) * pb.head_dim);
@@ -345,14 +348,22 @@ void run_item(const Problem& pb, int64_t b, int64_t h, int64_t i0, Scratch& sc) 
     if (have_prev) accumulate(pb, it, prev, sc, none);
   }
 
+  constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
   for (int64_t r = 0; r < rows; ++r) {
-    const float l = hsum(load(sc.l + r * W));
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row with no visible key outputs zeros
+    float l = hsum(load(sc.l + r * W)), top = sc.m[r], weight = 1.f;  // O and l are relative to exp2(top)
+    if (pb.sinks != nullptr && l > 0.f) {  // the sink joins the denominator: l·2^(m−top) + 2^(sink−top)
+      const float sink2 = pb.sinks[h] * LOG2E;
+      top = std::max(sc.m[r], sink2);
+      weight = std::exp2(sc.m[r] - top);
+      l = l * weight + std::exp2(sink2 - top);
+    }
+    const float inv = l > 0.f ? weight / l : 0.f;  // a row with no visible key outputs zeros
     const vf a = splat(inv);
     for (int64_t d = 0; d < Dp; d += W) store(out + r * Dp + d, load(sc.o + r * Dp + d) * a);
-    if (pb.lse != nullptr)  // the backward's P = exp(score - lse); base 2 inside, natural log outside
-      pb.lse[(b * pb.heads + h) * pb.seq_q + i0 + r] =
-          l > 0.f ? (sc.m[r] + std::log2(l)) * 0.6931471805599453f : -std::numeric_limits<float>::infinity();
+    if (pb.lse != nullptr) {  // the backward's P = exp(score - lse); base 2 inside, natural log outside
+      const float none = pb.sinks != nullptr ? pb.sinks[h] : -std::numeric_limits<float>::infinity();
+      pb.lse[(b * pb.heads + h) * pb.seq_q + i0 + r] = l > 0.f ? (top + std::log2(l)) * LN2 : none;
+    }
   }
 }
 
@@ -360,7 +371,7 @@ bool valid(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q, int64_
            int64_t dp, int64_t mask, const int64_t* lengths, int64_t block_q, int64_t block_k, int64_t nthreads,
            const float* scratch) {
   return batch >= 1 && heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0 && seq_q >= 1 && seq_k >= 1 &&
-         head_dim >= 1 && dp >= head_dim && dp % W == 0 && block_q >= 1 && block_k >= PANEL &&
+         head_dim >= 1 && dp >= 1 && dp % W == 0 && block_q >= 1 && block_k >= PANEL &&
          block_k % PANEL == 0 && mask >= NONE && mask <= RANGES && (mask != PADDING || lengths != nullptr) &&
          nthreads >= 1 && scratch != nullptr;
 }
@@ -433,23 +444,38 @@ extern "C" {
 // What the forward takes beyond the four masks (null: nothing): per-row key ranges for mask RANGES (4), lo
 // and hi (B, Sq) int64, row i of batch b seeing keys [lo, hi); softcap > 0: scores ← softcap·tanh(scores /
 // softcap); alibi (H floats, or null): scores −= alibi[h]·|i + Sk − Sq − j|. Scores here are q·kᵀ·scale.
+// sinks (H floats, or null): learned sink logits, exp(sinks[h]) joins every row's denominator (and its lse).
+// Views of k and v read in place (0: dense): v_stride, elements from one v row to the next (MLA's values are
+// the first Dv channels of its latent keys); k_head_stride and v_head_stride, elements from one kv head
+// (b · Hkv + h) to the next (a shared prefix: the first P keys of a longer cache). dv > 0: the bf16 forward's v
+// row length (Dv, even) when it differs from D; 0: D.
 struct ForwardExtras {
   const int64_t* lo;
   const int64_t* hi;
   float softcap;
   const float* alibi;
+  const float* sinks;
+  int64_t v_stride;
+  int64_t dv;
+  int64_t k_head_stride;
+  int64_t v_head_stride;
 };
 }
 
 namespace {
 
 bool valid_extras(int64_t mask, const ForwardExtras* extras) {
+  if (extras != nullptr && (extras->v_stride < 0 || extras->dv < 0 || extras->k_head_stride < 0 ||
+                            extras->v_head_stride < 0))
+    return false;
   if (mask != RANGES) return true;
   return extras != nullptr && extras->lo != nullptr && extras->hi != nullptr;
 }
 
 void with_extras(Problem& pb, const ForwardExtras* extras) {
   if (extras == nullptr) return;
+  pb.sinks = extras->sinks;
+  if (extras->v_stride > 0) pb.vs = extras->v_stride;
   pb.rows.lo = extras->lo;
   pb.rows.hi = extras->hi;
   pb.softcap2 = extras->softcap > 0.f ? extras->softcap * 1.4426950408889634f : 0.f;
@@ -487,9 +513,13 @@ int attnbench_fused_forward(const float* q, const float* k, float* kt, const flo
   const int64_t skp = attnbench_fused_packed_keys(seq_k), per_head = skp / PANEL;
   Problem pb{q, k, kt, v, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
                    scale * 1.4426950408889634f, RowLimits{mask, seq_q, seq_k, lengths}, block_q, block_k};
+  pb.vs = dp;
   with_extras(pb, extras);
+  pb.vhs = extras != nullptr && extras->v_head_stride > 0 ? extras->v_head_stride : seq_k * pb.vs;
+  const int64_t khs = extras != nullptr && extras->k_head_stride > 0 ? extras->k_head_stride : seq_k * head_dim;
+  if (pb.vs < dp || pb.vhs < seq_k * pb.vs || khs < seq_k * head_dim) return 1;
   auto pack = [&](int64_t p) {  // panel p % per_head of kv head p / per_head
-    pack_panel(k + (p / per_head) * seq_k * head_dim, seq_k, head_dim, p % per_head, kt + p * PANEL * head_dim);
+    pack_panel(k + (p / per_head) * khs, seq_k, head_dim, p % per_head, kt + p * PANEL * head_dim);
   };
   return launch(pb, pack, nthreads, scratch, tiles);
 }
@@ -521,15 +551,20 @@ int attnbench_fused_forward_bf16(const uint16_t* q, const uint16_t* k, uint16_t*
   Problem pb{nullptr, nullptr, nullptr, nullptr, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, skp, dp,
              scale * 1.4426950408889634f, RowLimits{mask, seq_q, seq_k, lengths}, block_q, block_k};
   with_extras(pb, extras);
+  const int64_t dv = extras != nullptr && extras->dv > 0 ? extras->dv : head_dim;
+  const int64_t vs = extras != nullptr && extras->v_stride > 0 ? extras->v_stride : dv;
+  const int64_t vhs = extras != nullptr && extras->v_head_stride > 0 ? extras->v_head_stride : seq_k * vs;
+  const int64_t khs = extras != nullptr && extras->k_head_stride > 0 ? extras->k_head_stride : seq_k * head_dim;
+  if (dv % 2 != 0 || dv > dp || vs < dv || vhs < seq_k * vs || khs < seq_k * head_dim) return 1;
   pb.q16 = q;
   pb.kt16 = kt16;
   pb.v16 = v16;
   const int64_t pairs = skp / 2;
   auto pack = [&](int64_t p) {  // kᵀ panel p and the PANEL / 2 key pairs of v of the same keys
     const int64_t head = p / per_head;
-    pack_panel_bf16(k + head * seq_k * head_dim, seq_k, head_dim, p % per_head, kt16 + p * PANEL * head_dim);
+    pack_panel_bf16(k + head * khs, seq_k, head_dim, p % per_head, kt16 + p * PANEL * head_dim);
     for (int64_t c = p % per_head * (PANEL / 2); c < (p % per_head + 1) * (PANEL / 2); ++c)
-      pack_pair_bf16(v + head * seq_k * head_dim, seq_k, head_dim, dp, c, v16 + (head * pairs + c) * dp * 2);
+      pack_pair_bf16(v + head * vhs, seq_k, vs, dv, dp, c, v16 + (head * pairs + c) * dp * 2);
   };
   return launch(pb, pack, nthreads, scratch, tiles);
 #else
