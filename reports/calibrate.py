@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(history_row(history_detection(frames, metas, step_at, normalise_times), label, step_at))
     print()
     print(markdown(rows))
+    for row in table.to_dict("records"):
+        listed = "".join(f"\n  {alarm}" for alarm in row["aa_cases"])
+        print(f"\nA/A false alarms, compare {row['method']}: {len(row['aa_cases'])}{listed}")
     print(f"\nbest run-vs-run method: {best_method(table)} (of {', '.join(METHODS)}: A/A false alarms ≤ 1 %, "
           "then most ×1.10 caught)")  # fmt: skip
     print(

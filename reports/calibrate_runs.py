@@ -8,7 +8,12 @@ sleep) from run ``step_at`` on — a commit that made a CPU-bound kernel 10 % sl
 * :func:`run_vs_run` — every pair of runs compared, by each method of :data:`METHODS`: ``raw`` (the floors
   of the runs' own repeats), ``yardstick`` (times normalised by the yardsticks, reports.normalise),
   ``history`` (raw, each case's floor from the spread between the *other* runs, reports.noise_floor) and
-  ``yardstick+history``. A/A: every ``faster``/``slower`` of bmm, einsum or sdpa_flash is a false alarm.
+  ``yardstick+history``. A/A: every ``faster``/``slower`` of bmm, einsum or sdpa_flash is a false alarm;
+  each is listed (``aa_cases``: pair, case, ratio, floor and its source), to see which cases and runs.
+  **Leave-pair-out**: the history of a pair is the runs other than those two — the floor never comes from
+  the runs it judges (the runs after the pair count too: the calibration's runs are exchangeable, while
+  ``compare --db`` in use sees the runs stored before). It is the history of the sweep compared: without
+  ``calib_step`` for the A/A and injected comparisons, with it for ``calib_step``'s real step.
   Detection: the newer run's times of one contender multiplied by ×1.05, ×1.10, ×1.25 (the noise stays
   the real one), every case not ``slower`` a miss; and ``calib_step`` across the step (a run before
   ``step_at`` against one from it on): real extra work, every case not ``slower`` a miss.
@@ -159,37 +164,46 @@ def run_vs_run(
     methods: tuple[str, ...] = METHODS,
     factors: tuple[float, ...] = SLOWDOWNS,
 ) -> pd.DataFrame:
-    """One row per method (of :data:`METHODS`): A/A decisions and false alarms, injected slowdowns (by
-    ``factors``) caught, ``calib_step``'s real step caught (module docstring)."""
+    """One row per method (of :data:`METHODS`): A/A decisions and false alarms (and the list of them,
+    ``aa_cases``), injected slowdowns (by ``factors``) caught, ``calib_step``'s real step caught (module
+    docstring)."""
     settings = settings or Settings()
     by_method = {"raw": frames, "yardstick": normalised(frames, metas)}
-    histories = {name: _history_frame(runs) for name, runs in by_method.items()}
+    histories = {name: _history_frame(runs) for name, runs in by_method.items()}  # with calib_step
+    plain_histories = {name: frame[frame["impl"] != STEP] for name, frame in histories.items()}
     rows = []
     for method in methods:
         base_method = method.split("+")[0] if method != "history" else "raw"
         runs = by_method[base_method]
         counts: dict[str, list[int]] = {key: [0, 0] for key in ("aa", "real", *map(str, factors))}
+        alarms: list[str] = []
         for i, j in itertools.combinations(range(len(runs)), 2):
-            history = None
-            if method.endswith("history"):
-                history = history_sigmas(histories[base_method], {f"run-{i + 1:02d}", f"run-{j + 1:02d}"})
+            history = step_history = None
+            if method.endswith("history"):  # leave-pair-out: the other runs only (module docstring)
+                pair = {f"run-{i + 1:02d}", f"run-{j + 1:02d}"}
+                history = history_sigmas(plain_histories[base_method], pair)
             base, new = runs[i], runs[j]
             plain_base, plain_new = base[base["impl"] != STEP], new[new["impl"] != STEP]
             table = compare_frames(plain_base, plain_new, settings, history).table
             decided = table[table["verdict"].isin(DECIDED)]
             counts["aa"][0] += int(decided["verdict"].isin(["faster", "slower"]).sum())
             counts["aa"][1] += len(decided)
+            alarms += [f"{i + 1}-{j + 1} {r['impl']} {r['workload']} {r['verdict']} ×{r['ratio']:.3f} "
+                       f"(floor {r['floor']:.1%}, {r['floor_source']})"
+                       for r in decided[decided["verdict"].isin(["faster", "slower"])].to_dict("records")]  # fmt: skip
             for factor, impl in itertools.product(factors, CONTENDERS):
                 verdicts = compare_frames(plain_base, slowed(plain_new, impl, factor), settings, history).table
                 caught, total = _tally(verdicts, impl)
                 counts[str(factor)][0] += caught
                 counts[str(factor)][1] += total
             if i + 1 < step_at <= j + 1 and (base["impl"] == STEP).any():
-                caught, total = _tally(compare_frames(base, new, settings, history).table, STEP)
+                if method.endswith("history"):
+                    step_history = history_sigmas(histories[base_method], pair)
+                caught, total = _tally(compare_frames(base, new, settings, step_history).table, STEP)
                 counts["real"][0] += caught
                 counts["real"][1] += total
         rows.append({"method": method, **{f"{key}_hits": c[0] for key, c in counts.items()},
-                     **{f"{key}_total": c[1] for key, c in counts.items()}})  # fmt: skip
+                     **{f"{key}_total": c[1] for key, c in counts.items()}, "aa_cases": alarms})  # fmt: skip
     return pd.DataFrame(rows)
 
 

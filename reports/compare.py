@@ -25,10 +25,15 @@ shift explains is ``unclear`` (machine drift, or a change everywhere: the runs c
 change beyond it but within the measured noise is ``unclear``, as is anything else that can't be decided.
 
 **Floors from history** (``--db STORE``): a case the store has seen in ``MIN_HISTORY_RUNS`` runs or more
-on the new run's machine takes its floor from the spread between those runs (reports.noise_floor) — the
-drift over minutes and hours that a run's own repeats cannot see — and may then be decided on within-run
-samples too. The ``floor_source`` column says which floor each case used: ``history (N runs)``,
-``repeats`` or ``within-run only``.
+on the new run's machine (the two compared runs left out) takes its floor from how far its relative change
+moved between successive runs of the same code there (reports.noise_floor) — the drift over minutes and
+hours and the rare slow runs that a run's own repeats cannot see: floor = e^{t·s} − 1, the two-sided
+prediction interval at ``alpha`` (Student's t with the history's degrees of freedom), never below
+``--threshold`` or the runs' own noise, and p from the same t; the clear-cut rule does not apply (with
+three repeats a side it is a 1-in-20 event). A case with less history takes the pooled spread of its
+contender's cases on the same side of the roofline. Such a case may be decided on within-run samples too.
+The ``floor_source`` column says which floor each case used: ``history (N runs)``, ``history (pooled, N
+cases)``, ``repeats`` or ``within-run only``.
 
 **Yardstick-normalised** (``--normalise yardstick``): each case's times are divided by the machine's
 speed of the moment, the rate of the yardstick that matches its place on the roofline, timed in the same
@@ -49,20 +54,27 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.stats import mannwhitneyu, norm, ttest_ind
+from scipy.stats import mannwhitneyu, ttest_ind
+from scipy.stats import t as student_t
 
 from attnbench.errors import UsageError
 from attnbench.measure import median_ci_halfwidth
+from attnbench.reports.drift import workload_shifts
 from attnbench.reports.frames import load_runs, workload_label
-from attnbench.reports.noise_floor import HISTORY_RUNS, MIN_HISTORY_RUNS, case_key, history_sigmas, load_store_history
+from attnbench.reports.noise_floor import (
+    HISTORY_RUNS,
+    MIN_HISTORY_RUNS,
+    HistoryNoise,
+    history_sigmas,
+    load_store_history,
+    lookup,
+)
 from attnbench.reports.normalise import normalise, references, ridge_from_meta
 from attnbench.results import CASE_COLUMNS, YARDSTICK_COLUMNS
 
 MATCH_ON = CASE_COLUMNS
-HistorySigmas = dict[tuple[Any, ...], tuple[float, int]]  # case key → (between-run σ, runs), noise_floor
+HistorySigmas = dict[tuple[Any, ...], HistoryNoise]  # case or regime key → its spread (reports.noise_floor)
 VERDICTS = ("faster", "slower", "same", "unclear")
-MIN_CASES_FOR_SHIFT = 3  # cases (over ≥ 2 contenders) needed before a run-wide shift is estimated
-MIN_CONTENDERS_PER_WORKLOAD = 3  # a workload's own shift is the median of this many contenders or more
 WITHIN_RUN_ONLY = (
     "looks {direction}, but on within-run samples only: rerun both with --repeat 3, "
     "or time both versions in one process with `attnbench ab`"
@@ -129,36 +141,44 @@ def _p_value(base: np.ndarray, new: np.ndarray, basis: str, shift: float) -> flo
     return float(mannwhitneyu(log_new, log_base, alternative=alternative).pvalue)
 
 
-def history_floor(sigma: float, alpha: float) -> float:
-    """The relative change two runs with between-run σ (log scale) exceed by chance with probability alpha
-    (one-sided): e^{z · √2 · σ} − 1 (reports.noise_floor)."""
-    return math.expm1(float(norm.isf(alpha)) * math.sqrt(2) * sigma)
+def history_floor(spread: float, alpha: float, df: float = math.inf) -> float:
+    """The relative change (beyond the drift) that a new pair of runs of the same code exceeds, either way,
+    with probability ``alpha``, when history saw it move with spread ``spread`` (log scale) on ``df``
+    degrees of freedom: e^{t_{1−α/2, df} · spread} − 1, a prediction interval (reports.noise_floor)."""
+    return math.expm1(float(student_t.isf(alpha / 2, df)) * spread)
+
+
+def history_p_value(relative: float, noise: HistoryNoise) -> float:
+    """Two-sided p of a relative change (log, drift divided out) under history's spread: 2·P(T_df ≥ |x|/s)."""
+    if noise.spread <= 0:
+        return float(relative == 0)
+    return float(2 * student_t.sf(abs(relative) / noise.spread, noise.df))
 
 
 def verdict(
-    base: Any, new: Any, settings: Settings, shift: float = 0.0, history_sigma: float | None = None
+    base: Any, new: Any, settings: Settings, shift: float = 0.0, history: HistoryNoise | None = None
 ) -> tuple[str, float, float, float, str]:
     """(verdict, new/base median ratio, p-value, floor, note) for one case.
 
     ``base`` and ``new`` are :class:`Evidence` or plain lists of samples; ``shift`` is the run-wide change
-    (log of a ratio) that a case must move beyond. ``history_sigma``: the case's between-run σ from the
-    store (reports.noise_floor); it raises the floor to :func:`history_floor`, gives the p-value (a z-test
-    of the change beyond the shift against two runs' spread) and lets within-run samples decide, since
-    the spread between runs is then known."""
+    (log of a ratio) that a case must move beyond. ``history``: what the store saw of the case's relative
+    change between runs of the same code (reports.noise_floor); it raises the floor to the prediction
+    interval :func:`history_floor`, gives the p-value (:func:`history_p_value`, two-sided) in place of the
+    runs' own test and of the clear-cut rule, and lets within-run samples decide, since the spread between
+    runs is then known."""
     base_ev = base if isinstance(base, Evidence) else Evidence(np.asarray(base, float), "samples", 0.0)
     new_ev = new if isinstance(new, Evidence) else Evidence(np.asarray(new, float), "samples", 0.0)
     ratio = new_ev.median / base_ev.median
     change = math.log(ratio)
     floor = max(settings.threshold, base_ev.noise, new_ev.noise)
-    if history_sigma is not None:
-        floor = max(floor, history_floor(history_sigma, settings.alpha))
+    if history is not None:
+        floor = max(floor, history_floor(history.spread, settings.alpha, history.df))
     limit = math.log1p(floor)
     basis = base_ev.basis if base_ev.basis == new_ev.basis else "samples"
-    if history_sigma is None:
+    if history is None:
         p_value = _p_value(base_ev.values, new_ev.values, basis, shift)
     else:
-        spread = math.sqrt(2) * history_sigma
-        p_value = float(norm.sf(abs(change - shift) / spread)) if spread > 0 else float(change == shift)
+        p_value = history_p_value(change - shift, history)
     if abs(change) <= math.log1p(settings.threshold):
         return "same", ratio, p_value, floor, ""
     if abs(change) <= limit:
@@ -169,10 +189,10 @@ def verdict(
         return "unclear", ratio, p_value, floor, note
     adjusted = new_ev.values * math.exp(-shift)
     separated = adjusted.min() > base_ev.values.max() if change > 0 else adjusted.max() < base_ev.values.min()
-    if p_value >= settings.alpha and not separated:
+    if p_value >= settings.alpha and (history is not None or not separated):
         return "unclear", ratio, p_value, floor, "beyond the floor but not significant"
     direction = "slower" if change > 0 else "faster"
-    if basis == "samples" and history_sigma is None:
+    if basis == "samples" and history is None:
         return "unclear", ratio, p_value, floor, WITHIN_RUN_ONLY.format(direction=direction)
     return direction, ratio, p_value, floor, ""
 
@@ -198,28 +218,15 @@ def repeat_count(frame: pd.DataFrame, name: str) -> int:
     return counts.pop()
 
 
-def _shift_groups(frame: pd.DataFrame) -> list[pd.Index]:
-    """Row groups that share a machine drift: the contenders of one workload (timed together in interleaved
-    rounds, so at the same minutes) when it has three or more; the rest together, when they span three cases
-    over two contenders."""
-    key = [c for c in MATCH_ON if c != "impl"]
-    groups: list[pd.Index] = []
-    rest: list[pd.Index] = []
-    for _, group in frame.groupby(key, dropna=False, sort=False):
-        (groups if group["impl"].nunique() >= MIN_CONTENDERS_PER_WORKLOAD else rest).append(group.index)
-    leftover = frame.loc[[i for index in rest for i in index]]
-    if len(leftover) >= MIN_CASES_FOR_SHIFT and leftover["impl"].nunique() >= 2:
-        groups.append(leftover.index)
-    return groups
-
-
 def compare_frames(
     base: pd.DataFrame, new: pd.DataFrame, settings: Settings, history: HistorySigmas | None = None
 ) -> Comparison:
     """One row per case present in either run: verdict, ratio, p-value, floor, or why it can't be compared.
 
-    ``history``: the store's between-run σ per case and machine (reports.noise_floor.history_sigmas); a case
-    found there takes its floor from it. ``floor_source`` says, per case, which floor it used."""
+    ``history``: what the store saw of each case's relative change between runs, per case and machine
+    (reports.noise_floor.history_sigmas, the two compared runs left out); a case found there, or whose
+    contender's cases are (pooled), takes its floor from it. ``floor_source`` says, per case, which floor it
+    used."""
     merged = base.merge(new, on=MATCH_ON, how="outer", suffixes=("_base", "_new"), indicator=True)
     shared = merged[merged["_merge"] == "both"]
     if shared.empty:
@@ -235,11 +242,7 @@ def compare_frames(
     merged.index = merged["_row"]
     both = merged[(merged["_merge"] == "both") & (merged["status_base"] == "ok") & (merged["status_new"] == "ok")]
     changes = np.log(both["median_ms_new"].astype(float) / both["median_ms_base"].astype(float))
-    shifts = pd.Series(0.0, index=both.index)
-    groups = _shift_groups(both)
-    for index in groups:
-        shifts[index] = float(np.median(changes[index]))
-    estimate = bool(groups)
+    shifts, estimate = workload_shifts(both, changes)
     shift = float(np.median(changes)) if estimate else 0.0
     records: list[dict[str, Any]] = []
     bases: set[str] = set()
@@ -256,13 +259,12 @@ def compare_frames(
             base_ev, new_ev = evidence(row, "_base"), evidence(row, "_new")
             bases.add(base_ev.basis if base_ev.basis == new_ev.basis else "samples")
             case_shift = float(shifts.get(row["_row"], 0.0))
-            seen = (history or {}).get(case_key(record, row.get("machine_new")))
-            outcome, ratio, p_value, floor, note = verdict(base_ev, new_ev, settings, case_shift,
-                                                           seen[0] if seen else None)  # fmt: skip
+            seen = lookup(history, row, row.get("machine_new"), "_new") if history else None
+            outcome, ratio, p_value, floor, note = verdict(base_ev, new_ev, settings, case_shift, seen)
             own = "repeats" if base_ev.basis == new_ev.basis == "repeats" else "within-run only"
             record.update(verdict=outcome, ratio=ratio, p_value=p_value, floor=floor, note=note,
                           base_ms=row["median_ms_base"], new_ms=row["median_ms_new"],
-                          floor_source=f"history ({seen[1]} runs)" if seen else own,
+                          floor_source=seen.source if seen else own,
                           yardstick=_yardsticks_used(row))  # fmt: skip
             histories += bool(seen)
         records.append(record)
@@ -287,8 +289,9 @@ def compare_frames(
     compared = int(table["floor_source"].notna().sum())
     if history is not None:
         notes.append(f"{histories} of {compared} case(s) took their floor from the store's between-run spread "
-                     f"(history, the last {HISTORY_RUNS} runs at most, {MIN_HISTORY_RUNS} at least); the others "
-                     "kept their runs' own floor (floor_source)")  # fmt: skip
+                     f"(history, the last {HISTORY_RUNS} runs at most, {MIN_HISTORY_RUNS} at least, the compared "
+                     "runs left out; else pooled over the contender's cases); the others kept their runs' own "
+                     "floor (floor_source)")  # fmt: skip
     if basis == "samples" and histories < compared:
         notes.append("verdicts are within-run only: the runs have no per-repeat medians, so no case is called "
                      "slower or faster (run both with --repeat 3 to see the noise between processes and over "
@@ -326,8 +329,8 @@ def load_for_compare(
     base: Path, new: Path, mode: str = "raw", db: Path | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame, HistorySigmas | None]:
     """BASE's and NEW's rows, normalised by the yardsticks when ``mode`` is ``yardstick``
-    (reports.normalise), and the store's between-run σ per case when ``db`` is given (reports.noise_floor;
-    the two compared runs left out of it)."""
+    (reports.normalise), and the store's between-run spread per case when ``db`` is given
+    (reports.noise_floor; the two compared runs left out of it, so no floor comes from the runs it judges)."""
     frame, runs = load_runs([base, new])
     if mode == "yardstick":
         if not any(column in frame and frame[column].notna().any() for column in YARDSTICK_COLUMNS.values()):
@@ -410,7 +413,7 @@ def summary_line(comparison: Comparison, settings: Settings) -> str:
     mean = geometric_mean(table["ratio"])
     gm = f"; geometric-mean new/base {mean:.3f}" if mean is not None else ""
     basis = "per-repeat medians" if comparison.basis == "repeats" else "within-run samples"
-    kinds = table["floor_source"].dropna().str.replace(r" \(\d+ runs\)", "", regex=True).value_counts()
+    kinds = table["floor_source"].dropna().str.replace(r" \(.*\)", "", regex=True).value_counts()
     sources = ", ".join(f"{kind} {count}" for kind, count in kinds.items())
     floor = (f" (floor ≥ {settings.threshold:.0%} and the measured noise, alpha {settings.alpha:g}, from {basis}; "
              f"floors: {sources or 'none'})")  # fmt: skip

@@ -13,7 +13,7 @@ from attnbench.measure import time_cpu_rounds
 from attnbench.repeats import merge_repeats
 from attnbench.reports.calibrate_runs import STEP, best_method, history_detection, run_vs_run
 from attnbench.reports.compare import Settings, compare_frames, history_floor
-from attnbench.reports.noise_floor import between_run_sigma, case_key, history_sigmas
+from attnbench.reports.noise_floor import POOLED, case_key, history_sigmas, spread_of
 from attnbench.reports.normalise import normalise, references, ridge_from_meta, yardstick_of
 from attnbench.results import make_row, rows_to_frame
 from attnbench.runner import RunOptions, run_case
@@ -145,13 +145,13 @@ def history(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def test_the_between_run_spread_comes_from_successive_differences():
-    medians = [1.0, 1.1, 1.0, 1.1, 1.0]
-    assert between_run_sigma(medians) == pytest.approx(1.4826 * math.log(1.1) / math.sqrt(2))
-    assert between_run_sigma([1.0, 1.0, 1.0, 2.0, 2.0, 2.0]) == 0.0  # one real step moves one difference only
+    assert spread_of([0.1, -0.1])[0] == pytest.approx(0.1)  # two differences: nothing left out
+    assert spread_of([0.0, 0.0, math.log(2), 0.0, 0.0]) == (0.0, pytest.approx(2 * 16 / 11))  # one real step
     frames = [fake_run(seed) for seed in range(6)]
     sigmas = history_sigmas(history(frames), exclude={"r0"})
     key = case_key(frames[0].iloc[0].to_dict(), MACHINE)
-    assert sigmas[key][1] == 5 and len(sigmas) == 12
+    own = {k: v for k, v in sigmas.items() if k[0] != POOLED}
+    assert sigmas[key].runs == 5 and len(own) == 12 and len(sigmas) == 12 + 3  # and one pooled per contender
     assert history_sigmas(history(frames), exclude={"r0", "r1"}) == {}  # 4 runs left: too few
 
 
@@ -168,8 +168,9 @@ def test_compare_takes_each_case_floor_from_history_and_says_so():
     table = compare_frames(base, new, Settings(), sigmas).table
     assert set(table["floor_source"]) == {"history (8 runs)"}
     slower = table[table["verdict"] == "slower"]
+    seen = sigmas[case_key(base[case].iloc[0].to_dict(), MACHINE)]
     assert list(slower["impl"]) == ["bmm"] and slower["floor"].iloc[0] == pytest.approx(
-        max(0.05, history_floor(sigmas[case_key(base[case].iloc[0].to_dict(), MACHINE)][0], 0.01))
+        max(0.05, history_floor(seen.spread, 0.01, seen.df))
     )
     noisy = history_sigmas(history([fake_run(seed, noise=0.3, repeats=1) for seed in range(10, 18)]), set())
     assert "slower" not in set(compare_frames(base, new, Settings(), noisy).table["verdict"])  # fmt: skip
