@@ -92,7 +92,8 @@ def test_a_pure_torch_contender_has_overhead_between_ops_not_a_kernel(cli, tmp_p
     rows = _breakdown(out, "bmm")
     _check_adds_up(rows)
     assert rows.loc[OVERHEAD, "ms_per_call"] > 0 and f"{OVERHEAD} " in text
-    assert rows.loc["matmul", "pct"] > 50
+    ops = rows.drop(index=[OVERHEAD, *(r for r in rows.index if r.startswith("total"))], errors="ignore")
+    assert ops["pct"].idxmax() == "matmul"  # the largest share of the ops (overhead's share moves with the load)
 
 
 @needs_compiler
