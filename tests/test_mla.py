@@ -116,13 +116,14 @@ def test_bytes_count_k_at_d_v_at_dv_and_a_latent_cache_once():
 
 
 def test_contenders_that_cannot_say_why():
-    w = SEPARATE
-    fused = registry.get("fused_cpu").contender
-    assert fused is not None
-    narrower = "head_dim_v 24 (≠ head_dim) not supported (declares no head_dim_v support)"
-    assert fused.unsupported_reason(w) == narrower and fused.unsupported_reason(LATENT) == narrower
-    latent_same = _with(LATENT, head_dim_v=40)
-    assert fused.unsupported_reason(latent_same) == "kv_layout latent not supported (declares no kv_layout support)"
+    fused = registry.get("fused_cpu").contender  # both in its decode kernel only (tests/test_fused_cpu_decode_kv.py)
+    assert fused is not None and fused.unsupported_reason(SEPARATE) is None and fused.unsupported_reason(LATENT) is None
+    prefill = "not supported with seq_q 40 (prefill: the decode kernel takes at most 16 query rows)"
+    only = "fused_cpu takes it in its decode kernel only"
+    narrower = f"head_dim_v 24 (≠ head_dim) {prefill}: {only}"
+    assert fused.unsupported_reason(_with(SEPARATE, seq_q=40)) == narrower
+    latent_same = _with(LATENT, head_dim_v=40, seq_q=40)
+    assert fused.unsupported_reason(latent_same) == f"kv_layout latent {prefill}: {only}"
     naive = registry.get("naive").contender
     assert naive is not None
     mha = Workload(1, 2, 2, 4, 4, 8, module="mha", head_dim_v=4)
