@@ -173,8 +173,12 @@ def test_backward_and_the_mha_module_are_unsupported_with_a_cache_type_and_undec
     mha = Workload(2, 4, 4, 8, 8, 16, module="mha", kv_dtype="bfloat16")
     verdict = not_runnable("bmm", mha)
     assert verdict is not None and "a cache's kv_dtype has no place there" in verdict[1]
-    fused = not_runnable("fused_cpu", _workload("float32", "float8_e5m2", seq_q=1, seq_k=64))
-    assert fused == ("unsupported", "kv_dtype float8_e5m2 not supported (declares no kv_dtype support)")
+    fused = not_runnable("fused_cpu", _workload("float32", "float8_e5m2", seq_q=64, seq_k=64))  # decode only
+    assert fused == (
+        "unsupported",
+        "kv_dtype float8_e5m2 not supported with seq_q 64 (prefill: the decode kernel takes at most 16 query rows): "
+        "fused_cpu takes it in its decode kernel only",
+    )
     assert not_runnable("bmm", _workload("float32", "float32", seq_q=8, seq_k=8, pass_="fwd_bwd")) is None
 
 

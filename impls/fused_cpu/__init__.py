@@ -28,7 +28,22 @@ of 16; all of it happens inside the timed call, because the mha module rewrites 
 
 Decode (``fused_cpu_decode.cpp``): with at most 16 query rows, one work item per (batch, kv head, key split)
 takes the whole GQA group, reads k and v once straight from the caller's tensors, and splits the keys across
-threads (merging the partial max, sum and output) when B·Hkv items are too few to feed them.
+threads (merging the partial max, sum and output) when B·Hkv items are too few to feed them. It reads the
+cache in its own type (``kv_dtype`` float32, bfloat16, or fp8 e4m3fn/e5m2 with their scales folded into the
+scores and the probabilities), widening 16 keys at a time in registers — never a float32 copy of the cache —
+and takes a value head dim of its own (Dv from v), a latent cache (v a view of k's first Dv channels), learned
+sinks (joined once, where each row is finished) and a ragged batch's rows (each its own key prefix). A narrow
+cache (``DECODE_FEATURES``: kv_dtype) runs in the decode kernel only (``decode_attention``, ``paged_decode``);
+a case that asks for one outside it (prefill rows, a backward, a window, a score modifier) is unsupported with
+the reason in one line (``_decode_unsupported``).
+
+Issue 23's workloads in the forward kernel, forward and backward: a value head dim of its own (v read through
+its own strides, so MLA's values are read in place from the latent keys, and a shared prefix's keys and values
+from sequence 0's cache); learned sinks in the kernel's epilogue (the row's denominator and lse; dsinks from
+the lse in ``_FusedAttention``); chunked, mixed and ragged batches as per-row key ranges; few rows per head
+(decode's GQA groups past 16 rows, MLA's 128 heads over one cache) fold a kv group's heads into the rows of
+one problem (``folds``), so they share every key block in full tiles; a shared prefix runs as a cascade
+(``cascade.py``): the prefix once for the batch, each suffix on its own, merged by log-sum-exp.
 
 Issue 13's workloads (``score_options``, built in ``prepare``): sliding_window and document are per-row key
 ranges [lo, hi) from ``masks.key_ranges`` (mask "ranges": blocks outside every row's range are skipped, so a
@@ -48,6 +63,8 @@ from typing import Any
 
 import torch
 
+from attnbench import kv_cache
+from attnbench.axes import DECLARED
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, DEFAULT_MASKS, Capabilities, Contender
 from attnbench.errors import UsageError
 from attnbench.impls.fused_cpu import bindings
@@ -55,7 +72,7 @@ from attnbench.impls.fused_cpu.bindings import ScoreOptions
 from attnbench.impls.fused_cpu.cascade import cascade_attention
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import alibi_slopes, key_ranges
-from attnbench.sequences import sequence_lengths
+from attnbench.sequences import is_ragged, sequence_lengths
 from attnbench.workload import Workload
 
 BLOCK_Q = 2048  # most query rows per forward work item: its row groups share each key block while in L2
@@ -64,6 +81,7 @@ GROUP = 6  # query rows per step of the forward (fused_cpu_kernel.cpp's GROUP)
 BLOCK_K = 1024  # keys per forward step
 BACKWARD_BLOCK_Q = 64  # the backward holds two BACKWARD_BLOCK_Q × BACKWARD_BLOCK_K tiles (P and dP) per thread
 BACKWARD_BLOCK_K = 256
+DECODE_MAX_ROWS = 16  # the decode kernel's decode_max_rows(), for saying why where no kernel could be built
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -128,7 +146,6 @@ def folds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: ScoreOptio
     group = heads // kv_heads
     per_head = options is not None and (options.alibi is not None or options.sinks is not None)
     decode_kernel = seq_q * group <= bindings.load().decode_max_rows() and options is None
-    decode_kernel = decode_kernel and v.shape[-1] == q.shape[-1]
     return group > 1 and seq_q < MIN_BLOCK_Q and not per_head and not decode_kernel
 
 
@@ -166,33 +183,109 @@ def paged_decode(
     threads: int | None = None,
     mask: str | None = None,
     seq_k: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    row_hi: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """Decode attention over a paged KV cache: q (B, H, Sq ≤ 16, D); k_pages, v_pages (num_pages, Hkv,
-    page_size, D) pools, page_size a multiple of 16; page_table (B, max_pages) int, batch b's keys being its
-    pages in order; lengths (B,) the cache length of each sequence for the padding mask; ``mask`` one of the
-    decode kernel's (none, causal, causal_bottom_right, padding; default padding with lengths, else none);
-    ``seq_k`` the cache length (default: every page full). The kernel reads the pages in place (no gather).
-    Returns the output in q's dtype and the score entries computed."""
-    kernel = bindings.load()
-    padded_dim = _round_up(q.shape[-1], bindings.VECTOR)
-    out = torch.empty(*q.shape[:3], padded_dim, dtype=torch.float32)
-    k32 = k_pages.detach().to(torch.float32).contiguous()
+    """Decode attention over a paged KV cache: q (B, H, Sq ≤ 16, D); k_pages (num_pages, Hkv, page_size, D) and
+    v_pages (…, Dv) pools in the cache's type (float32, bfloat16, float8_e4m3fn, float8_e5m2, read as stored),
+    page_size a multiple of 16; page_table (B, max_pages) int, batch b's keys being its pages in order; lengths
+    (B,) the cache length of each sequence for the padding mask; ``mask`` one of the decode kernel's (none,
+    causal, causal_bottom_right, padding; default padding with lengths, else none); ``seq_k`` the cache length
+    (default: every page full); an fp8 pool's scales ``k_scale``, ``v_scale`` (num_pages, Hkv, 1, 1), one per
+    pool page; ``sinks`` (H,) learned sink logits; ``row_hi`` (B, Sq) with mask "ranges": each row's keys [0, hi)
+    (a ragged batch). The kernel reads the pages in place (no gather, no float32 copy). Returns the output
+    (B, H, Sq, Dv) in q's dtype and the score entries computed."""
     if lengths is not None:
         lengths = lengths.to(torch.int64).contiguous()
-    tiles, _ = kernel.decode(
-        q.detach().to(torch.float32).contiguous(),
-        k32,
-        _padded32(v_pages, padded_dim),
-        out,
-        None,
-        scale=scale,
-        mask=mask or ("none" if lengths is None else "padding"),
-        lengths=lengths,
-        threads=threads or torch.get_num_threads(),
-        pages=page_table.to(torch.int32).contiguous(),
-        seq_k=seq_k,
+    cache = bindings.CacheOptions(k_scale=k_scale, v_scale=v_scale, sinks=_sinks32(sinks), row_hi=row_hi)
+    out, _, tiles = _decode(
+        q, k_pages, v_pages, scale=scale, mask=mask or ("none" if lengths is None else "padding"), lengths=lengths,
+        threads=threads or torch.get_num_threads(), pages=page_table.to(torch.int32).contiguous(), seq_k=seq_k,
+        cache=cache,
+    )  # fmt: skip
+    return _narrow_to(out, v_pages.shape[-1], q.dtype), tiles
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    mask: str = "none",
+    lengths: torch.Tensor | None = None,
+    threads: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    scale_block: int | None = None,
+    sinks: torch.Tensor | None = None,
+    row_hi: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Decode attention (forward) over a contiguous KV cache with the decode kernel: q (B, H, Sq ≤ 16, D),
+    float32 or bfloat16 (others are widened); k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv) in the cache's type
+    (float32, bfloat16, float8_e4m3fn, float8_e5m2: read as stored and widened in registers; v may be the view
+    of k's first Dv channels, a latent cache); an fp8 cache's ``k_scale``, ``v_scale`` (B, Hkv, blocks, 1) float32,
+    one per ``scale_block`` positions (default: the whole sequence); ``sinks`` (H,) learned sink logits (natural
+    log) joining each row's softmax denominator; ``mask`` and ``lengths`` as in fused_attention (none, causal,
+    causal_bottom_right, padding), or "ranges" with ``row_hi`` (B, Sq) int64: row i of batch b sees keys
+    [0, row_hi[b, i]) (a ragged batch). Returns the output (B, H, Sq, Dv) in q's dtype and the score entries
+    computed."""
+    if lengths is not None:
+        lengths = lengths.to(torch.int64).contiguous()
+    cache = bindings.CacheOptions(k_scale, v_scale, scale_block, _sinks32(sinks), row_hi)
+    out, _, tiles = _decode(
+        q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads or torch.get_num_threads(), cache=cache
     )
-    return _narrow(out, q), tiles
+    return _narrow_to(out, v.shape[-1], q.dtype), tiles
+
+
+def _decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    mask: str,
+    lengths: torch.Tensor | None,
+    threads: int,
+    keep_lse: bool = False,
+    pages: torch.Tensor | None = None,
+    seq_k: int | None = None,
+    cache: bindings.CacheOptions | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """The decode kernel (Sq ≤ 16: bandwidth-bound, k and v read once in their own type, keys split across
+    threads): (output (B, H, Sq, Dvp) float32, each row's log-sum-exp (B, H, Sq) or None, score entries
+    computed). q goes as it is when float32 or bfloat16 (else widened: a few rows); k and v as they are in a
+    type the kernel reads (float16 is widened, as the forward does)."""
+    kernel = bindings.load()
+    q = q.detach()
+    q = q.contiguous() if q.dtype in (torch.float32, torch.bfloat16) else q.to(torch.float32).contiguous()
+    latent = v.data_ptr() == k.data_ptr() and not v.is_contiguous()  # v the view of k's first channels
+    k, v = k.detach(), v.detach()
+    if k.dtype not in bindings.KV_TYPES:
+        k = k.to(torch.float32).contiguous()
+        v = k[..., : v.shape[-1]] if latent else v.to(torch.float32).contiguous()
+    elif not k.is_contiguous() or not (latent or v.is_contiguous()):
+        k, v = k.contiguous(), v.contiguous()
+    batch, heads, seq_q = q.shape[:3]
+    out = torch.empty(batch, heads, seq_q, _round_up(v.shape[-1], bindings.VECTOR), dtype=torch.float32)
+    lse = torch.empty(batch, heads, seq_q, dtype=torch.float32) if keep_lse else None
+    tiles, _ = kernel.decode(
+        q, k, v, out, lse, scale=scale, mask=mask, lengths=lengths, threads=threads, pages=pages, seq_k=seq_k,
+        cache=cache,
+    )  # fmt: skip
+    return out, lse, tiles
+
+
+def _sinks32(sinks: torch.Tensor | None) -> torch.Tensor | None:
+    return None if sinks is None else sinks.detach().to(torch.float32).contiguous()
+
+
+def _narrow_to(out32: torch.Tensor, head_dim_v: int, dtype: torch.dtype) -> torch.Tensor:
+    """The decode kernel's padded float32 output as (B, H, Sq, Dv) in ``dtype``."""
+    return (out32 if out32.shape[-1] == head_dim_v else out32[..., :head_dim_v]).to(dtype)
 
 
 def _narrow(out32: torch.Tensor, q: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -222,11 +315,11 @@ def _forward(
     kv_heads, seq_k = k.shape[1], k.shape[2]
     padded_dim = _round_up(v.shape[-1], bindings.VECTOR)
     rows = block_q(batch * heads, seq_q, threads)
+    if seq_q <= kernel.decode_max_rows() and options is None:  # decode: k and v read once, in their own type
+        return _decode(q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=keep_lse)
     out = torch.empty(batch, heads, seq_q, padded_dim, dtype=torch.float32)
     lse = torch.empty(batch, heads, seq_q, dtype=torch.float32) if keep_lse else None
-    # bandwidth-bound: k and v read once, keys split across threads
-    decode = seq_q <= kernel.decode_max_rows() and options is None and v.shape[-1] == head_dim
-    if not decode and isa(q.dtype) == "avx512_bf16":
+    if isa(q.dtype) == "avx512_bf16":
         q16 = _even_dim(q.detach().contiguous())
         k16 = _even_dim(_in_place_or_contiguous(k.detach(), dense_rows=True))
         v16 = _even_dim(_in_place_or_contiguous(v.detach()))
@@ -238,10 +331,6 @@ def _forward(
     q32 = q.detach().to(torch.float32).contiguous()  # the float32 paths from here on (no copy for float32)
     k32 = _in_place_or_contiguous(k.detach().to(torch.float32))
     v32 = _padded32(v, padded_dim, view_ok=True)
-    if decode:
-        k32, v32 = k32.contiguous(), v32.contiguous()
-        tiles, _ = kernel.decode(q32, k32, v32, out, lse, scale=scale, mask=mask, lengths=lengths, threads=threads)
-        return out, lse, tiles
     kt = torch.empty(batch * kv_heads * kernel.packed_keys(seq_k) * head_dim)  # the kernel packs kᵀ here
     scratch = torch.empty(threads * kernel.scratch_floats(rows, BLOCK_K, head_dim, padded_dim))
     tiles = kernel.forward(
@@ -367,6 +456,36 @@ class _FusedAttention(torch.autograd.Function):
 
 # The masks the decode kernel applies itself while reading a paged cache in place.
 NATIVE_PAGED_MASKS = frozenset({"none", "causal", "causal_bottom_right", "padding"})
+# The cache features (axes.DECLARED) fused_cpu takes in its decode kernel only — a KV cache type (bfloat16, fp8
+# with scales, read as stored), v's own head dim, a latent cache (v a view of k), learned sinks, a ragged batch's
+# lengths (each row its own key prefix); the forward kernel for longer queries takes none of them yet (remove a
+# name here when it does). ``_decode_unsupported`` says which of their cases the decode kernel cannot take.
+DECODE_FEATURES = frozenset({"kv_dtype"})  # the cache types the decode kernel alone reads as stored
+
+
+def _decode_features(w: Workload) -> list[str]:
+    """What ``w`` asks for that only the decode kernel takes, as the reports name it ('kv_dtype float8_e5m2')."""
+    return [a.asks(a.read(w)) if a.asks else a.name for a in DECLARED if a.name in DECODE_FEATURES and a.departs(w)]
+
+
+def _decode_unsupported(w: Workload) -> str | None:
+    """Why the decode kernel cannot take ``w`` (None when it can): it takes at most ``decode_max_rows()`` query
+    rows, the forward pass, the masks it applies itself and no score modifier."""
+    rows = DECODE_MAX_ROWS if bindings.unavailable_reason() else bindings.load().decode_max_rows()
+    if w.seq_q > rows:
+        return f"seq_q {w.seq_q} (prefill: the decode kernel takes at most {rows} query rows)"
+    if w.pass_ != "fwd":
+        return f"pass {w.pass_} (the decode kernel is forward only)"
+    if w.mask not in NATIVE_PAGED_MASKS:
+        return f"mask {w.mask} (the decode kernel applies {', '.join(sorted(NATIVE_PAGED_MASKS))})"
+    if w.score_mod != "none":
+        return f"score_mod {w.score_mod} (the decode kernel has no score modifier)"
+    return None
+
+
+def _takes_decode(w: Workload) -> bool:
+    """Whether a forward case runs the decode kernel (directly, or through fused_attention's decode branch)."""
+    return w.pass_ == "fwd" and _decode_unsupported(w) is None
 
 
 def score_options(w: Workload) -> tuple[str, ScoreOptions | None]:
@@ -402,13 +521,26 @@ def ragged_padding(w: Workload) -> torch.Tensor | None:
 
 def reads_pages_in_place(w: Workload) -> bool:
     """Whether a paged workload goes to the decode kernel reading the pool through the page table: few query
-    rows, pages of a multiple of 16 keys, a mask that kernel applies itself and no score modifier. Other paged
-    workloads are gathered into contiguous k and v by the harness inside the timed call."""
+    rows, pages of a multiple of 16 keys, a mask that kernel applies itself and no score modifier, and no shared
+    prefix (the cascade reads it once instead). Other paged workloads are gathered into contiguous k and v by
+    the harness inside the timed call."""
     rows = bindings.load().decode_max_rows()
-    plain = w.head_dim_v == w.head_dim and w.sinks == "none" and w.kv_dtype == w.dtype and not w.shared_prefix
-    plain = plain and sequence_lengths(w) is None and w.kv_layout != "latent"  # what paged_decode takes today
-    plain = plain and w.mask in NATIVE_PAGED_MASKS and w.score_mod == "none"
-    return plain and w.seq_q <= rows and w.page_size % 16 == 0
+    native = w.mask in NATIVE_PAGED_MASKS and w.score_mod == "none" and not w.shared_prefix
+    return native and w.seq_q <= rows and w.page_size % 16 == 0
+
+
+def _decode_extra_bytes(w: Workload) -> float:
+    """The decode kernel's working memory: its scratch (per-thread tiles and rows, split partials), the float32
+    output (padded to 16) before it is narrowed, q widened when neither float32 nor bfloat16, and a float16
+    cache widened (the kernel reads the others as stored)."""
+    threads = torch.get_num_threads()
+    args = (w.batch, w.heads, w.kv_heads, w.seq_q, w.seq_k, w.head_dim, w.head_dim_v, threads)
+    floats = int(bindings.load().library.attnbench_fused_decode_kv_scratch_floats(*args))
+    q_rows, kv_rows = w.batch * w.heads * w.seq_q, w.batch * w.kv_heads * w.seq_k
+    floats += q_rows * _round_up(w.head_dim_v, bindings.VECTOR)
+    floats += q_rows * w.head_dim if w.torch_dtype not in (torch.float32, torch.bfloat16) else 0
+    floats += kv_rows * (w.head_dim + w.head_dim_v) if w.kv_torch_dtype not in bindings.KV_TYPES else 0
+    return 4.0 * floats
 
 
 class FusedCpu(Contender):
@@ -422,7 +554,7 @@ class FusedCpu(Contender):
     )
     capabilities = Capabilities(
         devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True,
-        features=frozenset({"head_dim_v", "sinks", "kv_layout", "lengths", "shared_prefix"}),
+        features=frozenset({"head_dim_v", "sinks", "kv_layout", "lengths", "shared_prefix", *DECODE_FEATURES}),
     )  # fmt: skip
 
     def availability(self) -> str | None:
@@ -431,6 +563,14 @@ class FusedCpu(Contender):
     def unsupported_reason(self, workload: Workload) -> str | None:
         reason = super().unsupported_reason(workload)
         w = workload
+        asked = _decode_features(w) if reason is None else []
+        if asked and w.shared_prefix:
+            return (
+                f"{', '.join(asked)} with shared_prefix not supported: fused_cpu's cascade reads a cache in the dtype"
+            )
+        if asked and (why := _decode_unsupported(w)) is not None:
+            them = "it" if len(asked) == 1 else "them"
+            return f"{', '.join(asked)} not supported with {why}: fused_cpu takes {them} in its decode kernel only"
         if reason is None and w.pass_ != "fwd" and w.score_mod != "none":
             return (
                 f"score_mod {w.score_mod} is forward only in fused_cpu: its backward recomputes the "
@@ -446,6 +586,8 @@ class FusedCpu(Contender):
     def predicted_extra_bytes(self, workload: Workload) -> float:
         w = workload
         kernel = bindings.load()  # predictions are made only for available contenders
+        if _takes_decode(w):
+            return _decode_extra_bytes(w)
         padded_dim = _round_up(w.head_dim, bindings.VECTOR)
         widened = w.torch_dtype != torch.float32
         q_rows = w.batch * w.heads * w.seq_q
@@ -471,37 +613,51 @@ class FusedCpu(Contender):
         bindings.load()
         w = workload
         lengths = None if inputs.lengths is None else torch.tensor(inputs.lengths, dtype=torch.int64)
-        if (ragged := ragged_padding(w)) is not None:
-            lengths = ragged
         scale, (mask, options) = inputs.scale, score_options(w)
-        sinks = inputs.sinks
+        if w.shared_prefix:  # cascade (a paged cache is gathered by the harness: reads_pages says no)
+            lo, hi = key_ranges(w)
+
+            def cascade() -> torch.Tensor:
+                return cascade_attention(inputs.q, inputs.k, inputs.v, w.shared_prefix, (lo, hi), scale=scale,
+                                         threads=torch.get_num_threads(), sinks=inputs.sinks)  # fmt: skip
+
+            return cascade
+        sinks, row_hi, decode_mask = _sinks32(inputs.sinks), None, mask
+        if is_ragged(w):  # each sequence's rows see their own key prefixes [0, hi) (masks.key_ranges)
+            row_hi, decode_mask = key_ranges(w)[1].expand(w.batch, -1).contiguous(), "ranges"
         paged = inputs.paged
         if paged is not None and self.reads_pages(w):
             table = paged.page_table.contiguous()
 
             def decode() -> torch.Tensor:
                 out, _ = paged_decode(
-                    inputs.q, paged.k_pages, paged.v_pages, table, lengths, scale=scale, mask=mask, seq_k=w.seq_k
-                )
+                    inputs.q, paged.k_pages, paged.v_pages, table, lengths, scale=scale, mask=decode_mask,
+                    seq_k=w.seq_k, sinks=sinks, row_hi=row_hi, k_scale=paged.k_scale, v_scale=paged.v_scale,
+                )  # fmt: skip
                 return out
 
             return decode
+        few_rows = w.heads // w.kv_heads * w.seq_q <= bindings.load().decode_max_rows()
+        if _takes_decode(w) and (_decode_features(w) or few_rows):
+            # a narrow cache (only the decode kernel reads it), or few rows a kv head: bandwidth-bound, k and v
+            # read once; more rows (MLA's 128 heads) fold into the forward kernel's tiles (fused_attention)
 
-        if w.shared_prefix:
-            lo, hi = key_ranges(w)
-            prefix = w.shared_prefix
+            def decode_kv() -> torch.Tensor:
+                out, _ = decode_attention(
+                    inputs.q, inputs.k, inputs.v, scale=scale, mask=decode_mask, lengths=lengths, sinks=sinks,
+                    k_scale=inputs.k_scale, v_scale=inputs.v_scale, scale_block=kv_cache.scale_block(w), row_hi=row_hi,
+                )  # fmt: skip
+                return out
 
-            def cascade() -> torch.Tensor:
-                threads = torch.get_num_threads()
-                return cascade_attention(
-                    inputs.q, inputs.k, inputs.v, prefix, (lo, hi), scale=scale, threads=threads, sinks=sinks
-                )
-
-            return cascade
+            return decode_kv
+        if (ragged := ragged_padding(w)) is not None:
+            lengths = ragged
 
         def run() -> torch.Tensor:
             q, k, v = inputs.q, inputs.k, inputs.v
-            out, _ = fused_attention(q, k, v, scale=scale, mask=mask, lengths=lengths, options=options, sinks=sinks)
+            out, _ = fused_attention(
+                q, k, v, scale=scale, mask=mask, lengths=lengths, options=options, sinks=inputs.sinks
+            )
             return out
 
         return run

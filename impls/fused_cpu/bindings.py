@@ -8,6 +8,9 @@ The C++ sources have plain C entry points, so it needs neither torch's headers n
 headers, the compiler, the flags and the CPU's feature flags — a cache shared between different machines
 never hands one a binary built for the other. ``$CXX`` picks the compiler (default ``g++``).
 
+The decode entry (``Kernel.decode``) takes q in float32 or bfloat16 and k, v in the cache's own type (``KV_TYPES``),
+with an fp8 cache's scales, learned sinks and a ragged batch's row limits in ``CacheOptions``.
+
 Anything that goes wrong (no compiler, a compile error, a library that won't load) is kept as a
 one-line reason: the contender is then ``unavailable`` with it, never a crash.
 """
@@ -31,7 +34,8 @@ HEADERS = (
     HERE / "fused_cpu_bf16.h",
     HERE / "fused_cpu_pipeline.h",
 )  # part of the build's identity too
-MASK_CODES = {"none": 0, "causal": 1, "causal_bottom_right": 2, "padding": 3, "ranges": 4}  # ranges: forward only
+# ranges: the forward's per-row [lo, hi); the decode kernel's per-row prefixes [0, hi) (CacheOptions.row_hi)
+MASK_CODES = {"none": 0, "causal": 1, "causal_bottom_right": 2, "padding": 3, "ranges": 4}
 VECTOR = 16  # floats per vector in the kernel: the head dim of v is padded to it
 
 
@@ -80,6 +84,80 @@ class ScoreOptions:
             raise ValueError(f"softcap must be positive, got {self.softcap}")
         lo_p, hi_p, alibi_p, sinks_p = (None if t is None else t.data_ptr() for t in (lo, hi, self.alibi, self.sinks))
         return ForwardExtras(lo_p, hi_p, self.softcap or 0.0, alibi_p, sinks_p, *layout)
+
+
+# The KV cache types the decode kernel reads as stored (fused_cpu_decode.cpp's KvType)
+KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
+
+
+class DecodeCache(ctypes.Structure):
+    """fused_cpu_decode.cpp's DecodeCache: the types of q and of the cache, v's head dim and row stride, fp8
+    scales, learned sinks."""
+
+    _fields_ = [
+        ("q_type", ctypes.c_int64),
+        ("kv_type", ctypes.c_int64),
+        ("head_dim_v", ctypes.c_int64),
+        ("v_row", ctypes.c_int64),
+        ("k_scale", ctypes.c_void_p),
+        ("v_scale", ctypes.c_void_p),
+        ("scale_block", ctypes.c_int64),
+        ("sinks", ctypes.c_void_p),
+        ("row_hi", ctypes.c_void_p),
+    ]
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """What the decode kernel takes beyond q, k, v and the mask: an fp8 cache's float32 scales ``k_scale`` and
+    ``v_scale`` (``attnbench.kv_cache``: contiguous, (B, Hkv, blocks, 1) with one scale per ``scale_block``
+    positions; paged, (num_pages, Hkv, 1, 1), one per pool page), and ``sinks``, (H,) float32 learned sink
+    logits (natural log) that join each row's softmax denominator; ``row_hi`` (B, Sq) int64 with mask "ranges",
+    row i of batch b seeing keys [0, row_hi[b, i]) (a ragged batch's rows: ``masks.key_ranges``' hi)."""
+
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+    scale_block: int | None = None  # default: the whole sequence (one scale per sequence and kv head)
+    sinks: torch.Tensor | None = None
+    row_hi: torch.Tensor | None = None
+
+    def structure(
+        self, kv_type: int, q_dtype: torch.dtype, head_dim_v: int, v_row: int, block: int, blocks: int,
+        rows: tuple[int, int, int],
+    ) -> DecodeCache:  # fmt: skip
+        """The C structure, after checking the scales (``blocks`` of each, one per ``block`` positions of a
+        contiguous cache), the sinks and the row limits (``rows``: B, H, Sq)."""
+        batch, heads, seq_q = rows
+        scaled = kv_type >= KV_TYPES[torch.float8_e4m3fn]
+        if scaled and (self.k_scale is None or self.v_scale is None):
+            raise ValueError("an fp8 cache needs its k_scale and v_scale")
+        for name, scale in (("k_scale", self.k_scale), ("v_scale", self.v_scale)):
+            if scale is None or not scaled:
+                continue
+            if scale.dtype != torch.float32 or not scale.is_contiguous() or scale.numel() != blocks:
+                raise ValueError(f"{name} must be contiguous float32 with {blocks} scales, got {tuple(scale.shape)}")
+        if block < 1:
+            raise ValueError(f"scale_block must be positive, got {block}")
+        sinks = self.sinks
+        if sinks is not None and (sinks.dtype != torch.float32 or sinks.shape != (heads,) or not sinks.is_contiguous()):
+            raise ValueError(f"sinks must be contiguous float32 of shape ({heads},)")
+        pointers = [None if t is None or (t is not sinks and not scaled) else t.data_ptr()
+                    for t in (self.k_scale, self.v_scale, sinks)]  # fmt: skip
+        hi = self.row_hi
+        if hi is not None and (hi.dtype != torch.int64 or hi.shape != (batch, seq_q) or not hi.is_contiguous()):
+            raise ValueError(f"row_hi must be contiguous int64 of shape ({batch}, {seq_q})")
+        q_type = 1 if q_dtype == torch.bfloat16 else 0
+        row_hi = None if hi is None else hi.data_ptr()
+        return DecodeCache(q_type, kv_type, head_dim_v, v_row, pointers[0], pointers[1], block, pointers[2], row_hi)
+
+
+def _row_stride(k: torch.Tensor, v: torch.Tensor) -> int:
+    """Elements between v's rows: v contiguous (Dv), or a view of k's first Dv channels (D: a latent cache)."""
+    if v.is_contiguous():
+        return v.shape[-1]
+    if v.data_ptr() == k.data_ptr() and k.is_contiguous() and v.stride() == k.stride():
+        return k.shape[-1]
+    raise ValueError("v must be contiguous, or a view of k's first channels (a latent cache)")
 
 
 @dataclass(frozen=True)
@@ -258,16 +336,27 @@ class Kernel:
         threads: int,
         pages: torch.Tensor | None = None,
         seq_k: int | None = None,
+        cache: CacheOptions | None = None,
     ) -> tuple[int, int]:
-        """out (B, H, Sq, Dp) = attention of q (B, H, Sq, D), Sq ≤ decode_max_rows(), over k (B, Hkv, Sk, D) and
-        v (B, Hkv, Sk, Dp), all float32 and contiguous, keys split across threads when B·Hkv is too few to feed
-        them (fused_cpu_decode.cpp); lse as in forward. Returns (score entries computed, key splits). Paged
-        KV: ``pages`` (B, max_pages) int32 indexes k (num_pages, Hkv, page_size, D) and v (…, Dp) pools, the
-        keys of batch b being its pages in order; page_size a multiple of 16; ``seq_k``, the cache length when the
-        last page is partly used (default: every page full; the masks' offset Sk − Sq is taken from it)."""
-        _check_float32(q=q, k=k, v=v, out=out)
+        """out (B, H, Sq, Dvp) float32 = attention of q (B, H, Sq, D), Sq ≤ decode_max_rows(), float32 or
+        bfloat16, over k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv) in the cache's type (float32, bfloat16,
+        float8_e4m3fn, float8_e5m2: read as stored and widened in registers, fused_cpu_decode.cpp), Dvp = Dv
+        padded to a multiple of 16; keys split across threads when B·Hkv is too few to feed them; lse as in
+        forward. k contiguous; v contiguous or a view of k's first Dv channels (a latent cache). Returns (score
+        entries computed, key splits). Paged KV: ``pages`` (B, max_pages) int32 indexes k (num_pages, Hkv,
+        page_size, D) and v (…, Dv) pools, the keys of batch b being its pages in order; page_size a multiple of
+        16; ``seq_k``, the cache length when the last page is partly used (default: every page full; the masks'
+        offset Sk − Sq is taken from it). ``cache``: fp8 scales and learned sinks (``CacheOptions``)."""
+        cache = cache or CacheOptions()
+        if q.dtype not in (torch.float32, torch.bfloat16) or not q.is_contiguous() or q.device.type != "cpu":
+            raise ValueError("q must be a contiguous float32 or bfloat16 CPU tensor")
+        if k.dtype not in KV_TYPES or v.dtype != k.dtype or k.device.type != "cpu" or v.device.type != "cpu":
+            raise ValueError(f"k and v must be CPU tensors of one cache type ({', '.join(map(str, KV_TYPES))})")
+        _check_float32(out=out)
         batch, heads, seq_q, head_dim = q.shape
-        kv_heads, padded = k.shape[1], v.shape[-1]
+        kv_heads, head_dim_v = k.shape[1], v.shape[-1]
+        padded = -(-head_dim_v // VECTOR) * VECTOR
+        v_row = _row_stride(k, v)
         page_size = max_pages = 0
         if pages is not None:
             page_size, max_pages = k.shape[2], pages.shape[1]
@@ -284,17 +373,22 @@ class Kernel:
             seq_k = k.shape[2]
         if heads % kv_heads or v.shape[:3] != k.shape[:3] or k.shape[3] != head_dim:
             raise ValueError(f"shapes don't match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-        if out.shape != (batch, heads, seq_q, padded) or padded < head_dim or padded % VECTOR:
-            raise ValueError(f"out must be {(batch, heads, seq_q, padded)} with the head dim padded to {VECTOR}")
+        if out.shape != (batch, heads, seq_q, padded):
+            raise ValueError(f"out must be {(batch, heads, seq_q, padded)}: v's head dim padded to {VECTOR}")
         if lse is not None:
             _check_float32(lse=lse)
             if lse.shape != (batch, heads, seq_q):
                 raise ValueError(f"lse must be {(batch, heads, seq_q)}, got {tuple(lse.shape)}")
         _check_lengths(mask, lengths, batch)
-        args = (batch, heads, kv_heads, seq_q, seq_k, padded, threads)
-        scratch = torch.empty(int(self.library.attnbench_fused_decode_scratch_floats(*args)))
+        block = cache.scale_block or seq_k
+        blocks = k.shape[0] * kv_heads if pages is not None else batch * kv_heads * -(-seq_k // block)
+        extras = cache.structure(KV_TYPES[k.dtype], q.dtype, head_dim_v, v_row, block, blocks, (batch, heads, seq_q))
+        if mask == "ranges" and cache.row_hi is None:
+            raise ValueError("mask 'ranges' needs row_hi (the decode kernel's rows see key prefixes [0, hi))")
+        args = (batch, heads, kv_heads, seq_q, seq_k, head_dim, head_dim_v, threads)
+        scratch = torch.empty(int(self.library.attnbench_fused_decode_kv_scratch_floats(*args)))
         tiles, splits = ctypes.c_int64(0), ctypes.c_int64(0)
-        status = self.library.attnbench_fused_decode(
+        status = self.library.attnbench_fused_decode_kv(
             q.data_ptr(),
             k.data_ptr(),
             v.data_ptr(),
@@ -306,13 +400,13 @@ class Kernel:
             seq_q,
             seq_k,
             head_dim,
-            padded,
             scale,
             MASK_CODES[mask],
             None if lengths is None else lengths.data_ptr(),
             None if pages is None else pages.data_ptr(),
             page_size,
             max_pages,
+            ctypes.byref(extras),
             threads,
             scratch.data_ptr(),
             ctypes.byref(tiles),
@@ -450,6 +544,14 @@ def _declare(library: ctypes.CDLL) -> None:
     decode += [ptr, ctypes.POINTER(i64), ctypes.POINTER(i64)]  # scratch, tiles, splits
     library.attnbench_fused_decode.restype = ctypes.c_int
     library.attnbench_fused_decode.argtypes = decode
+    library.attnbench_fused_decode_kv_scratch_floats.restype = i64
+    library.attnbench_fused_decode_kv_scratch_floats.argtypes = [i64] * 8
+    decode_kv: list[type] = [ptr] * 5  # q, k, v, out, lse
+    decode_kv += [i64] * 6  # batch, heads, kv_heads, seq_q, seq_k, head_dim
+    decode_kv += [ctypes.c_float, i64, ptr, ptr, i64, i64]  # scale, mask, lengths, pages, page size/count
+    decode_kv += [ctypes.POINTER(DecodeCache), i64, ptr, ctypes.POINTER(i64), ctypes.POINTER(i64)]
+    library.attnbench_fused_decode_kv.restype = ctypes.c_int
+    library.attnbench_fused_decode_kv.argtypes = decode_kv  # cache, nthreads, scratch, tiles, splits
 
 
 def load() -> Kernel:

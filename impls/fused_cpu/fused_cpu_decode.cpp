@@ -1,52 +1,164 @@
-// attnbench fused_cpu: the forward for few query rows (decode: Sq ≤ 16 against a long KV cache), float32.
+// attnbench fused_cpu: the forward for few query rows (decode: Sq ≤ 16 against a long KV cache).
 //
 // Decode reads every key and value once and does little arithmetic with each, so it is bound by memory
 // bandwidth, and what matters is (1) reading k and v exactly once, straight from the caller's tensors (no
-// packed kᵀ copy), and (2) keeping every core streaming. For (1), one work item takes all G·Sq query rows
-// of a kv head (the G query heads of its GQA group × the Sq rows), so a key is loaded once for the whole
-// group; scores are dot products of a query row with 16 key rows at a time, then the online softmax on that
-// vector of 16; the next tile's lines are prefetched a few at a time from inside the current tile's loops
-// (see Ahead). For (2), when B·Hkv items are too few to feed the threads, the keys are split
-// (flash-decoding): item (b, kv head, split) covers keys [split·chunk, (split+1)·chunk), keeps its own
+// packed kᵀ copy, no float32 copy of a narrower cache), and (2) keeping every core streaming. For (1), one work
+// item takes all G·Sq query rows of a kv head (the G query heads of its GQA group × the Sq rows), so a key is
+// loaded once for the whole group; scores are dot products of a query row with 16 key rows at a time, then the
+// online softmax on that vector of 16; the next tile's lines are prefetched a few at a time from inside the
+// current tile's loops (see Ahead). For (2), when B·Hkv items are too few to feed the threads, the keys are
+// split (flash-decoding): item (b, kv head, split) covers keys [split·chunk, (split+1)·chunk), keeps its own
 // (row max m, row sum l, unnormalised output o) per row, and a merge pass combines the splits:
 //   M = max_s m_s,  L = Σ_s l_s·2^(m_s − M),  out = Σ_s o_s·2^(m_s − M) / L.
 // Scores are in base 2 (q pre-multiplied by scale·log2 e) as in the forward kernel; masks are the same
-// per-row key prefixes (padding lengths = per-sequence cache lengths; causal bottom-right for Sq > 1).
+// per-row key prefixes (padding lengths = per-sequence cache lengths; causal bottom-right for Sq > 1; a ragged
+// batch's rows, each its own prefix [0, hi), as mask RANGES with the first key 0).
+// Learned sinks (one natural-log logit per query head, gpt-oss) join each row's denominator once, where the
+// row is finished (the merge when split): L += 2^(sink·log2 e − M); they add no value, and the lse includes them.
 //
-// Layouts (float32, contiguous): q (B, H, Sq, D); k (B, Hkv, Sk, D); v (B, Hkv, Sk, Dp) with Dp = D padded
-// to a multiple of 16; out (B, H, Sq, Dp); lse (B, H, Sq) natural log-sum-exp per row, or null. Paged KV:
-// k (num_pages, Hkv, page_size, D) and v (…, Dp) pools with a page table (B, max_pages) int32, read in place.
+// The cache's own type (kv_type; attnbench.kv_cache): float32, bfloat16, or fp8 (float8_e4m3fn, float8_e5m2)
+// with float32 scales. It is read in its type, a tile of 16 keys at a time, and widened in registers into a
+// float32 tile of 16 rows in L1 that the G·Sq rows then share (never a float32 copy of the cache):
+//   bf16 → fp32: the 16 bits shifted up by 16 (exact);
+//   e4m3 → fp32: the byte sign-extended, shifted left by 20 and masked with 0x87FFFFFF — the sign stays in bit
+//     31, exponent and mantissa land in fp32's low exponent and top mantissa bits — which reads as the value
+//     times 2^-120 exactly, subnormals included (e4m3's 2^-6·0.m is fp32's 2^-126·0.m);
+//   e5m2 → fp32: the same with a shift of 21 and the mask 0x8FFFFFFF: the value times 2^-112.
+// The 2^120 (2^112) and the scales stay out of the per-element loops: q is pre-multiplied by 2^64 (so its
+// products with the tiny raw keys stay normal floats), a tile's 16 scores are multiplied by lane j's k scale
+// (its key's block: a sequence, or a page) · 2^56, its probabilities by the v scale · 2^100 before P·V (the
+// sums l are taken before, unscaled), and the output by 2^20 when normalised: one multiply per row and tile.
+// The tile is also how a head dim that is not a multiple of 16 (of k: D, of v: Dv) is read: widened rows
+// zero-padded to Dk or Dvp. A float32 cache whose head dims are multiples of 16 is read in place as it is.
+//
+// Layouts: q (B, H, Sq, D), float32 or bfloat16; k (B, Hkv, Sk, D) and v (B, Hkv, Sk, ·) in the cache type,
+// v's rows v_row ≥ Dv elements apart (Dv, or D for a latent cache whose values are its keys' first Dv channels);
+// out (B, H, Sq, Dvp) float32 with Dvp = Dv padded to a multiple of 16; lse (B, H, Sq) natural log-sum-exp per
+// row, or null. Paged KV: k (num_pages, Hkv, page_size, D) and v (…, ·) pools with a page table (B, max_pages)
+// int32, read in place. fp8 scales: contiguous, (B, Hkv, ceil(Sk / scale_block)) (one per block of positions);
+// paged, (num_pages, Hkv) (one per pool page).
 
 #include "fused_cpu_tiles.h"
 
 namespace {
 
 constexpr int64_t MIN_SPLIT_KEYS = 512;  // fewer keys per split would cost more in merging than it gains
-constexpr int64_t AHEAD_TILES = 1;  // prefetch the next tile (two or more ahead was slower in tuning on a Zen 5 VM)
+// prefetch the tile this many float32 tiles' bytes ahead: the next tile in float32 (two or more ahead was slower
+// in tuning on a Zen 5 VM), as many bytes ahead for the narrower types (2 tiles of bf16, 4 of fp8)
+constexpr int64_t AHEAD_TILES = 1;
+constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+constexpr float Q_BOOST = 0x1p64f;  // fp8: q's factor (see the top of the file), the output's is OUT_BOOST
+constexpr float OUT_BOOST = 0x1p20f;
 
 int64_t decode_splits(int64_t batch, int64_t kv_heads, int64_t seq_k, int64_t nthreads) {
   const int64_t items = batch * kv_heads, wanted = (4 * nthreads + items - 1) / items;  // ≥ 4 items per thread
   return std::clamp<int64_t>(std::min(wanted, seq_k / MIN_SPLIT_KEYS), 1, seq_k);
 }
 
+int64_t round_up(int64_t n) { return (n + W - 1) / W * W; }
+
+enum KvType : int64_t { KV_FLOAT32 = 0, KV_BFLOAT16 = 1, KV_E4M3 = 2, KV_E5M2 = 3 };
+
+inline float bits_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+typedef uint32_t vu __attribute__((vector_size(64)));
+typedef uint16_t vu16 __attribute__((vector_size(32), aligned(2)));  // 16 bf16
+typedef int8_t vs8 __attribute__((vector_size(16), aligned(1)));  // 16 fp8 bytes
+
+// A cache type: its element T, widen (16 elements → 16 floats: vpmovzxwd/vpmovsxbd and one or two integer
+// operations with AVX-512), one (a single element, for a row's tail) and bias (the true value = the widened
+// float · bias; scaled: whether it carries fp8 scales).
+template <int64_t KT>
+struct Kv;
+template <>
+struct Kv<KV_FLOAT32> {
+  typedef float T;
+  static constexpr bool scaled = false;
+  static constexpr float bias = 1.f;
+  static vf widen(const T* p) { return load(p); }
+  static float one(T x) { return x; }
+};
+template <>
+struct Kv<KV_BFLOAT16> {
+  typedef uint16_t T;
+  static constexpr bool scaled = false;
+  static constexpr float bias = 1.f;
+  static vf widen(const T* p) {
+#ifdef __AVX512F__
+    return (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+#else
+    return (vf)(__builtin_convertvector(*reinterpret_cast<const vu16*>(p), vu) << 16);
+#endif
+  }
+  static float one(T x) { return bits_float(static_cast<uint32_t>(x) << 16); }
+};
+template <int SHIFT, uint32_t MASK>
+struct Fp8 {
+  typedef int8_t T;  // read signed: sign extension puts the sign in bit 31 (and in the bits MASK clears)
+  static constexpr bool scaled = true;
+  static vf widen(const T* p) {
+#ifdef __AVX512F__  // vpmovsxbd straight from memory (GCC lowers the generic conversion byte by byte)
+    const __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return (vf)_mm512_and_si512(_mm512_slli_epi32(x, SHIFT), _mm512_set1_epi32(static_cast<int>(MASK)));
+#else
+    return (vf)(((vu)__builtin_convertvector(*reinterpret_cast<const vs8*>(p), vi) << SHIFT) & MASK);
+#endif
+  }
+  static float one(T x) { return bits_float((static_cast<uint32_t>(static_cast<int32_t>(x)) << SHIFT) & MASK); }
+};
+template <>
+struct Kv<KV_E4M3> : Fp8<20, 0x87FFFFFFu> {
+  static constexpr float bias = 0x1p120f;
+};
+template <>
+struct Kv<KV_E5M2> : Fp8<21, 0x8FFFFFFFu> {
+  static constexpr float bias = 0x1p112f;
+};
+
 struct Decode {
-  const float *q, *k, *v;
+  const void *q, *k, *v;  // q float32 (or bfloat16 with q_bf16), k and v in the cache type
   float *out, *lse;
-  int64_t batch, heads, kv_heads, seq_q, seq_k, head_dim, dp, splits, chunk;
+  int64_t batch, heads, kv_heads, seq_q, seq_k, head_dim, dk, head_dim_v, dvp, v_row, splits, chunk;
   float scale_log2;
   RowLimits rows;
-  float* partials;  // (B, Hkv, splits, G·Sq, Dp + 2): o, then m and l; used when splits > 1
+  float* partials;  // (B, Hkv, splits, G·Sq, Dvp + 2): o, then m and l; used when splits > 1
   // Paged KV (null pages: k and v are (B, Hkv, Sk, ·)): k and v are pools (num_pages, Hkv, page_size, D or
-  // Dp), key j of batch b in page pages[b·max_pages + j / page_size]; page_size a multiple of 16, so a tile
+  // v_row), key j of batch b in page pages[b·max_pages + j / page_size]; page_size a multiple of 16, so a tile
   // of 16 keys never straddles two pages.
   const int32_t* pages = nullptr;
   int64_t page_size = 0, max_pages = 0;
+  bool q_bf16 = false;
+  const float *k_scale = nullptr, *v_scale = nullptr;  // fp8 scales (see the top of the file)
+  int64_t scale_block = 0;  // contiguous fp8 cache: positions per scale
+  const float* sinks = nullptr;  // (H,) natural-log sink logits, or null
 
-  // Row of key `key` (kv head hkv, batch b) in k (width D) or v (width Dp).
-  const float* row(const float* base, int64_t width, int64_t b, int64_t hkv, int64_t key) const {
-    if (pages == nullptr) return base + ((b * kv_heads + hkv) * seq_k + key) * width;
+  // Row of key `key` (kv head hkv, batch b) in k (width D) or v (width v_row).
+  template <typename T>
+  const T* row(const void* base, int64_t width, int64_t b, int64_t hkv, int64_t key) const {
+    const T* at = static_cast<const T*>(base);
+    if (pages == nullptr) return at + ((b * kv_heads + hkv) * seq_k + key) * width;
     const int64_t page = pages[b * max_pages + key / page_size];
-    return base + ((page * kv_heads + hkv) * page_size + key % page_size) * width;
+    return at + ((page * kv_heads + hkv) * page_size + key % page_size) * width;
+  }
+
+  // Lane j: the scale of key c0 + j (of kv head hkv, batch b) for a tile of n keys (lanes past n: the last's).
+  vf tile_scales(const float* scales, int64_t b, int64_t hkv, int64_t c0, int64_t n) const {
+    if (pages != nullptr) return splat(scales[pages[b * max_pages + c0 / page_size] * kv_heads + hkv]);
+    const float* s = scales + (b * kv_heads + hkv) * ((seq_k + scale_block - 1) / scale_block);
+    const int64_t first = c0 / scale_block, last = (c0 + n - 1) / scale_block;
+    if (first == last) return splat(s[first]);
+    vf lanes;
+    for (int j = 0; j < W; ++j) lanes[j] = s[(c0 + std::min<int64_t>(j, n - 1)) / scale_block];
+    return lanes;
+  }
+
+  float q_at(int64_t at) const {
+    if (q_bf16) return bits_float(static_cast<uint32_t>(static_cast<const uint16_t*>(q)[at]) << 16);
+    return static_cast<const float*>(q)[at];
   }
 };
 
@@ -81,8 +193,8 @@ struct Ahead {
   int64_t at = 0;  // bytes of the two regions issued so far
   int64_t per_step = 0;  // lines per step, so that the steps of one tile cover the next one
 
-  void aim(const float* k, int64_t k_bytes, const float* v, int64_t v_bytes, int64_t steps) {
-    region[0] = reinterpret_cast<const char*>(k), region[1] = reinterpret_cast<const char*>(v);
+  void aim(const void* k, int64_t k_bytes, const void* v, int64_t v_bytes, int64_t steps) {
+    region[0] = static_cast<const char*>(k), region[1] = static_cast<const char*>(v);
     bytes[0] = k_bytes, bytes[1] = v_bytes, at = 0;
     per_step = (k_bytes + v_bytes + 64 * steps - 1) / (64 * steps);
   }
@@ -94,10 +206,10 @@ struct Ahead {
   }
 };
 
-// Scores of one query row q (D floats, read as Dp with zeros past D) against keys k[0..n) (rows D floats
-// apart), n ≤ 16, as one vector; lanes past n are 0. A whole tile walks d in the outer loop, so the 16 keys'
-// dot products are 16 independent FMA chains side by side, not one chain after another; with the head dim
-// known at compile time (DC: 64 or 128, the common ones) the 16 key rows are one pointer plus constant offsets.
+// Scores of one query row q (D floats, zeros past the head dim) against keys k[0..n) (rows D floats apart), n ≤ 16,
+// as one vector; lanes past n are 0. A whole tile walks d in the outer loop, so the 16 keys' dot products are 16
+// independent FMA chains side by side, not one chain after another; with the head dim known at compile time (DC:
+// 64 or 128, the common ones) the 16 key rows are one pointer plus constant offsets.
 template <int64_t DC>
 inline vf score_tile(const float* q, const float* k, int64_t d_len, int64_t n, Ahead& ahead) {
   const int64_t D = DC > 0 ? DC : d_len, full = D / W * W;
@@ -116,7 +228,7 @@ inline vf score_tile(const float* q, const float* k, int64_t d_len, int64_t n, A
     }
   }
   vf scores = hsum16(acc);
-  for (int64_t j = 0; j < n; ++j)  // head dims past the last whole vector
+  for (int64_t j = 0; j < n; ++j)  // head dims past the last whole vector (none when D is a multiple of 16)
     for (int64_t d = full; d < D; ++d) scores[j] += q[d] * k[j * D + d];
   return scores;
 }
@@ -128,15 +240,15 @@ inline vf score_tile_any(const float* q, const float* k, int64_t D, int64_t n, A
 }
 
 // o_r[d0 .. d0 + VECS·W) += Σ_{j<n} p_r[j]·v[j][d0 …] for ROWS rows (v's rows loaded once for all of them), o rows
-// Dp floats apart, p rows W floats apart, the accumulators in registers.
+// ldo floats apart, v rows ldv floats apart, p rows W floats apart, the accumulators in registers.
 template <int ROWS, int VECS>
-inline void pv_chunk(float* o, const float* p, const float* v, int64_t Dp, int64_t n, Ahead& ahead) {
+inline void pv_chunk(float* o, int64_t ldo, const float* p, const float* v, int64_t ldv, int64_t n, Ahead& ahead) {
   vf acc[ROWS][VECS];
   _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r)
-    _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) acc[r][x] = load(o + r * Dp + x * W);
+    _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) acc[r][x] = load(o + r * ldo + x * W);
   for (int64_t j = 0; j < n; ++j) {
     vf vv[VECS];
-    _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) vv[x] = load(v + j * Dp + x * W);
+    _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) vv[x] = load(v + j * ldv + x * W);
     _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r) {
       const vf pj = splat(p[r * W + j]);
       _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) acc[r][x] += pj * vv[x];
@@ -144,39 +256,91 @@ inline void pv_chunk(float* o, const float* p, const float* v, int64_t Dp, int64
     ahead.step();
   }
   _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r)
-    _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) store(o + r * Dp + x * W, acc[r][x]);
+    _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) store(o + r * ldo + x * W, acc[r][x]);
 }
 
-// o_r[0..Dp) += Σ_{j<n} p_r[j]·v[j] for ROWS rows (1 or 2), in chunks of up to 8 vectors of o.
+// o_r[0..Dvp) += Σ_{j<n} p_r[j]·v[j] for ROWS rows (1 or 2), in chunks of up to 8 vectors of o.
 template <int ROWS>
-inline void pv_rows(float* o, const float* p, const float* v, int64_t Dp, int64_t n, Ahead& ahead) {
-  typedef void (*Chunk)(float*, const float*, const float*, int64_t, int64_t, Ahead&);
+inline void pv_rows(float* o, int64_t ldo, const float* p, const float* v, int64_t ldv, int64_t dvp, int64_t n,
+                    Ahead& ahead) {
+  typedef void (*Chunk)(float*, int64_t, const float*, const float*, int64_t, int64_t, Ahead&);
   static constexpr Chunk chunks[8] = {pv_chunk<ROWS, 1>, pv_chunk<ROWS, 2>, pv_chunk<ROWS, 3>, pv_chunk<ROWS, 4>,
                                       pv_chunk<ROWS, 5>, pv_chunk<ROWS, 6>, pv_chunk<ROWS, 7>, pv_chunk<ROWS, 8>};
-  for (int64_t d0 = 0; d0 < Dp; d0 += 8 * W) chunks[std::min<int64_t>(8, (Dp - d0) / W) - 1](o + d0, p, v + d0, Dp, n, ahead);
+  for (int64_t d0 = 0; d0 < dvp; d0 += 8 * W)
+    chunks[std::min<int64_t>(8, (dvp - d0) / W) - 1](o + d0, ldo, p, v + d0, ldv, n, ahead);
 }
 
-// Per-thread scratch: the group's scaled q rows (Dp each), their o, lane-wise sums l (W each), the tile's
-// probabilities (W each), m, one float of padding when rows is odd (so the int64 limits start 8-byte aligned),
-// and key limits (int64, two floats). The padding is counted here too: without it an odd row count (GQA group
-// 1 at Sq 1) wrote each thread's last limit one float into the next thread's q rows, or past the scratch.
-// The total is even, so every thread's block starts 8-byte aligned when the first one does.
-int64_t decode_thread_floats(int64_t rows, int64_t dp) { return rows * (2 * dp + 2 * W + 3) + rows % 2; }
+// Rows [0, n) of a tile (`from` elements apart in the cache, `len` used) widened to float32 rows `to` floats
+// apart (a multiple of W), zeros from len to `to`.
+template <int64_t KT>
+inline void widen_tile(float* dst, int64_t to, const typename Kv<KT>::T* src, int64_t from, int64_t len, int64_t n) {
+  const int64_t whole = len / W * W;
+  for (int64_t j = 0; j < n; ++j) {
+    const typename Kv<KT>::T* s = src + j * from;
+    float* d = dst + j * to;
+    for (int64_t x = 0; x < whole; x += W) store(d + x, Kv<KT>::widen(s + x));
+    for (int64_t x = whole; x < to; ++x) d[x] = x < len ? Kv<KT>::one(s[x]) : 0.f;
+  }
+}
+
+// Per-thread scratch: the widened tile of k (W rows of Dk) and of v (W rows of Dvp), the group's scaled q rows
+// (Dk each), their o (Dvp each), lane-wise sums l (W each), the tile's probabilities (W each), m, one float of
+// padding when rows is odd (so the int64 limits start 8-byte aligned), and key limits (int64, two floats). The
+// padding is counted here too: without it an odd row count (GQA group 1 at Sq 1) wrote each thread's last limit
+// one float into the next thread's q rows, or past the scratch. The total is even, so every thread's block
+// starts 8-byte aligned when the first one does.
+int64_t decode_thread_floats(int64_t rows, int64_t dk, int64_t dvp) {
+  return W * (dk + dvp) + rows * (dk + dvp + 2 * W + 3) + rows % 2;
+}
+
+// A row's output (Dvp floats) and lse from its unnormalised o (may be `out` itself), max m and sum l (base 2),
+// with the sink (base 2; −inf: none) joining the denominator: out = o·boost / (l + 2^(sink − m)),
+// lse = ln(2^m·l + 2^sink). A row that saw no key (l = 0) outputs zeros; its lse is the sink's alone.
+inline void finish_row(float* out, const float* o, int64_t dvp, float m, float l, float sink, float boost,
+                       float* lse) {
+  if (l == 0.f) {
+    std::memset(out, 0, sizeof(float) * dvp);
+    if (lse != nullptr) *lse = sink * LN2;  // −inf without a sink
+    return;
+  }
+  float rescale = 1.f;
+  if (sink > m) {  // the sink is the row's largest logit: take it as the reference
+    rescale = std::exp2(m - sink);
+    l = l * rescale + 1.f;
+    m = sink;
+  } else {
+    l += std::exp2(sink - m);  // 0 without a sink
+  }
+  const vf factor = splat(boost * rescale / l);
+  for (int64_t d = 0; d < dvp; d += W) store(out + d, load(o + d) * factor);
+  if (lse != nullptr) *lse = (m + std::log2(l)) * LN2;
+}
+
+inline float sink_of(const Decode& pb, int64_t h) {
+  return pb.sinks != nullptr ? pb.sinks[h] * LOG2E : -std::numeric_limits<float>::infinity();
+}
 
 // One item: rows of kv head hkv of batch b against keys [split·chunk, …). Returns score entries computed.
-// Per tile of 16 keys: every row's scores and online softmax (the running max only rescales o and l when it
-// rises), then O += P·V two rows at a time.
+// Per tile of 16 keys: k and v widened into float32 tiles (when the cache is not float32 with whole vectors),
+// every row's scores and online softmax (the running max only rescales o and l when it rises), then O += P·V
+// two rows at a time.
+template <int64_t KT>
 int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, float* scratch) {
-  const int64_t group = pb.heads / pb.kv_heads, R = group * pb.seq_q, D = pb.head_dim, Dp = pb.dp;
+  typedef typename Kv<KT>::T T;
+  constexpr bool scaled = Kv<KT>::scaled;
+  const int64_t group = pb.heads / pb.kv_heads, R = group * pb.seq_q, D = pb.head_dim, Dk = pb.dk;
+  const int64_t Dv = pb.head_dim_v, Dvp = pb.dvp, v_row = pb.v_row;
+  const bool widen_k = KT != KV_FLOAT32 || Dk != D, widen_v = KT != KV_FLOAT32 || Dvp != Dv;
   const int64_t k_lo = split * pb.chunk, k_hi = std::min(pb.seq_k, k_lo + pb.chunk);
-  float *qs = scratch, *o = qs + R * Dp, *l = o + R * Dp, *p = l + R * W, *m = p + R * W;
+  float *k_tile = scratch, *v_tile = k_tile + W * Dk, *qs = v_tile + W * Dvp, *o = qs + R * Dk, *l = o + R * Dvp;
+  float *p = l + R * W, *m = p + R * W;
   int64_t* lim = reinterpret_cast<int64_t*>(m + R + R % 2);  // 8-byte aligned
   int64_t key_end = k_lo, computed = 0;
+  const float q_factor = pb.scale_log2 * (scaled ? Q_BOOST : 1.f);
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t h = hkv * group + r / pb.seq_q, i = r % pb.seq_q;
-    const float* qr = pb.q + ((b * pb.heads + h) * pb.seq_q + i) * D;
-    for (int64_t d = 0; d < Dp; ++d) qs[r * Dp + d] = d < D ? qr[d] * pb.scale_log2 : 0.f;
-    std::memset(o + r * Dp, 0, sizeof(float) * Dp);
+    const int64_t h = hkv * group + r / pb.seq_q, i = r % pb.seq_q, at = ((b * pb.heads + h) * pb.seq_q + i) * D;
+    for (int64_t d = 0; d < Dk; ++d) qs[r * Dk + d] = d < D ? pb.q_at(at + d) * q_factor : 0.f;
+    std::memset(o + r * Dvp, 0, sizeof(float) * Dvp);
     store(l + r * W, vf{});
     m[r] = -std::numeric_limits<float>::infinity();
     const int64_t limit = std::min(pb.rows.limit(b, i), k_hi);
@@ -184,141 +348,210 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
     key_end = std::max(key_end, limit);
   }
   const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const int64_t ahead_keys = AHEAD_TILES * W * static_cast<int64_t>(sizeof(float) / sizeof(T));
+  const int64_t k_bytes = W * D * sizeof(T), v_bytes = ((W - 1) * v_row + Dv) * sizeof(T);  // one tile's rows
   Ahead ahead;
   // the loop steps in a whole tile that issue prefetches: score d-steps (whole tiles, full vectors) and P·V keys
-  const int64_t steps = std::max<int64_t>(1, R * (D / W) + (R + 1) / 2 * W * ((Dp + 8 * W - 1) / (8 * W)));
+  const int64_t steps = std::max<int64_t>(1, R * (Dk / W) + (R + 1) / 2 * W * ((Dvp + 8 * W - 1) / (8 * W)));
+  // fp8: lane j's k scale · bias / Q_BOOST and v scale · bias / OUT_BOOST, once per item when one scale covers the
+  // sequence (a contiguous cache), else per tile (a page's, or the blocks of a gathered paged cache)
+  vf k_factor = splat(1.f), v_factor = splat(1.f);
+  const bool per_tile = scaled && (pb.pages != nullptr || pb.scale_block < pb.seq_k);
+  if (scaled && !per_tile) {
+    k_factor = pb.tile_scales(pb.k_scale, b, hkv, 0, 1) * (Kv<KT>::bias / Q_BOOST);
+    v_factor = pb.tile_scales(pb.v_scale, b, hkv, 0, 1) * (Kv<KT>::bias / OUT_BOOST);
+  }
   for (int64_t c0 = k_lo; c0 < key_end; c0 += W) {  // k_lo is a multiple of 16 (chunks are)
     const int64_t n = std::min<int64_t>(W, key_end - c0);
-    const float* k = pb.row(pb.k, D, b, hkv, c0);
-    const float* v = pb.row(pb.v, Dp, b, hkv, c0);
-    const int64_t next = c0 + AHEAD_TILES * W;
+    const T* k = pb.row<T>(pb.k, D, b, hkv, c0);
+    const T* v = pb.row<T>(pb.v, v_row, b, hkv, c0);
+    const int64_t next = c0 + ahead_keys;
     if (next + W <= key_end)
-      ahead.aim(pb.row(pb.k, D, b, hkv, next), W * D * 4, pb.row(pb.v, Dp, b, hkv, next), W * Dp * 4, steps);
+      ahead.aim(pb.row<T>(pb.k, D, b, hkv, next), k_bytes, pb.row<T>(pb.v, v_row, b, hkv, next), v_bytes, steps);
     else
       ahead.aim(nullptr, 0, nullptr, 0, 1);
+    const float* kt = reinterpret_cast<const float*>(k);  // used as is only when T is float
+    if (widen_k) widen_tile<KT>(k_tile, Dk, k, D, D, n), kt = k_tile;
+    const float* vt = reinterpret_cast<const float*>(v);
+    int64_t ldv = v_row;
+    if (widen_v) widen_tile<KT>(v_tile, Dvp, v, v_row, Dv, n), vt = v_tile, ldv = Dvp;
+    if (per_tile) {
+      k_factor = pb.tile_scales(pb.k_scale, b, hkv, c0, n) * (Kv<KT>::bias / Q_BOOST);
+      v_factor = pb.tile_scales(pb.v_scale, b, hkv, c0, n) * (Kv<KT>::bias / OUT_BOOST);
+    }
     for (int64_t r = 0; r < R; ++r) {
       const int64_t visible = std::clamp<int64_t>(lim[r] - (c0 - k_lo), 0, n);
       if (visible == 0) {
         store(p + r * W, vf{});
         continue;
       }
-      const vf x = lane < static_cast<int>(visible) ? score_tile_any(qs + r * Dp, k, D, n, ahead)
-                                                    : splat(-std::numeric_limits<float>::infinity());
+      vf x = lane < static_cast<int>(visible) ? score_tile_any(qs + r * Dk, kt, Dk, n, ahead)
+                                              : splat(-std::numeric_limits<float>::infinity());
+      if constexpr (scaled) x = x * k_factor;  // scales are positive: −inf stays −inf
       computed += visible;
       const float row_max = hmax(x);
       if (row_max > m[r]) {  // the max rose: o and l scaled by 2^(m_old − m_new) (0 on the first keys)
         const vf alpha = splat(std::exp2(m[r] - row_max));
         store(l + r * W, load(l + r * W) * alpha);
-        for (int64_t d = 0; d < Dp; d += W) store(o + r * Dp + d, load(o + r * Dp + d) * alpha);
+        for (int64_t d = 0; d < Dvp; d += W) store(o + r * Dvp + d, load(o + r * Dvp + d) * alpha);
         m[r] = row_max;
       }
       const vf pr = keep_below(exp2_table(x - splat(m[r])), static_cast<int>(visible));
       store(l + r * W, load(l + r * W) + pr);
-      store(p + r * W, pr);
+      store(p + r * W, scaled ? pr * v_factor : pr);
     }
     int64_t r = 0;
-    for (; r + 2 <= R; r += 2) pv_rows<2>(o + r * Dp, p + r * W, v, Dp, n, ahead);
-    if (r < R) pv_rows<1>(o + r * Dp, p + r * W, v, Dp, n, ahead);
+    for (; r + 2 <= R; r += 2) pv_rows<2>(o + r * Dvp, Dvp, p + r * W, vt, ldv, Dvp, n, ahead);
+    if (r < R) pv_rows<1>(o + r * Dvp, Dvp, p + r * W, vt, ldv, Dvp, n, ahead);
   }
+  const float boost = scaled ? OUT_BOOST : 1.f;
   for (int64_t r = 0; r < R; ++r) {
     const int64_t h = hkv * group + r / pb.seq_q, row = (b * pb.heads + h) * pb.seq_q + r % pb.seq_q;
     const float total = hsum(load(l + r * W));
     if (pb.splits == 1) {  // the whole row is here: normalise and write
-      const vf inv = splat(total > 0.f ? 1.f / total : 0.f);  // a row with no visible key outputs zeros
-      for (int64_t d = 0; d < Dp; d += W) store(pb.out + row * Dp + d, load(o + r * Dp + d) * inv);
-      if (pb.lse != nullptr)
-        pb.lse[row] = total > 0.f ? (m[r] + std::log2(total)) * 0.6931471805599453f
-                                  : -std::numeric_limits<float>::infinity();
+      finish_row(pb.out + row * Dvp, o + r * Dvp, Dvp, m[r], total, sink_of(pb, h), boost,
+                 pb.lse == nullptr ? nullptr : pb.lse + row);
       continue;
     }
-    float* part = pb.partials + (((b * pb.kv_heads + hkv) * pb.splits + split) * R + r) * (Dp + 2);
-    std::memcpy(part, o + r * Dp, sizeof(float) * Dp);
-    part[Dp] = m[r];
-    part[Dp + 1] = total;
+    float* part = pb.partials + (((b * pb.kv_heads + hkv) * pb.splits + split) * R + r) * (Dvp + 2);
+    std::memcpy(part, o + r * Dvp, sizeof(float) * Dvp);
+    part[Dvp] = m[r];
+    part[Dvp + 1] = total;
   }
   return computed;
 }
 
-// Combine the splits of query row (b, h, i).
-void merge_row(const Decode& pb, int64_t b, int64_t h, int64_t i) {
-  const int64_t group = pb.heads / pb.kv_heads, R = group * pb.seq_q, Dp = pb.dp;
+// Combine the splits of query row (b, h, i); the sink joins here, once.
+void merge_row(const Decode& pb, int64_t b, int64_t h, int64_t i, float boost) {
+  const int64_t group = pb.heads / pb.kv_heads, R = group * pb.seq_q, Dvp = pb.dvp;
   const int64_t hkv = h / group, r = (h % group) * pb.seq_q + i, row = (b * pb.heads + h) * pb.seq_q + i;
   auto part = [&](int64_t split) {
-    return pb.partials + (((b * pb.kv_heads + hkv) * pb.splits + split) * R + r) * (Dp + 2);
+    return pb.partials + (((b * pb.kv_heads + hkv) * pb.splits + split) * R + r) * (Dvp + 2);
   };
   float top = -std::numeric_limits<float>::infinity(), total = 0.f;
-  for (int64_t s = 0; s < pb.splits; ++s) top = std::max(top, part(s)[Dp]);
-  float* out = pb.out + row * Dp;
-  std::memset(out, 0, sizeof(float) * Dp);
-  if (top == -std::numeric_limits<float>::infinity()) {  // no split saw a key
-    if (pb.lse != nullptr) pb.lse[row] = top;
-    return;
+  for (int64_t s = 0; s < pb.splits; ++s) top = std::max(top, part(s)[Dvp]);
+  float* out = pb.out + row * Dvp;
+  std::memset(out, 0, sizeof(float) * Dvp);
+  if (top != -std::numeric_limits<float>::infinity()) {  // some split saw a key
+    for (int64_t s = 0; s < pb.splits; ++s) {
+      const float* p = part(s);
+      if (p[Dvp + 1] == 0.f) continue;
+      const float w = std::exp2(p[Dvp] - top);
+      total += p[Dvp + 1] * w;
+      for (int64_t d = 0; d < Dvp; d += W) store(out + d, load(out + d) + load(p + d) * splat(w));
+    }
   }
-  for (int64_t s = 0; s < pb.splits; ++s) {
-    const float* p = part(s);
-    if (p[Dp + 1] == 0.f) continue;
-    const float w = std::exp2(p[Dp] - top);
-    total += p[Dp + 1] * w;
-    for (int64_t d = 0; d < Dp; d += W) store(out + d, load(out + d) + load(p + d) * splat(w));
-  }
-  const vf inv = splat(1.f / total);
-  for (int64_t d = 0; d < Dp; d += W) store(out + d, load(out + d) * inv);
-  if (pb.lse != nullptr) pb.lse[row] = (top + std::log2(total)) * 0.6931471805599453f;
+  finish_row(out, out, Dvp, top, total, sink_of(pb, h), boost, pb.lse == nullptr ? nullptr : pb.lse + row);
 }
+
+typedef int64_t (*Item)(const Decode&, int64_t, int64_t, int64_t, float*);
+constexpr Item ITEMS[4] = {decode_item<KV_FLOAT32>, decode_item<KV_BFLOAT16>, decode_item<KV_E4M3>,
+                           decode_item<KV_E5M2>};
 
 }  // namespace
 
 extern "C" {
 
+// What attnbench_fused_decode_kv takes beyond attnbench_fused_decode's arguments (see the top of the file).
+struct DecodeCache {
+  int64_t q_type;  // 0: float32, 1: bfloat16
+  int64_t kv_type;  // KvType: 0 float32, 1 bfloat16, 2 float8_e4m3fn, 3 float8_e5m2
+  int64_t head_dim_v;  // Dv; out rows are Dv padded to a multiple of 16
+  int64_t v_row;  // elements between v's rows: Dv, or D for a latent cache's values (a view of its keys)
+  const float* k_scale;  // fp8: contiguous (B, Hkv, ceil(Sk / scale_block)); paged (num_pages, Hkv)
+  const float* v_scale;
+  int64_t scale_block;  // contiguous fp8 cache: positions per scale
+  const float* sinks;  // (H,) natural-log sink logits, or null
+  const int64_t* row_hi;  // mask RANGES: (B, Sq), row i of batch b sees keys [0, row_hi[b·Sq + i]) (ragged batches)
+};
+
 // Rows a decode call may have at most (more rows go to attnbench_fused_forward, which is compute-bound).
 int64_t attnbench_fused_decode_max_rows() { return 16; }
 
-// Floats of scratch attnbench_fused_decode needs.
-int64_t attnbench_fused_decode_scratch_floats(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q,
-                                              int64_t seq_k, int64_t dp, int64_t nthreads) {
-  const int64_t rows = heads / std::max<int64_t>(kv_heads, 1) * seq_q;
-  const int64_t splits = decode_splits(batch, kv_heads, seq_k, nthreads);
-  return nthreads * decode_thread_floats(rows, dp) + (splits > 1 ? batch * kv_heads * splits * rows * (dp + 2) : 0);
+// Floats of scratch attnbench_fused_decode_kv needs.
+int64_t attnbench_fused_decode_kv_scratch_floats(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q,
+                                                 int64_t seq_k, int64_t head_dim, int64_t head_dim_v,
+                                                 int64_t nthreads) {
+  const int64_t rows = heads / std::max<int64_t>(kv_heads, 1) * seq_q, dk = round_up(head_dim);
+  const int64_t dvp = round_up(head_dim_v), splits = decode_splits(batch, kv_heads, seq_k, nthreads);
+  return nthreads * decode_thread_floats(rows, dk, dvp) +
+         (splits > 1 ? batch * kv_heads * splits * rows * (dvp + 2) : 0);
 }
 
 // out (and lse when not null) of attention for few query rows; see the top of the file. Returns 0 on
 // success, 1 on bad arguments. *tiles (when not null) receives the number of score entries computed,
 // *splits the number of key splits chosen.
+int attnbench_fused_decode_kv(const void* q, const void* k, const void* v, float* out, float* lse, int64_t batch,
+                              int64_t heads, int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim,
+                              float scale, int64_t mask, const int64_t* lengths, const int32_t* pages,
+                              int64_t page_size, int64_t max_pages, const DecodeCache* cache, int64_t nthreads,
+                              float* scratch, int64_t* tiles, int64_t* splits_used) {
+  if (cache == nullptr || batch < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 ||
+      seq_q > attnbench_fused_decode_max_rows() || seq_k < 1 || head_dim < 1 || mask < NONE || mask > RANGES ||
+      (mask == PADDING && lengths == nullptr) || (mask == RANGES && cache->row_hi == nullptr) || nthreads < 1 ||
+      scratch == nullptr ||
+      (pages != nullptr && (page_size < W || page_size % W != 0 || max_pages * page_size < seq_k)))
+    return 1;
+  const int64_t kv_type = cache->kv_type, dv = cache->head_dim_v;
+  const bool scaled = kv_type == KV_E4M3 || kv_type == KV_E5M2;
+  if (cache->q_type < 0 || cache->q_type > 1 || kv_type < KV_FLOAT32 || kv_type > KV_E5M2 || dv < 1 ||
+      cache->v_row < dv || (scaled && (cache->k_scale == nullptr || cache->v_scale == nullptr ||
+                                       (pages == nullptr && cache->scale_block < 1))))
+    return 1;
+  const int64_t splits = decode_splits(batch, kv_heads, seq_k, nthreads);
+  const int64_t chunk = ((seq_k + splits - 1) / splits + W - 1) / W * W, rows = heads / kv_heads * seq_q;
+  const int64_t dk = round_up(head_dim), dvp = round_up(dv);
+  Decode pb{q,      k,  v,           out, lse,           batch,  heads,  kv_heads, seq_q,
+            seq_k,  head_dim, dk,   dv,  dvp,           cache->v_row, splits, chunk,
+            scale * LOG2E, RowLimits{mask, seq_q, seq_k, lengths, nullptr, cache->row_hi}, nullptr};
+  pb.partials = scratch + nthreads * decode_thread_floats(rows, dk, dvp);
+  pb.pages = pages;
+  pb.page_size = page_size;
+  pb.max_pages = max_pages;
+  pb.q_bf16 = cache->q_type == 1;
+  pb.k_scale = cache->k_scale;
+  pb.v_scale = cache->v_scale;
+  pb.scale_block = cache->scale_block;
+  pb.sinks = cache->sinks;
+  const Item item = ITEMS[kv_type];
+  const int64_t items = batch * kv_heads * splits;
+  const int64_t team = std::min(nthreads, items);
+  std::atomic<int64_t> next{0}, computed{0};
+  on_team(team, [&](int64_t t) {
+    float* mine = scratch + t * decode_thread_floats(rows, dk, dvp);
+    int64_t count = 0;
+    for (int64_t i; (i = next.fetch_add(1)) < items;)
+      count += item(pb, i / (kv_heads * splits), i / splits % kv_heads, i % splits, mine);
+    computed += count;
+  });
+  const float boost = scaled ? OUT_BOOST : 1.f;
+  if (splits > 1)
+    team_for(nthreads, batch * heads * seq_q, [&](int64_t row) {
+      merge_row(pb, row / (heads * seq_q), row / seq_q % heads, row % seq_q, boost);
+    });
+  if (tiles != nullptr) *tiles = computed.load();
+  if (splits_used != nullptr) *splits_used = splits;
+  return 0;
+}
+
+// Floats of scratch attnbench_fused_decode needs.
+int64_t attnbench_fused_decode_scratch_floats(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q,
+                                              int64_t seq_k, int64_t dp, int64_t nthreads) {
+  return attnbench_fused_decode_kv_scratch_floats(batch, heads, kv_heads, seq_q, seq_k, dp, dp, nthreads);
+}
+
+// attnbench_fused_decode_kv for float32 q, k, v with v (and out) padded to dp, a multiple of 16, and no sinks.
 int attnbench_fused_decode(const float* q, const float* k, const float* v, float* out, float* lse, int64_t batch,
                            int64_t heads, int64_t kv_heads, int64_t seq_q, int64_t seq_k, int64_t head_dim,
                            int64_t dp, float scale, int64_t mask, const int64_t* lengths, const int32_t* pages,
                            int64_t page_size, int64_t max_pages, int64_t nthreads, float* scratch, int64_t* tiles,
                            int64_t* splits_used) {
-  if (batch < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 ||
-      seq_q > attnbench_fused_decode_max_rows() || seq_k < 1 || head_dim < 1 || dp < head_dim || dp % W != 0 ||
-      mask < NONE || mask > PADDING || (mask == PADDING && lengths == nullptr) || nthreads < 1 || scratch == nullptr ||
-      (pages != nullptr && (page_size < W || page_size % W != 0 || max_pages * page_size < seq_k)))
-    return 1;
-  const int64_t splits = decode_splits(batch, kv_heads, seq_k, nthreads);
-  const int64_t chunk = ((seq_k + splits - 1) / splits + W - 1) / W * W, rows = heads / kv_heads * seq_q;
-  Decode pb{q, k, v, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, dp, splits, chunk,
-            scale * 1.4426950408889634f, RowLimits{mask, seq_q, seq_k, lengths}, nullptr};
-  pb.partials = scratch + nthreads * decode_thread_floats(rows, dp);
-  pb.pages = pages;
-  pb.page_size = page_size;
-  pb.max_pages = max_pages;
-  const int64_t items = batch * kv_heads * splits;
-  const int64_t team = std::min(nthreads, items);
-  std::atomic<int64_t> next{0}, computed{0};
-  on_team(team, [&](int64_t t) {
-    float* mine = scratch + t * decode_thread_floats(rows, dp);
-    int64_t count = 0;
-    for (int64_t i; (i = next.fetch_add(1)) < items;)
-      count += decode_item(pb, i / (kv_heads * splits), i / splits % kv_heads, i % splits, mine);
-    computed += count;
-  });
-  if (splits > 1)
-    team_for(nthreads, batch * heads * seq_q, [&](int64_t row) {
-      merge_row(pb, row / (heads * seq_q), row / seq_q % heads, row % seq_q);
-    });
-  if (tiles != nullptr) *tiles = computed.load();
-  if (splits_used != nullptr) *splits_used = splits;
-  return 0;
+  if (dp < head_dim || dp % W != 0) return 1;
+  if (mask == RANGES) return 1;
+  const DecodeCache cache{0, KV_FLOAT32, dp, dp, nullptr, nullptr, 0, nullptr, nullptr};
+  return attnbench_fused_decode_kv(q, k, v, out, lse, batch, heads, kv_heads, seq_q, seq_k, head_dim, scale, mask,
+                                   lengths, pages, page_size, max_pages, &cache, nthreads, scratch, tiles,
+                                   splits_used);
 }
 
 }  // extern "C"
