@@ -87,8 +87,8 @@ def test_backward_and_bf16_agree_too():
         assert (prepared.grad_check is not None) == (w.pass_ == "fwd_bwd")
 
 
-def test_the_fused_kernels_say_it_is_not_theirs():
-    for name, device in (("fused_cpu", "cpu"), ("fused_triton", "cuda")):
+def test_the_fused_kernels_say_it_is_not_theirs():  # fused_triton runs it: tests/test_fused_triton_features.py
+    for name, device in (("fused_cpu", "cpu"),):
         w = Workload(1, 2, 2, 16, 16, 16, device=device, mask="chunked", chunk=4)
         contender = registry.get(name).contender
         assert contender is not None

@@ -12,9 +12,16 @@ their strides, so nothing is copied and the mha module's in-place projections ar
 
 Every mask and score modifier of the harness runs in the kernel (``_mask_options``): ``sliding_window`` as
 its bottom-right ``window``, ``document`` as ``cu_seqlens`` from ``masks.document_lengths`` (the lengths
-every contender uses), ``softcap`` and ``alibi`` inside the score tile. A paged KV cache is not read
-natively: the harness gathers the pages back into contiguous k and v at the start of the timed call
-(``paged="gather"``).
+every contender uses), ``chunked`` as its ``chunk``, a mixed or ragged batch (``lengths``) as the
+harness's per-row key ranges (``masks.key_ranges``, turned into row and key tables once in ``prepare``),
+``softcap`` and ``alibi`` inside the score tile. The newest workloads' features run in the kernels too
+(``plan_options``): a value head dim of its own (``head_dim_v``), learned ``sinks`` (forward and backward,
+their gradient included: the runner's fourth leaf), a KV cache stored as bf16 or fp8 with float32 scales
+(``kv_dtype``, forward only: converted and scaled after the load, never dequantized into a copy). Not
+supported, with the reasons they give: an MLA ``latent`` cache (``KV_LAYOUT_LATENT``) and a
+``shared_prefix`` read once for the batch (``SHARED_PREFIX``). A paged KV cache is not read natively: the
+harness gathers the pages back into contiguous k and v at the start of the timed call (``paged="gather"``;
+an fp8 cache's per-page scales are read per key).
 
 Without a GPU, ``TRITON_INTERPRET=1`` (set before Triton defines the kernel, i.e. in the environment of
 the process) runs the same kernel in Triton's CPU interpreter; the contender then also accepts CPU
@@ -33,9 +40,11 @@ from typing import Any
 
 import torch
 
+from attnbench import kv_cache
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import document_lengths, key_ranges
+from attnbench.sequences import is_ragged, sequence_offsets
 from attnbench.workload import Workload
 
 NEEDS_CUDA = "needs a CUDA GPU (set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter, for correctness only)"
@@ -45,6 +54,15 @@ NEEDS_CUDA = "needs a CUDA GPU (set TRITON_INTERPRET=1 to run it in Triton's CPU
 INTERPRETER_SECONDS_PER_BLOCK = 2e-3
 INTERPRETER_SECONDS_PER_TILE = 4.5e-3
 BACKWARD_STEPS = 3.0
+MAX_HEAD_DIM_V = 256  # as the head dim: a BLOCK_M × Dv fp32 accumulator past 256 spills on a GPU
+KV_LAYOUT_LATENT = (
+    "kv_layout latent not supported: an MLA cache is 576 channels wide, past the kernels' 256 (one q·kᵀ over a "
+    "1024-padded head dim; it wants the dot split into 512 + 64 channel parts, not written yet)"
+)
+SHARED_PREFIX = (
+    "shared_prefix not supported: the kernels read each sequence's keys on their own; reading the prefix once "
+    "for the batch (cascade, merged by log-sum-exp) is not written yet"
+)
 
 
 def _kernels() -> ModuleType:
@@ -64,18 +82,23 @@ def _interpreted() -> bool:
 
 def _interpreter_seconds(w: Workload) -> float:
     """One call in Triton's interpreter: count the tiles and the key blocks the kernel visits (the same
-    bounds as its loops: from the block holding the tile's first row's lowest key up to its last row's key
-    limit), from the harness's per-row key ranges."""
+    bounds as its loops: from the block holding the lowest key some row of the tile sees up to the highest),
+    from the harness's per-row key ranges."""
     kernels = _kernels()
     tile = kernels.INTERPRETER_TILES["fwd"]
     block_m, block_n = tile.block_m, tile.block_n
     lo, hi = key_ranges(w)  # (B|1, Sq) each
-    first = torch.arange(0, w.seq_q, block_m)
-    last = (first + block_m).clamp(max=w.seq_q) - 1
-    start = lo[:, first].div(block_n, rounding_mode="floor") * block_n
-    blocks = int((torch.maximum(hi[:, last], start) - start).add(block_n - 1).div(block_n, rounding_mode="floor").sum())
+    tiles_per_row = -(-w.seq_q // block_m)
+    pad = tiles_per_row * block_m - w.seq_q
+    seen = lo < hi
+    lowest = torch.nn.functional.pad(torch.where(seen, lo, w.seq_k), (0, pad), value=w.seq_k)
+    highest = torch.nn.functional.pad(torch.where(seen, hi, 0), (0, pad), value=0)
+    lowest = lowest.view(lo.shape[0], tiles_per_row, block_m).amin(-1)
+    highest = highest.view(lo.shape[0], tiles_per_row, block_m).amax(-1)
+    start = lowest.div(block_n, rounding_mode="floor") * block_n
+    blocks = int((torch.maximum(highest, start) - start).add(block_n - 1).div(block_n, rounding_mode="floor").sum())
     blocks *= w.batch // lo.shape[0]
-    tiles = w.batch * len(first)
+    tiles = w.batch * tiles_per_row
     forward = w.heads * (INTERPRETER_SECONDS_PER_TILE * tiles + INTERPRETER_SECONDS_PER_BLOCK * blocks)
     return forward * {"fwd": 1.0, "bwd": BACKWARD_STEPS, "fwd_bwd": 1.0 + BACKWARD_STEPS}[w.pass_]
 
@@ -83,18 +106,23 @@ def _interpreter_seconds(w: Workload) -> float:
 def _mask_options(inputs: AttentionInputs, w: Workload) -> dict[str, Any]:
     """The kernel's keyword arguments for the workload's mask and score modifier, as the harness defines
     them (``attnbench.masks``): a sliding window is the kernel's bottom-right ``window``; documents are
-    ``cu_seqlens`` from the harness's own document lengths; softcap its value; alibi the kernel's slopes
-    2^(−8(h+1)/H) over the query heads."""
+    ``cu_seqlens`` from the harness's own document lengths; chunked its ``chunk``; a ragged or mixed batch
+    the harness's per-row key ranges (``masks.key_ranges``) with each sequence's own diagonal for ALiBi;
+    softcap its value; alibi the kernel's slopes 2^(−8(h+1)/H) over the query heads."""
     device = inputs.q.device
     options: dict[str, Any] = {"mask": w.mask}
-    if w.mask == "padding":
+    if is_ragged(w):  # the whole mask, window included, as per-row ranges
+        options.update(mask="none", row_ranges=key_ranges(w), seq_offsets=sequence_offsets(w, "cpu"))
+    elif w.mask == "padding":
         assert inputs.lengths is not None
         options["lengths"] = torch.tensor(inputs.lengths, dtype=torch.int32, device=device)  # (B,)
     elif w.mask == "sliding_window":
         options.update(mask="none", window=w.window)
     elif w.mask == "document":
-        offsets = [0, *itertools.accumulate(document_lengths(w.seq_q, w.documents))]
+        offsets = [0, *itertools.accumulate(document_lengths(w.seq_q, w.documents, w.lengths))]
         options.update(mask="none", cu_seqlens=torch.tensor(offsets, dtype=torch.int32))
+    elif w.mask == "chunked":
+        options["chunk"] = w.chunk
     if w.score_mod == "softcap":
         options["softcap"] = w.softcap
     elif w.score_mod == "alibi":
@@ -102,23 +130,38 @@ def _mask_options(inputs: AttentionInputs, w: Workload) -> dict[str, Any]:
     return options
 
 
+def plan_options(inputs: AttentionInputs, w: Workload) -> dict[str, Any]:
+    """Every keyword argument of ``flash.make_plan`` for this case: scale, mask and score modifier
+    (``_mask_options``), the sinks (looked at for their shape), an fp8 cache's scales with the positions
+    each covers (a sequence, or a page)."""
+    options = {"scale": inputs.scale, "sinks": inputs.sinks, **_mask_options(inputs, w)}
+    if inputs.k_scale is not None:
+        options.update(k_scale=inputs.k_scale, v_scale=inputs.v_scale, scale_block=kv_cache.scale_block(w))
+    return options
+
+
 class FusedTriton(Contender):
     name = "fused_triton"
     description = (
         "our Triton FlashAttention-2 kernels, forward and backward (CUDA; tiles tuned once, masked blocks skipped; "
-        "windows, documents, softcap and ALiBi in the kernel; a paged cache is gathered inside the timed call)"
+        "windows, documents, chunks, ragged and mixed batches, softcap, ALiBi, sinks, Dv ≠ D and bf16/fp8 caches "
+        "in the kernel; a paged cache is gathered inside the timed call)"
     )
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
         dtypes=frozenset({"float16", "bfloat16", "float32"}),
         min_head_dim=16,
         max_head_dim=256,
-        masks=ALL_MASKS - {"mixed", "chunked"},  # chunked: the kernel's own support is issue 23
+        masks=ALL_MASKS,
         score_mods=ALL_SCORE_MODS,
         paged="gather",
         gqa=True,
         cross=True,
         backward=True,
+        # head_dim_v: v, O and dO Dv wide in every kernel; sinks: in the forward's denominator and the
+        # backward (their gradient from the preprocess); lengths: a ragged batch as per-row key ranges;
+        # kv_dtype (bf16, fp8 e4m3 / e5m2, forward only): converted and scaled after the load.
+        features=frozenset({"head_dim_v", "sinks", "lengths", "kv_dtype"}),
     )
     # What Triton's CPU interpreter can run: the same, on CPU tensors too.
     interpreter_capabilities = dataclasses.replace(capabilities, devices=frozenset({"cpu", "cuda"}))
@@ -134,8 +177,20 @@ class FusedTriton(Contender):
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.device == "cpu" and _interpreted():
-            return self.interpreter_capabilities.unsupported_reason(workload)
-        return super().unsupported_reason(workload)
+            reason = self.interpreter_capabilities.unsupported_reason(workload)
+        else:
+            reason = super().unsupported_reason(workload)
+        if reason is None:
+            low = self.capabilities.min_head_dim
+            if not low <= workload.head_dim_v <= MAX_HEAD_DIM_V:
+                return f"head_dim_v {workload.head_dim_v} outside [{low}, {MAX_HEAD_DIM_V}]"
+            return None
+        # the features not declared, with why (Capabilities' own words name the axis first)
+        if workload.kv_layout == "latent" and reason.startswith("kv_layout"):
+            return KV_LAYOUT_LATENT
+        if workload.shared_prefix and reason.startswith("shared_prefix"):
+            return SHARED_PREFIX
+        return reason
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
         if workload.device == "cpu" and _interpreted():
@@ -145,12 +200,14 @@ class FusedTriton(Contender):
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         kernels = _kernels()
         q, k, v = inputs.q, inputs.k, inputs.v
-        plan = kernels.make_plan(q, k, v, scale=inputs.scale, **_mask_options(inputs, workload))
-        plan.tune(q.detach(), k.detach(), v.detach(), backward=workload.pass_ != "fwd")  # once, untimed
+        plan = kernels.make_plan(q, k, v, **plan_options(inputs, workload))
+        sinks = inputs.sinks
+        plan.tune(q.detach(), k.detach(), v.detach(), backward=workload.pass_ != "fwd",
+                  sinks=None if sinks is None else sinks.detach())  # once, untimed  # fmt: skip
         attend = kernels.attend
 
         def run() -> torch.Tensor:
-            return attend(inputs.q, inputs.k, inputs.v, plan)
+            return attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks)
 
         run.plan = plan  # type: ignore[attr-defined]  # the tiles it launches, for tests and reports
         return run

@@ -73,18 +73,26 @@ INTERPRETER_TILES: dict[str, Tile] = {
     "dkdv": Tile(16, 32, 1, 1),
     "dq": Tile(32, 16, 1, 1),
 }
-# (resident, streamed) operand rows of one program, in units of (BLOCK_M, BLOCK_N): fwd keeps q and
-# streams k, v; dkdv keeps k, v and streams q, dO; dq keeps q, dO and streams k, v.
-_OPERANDS = {"fwd": ((1, 0), (0, 2)), "dkdv": ((0, 2), (2, 0)), "dq": ((2, 0), (0, 2))}
+# The operand tiles one program keeps in shared memory: (rows: "m" BLOCK_M or "n" BLOCK_N, width: "d" the
+# head dim or "dv" the values', resident or streamed). fwd keeps q and streams k, v; dkdv keeps k, v and
+# streams q, dO; dq keeps q, dO and streams k, v.
+_OPERANDS = {
+    "fwd": (("m", "d", True), ("n", "d", False), ("n", "dv", False)),
+    "dkdv": (("n", "d", True), ("n", "dv", True), ("m", "d", False), ("m", "dv", False)),
+    "dq": (("m", "d", True), ("m", "dv", True), ("n", "d", False), ("n", "dv", False)),
+}
 FALLBACK_SHARED_MEMORY = 160 * 1024  # only when no device can be asked (tests, the interpreter)
 
 
-def shared_bytes(kernel: str, tile: Tile, block_d: int, itemsize: int) -> int:
-    """Shared memory one program of ``kernel`` needs with ``tile``, roughly (see the module docstring)."""
-    (res_m, res_n), (str_m, str_n) = _OPERANDS[kernel]
-    resident = (res_m * tile.block_m + res_n * tile.block_n) * (2 if itemsize == 4 else 1)
-    streamed = str_m * tile.block_m + str_n * tile.block_n
-    return itemsize * block_d * (resident + streamed * max(1, tile.num_stages))
+def shared_bytes(kernel: str, tile: Tile, block_d: int, itemsize: int, block_dv: int | None = None) -> int:
+    """Shared memory one program of ``kernel`` needs with ``tile``, roughly (see the module docstring);
+    ``block_dv``: the values' padded head dim when it differs from ``block_d``."""
+    widths = {"d": block_d, "dv": block_dv or block_d}
+    total = 0
+    for rows, width, resident in _OPERANDS[kernel]:
+        copies = (2 if itemsize == 4 else 1) if resident else max(1, tile.num_stages)
+        total += (tile.block_m if rows == "m" else tile.block_n) * widths[width] * copies
+    return itemsize * total
 
 
 def max_shared_memory(device: torch.device) -> int:
@@ -102,14 +110,17 @@ def max_shared_memory(device: torch.device) -> int:
 
 
 def prune(
-    kernel: str, tiles: Sequence[Tile], *, seq_q: int, seq_k: int, head_dim: int, itemsize: int, shared_cap: int
-) -> list[Tile]:
+    kernel: str, tiles: Sequence[Tile], *, seq_q: int, seq_k: int, head_dim: int, itemsize: int, shared_cap: int,
+    head_dim_v: int | None = None,
+) -> list[Tile]:  # fmt: skip
     """Drop tiles that can't win or can't run before timing them: blocks far longer than their sequence
-    (only masked-out rows or keys), 128-wide streamed blocks at head dims over 128 (registers spill), and
-    tiles over the shared-memory cap. Never empty: the smallest tile stays if nothing else fits."""
+    (only masked-out rows or keys), 128-wide streamed blocks at head dims (D or Dv) over 128 (registers
+    spill), and tiles over the shared-memory cap. Never empty: the smallest tile stays if nothing else fits."""
+    head_dim_v = head_dim_v or head_dim
     block_d = max(16, 1 << (head_dim - 1).bit_length())
+    block_dv = max(16, 1 << (head_dim_v - 1).bit_length())
     rows, keys = max(16, 1 << (seq_q - 1).bit_length()), max(16, 1 << (seq_k - 1).bit_length())
-    wide = 64 if head_dim > 128 else 128
+    wide = 64 if max(head_dim, head_dim_v) > 128 else 128
 
     def fits(t: Tile) -> bool:
         streamed = t.block_n if kernel in ("fwd", "dq") else t.block_m
@@ -117,11 +128,11 @@ def prune(
             t.block_m <= max(32, rows)
             and t.block_n <= max(32, keys)
             and streamed <= wide
-            and shared_bytes(kernel, t, block_d, itemsize) <= shared_cap
+            and shared_bytes(kernel, t, block_d, itemsize, block_dv) <= shared_cap
         )
 
     kept = [t for t in tiles if fits(t)]
-    return kept or [min(tiles, key=lambda t: shared_bytes(kernel, t, block_d, itemsize))]
+    return kept or [min(tiles, key=lambda t: shared_bytes(kernel, t, block_d, itemsize, block_dv))]
 
 
 def length_bucket(length: int) -> int:
