@@ -13,7 +13,11 @@ batch 3. What the cases add to the gate:
   length are exactly zero, keys past its length are never read (NaN there changes nothing), and each row
   tile visits exactly the key blocks its rows' ranges touch;
 * a KV cache stored as bf16 or fp8 (e4m3, e5m2, with float32 scales per sequence or per page), read in its
-  stored type by the kernel (no dequantized copy: the plan holds the fp8 tensors).
+  stored type by the kernel (no dequantized copy: the plan holds the fp8 tensors);
+* MLA's latent cache: v the view of k's first Dv channels, read through k's pointer (the key tile itself
+  when as wide); 576 / 512 with the head dim split 512 + 64 (forward); narrower latent caches also backward.
+
+Each forward launch's specialisation flags are recorded, so each case is known to take its feature's path.
 
 The sm_90 compiles at the end check that the new specialisations (fp8 loads, Dv ≠ D, sinks, range
 tables) also compile for a GPU, which this machine does not have.
@@ -29,7 +33,7 @@ import pytest
 import torch
 
 from attnbench.check import GRAD_TOLERANCES, TOLERANCES
-from attnbench.impls.fused_triton import KV_LAYOUT_LATENT, SHARED_PREFIX, contender
+from attnbench.impls.fused_triton import SHARED_PREFIX, WIDE_LATENT_BACKWARD, contender
 from attnbench.workload import Workload
 
 from conftest import run_subprocess
@@ -73,11 +77,28 @@ def visited_blocks(w, run, inputs):  # per (batch, row tile): key blocks visited
             expected.append(last // tile.block_n - first // tile.block_n + 1)
     return counted[:: w.heads, :, 0].flatten().tolist(), expected
 
+from attnbench.impls.fused_triton import kernels
+launched = []  # the forward's specialisation flags, per launch
+
+class Recorded:
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            launched.append({flag: kwargs[flag] for flag in ("SPLIT_D", "V_FROM_K", "KV_SCALED", "RANGES", "SINKS")})
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+kernels._forward_kernel = Recorded(kernels._forward_kernel)
+
 results = {}
 for name, spec in json.loads(sys.argv[1]).items():
     w = Workload(**spec)
+    launched.clear()
     prepared = prepare_checked("fused_triton", w)
     result = {"ok": prepared.ok, "max_abs_err": prepared.check.max_abs_err, "reason": prepared.reason}
+    result["flags"] = launched[0]
     if w.pass_ != "fwd":
         result["grad_err"] = prepared.grad_check.grad_err
         result["grads"] = grad_errors(w, prepared)
@@ -121,6 +142,7 @@ def _case(**spec: Any) -> dict[str, Any]:
     return {**base, "device": "cpu", **spec}
 
 
+LATENT = {"kv_heads": 1, "kv_layout": "latent"}
 CASES: dict[str, dict[str, Any]] = {
     # 1. value head dim
     "dv72-bottom-right-bwd": _case(head_dim_v=72, mask="causal_bottom_right", pass_="fwd_bwd"),
@@ -155,6 +177,25 @@ CASES: dict[str, dict[str, Any]] = {
     "kv-bfloat16-float32-mixed-sinks": _case(mask="mixed", decode_share=0.4, kv_dtype="bfloat16", sinks="learned"),
     "kv-e4m3-float16-ragged-gqa41": _case(
         kv_heads=1, lengths="uniform", mask="causal", kv_dtype="float8_e4m3fn", dtype="float16"
+    ),
+    # 5. MLA's latent cache: v the view of k's first Dv channels (576 / 512 split 512 + 64, forward)
+    "latent-576-512-decode": _case(**LATENT, seq_q=3, head_dim=576, head_dim_v=512, mask="causal_bottom_right"),
+    "latent-576-500-e4m3-paged-sinks-bfloat16": _case(
+        **LATENT,
+        batch=2,
+        seq_q=2,
+        seq_k=40,
+        head_dim=576,
+        head_dim_v=500,
+        dtype="bfloat16",
+        kv_dtype="float8_e4m3fn",
+        page_size=16,
+        sinks="learned",
+        mask="causal_bottom_right",
+    ),
+    "latent-D72-Dv40-bwd": _case(**LATENT, head_dim=72, head_dim_v=40, mask="causal", pass_="fwd_bwd"),
+    "latent-D40-Dv36-sinks-bwd": _case(
+        **LATENT, head_dim=40, head_dim_v=36, sinks="learned", mask="causal_bottom_right", pass_="fwd_bwd"
     ),
 }
 
@@ -236,17 +277,37 @@ def test_the_narrowed_cache_is_read_in_its_stored_type(interpreted):
     assert interpreted["kv-bfloat16-float32-mixed-sinks"]["scaled"] is False
 
 
+def test_each_feature_takes_its_kernel_specialisation(interpreted):
+    flags = {name: result["flags"] for name, result in interpreted.items() if "flags" in result}
+    assert flags["dv72-bottom-right-bwd"] == dict.fromkeys(flags["dv72-bottom-right-bwd"], False)
+    assert flags["sinks-dv72-causal-bwd"]["SINKS"] and flags["chunked-6-D72"]["RANGES"]
+    assert flags["mixed-dv72-sinks-bwd"]["RANGES"] and flags["ragged-uniform-causal-alibi-bwd"]["RANGES"]
+    assert flags["kv-e4m3-dv72-bottom-right"]["KV_SCALED"] and not flags["kv-bfloat16-float32-mixed-sinks"]["KV_SCALED"]
+    # MLA 576/512: the head dim split 512 + 64, the values taken from the key tile (v is k's view); 576/500 too
+    # (its channels 500-511 zeroed); D 40 / Dv 36 pads both to 64: the key tile again; D 72 / Dv 40 (128 / 64)
+    # loads v through its own (strided) view of k
+    for name in ("latent-576-512-decode", "latent-576-500-e4m3-paged-sinks-bfloat16"):
+        assert flags[name]["SPLIT_D"] and flags[name]["V_FROM_K"], name
+    assert flags["latent-D40-Dv36-sinks-bwd"]["V_FROM_K"] and not flags["latent-D40-Dv36-sinks-bwd"]["SPLIT_D"]
+    assert not flags["latent-D72-Dv40-bwd"]["V_FROM_K"]
+
+
 def test_declared_features_and_the_reasons_for_the_rest(monkeypatch):
     from attnbench.impls import fused_triton
 
     caps = contender.capabilities
-    assert caps.features == {"head_dim_v", "sinks", "lengths", "kv_dtype"}
-    assert {"mixed", "chunked"} <= caps.masks
+    assert caps.features == {"head_dim_v", "sinks", "lengths", "kv_dtype", "kv_layout"}
+    assert {"mixed", "chunked"} <= caps.masks and caps.max_head_dim == 256
     assert contender.interpreter_capabilities.features == caps.features
     monkeypatch.setattr(fused_triton, "_interpreted", lambda: True)  # judged as CPU rows in the interpreter
     cpu = {"batch": 2, "heads": 4, "kv_heads": 1, "seq_q": 1, "seq_k": 64, "device": "cpu"}
-    latent = Workload(**cpu, head_dim=576, head_dim_v=512, kv_layout="latent", mask="causal_bottom_right")
-    assert contender.unsupported_reason(latent) == KV_LAYOUT_LATENT
+    mla = {**cpu, "head_dim": 576, "head_dim_v": 512, "kv_layout": "latent", "mask": "causal_bottom_right"}
+    assert contender.unsupported_reason(Workload(**mla)) is None
+    assert contender.unsupported_reason(Workload(**mla, pass_="bwd")) == WIDE_LATENT_BACKWARD
+    assert contender.unsupported_reason(Workload(**{**mla, "head_dim": 640})) == "head_dim 640 outside [16, 576]"
+    assert contender.unsupported_reason(Workload(**{**cpu, "head_dim": 576})) == "head_dim 576 outside [16, 256]"
+    latent = Workload(**{**cpu, "head_dim": 128, "head_dim_v": 96, "kv_layout": "latent", "pass_": "fwd_bwd"})
+    assert contender.unsupported_reason(latent) is None
     assert contender.unsupported_reason(Workload(**cpu, head_dim=64, shared_prefix=16)) == SHARED_PREFIX
     wide_v = Workload(**cpu, head_dim=64, head_dim_v=512)
     assert contender.unsupported_reason(wide_v) == "head_dim_v 512 outside [16, 256]"
@@ -357,6 +418,21 @@ def test_the_new_forward_specialisations_compile_for_sm90(sm90, dtype, kv_dtype,
     plan = flash.make_plan(q, k, v, sinks=sinks, **scales, **options)
     plan.tiles["fwd"] = Tile(64, 64, 4, 2)
     flash.forward(q, k, v, plan, store_lse=True, sinks=sinks)
+    assert set(sm90) == {"_forward_kernel"}
+
+
+@pytest.mark.slow
+def test_the_mla_forward_compiles_for_sm90(sm90):
+    from attnbench.impls.fused_triton import flash
+
+    q = torch.empty(4, 16, 2, 576, dtype=torch.bfloat16)
+    cache = torch.empty(4, 1, 1024, 576, dtype=torch.float8_e4m3fn)
+    scales = torch.ones(4, 1, 16, 1)
+    plan = flash.make_plan(q, cache, cache[..., :512], mask="causal_bottom_right", k_scale=scales, v_scale=scales,
+                           scale_block=64)  # fmt: skip
+    assert plan.candidates("fwd") and {t.block_m for t in plan.candidates("fwd")} == {16}
+    plan.tiles["fwd"] = plan.candidates("fwd")[0]
+    flash.forward(q, cache, cache[..., :512], plan)
     assert set(sm90) == {"_forward_kernel"}
 
 

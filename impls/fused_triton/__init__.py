@@ -17,9 +17,11 @@ harness's per-row key ranges (``masks.key_ranges``, turned into row and key tabl
 ``softcap`` and ``alibi`` inside the score tile. The newest workloads' features run in the kernels too
 (``plan_options``): a value head dim of its own (``head_dim_v``), learned ``sinks`` (forward and backward,
 their gradient included: the runner's fourth leaf), a KV cache stored as bf16 or fp8 with float32 scales
-(``kv_dtype``, forward only: converted and scaled after the load, never dequantized into a copy). Not
-supported, with the reasons they give: an MLA ``latent`` cache (``KV_LAYOUT_LATENT``) and a
-``shared_prefix`` read once for the batch (``SHARED_PREFIX``). A paged KV cache is not read natively: the
+(``kv_dtype``, forward only: converted and scaled after the load, never dequantized into a copy), an MLA
+``latent`` cache (v the view of k's first Dv channels, read through k's pointer and strides — the key tile
+itself when as wide; MLA's 576-wide head dim split 512 + 64 in the forward, ``WIDE_LATENT_BACKWARD`` says why
+not backward). Not supported, with the reason it gives: a ``shared_prefix`` read once for the batch
+(``SHARED_PREFIX``). A paged KV cache is not read natively: the
 harness gathers the pages back into contiguous k and v at the start of the timed call (``paged="gather"``;
 an fp8 cache's per-page scales are read per key).
 
@@ -42,6 +44,7 @@ import torch
 
 from attnbench import kv_cache
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
+from attnbench.impls.fused_triton.tiles import head_dim_blocks
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import document_lengths, key_ranges
 from attnbench.sequences import is_ragged, sequence_offsets
@@ -55,9 +58,10 @@ INTERPRETER_SECONDS_PER_BLOCK = 2e-3
 INTERPRETER_SECONDS_PER_TILE = 4.5e-3
 BACKWARD_STEPS = 3.0
 MAX_HEAD_DIM_V = 256  # as the head dim: a BLOCK_M × Dv fp32 accumulator past 256 spills on a GPU
-KV_LAYOUT_LATENT = (
-    "kv_layout latent not supported: an MLA cache is 576 channels wide, past the kernels' 256 (one q·kᵀ over a "
-    "1024-padded head dim; it wants the dot split into 512 + 64 channel parts, not written yet)"
+MAX_LATENT_HEAD_DIM = 576  # MLA's cache (DeepSeek-V3: 512 latent + 64 rope channels), split 512 + 64 in the forward
+WIDE_LATENT_BACKWARD = (
+    "kv_layout latent with head_dim > 256: forward only (the forward splits the head dim 512 + 64; the backward "
+    "kernels keep whole D-wide k and dK tiles, not split)"
 )
 SHARED_PREFIX = (
     "shared_prefix not supported: the kernels read each sequence's keys on their own; reading the prefix once "
@@ -144,8 +148,8 @@ class FusedTriton(Contender):
     name = "fused_triton"
     description = (
         "our Triton FlashAttention-2 kernels, forward and backward (CUDA; tiles tuned once, masked blocks skipped; "
-        "windows, documents, chunks, ragged and mixed batches, softcap, ALiBi, sinks, Dv ≠ D and bf16/fp8 caches "
-        "in the kernel; a paged cache is gathered inside the timed call)"
+        "windows, documents, chunks, ragged and mixed batches, softcap, ALiBi, sinks, Dv ≠ D, MLA latent and "
+        "bf16/fp8 caches in the kernel; a paged cache is gathered inside the timed call)"
     )
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
@@ -160,8 +164,10 @@ class FusedTriton(Contender):
         backward=True,
         # head_dim_v: v, O and dO Dv wide in every kernel; sinks: in the forward's denominator and the
         # backward (their gradient from the preprocess); lengths: a ragged batch as per-row key ranges;
-        # kv_dtype (bf16, fp8 e4m3 / e5m2, forward only): converted and scaled after the load.
-        features=frozenset({"head_dim_v", "sinks", "lengths", "kv_dtype"}),
+        # kv_dtype (bf16, fp8 e4m3 / e5m2, forward only): converted and scaled after the load;
+        # kv_layout latent: v is the view of k's first Dv channels, read through k's pointer and strides (the
+        # key tile itself when as wide); head dims past 256 (up to MLA's 576) split in the forward.
+        features=frozenset({"head_dim_v", "sinks", "lengths", "kv_dtype", "kv_layout"}),
     )
     # What Triton's CPU interpreter can run: the same, on CPU tensors too.
     interpreter_capabilities = dataclasses.replace(capabilities, devices=frozenset({"cpu", "cuda"}))
@@ -176,19 +182,25 @@ class FusedTriton(Contender):
         return None
 
     def unsupported_reason(self, workload: Workload) -> str | None:
-        if workload.device == "cpu" and _interpreted():
-            reason = self.interpreter_capabilities.unsupported_reason(workload)
-        else:
-            reason = super().unsupported_reason(workload)
+        w = workload
+        base = super().unsupported_reason(w)  # the module rules, then self.capabilities'
+        if base is not None and base != self.capabilities.unsupported_reason(w):
+            return base  # a module rule (the mha module's)
+        capabilities = self.interpreter_capabilities if w.device == "cpu" and _interpreted() else self.capabilities
+        assert capabilities.max_head_dim is not None
+        max_head_dim_v = MAX_HEAD_DIM_V
+        if w.kv_layout == "latent" and w.head_dim > capabilities.max_head_dim:  # MLA's 576, split in the forward
+            capabilities = dataclasses.replace(capabilities, max_head_dim=MAX_LATENT_HEAD_DIM)
+            if w.pass_ != "fwd":
+                return capabilities.unsupported_reason(w) or WIDE_LATENT_BACKWARD
+            max_head_dim_v = head_dim_blocks(w.head_dim)[0]  # the values within the split's main tile (512)
+        reason = capabilities.unsupported_reason(w)
         if reason is None:
-            low = self.capabilities.min_head_dim
-            if not low <= workload.head_dim_v <= MAX_HEAD_DIM_V:
-                return f"head_dim_v {workload.head_dim_v} outside [{low}, {MAX_HEAD_DIM_V}]"
+            low = capabilities.min_head_dim
+            if not low <= w.head_dim_v <= max_head_dim_v:
+                return f"head_dim_v {w.head_dim_v} outside [{low}, {max_head_dim_v}]"
             return None
-        # the features not declared, with why (Capabilities' own words name the axis first)
-        if workload.kv_layout == "latent" and reason.startswith("kv_layout"):
-            return KV_LAYOUT_LATENT
-        if workload.shared_prefix and reason.startswith("shared_prefix"):
+        if w.shared_prefix and reason.startswith("shared_prefix"):  # not declared: why (Capabilities names the axis)
             return SHARED_PREFIX
         return reason
 

@@ -47,6 +47,7 @@ from attnbench.impls.fused_triton.tiles import (
     INTERPRETER_TILES,
     Tile,
     choose,
+    head_dim_blocks,
     max_shared_memory,
     prune,
     tuning_key,
@@ -201,7 +202,13 @@ class Plan:
 
     @property
     def block_d(self) -> int:
-        return max(16, triton.next_power_of_2(self.head_dim))
+        """The head dim's (main) tile: padded to a power of two, or a wide head dim's power-of-two part."""
+        return head_dim_blocks(self.head_dim)[0]
+
+    @property
+    def block_dt(self) -> int:
+        """A wide head dim's tail tile after ``block_d`` (MLA's 64 rope channels), 0 without one."""
+        return head_dim_blocks(self.head_dim)[1]
 
     @property
     def block_dv(self) -> int:
@@ -229,7 +236,7 @@ class Plan:
         return {
             "HEAD_DIM": self.head_dim,
             "BLOCK_D": self.block_d,
-            "EVEN_D": self.block_d == self.head_dim,
+            "EVEN_D": self.block_d == self.head_dim or self.block_dt > 0,  # a split head dim's main tile is full
             "HEAD_DIM_V": self.head_dim_v,
             "BLOCK_DV": self.block_dv,
             "EVEN_DV": self.block_dv == self.head_dim_v,
@@ -411,13 +418,18 @@ def forward(
     if k_scale is not None and v_scale is not None:
         scale_strides = (*k_scale.stride()[:2], *v_scale.stride()[:2])
 
+    # v is k's first Dv channels (an MLA latent cache, passed as the view): reuse the key tile when it is as wide
+    v_from_k = (v.data_ptr() == k.data_ptr() and v.stride() == k.stride() and v.dtype == k.dtype
+                and plan.block_dv == plan.block_d)  # fmt: skip
+
     def launch(tile: Tile) -> None:
         kernels._forward_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
             q, k, v, out, lse, *plan.row_tables(), plan.seq_offsets, sinks, k_scale, v_scale, visited,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *plan.table_strides(), *scale_strides,
             plan.scale_block, *plan.scalars(), plan.heads, plan.heads // plan.kv_heads, plan.seq_q, plan.seq_k,
             plan.causal_offset or 0, plan.window, **plan.constants(), SINKS=sinks is not None, KV_SCALED=scaled,
-            STORE_LSE=store_lse, COUNT_BLOCKS=visited is not None, **tile.launch_kwargs(),
+            SPLIT_D=plan.block_dt > 0, BLOCK_DT=max(16, plan.block_dt), V_FROM_K=v_from_k, STORE_LSE=store_lse,
+            COUNT_BLOCKS=visited is not None, **tile.launch_kwargs(),
         )  # fmt: skip
 
     launch(plan.tile("fwd", q, k, launch))
@@ -432,6 +444,8 @@ def backward_grads(
     ``sinks``, the sink logits' gradient (Hq,) fp32 as a fourth."""
     if plan.narrowed:
         raise ValueError(f"a KV cache stored as {plan.kv_dtype} is a serving cache: forward only")
+    if plan.block_dt:
+        raise ValueError(f"head_dim {plan.head_dim} (split past 256): forward only")
     delta = torch.empty_like(lse)
     blocks = triton.cdiv(plan.seq_q, PREPROCESS_BLOCK_M)
     partials = None  # with sinks: (B·Hq, row blocks) parts of their gradient
@@ -495,6 +509,8 @@ def attend(
     if torch.is_grad_enabled() and wanted:
         if plan.narrowed:  # refused before any launch
             raise ValueError(f"a KV cache stored as {plan.kv_dtype} is a serving cache: forward only")
+        if plan.block_dt:
+            raise ValueError(f"head_dim {plan.head_dim} (split past 256): forward only")
         out: torch.Tensor = _FlashAttention.apply(q, k, v, sinks, plan)
         return out
     return forward(q, k, v, plan, sinks=sinks)[0]

@@ -20,7 +20,11 @@ Definitions (shared by all four kernels):
   ALiBi: s ← s − slope_h·|i + offset_b − j| (offset_b = Sk − Sq, or the sequence's own kv_len − q_len).
 * **Values** have their own head dim Dv (``HEAD_DIM_V``, padded to ``BLOCK_DV``): v, O, dO and dV are
   Dv wide, q, k, dQ and dK D wide. An MLA latent cache's values are a view of its keys' first Dv channels:
-  V is k's pointer with k's strides, nothing copied.
+  V is k's pointer with k's strides, nothing copied; when the key tile is as wide as the value tile
+  (``V_FROM_K``) the forward takes the values from the key tile it already loaded (channels ≥ Dv zeroed).
+* **Wide heads** (``SPLIT_D``, forward): a head dim past 256 that is no power of two — MLA's 576 — is its
+  power-of-two part (BLOCK_D, 512) and a tail tile (BLOCK_DT, 64): q·kᵀ is two dots, 576 channels loaded,
+  not 1024.
 * **A narrowed KV cache** (``KV_SCALED``, forward only): k and v are loaded in their stored type (bf16,
   fp8 e4m3 / e5m2) and converted to q's type in registers (exact: every fp8 and bf16 value is an fp16 /
   bf16 / fp32 value); an fp8 cache's float32 scales, one per block of ``scale_block`` positions (a
@@ -190,17 +194,20 @@ def _kv_scales(Scale, keys, key_ok, scale_block, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, k_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n, rows, lo, hi,
-            key_lo, key_hi, d_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SOFTCAP: tl.constexpr,
-            ALIBI: tl.constexpr, KV_SCALED: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-            UPCAST: tl.constexpr):  # fmt: skip
+def _attend(acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SPLIT_D: tl.constexpr,
+            V_FROM_K: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KV_SCALED: tl.constexpr,
+            INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
     """One block of keys into a forward tile's running (acc, m, l). Masked blocks load only keys in
     [key_lo, key_hi) (some row of the tile sees them) and hide keys outside each row's [lo, hi)."""
     keys = start_n + offs_n  # (BLOCK_N,)
     key_ok = (keys >= key_lo) & (keys < key_hi)
     k_t = _load(k_base + _offsets(start_n, stride_kn), d_ok[:, None], key_ok[None, :], not EVEN_D, MASKED)
     qk = _dot(q, k_t.to(q.dtype), None, INPUT_PRECISION, UPCAST)  # (BLOCK_M, BLOCK_N); a narrowed cache: exact
+    if SPLIT_D:  # the head dim's tail channels (MLA's 64 rope channels after its 512)
+        k_tail = _load(k_tail_base + _offsets(start_n, stride_kn), t_ok[:, None], key_ok[None, :], True, MASKED)
+        qk = _dot(q_tail, k_tail.to(q.dtype), qk, INPUT_PRECISION, UPCAST)
     if KV_SCALED:  # q·(k·s_k)ᵀ: each key's scale on its score column
         qk = qk * _kv_scales(k_scale, keys, key_ok, scale_block, MASKED)[None, :]
     s, c, _ = _scores(qk, rows[:, None], keys[None, :], sm_scale, qk_scale, softcap, slope, alibi_offset,
@@ -214,7 +221,12 @@ def _attend(acc, m_i, l_i, q, k_base, v_base, k_scale, v_scale, scale_block, sta
     p = tl.math.exp2(s * c - m_use[:, None])  # the scale and the max in one FMA
     alpha = tl.math.exp2(m_i - m_use)  # 0 on a row's first visible block (m_i = −inf)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = _load(v_base + _offsets(start_n, stride_vn), key_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV)
+    if V_FROM_K:  # v is k's first Dv channels (a latent cache): the key tile already holds them
+        v = tl.trans(k_t)
+        if not EVEN_DV:
+            v = tl.where(dv_ok[None, :], v, tl.zeros_like(v))
+    else:
+        v = _load(v_base + _offsets(start_n, stride_vn), key_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV)
     if KV_SCALED:  # P·(v·s_v): each key's scale on its probability column
         p = p * _kv_scales(v_scale, keys, key_ok, scale_block, MASKED)[None, :]
     acc = _dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], INPUT_PRECISION, UPCAST)
@@ -231,8 +243,9 @@ def _forward_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
     PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    SINKS: tl.constexpr, KV_SCALED: tl.constexpr, STORE_LSE: tl.constexpr, COUNT_BLOCKS: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SINKS: tl.constexpr, KV_SCALED: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr,
+    V_FROM_K: tl.constexpr, STORE_LSE: tl.constexpr, COUNT_BLOCKS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     batch_head = tl.program_id(0)
     tile = tl.program_id(1)
@@ -269,11 +282,18 @@ def _forward_kernel(
         tl.store(at, visited)
         tl.store(at + 1, unmasked)
 
-    q_ptrs = (Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + _offsets(rows, stride_qm)[:, None]
-              + offs_d[None, :] * stride_qd)  # fmt: skip
-    q = _load(q_ptrs, row_ok[:, None], d_ok[None, :], True, not EVEN_D)  # (BLOCK_M, BLOCK_D)
-    k_base = (K + _offsets(b, stride_kb) + _offsets(kv_h, stride_kh) + _offsets(offs_n, stride_kn)[None, :]
-              + offs_d[:, None] * stride_kd)  # fmt: skip
+    q_rows = (Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + _offsets(rows, stride_qm))[:, None]
+    q = _load(q_rows + offs_d[None, :] * stride_qd, row_ok[:, None], d_ok[None, :], True, not EVEN_D)
+    k_keys = (K + _offsets(b, stride_kb) + _offsets(kv_h, stride_kh) + _offsets(offs_n, stride_kn))[None, :]
+    k_base = k_keys + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N) pointers of the first key block
+    q_tail = q
+    k_tail_base = k_base
+    t_ok = d_ok
+    if SPLIT_D:  # channels BLOCK_D … HEAD_DIM − 1 in a second, narrower tile
+        offs_t = BLOCK_D + tl.arange(0, BLOCK_DT)
+        t_ok = offs_t < HEAD_DIM
+        q_tail = _load(q_rows + offs_t[None, :] * stride_qd, row_ok[:, None], t_ok[None, :], True, True)
+        k_tail_base = k_keys + offs_t[:, None] * stride_kd
     v_base = (V + _offsets(b, stride_vb) + _offsets(kv_h, stride_vh) + _offsets(offs_n, stride_vn)[:, None]
               + offs_dv[None, :] * stride_vd)  # fmt: skip
     k_scale = KScale
@@ -287,21 +307,21 @@ def _forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     for start_n in range(start, full_start, BLOCK_N):  # leading boundary blocks (windows, documents, chunks)
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, k_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n, rows, lo, hi,
-            key_lo, key_hi, d_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            True, EVEN_D, EVEN_DV, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
         )  # fmt: skip
     for start_n in range(full_start, full_end, BLOCK_N):  # blocks every row sees in full: no mask
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, k_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n, rows, lo, hi,
-            key_lo, key_hi, d_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            False, EVEN_D, EVEN_DV, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, False, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
         )  # fmt: skip
     for start_n in range(full_end, end, BLOCK_N):  # trailing boundary blocks; blocks past `end` skipped
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, k_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n, rows, lo, hi,
-            key_lo, key_hi, d_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            True, EVEN_D, EVEN_DV, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
         )  # fmt: skip
 
     seen = l_i > 0.0

@@ -5,7 +5,8 @@ until some shape makes it the fastest. This forces each candidate tile of each k
 "dq") in turn on a few small cases chosen to cross block edges (Sq ≠ Sk, GQA, head dims 64 and 96,
 every mask, bf16 and fp32, the latter with the tf32x3 dots) and on the newest workloads' cases
 (``FEATURE_CASES``: a value head dim of its own with learned sinks, a mixed batch with ragged lengths,
-chunked attention, fp8 KV caches with per-sequence and per-page scales, forward only), checks the output
+chunked attention, fp8 KV caches with per-sequence and per-page scales, forward only; MLA's latent cache,
+576 wide, forward, and a narrower latent cache forward and backward), checks the output
 and the gradients (the sinks' among them) with the harness's own gates (``check_output``,
 ``check_grads``), and runs one case whose q, k, v rows lie past 2^31 elements (64-bit offsets). The
 backward kernels' tiles skip the forward-only cases. Tiles the device's shared memory rules out are
@@ -44,6 +45,8 @@ FEATURE_CASES = (
     Workload(2, 8, 2, 16, 300, 128, dtype="bfloat16", kv_dtype="float8_e4m3fn", mask="causal_bottom_right",
              page_size=64, sinks="learned"),
     Workload(3, 4, 2, 100, 170, 96, dtype="float16", kv_dtype="float8_e5m2", mask="causal", lengths="longtail"),
+    Workload(2, 16, 1, 2, 300, 576, head_dim_v=512, dtype="bfloat16", kv_layout="latent", mask="causal_bottom_right"),
+    Workload(2, 4, 1, 70, 130, 96, head_dim_v=64, dtype="float16", kv_layout="latent", mask="causal", pass_="fwd_bwd"),
 )
 # fmt: on
 SMOKE_CASES = BASIC_CASES + FEATURE_CASES

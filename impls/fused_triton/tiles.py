@@ -3,7 +3,9 @@
 Definitions:
 
 * A **tile** is (BLOCK_M query rows, BLOCK_N keys, num_warps, num_stages) for one kernel ("fwd", "dkdv",
-  "dq"). BLOCK_D (the head dim padded to a power of two) follows from the inputs.
+  "dq"). BLOCK_D (the head dim padded to a power of two; past 256 split into a power of two and a tail,
+  ``head_dim_blocks``) and BLOCK_DV (the values') follow from the inputs. The forward's 16-row tiles are for
+  split head dims only (MLA's 576: a 16 × 512 fp32 accumulator), and a split head dim takes only them.
 * The **shared-memory estimate** of a tile counts what one program keeps in shared memory: its resident
   operand tiles once (twice for fp32, whose tf32x3 dots keep a high and a low part) and its streamed
   ones once per pipeline stage (``shared_bytes``). Against ``triton.compile`` for sm_90 (Triton 3.9,
@@ -53,6 +55,7 @@ CUDA_TILES: dict[str, tuple[Tile, ...]] = {
         (128, 128, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
         (64, 128, 4, 3), (64, 128, 4, 2), (128, 32, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4), (32, 32, 2, 4),
         (64, 32, 4, 1), (32, 16, 2, 1),
+        (16, 64, 4, 2), (16, 32, 4, 1),  # 16 rows: only for head dims split past 256 (MLA's 576)
     ),
     # dK/dV: a program owns BLOCK_N keys and streams BLOCK_M query rows (narrow query blocks, as FA-2).
     "dkdv": _tiles(
@@ -82,6 +85,20 @@ _OPERANDS = {
     "dq": (("m", "d", True), ("m", "dv", True), ("n", "d", False), ("n", "dv", False)),
 }
 FALLBACK_SHARED_MEMORY = 160 * 1024  # only when no device can be asked (tests, the interpreter)
+
+
+SPLIT_HEAD_DIM = 256  # past it a head dim that is no power of two is split: a power-of-two part and a tail
+
+
+def head_dim_blocks(head_dim: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_DT): the head dim's padded main tile and the tail tile after it (0: none). A head dim
+    up to 256 (or a power of two) is one tile padded to a power of two ≥ 16; a wider one (MLA's 576) is its
+    largest power of two (512) and a tail padded to a power of two ≥ 16 (64): 576 wide, not 1024."""
+    padded = max(16, 1 << (head_dim - 1).bit_length())
+    if head_dim <= SPLIT_HEAD_DIM or padded == head_dim:
+        return padded, 0
+    main = 1 << (head_dim.bit_length() - 1)
+    return main, max(16, 1 << (head_dim - main - 1).bit_length())
 
 
 def shared_bytes(kernel: str, tile: Tile, block_d: int, itemsize: int, block_dv: int | None = None) -> int:
@@ -117,13 +134,17 @@ def prune(
     (only masked-out rows or keys), 128-wide streamed blocks at head dims (D or Dv) over 128 (registers
     spill), and tiles over the shared-memory cap. Never empty: the smallest tile stays if nothing else fits."""
     head_dim_v = head_dim_v or head_dim
-    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    block_d = sum(head_dim_blocks(head_dim))
     block_dv = max(16, 1 << (head_dim_v - 1).bit_length())
     rows, keys = max(16, 1 << (seq_q - 1).bit_length()), max(16, 1 << (seq_k - 1).bit_length())
     wide = 64 if max(head_dim, head_dim_v) > 128 else 128
 
+    split = head_dim_blocks(head_dim)[1] > 0
+
     def fits(t: Tile) -> bool:
         streamed = t.block_n if kernel in ("fwd", "dq") else t.block_m
+        if split != (t.block_m == 16 and kernel == "fwd"):  # a split head dim: 16-row tiles, and only those
+            return False
         return (
             t.block_m <= max(32, rows)
             and t.block_n <= max(32, keys)
@@ -182,6 +203,7 @@ __all__ = [
     "Tile",
     "choose",
     "clear_cache",
+    "head_dim_blocks",
     "length_bucket",
     "max_shared_memory",
     "prune",
