@@ -15,7 +15,10 @@ batch 3. What the cases add to the gate:
 * a KV cache stored as bf16 or fp8 (e4m3, e5m2, with float32 scales per sequence or per page), read in its
   stored type by the kernel (no dequantized copy: the plan holds the fp8 tensors);
 * MLA's latent cache: v the view of k's first Dv channels, read through k's pointer (the key tile itself
-  when as wide); 576 / 512 with the head dim split 512 + 64 (forward); narrower latent caches also backward.
+  when as wide); 576 / 512 with the head dim split 512 + 64 (forward); narrower latent caches also backward;
+* a shared prefix (cascade, forward): one prefix-kernel program per kv head holds rows of every sequence
+  (its grid is recorded) and reads only the prefix's one copy (NaN in the other sequences' copies changes
+  nothing), and the forward kernel continues each row from that state (``MERGE``).
 
 Each forward launch's specialisation flags are recorded, so each case is known to take its feature's path.
 
@@ -33,7 +36,12 @@ import pytest
 import torch
 
 from attnbench.check import GRAD_TOLERANCES, TOLERANCES
-from attnbench.impls.fused_triton import SHARED_PREFIX, WIDE_LATENT_BACKWARD, contender
+from attnbench.impls.fused_triton import (
+    SHARED_PREFIX_BACKWARD,
+    SHARED_PREFIX_FP8,
+    WIDE_LATENT_BACKWARD,
+    contender,
+)
 from attnbench.workload import Workload
 
 from conftest import run_subprocess
@@ -86,16 +94,28 @@ class Recorded:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            launched.append({flag: kwargs[flag] for flag in ("SPLIT_D", "V_FROM_K", "KV_SCALED", "RANGES", "SINKS")})
+            flags = ("SPLIT_D", "V_FROM_K", "KV_SCALED", "RANGES", "SINKS", "MERGE")
+            launched.append({flag: kwargs[flag] for flag in flags})
             return self.kernel[grid](*args, **kwargs)
         return launch
 
 kernels._forward_kernel = Recorded(kernels._forward_kernel)
+prefix_grids = []
+
+class RecordedGrid:
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        prefix_grids.append(list(grid))
+        return self.kernel[grid]
+
+kernels._prefix_kernel = RecordedGrid(kernels._prefix_kernel)
 
 results = {}
 for name, spec in json.loads(sys.argv[1]).items():
     w = Workload(**spec)
-    launched.clear()
+    launched.clear(), prefix_grids.clear()
     prepared = prepare_checked("fused_triton", w)
     result = {"ok": prepared.ok, "max_abs_err": prepared.check.max_abs_err, "reason": prepared.reason}
     result["flags"] = launched[0]
@@ -119,14 +139,24 @@ for name, spec in json.loads(sys.argv[1]).items():
             result["unchanged_by_nan"] = torch.equal(contender.prepare(poisoned, w)(), out)
         if w.mask in ("mixed", "chunked") or w.lengths != "equal":
             result["visited"], result["expected_visited"] = visited_blocks(w, run, inputs)
+        if w.shared_prefix:  # only the one copy (sequence 0's) of the prefix is read: NaN in the others' is not
+            result["prefix_grid"] = prefix_grids[0]
+            P = w.shared_prefix
+            k, v = inputs.k.detach().clone(), inputs.v.detach().clone()
+            k[1:, :, :P], v[1:, :, :P] = float("nan"), float("nan")
+            if w.kv_layout == "latent":
+                v = k[..., : w.head_dim_v]
+            others = AttentionInputs(w, inputs.q, k, v, inputs.grad_out)
+            result["other_prefixes_unread"] = torch.equal(contender.prepare(others, w)(), out)
     results[name] = result
 
-# gpu_smoke's forced-tile loop on two tiny feature cases (Dv ≠ D, sinks, a mixed batch; a paged fp8 cache)
+# gpu_smoke's forced-tile loop on tiny feature cases (Dv ≠ D, sinks, a mixed batch; a paged fp8 cache; a prefix)
 from attnbench.impls.fused_triton.smoke import smoke
 from attnbench.impls.fused_triton.tiles import Tile
 tiny = [Workload(2, 4, 2, 20, 40, 40, head_dim_v=24, mask="mixed", decode_share=0.5, sinks="learned",
                  pass_="fwd_bwd"),
-        Workload(1, 2, 1, 4, 40, 24, kv_dtype="float8_e4m3fn", page_size=16, mask="causal_bottom_right")]
+        Workload(1, 2, 1, 4, 40, 24, kv_dtype="float8_e4m3fn", page_size=16, mask="causal_bottom_right"),
+        Workload(2, 2, 1, 3, 40, 24, mask="causal_bottom_right", shared_prefix=17)]
 forced = {"fwd": [Tile(16, 32, 1, 1)], "dkdv": [Tile(32, 16, 1, 1)], "dq": [Tile(16, 16, 1, 1)]}
 import contextlib, io
 printed = io.StringIO()
@@ -194,6 +224,18 @@ CASES: dict[str, dict[str, Any]] = {
         mask="causal_bottom_right",
     ),
     "latent-D72-Dv40-bwd": _case(**LATENT, head_dim=72, head_dim_v=40, mask="causal", pass_="fwd_bwd"),
+    # 6. a shared prefix (cascade, forward): read once for the batch, each suffix after it, merged by LSE
+    "prefix-20-decode": _case(seq_q=5, mask="causal_bottom_right", shared_prefix=20),
+    "prefix-20-dv72-sinks-causal": _case(head_dim_v=72, mask="causal", sinks="learned", shared_prefix=20),
+    "prefix-9-ragged-window-alibi": _case(
+        seq_q=12, lengths="uniform", mask="sliding_window", window=12, score_mod="alibi", shared_prefix=9
+    ),
+    "prefix-33-chunked-mqa-float16": _case(
+        kv_heads=1, seq_q=30, mask="chunked", chunk=8, dtype="float16", shared_prefix=33
+    ),
+    "prefix-24-latent-576": _case(
+        **LATENT, seq_q=2, head_dim=576, head_dim_v=512, mask="causal_bottom_right", shared_prefix=24
+    ),
     "latent-D40-Dv36-sinks-bwd": _case(
         **LATENT, head_dim=40, head_dim_v=36, sinks="learned", mask="causal_bottom_right", pass_="fwd_bwd"
     ),
@@ -227,9 +269,9 @@ def test_matches_the_float64_reference_in_the_interpreter(interpreted, name):
 
 def test_gpu_smokes_feature_cases_pass_in_the_interpreter(interpreted):
     assert interpreted["smoke"]["failures"] == []
-    # every forced tile ran (a tile that raised would read "unfit"): the fp8 case is forward only
+    # every forced tile ran (a tile that raised would read "unfit"): the fp8 and prefix cases are forward only
     assert interpreted["smoke"]["lines"] == [
-        "fwd Tile(block_m=16, block_n=32, num_warps=1, num_stages=1): 2 cases checked",
+        "fwd Tile(block_m=16, block_n=32, num_warps=1, num_stages=1): 3 cases checked",
         "dkdv Tile(block_m=32, block_n=16, num_warps=1, num_stages=1): 1 cases checked",
         "dq Tile(block_m=16, block_n=16, num_warps=1, num_stages=1): 1 cases checked",
         "64-bit offsets: ok",
@@ -277,6 +319,20 @@ def test_the_narrowed_cache_is_read_in_its_stored_type(interpreted):
     assert interpreted["kv-bfloat16-float32-mixed-sinks"]["scaled"] is False
 
 
+PREFIXES = [name for name in CASES if name.startswith("prefix-")]
+
+
+def test_a_shared_prefix_is_read_once_for_the_batch(interpreted):
+    for name in PREFIXES:
+        result, spec = interpreted[name], CASES[name]
+        assert result["other_prefixes_unread"], name  # NaN in sequences 1, 2's copies changes nothing
+        assert interpreted[name]["flags"]["MERGE"], name  # the suffix level starts from the prefix level's state
+        rows = spec["batch"] * spec["heads"] // spec["kv_heads"] * spec["seq_q"]
+        assert result["prefix_grid"] == [spec["kv_heads"], -(-rows // 32)], name
+    # the decode case: 3 sequences × 2 query heads × 5 rows = 30 rows: one program per kv head holds them all
+    assert interpreted["prefix-20-decode"]["prefix_grid"] == [2, 1]
+
+
 def test_each_feature_takes_its_kernel_specialisation(interpreted):
     flags = {name: result["flags"] for name, result in interpreted.items() if "flags" in result}
     assert flags["dv72-bottom-right-bwd"] == dict.fromkeys(flags["dv72-bottom-right-bwd"], False)
@@ -296,7 +352,7 @@ def test_declared_features_and_the_reasons_for_the_rest(monkeypatch):
     from attnbench.impls import fused_triton
 
     caps = contender.capabilities
-    assert caps.features == {"head_dim_v", "sinks", "lengths", "kv_dtype", "kv_layout"}
+    assert caps.features == {"head_dim_v", "sinks", "lengths", "kv_dtype", "kv_layout", "shared_prefix"}
     assert {"mixed", "chunked"} <= caps.masks and caps.max_head_dim == 256
     assert contender.interpreter_capabilities.features == caps.features
     monkeypatch.setattr(fused_triton, "_interpreted", lambda: True)  # judged as CPU rows in the interpreter
@@ -308,7 +364,11 @@ def test_declared_features_and_the_reasons_for_the_rest(monkeypatch):
     assert contender.unsupported_reason(Workload(**{**cpu, "head_dim": 576})) == "head_dim 576 outside [16, 256]"
     latent = Workload(**{**cpu, "head_dim": 128, "head_dim_v": 96, "kv_layout": "latent", "pass_": "fwd_bwd"})
     assert contender.unsupported_reason(latent) is None
-    assert contender.unsupported_reason(Workload(**cpu, head_dim=64, shared_prefix=16)) == SHARED_PREFIX
+    prefix = {**cpu, "head_dim": 64, "shared_prefix": 16}
+    assert contender.unsupported_reason(Workload(**prefix)) is None
+    assert contender.unsupported_reason(Workload(**prefix, pass_="fwd_bwd")) == SHARED_PREFIX_BACKWARD
+    assert contender.unsupported_reason(Workload(**prefix, kv_dtype="float8_e5m2")) == SHARED_PREFIX_FP8
+    assert contender.unsupported_reason(Workload(**prefix, kv_dtype="bfloat16")) is None
     wide_v = Workload(**cpu, head_dim=64, head_dim_v=512)
     assert contender.unsupported_reason(wide_v) == "head_dim_v 512 outside [16, 256]"
     fp8_bwd = Workload(**cpu, head_dim=64, kv_dtype="float8_e4m3fn", pass_="bwd")
@@ -391,7 +451,7 @@ def sm90(monkeypatch):
 
             return launch
 
-    for name in ("_forward_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"):
+    for name in ("_forward_kernel", "_prefix_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"):
         monkeypatch.setattr(kernels, name, Capture(getattr(kernels, name)))
     monkeypatch.setattr(flash, "INTERPRETED", False)
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said out loud
@@ -434,6 +494,18 @@ def test_the_mla_forward_compiles_for_sm90(sm90):
     plan.tiles["fwd"] = plan.candidates("fwd")[0]
     flash.forward(q, cache, cache[..., :512], plan)
     assert set(sm90) == {"_forward_kernel"}
+
+
+@pytest.mark.slow
+def test_the_cascade_kernels_compile_for_sm90(sm90):
+    from attnbench.impls.fused_triton import flash
+    from attnbench.impls.fused_triton.tiles import Tile
+
+    q, k = torch.empty(8, 8, 1, 128, dtype=torch.bfloat16), torch.empty(8, 2, 2048, 128, dtype=torch.bfloat16)
+    plan = flash.make_plan(q, k, k.clone(), mask="causal_bottom_right", shared_prefix=1536)
+    plan.tiles.update({"fwd": Tile(64, 64, 4, 2), "prefix": Tile(64, 64, 4, 2)})
+    flash.forward(q, k, k.clone(), plan)
+    assert set(sm90) == {"_prefix_kernel", "_forward_kernel"}
 
 
 @pytest.mark.slow

@@ -20,8 +20,10 @@ their gradient included: the runner's fourth leaf), a KV cache stored as bf16 or
 (``kv_dtype``, forward only: converted and scaled after the load, never dequantized into a copy), an MLA
 ``latent`` cache (v the view of k's first Dv channels, read through k's pointer and strides — the key tile
 itself when as wide; MLA's 576-wide head dim split 512 + 64 in the forward, ``WIDE_LATENT_BACKWARD`` says why
-not backward). Not supported, with the reason it gives: a ``shared_prefix`` read once for the batch
-(``SHARED_PREFIX``). A paged KV cache is not read natively: the
+not backward), and a ``shared_prefix`` as cascade attention (forward: a prefix kernel reads the prefix's one
+copy, ``inputs.prefix_kv``, for the rows of every sequence at once; the forward kernel continues each row from
+that state over its own suffix — the log-sum-exp merge; ``SHARED_PREFIX_BACKWARD`` and ``SHARED_PREFIX_FP8``
+say what it does not run). A paged KV cache is not read natively: the
 harness gathers the pages back into contiguous k and v at the start of the timed call (``paged="gather"``;
 an fp8 cache's per-page scales are read per key).
 
@@ -63,9 +65,12 @@ WIDE_LATENT_BACKWARD = (
     "kv_layout latent with head_dim > 256: forward only (the forward splits the head dim 512 + 64; the backward "
     "kernels keep whole D-wide k and dK tiles, not split)"
 )
-SHARED_PREFIX = (
-    "shared_prefix not supported: the kernels read each sequence's keys on their own; reading the prefix once "
-    "for the batch (cascade, merged by log-sum-exp) is not written yet"
+SHARED_PREFIX_BACKWARD = (
+    "shared_prefix: forward only (cascade attention is a serving-time layout; FlashInfer's cascade is forward only)"
+)
+SHARED_PREFIX_FP8 = (
+    "shared_prefix with an fp8 kv_dtype not supported: the prefix kernel reads no scales (and a contiguous fp8 cache "
+    "scales each sequence's copy of the prefix on its own, so no one copy stands for the batch)"
 )
 
 
@@ -138,7 +143,8 @@ def plan_options(inputs: AttentionInputs, w: Workload) -> dict[str, Any]:
     """Every keyword argument of ``flash.make_plan`` for this case: scale, mask and score modifier
     (``_mask_options``), the sinks (looked at for their shape), an fp8 cache's scales with the positions
     each covers (a sequence, or a page)."""
-    options = {"scale": inputs.scale, "sinks": inputs.sinks, **_mask_options(inputs, w)}
+    options = {"scale": inputs.scale, "sinks": inputs.sinks, "shared_prefix": w.shared_prefix,
+               **_mask_options(inputs, w)}  # fmt: skip
     if inputs.k_scale is not None:
         options.update(k_scale=inputs.k_scale, v_scale=inputs.v_scale, scale_block=kv_cache.scale_block(w))
     return options
@@ -167,7 +173,9 @@ class FusedTriton(Contender):
         # kv_dtype (bf16, fp8 e4m3 / e5m2, forward only): converted and scaled after the load;
         # kv_layout latent: v is the view of k's first Dv channels, read through k's pointer and strides (the
         # key tile itself when as wide); head dims past 256 (up to MLA's 576) split in the forward.
-        features=frozenset({"head_dim_v", "sinks", "lengths", "kv_dtype", "kv_layout"}),
+        # shared_prefix (forward): cascade in the kernels — the prefix's one copy read for the whole batch by
+        # a kernel whose programs take rows from every sequence, each suffix after it, merged by log-sum-exp.
+        features=frozenset({"head_dim_v", "sinks", "lengths", "kv_dtype", "kv_layout", "shared_prefix"}),
     )
     # What Triton's CPU interpreter can run: the same, on CPU tensors too.
     interpreter_capabilities = dataclasses.replace(capabilities, devices=frozenset({"cpu", "cuda"}))
@@ -195,14 +203,16 @@ class FusedTriton(Contender):
                 return capabilities.unsupported_reason(w) or WIDE_LATENT_BACKWARD
             max_head_dim_v = head_dim_blocks(w.head_dim)[0]  # the values within the split's main tile (512)
         reason = capabilities.unsupported_reason(w)
-        if reason is None:
-            low = capabilities.min_head_dim
-            if not low <= w.head_dim_v <= max_head_dim_v:
-                return f"head_dim_v {w.head_dim_v} outside [{low}, {max_head_dim_v}]"
-            return None
-        if w.shared_prefix and reason.startswith("shared_prefix"):  # not declared: why (Capabilities names the axis)
-            return SHARED_PREFIX
-        return reason
+        if reason is not None:
+            return reason
+        low = capabilities.min_head_dim
+        if not low <= w.head_dim_v <= max_head_dim_v:
+            return f"head_dim_v {w.head_dim_v} outside [{low}, {max_head_dim_v}]"
+        if w.shared_prefix and w.pass_ != "fwd":
+            return SHARED_PREFIX_BACKWARD
+        if w.shared_prefix and kv_cache.is_scaled(w):
+            return SHARED_PREFIX_FP8
+        return None
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
         if workload.device == "cpu" and _interpreted():
@@ -218,8 +228,8 @@ class FusedTriton(Contender):
                   sinks=None if sinks is None else sinks.detach())  # once, untimed  # fmt: skip
         attend = kernels.attend
 
-        def run() -> torch.Tensor:
-            return attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks)
+        def run() -> torch.Tensor:  # a shared prefix: its one copy, inputs.prefix_kv (views of sequence 0's)
+            return attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks, inputs.prefix_kv)
 
         run.plan = plan  # type: ignore[attr-defined]  # the tiles it launches, for tests and reports
         return run

@@ -23,7 +23,10 @@ channels: read in place through k's memory). Its keyword arguments:
   denominator with no value; differentiable;
 * ``k_scale``, ``v_scale`` (B, Hkv, blocks, 1) float32 with ``scale_block`` positions per block: a KV cache
   stored narrower than q (bf16, or fp8 e4m3 / e5m2 with these scales, ``attnbench.kv_cache``), read as
-  stored·scale; forward only.
+  stored·scale; forward only;
+* ``shared_prefix=P``: every sequence's first P keys and values are the same (a cached system prompt):
+  cascade attention, forward only — the prefix read once for the whole batch (one program per kv head and
+  block of rows taken from every sequence), each sequence's own keys after it, merged by log-sum-exp.
 
 A :class:`Plan` holds everything about a call that does not change between calls (mask tables built on
 the device, flags, scale) and the tile chosen for each kernel; fused_triton builds it and tunes it in
@@ -194,6 +197,7 @@ class Plan:
     k_scale: torch.Tensor | None = None  # fp32 (B, Hkv, blocks): an fp8 cache's scales
     v_scale: torch.Tensor | None = None
     scale_block: int = 1  # positions per scale
+    prefix: int = 0  # a shared prefix: every sequence's first P positions are the same (read once: cascade)
     tiles: dict[str, Tile] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -227,7 +231,7 @@ class Plan:
         """The mask family, score modifiers, value width and cache type: part of the tuning key."""
         return (self.causal_offset is not None, self.window > 0, self.lengths is not None,
                 self.doc_start is not None, self.ranges, self.softcap > 0, self.slopes is not None, self.sinks,
-                self.head_dim_v, str(self.kv_dtype), self.k_scale is not None)  # fmt: skip
+                self.head_dim_v, str(self.kv_dtype), self.k_scale is not None, self.prefix > 0)  # fmt: skip
 
     def constants(self) -> dict[str, Any]:
         """The constexpr arguments every kernel shares."""
@@ -268,6 +272,8 @@ class Plan:
         return self.key_lo.stride(0) if self.key_lo is not None and self.key_lo.shape[0] > 1 else 0
 
     def candidates(self, kernel: str) -> list[Tile]:
+        """The tiles to choose from; the prefix kernel's are the forward's (rows × keys, the same operands)."""
+        kernel = "fwd" if kernel == "prefix" else kernel
         if INTERPRETED:
             return [INTERPRETER_TILES[kernel]]
         return prune(kernel, CUDA_TILES[kernel], seq_q=self.seq_q, seq_k=self.seq_k, head_dim=self.head_dim,
@@ -287,7 +293,7 @@ class Plan:
     ) -> None:  # fmt: skip
         """Choose every tile now (outside any timed region), running the kernels once when there is a
         choice to time (not in the interpreter, where each kernel has one tile)."""
-        kernels = KERNELS if backward else ("fwd",)
+        kernels = (KERNELS if backward else ("fwd",)) + (("prefix",) if self.prefix else ())
         single = {kernel: self.candidates(kernel) for kernel in kernels}
         if all(len(tiles) == 1 for tiles in single.values()):
             self.tiles.update({kernel: tiles[0] for kernel, tiles in single.items()})
@@ -319,6 +325,7 @@ def make_plan(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     scale_block: int | None = None,
+    shared_prefix: int = 0,
 ) -> Plan:
     """Validate a call's arguments and build its plan (tables on q's device). ``sinks`` is only looked at
     here (its shape; that calls will pass sinks): each call passes the tensor itself."""
@@ -380,6 +387,12 @@ def make_plan(
         plan.scale_block = scale_block or Sk
         if plan.k_scale.shape[2] * plan.scale_block < Sk:
             raise ValueError(f"{plan.k_scale.shape[2]} scales of {plan.scale_block} positions don't cover Sk {Sk}")
+    if shared_prefix:
+        if not 0 < shared_prefix < Sk:
+            raise ValueError(f"shared_prefix must lie in [1, Sk) = [1, {Sk}), got {shared_prefix}")
+        if k_scale is not None:
+            raise ValueError("shared_prefix with an fp8 cache: each sequence's copy of the prefix has its own scale")
+        plan.prefix = shared_prefix
     return plan
 
 
@@ -396,6 +409,36 @@ def _row_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int, int
     return heads * plan.batch, triton.cdiv(length, block)  # batch·heads on axis 0: axis 1 caps at 65535
 
 
+def _is_view_of(v: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether v is k's first channels (an MLA latent cache's values): same memory, same strides."""
+    return v.data_ptr() == k.data_ptr() and v.stride() == k.stride() and v.dtype == k.dtype
+
+
+def prefix_level(
+    q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor, plan: Plan
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Cascade's first level: every row of the batch against the shared prefix's one copy, k_prefix (Hkv, P, D)
+    and v_prefix (Hkv, P, Dv) — one program per (kv head, BLOCK_M rows of all B·G·Sq) — as each row's
+    normalised output (B, Hq, Sq, Dv) fp32 and log-sum-exp (B, Hq, Sq) (log2 units, −inf: no prefix key)."""
+    prev = torch.empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim_v, dtype=torch.float32, device=q.device)
+    prev_lse = torch.empty(plan.batch, plan.heads, plan.seq_q, dtype=torch.float32, device=q.device)
+    group = plan.heads // plan.kv_heads
+    rows = plan.batch * group * plan.seq_q
+    constants = plan.constants()
+    v_from_k = _is_view_of(v_prefix, k_prefix) and plan.block_dv == plan.block_d
+
+    def launch(tile: Tile) -> None:
+        kernels._prefix_kernel[(plan.kv_heads, triton.cdiv(rows, tile.block_m))](
+            q, k_prefix, v_prefix, prev, prev_lse, *plan.row_tables(), plan.seq_offsets, *q.stride(),
+            *k_prefix.stride(), *v_prefix.stride(), *plan.table_strides(), *plan.scalars(), plan.heads, group,
+            plan.batch, plan.seq_q, plan.seq_k, plan.prefix, plan.causal_offset or 0, plan.window, **constants,
+            SPLIT_D=plan.block_dt > 0, BLOCK_DT=max(16, plan.block_dt), V_FROM_K=v_from_k, **tile.launch_kwargs(),
+        )  # fmt: skip
+
+    launch(plan.tile("prefix", q, k_prefix, launch))
+    return prev, prev_lse
+
+
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -404,12 +447,20 @@ def forward(
     store_lse: bool = False,
     visited: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """O (B, Hq, Sq, Dv) and, with ``store_lse``, the row log-sum-exp (B, Hq, Sq) fp32 in log2 units (the
     sink's term included). ``visited`` (tests): an int32 (B·Hq, row tiles, 2) tensor that receives, per
-    program, the number of key blocks it visits and how many of them are unmasked."""
+    program, the number of key blocks it visits and how many of them are unmasked. With a shared prefix the
+    prefix is read once for the batch from ``prefix_kv`` (its one copy, k (Hkv, P, D) and v (Hkv, P, Dv);
+    default: sequence 0's first P positions, attnbench's ``inputs.prefix_kv``), each sequence's own keys after
+    it by the forward kernel, which starts from the prefix level's state (the log-sum-exp merge)."""
     if (sinks is not None) != plan.sinks:
         raise ValueError("the plan was made " + ("with" if plan.sinks else "without") + " sinks; pass them alike")
+    prev = prev_lse = None
+    if plan.prefix:
+        k_prefix, v_prefix = prefix_kv or (k[0, :, : plan.prefix], v[0, :, : plan.prefix])
+        prev, prev_lse = prefix_level(q, k_prefix, v_prefix, plan)
     out = q.new_empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim_v)
     lse = torch.empty(plan.batch, plan.heads, plan.seq_q, dtype=torch.float32, device=q.device) if store_lse else None
     scaled = plan.k_scale is not None
@@ -419,17 +470,16 @@ def forward(
         scale_strides = (*k_scale.stride()[:2], *v_scale.stride()[:2])
 
     # v is k's first Dv channels (an MLA latent cache, passed as the view): reuse the key tile when it is as wide
-    v_from_k = (v.data_ptr() == k.data_ptr() and v.stride() == k.stride() and v.dtype == k.dtype
-                and plan.block_dv == plan.block_d)  # fmt: skip
+    v_from_k = _is_view_of(v, k) and plan.block_dv == plan.block_d
 
     def launch(tile: Tile) -> None:
         kernels._forward_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
             q, k, v, out, lse, *plan.row_tables(), plan.seq_offsets, sinks, k_scale, v_scale, visited,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *plan.table_strides(), *scale_strides,
-            plan.scale_block, *plan.scalars(), plan.heads, plan.heads // plan.kv_heads, plan.seq_q, plan.seq_k,
-            plan.causal_offset or 0, plan.window, **plan.constants(), SINKS=sinks is not None, KV_SCALED=scaled,
-            SPLIT_D=plan.block_dt > 0, BLOCK_DT=max(16, plan.block_dt), V_FROM_K=v_from_k, STORE_LSE=store_lse,
-            COUNT_BLOCKS=visited is not None, **tile.launch_kwargs(),
+            plan.scale_block, prev, prev_lse, plan.prefix, *plan.scalars(), plan.heads, plan.heads // plan.kv_heads,
+            plan.seq_q, plan.seq_k, plan.causal_offset or 0, plan.window, **plan.constants(), SINKS=sinks is not None,
+            KV_SCALED=scaled, SPLIT_D=plan.block_dt > 0, BLOCK_DT=max(16, plan.block_dt), V_FROM_K=v_from_k,
+            MERGE=plan.prefix > 0, STORE_LSE=store_lse, COUNT_BLOCKS=visited is not None, **tile.launch_kwargs(),
         )  # fmt: skip
 
     launch(plan.tile("fwd", q, k, launch))
@@ -446,6 +496,8 @@ def backward_grads(
         raise ValueError(f"a KV cache stored as {plan.kv_dtype} is a serving cache: forward only")
     if plan.block_dt:
         raise ValueError(f"head_dim {plan.head_dim} (split past 256): forward only")
+    if plan.prefix:
+        raise ValueError("a shared prefix (cascade) is a serving-time layout: forward only")
     delta = torch.empty_like(lse)
     blocks = triton.cdiv(plan.seq_q, PREPROCESS_BLOCK_M)
     partials = None  # with sinks: (B·Hq, row blocks) parts of their gradient
@@ -502,18 +554,22 @@ class _FlashAttention(torch.autograd.Function):
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, sinks: torch.Tensor | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, sinks: torch.Tensor | None = None,
+    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Attention with a ready plan: through autograd when a gradient is wanted, else the forward alone."""
+    """Attention with a ready plan: through autograd when a gradient is wanted, else the forward alone
+    (``prefix_kv``: a shared prefix's one copy, see :func:`forward`)."""
     wanted = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
     if torch.is_grad_enabled() and wanted:
         if plan.narrowed:  # refused before any launch
             raise ValueError(f"a KV cache stored as {plan.kv_dtype} is a serving cache: forward only")
         if plan.block_dt:
             raise ValueError(f"head_dim {plan.head_dim} (split past 256): forward only")
+        if plan.prefix:
+            raise ValueError("a shared prefix (cascade) is a serving-time layout: forward only")
         out: torch.Tensor = _FlashAttention.apply(q, k, v, sinks, plan)
         return out
-    return forward(q, k, v, plan, sinks=sinks)[0]
+    return forward(q, k, v, plan, sinks=sinks, prefix_kv=prefix_kv)[0]
 
 
 def flash_attention(

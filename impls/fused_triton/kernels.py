@@ -238,14 +238,14 @@ def _forward_kernel(
     Q, K, V, Out, Lse, Lengths, DocStart, DocEnd, Slopes, RowLo, RowHi, SeqOffsets, Sinks, KScale, VScale, Visited,
     stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od, stride_doc,
-    stride_rows, stride_ksb, stride_ksh, stride_vsb, stride_vsh, scale_block,
+    stride_rows, stride_ksb, stride_ksh, stride_vsb, stride_vsh, scale_block, Prev, PrevLse, key_start,
     sm_scale, qk_scale, softcap, heads, gqa_group, seq_q, seq_k, causal_offset, window,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
     PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     SINKS: tl.constexpr, KV_SCALED: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr,
-    V_FROM_K: tl.constexpr, STORE_LSE: tl.constexpr, COUNT_BLOCKS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    V_FROM_K: tl.constexpr, MERGE: tl.constexpr, STORE_LSE: tl.constexpr, COUNT_BLOCKS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     batch_head = tl.program_id(0)
     tile = tl.program_id(1)
@@ -274,6 +274,8 @@ def _forward_kernel(
 
     lo, hi = _row_ranges(tl.minimum(rows, seq_q - 1), b, seq_k, causal_offset, window, length, DocStart, DocEnd,
                          stride_doc, RowLo, RowHi, stride_rows, CAUSAL, WINDOW, PADDED, DOCS, RANGES)  # fmt: skip
+    if MERGE:  # the suffix level of a shared prefix: keys from key_start on (the prefix kernel did the others)
+        lo = tl.maximum(lo, key_start)
     start, full_start, full_end, end, key_lo, key_hi = _bounds(lo, hi, row_ok, seq_k, BLOCK_N)
     if COUNT_BLOCKS:  # (tests) the key blocks this tile visits, and how many of them are unmasked
         unmasked = tl.cdiv(full_end - full_start, BLOCK_N)
@@ -305,6 +307,12 @@ def _forward_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    if MERGE:  # start from the prefix's normalised state: max = its LSE, denominator 1 (0 if it saw no key)
+        stats = _offsets(batch_head, seq_q) + rows
+        m_i = tl.load(PrevLse + stats, mask=row_ok, other=float("-inf"))
+        l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
+        acc = tl.load(Prev + (stats * HEAD_DIM_V)[:, None] + offs_dv[None, :], mask=row_ok[:, None] & dv_ok[None, :],
+                      other=0.0)  # fmt: skip
     for start_n in range(start, full_start, BLOCK_N):  # leading boundary blocks (windows, documents, chunks)
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
@@ -344,6 +352,95 @@ def _forward_kernel(
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
     if STORE_LSE:  # (B·H, Sq) fp32, log2 units
         tl.store(Lse + _offsets(batch_head, seq_q) + rows, lse, mask=row_ok)
+
+
+@triton.jit
+def _prefix_kernel(
+    Q, K, V, Prev, PrevLse, Lengths, DocStart, DocEnd, Slopes, RowLo, RowHi, SeqOffsets,
+    stride_qb, stride_qh, stride_qm, stride_qd, stride_kh, stride_kn, stride_kd, stride_vh, stride_vn, stride_vd,
+    stride_doc, stride_rows, sm_scale, qk_scale, softcap, heads, gqa_group, batch, seq_q, seq_k, prefix,
+    causal_offset, window,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr, V_FROM_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The first level of cascade attention over a shared prefix: one program per (kv head, block of rows)
+    takes its rows from *every* sequence — the B·G·Sq query rows of the kv head's query heads, flattened
+    as (b, g, i) — against the prefix's one copy (K, V: (Hkv, P, ·), sequence 0's first P positions), so
+    the prefix is read for the whole batch at once, not per sequence. Each row's mask range is cut to
+    [0, P). It writes each row's normalised output (fp32, (B, Hq, Sq, Dv) contiguous) and log-sum-exp (log2
+    units, −inf for a row that sees no prefix key) for the forward kernel's ``MERGE`` to continue from."""
+    kv_h = tl.program_id(0)
+    flat = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    total = batch * gqa_group * seq_q
+    row_ok = flat < total
+    flat = tl.minimum(flat, total - 1)
+    rows = flat % seq_q  # each row's own (b, h, i)
+    b = flat // (seq_q * gqa_group)
+    h = kv_h * gqa_group + (flat // seq_q) % gqa_group
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < HEAD_DIM
+    dv_ok = offs_dv < HEAD_DIM_V
+    length = seq_k
+    if PADDED:
+        length = tl.load(Lengths + b)
+    slope = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+    if ALIBI:
+        slope = tl.load(Slopes + h)[:, None]
+    alibi_offset = tl.zeros([BLOCK_M, 1], dtype=tl.int32) + (seq_k - seq_q)
+    if RANGES:
+        alibi_offset = tl.load(SeqOffsets + b)[:, None]
+    lo, hi = _row_ranges(rows, b, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi,
+                         stride_rows, CAUSAL, WINDOW, PADDED, DOCS, RANGES)  # fmt: skip
+    hi = tl.minimum(hi, prefix)
+    start, full_start, full_end, end, key_lo, key_hi = _bounds(lo, hi, row_ok, prefix, BLOCK_N)
+
+    q_rows = (Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + _offsets(rows, stride_qm))[:, None]
+    q = _load(q_rows + offs_d[None, :] * stride_qd, row_ok[:, None], d_ok[None, :], True, not EVEN_D)
+    k_keys = (K + _offsets(kv_h, stride_kh) + _offsets(offs_n, stride_kn))[None, :]
+    k_base = k_keys + offs_d[:, None] * stride_kd
+    v_base = V + _offsets(kv_h, stride_vh) + _offsets(offs_n, stride_vn)[:, None] + offs_dv[None, :] * stride_vd
+    q_tail = q
+    k_tail_base = k_base
+    t_ok = d_ok
+    if SPLIT_D:
+        offs_t = BLOCK_D + tl.arange(0, BLOCK_DT)
+        t_ok = offs_t < HEAD_DIM
+        q_tail = _load(q_rows + offs_t[None, :] * stride_qd, row_ok[:, None], t_ok[None, :], True, True)
+        k_tail_base = k_keys + offs_t[:, None] * stride_kd
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for start_n in range(start, full_start, BLOCK_N):
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, K, V, 1, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, False, INPUT_PRECISION, UPCAST,
+        )  # fmt: skip
+    for start_n in range(full_start, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, K, V, 1, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, False, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, False, INPUT_PRECISION, UPCAST,
+        )  # fmt: skip
+    for start_n in range(full_end, end, BLOCK_N):
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, K, V, 1, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, False, INPUT_PRECISION, UPCAST,
+        )  # fmt: skip
+
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    stats = (_offsets(b, heads) + h) * seq_q + rows  # (B, Hq, Sq) contiguous
+    tl.store(PrevLse + stats, lse, mask=row_ok)
+    tl.store(Prev + (stats * HEAD_DIM_V)[:, None] + offs_dv[None, :], out, mask=row_ok[:, None] & dv_ok[None, :])
 
 
 @triton.jit
@@ -593,4 +690,4 @@ def _dq_kernel(
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-__all__ = ["LOG2E", "_dkdv_kernel", "_dq_kernel", "_forward_kernel", "_offsets", "_preprocess_kernel"]
+__all__ = ["LOG2E", "_dkdv_kernel", "_dq_kernel", "_forward_kernel", "_offsets", "_prefix_kernel", "_preprocess_kernel"]

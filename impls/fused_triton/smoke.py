@@ -6,7 +6,8 @@ until some shape makes it the fastest. This forces each candidate tile of each k
 every mask, bf16 and fp32, the latter with the tf32x3 dots) and on the newest workloads' cases
 (``FEATURE_CASES``: a value head dim of its own with learned sinks, a mixed batch with ragged lengths,
 chunked attention, fp8 KV caches with per-sequence and per-page scales, forward only; MLA's latent cache,
-576 wide, forward, and a narrower latent cache forward and backward), checks the output
+576 wide, forward, and a narrower latent cache forward and backward; shared prefixes, forward: the
+prefix kernel runs the forward's forced tile), checks the output
 and the gradients (the sinks' among them) with the harness's own gates (``check_output``,
 ``check_grads``), and runs one case whose q, k, v rows lie past 2^31 elements (64-bit offsets). The
 backward kernels' tiles skip the forward-only cases. Tiles the device's shared memory rules out are
@@ -47,6 +48,8 @@ FEATURE_CASES = (
     Workload(3, 4, 2, 100, 170, 96, dtype="float16", kv_dtype="float8_e5m2", mask="causal", lengths="longtail"),
     Workload(2, 16, 1, 2, 300, 576, head_dim_v=512, dtype="bfloat16", kv_layout="latent", mask="causal_bottom_right"),
     Workload(2, 4, 1, 70, 130, 96, head_dim_v=64, dtype="float16", kv_layout="latent", mask="causal", pass_="fwd_bwd"),
+    Workload(4, 8, 2, 1, 600, 128, dtype="bfloat16", mask="causal_bottom_right", shared_prefix=400),
+    Workload(3, 4, 2, 64, 300, 64, dtype="float16", mask="causal", shared_prefix=200, sinks="learned"),
 )
 # fmt: on
 SMOKE_CASES = BASIC_CASES + FEATURE_CASES
@@ -67,7 +70,8 @@ def check_case(w: Workload, forced: dict[str, Tile]) -> str:
     plan = flash.make_plan(inputs.q, inputs.k, inputs.v, **plan_options(inputs, w))
     for kernel in ("fwd", "dkdv", "dq"):  # the kernels not forced take their first candidate: nothing is timed
         plan.tiles[kernel] = forced.get(kernel) or plan.candidates(kernel)[0]
-    out = flash.attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks)
+    plan.tiles["prefix"] = plan.tiles["fwd"]  # a shared prefix's kernel: the forward's tiles
+    out = flash.attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks, inputs.prefix_kv)
     output = check_output(inputs, out)
     if not backward:
         return output.reason
