@@ -369,6 +369,9 @@ def test_declared_features_and_the_reasons_for_the_rest(monkeypatch):
     assert contender.unsupported_reason(Workload(**prefix, pass_="fwd_bwd")) == SHARED_PREFIX_BACKWARD
     assert contender.unsupported_reason(Workload(**prefix, kv_dtype="float8_e5m2")) == SHARED_PREFIX_FP8
     assert contender.unsupported_reason(Workload(**prefix, kv_dtype="bfloat16")) is None
+    # the prefix level's fp32 output and log-sum-exp per row, besides the statistics
+    rows = 2 * 4 * 1
+    assert contender.predicted_extra_bytes(Workload(**prefix)) == 8 * rows + 4 * rows * (64 + 1)
     wide_v = Workload(**cpu, head_dim=64, head_dim_v=512)
     assert contender.unsupported_reason(wide_v) == "head_dim_v 512 outside [16, 256]"
     fp8_bwd = Workload(**cpu, head_dim=64, kv_dtype="float8_e4m3fn", pass_="bwd")

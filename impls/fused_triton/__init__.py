@@ -214,6 +214,13 @@ class FusedTriton(Contender):
             return SHARED_PREFIX_FP8
         return None
 
+    def predicted_extra_bytes(self, workload: Workload) -> float:
+        """fp32 softmax statistics per query row; a shared prefix adds its level's fp32 output and log-sum-exp
+        per row (the state the suffix level starts from)."""
+        w = workload
+        rows = w.batch * w.heads * w.seq_q
+        return 8.0 * rows + (4.0 * rows * (w.head_dim_v + 1) if w.shared_prefix else 0.0)
+
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
         if workload.device == "cpu" and _interpreted():
             return _interpreter_seconds(workload)  # the interpreter's steps, not FLOPs, set its time
