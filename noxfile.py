@@ -268,7 +268,8 @@ def calibrate_ab(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def gpu_smoke(session: nox.Session) -> None:
-    """Force every fused_triton tile once, forward and backward, against float64 on a CUDA GPU (exit 0 without one)."""
+    """Force every fused_triton tile once, forward and backward, against float64 on a CUDA GPU (exit 0 without one):
+    the basic cases and the newest workloads' (Dv ≠ D, sinks, ragged/mixed/chunked, fp8 caches, MLA, shared prefix)."""
     install(session, "triton")
     session.run("python", "-m", "attnbench.impls.fused_triton.smoke", *session.posargs)
 

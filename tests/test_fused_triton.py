@@ -108,7 +108,11 @@ from attnbench.impls.fused_triton.tiles import Tile
 results["far-offsets"] = {"reason": check_far_offsets("cpu")}
 tiny = Workload(1, 4, 2, 40, 24, 50, dtype="float32", mask="causal_bottom_right", pass_="fwd_bwd")
 forced = {"fwd": [Tile(16, 32, 1, 1)], "dkdv": [Tile(32, 16, 1, 1)], "dq": [Tile(16, 16, 1, 1)]}
-results["smoke"] = {"failures": smoke("cpu", cases=[tiny], tiles=forced)}
+import contextlib, io
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    failures = smoke("cpu", cases=[tiny], tiles=forced)
+results["smoke"] = {"failures": failures, "lines": printed.getvalue().splitlines()}
 print(json.dumps(results))
 """
 
@@ -232,6 +236,8 @@ def test_offsets_past_two_to_the_31_elements_are_64_bit(interpreted):
 
 def test_gpu_smokes_forced_tiles_pass_in_the_interpreter(interpreted):
     assert interpreted["smoke"]["failures"] == []
+    checked = [line.split(": ")[1] for line in interpreted["smoke"]["lines"][:3]]
+    assert checked == ["1 cases checked"] * 3  # each forced tile ran (not pruned, not unfit)
 
 
 def test_gradients_are_exactly_zero_where_nothing_is_seen(interpreted):
@@ -308,11 +314,8 @@ def test_declared_capabilities():
     caps = contender.capabilities
     assert caps.devices == {"cuda"} and caps.dtypes == {"float16", "bfloat16", "float32"}
     assert (caps.min_head_dim, caps.max_head_dim, caps.gqa, caps.cross, caps.backward) == (16, 256, True, True, True)
-    assert (
-        caps.masks == set(MASKS) - {"mixed", "chunked"}
-        and caps.score_mods == {"none", "softcap", "alibi"}
-        and caps.paged == "gather"
-    )
+    assert caps.masks == set(MASKS) and caps.score_mods == {"none", "softcap", "alibi"} and caps.paged == "gather"
+    assert caps.features == {"head_dim_v", "sinks", "lengths", "kv_dtype", "kv_layout", "shared_prefix"}
     assert "gathered inside the timed call" in contender.description
     assert contender.interpreter_capabilities.devices == {"cpu", "cuda"}
     too_wide = Workload(1, 2, 2, 64, 64, 300, device="cuda")

@@ -27,7 +27,8 @@ from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E40
 from attnbench.impls.fused_triton.tiles import Tile, shared_bytes  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
-_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32"}
+_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
+          torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}  # fmt: skip
 
 
 def _compile(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -89,9 +90,10 @@ def _tensors(dtype: torch.dtype, head_dim: int, seq: int = 1024) -> tuple[torch.
 )
 def test_the_forward_compiles_for_sm90_with_the_estimated_shared_memory(compiled, dtype, head_dim, tile, options):
     q, k = _tensors(dtype, head_dim)
-    plan = _triton_flash.make_plan(q, k, k, **options)
+    v = torch.empty_like(k)  # its own tensor: v = k itself would let the forward reuse the key tile (V_FROM_K)
+    plan = _triton_flash.make_plan(q, k, v, **options)
     plan.tiles["fwd"] = tile
-    _triton_flash.forward(q, k, k, plan, store_lse=True)
+    _triton_flash.forward(q, k, v, plan, store_lse=True)
     kernel = compiled["_forward_kernel"]
     assert kernel.metadata.shared == shared_bytes("fwd", tile, head_dim, dtype.itemsize)
 

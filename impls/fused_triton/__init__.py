@@ -12,9 +12,20 @@ their strides, so nothing is copied and the mha module's in-place projections ar
 
 Every mask and score modifier of the harness runs in the kernel (``_mask_options``): ``sliding_window`` as
 its bottom-right ``window``, ``document`` as ``cu_seqlens`` from ``masks.document_lengths`` (the lengths
-every contender uses), ``softcap`` and ``alibi`` inside the score tile. A paged KV cache is not read
-natively: the harness gathers the pages back into contiguous k and v at the start of the timed call
-(``paged="gather"``).
+every contender uses), ``chunked`` as its ``chunk``, a mixed or ragged batch (``lengths``) as the
+harness's per-row key ranges (``masks.key_ranges``, turned into row and key tables once in ``prepare``),
+``softcap`` and ``alibi`` inside the score tile. The newest workloads' features run in the kernels too
+(``plan_options``): a value head dim of its own (``head_dim_v``), learned ``sinks`` (forward and backward,
+their gradient included: the runner's fourth leaf), a KV cache stored as bf16 or fp8 with float32 scales
+(``kv_dtype``, forward only: converted and scaled after the load, never dequantized into a copy), an MLA
+``latent`` cache (v the view of k's first Dv channels, read through k's pointer and strides — the key tile
+itself when as wide; MLA's 576-wide head dim split 512 + 64 in the forward, ``WIDE_LATENT_BACKWARD`` says why
+not backward), and a ``shared_prefix`` as cascade attention (forward: a prefix kernel reads the prefix's one
+copy, ``inputs.prefix_kv``, for the rows of every sequence at once; the forward kernel continues each row from
+that state over its own suffix — the log-sum-exp merge; ``SHARED_PREFIX_BACKWARD`` and ``SHARED_PREFIX_FP8``
+say what it does not run). A paged KV cache is not read natively: the
+harness gathers the pages back into contiguous k and v at the start of the timed call (``paged="gather"``;
+an fp8 cache's per-page scales are read per key).
 
 Without a GPU, ``TRITON_INTERPRET=1`` (set before Triton defines the kernel, i.e. in the environment of
 the process) runs the same kernel in Triton's CPU interpreter; the contender then also accepts CPU
@@ -33,9 +44,12 @@ from typing import Any
 
 import torch
 
+from attnbench import kv_cache
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
+from attnbench.impls.fused_triton.tiles import head_dim_blocks
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import document_lengths, key_ranges
+from attnbench.sequences import is_ragged, sequence_offsets
 from attnbench.workload import Workload
 
 NEEDS_CUDA = "needs a CUDA GPU (set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter, for correctness only)"
@@ -45,6 +59,19 @@ NEEDS_CUDA = "needs a CUDA GPU (set TRITON_INTERPRET=1 to run it in Triton's CPU
 INTERPRETER_SECONDS_PER_BLOCK = 2e-3
 INTERPRETER_SECONDS_PER_TILE = 4.5e-3
 BACKWARD_STEPS = 3.0
+MAX_HEAD_DIM_V = 256  # as the head dim: a BLOCK_M × Dv fp32 accumulator past 256 spills on a GPU
+MAX_LATENT_HEAD_DIM = 576  # MLA's cache (DeepSeek-V3: 512 latent + 64 rope channels), split 512 + 64 in the forward
+WIDE_LATENT_BACKWARD = (
+    "kv_layout latent with head_dim > 256: forward only (the forward splits the head dim 512 + 64; the backward "
+    "kernels keep whole D-wide k and dK tiles, not split)"
+)
+SHARED_PREFIX_BACKWARD = (
+    "shared_prefix: forward only (cascade attention is a serving-time layout; FlashInfer's cascade is forward only)"
+)
+SHARED_PREFIX_FP8 = (
+    "shared_prefix with an fp8 kv_dtype not supported: the prefix kernel reads no scales (and a contiguous fp8 cache "
+    "scales each sequence's copy of the prefix on its own, so no one copy stands for the batch)"
+)
 
 
 def _kernels() -> ModuleType:
@@ -64,18 +91,23 @@ def _interpreted() -> bool:
 
 def _interpreter_seconds(w: Workload) -> float:
     """One call in Triton's interpreter: count the tiles and the key blocks the kernel visits (the same
-    bounds as its loops: from the block holding the tile's first row's lowest key up to its last row's key
-    limit), from the harness's per-row key ranges."""
+    bounds as its loops: from the block holding the lowest key some row of the tile sees up to the highest),
+    from the harness's per-row key ranges."""
     kernels = _kernels()
     tile = kernels.INTERPRETER_TILES["fwd"]
     block_m, block_n = tile.block_m, tile.block_n
     lo, hi = key_ranges(w)  # (B|1, Sq) each
-    first = torch.arange(0, w.seq_q, block_m)
-    last = (first + block_m).clamp(max=w.seq_q) - 1
-    start = lo[:, first].div(block_n, rounding_mode="floor") * block_n
-    blocks = int((torch.maximum(hi[:, last], start) - start).add(block_n - 1).div(block_n, rounding_mode="floor").sum())
+    tiles_per_row = -(-w.seq_q // block_m)
+    pad = tiles_per_row * block_m - w.seq_q
+    seen = lo < hi
+    lowest = torch.nn.functional.pad(torch.where(seen, lo, w.seq_k), (0, pad), value=w.seq_k)
+    highest = torch.nn.functional.pad(torch.where(seen, hi, 0), (0, pad), value=0)
+    lowest = lowest.view(lo.shape[0], tiles_per_row, block_m).amin(-1)
+    highest = highest.view(lo.shape[0], tiles_per_row, block_m).amax(-1)
+    start = lowest.div(block_n, rounding_mode="floor") * block_n
+    blocks = int((torch.maximum(highest, start) - start).add(block_n - 1).div(block_n, rounding_mode="floor").sum())
     blocks *= w.batch // lo.shape[0]
-    tiles = w.batch * len(first)
+    tiles = w.batch * tiles_per_row
     forward = w.heads * (INTERPRETER_SECONDS_PER_TILE * tiles + INTERPRETER_SECONDS_PER_BLOCK * blocks)
     return forward * {"fwd": 1.0, "bwd": BACKWARD_STEPS, "fwd_bwd": 1.0 + BACKWARD_STEPS}[w.pass_]
 
@@ -83,18 +115,23 @@ def _interpreter_seconds(w: Workload) -> float:
 def _mask_options(inputs: AttentionInputs, w: Workload) -> dict[str, Any]:
     """The kernel's keyword arguments for the workload's mask and score modifier, as the harness defines
     them (``attnbench.masks``): a sliding window is the kernel's bottom-right ``window``; documents are
-    ``cu_seqlens`` from the harness's own document lengths; softcap its value; alibi the kernel's slopes
-    2^(−8(h+1)/H) over the query heads."""
+    ``cu_seqlens`` from the harness's own document lengths; chunked its ``chunk``; a ragged or mixed batch
+    the harness's per-row key ranges (``masks.key_ranges``) with each sequence's own diagonal for ALiBi;
+    softcap its value; alibi the kernel's slopes 2^(−8(h+1)/H) over the query heads."""
     device = inputs.q.device
     options: dict[str, Any] = {"mask": w.mask}
-    if w.mask == "padding":
+    if is_ragged(w):  # the whole mask, window included, as per-row ranges
+        options.update(mask="none", row_ranges=key_ranges(w), seq_offsets=sequence_offsets(w, "cpu"))
+    elif w.mask == "padding":
         assert inputs.lengths is not None
         options["lengths"] = torch.tensor(inputs.lengths, dtype=torch.int32, device=device)  # (B,)
     elif w.mask == "sliding_window":
         options.update(mask="none", window=w.window)
     elif w.mask == "document":
-        offsets = [0, *itertools.accumulate(document_lengths(w.seq_q, w.documents))]
+        offsets = [0, *itertools.accumulate(document_lengths(w.seq_q, w.documents, w.lengths))]
         options.update(mask="none", cu_seqlens=torch.tensor(offsets, dtype=torch.int32))
+    elif w.mask == "chunked":
+        options["chunk"] = w.chunk
     if w.score_mod == "softcap":
         options["softcap"] = w.softcap
     elif w.score_mod == "alibi":
@@ -102,23 +139,43 @@ def _mask_options(inputs: AttentionInputs, w: Workload) -> dict[str, Any]:
     return options
 
 
+def plan_options(inputs: AttentionInputs, w: Workload) -> dict[str, Any]:
+    """Every keyword argument of ``flash.make_plan`` for this case: scale, mask and score modifier
+    (``_mask_options``), the sinks (looked at for their shape), an fp8 cache's scales with the positions
+    each covers (a sequence, or a page)."""
+    options = {"scale": inputs.scale, "sinks": inputs.sinks, "shared_prefix": w.shared_prefix,
+               **_mask_options(inputs, w)}  # fmt: skip
+    if inputs.k_scale is not None:
+        options.update(k_scale=inputs.k_scale, v_scale=inputs.v_scale, scale_block=kv_cache.scale_block(w))
+    return options
+
+
 class FusedTriton(Contender):
     name = "fused_triton"
     description = (
         "our Triton FlashAttention-2 kernels, forward and backward (CUDA; tiles tuned once, masked blocks skipped; "
-        "windows, documents, softcap and ALiBi in the kernel; a paged cache is gathered inside the timed call)"
+        "windows, documents, chunks, ragged and mixed batches, softcap, ALiBi, sinks, Dv ≠ D, MLA latent and "
+        "bf16/fp8 caches in the kernel; a paged cache is gathered inside the timed call)"
     )
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
         dtypes=frozenset({"float16", "bfloat16", "float32"}),
         min_head_dim=16,
         max_head_dim=256,
-        masks=ALL_MASKS - {"mixed", "chunked"},  # chunked: the kernel's own support is issue 23
+        masks=ALL_MASKS,
         score_mods=ALL_SCORE_MODS,
         paged="gather",
         gqa=True,
         cross=True,
         backward=True,
+        # head_dim_v: v, O and dO Dv wide in every kernel; sinks: in the forward's denominator and the
+        # backward (their gradient from the preprocess); lengths: a ragged batch as per-row key ranges;
+        # kv_dtype (bf16, fp8 e4m3 / e5m2, forward only): converted and scaled after the load;
+        # kv_layout latent: v is the view of k's first Dv channels, read through k's pointer and strides (the
+        # key tile itself when as wide); head dims past 256 (up to MLA's 576) split in the forward.
+        # shared_prefix (forward): cascade in the kernels — the prefix's one copy read for the whole batch by
+        # a kernel whose programs take rows from every sequence, each suffix after it, merged by log-sum-exp.
+        features=frozenset({"head_dim_v", "sinks", "lengths", "kv_dtype", "kv_layout", "shared_prefix"}),
     )
     # What Triton's CPU interpreter can run: the same, on CPU tensors too.
     interpreter_capabilities = dataclasses.replace(capabilities, devices=frozenset({"cpu", "cuda"}))
@@ -133,9 +190,36 @@ class FusedTriton(Contender):
         return None
 
     def unsupported_reason(self, workload: Workload) -> str | None:
-        if workload.device == "cpu" and _interpreted():
-            return self.interpreter_capabilities.unsupported_reason(workload)
-        return super().unsupported_reason(workload)
+        w = workload
+        base = super().unsupported_reason(w)  # the module rules, then self.capabilities'
+        if base is not None and base != self.capabilities.unsupported_reason(w):
+            return base  # a module rule (the mha module's)
+        capabilities = self.interpreter_capabilities if w.device == "cpu" and _interpreted() else self.capabilities
+        assert capabilities.max_head_dim is not None
+        max_head_dim_v = MAX_HEAD_DIM_V
+        if w.kv_layout == "latent" and w.head_dim > capabilities.max_head_dim:  # MLA's 576, split in the forward
+            capabilities = dataclasses.replace(capabilities, max_head_dim=MAX_LATENT_HEAD_DIM)
+            if w.pass_ != "fwd":
+                return capabilities.unsupported_reason(w) or WIDE_LATENT_BACKWARD
+            max_head_dim_v = head_dim_blocks(w.head_dim)[0]  # the values within the split's main tile (512)
+        reason = capabilities.unsupported_reason(w)
+        if reason is not None:
+            return reason
+        low = capabilities.min_head_dim
+        if not low <= w.head_dim_v <= max_head_dim_v:
+            return f"head_dim_v {w.head_dim_v} outside [{low}, {max_head_dim_v}]"
+        if w.shared_prefix and w.pass_ != "fwd":
+            return SHARED_PREFIX_BACKWARD
+        if w.shared_prefix and kv_cache.is_scaled(w):
+            return SHARED_PREFIX_FP8
+        return None
+
+    def predicted_extra_bytes(self, workload: Workload) -> float:
+        """fp32 softmax statistics per query row; a shared prefix adds its level's fp32 output and log-sum-exp
+        per row (the state the suffix level starts from)."""
+        w = workload
+        rows = w.batch * w.heads * w.seq_q
+        return 8.0 * rows + (4.0 * rows * (w.head_dim_v + 1) if w.shared_prefix else 0.0)
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
         if workload.device == "cpu" and _interpreted():
@@ -145,12 +229,14 @@ class FusedTriton(Contender):
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         kernels = _kernels()
         q, k, v = inputs.q, inputs.k, inputs.v
-        plan = kernels.make_plan(q, k, v, scale=inputs.scale, **_mask_options(inputs, workload))
-        plan.tune(q.detach(), k.detach(), v.detach(), backward=workload.pass_ != "fwd")  # once, untimed
+        plan = kernels.make_plan(q, k, v, **plan_options(inputs, workload))
+        sinks = inputs.sinks
+        plan.tune(q.detach(), k.detach(), v.detach(), backward=workload.pass_ != "fwd",
+                  sinks=None if sinks is None else sinks.detach())  # once, untimed  # fmt: skip
         attend = kernels.attend
 
-        def run() -> torch.Tensor:
-            return attend(inputs.q, inputs.k, inputs.v, plan)
+        def run() -> torch.Tensor:  # a shared prefix: its one copy, inputs.prefix_kv (views of sequence 0's)
+            return attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks, inputs.prefix_kv)
 
         run.plan = plan  # type: ignore[attr-defined]  # the tiles it launches, for tests and reports
         return run

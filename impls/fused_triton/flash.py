@@ -1,16 +1,32 @@
 """fused_triton's Python side: the attention function, its plan, the launches and the autograd wrapper.
 
 ``flash_attention(q, k, v, ...)`` computes softmax(q·kᵀ·scale + mask [+ score modifiers])·v with the
-kernels of ``kernels`` (their docstring has the algorithm) and, when q, k or v require grad,
-records a backward that runs the FlashAttention-2 backward kernels. Its keyword arguments:
+kernels of ``kernels`` (their docstring has the algorithm) and, when q, k, v or the sinks require grad,
+records a backward that runs the FlashAttention-2 backward kernels. q is (B, Hq, Sq, D), k (B, Hkv, Sk, D)
+and v (B, Hkv, Sk, Dv) — Dv may differ from D, and v may be a view of k (an MLA latent cache's first Dv
+channels: read in place through k's memory). Its keyword arguments:
 
 * ``mask``: one of attnbench's masks (``none``, ``causal`` top-left, ``causal_bottom_right``,
-  ``padding`` with ``lengths``, an int32 (B,) tensor of valid key counts);
+  ``padding`` with ``lengths``, an int32 (B,) tensor of valid key counts; ``chunked`` with ``chunk``;
+  ``mixed`` with ``row_ranges``);
 * ``window=W``: a sliding window, key j visible to row i iff i + (Sk − Sq) − W < j ≤ i + (Sk − Sq);
 * ``document_ids`` (B, S) or ``cu_seqlens`` (n + 1,) offsets shared by the batch: row i sees key j iff
   both lie in the same document and j ≤ i (Sq = Sk); documents are runs of equal ids;
+* ``chunk=C`` (mask ``chunked``, Llama 4): row i at position p = i + Sk − Sq sees keys ⌊p/C⌋·C ≤ j ≤ p;
+* ``row_ranges=(lo, hi)``: each row's visible keys [lo, hi) given outright, int tensors (B or 1, Sq) — a
+  ragged or mixed batch (``attnbench.masks.key_ranges``); in each sequence the rows that see a key must be
+  one run along which lo and hi never decrease (every harness mask is). ``seq_offsets`` (B,): each
+  sequence's diagonal kv_len − q_len, for ALiBi's distance (default Sk − Sq);
 * ``softcap=c``: scores ← c·tanh(scores/c), before the mask;
-* ``alibi=True``: score += −slope_h·|i + (Sk − Sq) − j|, slope_h = 2^(−8(h+1)/H).
+* ``alibi=True``: score += −slope_h·|i + offset − j|, slope_h = 2^(−8(h+1)/H);
+* ``sinks`` (Hq,) float32: learned sink logits (gpt-oss), one more term exp(sink_h) in each row's softmax
+  denominator with no value; differentiable;
+* ``k_scale``, ``v_scale`` (B, Hkv, blocks, 1) float32 with ``scale_block`` positions per block: a KV cache
+  stored narrower than q (bf16, or fp8 e4m3 / e5m2 with these scales, ``attnbench.kv_cache``), read as
+  stored·scale; forward only;
+* ``shared_prefix=P``: every sequence's first P keys and values are the same (a cached system prompt):
+  cascade attention, forward only — the prefix read once for the whole batch (one program per kv head and
+  block of rows taken from every sequence), each sequence's own keys after it, merged by log-sum-exp.
 
 A :class:`Plan` holds everything about a call that does not change between calls (mask tables built on
 the device, flags, scale) and the tile chosen for each kernel; fused_triton builds it and tunes it in
@@ -34,6 +50,7 @@ from attnbench.impls.fused_triton.tiles import (
     INTERPRETER_TILES,
     Tile,
     choose,
+    head_dim_blocks,
     max_shared_memory,
     prune,
     tuning_key,
@@ -44,6 +61,9 @@ LOG2_E = 1.4426950408889634
 # fp32 dots on CUDA: three TF32 passes give fp32-level products (plain TF32 misses attnbench's 1e-4).
 FP32_CUDA_PRECISION = "tf32x3"
 PREPROCESS_BLOCK_M = 32
+COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# A KV cache may be stored narrower than q: bf16, or fp8 with float32 scales (converted in the kernel).
+CACHE_DTYPES = (*COMPUTE_DTYPES, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _interpreting() -> bool:
@@ -96,9 +116,59 @@ def document_bounds(
     return starts.to(device), ends.to(device)
 
 
+def chunked_ranges(seq_q: int, seq_k: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi), (1, Sq) each, of the chunked mask: row i at position p = i + Sk − Sq sees the keys of p's
+    chunk up to p, [⌊p/C⌋·C, p + 1) (empty for p < 0)."""
+    position = torch.arange(seq_q).view(1, -1) + (seq_k - seq_q)
+    hi = (position + 1).clamp(0, seq_k)
+    lo = torch.div(position, chunk, rounding_mode="floor").mul(chunk).clamp(0, seq_k).clamp(max=hi)
+    return lo, hi
+
+
+def range_tables(
+    lo: torch.Tensor, hi: torch.Tensor, batch: int, seq_q: int, seq_k: int, device: torch.device
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """The kernels' tables for explicit per-row key ranges: rows' [lo, hi) and keys' [rlo, rhi) (the rows that
+    see each key), int32 (B or 1, Sq) and (B or 1, Sk), contiguous, on ``device``; a row or key that sees
+    nothing gets [0, 0). O(B·(Sq + Sk)·log Sq) on the host, once per plan.
+
+    The key-side range is exact when, in each sequence, the rows that see some key are one run and lo, hi
+    never decrease along it (then the rows seeing key j are those with hi > j and lo ≤ j: a run); anything
+    else is refused."""
+    lo, hi = (t.to("cpu", torch.int64) for t in (lo, hi))
+    if lo.dim() != 2 or lo.shape != hi.shape or lo.shape[0] not in (1, batch) or lo.shape[1] != seq_q:
+        raise ValueError(f"row_ranges must be two ({batch} or 1, {seq_q}) tensors, got {tuple(lo.shape)}")
+    hi = hi.clamp(0, seq_k)
+    lo = lo.clamp(0, seq_k)
+    seen = lo < hi
+    lo, hi = torch.where(seen, lo, 0), torch.where(seen, hi, 0)
+    rows = torch.arange(seq_q).view(1, -1)
+    count = seen.sum(1, keepdim=True)
+    first = torch.where(seen, rows, seq_q).amin(1, keepdim=True)
+    runs = (seen[:, 1:] & ~seen[:, :-1]).sum(1) + seen[:, 0].long()  # starts of runs of rows that see keys
+    if bool((runs > 1).any()):
+        raise ValueError("row_ranges: in each sequence the rows that see a key must be one run")
+    inside = (rows >= first) & (rows < first + count)
+    for name, edge in (("lo", lo), ("hi", hi)):
+        steps = edge.diff(dim=1)
+        if bool(((steps < 0) & inside[:, 1:] & inside[:, :-1]).any()):
+            raise ValueError(f"row_ranges: {name} must not decrease along the rows that see keys")
+    # monotone stand-ins over all rows: before the run −1, after it past any key
+    big = seq_k + 1
+    lo_m = torch.where(rows < first, -1, torch.where(rows >= first + count, big, lo))
+    hi_m = torch.where(rows < first, -1, torch.where(rows >= first + count, big, hi))
+    keys = torch.arange(seq_k).view(1, -1).expand(lo.shape[0], -1).contiguous()
+    key_lo = torch.searchsorted(hi_m.contiguous(), keys, right=True)  # first row with hi > j
+    key_hi = torch.searchsorted(lo_m.contiguous(), keys, right=True)  # first row with lo > j
+    key_hi = torch.minimum(key_hi, first + count)
+    empty = key_lo >= key_hi
+    key_lo, key_hi = torch.where(empty, 0, key_lo), torch.where(empty, 0, key_hi)
+    return tuple(t.to(device, torch.int32).contiguous() for t in (lo, hi, key_lo, key_hi))
+
+
 @dataclasses.dataclass
 class Plan:
-    """What a call needs besides q, k, v: flags, scalars, device tables, and the chosen tiles."""
+    """What a call needs besides q, k, v (and sinks): flags, scalars, device tables, and the chosen tiles."""
 
     batch: int
     heads: int
@@ -109,23 +179,59 @@ class Plan:
     dtype: torch.dtype
     device: torch.device
     scale: float
+    head_dim_v: int = 0  # 0: head_dim
+    kv_dtype: torch.dtype | None = None  # the cache's stored type (None: dtype)
     causal_offset: int | None = None
     window: int = 0
     lengths: torch.Tensor | None = None  # int32 (B,)
     doc_start: torch.Tensor | None = None  # int32 (B, S)
     doc_end: torch.Tensor | None = None
+    row_lo: torch.Tensor | None = None  # int32 (B|1, Sq): explicit ranges (chunked, mixed, ragged)
+    row_hi: torch.Tensor | None = None
+    key_lo: torch.Tensor | None = None  # int32 (B|1, Sk): the rows that see each key
+    key_hi: torch.Tensor | None = None
+    seq_offsets: torch.Tensor | None = None  # int32 (B,): each sequence's diagonal, with explicit ranges
     softcap: float = 0.0
     slopes: torch.Tensor | None = None  # fp32 (Hq,)
+    sinks: bool = False  # calls pass (Hq,) sink logits
+    k_scale: torch.Tensor | None = None  # fp32 (B, Hkv, blocks): an fp8 cache's scales
+    v_scale: torch.Tensor | None = None
+    scale_block: int = 1  # positions per scale
+    prefix: int = 0  # a shared prefix: every sequence's first P positions are the same (read once: cascade)
     tiles: dict[str, Tile] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.head_dim_v = self.head_dim_v or self.head_dim
+        self.kv_dtype = self.kv_dtype or self.dtype
 
     @property
     def block_d(self) -> int:
-        return max(16, triton.next_power_of_2(self.head_dim))
+        """The head dim's (main) tile: padded to a power of two, or a wide head dim's power-of-two part."""
+        return head_dim_blocks(self.head_dim)[0]
+
+    @property
+    def block_dt(self) -> int:
+        """A wide head dim's tail tile after ``block_d`` (MLA's 64 rope channels), 0 without one."""
+        return head_dim_blocks(self.head_dim)[1]
+
+    @property
+    def block_dv(self) -> int:
+        return max(16, triton.next_power_of_2(self.head_dim_v))
+
+    @property
+    def ranges(self) -> bool:
+        return self.row_lo is not None
+
+    @property
+    def narrowed(self) -> bool:
+        """Whether k and v are stored in another type than q (then forward only)."""
+        return self.kv_dtype != self.dtype
 
     def features(self) -> tuple[Any, ...]:
-        """The mask family and score modifiers: part of the tuning key."""
+        """The mask family, score modifiers, value width and cache type: part of the tuning key."""
         return (self.causal_offset is not None, self.window > 0, self.lengths is not None,
-                self.doc_start is not None, self.softcap > 0, self.slopes is not None)  # fmt: skip
+                self.doc_start is not None, self.ranges, self.softcap > 0, self.slopes is not None, self.sinks,
+                self.head_dim_v, str(self.kv_dtype), self.k_scale is not None, self.prefix > 0)  # fmt: skip
 
     def constants(self) -> dict[str, Any]:
         """The constexpr arguments every kernel shares."""
@@ -134,11 +240,15 @@ class Plan:
         return {
             "HEAD_DIM": self.head_dim,
             "BLOCK_D": self.block_d,
-            "EVEN_D": self.block_d == self.head_dim,
+            "EVEN_D": self.block_d == self.head_dim or self.block_dt > 0,  # a split head dim's main tile is full
+            "HEAD_DIM_V": self.head_dim_v,
+            "BLOCK_DV": self.block_dv,
+            "EVEN_DV": self.block_dv == self.head_dim_v,
             "CAUSAL": self.causal_offset is not None,
             "WINDOW": self.window > 0,
             "PADDED": self.lengths is not None,
             "DOCS": self.doc_start is not None,
+            "RANGES": self.ranges,
             "SOFTCAP": self.softcap > 0,
             "ALIBI": self.slopes is not None,
             "INPUT_PRECISION": fp32 if self.dtype == torch.float32 else "tf32",
@@ -148,14 +258,27 @@ class Plan:
     def scalars(self) -> tuple[Any, ...]:
         return (self.scale, self.scale * LOG2_E, self.softcap or 1.0)
 
-    def tables(self) -> tuple[Any, ...]:
-        return (self.lengths, self.doc_start, self.doc_end, self.slopes)
+    def row_tables(self) -> tuple[Any, ...]:
+        """The tables every kernel reads per row: (Lengths, DocStart, DocEnd, Slopes, RowLo, RowHi)."""
+        return (self.lengths, self.doc_start, self.doc_end, self.slopes, self.row_lo, self.row_hi)
+
+    def table_strides(self) -> tuple[int, int]:
+        """Batch strides of the document tables and of the row-range tables (0 where shared by the batch)."""
+        doc = self.doc_start.stride(0) if self.doc_start is not None else 0
+        rows = self.row_lo.stride(0) if self.row_lo is not None and self.row_lo.shape[0] > 1 else 0
+        return doc, rows
+
+    def key_stride(self) -> int:
+        return self.key_lo.stride(0) if self.key_lo is not None and self.key_lo.shape[0] > 1 else 0
 
     def candidates(self, kernel: str) -> list[Tile]:
+        """The tiles to choose from; the prefix kernel's are the forward's (rows × keys, the same operands)."""
+        kernel = "fwd" if kernel == "prefix" else kernel
         if INTERPRETED:
             return [INTERPRETER_TILES[kernel]]
         return prune(kernel, CUDA_TILES[kernel], seq_q=self.seq_q, seq_k=self.seq_k, head_dim=self.head_dim,
-                     itemsize=self.dtype.itemsize, shared_cap=max_shared_memory(self.device))  # fmt: skip
+                     itemsize=self.dtype.itemsize, shared_cap=max_shared_memory(self.device),
+                     head_dim_v=self.head_dim_v)  # fmt: skip
 
     def tile(self, kernel: str, q: torch.Tensor, k: torch.Tensor, launch: Any) -> Tile:
         """The tile of ``kernel``: the one chosen already, or chosen now (timed once per tuning key)."""
@@ -164,19 +287,22 @@ class Plan:
             self.tiles[kernel] = choose(key, self.candidates(kernel), launch)
         return self.tiles[kernel]
 
-    def tune(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool = False) -> None:
+    def tune(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool = False,
+        sinks: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
         """Choose every tile now (outside any timed region), running the kernels once when there is a
         choice to time (not in the interpreter, where each kernel has one tile)."""
-        kernels = KERNELS if backward else ("fwd",)
+        kernels = (KERNELS if backward else ("fwd",)) + (("prefix",) if self.prefix else ())
         single = {kernel: self.candidates(kernel) for kernel in kernels}
         if all(len(tiles) == 1 for tiles in single.values()):
             self.tiles.update({kernel: tiles[0] for kernel, tiles in single.items()})
             return
         with torch.no_grad():
-            out, lse = forward(q, k, v, self, store_lse=backward)
+            out, lse = forward(q, k, v, self, store_lse=backward, sinks=sinks)
         if backward:
             assert lse is not None
-            backward_grads(q, k, v, out, lse, torch.ones_like(out), self)
+            backward_grads(q, k, v, out, lse, torch.ones_like(out), self, sinks=sinks)
 
 
 def make_plan(
@@ -190,21 +316,42 @@ def make_plan(
     window: int | None = None,
     document_ids: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    chunk: int | None = None,
+    row_ranges: tuple[torch.Tensor, torch.Tensor] | None = None,
+    seq_offsets: torch.Tensor | None = None,
     softcap: float | None = None,
     alibi: bool = False,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    scale_block: int | None = None,
+    shared_prefix: int = 0,
 ) -> Plan:
-    """Validate a call's arguments and build its plan (tables on q's device)."""
+    """Validate a call's arguments and build its plan (tables on q's device). ``sinks`` is only looked at
+    here (its shape; that calls will pass sinks): each call passes the tensor itself."""
     B, Hq, Sq, D = q.shape
     _, Hkv, Sk, _ = k.shape
-    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or Hq % Hkv:
+    Dv = v.shape[3]
+    if v.shape[:3] != k.shape[:3] or k.shape[0] != B or k.shape[3] != D or Hq % Hkv:
         raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if not q.dtype == k.dtype == v.dtype:
-        raise ValueError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in COMPUTE_DTYPES or k.dtype != v.dtype or k.dtype not in CACHE_DTYPES:
+        raise ValueError(f"q must be fp16, bf16 or fp32, k, v one cache type; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.dtype != q.dtype and k.dtype.itemsize >= q.dtype.itemsize:
+        raise ValueError(f"a KV cache in another type than q must be narrower: q {q.dtype}, k and v {k.dtype}")
+    if (k_scale is None) != (v_scale is None):
+        raise ValueError("k_scale and v_scale come together")
+    if k.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and k_scale is None:
+        raise ValueError(f"a {k.dtype} cache needs its float32 scales k_scale and v_scale")
     if mask not in MASKS:
         raise ValueError(f"unknown mask {mask!r}; known: {', '.join(MASKS)}")
     if mask == "padding" and (lengths is None or lengths.shape != (B,) or lengths.dtype != torch.int32):
         raise ValueError("mask 'padding' needs lengths: an int32 tensor of shape (B,)")
-    plan = Plan(B, Hq, Hkv, Sq, Sk, D, q.dtype, q.device, 1.0 / math.sqrt(D) if scale is None else scale)
+    if mask == "chunked" and (chunk is None or chunk < 1):
+        raise ValueError(f"mask 'chunked' needs chunk ≥ 1, got {chunk}")
+    if mask == "mixed" and row_ranges is None:
+        raise ValueError("mask 'mixed' needs row_ranges: each row's key range (attnbench.masks.key_ranges)")
+    plan = Plan(B, Hq, Hkv, Sq, Sk, D, q.dtype, q.device, 1.0 / math.sqrt(D) if scale is None else scale,
+                head_dim_v=Dv, kv_dtype=k.dtype)  # fmt: skip
     plan.causal_offset = causal_offset(mask, Sq, Sk)
     plan.lengths = lengths if mask == "padding" else None
     if window is not None:
@@ -216,17 +363,80 @@ def make_plan(
             raise ValueError("documents need Sq == Sk, mask none or causal, and no window")
         plan.causal_offset = 0
         plan.doc_start, plan.doc_end = document_bounds(document_ids, cu_seqlens, B, Sq, q.device)
+    if mask == "chunked":
+        assert chunk is not None
+        row_ranges = chunked_ranges(Sq, Sk, chunk)
+    if row_ranges is not None:
+        if mask not in ("none", "mixed", "chunked") or window is not None or plan.doc_start is not None:
+            raise ValueError("row_ranges are the whole mask: give them with mask none or mixed, no window or documents")
+        plan.row_lo, plan.row_hi, plan.key_lo, plan.key_hi = range_tables(*row_ranges, B, Sq, Sk, q.device)
+        offsets = torch.full((B,), Sk - Sq) if seq_offsets is None else seq_offsets.to("cpu").view(B)
+        plan.seq_offsets = offsets.to(q.device, torch.int32)
     if softcap is not None:
         if not softcap > 0:
             raise ValueError(f"softcap must be > 0, got {softcap}")
         plan.softcap = float(softcap)
     if alibi:
         plan.slopes = alibi_slopes(Hq, q.device)
+    if sinks is not None:
+        if sinks.shape != (Hq,):
+            raise ValueError(f"sinks must have shape ({Hq},): one logit per query head, got {tuple(sinks.shape)}")
+        plan.sinks = True
+    if k_scale is not None and v_scale is not None:
+        plan.k_scale, plan.v_scale = (_scales(s, B, Hkv, q.device) for s in (k_scale, v_scale))
+        plan.scale_block = scale_block or Sk
+        if plan.k_scale.shape[2] * plan.scale_block < Sk:
+            raise ValueError(f"{plan.k_scale.shape[2]} scales of {plan.scale_block} positions don't cover Sk {Sk}")
+    if shared_prefix:
+        if not 0 < shared_prefix < Sk:
+            raise ValueError(f"shared_prefix must lie in [1, Sk) = [1, {Sk}), got {shared_prefix}")
+        if k_scale is not None:
+            raise ValueError("shared_prefix with an fp8 cache: each sequence's copy of the prefix has its own scale")
+        plan.prefix = shared_prefix
     return plan
+
+
+def _scales(scale: torch.Tensor, batch: int, kv_heads: int, device: torch.device) -> torch.Tensor:
+    """(B, Hkv, blocks[, 1]) scales as the kernel reads them: fp32 (B, Hkv, blocks), blocks contiguous (a
+    view of the given tensor when it already is one: no copy, so the plan sees the inputs' scales)."""
+    if scale.dim() not in (3, 4) or scale.shape[:2] != (batch, kv_heads):
+        raise ValueError(f"scales must be ({batch}, {kv_heads}, blocks, 1), got {tuple(scale.shape)}")
+    flat = scale.reshape(batch, kv_heads, -1).to(device, torch.float32)
+    return flat if flat.stride(2) == 1 else flat.contiguous()
 
 
 def _row_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int, int]:
     return heads * plan.batch, triton.cdiv(length, block)  # batch·heads on axis 0: axis 1 caps at 65535
+
+
+def _is_view_of(v: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether v is k's first channels (an MLA latent cache's values): same memory, same strides."""
+    return v.data_ptr() == k.data_ptr() and v.stride() == k.stride() and v.dtype == k.dtype
+
+
+def prefix_level(
+    q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor, plan: Plan
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Cascade's first level: every row of the batch against the shared prefix's one copy, k_prefix (Hkv, P, D)
+    and v_prefix (Hkv, P, Dv) — one program per (kv head, BLOCK_M rows of all B·G·Sq) — as each row's
+    normalised output (B, Hq, Sq, Dv) fp32 and log-sum-exp (B, Hq, Sq) (log2 units, −inf: no prefix key)."""
+    prev = torch.empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim_v, dtype=torch.float32, device=q.device)
+    prev_lse = torch.empty(plan.batch, plan.heads, plan.seq_q, dtype=torch.float32, device=q.device)
+    group = plan.heads // plan.kv_heads
+    rows = plan.batch * group * plan.seq_q
+    constants = plan.constants()
+    v_from_k = _is_view_of(v_prefix, k_prefix) and plan.block_dv == plan.block_d
+
+    def launch(tile: Tile) -> None:
+        kernels._prefix_kernel[(plan.kv_heads, triton.cdiv(rows, tile.block_m))](
+            q, k_prefix, v_prefix, prev, prev_lse, *plan.row_tables(), plan.seq_offsets, *q.stride(),
+            *k_prefix.stride(), *v_prefix.stride(), *plan.table_strides(), *plan.scalars(), plan.heads, group,
+            plan.batch, plan.seq_q, plan.seq_k, plan.prefix, plan.causal_offset or 0, plan.window, **constants,
+            SPLIT_D=plan.block_dt > 0, BLOCK_DT=max(16, plan.block_dt), V_FROM_K=v_from_k, **tile.launch_kwargs(),
+        )  # fmt: skip
+
+    launch(plan.tile("prefix", q, k_prefix, launch))
+    return prev, prev_lse
 
 
 def forward(
@@ -236,20 +446,40 @@ def forward(
     plan: Plan,
     store_lse: bool = False,
     visited: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """O (B, Hq, Sq, D) and, with ``store_lse``, the row log-sum-exp (B, Hq, Sq) fp32 in log2 units.
-    ``visited`` (tests): an int32 (B·Hq, row tiles, 2) tensor that receives, per program, the number of
-    key blocks it visits and how many of them are unmasked."""
-    out = q.new_empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim)
+    """O (B, Hq, Sq, Dv) and, with ``store_lse``, the row log-sum-exp (B, Hq, Sq) fp32 in log2 units (the
+    sink's term included). ``visited`` (tests): an int32 (B·Hq, row tiles, 2) tensor that receives, per
+    program, the number of key blocks it visits and how many of them are unmasked. With a shared prefix the
+    prefix is read once for the batch from ``prefix_kv`` (its one copy, k (Hkv, P, D) and v (Hkv, P, Dv);
+    default: sequence 0's first P positions, attnbench's ``inputs.prefix_kv``), each sequence's own keys after
+    it by the forward kernel, which starts from the prefix level's state (the log-sum-exp merge)."""
+    if (sinks is not None) != plan.sinks:
+        raise ValueError("the plan was made " + ("with" if plan.sinks else "without") + " sinks; pass them alike")
+    prev = prev_lse = None
+    if plan.prefix:
+        k_prefix, v_prefix = prefix_kv or (k[0, :, : plan.prefix], v[0, :, : plan.prefix])
+        prev, prev_lse = prefix_level(q, k_prefix, v_prefix, plan)
+    out = q.new_empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim_v)
     lse = torch.empty(plan.batch, plan.heads, plan.seq_q, dtype=torch.float32, device=q.device) if store_lse else None
-    doc_stride = plan.doc_start.stride(0) if plan.doc_start is not None else 0
+    scaled = plan.k_scale is not None
+    k_scale, v_scale = plan.k_scale, plan.v_scale
+    scale_strides: tuple[int, ...] = (0,) * 4
+    if k_scale is not None and v_scale is not None:
+        scale_strides = (*k_scale.stride()[:2], *v_scale.stride()[:2])
+
+    # v is k's first Dv channels (an MLA latent cache, passed as the view): reuse the key tile when it is as wide
+    v_from_k = _is_view_of(v, k) and plan.block_dv == plan.block_d
 
     def launch(tile: Tile) -> None:
         kernels._forward_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
-            q, k, v, out, lse, *plan.tables(), visited, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            doc_stride, *plan.scalars(), plan.heads, plan.heads // plan.kv_heads, plan.seq_q, plan.seq_k,
-            plan.causal_offset or 0, plan.window, **plan.constants(), STORE_LSE=store_lse,
-            COUNT_BLOCKS=visited is not None, **tile.launch_kwargs(),
+            q, k, v, out, lse, *plan.row_tables(), plan.seq_offsets, sinks, k_scale, v_scale, visited,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *plan.table_strides(), *scale_strides,
+            plan.scale_block, prev, prev_lse, plan.prefix, *plan.scalars(), plan.heads, plan.heads // plan.kv_heads,
+            plan.seq_q, plan.seq_k, plan.causal_offset or 0, plan.window, **plan.constants(), SINKS=sinks is not None,
+            KV_SCALED=scaled, SPLIT_D=plan.block_dt > 0, BLOCK_DT=max(16, plan.block_dt), V_FROM_K=v_from_k,
+            MERGE=plan.prefix > 0, STORE_LSE=store_lse, COUNT_BLOCKS=visited is not None, **tile.launch_kwargs(),
         )  # fmt: skip
 
     launch(plan.tile("fwd", q, k, launch))
@@ -258,66 +488,97 @@ def forward(
 
 def backward_grads(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
-    plan: Plan,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, dk, dv) for upstream gradient ``grad_out``, from the forward's output and log-sum-exp."""
+    plan: Plan, sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """(dq, dk, dv) for upstream gradient ``grad_out``, from the forward's output and log-sum-exp; with
+    ``sinks``, the sink logits' gradient (Hq,) fp32 as a fourth."""
+    if plan.narrowed:
+        raise ValueError(f"a KV cache stored as {plan.kv_dtype} is a serving cache: forward only")
+    if plan.block_dt:
+        raise ValueError(f"head_dim {plan.head_dim} (split past 256): forward only")
+    if plan.prefix:
+        raise ValueError("a shared prefix (cascade) is a serving-time layout: forward only")
     delta = torch.empty_like(lse)
+    blocks = triton.cdiv(plan.seq_q, PREPROCESS_BLOCK_M)
+    partials = None  # with sinks: (B·Hq, row blocks) parts of their gradient
+    if sinks is not None:
+        partials = torch.empty(plan.batch * plan.heads, blocks, dtype=torch.float32, device=q.device)
     kernels._preprocess_kernel[_row_grid(plan, plan.heads, PREPROCESS_BLOCK_M, plan.seq_q)](
-        out, grad_out, delta, *out.stride(), *grad_out.stride(), plan.heads, plan.seq_q,
-        HEAD_DIM=plan.head_dim, BLOCK_D=plan.block_d, BLOCK_M=PREPROCESS_BLOCK_M,
+        out, grad_out, delta, lse, sinks, partials, *out.stride(), *grad_out.stride(), plan.heads, plan.seq_q,
+        HEAD_DIM=plan.head_dim_v, BLOCK_D=plan.block_dv, SINKS=sinks is not None, BLOCK_M=PREPROCESS_BLOCK_M,
     )  # fmt: skip
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    doc_stride = plan.doc_start.stride(0) if plan.doc_start is not None else 0
+    doc_stride, rows_stride = plan.table_strides()
     shared = (*plan.scalars(),)
     group = plan.heads // plan.kv_heads
 
     def launch_dkdv(tile: Tile) -> None:
         kernels._dkdv_kernel[_row_grid(plan, plan.kv_heads, tile.block_n, plan.seq_k)](
-            q, k, v, grad_out, lse, delta, dk, dv, *plan.tables(), *q.stride(), *k.stride(), *v.stride(),
-            *grad_out.stride(), *dk.stride(), *dv.stride(), doc_stride, *shared, plan.heads, plan.kv_heads, group,
-            plan.seq_q, plan.seq_k, plan.causal_offset or 0, plan.window, **plan.constants(), **tile.launch_kwargs(),
+            q, k, v, grad_out, lse, delta, dk, dv, *plan.row_tables(), plan.key_lo, plan.key_hi, plan.seq_offsets,
+            *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(), doc_stride,
+            rows_stride, plan.key_stride(), *shared, plan.heads, plan.kv_heads, group, plan.seq_q, plan.seq_k,
+            plan.causal_offset or 0, plan.window, **plan.constants(), **tile.launch_kwargs(),
         )  # fmt: skip
 
     def launch_dq(tile: Tile) -> None:
         kernels._dq_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
-            q, k, v, grad_out, lse, delta, dq, *plan.tables(), *q.stride(), *k.stride(), *v.stride(),
-            *grad_out.stride(), *dq.stride(), doc_stride, *shared, plan.heads, group, plan.seq_q, plan.seq_k,
-            plan.causal_offset or 0, plan.window, **plan.constants(), **tile.launch_kwargs(),
+            q, k, v, grad_out, lse, delta, dq, *plan.row_tables(), plan.seq_offsets, *q.stride(), *k.stride(),
+            *v.stride(), *grad_out.stride(), *dq.stride(), doc_stride, rows_stride, *shared, plan.heads, group,
+            plan.seq_q, plan.seq_k, plan.causal_offset or 0, plan.window, **plan.constants(), **tile.launch_kwargs(),
         )  # fmt: skip
 
     launch_dkdv(plan.tile("dkdv", q, k, launch_dkdv))
     launch_dq(plan.tile("dq", q, k, launch_dq))
-    return dq, dk, dv
+    if partials is None:
+        return dq, dk, dv
+    return dq, dk, dv, partials.view(plan.batch, plan.heads, blocks).sum(dim=(0, 2))
 
 
 class _FlashAttention(torch.autograd.Function):
-    """Forward saves q, k, v, O and the log-sum-exp; backward runs the FlashAttention-2 kernels."""
+    """Forward saves q, k, v, O, the log-sum-exp (and the sinks); backward runs the FlashAttention-2 kernels."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
-        out, lse = forward(q, k, v, plan, store_lse=True)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, plan: Plan
+    ) -> torch.Tensor:  # fmt: skip
+        out, lse = forward(q, k, v, plan, store_lse=True, sinks=sinks)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.plan = plan
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
-        return (*backward_grads(q, k, v, out, lse, grad_out, ctx.plan), None)
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        grads = backward_grads(q, k, v, out, lse, grad_out, ctx.plan, sinks=sinks)
+        return (*grads[:3], grads[3] if sinks is not None else None, None)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
-    """Attention with a ready plan: through autograd when a gradient is wanted, else the forward alone."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out: torch.Tensor = _FlashAttention.apply(q, k, v, plan)
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, sinks: torch.Tensor | None = None,
+    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Attention with a ready plan: through autograd when a gradient is wanted, else the forward alone
+    (``prefix_kv``: a shared prefix's one copy, see :func:`forward`)."""
+    wanted = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
+    if torch.is_grad_enabled() and wanted:
+        if plan.narrowed:  # refused before any launch
+            raise ValueError(f"a KV cache stored as {plan.kv_dtype} is a serving cache: forward only")
+        if plan.block_dt:
+            raise ValueError(f"head_dim {plan.head_dim} (split past 256): forward only")
+        if plan.prefix:
+            raise ValueError("a shared prefix (cascade) is a serving-time layout: forward only")
+        out: torch.Tensor = _FlashAttention.apply(q, k, v, sinks, plan)
         return out
-    return forward(q, k, v, plan)[0]
+    return forward(q, k, v, plan, sinks=sinks, prefix_kv=prefix_kv)[0]
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> torch.Tensor:
-    """softmax(q·kᵀ·scale + mask)·v for q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D), any strides; a new
-    (B, Hq, Sq, D) tensor in q's dtype, differentiable. ``options``: see the module docstring."""
-    return attend(q, k, v, make_plan(q, k, v, **options))
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None, **options: Any
+) -> torch.Tensor:  # fmt: skip
+    """softmax(q·kᵀ·scale + mask)·v for q (B, Hq, Sq, D), k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv), any
+    strides; a new (B, Hq, Sq, Dv) tensor in q's dtype, differentiable (in the sinks too). ``options``: see
+    the module docstring."""
+    return attend(q, k, v, make_plan(q, k, v, sinks=sinks, **options), sinks)
 
 
 __all__ = [
@@ -327,7 +588,9 @@ __all__ = [
     "alibi_slopes",
     "attend",
     "causal_offset",
+    "chunked_ranges",
     "document_bounds",
     "flash_attention",
     "make_plan",
+    "range_tables",
 ]

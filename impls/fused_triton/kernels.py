@@ -5,27 +5,47 @@ Definitions (shared by all four kernels):
 * **Key ranges.** Every mask gives query row i a contiguous range of visible keys [lo(i), hi(i)):
   ``none`` [0, Sk); causal hi = i + 1 + offset (offset 0 top-left, Sk − Sq bottom-right); a sliding window
   of W keys lo = i + offset − W + 1 (always bottom-right); ``padding`` hi ≤ lengths[b]; documents
-  lo ≥ doc_start(i), hi ≤ doc_end(i) (per-token tables). lo and hi never decrease down the rows, and the
-  dual holds for keys: key j is seen by rows [rlo(j), rhi(j)) (``_key_ranges``), also non-decreasing.
-* **Blocks.** A program's rows see the union [lo(first row), hi(last row)) and *every* row sees
-  [lo(last row), hi(first row)). Blocks inside the latter run without any element mask; blocks in the
-  union but outside it are masked element-wise; blocks outside the union are skipped, so causal does
-  about half the work and a window's work is ∝ W, not S. The dK/dV kernel does the same over query
-  blocks with the key-side ranges.
+  lo ≥ doc_start(i), hi ≤ doc_end(i) (per-token tables); ``RANGES``: any other mask — chunked, a mixed or
+  ragged batch — as per-row tables lo(b, i), hi(b, i) (B, Sq) and their key-side duals (B, Sk), built once
+  on the host (``flash.range_tables``). For every mask the rows that see a key j form one range
+  [rlo(j), rhi(j)) (``_key_ranges``).
+* **Blocks.** A program's rows see the union of their ranges and *every* row sees their intersection
+  (``_bounds``: min/max reductions over the tile's rows, so ranges need not be monotone across rows — a
+  ragged batch's padding rows see nothing). Blocks inside the intersection run without any element mask;
+  blocks in the union but outside it are masked element-wise; blocks outside the union are skipped, so
+  causal does about half the work and a window's work is ∝ W, not S. The dK/dV kernel does the same over
+  query blocks with the key-side ranges.
 * **Scores**, in log2 units: s = q·kᵀ · scale · log2(e). Without a score modifier the scale is applied
   in one FMA with the row maximum (``exp2(qk·c − m)``). Softcap: s ← cap·tanh(s/cap) before the mask;
-  ALiBi: s ← s − slope_h·|i + (Sk − Sq) − j|.
+  ALiBi: s ← s − slope_h·|i + offset_b − j| (offset_b = Sk − Sq, or the sequence's own kv_len − q_len).
+* **Values** have their own head dim Dv (``HEAD_DIM_V``, padded to ``BLOCK_DV``): v, O, dO and dV are
+  Dv wide, q, k, dQ and dK D wide. An MLA latent cache's values are a view of its keys' first Dv channels:
+  V is k's pointer with k's strides, nothing copied; when the key tile is as wide as the value tile
+  (``V_FROM_K``) the forward takes the values from the key tile it already loaded (channels ≥ Dv zeroed).
+* **Wide heads** (``SPLIT_D``, forward): a head dim past 256 that is no power of two — MLA's 576 — is its
+  power-of-two part (BLOCK_D, 512) and a tail tile (BLOCK_DT, 64): q·kᵀ is two dots, 576 channels loaded,
+  not 1024.
+* **A narrowed KV cache** (``KV_SCALED``, forward only): k and v are loaded in their stored type (bf16,
+  fp8 e4m3 / e5m2) and converted to q's type in registers (exact: every fp8 and bf16 value is an fp16 /
+  bf16 / fp32 value); an fp8 cache's float32 scales, one per block of ``scale_block`` positions (a
+  sequence, or a page), are applied to the fp32 tiles right after the dots — the keys' to the score
+  columns, the values' to the probability columns before P·V — which is q·(k·s_k)ᵀ and P·(v·s_v) without
+  rounding the dequantized k or v to the dtype.
 * **Forward** (online softmax): running row max m, denominator l, fp32 accumulator; writes O and the
   row log-sum-exp LSE = m + log2(l) (fp32, log2 units; +inf for a row that sees no key, whose O is 0).
+  Learned sinks (``SINKS``): the head's logit joins the denominator at the end, l ← l + 2^(sink·log2 e − m)
+  with m the max over keys and sink, and LSE includes it (a row that sees no key: O 0, LSE the sink).
 * **Backward** (FlashAttention-2): Δ_i = Σ_d dO∘O (preprocess); P = exp2(s − LSE) recomputed per tile;
   dV = Pᵀ·dO, dS = P∘(dO·Vᵀ − Δ), dK = dSᵀ·Q·c, dQ = dS·K·c (c = scale, times 1 − tanh² under softcap).
+  With sinks the same formulas hold (LSE includes the sink, which has no value) and the preprocess also
+  sums dsink_h = −Σ_rows 2^(sink·log2 e − LSE)·Δ per (batch·head, row block); the host adds those partials.
   dK/dV: one program per (batch·kv head, key block) loops over the query heads of its GQA group and
   their query blocks, so the group's sum needs no atomics. dQ: one program per (batch·head, query block).
 * **Memory.** Row and key offsets are 64-bit (``_offsets``): a strided (B, S, H, D) view passes 2^31
-  elements at long S. Batch·heads is grid axis 0 (axis 1 is capped at 65535). The head dim is padded to
-  BLOCK_D, a power of two ≥ 16, with loads masked on it only when ``EVEN_D`` is false.
-* **Precision.** fp32 scores, statistics and accumulators; P and dS are cast to the inputs' dtype for
-  the second matmuls. fp32 inputs use ``INPUT_PRECISION`` ("tf32x3" on CUDA, "ieee" in the interpreter).
+  elements at long S. Batch·heads is grid axis 0 (axis 1 is capped at 65535). Head dims are padded to
+  BLOCK_D / BLOCK_DV, powers of two ≥ 16, with loads masked on them only when ``EVEN_D`` / ``EVEN_DV`` is false.
+* **Precision.** fp32 scores, statistics and accumulators; P and dS are cast to q's dtype for the second
+  matmuls. fp32 inputs use ``INPUT_PRECISION`` ("tf32x3" on CUDA, "ieee" in the interpreter).
   In the interpreter only, bf16 dot operands are upcast (its tl.dot mishandles bf16; triton#11584).
 """
 
@@ -66,54 +86,72 @@ def _load(ptrs, first_ok, second_ok, MASK_FIRST: tl.constexpr, MASK_SECOND: tl.c
 
 
 @triton.jit
-def _row_ranges(rows, b, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc,
-                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, PADDED: tl.constexpr, DOCS: tl.constexpr):  # fmt: skip
-    """Keys [lo, hi) that query row(s) ``rows`` see (rows may be a scalar or a vector)."""
-    lo = rows * 0
-    hi = rows * 0 + seq_k
-    if CAUSAL:
-        hi = tl.minimum(hi, rows + 1 + causal_offset)
-    if WINDOW:
-        lo = tl.maximum(lo, rows + 1 + causal_offset - window)
-    if PADDED:
-        hi = tl.minimum(hi, length)
-    if DOCS:
-        at = _offsets(b, stride_doc) + rows
-        lo = tl.maximum(lo, tl.load(DocStart + at))
-        hi = tl.minimum(hi, tl.load(DocEnd + at))
+def _row_ranges(rows, b, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi,
+                stride_rows, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, PADDED: tl.constexpr, DOCS: tl.constexpr,
+                RANGES: tl.constexpr):  # fmt: skip
+    """Keys [lo, hi) that query row(s) ``rows`` see (rows may be a scalar or a vector, below Sq)."""
+    if RANGES:  # the per-row tables: they are the whole mask
+        at = _offsets(b, stride_rows) + rows
+        lo = tl.load(RowLo + at)
+        hi = tl.load(RowHi + at)
+    else:
+        lo = rows * 0
+        hi = rows * 0 + seq_k
+        if CAUSAL:
+            hi = tl.minimum(hi, rows + 1 + causal_offset)
+        if WINDOW:
+            lo = tl.maximum(lo, rows + 1 + causal_offset - window)
+        if PADDED:
+            hi = tl.minimum(hi, length)
+        if DOCS:
+            at = _offsets(b, stride_doc) + rows
+            lo = tl.maximum(lo, tl.load(DocStart + at))
+            hi = tl.minimum(hi, tl.load(DocEnd + at))
     return lo, hi
 
 
 @triton.jit
-def _key_ranges(keys, b, seq_q, causal_offset, window, DocStart, DocEnd, stride_doc,
-                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr):  # fmt: skip
-    """Query rows [lo, hi) that see key(s) ``keys`` (below the padding length: callers clamp to it)."""
-    lo = keys * 0
-    hi = keys * 0 + seq_q
-    if CAUSAL:
-        lo = tl.maximum(lo, keys - causal_offset)
-    if WINDOW:
-        hi = tl.minimum(hi, keys - causal_offset + window)
-    if DOCS:
-        at = _offsets(b, stride_doc) + keys
-        lo = tl.maximum(lo, tl.load(DocStart + at))
-        hi = tl.minimum(hi, tl.load(DocEnd + at))
+def _key_ranges(keys, b, seq_q, causal_offset, window, DocStart, DocEnd, stride_doc, KeyLo, KeyHi, stride_keys,
+                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr):  # fmt: skip
+    """Query rows [lo, hi) that see key(s) ``keys`` (below Sk and the padding length: callers see to it)."""
+    if RANGES:
+        at = _offsets(b, stride_keys) + keys
+        lo = tl.load(KeyLo + at)
+        hi = tl.load(KeyHi + at)
+    else:
+        lo = keys * 0
+        hi = keys * 0 + seq_q
+        if CAUSAL:
+            lo = tl.maximum(lo, keys - causal_offset)
+        if WINDOW:
+            hi = tl.minimum(hi, keys - causal_offset + window)
+        if DOCS:
+            at = _offsets(b, stride_doc) + keys
+            lo = tl.maximum(lo, tl.load(DocStart + at))
+            hi = tl.minimum(hi, tl.load(DocEnd + at))
     return lo, hi
 
 
 @triton.jit
-def _block_bounds(lo_first, hi_first, lo_last, hi_last, whole, BLOCK: tl.constexpr):
-    """(start, full_start, full_end, end) of the blocks to visit along one axis: masked blocks in
-    [start, full_start) and [full_end, end), unmasked ones in [full_start, full_end). ``whole`` is false
-    when the program's own block is partial (then every visited block is masked)."""
-    start = (tl.maximum(lo_first, 0) // BLOCK) * BLOCK
-    end = tl.maximum(hi_last, start)
-    full_start = ((tl.maximum(lo_last, 0) + BLOCK - 1) // BLOCK) * BLOCK
-    full_end = (hi_first // BLOCK) * BLOCK
-    none_full = (full_end <= full_start) | (whole == 0)
+def _bounds(lo, hi, ok, limit, BLOCK: tl.constexpr):
+    """(start, full_start, full_end, end) of the blocks to visit along one axis, for a tile whose entries
+    (rows, or keys for dK/dV) see [lo, hi) each; entries where ``ok`` is false (past the tensor) don't count.
+    Masked blocks lie in [start, full_start) and [full_end, end), unmasked ones (inside every entry's range)
+    in [full_start, full_end). An entry that sees nothing leaves no unmasked block; ``limit`` is the
+    axis' length."""
+    seen = ok & (lo < hi)
+    union_lo = tl.min(tl.where(seen, lo, limit), 0)
+    union_hi = tl.max(tl.where(seen, hi, 0), 0)
+    common_lo = tl.max(tl.where(ok, lo, 0), 0)
+    common_hi = tl.min(tl.where(ok, tl.where(seen, hi, 0), limit), 0)
+    start = (tl.maximum(union_lo, 0) // BLOCK) * BLOCK
+    end = tl.maximum(union_hi, start)
+    full_start = ((tl.maximum(common_lo, 0) + BLOCK - 1) // BLOCK) * BLOCK
+    full_end = (common_hi // BLOCK) * BLOCK
+    none_full = full_end <= full_start
     full_start = tl.where(none_full, start, full_start)
     full_end = tl.where(none_full, start, full_end)
-    return start, full_start, full_end, end
+    return start, full_start, full_end, end, tl.maximum(union_lo, 0), union_hi
 
 
 @triton.jit
@@ -147,16 +185,31 @@ def _scores(qk, rows, keys, sm_scale, qk_scale, softcap, slope, alibi_offset,
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, key_hi, d_ok,
-            stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            MASKED: tl.constexpr, EVEN_D: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+def _kv_scales(Scale, keys, key_ok, scale_block, MASKED: tl.constexpr):
+    """(BLOCK_N,) fp32: each key's cache scale (its block's: the sequence's, or its page's)."""
+    if MASKED:
+        return tl.load(Scale + keys // scale_block, mask=key_ok, other=0.0)
+    else:
+        return tl.load(Scale + keys // scale_block)
+
+
+@triton.jit
+def _attend(acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SPLIT_D: tl.constexpr,
+            V_FROM_K: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KV_SCALED: tl.constexpr,
             INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
     """One block of keys into a forward tile's running (acc, m, l). Masked blocks load only keys in
     [key_lo, key_hi) (some row of the tile sees them) and hide keys outside each row's [lo, hi)."""
     keys = start_n + offs_n  # (BLOCK_N,)
     key_ok = (keys >= key_lo) & (keys < key_hi)
     k_t = _load(k_base + _offsets(start_n, stride_kn), d_ok[:, None], key_ok[None, :], not EVEN_D, MASKED)
-    qk = _dot(q, k_t, None, INPUT_PRECISION, UPCAST)  # (BLOCK_M, BLOCK_N)
+    qk = _dot(q, k_t.to(q.dtype), None, INPUT_PRECISION, UPCAST)  # (BLOCK_M, BLOCK_N); a narrowed cache: exact
+    if SPLIT_D:  # the head dim's tail channels (MLA's 64 rope channels after its 512)
+        k_tail = _load(k_tail_base + _offsets(start_n, stride_kn), t_ok[:, None], key_ok[None, :], True, MASKED)
+        qk = _dot(q_tail, k_tail.to(q.dtype), qk, INPUT_PRECISION, UPCAST)
+    if KV_SCALED:  # q·(k·s_k)ᵀ: each key's scale on its score column
+        qk = qk * _kv_scales(k_scale, keys, key_ok, scale_block, MASKED)[None, :]
     s, c, _ = _scores(qk, rows[:, None], keys[None, :], sm_scale, qk_scale, softcap, slope, alibi_offset,
                       SOFTCAP, ALIBI)  # fmt: skip
     if MASKED:
@@ -168,21 +221,31 @@ def _attend(acc, m_i, l_i, q, k_base, v_base, start_n, offs_n, rows, lo, hi, key
     p = tl.math.exp2(s * c - m_use[:, None])  # the scale and the max in one FMA
     alpha = tl.math.exp2(m_i - m_use)  # 0 on a row's first visible block (m_i = −inf)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = _load(v_base + _offsets(start_n, stride_vn), key_ok[:, None], d_ok[None, :], MASKED, not EVEN_D)
-    acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], INPUT_PRECISION, UPCAST)
+    if V_FROM_K:  # v is k's first Dv channels (a latent cache): the key tile already holds them
+        v = tl.trans(k_t)
+        if not EVEN_DV:
+            v = tl.where(dv_ok[None, :], v, tl.zeros_like(v))
+    else:
+        v = _load(v_base + _offsets(start_n, stride_vn), key_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV)
+    if KV_SCALED:  # P·(v·s_v): each key's scale on its probability column
+        p = p * _kv_scales(v_scale, keys, key_ok, scale_block, MASKED)[None, :]
+    acc = _dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], INPUT_PRECISION, UPCAST)
     return acc, m_new, l_i
 
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, Out, Lse, Lengths, DocStart, DocEnd, Slopes, Visited,
+    Q, K, V, Out, Lse, Lengths, DocStart, DocEnd, Slopes, RowLo, RowHi, SeqOffsets, Sinks, KScale, VScale, Visited,
     stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od, stride_doc,
+    stride_rows, stride_ksb, stride_ksh, stride_vsb, stride_vsh, scale_block, Prev, PrevLse, key_start,
     sm_scale, qk_scale, softcap, heads, gqa_group, seq_q, seq_k, causal_offset, window,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr, PADDED: tl.constexpr, DOCS: tl.constexpr, SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr, STORE_LSE: tl.constexpr, COUNT_BLOCKS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    SINKS: tl.constexpr, KV_SCALED: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr,
+    V_FROM_K: tl.constexpr, MERGE: tl.constexpr, STORE_LSE: tl.constexpr, COUNT_BLOCKS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     batch_head = tl.program_id(0)
     tile = tl.program_id(1)
@@ -195,7 +258,9 @@ def _forward_kernel(
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < HEAD_DIM
+    dv_ok = offs_dv < HEAD_DIM_V
     row_ok = rows < seq_q
     length = seq_k
     if PADDED:
@@ -203,15 +268,15 @@ def _forward_kernel(
     slope = 0.0
     if ALIBI:
         slope = tl.load(Slopes + h)
+    alibi_offset = seq_k - seq_q
+    if RANGES:
+        alibi_offset = tl.load(SeqOffsets + b)  # the sequence's own diagonal
 
     lo, hi = _row_ranges(tl.minimum(rows, seq_q - 1), b, seq_k, causal_offset, window, length, DocStart, DocEnd,
-                         stride_doc, CAUSAL, WINDOW, PADDED, DOCS)  # fmt: skip
-    lo_first, hi_first = _row_ranges(start_m, b, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc,
-                                     CAUSAL, WINDOW, PADDED, DOCS)  # fmt: skip
-    last_row = tl.minimum(start_m + BLOCK_M, seq_q) - 1
-    lo_last, hi_last = _row_ranges(last_row, b, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc,
-                                   CAUSAL, WINDOW, PADDED, DOCS)  # fmt: skip
-    start, full_start, full_end, end = _block_bounds(lo_first, hi_first, lo_last, hi_last, 1, BLOCK_N)
+                         stride_doc, RowLo, RowHi, stride_rows, CAUSAL, WINDOW, PADDED, DOCS, RANGES)  # fmt: skip
+    if MERGE:  # the suffix level of a shared prefix: keys from key_start on (the prefix kernel did the others)
+        lo = tl.maximum(lo, key_start)
+    start, full_start, full_end, end, key_lo, key_hi = _bounds(lo, hi, row_ok, seq_k, BLOCK_N)
     if COUNT_BLOCKS:  # (tests) the key blocks this tile visits, and how many of them are unmasked
         unmasked = tl.cdiv(full_end - full_start, BLOCK_N)
         visited = tl.cdiv(full_start - start, BLOCK_N) + unmasked + tl.cdiv(tl.maximum(end - full_end, 0), BLOCK_N)
@@ -219,82 +284,206 @@ def _forward_kernel(
         tl.store(at, visited)
         tl.store(at + 1, unmasked)
 
-    q_ptrs = (Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + _offsets(rows, stride_qm)[:, None]
-              + offs_d[None, :] * stride_qd)  # fmt: skip
-    q = _load(q_ptrs, row_ok[:, None], d_ok[None, :], True, not EVEN_D)  # (BLOCK_M, BLOCK_D)
-    k_base = (K + _offsets(b, stride_kb) + _offsets(kv_h, stride_kh) + _offsets(offs_n, stride_kn)[None, :]
-              + offs_d[:, None] * stride_kd)  # fmt: skip
+    q_rows = (Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + _offsets(rows, stride_qm))[:, None]
+    q = _load(q_rows + offs_d[None, :] * stride_qd, row_ok[:, None], d_ok[None, :], True, not EVEN_D)
+    k_keys = (K + _offsets(b, stride_kb) + _offsets(kv_h, stride_kh) + _offsets(offs_n, stride_kn))[None, :]
+    k_base = k_keys + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N) pointers of the first key block
+    q_tail = q
+    k_tail_base = k_base
+    t_ok = d_ok
+    if SPLIT_D:  # channels BLOCK_D … HEAD_DIM − 1 in a second, narrower tile
+        offs_t = BLOCK_D + tl.arange(0, BLOCK_DT)
+        t_ok = offs_t < HEAD_DIM
+        q_tail = _load(q_rows + offs_t[None, :] * stride_qd, row_ok[:, None], t_ok[None, :], True, True)
+        k_tail_base = k_keys + offs_t[:, None] * stride_kd
     v_base = (V + _offsets(b, stride_vb) + _offsets(kv_h, stride_vh) + _offsets(offs_n, stride_vn)[:, None]
-              + offs_d[None, :] * stride_vd)  # fmt: skip
+              + offs_dv[None, :] * stride_vd)  # fmt: skip
+    k_scale = KScale
+    v_scale = VScale
+    if KV_SCALED:  # this (sequence, kv head)'s scales, one per block of scale_block positions
+        k_scale = KScale + _offsets(b, stride_ksb) + _offsets(kv_h, stride_ksh)
+        v_scale = VScale + _offsets(b, stride_vsb) + _offsets(kv_h, stride_vsh)
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    key_lo = tl.maximum(lo_first, 0)
-    alibi_offset = seq_k - seq_q
-    for start_n in range(start, full_start, BLOCK_N):  # leading boundary blocks (windows, documents)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    if MERGE:  # start from the prefix's normalised state: max = its LSE, denominator 1 (0 if it saw no key)
+        stats = _offsets(batch_head, seq_q) + rows
+        m_i = tl.load(PrevLse + stats, mask=row_ok, other=float("-inf"))
+        l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
+        acc = tl.load(Prev + (stats * HEAD_DIM_V)[:, None] + offs_dv[None, :], mask=row_ok[:, None] & dv_ok[None, :],
+                      other=0.0)  # fmt: skip
+    for start_n in range(start, full_start, BLOCK_N):  # leading boundary blocks (windows, documents, chunks)
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, hi_last, d_ok,
-            stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            True, EVEN_D, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
         )  # fmt: skip
     for start_n in range(full_start, full_end, BLOCK_N):  # blocks every row sees in full: no mask
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, hi_last, d_ok,
-            stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            False, EVEN_D, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, False, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
         )  # fmt: skip
     for start_n in range(full_end, end, BLOCK_N):  # trailing boundary blocks; blocks past `end` skipped
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, hi_last, d_ok,
-            stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            True, EVEN_D, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
         )  # fmt: skip
 
     seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that saw no key: acc = 0, so zeros
+    if SINKS:  # the sink's logit joins the denominator: l·2^(m − m') + 2^(sink − m'), m' = max(m, sink)
+        sink = tl.load(Sinks + h).to(tl.float32) * LOG2E
+        m_all = tl.maximum(m_i, sink)
+        alpha = tl.math.exp2(m_i - m_all)  # 0 for a row that saw no key (m_i = −inf)
+        l_all = l_i * alpha + tl.math.exp2(sink - m_all)
+        out = acc * (alpha / l_all)[:, None]  # rows that saw no key: acc = 0, so zeros
+        lse = m_all + tl.math.log2(l_all)  # finite: the sink's share, also for a row that sees no key
+    else:
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that saw no key: acc = 0, so zeros
+        # +inf where no key is seen, so that P = 2^(s − LSE) = 0 in the backward
+        lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("inf"))
     o_ptrs = (Out + _offsets(b, stride_ob) + _offsets(h, stride_oh) + _offsets(rows, stride_om)[:, None]
-              + offs_d[None, :] * stride_od)  # fmt: skip
-    if EVEN_D:
+              + offs_dv[None, :] * stride_od)  # fmt: skip
+    if EVEN_DV:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
     else:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    if STORE_LSE:  # (B·H, Sq) fp32, log2 units; +inf where no key is seen, so that P = 2^(s − LSE) = 0
-        lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("inf"))
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+    if STORE_LSE:  # (B·H, Sq) fp32, log2 units
         tl.store(Lse + _offsets(batch_head, seq_q) + rows, lse, mask=row_ok)
 
 
 @triton.jit
-def _preprocess_kernel(
-    Out, DOut, Delta, stride_ob, stride_oh, stride_om, stride_od, stride_gb, stride_gh, stride_gm, stride_gd,
-    heads, seq_q, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+def _prefix_kernel(
+    Q, K, V, Prev, PrevLse, Lengths, DocStart, DocEnd, Slopes, RowLo, RowHi, SeqOffsets,
+    stride_qb, stride_qh, stride_qm, stride_qd, stride_kh, stride_kn, stride_kd, stride_vh, stride_vn, stride_vd,
+    stride_doc, stride_rows, sm_scale, qk_scale, softcap, heads, gqa_group, batch, seq_q, seq_k, prefix,
+    causal_offset, window,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr, V_FROM_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Δ_i = Σ_d dO[i, d]·O[i, d] in fp32, per (batch·head, row block)."""
+    """The first level of cascade attention over a shared prefix: one program per (kv head, block of rows)
+    takes its rows from *every* sequence — the B·G·Sq query rows of the kv head's query heads, flattened
+    as (b, g, i) — against the prefix's one copy (K, V: (Hkv, P, ·), sequence 0's first P positions), so
+    the prefix is read for the whole batch at once, not per sequence. Each row's mask range is cut to
+    [0, P). It writes each row's normalised output (fp32, (B, Hq, Sq, Dv) contiguous) and log-sum-exp (log2
+    units, −inf for a row that sees no prefix key) for the forward kernel's ``MERGE`` to continue from."""
+    kv_h = tl.program_id(0)
+    flat = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    total = batch * gqa_group * seq_q
+    row_ok = flat < total
+    flat = tl.minimum(flat, total - 1)
+    rows = flat % seq_q  # each row's own (b, h, i)
+    b = flat // (seq_q * gqa_group)
+    h = kv_h * gqa_group + (flat // seq_q) % gqa_group
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < HEAD_DIM
+    dv_ok = offs_dv < HEAD_DIM_V
+    length = seq_k
+    if PADDED:
+        length = tl.load(Lengths + b)
+    slope = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+    if ALIBI:
+        slope = tl.load(Slopes + h)[:, None]
+    alibi_offset = tl.zeros([BLOCK_M, 1], dtype=tl.int32) + (seq_k - seq_q)
+    if RANGES:
+        alibi_offset = tl.load(SeqOffsets + b)[:, None]
+    lo, hi = _row_ranges(rows, b, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi,
+                         stride_rows, CAUSAL, WINDOW, PADDED, DOCS, RANGES)  # fmt: skip
+    hi = tl.minimum(hi, prefix)
+    start, full_start, full_end, end, key_lo, key_hi = _bounds(lo, hi, row_ok, prefix, BLOCK_N)
+
+    q_rows = (Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + _offsets(rows, stride_qm))[:, None]
+    q = _load(q_rows + offs_d[None, :] * stride_qd, row_ok[:, None], d_ok[None, :], True, not EVEN_D)
+    k_keys = (K + _offsets(kv_h, stride_kh) + _offsets(offs_n, stride_kn))[None, :]
+    k_base = k_keys + offs_d[:, None] * stride_kd
+    v_base = V + _offsets(kv_h, stride_vh) + _offsets(offs_n, stride_vn)[:, None] + offs_dv[None, :] * stride_vd
+    q_tail = q
+    k_tail_base = k_base
+    t_ok = d_ok
+    if SPLIT_D:
+        offs_t = BLOCK_D + tl.arange(0, BLOCK_DT)
+        t_ok = offs_t < HEAD_DIM
+        q_tail = _load(q_rows + offs_t[None, :] * stride_qd, row_ok[:, None], t_ok[None, :], True, True)
+        k_tail_base = k_keys + offs_t[:, None] * stride_kd
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for start_n in range(start, full_start, BLOCK_N):
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, K, V, 1, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, False, INPUT_PRECISION, UPCAST,
+        )  # fmt: skip
+    for start_n in range(full_start, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, K, V, 1, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, False, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, False, INPUT_PRECISION, UPCAST,
+        )  # fmt: skip
+    for start_n in range(full_end, end, BLOCK_N):
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, K, V, 1, start_n, offs_n,
+            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
+            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, False, INPUT_PRECISION, UPCAST,
+        )  # fmt: skip
+
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    stats = (_offsets(b, heads) + h) * seq_q + rows  # (B, Hq, Sq) contiguous
+    tl.store(PrevLse + stats, lse, mask=row_ok)
+    tl.store(Prev + (stats * HEAD_DIM_V)[:, None] + offs_dv[None, :], out, mask=row_ok[:, None] & dv_ok[None, :])
+
+
+@triton.jit
+def _preprocess_kernel(
+    Out, DOut, Delta, Lse, Sinks, DSinks, stride_ob, stride_oh, stride_om, stride_od,
+    stride_gb, stride_gh, stride_gm, stride_gd, heads, seq_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """Δ_i = Σ_d dO[i, d]·O[i, d] in fp32, per (batch·head, row block) (HEAD_DIM: the values' Dv). With
+    sinks, also this block's part of the sink logit's gradient, −Σ_i 2^(sink·log2 e − LSE_i)·Δ_i, into
+    DSinks[batch·head, row block] (fp32; the host sums the partials)."""
     batch_head = tl.program_id(0)
     b, h = batch_head // heads, batch_head % heads
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    ok = (rows < seq_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    row_ok = rows < seq_q
+    ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
     o = tl.load(Out + _offsets(b, stride_ob) + _offsets(h, stride_oh) + _offsets(rows, stride_om)[:, None]
                 + offs_d[None, :] * stride_od, mask=ok, other=0.0)  # fmt: skip
     do = tl.load(DOut + _offsets(b, stride_gb) + _offsets(h, stride_gh) + _offsets(rows, stride_gm)[:, None]
                  + offs_d[None, :] * stride_gd, mask=ok, other=0.0)  # fmt: skip
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(Delta + _offsets(batch_head, seq_q) + rows, delta, mask=rows < seq_q)
+    tl.store(Delta + _offsets(batch_head, seq_q) + rows, delta, mask=row_ok)
+    if SINKS:  # the sink's probability 2^(sink − LSE) times (0 − Δ): it has no value
+        sink = tl.load(Sinks + h).to(tl.float32) * LOG2E
+        lse = tl.load(Lse + _offsets(batch_head, seq_q) + rows, mask=row_ok, other=float("inf"))
+        part = -tl.sum(tl.where(row_ok, tl.math.exp2(sink - lse) * delta, 0.0), 0)
+        tl.store(DSinks + _offsets(batch_head, tl.num_programs(1)) + tl.program_id(1), part)
 
 
 @triton.jit
-def _dkdv_block(dk, dv, k, v, q_base, do_base, Lse, Delta, start_m, offs_m, keys, d_ok, b, seq_q, seq_k,
-                causal_offset, window, length, DocStart, DocEnd, stride_doc, stride_qm, stride_gm,
-                sm_scale, qk_scale, softcap, slope, alibi_offset,
-                MASKED: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-                PADDED: tl.constexpr, DOCS: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+def _dkdv_block(dk, dv, k, v, q_base, do_base, Lse, Delta, start_m, offs_m, keys, d_ok, dv_ok, b, seq_q, seq_k,
+                causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi, stride_rows,
+                stride_qm, stride_gm, sm_scale, qk_scale, softcap, slope, alibi_offset,
+                MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr,
+                WINDOW: tl.constexpr, PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr,
+                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                UPCAST: tl.constexpr):  # fmt: skip
     """One block of query rows into a key block's dK, dV (tiles transposed: keys × rows)."""
     rows = start_m + offs_m  # (BLOCK_M,)
     row_ok = rows < seq_q
     q_t = _load(q_base + _offsets(rows, stride_qm)[None, :], d_ok[:, None], row_ok[None, :], not EVEN_D, MASKED)
-    do = _load(do_base + _offsets(rows, stride_gm)[:, None], row_ok[:, None], d_ok[None, :], MASKED, not EVEN_D)
+    do = _load(do_base + _offsets(rows, stride_gm)[:, None], row_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV)
     if MASKED:
         lse = tl.load(Lse + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(Delta + rows, mask=row_ok, other=0.0)
@@ -307,7 +496,8 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, Lse, Delta, start_m, offs_m, keys
     p_t = tl.math.exp2(s_t * c - lse[None, :])
     if MASKED:
         lo, hi = _row_ranges(tl.minimum(rows, seq_q - 1), b, seq_k, causal_offset, window, length, DocStart,
-                             DocEnd, stride_doc, CAUSAL, WINDOW, PADDED, DOCS)  # fmt: skip
+                             DocEnd, stride_doc, RowLo, RowHi, stride_rows, CAUSAL, WINDOW, PADDED, DOCS,
+                             RANGES)  # fmt: skip
         visible = (keys[:, None] >= lo[None, :]) & (keys[:, None] < hi[None, :]) & row_ok[None, :]
         p_t = tl.where(visible, p_t, 0.0)
     dv = _dot(p_t.to(do.dtype), do, dv, INPUT_PRECISION, UPCAST)
@@ -319,15 +509,16 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, Lse, Delta, start_m, offs_m, keys
 
 @triton.jit
 def _dkdv_kernel(
-    Q, K, V, DOut, Lse, Delta, DK, DV, Lengths, DocStart, DocEnd, Slopes,
+    Q, K, V, DOut, Lse, Delta, DK, DV, Lengths, DocStart, DocEnd, Slopes, RowLo, RowHi, KeyLo, KeyHi, SeqOffsets,
     stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_gb, stride_gh, stride_gm, stride_gd,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_doc,
-    sm_scale, qk_scale, softcap, heads, kv_heads, gqa_group, seq_q, seq_k, causal_offset, window,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr, PADDED: tl.constexpr, DOCS: tl.constexpr, SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    stride_rows, stride_keys, sm_scale, qk_scale, softcap, heads, kv_heads, gqa_group, seq_q, seq_k,
+    causal_offset, window,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     batch_head = tl.program_id(0)  # batch · kv head
     b = batch_head // kv_heads
@@ -336,80 +527,83 @@ def _dkdv_kernel(
     keys = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < HEAD_DIM
+    dv_ok = offs_dv < HEAD_DIM_V
     length = seq_k
     if PADDED:
         length = tl.load(Lengths + b)
     key_end = tl.minimum(length, seq_k)  # keys at or past it are seen by no row
     key_ok = keys < key_end
+    alibi_offset = seq_k - seq_q
+    if RANGES:
+        alibi_offset = tl.load(SeqOffsets + b)
 
-    last_key = tl.minimum(start_n + BLOCK_N, key_end) - 1
-    lo_first, hi_first = _key_ranges(tl.minimum(start_n, seq_k - 1), b, seq_q, causal_offset, window, DocStart,
-                                     DocEnd, stride_doc, CAUSAL, WINDOW, DOCS)  # fmt: skip
-    lo_last, hi_last = _key_ranges(tl.maximum(last_key, 0), b, seq_q, causal_offset, window, DocStart, DocEnd,
-                                   stride_doc, CAUSAL, WINDOW, DOCS)  # fmt: skip
-    hi_last = tl.where(start_n < key_end, hi_last, 0)  # a block wholly past the length: nothing to visit
-    whole = start_n + BLOCK_N <= key_end
-    start, full_start, full_end, end = _block_bounds(lo_first, hi_first, lo_last, hi_last, whole, BLOCK_M)
+    # rows that see each key; a key past the length (or the tensor) is seen by none, so a block holding one
+    # has no unmasked row block
+    row_lo, row_hi = _key_ranges(tl.minimum(keys, seq_k - 1), b, seq_q, causal_offset, window, DocStart, DocEnd,
+                                 stride_doc, KeyLo, KeyHi, stride_keys, CAUSAL, WINDOW, DOCS, RANGES)  # fmt: skip
+    row_hi = tl.where(key_ok, row_hi, row_lo)
+    start, full_start, full_end, end, _, _ = _bounds(row_lo, row_hi, keys >= 0, seq_q, BLOCK_M)
 
     k_ptrs = (K + _offsets(b, stride_kb) + _offsets(kv_h, stride_kh) + _offsets(keys, stride_kn)[:, None]
               + offs_d[None, :] * stride_kd)  # fmt: skip
     v_ptrs = (V + _offsets(b, stride_vb) + _offsets(kv_h, stride_vh) + _offsets(keys, stride_vn)[:, None]
-              + offs_d[None, :] * stride_vd)  # fmt: skip
+              + offs_dv[None, :] * stride_vd)  # fmt: skip
     k = _load(k_ptrs, key_ok[:, None], d_ok[None, :], True, not EVEN_D)  # (BLOCK_N, BLOCK_D)
-    v = _load(v_ptrs, key_ok[:, None], d_ok[None, :], True, not EVEN_D)
+    v = _load(v_ptrs, key_ok[:, None], dv_ok[None, :], True, not EVEN_DV)  # (BLOCK_N, BLOCK_DV)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    alibi_offset = seq_k - seq_q
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     for g in range(0, gqa_group):  # the query heads of this kv head: dK, dV summed over the group
         h = kv_h * gqa_group + g
         slope = 0.0
         if ALIBI:
             slope = tl.load(Slopes + h)
         q_base = Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + offs_d[:, None] * stride_qd
-        do_base = DOut + _offsets(b, stride_gb) + _offsets(h, stride_gh) + offs_d[None, :] * stride_gd
+        do_base = DOut + _offsets(b, stride_gb) + _offsets(h, stride_gh) + offs_dv[None, :] * stride_gd
         row_stats = _offsets(b * heads + h, seq_q)
         for start_m in range(start, full_start, BLOCK_M):
             dk, dv = _dkdv_block(
                 dk, dv, k, v, q_base, do_base, Lse + row_stats, Delta + row_stats, start_m, offs_m, keys, d_ok,
-                b, seq_q, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, stride_qm, stride_gm,
-                sm_scale, qk_scale, softcap, slope, alibi_offset,
-                True, EVEN_D, CAUSAL, WINDOW, PADDED, DOCS, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
+                dv_ok, b, seq_q, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi,
+                stride_rows, stride_qm, stride_gm, sm_scale, qk_scale, softcap, slope, alibi_offset,
+                True, EVEN_D, EVEN_DV, CAUSAL, WINDOW, PADDED, DOCS, RANGES, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
             )  # fmt: skip
         for start_m in range(full_start, full_end, BLOCK_M):
             dk, dv = _dkdv_block(
                 dk, dv, k, v, q_base, do_base, Lse + row_stats, Delta + row_stats, start_m, offs_m, keys, d_ok,
-                b, seq_q, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, stride_qm, stride_gm,
-                sm_scale, qk_scale, softcap, slope, alibi_offset,
-                False, EVEN_D, CAUSAL, WINDOW, PADDED, DOCS, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
+                dv_ok, b, seq_q, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi,
+                stride_rows, stride_qm, stride_gm, sm_scale, qk_scale, softcap, slope, alibi_offset,
+                False, EVEN_D, EVEN_DV, CAUSAL, WINDOW, PADDED, DOCS, RANGES, SOFTCAP, ALIBI, INPUT_PRECISION,
+                UPCAST,
             )  # fmt: skip
         for start_m in range(full_end, end, BLOCK_M):
             dk, dv = _dkdv_block(
                 dk, dv, k, v, q_base, do_base, Lse + row_stats, Delta + row_stats, start_m, offs_m, keys, d_ok,
-                b, seq_q, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, stride_qm, stride_gm,
-                sm_scale, qk_scale, softcap, slope, alibi_offset,
-                True, EVEN_D, CAUSAL, WINDOW, PADDED, DOCS, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
+                dv_ok, b, seq_q, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi,
+                stride_rows, stride_qm, stride_gm, sm_scale, qk_scale, softcap, slope, alibi_offset,
+                True, EVEN_D, EVEN_DV, CAUSAL, WINDOW, PADDED, DOCS, RANGES, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
             )  # fmt: skip
 
-    store_ok = (keys < seq_k)[:, None] & d_ok[None, :]
+    in_range = keys < seq_k
     dk_ptrs = (DK + _offsets(b, stride_dkb) + _offsets(kv_h, stride_dkh) + _offsets(keys, stride_dkn)[:, None]
                + offs_d[None, :] * stride_dkd)  # fmt: skip
     dv_ptrs = (DV + _offsets(b, stride_dvb) + _offsets(kv_h, stride_dvh) + _offsets(keys, stride_dvn)[:, None]
-               + offs_d[None, :] * stride_dvd)  # fmt: skip
-    tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=store_ok)
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=store_ok)
+               + offs_dv[None, :] * stride_dvd)  # fmt: skip
+    tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=in_range[:, None] & d_ok[None, :])
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=in_range[:, None] & dv_ok[None, :])
 
 
 @triton.jit
-def _dq_block(dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, key_hi, d_ok,
+def _dq_block(dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, key_hi, d_ok, dv_ok,
               stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-              MASKED: tl.constexpr, EVEN_D: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-              INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+              MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SOFTCAP: tl.constexpr,
+              ALIBI: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
     """One block of keys into a query tile's dQ."""
     keys = start_n + offs_n
     key_ok = (keys >= key_lo) & (keys < key_hi)
     k = _load(k_base + _offsets(start_n, stride_kn), key_ok[:, None], d_ok[None, :], MASKED, not EVEN_D)
-    v_t = _load(v_base + _offsets(start_n, stride_vn), d_ok[:, None], key_ok[None, :], not EVEN_D, MASKED)
+    v_t = _load(v_base + _offsets(start_n, stride_vn), dv_ok[:, None], key_ok[None, :], not EVEN_DV, MASKED)
     qk = _dot(q, tl.trans(k), None, INPUT_PRECISION, UPCAST)  # (BLOCK_M, BLOCK_N)
     s, c, dmod = _scores(qk, rows[:, None], keys[None, :], sm_scale, qk_scale, softcap, slope, alibi_offset,
                          SOFTCAP, ALIBI)  # fmt: skip
@@ -423,15 +617,15 @@ def _dq_block(dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, 
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, DOut, Lse, Delta, DQ, Lengths, DocStart, DocEnd, Slopes,
+    Q, K, V, DOut, Lse, Delta, DQ, Lengths, DocStart, DocEnd, Slopes, RowLo, RowHi, SeqOffsets,
     stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_gb, stride_gh, stride_gm, stride_gd,
-    stride_dqb, stride_dqh, stride_dqm, stride_dqd, stride_doc,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd, stride_doc, stride_rows,
     sm_scale, qk_scale, softcap, heads, gqa_group, seq_q, seq_k, causal_offset, window,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr, PADDED: tl.constexpr, DOCS: tl.constexpr, SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     batch_head = tl.program_id(0)
     tile = tl.program_id(1)
@@ -444,7 +638,9 @@ def _dq_kernel(
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < HEAD_DIM
+    dv_ok = offs_dv < HEAD_DIM_V
     row_ok = rows < seq_q
     length = seq_k
     if PADDED:
@@ -452,50 +648,46 @@ def _dq_kernel(
     slope = 0.0
     if ALIBI:
         slope = tl.load(Slopes + h)
+    alibi_offset = seq_k - seq_q
+    if RANGES:
+        alibi_offset = tl.load(SeqOffsets + b)
     lo, hi = _row_ranges(tl.minimum(rows, seq_q - 1), b, seq_k, causal_offset, window, length, DocStart, DocEnd,
-                         stride_doc, CAUSAL, WINDOW, PADDED, DOCS)  # fmt: skip
-    lo_first, hi_first = _row_ranges(start_m, b, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc,
-                                     CAUSAL, WINDOW, PADDED, DOCS)  # fmt: skip
-    last_row = tl.minimum(start_m + BLOCK_M, seq_q) - 1
-    lo_last, hi_last = _row_ranges(last_row, b, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc,
-                                   CAUSAL, WINDOW, PADDED, DOCS)  # fmt: skip
-    start, full_start, full_end, end = _block_bounds(lo_first, hi_first, lo_last, hi_last, 1, BLOCK_N)
+                         stride_doc, RowLo, RowHi, stride_rows, CAUSAL, WINDOW, PADDED, DOCS, RANGES)  # fmt: skip
+    start, full_start, full_end, end, key_lo, key_hi = _bounds(lo, hi, row_ok, seq_k, BLOCK_N)
 
     q = _load(Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + _offsets(rows, stride_qm)[:, None]
               + offs_d[None, :] * stride_qd, row_ok[:, None], d_ok[None, :], True, not EVEN_D)  # fmt: skip
     do = _load(DOut + _offsets(b, stride_gb) + _offsets(h, stride_gh) + _offsets(rows, stride_gm)[:, None]
-               + offs_d[None, :] * stride_gd, row_ok[:, None], d_ok[None, :], True, not EVEN_D)  # fmt: skip
+               + offs_dv[None, :] * stride_gd, row_ok[:, None], dv_ok[None, :], True, not EVEN_DV)  # fmt: skip
     row_stats = _offsets(batch_head, seq_q) + rows
     lse = tl.load(Lse + row_stats, mask=row_ok, other=float("inf"))
     delta = tl.load(Delta + row_stats, mask=row_ok, other=0.0)
     k_base = (K + _offsets(b, stride_kb) + _offsets(kv_h, stride_kh) + _offsets(offs_n, stride_kn)[:, None]
               + offs_d[None, :] * stride_kd)  # fmt: skip
     v_base = (V + _offsets(b, stride_vb) + _offsets(kv_h, stride_vh) + _offsets(offs_n, stride_vn)[None, :]
-              + offs_d[:, None] * stride_vd)  # fmt: skip
+              + offs_dv[:, None] * stride_vd)  # fmt: skip
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    key_lo = tl.maximum(lo_first, 0)
-    alibi_offset = seq_k - seq_q
     for start_n in range(start, full_start, BLOCK_N):
         dq = _dq_block(
-            dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, hi_last, d_ok,
+            dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, key_hi, d_ok, dv_ok,
             stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            True, EVEN_D, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
+            True, EVEN_D, EVEN_DV, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
         )  # fmt: skip
     for start_n in range(full_start, full_end, BLOCK_N):
         dq = _dq_block(
-            dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, hi_last, d_ok,
+            dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, key_hi, d_ok, dv_ok,
             stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            False, EVEN_D, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
+            False, EVEN_D, EVEN_DV, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
         )  # fmt: skip
     for start_n in range(full_end, end, BLOCK_N):
         dq = _dq_block(
-            dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, hi_last, d_ok,
+            dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, key_hi, d_ok, dv_ok,
             stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            True, EVEN_D, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
+            True, EVEN_D, EVEN_DV, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
         )  # fmt: skip
     dq_ptrs = (DQ + _offsets(b, stride_dqb) + _offsets(h, stride_dqh) + _offsets(rows, stride_dqm)[:, None]
                + offs_d[None, :] * stride_dqd)  # fmt: skip
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-__all__ = ["LOG2E", "_dkdv_kernel", "_dq_kernel", "_forward_kernel", "_offsets", "_preprocess_kernel"]
+__all__ = ["LOG2E", "_dkdv_kernel", "_dq_kernel", "_forward_kernel", "_offsets", "_prefix_kernel", "_preprocess_kernel"]

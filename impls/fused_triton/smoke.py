@@ -3,16 +3,23 @@
 Autotuning only ever runs the fastest tile of each kernel, so a tile that computes garbage could hide
 until some shape makes it the fastest. This forces each candidate tile of each kernel ("fwd", "dkdv",
 "dq") in turn on a few small cases chosen to cross block edges (Sq ≠ Sk, GQA, head dims 64 and 96,
-every mask, bf16 and fp32, the latter with the tf32x3 dots), checks the output and the gradients with the
-harness's own gates (``check_output``, ``check_grads``), and runs one case whose q, k, v rows lie past
-2^31 elements (64-bit offsets). Tiles the device's shared memory rules out are listed as pruned, tiles
-that fail to compile as unfit (the tuner skips those); a wrong result makes the exit status 1.
+every mask, bf16 and fp32, the latter with the tf32x3 dots) and on the newest workloads' cases
+(``FEATURE_CASES``: a value head dim of its own with learned sinks, a mixed batch with ragged lengths,
+chunked attention, fp8 KV caches with per-sequence and per-page scales, forward only; MLA's latent cache,
+576 wide, forward, and a narrower latent cache forward and backward; shared prefixes, forward: the
+prefix kernel runs the forward's forced tile), checks the output
+and the gradients (the sinks' among them) with the harness's own gates (``check_output``,
+``check_grads``), and runs one case whose q, k, v rows lie past 2^31 elements (64-bit offsets). The
+backward kernels' tiles skip the forward-only cases. Tiles the device's shared memory rules out are
+listed as pruned, tiles that fail to compile as unfit (the tuner skips those); a wrong result makes the
+exit status 1.
 
 Without CUDA (and without ``TRITON_INTERPRET=1``) it says so and exits 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -23,34 +30,53 @@ from attnbench.impls.fused_triton.tiles import CUDA_TILES, Tile
 from attnbench.inputs import make_inputs
 from attnbench.workload import Workload
 
-SMOKE_CASES = (
+BASIC_CASES = (
     Workload(2, 4, 2, 190, 257, 64, dtype="bfloat16", mask="causal_bottom_right", pass_="fwd_bwd"),
     Workload(2, 4, 1, 257, 257, 96, dtype="bfloat16", mask="causal", pass_="fwd_bwd"),
     Workload(3, 2, 2, 130, 200, 64, dtype="float32", mask="padding", pass_="fwd_bwd"),
     Workload(1, 2, 2, 100, 70, 96, dtype="float32", mask="none", pass_="fwd_bwd"),
 )
+# fmt: off
+FEATURE_CASES = (
+    Workload(2, 8, 2, 190, 257, 192, head_dim_v=128, dtype="bfloat16", mask="causal_bottom_right", sinks="learned",
+             pass_="fwd_bwd"),
+    Workload(3, 4, 2, 130, 300, 64, dtype="bfloat16", mask="mixed", decode_share=0.5, lengths="uniform",
+             pass_="fwd_bwd"),
+    Workload(2, 4, 1, 200, 200, 96, head_dim_v=64, dtype="float32", mask="chunked", chunk=48, pass_="fwd_bwd"),
+    Workload(2, 8, 2, 16, 300, 128, dtype="bfloat16", kv_dtype="float8_e4m3fn", mask="causal_bottom_right",
+             page_size=64, sinks="learned"),
+    Workload(3, 4, 2, 100, 170, 96, dtype="float16", kv_dtype="float8_e5m2", mask="causal", lengths="longtail"),
+    Workload(2, 16, 1, 2, 300, 576, head_dim_v=512, dtype="bfloat16", kv_layout="latent", mask="causal_bottom_right"),
+    Workload(2, 4, 1, 70, 130, 96, head_dim_v=64, dtype="float16", kv_layout="latent", mask="causal", pass_="fwd_bwd"),
+    Workload(4, 8, 2, 1, 600, 128, dtype="bfloat16", mask="causal_bottom_right", shared_prefix=400),
+    Workload(3, 4, 2, 64, 300, 64, dtype="float16", mask="causal", shared_prefix=200, sinks="learned"),
+)
+# fmt: on
+SMOKE_CASES = BASIC_CASES + FEATURE_CASES
 
 
-def _with_device(w: Workload, device: str) -> Workload:
-    return Workload(w.batch, w.heads, w.kv_heads, w.seq_q, w.seq_k, w.head_dim, dtype=w.dtype, device=device,
-                    mask=w.mask, pass_=w.pass_)  # fmt: skip
+def runs(kernel: str, case: Workload) -> bool:
+    """Whether ``case`` exercises ``kernel``: the backward kernels only backward cases."""
+    return kernel == "fwd" or case.pass_ != "fwd"
 
 
 def check_case(w: Workload, forced: dict[str, Tile]) -> str:
-    """'' when fused_triton with the ``forced`` tiles passes both gates on ``w``, else the reason."""
-    from attnbench.impls.fused_triton import flash
+    """'' when fused_triton with the ``forced`` tiles passes both gates on ``w`` (the output; the gradients,
+    the sink logits' among them, for a backward case), else the reason."""
+    from attnbench.impls.fused_triton import flash, plan_options
 
-    inputs = make_inputs(w, requires_grad=True)
-    lengths = None
-    if w.mask == "padding":
-        assert inputs.lengths is not None
-        lengths = torch.tensor(inputs.lengths, dtype=torch.int32, device=inputs.q.device)
-    plan = flash.make_plan(inputs.q, inputs.k, inputs.v, scale=inputs.scale, mask=w.mask, lengths=lengths)
+    backward = w.pass_ != "fwd"
+    inputs = make_inputs(w, requires_grad=backward)
+    plan = flash.make_plan(inputs.q, inputs.k, inputs.v, **plan_options(inputs, w))
     for kernel in ("fwd", "dkdv", "dq"):  # the kernels not forced take their first candidate: nothing is timed
         plan.tiles[kernel] = forced.get(kernel) or plan.candidates(kernel)[0]
-    out = flash.attend(inputs.q, inputs.k, inputs.v, plan)
-    grads = torch.autograd.grad(out, (inputs.q, inputs.k, inputs.v), inputs.grad_out)
-    output, gradients = check_output(inputs, out), check_grads(inputs, grads)
+    plan.tiles["prefix"] = plan.tiles["fwd"]  # a shared prefix's kernel: the forward's tiles
+    out = flash.attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks, inputs.prefix_kv)
+    output = check_output(inputs, out)
+    if not backward:
+        return output.reason
+    leaves = (inputs.q, inputs.k, inputs.v) + ((inputs.sinks,) if inputs.sinks is not None else ())
+    gradients = check_grads(inputs, torch.autograd.grad(out, leaves, inputs.grad_out))
     return "; ".join(reason for reason in (output.reason, gradients.reason) if reason)
 
 
@@ -84,29 +110,31 @@ def check_far_offsets(device: str) -> str:
     return ""
 
 
-def _candidates(case: Workload, kernel: str) -> list[Tile]:
-    """The tiles the tuner would consider for ``case`` on its device (every tile in the interpreter)."""
+def _candidates(case: Workload, kernel: str) -> list[Tile] | None:
+    """The tiles the tuner would consider for ``case`` on its device; None in the interpreter, which runs any
+    tile (no shared memory to prune by)."""
     from attnbench.impls.fused_triton import flash
 
     if flash.INTERPRETED:
-        return list(CUDA_TILES[kernel])
+        return None
     q = torch.empty(case.batch, case.heads, case.seq_q, case.head_dim, dtype=case.torch_dtype, device=case.device)
     k = torch.empty(case.batch, case.kv_heads, case.seq_k, case.head_dim, dtype=case.torch_dtype, device=case.device)
-    return flash.make_plan(q, k, k).candidates(kernel)
+    return flash.make_plan(q, k, k[..., : case.head_dim_v]).candidates(kernel)
 
 
 def smoke(
     device: str, cases: Sequence[Workload] = SMOKE_CASES, tiles: dict[str, Sequence[Tile]] | None = None
 ) -> list[str]:
-    """Force each tile of each kernel (default: all of CUDA_TILES) on every case; print one line per tile;
-    return the failures."""
+    """Force each tile of each kernel (default: all of CUDA_TILES) on every case that runs the kernel; print
+    one line per tile; return the failures."""
     failures = []
     for kernel, kernel_tiles in (tiles or CUDA_TILES).items():
         for tile in kernel_tiles:
             ran, skipped = 0, []
-            for case in (_with_device(w, device) for w in cases):
-                if tile not in _candidates(case, kernel):
-                    skipped.append(f"pruned for {case.dtype} D{case.head_dim}")
+            for case in (dataclasses.replace(w, device=device) for w in cases if runs(kernel, w)):
+                candidates = _candidates(case, kernel)
+                if candidates is not None and tile not in candidates:
+                    skipped.append(f"pruned for {case.dtype} D{case.head_dim}/{case.head_dim_v}")
                     continue
                 try:
                     reason = check_case(case, {kernel: tile})

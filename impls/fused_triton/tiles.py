@@ -3,7 +3,9 @@
 Definitions:
 
 * A **tile** is (BLOCK_M query rows, BLOCK_N keys, num_warps, num_stages) for one kernel ("fwd", "dkdv",
-  "dq"). BLOCK_D (the head dim padded to a power of two) follows from the inputs.
+  "dq"). BLOCK_D (the head dim padded to a power of two; past 256 split into a power of two and a tail,
+  ``head_dim_blocks``) and BLOCK_DV (the values') follow from the inputs. The forward's 16-row tiles are for
+  split head dims only (MLA's 576: a 16 × 512 fp32 accumulator), and a split head dim takes only them.
 * The **shared-memory estimate** of a tile counts what one program keeps in shared memory: its resident
   operand tiles once (twice for fp32, whose tf32x3 dots keep a high and a low part) and its streamed
   ones once per pipeline stage (``shared_bytes``). Against ``triton.compile`` for sm_90 (Triton 3.9,
@@ -53,6 +55,7 @@ CUDA_TILES: dict[str, tuple[Tile, ...]] = {
         (128, 128, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
         (64, 128, 4, 3), (64, 128, 4, 2), (128, 32, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4), (32, 32, 2, 4),
         (64, 32, 4, 1), (32, 16, 2, 1),
+        (16, 64, 4, 2), (16, 32, 4, 1),  # 16 rows: only for head dims split past 256 (MLA's 576)
     ),
     # dK/dV: a program owns BLOCK_N keys and streams BLOCK_M query rows (narrow query blocks, as FA-2).
     "dkdv": _tiles(
@@ -73,18 +76,40 @@ INTERPRETER_TILES: dict[str, Tile] = {
     "dkdv": Tile(16, 32, 1, 1),
     "dq": Tile(32, 16, 1, 1),
 }
-# (resident, streamed) operand rows of one program, in units of (BLOCK_M, BLOCK_N): fwd keeps q and
-# streams k, v; dkdv keeps k, v and streams q, dO; dq keeps q, dO and streams k, v.
-_OPERANDS = {"fwd": ((1, 0), (0, 2)), "dkdv": ((0, 2), (2, 0)), "dq": ((2, 0), (0, 2))}
+# The operand tiles one program keeps in shared memory: (rows: "m" BLOCK_M or "n" BLOCK_N, width: "d" the
+# head dim or "dv" the values', resident or streamed). fwd keeps q and streams k, v; dkdv keeps k, v and
+# streams q, dO; dq keeps q, dO and streams k, v.
+_OPERANDS = {
+    "fwd": (("m", "d", True), ("n", "d", False), ("n", "dv", False)),
+    "dkdv": (("n", "d", True), ("n", "dv", True), ("m", "d", False), ("m", "dv", False)),
+    "dq": (("m", "d", True), ("m", "dv", True), ("n", "d", False), ("n", "dv", False)),
+}
 FALLBACK_SHARED_MEMORY = 160 * 1024  # only when no device can be asked (tests, the interpreter)
 
 
-def shared_bytes(kernel: str, tile: Tile, block_d: int, itemsize: int) -> int:
-    """Shared memory one program of ``kernel`` needs with ``tile``, roughly (see the module docstring)."""
-    (res_m, res_n), (str_m, str_n) = _OPERANDS[kernel]
-    resident = (res_m * tile.block_m + res_n * tile.block_n) * (2 if itemsize == 4 else 1)
-    streamed = str_m * tile.block_m + str_n * tile.block_n
-    return itemsize * block_d * (resident + streamed * max(1, tile.num_stages))
+SPLIT_HEAD_DIM = 256  # past it a head dim that is no power of two is split: a power-of-two part and a tail
+
+
+def head_dim_blocks(head_dim: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_DT): the head dim's padded main tile and the tail tile after it (0: none). A head dim
+    up to 256 (or a power of two) is one tile padded to a power of two ≥ 16; a wider one (MLA's 576) is its
+    largest power of two (512) and a tail padded to a power of two ≥ 16 (64): 576 wide, not 1024."""
+    padded = max(16, 1 << (head_dim - 1).bit_length())
+    if head_dim <= SPLIT_HEAD_DIM or padded == head_dim:
+        return padded, 0
+    main = 1 << (head_dim.bit_length() - 1)
+    return main, max(16, 1 << (head_dim - main - 1).bit_length())
+
+
+def shared_bytes(kernel: str, tile: Tile, block_d: int, itemsize: int, block_dv: int | None = None) -> int:
+    """Shared memory one program of ``kernel`` needs with ``tile``, roughly (see the module docstring);
+    ``block_dv``: the values' padded head dim when it differs from ``block_d``."""
+    widths = {"d": block_d, "dv": block_dv or block_d}
+    total = 0
+    for rows, width, resident in _OPERANDS[kernel]:
+        copies = (2 if itemsize == 4 else 1) if resident else max(1, tile.num_stages)
+        total += (tile.block_m if rows == "m" else tile.block_n) * widths[width] * copies
+    return itemsize * total
 
 
 def max_shared_memory(device: torch.device) -> int:
@@ -102,26 +127,33 @@ def max_shared_memory(device: torch.device) -> int:
 
 
 def prune(
-    kernel: str, tiles: Sequence[Tile], *, seq_q: int, seq_k: int, head_dim: int, itemsize: int, shared_cap: int
-) -> list[Tile]:
+    kernel: str, tiles: Sequence[Tile], *, seq_q: int, seq_k: int, head_dim: int, itemsize: int, shared_cap: int,
+    head_dim_v: int | None = None,
+) -> list[Tile]:  # fmt: skip
     """Drop tiles that can't win or can't run before timing them: blocks far longer than their sequence
-    (only masked-out rows or keys), 128-wide streamed blocks at head dims over 128 (registers spill), and
-    tiles over the shared-memory cap. Never empty: the smallest tile stays if nothing else fits."""
-    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    (only masked-out rows or keys), 128-wide streamed blocks at head dims (D or Dv) over 128 (registers
+    spill), and tiles over the shared-memory cap. Never empty: the smallest tile stays if nothing else fits."""
+    head_dim_v = head_dim_v or head_dim
+    block_d = sum(head_dim_blocks(head_dim))
+    block_dv = max(16, 1 << (head_dim_v - 1).bit_length())
     rows, keys = max(16, 1 << (seq_q - 1).bit_length()), max(16, 1 << (seq_k - 1).bit_length())
-    wide = 64 if head_dim > 128 else 128
+    wide = 64 if max(head_dim, head_dim_v) > 128 else 128
+
+    split = head_dim_blocks(head_dim)[1] > 0
 
     def fits(t: Tile) -> bool:
         streamed = t.block_n if kernel in ("fwd", "dq") else t.block_m
+        if split != (t.block_m == 16 and kernel == "fwd"):  # a split head dim: 16-row tiles, and only those
+            return False
         return (
             t.block_m <= max(32, rows)
             and t.block_n <= max(32, keys)
             and streamed <= wide
-            and shared_bytes(kernel, t, block_d, itemsize) <= shared_cap
+            and shared_bytes(kernel, t, block_d, itemsize, block_dv) <= shared_cap
         )
 
     kept = [t for t in tiles if fits(t)]
-    return kept or [min(tiles, key=lambda t: shared_bytes(kernel, t, block_d, itemsize))]
+    return kept or [min(tiles, key=lambda t: shared_bytes(kernel, t, block_d, itemsize, block_dv))]
 
 
 def length_bucket(length: int) -> int:
@@ -171,6 +203,7 @@ __all__ = [
     "Tile",
     "choose",
     "clear_cache",
+    "head_dim_blocks",
     "length_bucket",
     "max_shared_memory",
     "prune",
