@@ -79,8 +79,17 @@ BLOCK_Q = 2048  # most query rows per forward work item: its row groups share ea
 MIN_BLOCK_Q = 48  # fewest, when more items are needed to feed the threads
 GROUP = 6  # query rows per step of the forward (fused_cpu_kernel.cpp's GROUP)
 BLOCK_K = 1024  # keys per forward step
+WIDE_BLOCK_K = 256  # keys per step past 128 channels (MLA's 576/512): the block's kᵀ panels and v stay nearer L2
 BACKWARD_BLOCK_Q = 64  # the backward holds two BACKWARD_BLOCK_Q × BACKWARD_BLOCK_K tiles (P and dP) per thread
 BACKWARD_BLOCK_K = 256
+
+
+def block_k(head_dim: int, padded_dim: int) -> int:
+    """Keys per forward step: BLOCK_K, or WIDE_BLOCK_K for heads wider than 128 channels (measured on MLA's
+    576/512 with 128 rows: 5–10 % faster, the block's working set a quarter)."""
+    return BLOCK_K if max(head_dim, padded_dim) <= 128 else WIDE_BLOCK_K
+
+
 DECODE_MAX_ROWS = 16  # the decode kernel's decode_max_rows(), for saying why where no kernel could be built
 
 
@@ -323,7 +332,7 @@ def _forward(
         q16 = _even_dim(q.detach().contiguous())
         k16 = _even_dim(_in_place_or_contiguous(k.detach(), dense_rows=True))
         v16 = _even_dim(_in_place_or_contiguous(v.detach()))
-        sizes = {"block_q": rows, "block_k": BLOCK_K, "threads": threads}
+        sizes = {"block_q": rows, "block_k": block_k(head_dim, padded_dim), "threads": threads}
         tiles = kernel.forward_bf16(
             q16, k16, v16, out, lse, scale=scale, mask=mask, lengths=lengths, options=options, **sizes
         )
@@ -332,7 +341,8 @@ def _forward(
     k32 = _in_place_or_contiguous(k.detach().to(torch.float32))
     v32 = _padded32(v, padded_dim, view_ok=True)
     kt = torch.empty(batch * kv_heads * kernel.packed_keys(seq_k) * head_dim)  # the kernel packs kᵀ here
-    scratch = torch.empty(threads * kernel.scratch_floats(rows, BLOCK_K, head_dim, padded_dim))
+    keys = block_k(head_dim, padded_dim)
+    scratch = torch.empty(threads * kernel.scratch_floats(rows, keys, head_dim, padded_dim))
     tiles = kernel.forward(
         q32,
         k32,
@@ -344,7 +354,7 @@ def _forward(
         mask=mask,
         lengths=lengths,
         block_q=rows,
-        block_k=BLOCK_K,
+        block_k=keys,
         threads=threads,
         scratch=scratch,
         options=options,
@@ -592,14 +602,16 @@ class FusedCpu(Contender):
         widened = w.torch_dtype != torch.float32
         q_rows = w.batch * w.heads * w.seq_q
         kv_rows = w.batch * w.kv_heads * w.seq_k
-        decode = w.seq_q <= kernel.decode_max_rows() and w.mask in DEFAULT_MASKS and w.score_mod == "none"
+        few_rows = w.seq_q * (w.heads // w.kv_heads) <= kernel.decode_max_rows()  # else folded: the forward
+        decode = few_rows and w.mask in DEFAULT_MASKS and w.score_mod == "none"
         floats = 0 if decode else w.batch * w.kv_heads * kernel.packed_keys(w.seq_k) * w.head_dim  # packed kᵀ
         floats += kv_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # v in float32
         floats += (q_rows + kv_rows) * w.head_dim if widened else 0  # q and k in float32
         floats += q_rows * padded_dim if widened or padded_dim != w.head_dim else 0  # the float32 output
         threads = torch.get_num_threads()
         rows = block_q(w.batch * w.heads, w.seq_q, threads)
-        per_thread = 0 if decode else kernel.scratch_floats(rows, BLOCK_K, w.head_dim, padded_dim)  # decode: none
+        keys = block_k(w.head_dim, padded_dim)
+        per_thread = 0 if decode else kernel.scratch_floats(rows, keys, w.head_dim, padded_dim)  # decode: none
         if w.pass_ != "fwd":  # lse kept; the backward's scratch, padded copies and float32 gradients
             q_shape = torch.Size((w.batch, w.heads, w.seq_q, padded_dim))
             k_shape = torch.Size((w.batch, w.kv_heads, w.seq_k, padded_dim))
