@@ -104,6 +104,8 @@ class DecodeCache(ctypes.Structure):
         ("scale_block", ctypes.c_int64),
         ("sinks", ctypes.c_void_p),
         ("row_hi", ctypes.c_void_p),
+        ("k_head", ctypes.c_int64),
+        ("v_head", ctypes.c_int64),
     ]
 
 
@@ -123,7 +125,7 @@ class CacheOptions:
 
     def structure(
         self, kv_type: int, q_dtype: torch.dtype, head_dim_v: int, v_row: int, block: int, blocks: int,
-        rows: tuple[int, int, int],
+        rows: tuple[int, int, int], heads_apart: tuple[int, int] = (0, 0),
     ) -> DecodeCache:  # fmt: skip
         """The C structure, after checking the scales (``blocks`` of each, one per ``block`` positions of a
         contiguous cache), the sinks and the row limits (``rows``: B, H, Sq)."""
@@ -148,7 +150,8 @@ class CacheOptions:
             raise ValueError(f"row_hi must be contiguous int64 of shape ({batch}, {seq_q})")
         q_type = 1 if q_dtype == torch.bfloat16 else 0
         row_hi = None if hi is None else hi.data_ptr()
-        return DecodeCache(q_type, kv_type, head_dim_v, v_row, pointers[0], pointers[1], block, pointers[2], row_hi)
+        return DecodeCache(q_type, kv_type, head_dim_v, v_row, pointers[0], pointers[1], block, pointers[2], row_hi,
+                           *heads_apart)  # fmt: skip
 
 
 def _row_stride(k: torch.Tensor, v: torch.Tensor) -> int:
@@ -356,7 +359,14 @@ class Kernel:
         batch, heads, seq_q, head_dim = q.shape
         kv_heads, head_dim_v = k.shape[1], v.shape[-1]
         padded = -(-head_dim_v // VECTOR) * VECTOR
-        v_row = _row_stride(k, v)
+        heads_apart = (0, 0)
+        if pages is None and not (k.is_contiguous() and v.is_contiguous()):  # views read in place (a suffix)
+            (k_row, k_head), (v_row, v_head) = strides(k), strides(v)
+            if k_row != head_dim:
+                raise ValueError(f"k's rows must be dense, got strides {k.stride()}")
+            heads_apart = (k_head, v_head)
+        else:
+            v_row = _row_stride(k, v)
         page_size = max_pages = 0
         if pages is not None:
             page_size, max_pages = k.shape[2], pages.shape[1]
@@ -382,7 +392,8 @@ class Kernel:
         _check_lengths(mask, lengths, batch)
         block = cache.scale_block or seq_k
         blocks = k.shape[0] * kv_heads if pages is not None else batch * kv_heads * -(-seq_k // block)
-        extras = cache.structure(KV_TYPES[k.dtype], q.dtype, head_dim_v, v_row, block, blocks, (batch, heads, seq_q))
+        rows = (batch, heads, seq_q)
+        extras = cache.structure(KV_TYPES[k.dtype], q.dtype, head_dim_v, v_row, block, blocks, rows, heads_apart)
         if mask == "ranges" and cache.row_hi is None:
             raise ValueError("mask 'ranges' needs row_hi (the decode kernel's rows see key prefixes [0, hi))")
         args = (batch, heads, kv_heads, seq_q, seq_k, head_dim, head_dim_v, threads)

@@ -135,12 +135,13 @@ struct Decode {
   const float *k_scale = nullptr, *v_scale = nullptr;  // fp8 scales (see the top of the file)
   int64_t scale_block = 0;  // contiguous fp8 cache: positions per scale
   const float* sinks = nullptr;  // (H,) natural-log sink logits, or null
+  int64_t k_head = 0, v_head = 0;  // contiguous cache: elements from one kv head (b · Hkv + h) to the next
 
-  // Row of key `key` (kv head hkv, batch b) in k (width D) or v (width v_row).
+  // Row of key `key` (kv head hkv, batch b) in k (width D, kv heads k_head apart) or v (width v_row, v_head).
   template <typename T>
-  const T* row(const void* base, int64_t width, int64_t b, int64_t hkv, int64_t key) const {
+  const T* row(const void* base, int64_t width, int64_t head, int64_t b, int64_t hkv, int64_t key) const {
     const T* at = static_cast<const T*>(base);
-    if (pages == nullptr) return at + ((b * kv_heads + hkv) * seq_k + key) * width;
+    if (pages == nullptr) return at + (b * kv_heads + hkv) * head + key * width;
     const int64_t page = pages[b * max_pages + key / page_size];
     return at + ((page * kv_heads + hkv) * page_size + key % page_size) * width;
   }
@@ -363,11 +364,12 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
   }
   for (int64_t c0 = k_lo; c0 < key_end; c0 += W) {  // k_lo is a multiple of 16 (chunks are)
     const int64_t n = std::min<int64_t>(W, key_end - c0);
-    const T* k = pb.row<T>(pb.k, D, b, hkv, c0);
-    const T* v = pb.row<T>(pb.v, v_row, b, hkv, c0);
+    const T* k = pb.row<T>(pb.k, D, pb.k_head, b, hkv, c0);
+    const T* v = pb.row<T>(pb.v, v_row, pb.v_head, b, hkv, c0);
     const int64_t next = c0 + ahead_keys;
     if (next + W <= key_end)
-      ahead.aim(pb.row<T>(pb.k, D, b, hkv, next), k_bytes, pb.row<T>(pb.v, v_row, b, hkv, next), v_bytes, steps);
+      ahead.aim(pb.row<T>(pb.k, D, pb.k_head, b, hkv, next), k_bytes, pb.row<T>(pb.v, v_row, pb.v_head, b, hkv, next),
+                v_bytes, steps);
     else
       ahead.aim(nullptr, 0, nullptr, 0, 1);
     const float* kt = reinterpret_cast<const float*>(k);  // used as is only when T is float
@@ -463,6 +465,8 @@ struct DecodeCache {
   int64_t scale_block;  // contiguous fp8 cache: positions per scale
   const float* sinks;  // (H,) natural-log sink logits, or null
   const int64_t* row_hi;  // mask RANGES: (B, Sq), row i of batch b sees keys [0, row_hi[b·Sq + i]) (ragged batches)
+  int64_t k_head, v_head;  // contiguous cache, 0 or elements from one kv head to the next (≥ Sk rows: a view
+                           // such as a shared prefix's suffix, the keys P … of a longer cache)
 };
 
 // Rows a decode call may have at most (more rows go to attnbench_fused_forward, which is compute-bound).
@@ -513,6 +517,9 @@ int attnbench_fused_decode_kv(const void* q, const void* k, const void* v, float
   pb.v_scale = cache->v_scale;
   pb.scale_block = cache->scale_block;
   pb.sinks = cache->sinks;
+  pb.k_head = cache->k_head > 0 ? cache->k_head : seq_k * head_dim;
+  pb.v_head = cache->v_head > 0 ? cache->v_head : seq_k * cache->v_row;
+  if (pages == nullptr && (pb.k_head < seq_k * head_dim || pb.v_head < (seq_k - 1) * cache->v_row + dv)) return 1;
   const Item item = ITEMS[kv_type];
   const int64_t items = batch * kv_heads * splits;
   const int64_t team = std::min(nthreads, items);
