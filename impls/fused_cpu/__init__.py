@@ -315,8 +315,7 @@ def _narrow_to(out32: torch.Tensor, head_dim_v: int, dtype: torch.dtype) -> torc
 def _narrow(out32: torch.Tensor, q: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """The kernel's padded float32 output as the caller's (B, H, Sq, dim) in q's dtype (dim: q's head dim
     unless given — the value head dim for an attention output)."""
-    head_dim = q.shape[-1] if dim is None else dim
-    return (out32 if out32.shape[-1] == head_dim else out32[..., :head_dim]).to(q.dtype)
+    return _narrow_to(out32, q.shape[-1] if dim is None else dim, q.dtype)
 
 
 def _forward(

@@ -154,15 +154,6 @@ class CacheOptions:
                            *heads_apart)  # fmt: skip
 
 
-def _row_stride(k: torch.Tensor, v: torch.Tensor) -> int:
-    """Elements between v's rows: v contiguous (Dv), or a view of k's first Dv channels (D: a latent cache)."""
-    if v.is_contiguous():
-        return v.shape[-1]
-    if v.data_ptr() == k.data_ptr() and k.is_contiguous() and v.stride() == k.stride():
-        return k.shape[-1]
-    raise ValueError("v must be contiguous, or a view of k's first channels (a latent cache)")
-
-
 @dataclass(frozen=True)
 class Kernel:
     library: ctypes.CDLL
@@ -359,14 +350,11 @@ class Kernel:
         batch, heads, seq_q, head_dim = q.shape
         kv_heads, head_dim_v = k.shape[1], v.shape[-1]
         padded = -(-head_dim_v // VECTOR) * VECTOR
-        heads_apart = (0, 0)
-        if pages is None and not (k.is_contiguous() and v.is_contiguous()):  # views read in place (a suffix)
-            (k_row, k_head), (v_row, v_head) = strides(k), strides(v)
-            if k_row != head_dim:
-                raise ValueError(f"k's rows must be dense, got strides {k.stride()}")
-            heads_apart = (k_head, v_head)
-        else:
-            v_row = _row_stride(k, v)
+        # read in place: contiguous, a latent cache's values (a view of its keys), a suffix (kv heads apart)
+        (k_row, k_head), (v_row, v_head) = strides(k), strides(v)
+        if k_row != k.shape[-1]:
+            raise ValueError(f"k's rows must be dense, got strides {k.stride()}")
+        heads_apart = (0, 0) if pages is not None else (k_head, v_head)
         page_size = max_pages = 0
         if pages is not None:
             page_size, max_pages = k.shape[2], pages.shape[1]

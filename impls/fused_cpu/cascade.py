@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from attnbench.impls._sinks import rescaled_by_sink
 from attnbench.impls.fused_cpu.bindings import ScoreOptions
 
 
@@ -68,7 +69,7 @@ def cascade_attention(
         assert lse2 is not None
         out, lse = _merge(out1, lse1, out2.view(batch, heads, seq_q, -1), lse2.view(batch, heads, seq_q))
     if sinks is not None:  # the sink joins the merged denominator (no value): out · 1/(1 + e^(sink − lse))
-        out = out * torch.sigmoid(lse - sinks.view(1, -1, 1)).nan_to_num(0.0).unsqueeze(-1)
+        out = rescaled_by_sink(out, lse, sinks)
     return out[..., :value_dim].to(q.dtype)
 
 
