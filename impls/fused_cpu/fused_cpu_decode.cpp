@@ -38,6 +38,7 @@
 // int32, read in place. fp8 scales: contiguous, (B, Hkv, ceil(Sk / scale_block)) (one per block of positions);
 // paged, (num_pages, Hkv) (one per pool page).
 
+#include "fused_cpu_bf16.h"
 #include "fused_cpu_tiles.h"
 
 namespace {
@@ -55,7 +56,7 @@ int64_t decode_splits(int64_t batch, int64_t kv_heads, int64_t seq_k, int64_t nt
   return std::clamp<int64_t>(std::min(wanted, seq_k / MIN_SPLIT_KEYS), 1, seq_k);
 }
 
-int64_t round_up(int64_t n) { return (n + W - 1) / W * W; }
+int64_t round_up(int64_t n, int64_t to = W) { return (n + to - 1) / to * to; }
 
 enum KvType : int64_t { KV_FLOAT32 = 0, KV_BFLOAT16 = 1, KV_E4M3 = 2, KV_E5M2 = 3 };
 
@@ -118,6 +119,40 @@ template <>
 struct Kv<KV_E5M2> : Fp8<21, 0x8FFFFFFFu> {
   static constexpr float bias = 0x1p112f;
 };
+
+#ifdef ATTNBENCH_BF16
+// Keys as bfloat16 for the scores by vdpbf16ps (see decode_item): every bf16, e4m3 and e5m2 value is a bf16,
+// so the conversion is exact; DOT_BIAS is what a converted key is to be multiplied by (the true key / the bf16).
+//   bf16: as stored;
+//   e5m2: the byte shifted up by 8 is the float16 of the same value; vcvtph2ps widens it exactly, subnormals
+//     included, and vcvtne2ps2bf16 narrows it to bf16 exactly (2 mantissa bits);
+//   e4m3: sign to bit 15, exponent and mantissa to bits 13..7, reads as the float16 of the value times 2^-8
+//     (e4m3's 2^(e−7)·1.m is float16's 2^(e−15)·1.m; its subnormals 2^-6·0.m are float16's 2^-14·0.m) — a
+//     normal bf16 down to e4m3's smallest 2^-9 (vdpbf16ps would read a subnormal bf16 as zero).
+template <int64_t KT>
+constexpr float DOT_BIAS = KT == KV_E4M3 ? 0x1p8f : 1.f;
+
+inline bf16 bf16_nearest(float x) {  // round to nearest even (x finite)
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return static_cast<bf16>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+template <int64_t KT>
+inline __m512i bf16x32(const typename Kv<KT>::T* p) {  // 32 keys' channels in order, as bf16 · DOT_BIAS
+  if constexpr (KT == KV_BFLOAT16) {
+    return _mm512_loadu_si512(p);
+  } else {
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i h = KT == KV_E5M2 ? _mm512_slli_epi16(w, 8)
+                                    : _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi16(w, 7), _mm512_set1_epi16(0x3F80)),
+                                                      _mm512_and_si512(_mm512_slli_epi16(w, 8),
+                                                                       _mm512_set1_epi16(static_cast<int16_t>(0x8000))));
+    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+#endif
 
 struct Decode {
   const void *q, *k, *v;  // q float32 (or bfloat16 with q_bf16), k and v in the cache type
@@ -240,6 +275,94 @@ inline vf score_tile_any(const float* q, const float* k, int64_t D, int64_t n, A
                    : score_tile<0>(q, k, D, n, ahead);
 }
 
+#ifdef ATTNBENCH_BF16
+// score_tile for keys as bf16 (rows ldk bf16 apart, dk channels, a multiple of 32, zeros past the head dim) and
+// the row's q as TERMS bf16 vectors (dk each, one after another) that sum to q: TERMS vdpbf16ps per 32 channels
+// of a key, each product exact in float32.
+template <int TERMS, int64_t DC>
+inline vf score_tile_dot(const bf16* q, const bf16* k, int64_t ldk, int64_t d_len, int64_t n, Ahead& ahead) {
+  const int64_t D = DC > 0 ? DC : d_len;
+  vf acc[W];
+  _Pragma("GCC unroll 16") for (int j = 0; j < W; ++j) acc[j] = vf{};
+  for (int64_t d = 0; d < D; d += 2 * W) {
+    __m512i qt[TERMS];
+    _Pragma("GCC unroll 3") for (int t = 0; t < TERMS; ++t) qt[t] = _mm512_loadu_si512(q + t * D + d);
+    _Pragma("GCC unroll 16") for (int j = 0; j < W; ++j) if (j < n) {
+      const __m512i kj = _mm512_loadu_si512(k + j * ldk + d);
+      __m512 a = (__m512)acc[j];
+      _Pragma("GCC unroll 3") for (int t = 0; t < TERMS; ++t) a = dp_pairs(a, qt[t], kj);
+      acc[j] = (vf)a;
+    }
+    ahead.step();
+  }
+  return hsum16(acc);
+}
+
+template <int TERMS>
+inline vf score_tile_dot_dims(const bf16* q, const bf16* k, int64_t ldk, int64_t dk, int64_t n, Ahead& ahead) {
+  return dk == 128  ? score_tile_dot<TERMS, 128>(q, k, ldk, dk, n, ahead)
+         : dk == 64 ? score_tile_dot<TERMS, 64>(q, k, ldk, dk, n, ahead)
+                    : score_tile_dot<TERMS, 0>(q, k, ldk, dk, n, ahead);
+}
+
+inline vf score_tile_dot_any(const bf16* q, int64_t terms, const bf16* k, int64_t ldk, int64_t dk, int64_t n,
+                             Ahead& ahead) {
+  return terms == 1 ? score_tile_dot_dims<1>(q, k, ldk, dk, n, ahead) : score_tile_dot_dims<3>(q, k, ldk, dk, n, ahead);
+}
+
+// Rows [0, n) of a key tile (`from` elements apart in the cache, D used) as bf16 · DOT_BIAS rows dk apart, zeros
+// from D to dk.
+template <int64_t KT>
+inline void bf16_tile(bf16* dst, int64_t dk, const typename Kv<KT>::T* src, int64_t from, int64_t D, int64_t n) {
+  const int64_t whole = D / (2 * W) * (2 * W);
+  for (int64_t j = 0; j < n; ++j) {
+    const typename Kv<KT>::T* s = src + j * from;
+    bf16* d = dst + j * dk;
+    for (int64_t x = 0; x < whole; x += 2 * W) _mm512_storeu_si512(d + x, bf16x32<KT>(s + x));
+    for (int64_t x = whole; x < dk; ++x)
+      d[x] = x < D ? bf16_nearest(Kv<KT>::one(s[x]) * (Kv<KT>::bias / DOT_BIAS<KT>)) : bf16{0};
+  }
+}
+#endif
+
+// o_r[d0 .. d0 + VECS·W) += Σ_{j<n} p_r[j]·widen(v[j][d0 …]) for ROWS rows of a narrow cache's v, widened in
+// registers (once for all ROWS rows) as it is read: no float32 tile in between.
+template <int64_t KT, int ROWS, int VECS>
+inline void pv_narrow_chunk(float* o, int64_t ldo, const float* p, const typename Kv<KT>::T* v, int64_t ldv, int64_t n,
+                            Ahead& ahead) {
+  vf acc[ROWS][VECS];
+  _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r)
+    _Pragma("GCC unroll 4") for (int x = 0; x < VECS; ++x) acc[r][x] = load(o + r * ldo + x * W);
+  for (int64_t j = 0; j < n; ++j) {
+    vf vv[VECS];
+    _Pragma("GCC unroll 4") for (int x = 0; x < VECS; ++x) vv[x] = Kv<KT>::widen(v + j * ldv + x * W);
+    _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r) {
+      const vf pj = splat(p[r * W + j]);
+      _Pragma("GCC unroll 4") for (int x = 0; x < VECS; ++x) acc[r][x] += pj * vv[x];
+    }
+    ahead.step();
+  }
+  _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r)
+    _Pragma("GCC unroll 4") for (int x = 0; x < VECS; ++x) store(o + r * ldo + x * W, acc[r][x]);
+}
+
+// o_r[0..dvp) += Σ_{j<n} p_r[j]·v[j] for `rows` rows of a narrow cache (dvp = Dv, a multiple of 16), in blocks of
+// up to 4 rows × 4 vectors (16 accumulators).
+template <int64_t KT>
+inline void pv_narrow(float* o, int64_t ldo, const float* p, const typename Kv<KT>::T* v, int64_t ldv, int64_t dvp,
+                      int64_t rows, int64_t n, Ahead& ahead) {
+  typedef void (*Chunk)(float*, int64_t, const float*, const typename Kv<KT>::T*, int64_t, int64_t, Ahead&);
+  static constexpr Chunk chunks[4][4] = {
+      {pv_narrow_chunk<KT, 1, 1>, pv_narrow_chunk<KT, 1, 2>, pv_narrow_chunk<KT, 1, 3>, pv_narrow_chunk<KT, 1, 4>},
+      {pv_narrow_chunk<KT, 2, 1>, pv_narrow_chunk<KT, 2, 2>, pv_narrow_chunk<KT, 2, 3>, pv_narrow_chunk<KT, 2, 4>},
+      {pv_narrow_chunk<KT, 3, 1>, pv_narrow_chunk<KT, 3, 2>, pv_narrow_chunk<KT, 3, 3>, pv_narrow_chunk<KT, 3, 4>},
+      {pv_narrow_chunk<KT, 4, 1>, pv_narrow_chunk<KT, 4, 2>, pv_narrow_chunk<KT, 4, 3>, pv_narrow_chunk<KT, 4, 4>}};
+  for (int64_t r = 0; r < rows; r += 4)
+    for (int64_t d0 = 0; d0 < dvp; d0 += 4 * W)
+      chunks[std::min<int64_t>(4, rows - r) - 1][std::min<int64_t>(4, (dvp - d0) / W) - 1](
+          o + r * ldo + d0, ldo, p + r * W, v + d0, ldv, n, ahead);
+}
+
 // o_r[d0 .. d0 + VECS·W) += Σ_{j<n} p_r[j]·v[j][d0 …] for ROWS rows (v's rows loaded once for all of them), o rows
 // ldo floats apart, v rows ldv floats apart, p rows W floats apart, the accumulators in registers.
 template <int ROWS, int VECS>
@@ -289,9 +412,12 @@ inline void widen_tile(float* dst, int64_t to, const typename Kv<KT>::T* src, in
 // padding when rows is odd (so the int64 limits start 8-byte aligned), and key limits (int64, two floats). The
 // padding is counted here too: without it an odd row count (GQA group 1 at Sq 1) wrote each thread's last limit
 // one float into the next thread's q rows, or past the scratch. The total is even, so every thread's block
-// starts 8-byte aligned when the first one does.
-int64_t decode_thread_floats(int64_t rows, int64_t dk, int64_t dvp) {
-  return W * (dk + dvp) + rows * (dk + dvp + 2 * W + 3) + rows % 2;
+// starts 8-byte aligned when the first one does. Dk is the head dim padded to 32 (the dot path's bf16 rows; the
+// float32 tiles pad to 16 and use less): its k tile (W rows of Dk bf16) and q rows (three terms of Dk bf16) fit in
+// the float32 path's shapes, with 2·Dk floats per q row.
+int64_t decode_thread_floats(int64_t rows, int64_t head_dim, int64_t dvp) {
+  const int64_t dk = round_up(head_dim, 2 * W);
+  return W * (dk + dvp) + rows * (2 * dk + dvp + 2 * W + 3) + rows % 2;
 }
 
 // A row's output (Dvp floats) and lse from its unnormalised o (may be `out` itself), max m and sum l (base 2),
@@ -322,25 +448,56 @@ inline float sink_of(const Decode& pb, int64_t h) {
 }
 
 // One item: rows of kv head hkv of batch b against keys [split·chunk, …). Returns score entries computed.
-// Per tile of 16 keys: k and v widened into float32 tiles (when the cache is not float32 with whole vectors),
-// every row's scores and online softmax (the running max only rescales o and l when it rises), then O += P·V
-// two rows at a time.
+// Per tile of 16 keys: every row's scores and online softmax (the running max only rescales o and l when it
+// rises), then O += P·V. A float32 cache is read in place (k and v copied into float32 tiles only to pad a head
+// dim that is not a multiple of 16), O += P·V two rows at a time. A narrow cache (bf16, fp8) is read as stored:
+//   scores by vdpbf16ps where the CPU has AVX512-BF16 (the dot path): keys as bf16 — a bf16 cache's rows in
+//     place, fp8 tiles converted once into bf16 rows in L1 — against q split into bf16 hi + lo, so q keeps 16
+//     bits of its mantissa; elsewhere keys widened into a float32 tile;
+//   O += P·V with v widened in registers as it is read, once for up to 4 rows (a float32 tile when Dv is not a
+//     multiple of 16).
 template <int64_t KT>
 int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, float* scratch) {
   typedef typename Kv<KT>::T T;
   constexpr bool scaled = Kv<KT>::scaled;
-  const int64_t group = pb.heads / pb.kv_heads, R = group * pb.seq_q, D = pb.head_dim, Dk = pb.dk;
-  const int64_t Dv = pb.head_dim_v, Dvp = pb.dvp, v_row = pb.v_row;
-  const bool widen_k = KT != KV_FLOAT32 || Dk != D, widen_v = KT != KV_FLOAT32 || Dvp != Dv;
+#ifdef ATTNBENCH_BF16
+  constexpr bool dot = KT != KV_FLOAT32;
+  constexpr float k_bias = DOT_BIAS<KT>, q_boost = 1.f;
+#else
+  constexpr bool dot = false;
+  constexpr float k_bias = Kv<KT>::bias / Q_BOOST, q_boost = scaled ? Q_BOOST : 1.f;
+#endif
+  const int64_t group = pb.heads / pb.kv_heads, R = group * pb.seq_q, D = pb.head_dim;
+  const int64_t Dk = dot ? round_up(D, 2 * W) : pb.dk, Dv = pb.head_dim_v, Dvp = pb.dvp, v_row = pb.v_row;
+  const bool v_regs = KT != KV_FLOAT32 && Dv == Dvp;  // narrow v widened inside P·V
+  const bool widen_k = !dot && (KT != KV_FLOAT32 || Dk != D), widen_v = !v_regs && (KT != KV_FLOAT32 || Dvp != Dv);
+  const bool k_in_place = dot && KT == KV_BFLOAT16 && Dk == D;
   const int64_t k_lo = split * pb.chunk, k_hi = std::min(pb.seq_k, k_lo + pb.chunk);
-  float *k_tile = scratch, *v_tile = k_tile + W * Dk, *qs = v_tile + W * Dvp, *o = qs + R * Dk, *l = o + R * Dvp;
+  float *k_tile = scratch, *v_tile = k_tile + W * Dk, *qs = v_tile + W * Dvp, *o = qs + 2 * R * Dk, *l = o + R * Dvp;
   float *p = l + R * W, *m = p + R * W;
   int64_t* lim = reinterpret_cast<int64_t*>(m + R + R % 2);  // 8-byte aligned
   int64_t key_end = k_lo, computed = 0;
-  const float q_factor = pb.scale_log2 * (scaled ? Q_BOOST : 1.f);
+  // the dot path: q as `terms` bf16 vectors whose sum is q exactly — a bf16 q as it is (scale·log2 e then
+  // multiplies the scores: s_factor), a float32 q times scale·log2 e as hi + mid + lo (8 bits each)
+  const int64_t terms = dot ? (pb.q_bf16 ? 1 : 3) : 1;
+  const float s_factor = dot && pb.q_bf16 ? pb.scale_log2 : 1.f, q_factor = pb.scale_log2 * q_boost / s_factor;
   for (int64_t r = 0; r < R; ++r) {
     const int64_t h = hkv * group + r / pb.seq_q, i = r % pb.seq_q, at = ((b * pb.heads + h) * pb.seq_q + i) * D;
-    for (int64_t d = 0; d < Dk; ++d) qs[r * Dk + d] = d < D ? pb.q_at(at + d) * q_factor : 0.f;
+    for (int64_t d = 0; d < Dk; ++d) {
+      const float x = d < D ? pb.q_at(at + d) * q_factor : 0.f;
+#ifdef ATTNBENCH_BF16
+      if constexpr (dot) {  // row r's terms at terms·r·Dk bf16, one after another
+        bf16* q_terms = reinterpret_cast<bf16*>(qs) + terms * r * Dk + d;
+        float rest = x;
+        for (int64_t t = 0; t < terms; ++t) {
+          q_terms[t * Dk] = bf16_nearest(rest);
+          rest -= Kv<KV_BFLOAT16>::one(q_terms[t * Dk]);
+        }
+        continue;
+      }
+#endif
+      qs[r * Dk + d] = x;
+    }
     std::memset(o + r * Dvp, 0, sizeof(float) * Dvp);
     store(l + r * W, vf{});
     m[r] = -std::numeric_limits<float>::infinity();
@@ -353,13 +510,16 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
   const int64_t k_bytes = W * D * sizeof(T), v_bytes = ((W - 1) * v_row + Dv) * sizeof(T);  // one tile's rows
   Ahead ahead;
   // the loop steps in a whole tile that issue prefetches: score d-steps (whole tiles, full vectors) and P·V keys
-  const int64_t steps = std::max<int64_t>(1, R * (Dk / W) + (R + 1) / 2 * W * ((Dvp + 8 * W - 1) / (8 * W)));
+  const int64_t score_steps = R * (Dk / (dot ? 2 * W : W));
+  const int64_t pv_steps = v_regs ? (R + 3) / 4 * W * ((Dvp + 4 * W - 1) / (4 * W))
+                                  : (R + 1) / 2 * W * ((Dvp + 8 * W - 1) / (8 * W));
+  const int64_t steps = std::max<int64_t>(1, score_steps + pv_steps);
   // fp8: lane j's k scale · bias / Q_BOOST and v scale · bias / OUT_BOOST, once per item when one scale covers the
   // sequence (a contiguous cache), else per tile (a page's, or the blocks of a gathered paged cache)
-  vf k_factor = splat(1.f), v_factor = splat(1.f);
+  vf k_factor = splat(s_factor), v_factor = splat(1.f);
   const bool per_tile = scaled && (pb.pages != nullptr || pb.scale_block < pb.seq_k);
   if (scaled && !per_tile) {
-    k_factor = pb.tile_scales(pb.k_scale, b, hkv, 0, 1) * (Kv<KT>::bias / Q_BOOST);
+    k_factor = pb.tile_scales(pb.k_scale, b, hkv, 0, 1) * (k_bias * s_factor);
     v_factor = pb.tile_scales(pb.v_scale, b, hkv, 0, 1) * (Kv<KT>::bias / OUT_BOOST);
   }
   for (int64_t c0 = k_lo; c0 < key_end; c0 += W) {  // k_lo is a multiple of 16 (chunks are)
@@ -374,11 +534,15 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
       ahead.aim(nullptr, 0, nullptr, 0, 1);
     const float* kt = reinterpret_cast<const float*>(k);  // used as is only when T is float
     if (widen_k) widen_tile<KT>(k_tile, Dk, k, D, D, n), kt = k_tile;
+#ifdef ATTNBENCH_BF16
+    const bf16* kb = reinterpret_cast<const bf16*>(k);  // the dot path's keys: used as is only when k_in_place
+    if (dot && !k_in_place) bf16_tile<KT>(reinterpret_cast<bf16*>(k_tile), Dk, k, D, D, n), kb = reinterpret_cast<bf16*>(k_tile);
+#endif
     const float* vt = reinterpret_cast<const float*>(v);
     int64_t ldv = v_row;
     if (widen_v) widen_tile<KT>(v_tile, Dvp, v, v_row, Dv, n), vt = v_tile, ldv = Dvp;
     if (per_tile) {
-      k_factor = pb.tile_scales(pb.k_scale, b, hkv, c0, n) * (Kv<KT>::bias / Q_BOOST);
+      k_factor = pb.tile_scales(pb.k_scale, b, hkv, c0, n) * (k_bias * s_factor);
       v_factor = pb.tile_scales(pb.v_scale, b, hkv, c0, n) * (Kv<KT>::bias / OUT_BOOST);
     }
     for (int64_t r = 0; r < R; ++r) {
@@ -387,9 +551,16 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
         store(p + r * W, vf{});
         continue;
       }
-      vf x = lane < static_cast<int>(visible) ? score_tile_any(qs + r * Dk, kt, Dk, n, ahead)
-                                              : splat(-std::numeric_limits<float>::infinity());
-      if constexpr (scaled) x = x * k_factor;  // scales are positive: −inf stays −inf
+      vf x;
+#ifdef ATTNBENCH_BF16
+      if constexpr (dot) {
+        x = score_tile_dot_any(reinterpret_cast<const bf16*>(qs) + terms * r * Dk, terms, kb, k_in_place ? D : Dk, Dk,
+                               n, ahead);
+      } else
+#endif
+        x = score_tile_any(qs + r * Dk, kt, Dk, n, ahead);
+      x = lane < static_cast<int>(visible) ? x : splat(-std::numeric_limits<float>::infinity());
+      if (scaled || s_factor != 1.f) x = x * k_factor;  // scales are positive: −inf stays −inf
       computed += visible;
       const float row_max = hmax(x);
       if (row_max > m[r]) {  // the max rose: o and l scaled by 2^(m_old − m_new) (0 on the first keys)
@@ -401,6 +572,12 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
       const vf pr = keep_below(exp2_table(x - splat(m[r])), static_cast<int>(visible));
       store(l + r * W, load(l + r * W) + pr);
       store(p + r * W, scaled ? pr * v_factor : pr);
+    }
+    if constexpr (KT != KV_FLOAT32) {
+      if (v_regs) {
+        pv_narrow<KT>(o, Dvp, p, v, v_row, Dvp, R, n, ahead);
+        continue;
+      }
     }
     int64_t r = 0;
     for (; r + 2 <= R; r += 2) pv_rows<2>(o + r * Dvp, Dvp, p + r * W, vt, ldv, Dvp, n, ahead);
@@ -476,9 +653,9 @@ int64_t attnbench_fused_decode_max_rows() { return 16; }
 int64_t attnbench_fused_decode_kv_scratch_floats(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q,
                                                  int64_t seq_k, int64_t head_dim, int64_t head_dim_v,
                                                  int64_t nthreads) {
-  const int64_t rows = heads / std::max<int64_t>(kv_heads, 1) * seq_q, dk = round_up(head_dim);
+  const int64_t rows = heads / std::max<int64_t>(kv_heads, 1) * seq_q;
   const int64_t dvp = round_up(head_dim_v), splits = decode_splits(batch, kv_heads, seq_k, nthreads);
-  return nthreads * decode_thread_floats(rows, dk, dvp) +
+  return nthreads * decode_thread_floats(rows, head_dim, dvp) +
          (splits > 1 ? batch * kv_heads * splits * rows * (dvp + 2) : 0);
 }
 
@@ -508,7 +685,7 @@ int attnbench_fused_decode_kv(const void* q, const void* k, const void* v, float
   Decode pb{q,      k,  v,           out, lse,           batch,  heads,  kv_heads, seq_q,
             seq_k,  head_dim, dk,   dv,  dvp,           cache->v_row, splits, chunk,
             scale * LOG2E, RowLimits{mask, seq_q, seq_k, lengths, nullptr, cache->row_hi}, nullptr};
-  pb.partials = scratch + nthreads * decode_thread_floats(rows, dk, dvp);
+  pb.partials = scratch + nthreads * decode_thread_floats(rows, head_dim, dvp);
   pb.pages = pages;
   pb.page_size = page_size;
   pb.max_pages = max_pages;
@@ -525,7 +702,7 @@ int attnbench_fused_decode_kv(const void* q, const void* k, const void* v, float
   const int64_t team = std::min(nthreads, items);
   std::atomic<int64_t> next{0}, computed{0};
   on_team(team, [&](int64_t t) {
-    float* mine = scratch + t * decode_thread_floats(rows, dk, dvp);
+    float* mine = scratch + t * decode_thread_floats(rows, head_dim, dvp);
     int64_t count = 0;
     for (int64_t i; (i = next.fetch_add(1)) < items;)
       count += item(pb, i / (kv_heads * splits), i / splits % kv_heads, i % splits, mine);
