@@ -279,35 +279,37 @@ inline vf score_tile_any(const float* q, const float* k, int64_t D, int64_t n, A
 // score_tile for keys as bf16 (rows ldk bf16 apart, dk channels, a multiple of 32, zeros past the head dim) and
 // the row's q as TERMS bf16 vectors (dk each, one after another) that sum to q: TERMS vdpbf16ps per 32 channels
 // of a key, each product exact in float32.
-template <int TERMS, int64_t DC>
+template <int TERMS, int64_t DC, bool FULL>
 inline vf score_tile_dot(const bf16* q, const bf16* k, int64_t ldk, int64_t d_len, int64_t n, Ahead& ahead) {
   const int64_t D = DC > 0 ? DC : d_len;
+  const int keys = FULL ? W : static_cast<int>(n);
   vf acc[W];
   _Pragma("GCC unroll 16") for (int j = 0; j < W; ++j) acc[j] = vf{};
   for (int64_t d = 0; d < D; d += 2 * W) {
     __m512i qt[TERMS];
     _Pragma("GCC unroll 3") for (int t = 0; t < TERMS; ++t) qt[t] = _mm512_loadu_si512(q + t * D + d);
-    _Pragma("GCC unroll 16") for (int j = 0; j < W; ++j) if (j < n) {
+    _Pragma("GCC unroll 16") for (int j = 0; j < keys; ++j) {
       const __m512i kj = _mm512_loadu_si512(k + j * ldk + d);
       __m512 a = (__m512)acc[j];
       _Pragma("GCC unroll 3") for (int t = 0; t < TERMS; ++t) a = dp_pairs(a, qt[t], kj);
       acc[j] = (vf)a;
     }
-    ahead.step();
+    if (FULL) ahead.step();
   }
   return hsum16(acc);
 }
 
 template <int TERMS>
 inline vf score_tile_dot_dims(const bf16* q, const bf16* k, int64_t ldk, int64_t dk, int64_t n, Ahead& ahead) {
-  return dk == 128  ? score_tile_dot<TERMS, 128>(q, k, ldk, dk, n, ahead)
-         : dk == 64 ? score_tile_dot<TERMS, 64>(q, k, ldk, dk, n, ahead)
-                    : score_tile_dot<TERMS, 0>(q, k, ldk, dk, n, ahead);
+  if (n < W) return score_tile_dot<TERMS, 0, false>(q, k, ldk, dk, n, ahead);
+  return dk == 128  ? score_tile_dot<TERMS, 128, true>(q, k, ldk, dk, n, ahead)
+         : dk == 64 ? score_tile_dot<TERMS, 64, true>(q, k, ldk, dk, n, ahead)
+                    : score_tile_dot<TERMS, 0, true>(q, k, ldk, dk, n, ahead);
 }
 
 inline vf score_tile_dot_any(const bf16* q, int64_t terms, const bf16* k, int64_t ldk, int64_t dk, int64_t n,
                              Ahead& ahead) {
-  return terms == 1 ? score_tile_dot_dims<1>(q, k, ldk, dk, n, ahead) : score_tile_dot_dims<3>(q, k, ldk, dk, n, ahead);
+  return terms == 1 ? score_tile_dot_dims<1>(q, k, ldk, dk, n, ahead) : score_tile_dot_dims<2>(q, k, ldk, dk, n, ahead);
 }
 
 // Rows [0, n) of a key tile (`from` elements apart in the cache, D used) as bf16 · DOT_BIAS rows dk apart, zeros
@@ -413,7 +415,7 @@ inline void widen_tile(float* dst, int64_t to, const typename Kv<KT>::T* src, in
 // padding is counted here too: without it an odd row count (GQA group 1 at Sq 1) wrote each thread's last limit
 // one float into the next thread's q rows, or past the scratch. The total is even, so every thread's block
 // starts 8-byte aligned when the first one does. Dk is the head dim padded to 32 (the dot path's bf16 rows; the
-// float32 tiles pad to 16 and use less): its k tile (W rows of Dk bf16) and q rows (three terms of Dk bf16) fit in
+// float32 tiles pad to 16 and use less): its k tile (W rows of Dk bf16) and q rows (two terms of Dk bf16) fit in
 // the float32 path's shapes, with 2·Dk floats per q row.
 int64_t decode_thread_floats(int64_t rows, int64_t head_dim, int64_t dvp) {
   const int64_t dk = round_up(head_dim, 2 * W);
@@ -477,10 +479,11 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
   float *p = l + R * W, *m = p + R * W;
   int64_t* lim = reinterpret_cast<int64_t*>(m + R + R % 2);  // 8-byte aligned
   int64_t key_end = k_lo, computed = 0;
-  // the dot path: q as `terms` bf16 vectors whose sum is q exactly — a bf16 q as it is (scale·log2 e then
-  // multiplies the scores: s_factor), a float32 q times scale·log2 e as hi + mid + lo (8 bits each)
-  const int64_t terms = dot ? (pb.q_bf16 ? 1 : 3) : 1;
-  const float s_factor = dot && pb.q_bf16 ? pb.scale_log2 : 1.f, q_factor = pb.scale_log2 * q_boost / s_factor;
+  // the dot path: q as it is (scale·log2 e multiplies the scores instead: s_factor) in `terms` bf16 vectors that
+  // sum to it — a bf16 q exactly in one; a float32 q in two, hi + lo, its 16 leading bits (to 2^-17 of each q
+  // element: 2^8 below what the cache's own rounding, 2^-9 for bf16 and 2^-4 for fp8, does to every key)
+  const int64_t terms = dot ? (pb.q_bf16 ? 1 : 2) : 1;
+  const float s_factor = dot ? pb.scale_log2 : 1.f, q_factor = pb.scale_log2 * q_boost / s_factor;
   for (int64_t r = 0; r < R; ++r) {
     const int64_t h = hkv * group + r / pb.seq_q, i = r % pb.seq_q, at = ((b * pb.heads + h) * pb.seq_q + i) * D;
     for (int64_t d = 0; d < Dk; ++d) {
