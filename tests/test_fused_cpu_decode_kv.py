@@ -167,6 +167,23 @@ def test_every_fp8_value_widens_exactly(dtype):
     assert torch.allclose(lse.double().view(n), expected, rtol=1e-6, atol=1e-30)
 
 
+@pytest.mark.skipif(not bindings.load().has_bf16(), reason="no AVX512-BF16 here: scores are float32 FMAs")
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
+def test_scores_by_bf16_dot_products_keep_q_as_documented(q_dtype):
+    """One bf16 key of 64 channels: each row's lse is its score. With vdpbf16ps a bf16 q is exact (one term) and
+    a float32 q keeps its 16 leading bits (hi + lo, 2^-17 of each element); float32 arithmetic is 2^-24."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 16, 1, 64).to(q_dtype)
+    k = torch.randn(1, 1, 1, 64).bfloat16()
+    out, lse = torch.empty(1, 16, 1, 64), torch.empty(1, 16, 1)
+    bindings.load().decode(q, k, k, out, lse, scale=0.125, mask="none", lengths=None, threads=1)
+    terms = q.double() * k.double()
+    score = terms.sum(-1).view(16) * 0.125
+    bound = (terms.abs().sum(-1).view(16) * 0.125) * (2.0**-16 if q_dtype == torch.float32 else 2.0**-21)
+    assert ((lse.double().view(16) - score).abs() <= bound).all()
+    assert torch.equal(out[0, :, 0], k[0, 0].float().expand(16, 64))  # one key: p = 1
+
+
 def _reference64(q, k, v, scale, visible, sinks):
     """float64 (out, natural lse) with GQA by index, the sink logit of each query head in the denominator."""
     group = q.shape[1] // k.shape[1]
