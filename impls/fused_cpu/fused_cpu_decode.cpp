@@ -17,8 +17,10 @@
 // row is finished (the merge when split): L += 2^(sink·log2 e − M); they add no value, and the lse includes them.
 //
 // The cache's own type (kv_type; attnbench.kv_cache): float32, bfloat16, or fp8 (float8_e4m3fn, float8_e5m2)
-// with float32 scales. It is read in its type, a tile of 16 keys at a time, and widened in registers into a
-// float32 tile of 16 rows in L1 that the G·Sq rows then share (never a float32 copy of the cache):
+// with float32 scales, read in its type, a tile of 16 keys at a time (never a float32 copy of the cache). Where
+// the CPU has AVX512-BF16, the scores are bf16 dot products (vdpbf16ps) and v is widened in registers inside
+// P·V — see decode_item and bf16x32. Widened to float32 (v always — in registers, or into a float32 tile in L1
+// when Dv is not a multiple of 16 — and k where there is no AVX512-BF16, into a tile the G·Sq rows share):
 //   bf16 → fp32: the 16 bits shifted up by 16 (exact);
 //   e4m3 → fp32: the byte sign-extended, shifted left by 20 and masked with 0x87FFFFFF — the sign stays in bit
 //     31, exponent and mantissa land in fp32's low exponent and top mantissa bits — which reads as the value
