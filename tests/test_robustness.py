@@ -79,7 +79,7 @@ def _key_set(frame: pd.DataFrame) -> set:
 def test_interrupt_then_resume_gives_the_full_case_set_once(tmp_path):
     out = tmp_path / "run"
     args = ["run", "--impl", "bmm,einsum,sdpa_math", "--seq", "128,256,512", "--mask", "none,causal",
-            "--budget-s", "0.3", "--isolate", "none", "--out", str(out)]  # fmt: skip
+            "--budget-s", "0.05", "--isolate", "none", "--out", str(out)]  # fmt: skip
     process = subprocess.Popen(attnbench_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     # (SIG_DFL: under a shell's background job SIGINT arrives ignored, and an ignored signal stays ignored)

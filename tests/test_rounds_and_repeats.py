@@ -124,7 +124,7 @@ class Aborts(Contender):
 
 @pytest.mark.slow
 def test_a_contender_that_kills_its_process_is_an_error_every_time(tmp_path):
-    """24 consecutive crashing cases: 24 `error` rows saying how the worker died, none `timeout`; the
+    """8 consecutive crashing cases: 8 `error` rows saying how the worker died, none `timeout`; the
     contenders timed beside it in the same workload still get their rows."""
     site = tmp_path / "site"
     info = site / "planted_abort-1.0.dist-info"
@@ -133,7 +133,7 @@ def test_a_contender_that_kills_its_process_is_an_error_every_time(tmp_path):
     (info / "entry_points.txt").write_text("[attnbench.impls]\nplanted_abort = planted_abort:Aborts\n")
     (site / "planted_abort.py").write_text(ABORTING)
     suite = tmp_path / "crashes.toml"
-    seqs = ", ".join(str(16 + i) for i in range(24))
+    seqs = ", ".join(str(16 + i) for i in range(8))
     suite.write_text(f'budget_s = 0.02\n[[sweep]]\nimpl = "planted_abort"\nbatch = 1\nheads = 2\n'
                      f'head_dim = 8\nmask = "none"\nseq = [{seqs}]\n')  # fmt: skip
     out = tmp_path / "run"
@@ -142,9 +142,9 @@ def test_a_contender_that_kills_its_process_is_an_error_every_time(tmp_path):
     result = run_subprocess(*attnbench_cmd(*args), env={"PYTHONPATH": str(site)})
     assert result.returncode == 0, result.stderr
     frame = pd.read_parquet(out / "results.parquet")
-    assert len(frame) == 24 and set(frame["status"]) == {"error"}
+    assert len(frame) == 8 and set(frame["status"]) == {"error"}
     assert frame["reason"].str.contains(r"worker process died during the case \(signal 6 \(SIGABRT\)\)").all()
-    assert time.perf_counter() - start < 24 * 60  # not one of them waited for its timeout
+    assert time.perf_counter() - start < 8 * 60  # not one of them waited for its timeout
     mixed = tmp_path / "mixed"
     args = ["run", "--impl", "bmm,planted_abort,sdpa_math", "--seq", "32", "--kv-heads", "8", "--mask", "none",
             "--head-dim", "8", "--budget-s", "0.02", "--out", str(mixed)]  # fmt: skip
