@@ -123,16 +123,13 @@ struct Kv<KV_E5M2> : Fp8<21, 0x8FFFFFFFu> {
 };
 
 #ifdef ATTNBENCH_BF16
-// Keys as bfloat16 for the scores by vdpbf16ps (see decode_item): every bf16, e4m3 and e5m2 value is a bf16,
-// so the conversion is exact; DOT_BIAS is what a converted key is to be multiplied by (the true key / the bf16).
-//   bf16: as stored;
-//   e5m2: the byte shifted up by 8 is the float16 of the same value; vcvtph2ps widens it exactly, subnormals
-//     included, and vcvtne2ps2bf16 narrows it to bf16 exactly (2 mantissa bits);
-//   e4m3: sign to bit 15, exponent and mantissa to bits 13..7, reads as the float16 of the value times 2^-8
-//     (e4m3's 2^(e−7)·1.m is float16's 2^(e−15)·1.m; its subnormals 2^-6·0.m are float16's 2^-14·0.m) — a
-//     normal bf16 down to e4m3's smallest 2^-9 (vdpbf16ps would read a subnormal bf16 as zero).
+// Keys as bfloat16 for the scores by vdpbf16ps (see decode_item): every bf16, e4m3 and e5m2 value is a normal
+// bf16 (e4m3's smallest is 2^-9, e5m2's 2^-16; vdpbf16ps reads a subnormal bf16 as zero), so the conversion is
+// exact. A bf16 cache is used as stored; an fp8 byte's magnitude (its low 7 bits) indexes a table of the 128
+// magnitudes' bf16 bits, looked up 32 at a time by two vpermt2w (64 entries each) and a blend on bit 6, and its
+// sign moves to bit 15. DOT_BIAS is what a converted key is to be multiplied by (1: the table holds true values).
 template <int64_t KT>
-constexpr float DOT_BIAS = KT == KV_E4M3 ? 0x1p8f : 1.f;
+constexpr float DOT_BIAS = 1.f;
 
 inline bf16 bf16_nearest(float x) {  // round to nearest even (x finite)
   uint32_t bits;
@@ -141,17 +138,36 @@ inline bf16 bf16_nearest(float x) {  // round to nearest even (x finite)
 }
 
 template <int64_t KT>
-inline __m512i bf16x32(const typename Kv<KT>::T* p) {  // 32 keys' channels in order, as bf16 · DOT_BIAS
+struct Fp8Table {  // the bf16 of each magnitude 0..127 (its byte & 0x7F) of the fp8 type, in four vectors
+  __m512i part[4];
+  Fp8Table() {
+    alignas(64) bf16 bits[128];
+    for (int m = 0; m < 128; ++m)
+      bits[m] = bf16_nearest(Kv<KT>::one(static_cast<typename Kv<KT>::T>(m)) * (Kv<KT>::bias / DOT_BIAS<KT>));
+    for (int i = 0; i < 4; ++i) part[i] = _mm512_load_si512(bits + 32 * i);
+  }
+};
+
+template <int64_t KT>
+const Fp8Table<KT>& fp8_table() {
+  static const Fp8Table<KT> table;
+  return table;
+}
+
+// 32 keys' channels in order, as bf16 / DOT_BIAS; `table`: fp8_table<KT>().part (unused for bf16)
+template <int64_t KT>
+inline __m512i bf16x32(const typename Kv<KT>::T* p, const __m512i* table) {
   if constexpr (KT == KV_BFLOAT16) {
+    (void)table;
     return _mm512_loadu_si512(p);
   } else {
     const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    const __m512i h = KT == KV_E5M2 ? _mm512_slli_epi16(w, 8)
-                                    : _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi16(w, 7), _mm512_set1_epi16(0x3F80)),
-                                                      _mm512_and_si512(_mm512_slli_epi16(w, 8),
-                                                                       _mm512_set1_epi16(static_cast<int16_t>(0x8000))));
-    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+    const __m512i low = _mm512_permutex2var_epi16(table[0], w, table[1]);  // magnitudes 0..63 (w's bits 0..5)
+    const __m512i high = _mm512_permutex2var_epi16(table[2], w, table[3]);  // 64..127
+    const __m512i magnitude = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), low, high);
+    // magnitude | (w << 8 & 0x8000): the sign
+    return _mm512_ternarylogic_epi32(magnitude, _mm512_slli_epi16(w, 8),
+                                     _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xF8);
   }
 }
 #endif
@@ -314,15 +330,18 @@ inline vf score_tile_dot_any(const bf16* q, int64_t terms, const bf16* k, int64_
   return terms == 1 ? score_tile_dot_dims<1>(q, k, ldk, dk, n, ahead) : score_tile_dot_dims<2>(q, k, ldk, dk, n, ahead);
 }
 
-// Rows [0, n) of a key tile (`from` elements apart in the cache, D used) as bf16 · DOT_BIAS rows dk apart, zeros
+// Rows [0, n) of a key tile (`from` elements apart in the cache, D used) as bf16 / DOT_BIAS rows dk apart, zeros
 // from D to dk.
 template <int64_t KT>
 inline void bf16_tile(bf16* dst, int64_t dk, const typename Kv<KT>::T* src, int64_t from, int64_t D, int64_t n) {
   const int64_t whole = D / (2 * W) * (2 * W);
+  __m512i table[4] = {};
+  if constexpr (KT != KV_BFLOAT16)
+    for (int i = 0; i < 4; ++i) table[i] = fp8_table<KT>().part[i];
   for (int64_t j = 0; j < n; ++j) {
     const typename Kv<KT>::T* s = src + j * from;
     bf16* d = dst + j * dk;
-    for (int64_t x = 0; x < whole; x += 2 * W) _mm512_storeu_si512(d + x, bf16x32<KT>(s + x));
+    for (int64_t x = 0; x < whole; x += 2 * W) _mm512_storeu_si512(d + x, bf16x32<KT>(s + x, table));
     for (int64_t x = whole; x < dk; ++x)
       d[x] = x < D ? bf16_nearest(Kv<KT>::one(s[x]) * (Kv<KT>::bias / DOT_BIAS<KT>)) : bf16{0};
   }
