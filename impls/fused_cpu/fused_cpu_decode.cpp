@@ -127,9 +127,7 @@ struct Kv<KV_E5M2> : Fp8<21, 0x8FFFFFFFu> {
 // bf16 (e4m3's smallest is 2^-9, e5m2's 2^-16; vdpbf16ps reads a subnormal bf16 as zero), so the conversion is
 // exact. A bf16 cache is used as stored; an fp8 byte's magnitude (its low 7 bits) indexes a table of the 128
 // magnitudes' bf16 bits, looked up 32 at a time by two vpermt2w (64 entries each) and a blend on bit 6, and its
-// sign moves to bit 15. DOT_BIAS is what a converted key is to be multiplied by (1: the table holds true values).
-template <int64_t KT>
-constexpr float DOT_BIAS = 1.f;
+// sign moves to bit 15. The table holds the true values: a converted key needs no factor.
 
 inline bf16 bf16_nearest(float x) {  // round to nearest even (x finite)
   uint32_t bits;
@@ -143,7 +141,7 @@ struct Fp8Table {  // the bf16 of each magnitude 0..127 (its byte & 0x7F) of the
   Fp8Table() {
     alignas(64) bf16 bits[128];
     for (int m = 0; m < 128; ++m)
-      bits[m] = bf16_nearest(Kv<KT>::one(static_cast<typename Kv<KT>::T>(m)) * (Kv<KT>::bias / DOT_BIAS<KT>));
+      bits[m] = bf16_nearest(Kv<KT>::one(static_cast<typename Kv<KT>::T>(m)) * Kv<KT>::bias);
     for (int i = 0; i < 4; ++i) part[i] = _mm512_load_si512(bits + 32 * i);
   }
 };
@@ -154,7 +152,7 @@ const Fp8Table<KT>& fp8_table() {
   return table;
 }
 
-// 32 keys' channels in order, as bf16 / DOT_BIAS; `table`: fp8_table<KT>().part (unused for bf16)
+// 32 keys' channels in order, as bf16; `table`: fp8_table<KT>().part (unused for bf16)
 template <int64_t KT>
 inline __m512i bf16x32(const typename Kv<KT>::T* p, const __m512i* table) {
   if constexpr (KT == KV_BFLOAT16) {
@@ -330,7 +328,7 @@ inline vf score_tile_dot_any(const bf16* q, int64_t terms, const bf16* k, int64_
   return terms == 1 ? score_tile_dot_dims<1>(q, k, ldk, dk, n, ahead) : score_tile_dot_dims<2>(q, k, ldk, dk, n, ahead);
 }
 
-// Rows [0, n) of a key tile (`from` elements apart in the cache, D used) as bf16 / DOT_BIAS rows dk apart, zeros
+// Rows [0, n) of a key tile (`from` elements apart in the cache, D used) as bf16 rows dk apart, zeros
 // from D to dk.
 template <int64_t KT>
 inline void bf16_tile(bf16* dst, int64_t dk, const typename Kv<KT>::T* src, int64_t from, int64_t D, int64_t n) {
@@ -343,59 +341,23 @@ inline void bf16_tile(bf16* dst, int64_t dk, const typename Kv<KT>::T* src, int6
     bf16* d = dst + j * dk;
     for (int64_t x = 0; x < whole; x += 2 * W) _mm512_storeu_si512(d + x, bf16x32<KT>(s + x, table));
     for (int64_t x = whole; x < dk; ++x)
-      d[x] = x < D ? bf16_nearest(Kv<KT>::one(s[x]) * (Kv<KT>::bias / DOT_BIAS<KT>)) : bf16{0};
+      d[x] = x < D ? bf16_nearest(Kv<KT>::one(s[x]) * Kv<KT>::bias) : bf16{0};
   }
 }
 #endif
 
-// o_r[d0 .. d0 + VECS·W) += Σ_{j<n} p_r[j]·widen(v[j][d0 …]) for ROWS rows of a narrow cache's v, widened in
-// registers (once for all ROWS rows) as it is read: no float32 tile in between.
+// o_r[d0 .. d0 + VECS·W) += Σ_{j<n} p_r[j]·v[j][d0 …] for ROWS rows (v's rows loaded, and widened from a narrow
+// cache type in registers, once for all of them), o rows ldo floats apart, v rows ldv elements apart, p rows W
+// floats apart, the accumulators in registers.
 template <int64_t KT, int ROWS, int VECS>
-inline void pv_narrow_chunk(float* o, int64_t ldo, const float* p, const typename Kv<KT>::T* v, int64_t ldv, int64_t n,
-                            Ahead& ahead) {
-  vf acc[ROWS][VECS];
-  _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r)
-    _Pragma("GCC unroll 4") for (int x = 0; x < VECS; ++x) acc[r][x] = load(o + r * ldo + x * W);
-  for (int64_t j = 0; j < n; ++j) {
-    vf vv[VECS];
-    _Pragma("GCC unroll 4") for (int x = 0; x < VECS; ++x) vv[x] = Kv<KT>::widen(v + j * ldv + x * W);
-    _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r) {
-      const vf pj = splat(p[r * W + j]);
-      _Pragma("GCC unroll 4") for (int x = 0; x < VECS; ++x) acc[r][x] += pj * vv[x];
-    }
-    ahead.step();
-  }
-  _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r)
-    _Pragma("GCC unroll 4") for (int x = 0; x < VECS; ++x) store(o + r * ldo + x * W, acc[r][x]);
-}
-
-// o_r[0..dvp) += Σ_{j<n} p_r[j]·v[j] for `rows` rows of a narrow cache (dvp = Dv, a multiple of 16), in blocks of
-// up to 4 rows × 4 vectors (16 accumulators).
-template <int64_t KT>
-inline void pv_narrow(float* o, int64_t ldo, const float* p, const typename Kv<KT>::T* v, int64_t ldv, int64_t dvp,
-                      int64_t rows, int64_t n, Ahead& ahead) {
-  typedef void (*Chunk)(float*, int64_t, const float*, const typename Kv<KT>::T*, int64_t, int64_t, Ahead&);
-  static constexpr Chunk chunks[4][4] = {
-      {pv_narrow_chunk<KT, 1, 1>, pv_narrow_chunk<KT, 1, 2>, pv_narrow_chunk<KT, 1, 3>, pv_narrow_chunk<KT, 1, 4>},
-      {pv_narrow_chunk<KT, 2, 1>, pv_narrow_chunk<KT, 2, 2>, pv_narrow_chunk<KT, 2, 3>, pv_narrow_chunk<KT, 2, 4>},
-      {pv_narrow_chunk<KT, 3, 1>, pv_narrow_chunk<KT, 3, 2>, pv_narrow_chunk<KT, 3, 3>, pv_narrow_chunk<KT, 3, 4>},
-      {pv_narrow_chunk<KT, 4, 1>, pv_narrow_chunk<KT, 4, 2>, pv_narrow_chunk<KT, 4, 3>, pv_narrow_chunk<KT, 4, 4>}};
-  for (int64_t r = 0; r < rows; r += 4)
-    for (int64_t d0 = 0; d0 < dvp; d0 += 4 * W)
-      chunks[std::min<int64_t>(4, rows - r) - 1][std::min<int64_t>(4, (dvp - d0) / W) - 1](
-          o + r * ldo + d0, ldo, p + r * W, v + d0, ldv, n, ahead);
-}
-
-// o_r[d0 .. d0 + VECS·W) += Σ_{j<n} p_r[j]·v[j][d0 …] for ROWS rows (v's rows loaded once for all of them), o rows
-// ldo floats apart, v rows ldv floats apart, p rows W floats apart, the accumulators in registers.
-template <int ROWS, int VECS>
-inline void pv_chunk(float* o, int64_t ldo, const float* p, const float* v, int64_t ldv, int64_t n, Ahead& ahead) {
+inline void pv_chunk(float* o, int64_t ldo, const float* p, const typename Kv<KT>::T* v, int64_t ldv, int64_t n,
+                     Ahead& ahead) {
   vf acc[ROWS][VECS];
   _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r)
     _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) acc[r][x] = load(o + r * ldo + x * W);
   for (int64_t j = 0; j < n; ++j) {
     vf vv[VECS];
-    _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) vv[x] = load(v + j * ldv + x * W);
+    _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) vv[x] = Kv<KT>::widen(v + j * ldv + x * W);
     _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r) {
       const vf pj = splat(p[r * W + j]);
       _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) acc[r][x] += pj * vv[x];
@@ -411,10 +373,29 @@ template <int ROWS>
 inline void pv_rows(float* o, int64_t ldo, const float* p, const float* v, int64_t ldv, int64_t dvp, int64_t n,
                     Ahead& ahead) {
   typedef void (*Chunk)(float*, int64_t, const float*, const float*, int64_t, int64_t, Ahead&);
-  static constexpr Chunk chunks[8] = {pv_chunk<ROWS, 1>, pv_chunk<ROWS, 2>, pv_chunk<ROWS, 3>, pv_chunk<ROWS, 4>,
-                                      pv_chunk<ROWS, 5>, pv_chunk<ROWS, 6>, pv_chunk<ROWS, 7>, pv_chunk<ROWS, 8>};
+  static constexpr Chunk chunks[8] = {pv_chunk<KV_FLOAT32, ROWS, 1>, pv_chunk<KV_FLOAT32, ROWS, 2>,
+                                      pv_chunk<KV_FLOAT32, ROWS, 3>, pv_chunk<KV_FLOAT32, ROWS, 4>,
+                                      pv_chunk<KV_FLOAT32, ROWS, 5>, pv_chunk<KV_FLOAT32, ROWS, 6>,
+                                      pv_chunk<KV_FLOAT32, ROWS, 7>, pv_chunk<KV_FLOAT32, ROWS, 8>};
   for (int64_t d0 = 0; d0 < dvp; d0 += 8 * W)
     chunks[std::min<int64_t>(8, (dvp - d0) / W) - 1](o + d0, ldo, p, v + d0, ldv, n, ahead);
+}
+
+// o_r[0..dvp) += Σ_{j<n} p_r[j]·v[j] for `rows` rows of a narrow cache (dvp = Dv, a multiple of 16), in blocks of
+// up to 4 rows × 4 vectors (16 accumulators).
+template <int64_t KT>
+inline void pv_narrow(float* o, int64_t ldo, const float* p, const typename Kv<KT>::T* v, int64_t ldv, int64_t dvp,
+                      int64_t rows, int64_t n, Ahead& ahead) {
+  typedef void (*Chunk)(float*, int64_t, const float*, const typename Kv<KT>::T*, int64_t, int64_t, Ahead&);
+  static constexpr Chunk chunks[4][4] = {
+      {pv_chunk<KT, 1, 1>, pv_chunk<KT, 1, 2>, pv_chunk<KT, 1, 3>, pv_chunk<KT, 1, 4>},
+      {pv_chunk<KT, 2, 1>, pv_chunk<KT, 2, 2>, pv_chunk<KT, 2, 3>, pv_chunk<KT, 2, 4>},
+      {pv_chunk<KT, 3, 1>, pv_chunk<KT, 3, 2>, pv_chunk<KT, 3, 3>, pv_chunk<KT, 3, 4>},
+      {pv_chunk<KT, 4, 1>, pv_chunk<KT, 4, 2>, pv_chunk<KT, 4, 3>, pv_chunk<KT, 4, 4>}};
+  for (int64_t r = 0; r < rows; r += 4)
+    for (int64_t d0 = 0; d0 < dvp; d0 += 4 * W)
+      chunks[std::min<int64_t>(4, rows - r) - 1][std::min<int64_t>(4, (dvp - d0) / W) - 1](
+          o + r * ldo + d0, ldo, p + r * W, v + d0, ldv, n, ahead);
 }
 
 // Rows [0, n) of a tile (`from` elements apart in the cache, `len` used) widened to float32 rows `to` floats
@@ -485,7 +466,7 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
   constexpr bool scaled = Kv<KT>::scaled;
 #ifdef ATTNBENCH_BF16
   constexpr bool dot = KT != KV_FLOAT32;
-  constexpr float k_bias = DOT_BIAS<KT>, q_boost = 1.f;
+  constexpr float k_bias = 1.f, q_boost = 1.f;  // keys as their true bf16 values
 #else
   constexpr bool dot = false;
   constexpr float k_bias = Kv<KT>::bias / Q_BOOST, q_boost = scaled ? Q_BOOST : 1.f;
