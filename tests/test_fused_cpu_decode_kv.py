@@ -32,7 +32,8 @@ pytestmark = pytest.mark.skipif(bindings.unavailable_reason() is not None, reaso
 E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
 # (batch, heads, kv_heads, seq_q, seq_k, head_dim) and features: odd head dims (72, 80, 48), Dv below and above D,
 # Sk not a multiple of 16, batch 3, GQA, pages of 16 and 32 (and 8: gathered by the harness, the fp8 scale blocks
-# then narrower than a tile), padding, ragged lengths, sinks, a latent cache, a bfloat16 workload
+# then narrower than a tile), padding, ragged lengths, sinks, a latent cache, bfloat16 workloads (P·V by vdpbf16ps)
+# with 3 and 5 rows per kv head (the scores' row blocks of 4, 2 and 1)
 CASES = {
     "e4m3-D72-B3-padding": ((3, 8, 2, 1, 203, 72), {"kv_dtype": E4M3, "mask": "padding"}),
     "e4m3-paged32-padding-Dv56": ((3, 8, 2, 1, 300, 72), {"kv_dtype": E4M3, "mask": "padding", "page_size": 32,
@@ -51,6 +52,9 @@ CASES = {
                                                          "mask": "causal_bottom_right"}),
     "bf16-dtype-e4m3-Dv32-sinks": ((2, 4, 2, 3, 150, 64), {"dtype": "bfloat16", "kv_dtype": E4M3, "head_dim_v": 32,
                                                             "sinks": "learned", "mask": "causal_bottom_right"}),
+    "bf16-dtype-e5m2-D96-3rows-paged16": ((2, 6, 2, 1, 277, 96), {"dtype": "bfloat16", "kv_dtype": E5M2,
+                                                                  "page_size": 16, "mask": "padding"}),
+    "bf16-dtype-bf16-5rows": ((1, 5, 1, 1, 77, 64), {"dtype": "bfloat16", "kv_dtype": "bfloat16"}),
 }  # fmt: skip
 
 

@@ -123,11 +123,15 @@ struct Kv<KV_E5M2> : Fp8<21, 0x8FFFFFFFu> {
 };
 
 #ifdef ATTNBENCH_BF16
-// Keys as bfloat16 for the scores by vdpbf16ps (see decode_item): every bf16, e4m3 and e5m2 value is a normal
-// bf16 (e4m3's smallest is 2^-9, e5m2's 2^-16; vdpbf16ps reads a subnormal bf16 as zero), so the conversion is
-// exact. A bf16 cache is used as stored; an fp8 byte's magnitude (its low 7 bits) indexes a table of the 128
-// magnitudes' bf16 bits, looked up 32 at a time by two vpermt2w (64 entries each) and a blend on bit 6, and its
-// sign moves to bit 15. The table holds the true values: a converted key needs no factor.
+// Keys (and, for P·V by vdpbf16ps, values) as bfloat16: every bf16, e4m3 and e5m2 value is a normal bf16 (e4m3's
+// smallest is 2^-9, e5m2's 2^-16; vdpbf16ps reads a subnormal bf16 as zero), so the conversion is exact and the
+// bf16 holds the true value (no factor). A bf16 cache is used as stored. fp8, 32 bytes at a time:
+//   where none of the 32 has a zero exponent field (zeros and subnormals: rare in a scaled cache), arithmetic:
+//     the byte sign-extended to 16 bits and shifted left by 4 (e5m2: 5) puts the sign in bit 15 and exponent and
+//     mantissa in bf16's low exponent and top mantissa bits; masked (0x87F0; 0x8FE0) and the exponent rebased by
+//     an add of 120 << 7 (112 << 7) it is the value's bf16 — four integer operations;
+//   otherwise a table of the 128 magnitudes' bf16 bits, looked up 32 at a time by two vpermt2w (64 entries
+//     each) and a blend on bit 6, the sign moved to bit 15.
 
 inline bf16 bf16_nearest(float x) {  // round to nearest even (x finite)
   uint32_t bits;
@@ -152,14 +156,36 @@ const Fp8Table<KT>& fp8_table() {
   return table;
 }
 
-// 32 keys' channels in order, as bf16; `table`: fp8_table<KT>().part (unused for bf16)
+// The arithmetic conversion's constants: the shift, the bits kept, the exponent rebase, the exponent field.
+template <int64_t KT>
+struct Fp8Bits;
+template <>
+struct Fp8Bits<KV_E4M3> {
+  static constexpr int shift = 4;
+  static constexpr int16_t keep = static_cast<int16_t>(0x87F0), rebase = 120 << 7;
+  static constexpr char exponent = 0x78;
+};
+template <>
+struct Fp8Bits<KV_E5M2> {
+  static constexpr int shift = 5;
+  static constexpr int16_t keep = static_cast<int16_t>(0x8FE0), rebase = 112 << 7;
+  static constexpr char exponent = 0x7C;
+};
+
+// 32 elements' channels in order, as bf16; `table`: fp8_table<KT>().part (unused for bf16)
 template <int64_t KT>
 inline __m512i bf16x32(const typename Kv<KT>::T* p, const __m512i* table) {
   if constexpr (KT == KV_BFLOAT16) {
     (void)table;
     return _mm512_loadu_si512(p);
   } else {
-    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    typedef Fp8Bits<KT> F;
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if (__builtin_expect(_mm256_testn_epi8_mask(raw, _mm256_set1_epi8(F::exponent)) == 0, 1)) {
+      const __m512i x = _mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), F::shift);
+      return _mm512_add_epi16(_mm512_and_si512(x, _mm512_set1_epi16(F::keep)), _mm512_set1_epi16(F::rebase));
+    }
+    const __m512i w = _mm512_cvtepu8_epi16(raw);
     const __m512i low = _mm512_permutex2var_epi16(table[0], w, table[1]);  // magnitudes 0..63 (w's bits 0..5)
     const __m512i high = _mm512_permutex2var_epi16(table[2], w, table[3]);  // 64..127
     const __m512i magnitude = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), low, high);
@@ -206,6 +232,22 @@ struct Decode {
     vf lanes;
     for (int j = 0; j < W; ++j) lanes[j] = s[(c0 + std::min<int64_t>(j, n - 1)) / scale_block];
     return lanes;
+  }
+
+  // O += P·V by vdpbf16ps over a narrow cache (Dv a multiple of 32): v converted to bf16 exactly, P as pv_terms()
+  // bf16 vectors that sum to it — for a bf16 q one, P rounded to bf16 (as the bf16 forward does, and FlashAttention
+  // on GPUs: bf16's tolerance); for a float32 q two, hi + lo, P's 16 leading bits (2^-17 of each weight).
+  bool pv_dot(int64_t kv_type) const {
+#ifdef ATTNBENCH_BF16
+    return q_bf16 && kv_type != KV_FLOAT32 && head_dim_v % (2 * W) == 0;
+#else
+    (void)kv_type;
+    return false;
+#endif
+  }
+  // the output's factor: OUT_BOOST where fp8 values are widened to float32 times 2^-120 (2^-112) for P·V
+  float out_boost(int64_t kv_type) const {
+    return (kv_type == KV_E4M3 || kv_type == KV_E5M2) && !pv_dot(kv_type) ? OUT_BOOST : 1.f;
   }
 
   float q_at(int64_t at) const {
@@ -333,15 +375,77 @@ inline vf score_tile_dot_any(const bf16* q, int64_t terms, const bf16* k, int64_
 template <int64_t KT>
 inline void bf16_tile(bf16* dst, int64_t dk, const typename Kv<KT>::T* src, int64_t from, int64_t D, int64_t n) {
   const int64_t whole = D / (2 * W) * (2 * W);
-  __m512i table[4] = {};
-  if constexpr (KT != KV_BFLOAT16)
-    for (int i = 0; i < 4; ++i) table[i] = fp8_table<KT>().part[i];
+  const __m512i* table = nullptr;
+  if constexpr (KT != KV_BFLOAT16) table = fp8_table<KT>().part;
   for (int64_t j = 0; j < n; ++j) {
     const typename Kv<KT>::T* s = src + j * from;
     bf16* d = dst + j * dk;
     for (int64_t x = 0; x < whole; x += 2 * W) _mm512_storeu_si512(d + x, bf16x32<KT>(s + x, table));
     for (int64_t x = whole; x < dk; ++x)
       d[x] = x < D ? bf16_nearest(Kv<KT>::one(s[x]) * Kv<KT>::bias) : bf16{0};
+  }
+}
+#endif
+
+#ifdef ATTNBENCH_BF16
+// Scores of ROWS query rows (row r's TERMS bf16 vectors at q + (r·TERMS + t)·D) against keys [0, n) read as stored
+// (rows ldk elements apart, D channels, a multiple of 32), each 32 channels of a key converted to bf16 (bf16x32)
+// once for all ROWS rows, in registers (no bf16 copy of the tile). The keys go in groups of W / ROWS: a group's
+// ROWS × W / ROWS dot products are one hsum16 (lane r·KG + j: row r, key j of the group), and the groups' sums
+// are regrouped into one vector per row by 128-bit block shuffles. Keys from n on read nothing and score 0.
+template <int64_t KT, int TERMS, int ROWS, bool FULL>
+inline void score_rows(const bf16* q, const typename Kv<KT>::T* k, int64_t ldk, int64_t D, int64_t n, Ahead& ahead,
+                       const __m512i* table, vf* out) {
+  constexpr int KG = W / ROWS, GROUPS = W / KG;
+  __m512 sums[GROUPS];
+  _Pragma("GCC unroll 4") for (int g = 0; g < GROUPS; ++g) {
+    vf acc[W];
+    _Pragma("GCC unroll 16") for (int i = 0; i < W; ++i) acc[i] = vf{};
+    for (int64_t d = 0; d < D; d += 2 * W) {
+      __m512i qt[ROWS][TERMS];
+      _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r)
+        _Pragma("GCC unroll 2") for (int t = 0; t < TERMS; ++t) qt[r][t] = _mm512_loadu_si512(q + (r * TERMS + t) * D + d);
+      _Pragma("GCC unroll 16") for (int j = 0; j < KG; ++j) {
+        const int64_t key = g * KG + j;
+        const __m512i kj = FULL || key < n ? bf16x32<KT>(k + key * ldk + d, table) : _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r) {
+          __m512 a = (__m512)acc[r * KG + j];
+          _Pragma("GCC unroll 2") for (int t = 0; t < TERMS; ++t) a = dp_pairs(a, qt[r][t], kj);
+          acc[r * KG + j] = (vf)a;
+        }
+      }
+      if (FULL) ahead.step();
+    }
+    sums[g] = (__m512)hsum16(acc);
+  }
+  if constexpr (ROWS == 1) {
+    out[0] = (vf)sums[0];
+  } else if constexpr (ROWS == 2) {  // row r: half r of each group
+    out[0] = (vf)_mm512_shuffle_f32x4(sums[0], sums[1], 0x44);
+    out[1] = (vf)_mm512_shuffle_f32x4(sums[0], sums[1], 0xEE);
+  } else {  // row r: block r of each group, a 4 × 4 transpose of 128-bit blocks
+    const __m512 t0 = _mm512_shuffle_f32x4(sums[0], sums[1], 0x44), t1 = _mm512_shuffle_f32x4(sums[2], sums[3], 0x44);
+    const __m512 t2 = _mm512_shuffle_f32x4(sums[0], sums[1], 0xEE), t3 = _mm512_shuffle_f32x4(sums[2], sums[3], 0xEE);
+    out[0] = (vf)_mm512_shuffle_f32x4(t0, t1, 0x88), out[1] = (vf)_mm512_shuffle_f32x4(t0, t1, 0xDD);
+    out[2] = (vf)_mm512_shuffle_f32x4(t2, t3, 0x88), out[3] = (vf)_mm512_shuffle_f32x4(t2, t3, 0xDD);
+  }
+}
+
+// score_rows for `rows` rows (blocks of 4, then 2, then 1) with `terms` bf16 terms each: out[r] for row r.
+template <int64_t KT, int TERMS>
+inline void score_all_rows(const bf16* q, int64_t rows, const typename Kv<KT>::T* k, int64_t ldk, int64_t D,
+                           int64_t n, Ahead& ahead, vf* out) {
+  const __m512i* table = nullptr;
+  if constexpr (KT != KV_BFLOAT16) table = fp8_table<KT>().part;
+  int64_t r = 0;
+  if (n == W) {
+    for (; r + 4 <= rows; r += 4) score_rows<KT, TERMS, 4, true>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r);
+    if (r + 2 <= rows) score_rows<KT, TERMS, 2, true>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r), r += 2;
+    if (r < rows) score_rows<KT, TERMS, 1, true>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r);
+  } else {
+    for (; r + 4 <= rows; r += 4) score_rows<KT, TERMS, 4, false>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r);
+    if (r + 2 <= rows) score_rows<KT, TERMS, 2, false>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r), r += 2;
+    if (r < rows) score_rows<KT, TERMS, 1, false>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r);
   }
 }
 #endif
@@ -397,6 +501,61 @@ inline void pv_narrow(float* o, int64_t ldo, const float* p, const typename Kv<K
       chunks[std::min<int64_t>(4, rows - r) - 1][std::min<int64_t>(4, (dvp - d0) / W) - 1](
           o + r * ldo + d0, ldo, p + r * W, v + d0, ldv, n, ahead);
 }
+
+#ifdef ATTNBENCH_BF16
+// o_r[d0 .. d0 + VECS·W) += Σ_{j<n} p_r[j]·v[j][d0 …] for ROWS rows by vdpbf16ps, which sums over pairs of keys:
+// P as TERMS bf16 vectors (row r's term t at p + r·2W + t·W, zeros past n), v's rows converted to bf16 32 channels
+// at a time (bf16x32) and two rows interleaved into pairs by two vpermt2w (a row of zeros after an odd last key),
+// once for all ROWS rows.
+template <int64_t KT, int TERMS, int ROWS, int VECS>
+inline void pv_dot_chunk(float* o, int64_t ldo, const bf16* p, const typename Kv<KT>::T* v, int64_t ldv, int64_t n,
+                         Ahead& ahead, const __m512i* table) {
+  static_assert(VECS % 2 == 0, "32 channels of v per conversion");
+  alignas(64) static constexpr int16_t lo_index[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                                       8,  40, 9,  41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo_at = _mm512_load_si512(lo_index), hi_at = _mm512_add_epi16(lo_at, _mm512_set1_epi16(16));
+  __m512 acc[ROWS][VECS];
+  _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r)
+    _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) acc[r][x] = _mm512_loadu_ps(o + r * ldo + x * W);
+  for (int64_t j = 0; j < n; j += 2) {
+    __m512i pairs[VECS];
+    _Pragma("GCC unroll 4") for (int c = 0; c < VECS / 2; ++c) {
+      const __m512i a = bf16x32<KT>(v + j * ldv + c * 2 * W, table);
+      const __m512i b = j + 1 < n ? bf16x32<KT>(v + (j + 1) * ldv + c * 2 * W, table) : _mm512_setzero_si512();
+      pairs[2 * c] = _mm512_permutex2var_epi16(a, lo_at, b);
+      pairs[2 * c + 1] = _mm512_permutex2var_epi16(a, hi_at, b);
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r) {
+      _Pragma("GCC unroll 2") for (int t = 0; t < TERMS; ++t) {
+        const __m512i pj = pair_at(p + r * 2 * W + t * W + j);
+        _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) acc[r][x] = dp_pairs(acc[r][x], pj, pairs[x]);
+      }
+    }
+    ahead.step();
+  }
+  _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r)
+    _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) _mm512_storeu_ps(o + r * ldo + x * W, acc[r][x]);
+}
+
+// o_r[0..dvp) += Σ_{j<n} p_r[j]·v[j] for `rows` rows by vdpbf16ps (dvp = Dv, a multiple of 32), in blocks of up
+// to 4 rows × 4 vectors.
+template <int64_t KT, int TERMS>
+inline void pv_dot(float* o, int64_t ldo, const bf16* p, const typename Kv<KT>::T* v, int64_t ldv, int64_t dvp,
+                   int64_t rows, int64_t n, Ahead& ahead) {
+  typedef void (*Chunk)(float*, int64_t, const bf16*, const typename Kv<KT>::T*, int64_t, int64_t, Ahead&,
+                        const __m512i*);
+  static constexpr Chunk chunks[4][2] = {{pv_dot_chunk<KT, TERMS, 1, 2>, pv_dot_chunk<KT, TERMS, 1, 4>},
+                                         {pv_dot_chunk<KT, TERMS, 2, 2>, pv_dot_chunk<KT, TERMS, 2, 4>},
+                                         {pv_dot_chunk<KT, TERMS, 3, 2>, pv_dot_chunk<KT, TERMS, 3, 4>},
+                                         {pv_dot_chunk<KT, TERMS, 4, 2>, pv_dot_chunk<KT, TERMS, 4, 4>}};
+  const __m512i* table = nullptr;
+  if constexpr (KT != KV_BFLOAT16) table = fp8_table<KT>().part;
+  for (int64_t r = 0; r < rows; r += 4)
+    for (int64_t d0 = 0; d0 < dvp; d0 += 4 * W)
+      chunks[std::min<int64_t>(4, rows - r) - 1][std::min<int64_t>(4 * W, dvp - d0) / (2 * W) - 1](
+          o + r * ldo + d0, ldo, p + r * 2 * W, v + d0, ldv, n, ahead, table);
+}
+#endif
 
 // Rows [0, n) of a tile (`from` elements apart in the cache, `len` used) widened to float32 rows `to` floats
 // apart (a multiple of W), zeros from len to `to`.
@@ -474,8 +633,9 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
   const int64_t group = pb.heads / pb.kv_heads, R = group * pb.seq_q, D = pb.head_dim;
   const int64_t Dk = dot ? round_up(D, 2 * W) : pb.dk, Dv = pb.head_dim_v, Dvp = pb.dvp, v_row = pb.v_row;
   const bool v_regs = KT != KV_FLOAT32 && Dv == Dvp;  // narrow v widened inside P·V
+  const bool v_dot = pb.pv_dot(KT);  // … or converted to bf16 pairs for vdpbf16ps (then also v_regs)
   const bool widen_k = !dot && (KT != KV_FLOAT32 || Dk != D), widen_v = !v_regs && (KT != KV_FLOAT32 || Dvp != Dv);
-  const bool k_in_place = dot && KT == KV_BFLOAT16 && Dk == D;
+  const bool k_direct = dot && Dk == D;  // keys read as stored (converted in registers): score_all_rows
   const int64_t k_lo = split * pb.chunk, k_hi = std::min(pb.seq_k, k_lo + pb.chunk);
   float *k_tile = scratch, *v_tile = k_tile + W * Dk, *qs = v_tile + W * Dvp, *o = qs + 2 * R * Dk, *l = o + R * Dvp;
   float *p = l + R * W, *m = p + R * W;
@@ -516,16 +676,17 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
   Ahead ahead;
   // the loop steps in a whole tile that issue prefetches: score d-steps (whole tiles, full vectors) and P·V keys
   const int64_t score_steps = R * (Dk / (dot ? 2 * W : W));
-  const int64_t pv_steps = v_regs ? (R + 3) / 4 * W * ((Dvp + 4 * W - 1) / (4 * W))
+  const int64_t pv_steps = v_regs ? (R + 3) / 4 * (v_dot ? W / 2 : W) * ((Dvp + 4 * W - 1) / (4 * W))
                                   : (R + 1) / 2 * W * ((Dvp + 8 * W - 1) / (8 * W));
   const int64_t steps = std::max<int64_t>(1, score_steps + pv_steps);
   // fp8: lane j's k scale · bias / Q_BOOST and v scale · bias / OUT_BOOST, once per item when one scale covers the
   // sequence (a contiguous cache), else per tile (a page's, or the blocks of a gathered paged cache)
   vf k_factor = splat(s_factor), v_factor = splat(1.f);
+  const float v_bias = v_dot ? 1.f : Kv<KT>::bias / OUT_BOOST;  // bf16 values are true ones
   const bool per_tile = scaled && (pb.pages != nullptr || pb.scale_block < pb.seq_k);
   if (scaled && !per_tile) {
     k_factor = pb.tile_scales(pb.k_scale, b, hkv, 0, 1) * (k_bias * s_factor);
-    v_factor = pb.tile_scales(pb.v_scale, b, hkv, 0, 1) * (Kv<KT>::bias / OUT_BOOST);
+    v_factor = pb.tile_scales(pb.v_scale, b, hkv, 0, 1) * v_bias;
   }
   for (int64_t c0 = k_lo; c0 < key_end; c0 += W) {  // k_lo is a multiple of 16 (chunks are)
     const int64_t n = std::min<int64_t>(W, key_end - c0);
@@ -540,15 +701,21 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
     const float* kt = reinterpret_cast<const float*>(k);  // used as is only when T is float
     if (widen_k) widen_tile<KT>(k_tile, Dk, k, D, D, n), kt = k_tile;
 #ifdef ATTNBENCH_BF16
-    const bf16* kb = reinterpret_cast<const bf16*>(k);  // the dot path's keys: used as is only when k_in_place
-    if (dot && !k_in_place) bf16_tile<KT>(reinterpret_cast<bf16*>(k_tile), Dk, k, D, D, n), kb = reinterpret_cast<bf16*>(k_tile);
+    vf direct[dot ? 16 : 1];  // R ≤ 16 (attnbench_fused_decode_max_rows)
+    if constexpr (dot) {
+      if (k_direct)
+        (terms == 1 ? score_all_rows<KT, 1> : score_all_rows<KT, 2>)(reinterpret_cast<const bf16*>(qs), R, k, D, D, n,
+                                                                      ahead, direct);
+      else
+        bf16_tile<KT>(reinterpret_cast<bf16*>(k_tile), Dk, k, D, D, n);
+    }
 #endif
     const float* vt = reinterpret_cast<const float*>(v);
     int64_t ldv = v_row;
     if (widen_v) widen_tile<KT>(v_tile, Dvp, v, v_row, Dv, n), vt = v_tile, ldv = Dvp;
     if (per_tile) {
       k_factor = pb.tile_scales(pb.k_scale, b, hkv, c0, n) * (k_bias * s_factor);
-      v_factor = pb.tile_scales(pb.v_scale, b, hkv, c0, n) * (Kv<KT>::bias / OUT_BOOST);
+      v_factor = pb.tile_scales(pb.v_scale, b, hkv, c0, n) * v_bias;
     }
     for (int64_t r = 0; r < R; ++r) {
       const int64_t visible = std::clamp<int64_t>(lim[r] - (c0 - k_lo), 0, n);
@@ -559,7 +726,9 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
       vf x;
 #ifdef ATTNBENCH_BF16
       if constexpr (dot) {
-        x = score_tile_dot_any(reinterpret_cast<const bf16*>(qs) + terms * r * Dk, terms, kb, k_in_place ? D : Dk, Dk,
+        x = k_direct ? direct[r]
+                     : score_tile_dot_any(reinterpret_cast<const bf16*>(qs) + terms * r * Dk, terms,
+                                          reinterpret_cast<const bf16*>(k_tile), Dk, Dk,
                                n, ahead);
       } else
 #endif
@@ -576,8 +745,29 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
       }
       const vf pr = keep_below(exp2_table(x - splat(m[r])), static_cast<int>(visible));
       store(l + r * W, load(l + r * W) + pr);
-      store(p + r * W, scaled ? pr * v_factor : pr);
+      const vf pv = scaled ? pr * v_factor : pr;
+#ifdef ATTNBENCH_BF16
+      if (v_dot) {  // P's bf16 terms: hi, and for a float32 q lo = P − hi (exact in float32)
+        const __m256i hi = (__m256i)_mm512_cvtneps_pbh((__m512)pv);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * W), hi);
+        if (terms == 2) {
+          const vf hi_value = (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * W) + 1,
+                              (__m256i)_mm512_cvtneps_pbh((__m512)(pv - hi_value)));
+        }
+        continue;
+      }
+#endif
+      store(p + r * W, pv);
     }
+#ifdef ATTNBENCH_BF16
+    if constexpr (dot)
+      if (v_dot) {
+        (terms == 1 ? pv_dot<KT, 1> : pv_dot<KT, 2>)(o, Dvp, reinterpret_cast<const bf16*>(p), v, v_row, Dvp, R, n,
+                                                      ahead);
+        continue;
+      }
+#endif
     if constexpr (KT != KV_FLOAT32) {
       if (v_regs) {
         pv_narrow<KT>(o, Dvp, p, v, v_row, Dvp, R, n, ahead);
@@ -588,7 +778,7 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
     for (; r + 2 <= R; r += 2) pv_rows<2>(o + r * Dvp, Dvp, p + r * W, vt, ldv, Dvp, n, ahead);
     if (r < R) pv_rows<1>(o + r * Dvp, Dvp, p + r * W, vt, ldv, Dvp, n, ahead);
   }
-  const float boost = scaled ? OUT_BOOST : 1.f;
+  const float boost = pb.out_boost(KT);
   for (int64_t r = 0; r < R; ++r) {
     const int64_t h = hkv * group + r / pb.seq_q, row = (b * pb.heads + h) * pb.seq_q + r % pb.seq_q;
     const float total = hsum(load(l + r * W));
@@ -713,7 +903,7 @@ int attnbench_fused_decode_kv(const void* q, const void* k, const void* v, float
       count += item(pb, i / (kv_heads * splits), i / splits % kv_heads, i % splits, mine);
     computed += count;
   });
-  const float boost = scaled ? OUT_BOOST : 1.f;
+  const float boost = pb.out_boost(kv_type);
   if (splits > 1)
     team_for(nthreads, batch * heads * seq_q, [&](int64_t row) {
       merge_row(pb, row / (heads * seq_q), row / seq_q % heads, row % seq_q, boost);
