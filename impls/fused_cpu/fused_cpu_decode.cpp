@@ -18,8 +18,8 @@
 //
 // The cache's own type (kv_type; attnbench.kv_cache): float32, bfloat16, or fp8 (float8_e4m3fn, float8_e5m2)
 // with float32 scales, read in its type, a tile of 16 keys at a time (never a float32 copy of the cache). Where
-// the CPU has AVX512-BF16, the scores are bf16 dot products (vdpbf16ps) and v is widened in registers inside
-// P·V — see decode_item and bf16x32. Widened to float32 (v always — in registers, or into a float32 tile in L1
+// the CPU has AVX512-BF16, the scores are bf16 dot products (vdpbf16ps) on keys converted in registers, and P·V
+// widens v in registers (a bf16 q: vdpbf16ps too, on v converted to bf16) — see decode_item and bf16x32. Widened to float32 (v always — in registers, or into a float32 tile in L1
 // when Dv is not a multiple of 16 — and k where there is no AVX512-BF16, into a tile the G·Sq rows share):
 //   bf16 → fp32: the 16 bits shifted up by 16 (exact);
 //   e4m3 → fp32: the byte sign-extended, shifted left by 20 and masked with 0x87FFFFFF — the sign stays in bit
@@ -234,9 +234,9 @@ struct Decode {
     return lanes;
   }
 
-  // O += P·V by vdpbf16ps over a narrow cache (Dv a multiple of 32): v converted to bf16 exactly, P as pv_terms()
-  // bf16 vectors that sum to it — for a bf16 q one, P rounded to bf16 (as the bf16 forward does, and FlashAttention
-  // on GPUs: bf16's tolerance); for a float32 q two, hi + lo, P's 16 leading bits (2^-17 of each weight).
+  // O += P·V by vdpbf16ps for a bf16 q over a narrow cache (Dv a multiple of 32): v converted to bf16 exactly, P
+  // rounded to bf16 (as the bf16 forward does, and FlashAttention on GPUs: bf16's tolerance). A float32 q keeps
+  // float32 P·V (two bf16 terms of P, tried, were slower than its FMAs).
   bool pv_dot(int64_t kv_type) const {
 #ifdef ATTNBENCH_BF16
     return q_bf16 && kv_type != KV_FLOAT32 && head_dim_v % (2 * W) == 0;
@@ -431,22 +431,27 @@ inline void score_rows(const bf16* q, const typename Kv<KT>::T* k, int64_t ldk, 
   }
 }
 
-// score_rows for `rows` rows (blocks of 4, then 2, then 1) with `terms` bf16 terms each: out[r] for row r.
-template <int64_t KT, int TERMS>
-inline void score_all_rows(const bf16* q, int64_t rows, const typename Kv<KT>::T* k, int64_t ldk, int64_t D,
-                           int64_t n, Ahead& ahead, vf* out) {
+// score_rows for `rows` rows in blocks of 4, then 2, then 1: out[r] for row r.
+template <int64_t KT, int TERMS, bool FULL>
+inline void score_row_blocks(const bf16* q, int64_t rows, const typename Kv<KT>::T* k, int64_t ldk, int64_t D,
+                             int64_t n, Ahead& ahead, const __m512i* table, vf* out) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) score_rows<KT, TERMS, 4, FULL>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r);
+  if (r + 2 <= rows) score_rows<KT, TERMS, 2, FULL>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r), r += 2;
+  if (r < rows) score_rows<KT, TERMS, 1, FULL>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r);
+}
+
+// score_row_blocks with `terms` bf16 terms of q per row, for a whole tile (n = 16) or a partial one.
+template <int64_t KT>
+inline void score_all_rows(const bf16* q, int64_t terms, int64_t rows, const typename Kv<KT>::T* k, int64_t ldk,
+                           int64_t D, int64_t n, Ahead& ahead, vf* out) {
   const __m512i* table = nullptr;
   if constexpr (KT != KV_BFLOAT16) table = fp8_table<KT>().part;
-  int64_t r = 0;
-  if (n == W) {
-    for (; r + 4 <= rows; r += 4) score_rows<KT, TERMS, 4, true>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r);
-    if (r + 2 <= rows) score_rows<KT, TERMS, 2, true>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r), r += 2;
-    if (r < rows) score_rows<KT, TERMS, 1, true>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r);
-  } else {
-    for (; r + 4 <= rows; r += 4) score_rows<KT, TERMS, 4, false>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r);
-    if (r + 2 <= rows) score_rows<KT, TERMS, 2, false>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r), r += 2;
-    if (r < rows) score_rows<KT, TERMS, 1, false>(q + r * TERMS * D, k, ldk, D, n, ahead, table, out + r);
-  }
+  typedef void (*Blocks)(const bf16*, int64_t, const typename Kv<KT>::T*, int64_t, int64_t, int64_t, Ahead&,
+                         const __m512i*, vf*);
+  static constexpr Blocks blocks[2][2] = {{score_row_blocks<KT, 1, false>, score_row_blocks<KT, 1, true>},
+                                          {score_row_blocks<KT, 2, false>, score_row_blocks<KT, 2, true>}};
+  blocks[terms - 1][n == W](q, rows, k, ldk, D, n, ahead, table, out);
 }
 #endif
 
@@ -504,10 +509,9 @@ inline void pv_narrow(float* o, int64_t ldo, const float* p, const typename Kv<K
 
 #ifdef ATTNBENCH_BF16
 // o_r[d0 .. d0 + VECS·W) += Σ_{j<n} p_r[j]·v[j][d0 …] for ROWS rows by vdpbf16ps, which sums over pairs of keys:
-// P as TERMS bf16 vectors (row r's term t at p + r·2W + t·W, zeros past n), v's rows converted to bf16 32 channels
-// at a time (bf16x32) and two rows interleaved into pairs by two vpermt2w (a row of zeros after an odd last key),
-// once for all ROWS rows.
-template <int64_t KT, int TERMS, int ROWS, int VECS>
+// P as bf16 (row r's at p + r·2W, zeros past n), v's rows converted to bf16 32 channels at a time (bf16x32) and
+// two rows interleaved into pairs by two vpermt2w (a row of zeros after an odd last key), once for all ROWS rows.
+template <int64_t KT, int ROWS, int VECS>
 inline void pv_dot_chunk(float* o, int64_t ldo, const bf16* p, const typename Kv<KT>::T* v, int64_t ldv, int64_t n,
                          Ahead& ahead, const __m512i* table) {
   static_assert(VECS % 2 == 0, "32 channels of v per conversion");
@@ -526,10 +530,8 @@ inline void pv_dot_chunk(float* o, int64_t ldo, const bf16* p, const typename Kv
       pairs[2 * c + 1] = _mm512_permutex2var_epi16(a, hi_at, b);
     }
     _Pragma("GCC unroll 4") for (int r = 0; r < ROWS; ++r) {
-      _Pragma("GCC unroll 2") for (int t = 0; t < TERMS; ++t) {
-        const __m512i pj = pair_at(p + r * 2 * W + t * W + j);
-        _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) acc[r][x] = dp_pairs(acc[r][x], pj, pairs[x]);
-      }
+      const __m512i pj = pair_at(p + r * 2 * W + j);
+      _Pragma("GCC unroll 8") for (int x = 0; x < VECS; ++x) acc[r][x] = dp_pairs(acc[r][x], pj, pairs[x]);
     }
     ahead.step();
   }
@@ -539,15 +541,15 @@ inline void pv_dot_chunk(float* o, int64_t ldo, const bf16* p, const typename Kv
 
 // o_r[0..dvp) += Σ_{j<n} p_r[j]·v[j] for `rows` rows by vdpbf16ps (dvp = Dv, a multiple of 32), in blocks of up
 // to 4 rows × 4 vectors.
-template <int64_t KT, int TERMS>
+template <int64_t KT>
 inline void pv_dot(float* o, int64_t ldo, const bf16* p, const typename Kv<KT>::T* v, int64_t ldv, int64_t dvp,
                    int64_t rows, int64_t n, Ahead& ahead) {
   typedef void (*Chunk)(float*, int64_t, const bf16*, const typename Kv<KT>::T*, int64_t, int64_t, Ahead&,
                         const __m512i*);
-  static constexpr Chunk chunks[4][2] = {{pv_dot_chunk<KT, TERMS, 1, 2>, pv_dot_chunk<KT, TERMS, 1, 4>},
-                                         {pv_dot_chunk<KT, TERMS, 2, 2>, pv_dot_chunk<KT, TERMS, 2, 4>},
-                                         {pv_dot_chunk<KT, TERMS, 3, 2>, pv_dot_chunk<KT, TERMS, 3, 4>},
-                                         {pv_dot_chunk<KT, TERMS, 4, 2>, pv_dot_chunk<KT, TERMS, 4, 4>}};
+  static constexpr Chunk chunks[4][2] = {{pv_dot_chunk<KT, 1, 2>, pv_dot_chunk<KT, 1, 4>},
+                                         {pv_dot_chunk<KT, 2, 2>, pv_dot_chunk<KT, 2, 4>},
+                                         {pv_dot_chunk<KT, 3, 2>, pv_dot_chunk<KT, 3, 4>},
+                                         {pv_dot_chunk<KT, 4, 2>, pv_dot_chunk<KT, 4, 4>}};
   const __m512i* table = nullptr;
   if constexpr (KT != KV_BFLOAT16) table = fp8_table<KT>().part;
   for (int64_t r = 0; r < rows; r += 4)
@@ -614,11 +616,11 @@ inline float sink_of(const Decode& pb, int64_t h) {
 // Per tile of 16 keys: every row's scores and online softmax (the running max only rescales o and l when it
 // rises), then O += P·V. A float32 cache is read in place (k and v copied into float32 tiles only to pad a head
 // dim that is not a multiple of 16), O += P·V two rows at a time. A narrow cache (bf16, fp8) is read as stored:
-//   scores by vdpbf16ps where the CPU has AVX512-BF16 (the dot path): keys as bf16 — a bf16 cache's rows in
-//     place, fp8 tiles converted once into bf16 rows in L1 — against q split into bf16 hi + lo, so q keeps 16
-//     bits of its mantissa; elsewhere keys widened into a float32 tile;
+//   scores by vdpbf16ps where the CPU has AVX512-BF16 (the dot path): keys converted to bf16 in registers, once
+//     for all rows (score_all_rows; a bf16 tile in L1 when D is not a multiple of 32), against q split into bf16
+//     hi + lo, so q keeps 16 bits of its mantissa; elsewhere keys widened into a float32 tile;
 //   O += P·V with v widened in registers as it is read, once for up to 4 rows (a float32 tile when Dv is not a
-//     multiple of 16).
+//     multiple of 16), or for a bf16 q by vdpbf16ps with P rounded to bf16 (pv_dot).
 template <int64_t KT>
 int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, float* scratch) {
   typedef typename Kv<KT>::T T;
@@ -635,7 +637,7 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
   const bool v_regs = KT != KV_FLOAT32 && Dv == Dvp;  // narrow v widened inside P·V
   const bool v_dot = pb.pv_dot(KT);  // … or converted to bf16 pairs for vdpbf16ps (then also v_regs)
   const bool widen_k = !dot && (KT != KV_FLOAT32 || Dk != D), widen_v = !v_regs && (KT != KV_FLOAT32 || Dvp != Dv);
-  const bool k_direct = dot && Dk == D;  // keys read as stored (converted in registers): score_all_rows
+  [[maybe_unused]] const bool k_direct = dot && Dk == D;  // keys read as stored (converted in registers): score_all_rows
   const int64_t k_lo = split * pb.chunk, k_hi = std::min(pb.seq_k, k_lo + pb.chunk);
   float *k_tile = scratch, *v_tile = k_tile + W * Dk, *qs = v_tile + W * Dvp, *o = qs + 2 * R * Dk, *l = o + R * Dvp;
   float *p = l + R * W, *m = p + R * W;
@@ -644,7 +646,7 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
   // the dot path: q as it is (scale·log2 e multiplies the scores instead: s_factor) in `terms` bf16 vectors that
   // sum to it — a bf16 q exactly in one; a float32 q in two, hi + lo, its 16 leading bits (to 2^-17 of each q
   // element: 2^8 below what the cache's own rounding, 2^-9 for bf16 and 2^-4 for fp8, does to every key)
-  const int64_t terms = dot ? (pb.q_bf16 ? 1 : 2) : 1;
+  [[maybe_unused]] const int64_t terms = dot ? (pb.q_bf16 ? 1 : 2) : 1;
   const float s_factor = dot ? pb.scale_log2 : 1.f, q_factor = pb.scale_log2 * q_boost / s_factor;
   for (int64_t r = 0; r < R; ++r) {
     const int64_t h = hkv * group + r / pb.seq_q, i = r % pb.seq_q, at = ((b * pb.heads + h) * pb.seq_q + i) * D;
@@ -704,8 +706,7 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
     vf direct[dot ? 16 : 1];  // R ≤ 16 (attnbench_fused_decode_max_rows)
     if constexpr (dot) {
       if (k_direct)
-        (terms == 1 ? score_all_rows<KT, 1> : score_all_rows<KT, 2>)(reinterpret_cast<const bf16*>(qs), R, k, D, D, n,
-                                                                      ahead, direct);
+        score_all_rows<KT>(reinterpret_cast<const bf16*>(qs), terms, R, k, D, D, n, ahead, direct);
       else
         bf16_tile<KT>(reinterpret_cast<bf16*>(k_tile), Dk, k, D, D, n);
     }
@@ -728,8 +729,7 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
       if constexpr (dot) {
         x = k_direct ? direct[r]
                      : score_tile_dot_any(reinterpret_cast<const bf16*>(qs) + terms * r * Dk, terms,
-                                          reinterpret_cast<const bf16*>(k_tile), Dk, Dk,
-                               n, ahead);
+                                          reinterpret_cast<const bf16*>(k_tile), Dk, Dk, n, ahead);
       } else
 #endif
         x = score_tile_any(qs + r * Dk, kt, Dk, n, ahead);
@@ -747,14 +747,8 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
       store(l + r * W, load(l + r * W) + pr);
       const vf pv = scaled ? pr * v_factor : pr;
 #ifdef ATTNBENCH_BF16
-      if (v_dot) {  // P's bf16 terms: hi, and for a float32 q lo = P − hi (exact in float32)
-        const __m256i hi = (__m256i)_mm512_cvtneps_pbh((__m512)pv);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * W), hi);
-        if (terms == 2) {
-          const vf hi_value = (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * W) + 1,
-                              (__m256i)_mm512_cvtneps_pbh((__m512)(pv - hi_value)));
-        }
+      if (v_dot) {  // P rounded to bf16
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * W), (__m256i)_mm512_cvtneps_pbh((__m512)pv));
         continue;
       }
 #endif
@@ -763,8 +757,7 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
 #ifdef ATTNBENCH_BF16
     if constexpr (dot)
       if (v_dot) {
-        (terms == 1 ? pv_dot<KT, 1> : pv_dot<KT, 2>)(o, Dvp, reinterpret_cast<const bf16*>(p), v, v_row, Dvp, R, n,
-                                                      ahead);
+        pv_dot<KT>(o, Dvp, reinterpret_cast<const bf16*>(p), v, v_row, Dvp, R, n, ahead);
         continue;
       }
 #endif
