@@ -205,7 +205,20 @@ def test_the_worker_dies_with_a_killed_run(pausing_site, tmp_path):
     assert not alive(worker), "the worker outlived its killed parent"
 
 
-def test_signals_are_counted_and_the_handlers_restored(tmp_path):
+@pytest.fixture
+def signals_not_ignored():
+    """SIGINT, SIGTERM and SIGHUP at their defaults for the test: a background job of a non-interactive shell
+    starts with SIGINT ignored, and StopSignals rightly leaves an ignored signal ignored."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def test_signals_are_counted_and_the_handlers_restored(tmp_path, signals_not_ignored):
     from attnbench.interrupts import StopSignals
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
