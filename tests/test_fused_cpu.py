@@ -10,7 +10,17 @@ import torch
 
 from attnbench import registry
 from attnbench.errors import UsageError
-from attnbench.impls.fused_cpu import BLOCK_K, GROUP, block_q, contender, fused_attention, isa, paged_decode
+from attnbench.impls.fused_cpu import (
+    BLOCK_K,
+    BLOCK_Q,
+    GROUP,
+    block_q,
+    contender,
+    fused_attention,
+    isa,
+    paged_decode,
+    uniform_rows,
+)
 from attnbench.impls.fused_cpu import bindings as _cpu_kernel
 from attnbench.impls.fused_cpu.bindings import ScoreOptions
 from attnbench.memory import peak_memory_mb
@@ -148,7 +158,8 @@ def _expected_tiles(lo: torch.Tensor, hi: torch.Tensor, heads: int) -> int:
     item (block_q rows) and block of BLOCK_K keys from the item's first visible 64-key panel, each group of
     GROUP rows scores its keys from its first visible panel to its last visible key, rounded up to 16."""
     batch, seq_q = lo.shape
-    rows_per_item = block_q(batch * heads, seq_q, torch.get_num_threads())
+    uniform = uniform_rows("ranges", None, ScoreOptions(ranges=(lo, hi)))
+    rows_per_item = block_q(batch * heads, seq_q, torch.get_num_threads(), uniform)
     total = 0
     for b in range(batch):
         low, high = lo[b].tolist(), hi[b].tolist()
@@ -419,3 +430,18 @@ def test_key_ranges_gradients_match_float64(kind):
     expected = torch.autograd.grad(_modified64(*leaves64, 0.3, lo, hi), leaves64, upstream.double())
     for got, want in zip(grads, expected, strict=True):
         assert (got.double() - want).abs().max() / want.abs().max() < 1e-5
+
+
+def test_uniform_sequences_stay_whole_items_where_the_threads_share_them_evenly():
+    """MLA's 128 folded heads at B4 on 2 threads: one item a sequence (its keys packed and read once), not
+    66 + 62 rows; per-sequence lengths (uneven costs) keep the finer split that balances the threads."""
+    assert block_q(4, 128, 2, uniform=True) == 128
+    assert block_q(4, 128, 2) == 66
+    assert block_q(3, 128, 2, uniform=True) == 48  # 3 sequences cannot split evenly over 2 threads
+    assert block_q(8, 4096, 2, uniform=True) == min(4096, BLOCK_Q)
+    same = torch.tensor([[0, 0], [0, 0]]), torch.tensor([[5, 9], [5, 9]])
+    differ = same[0], torch.tensor([[5, 9], [5, 8]])
+    assert uniform_rows("ranges", None, ScoreOptions(ranges=same))
+    assert not uniform_rows("ranges", None, ScoreOptions(ranges=differ))
+    assert not uniform_rows("padding", torch.tensor([3, 4]), None)
+    assert uniform_rows("causal", None, None)
