@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -9,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -84,6 +87,40 @@ def run_subprocess(
     """Run a command with this interpreter's environment (plus ``env``), capturing text output."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(args, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=600)
+
+
+def _interpreter_cost(spec: dict[str, Any]) -> float:
+    """A case's rough cost in Triton's interpreter: a backward is two or three more kernels than the forward."""
+    return 3.0 if spec.get("pass_", "fwd") != "fwd" else 1.0
+
+
+def run_cases_split(script: str, cases: dict[str, Any], env: dict[str, str], tail: str) -> dict[str, Any]:
+    """Run ``script`` (python -c: the cases as JSON in argv[1]; with argv[2] "tail", its one-off checks after
+    them; prints one JSON object of results last) on the cases in one process per core, at once, and merge the
+    results. Triton's interpreter runs one Python thread, so the test waiting on it alone would leave the other
+    core idle; torch keeps to one thread in each."""
+    parts = max(1, min(os.cpu_count() or 1, 4, len(cases)))
+    shares: list[list[str]] = [[] for _ in range(parts)]
+    load = [2.0] + [0.0] * (parts - 1)  # the tail runs in the first process
+    for name in sorted(cases, key=lambda name: -_interpreter_cost(cases[name])):  # largest first, to the lightest
+        lightest = load.index(min(load))
+        shares[lightest].append(name)
+        load[lightest] += _interpreter_cost(cases[name])
+    full_env = {**os.environ, **env, "OMP_NUM_THREADS": "1"}
+    merged: dict[str, Any] = {}
+    with contextlib.ExitStack() as files:  # output to files, so that no process waits on a full pipe
+        runs = []
+        for part in range(parts):
+            share = json.dumps({name: cases[name] for name in shares[part]})
+            args = [sys.executable, "-c", script, share, *([tail] if part == 0 else [])]
+            out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
+            runs.append((subprocess.Popen(args, stdout=out, stderr=err, text=True, env=full_env), out, err))
+        for proc, out, err in runs:
+            proc.wait(timeout=600)
+            out.seek(0), err.seek(0)
+            assert proc.returncode == 0, err.read()[-3000:]
+            merged.update(json.loads(out.read().strip().splitlines()[-1]))
+    return merged
 
 
 def attnbench_cmd(*args: str) -> list[str]:

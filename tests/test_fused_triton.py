@@ -12,7 +12,6 @@ of the timed callable are checked in this process with the kernels mocked (no GP
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
 from typing import Any
@@ -26,7 +25,7 @@ from attnbench.impls.fused_triton import NEEDS_CUDA, contender
 from attnbench.masks import document_lengths
 from attnbench.workload import MASKS, Workload
 
-from conftest import attnbench_cmd, run_subprocess
+from conftest import attnbench_cmd, run_cases_split, run_subprocess
 
 INTERPRETER = {"TRITON_INTERPRET": "1"}
 
@@ -105,14 +104,15 @@ for name, spec in json.loads(sys.argv[1]).items():
 # its forced-tile loop on one tiny case with a few tiles.
 from attnbench.impls.fused_triton.smoke import check_far_offsets, smoke
 from attnbench.impls.fused_triton.tiles import Tile
-results["far-offsets"] = {"reason": check_far_offsets("cpu")}
-tiny = Workload(1, 4, 2, 40, 24, 50, dtype="float32", mask="causal_bottom_right", pass_="fwd_bwd")
-forced = {"fwd": [Tile(16, 32, 1, 1)], "dkdv": [Tile(32, 16, 1, 1)], "dq": [Tile(16, 16, 1, 1)]}
-import contextlib, io
-printed = io.StringIO()
-with contextlib.redirect_stdout(printed):
-    failures = smoke("cpu", cases=[tiny], tiles=forced)
-results["smoke"] = {"failures": failures, "lines": printed.getvalue().splitlines()}
+if sys.argv[2:] == ["tail"]:
+    results["far-offsets"] = {"reason": check_far_offsets("cpu")}
+    tiny = Workload(1, 4, 2, 40, 24, 50, dtype="float32", mask="causal_bottom_right", pass_="fwd_bwd")
+    forced = {"fwd": [Tile(16, 32, 1, 1)], "dkdv": [Tile(32, 16, 1, 1)], "dq": [Tile(16, 16, 1, 1)]}
+    import contextlib, io
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        failures = smoke("cpu", cases=[tiny], tiles=forced)
+    results["smoke"] = {"failures": failures, "lines": printed.getvalue().splitlines()}
 print(json.dumps(results))
 """
 
@@ -205,12 +205,9 @@ BACKWARD = [name for name, spec in CASES.items() if spec.get("pass_", "fwd") != 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, dict[str, Any]]:
-    """Every case of CASES, checked in one interpreter process."""
+    """Every case of CASES, checked in the interpreter (one process per core), and gpu_smoke's own checks."""
     pytest.importorskip("triton")
-    result = run_subprocess(sys.executable, "-c", _CHECK_CASES, json.dumps(CASES), env=INTERPRETER)
-    assert result.returncode == 0, result.stderr[-3000:]
-    checked: dict[str, dict[str, Any]] = json.loads(result.stdout.strip().splitlines()[-1])
-    return checked
+    return run_cases_split(_CHECK_CASES, CASES, INTERPRETER, "tail")
 
 
 @pytest.mark.parametrize("name", list(CASES))
