@@ -611,6 +611,17 @@ inline void finish_row(float* out, const float* o, int64_t dvp, float m, float l
   if (lse != nullptr) *lse = (m + std::log2(l)) * LN2;
 }
 
+// Whether some lane of x is above m.
+inline bool any_above(vf x, float m) {
+#ifdef __AVX512F__
+  return _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(m), _CMP_GT_OQ) != 0;
+#else
+  for (int i = 0; i < W; ++i)
+    if (x[i] > m) return true;
+  return false;
+#endif
+}
+
 inline float sink_of(const Decode& pb, int64_t h) {
   return pb.sinks != nullptr ? pb.sinks[h] * LOG2E : -std::numeric_limits<float>::infinity();
 }
@@ -739,8 +750,10 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
       x = lane < static_cast<int>(visible) ? x : splat(-std::numeric_limits<float>::infinity());
       if (scaled || s_factor != 1.f) x = x * k_factor;  // scales are positive: −inf stays −inf
       computed += visible;
-      const float row_max = hmax(x);
-      if (row_max > m[r]) {  // the max rose: o and l scaled by 2^(m_old − m_new) (0 on the first keys)
+      // the max rose (some lane above it; the horizontal max only then): o and l scaled by 2^(m_old − m_new), 0 on
+      // the first keys
+      if (any_above(x, m[r])) {
+        const float row_max = hmax(x);
         const vf alpha = splat(std::exp2(m[r] - row_max));
         store(l + r * W, load(l + r * W) * alpha);
         for (int64_t d = 0; d < Dvp; d += W) store(o + r * Dvp + d, load(o + r * Dvp + d) * alpha);
