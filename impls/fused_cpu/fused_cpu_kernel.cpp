@@ -73,9 +73,10 @@ struct Problem {
   int64_t block_q, block_k;
   // bfloat16 inputs (attnbench_fused_forward_bf16), else null: q as is, kᵀ and v packed in pairs
   const uint16_t *q16 = nullptr, *kt16 = nullptr, *v16 = nullptr;
-  // bfloat16: the caller's k and v as the packer reads them (rows khs / vhs apart a kv head, v rows vs apart)
+  int64_t khs = 0;  // elements from one kv head of the caller's k to the next (as the packer reads it)
+  // bfloat16: the caller's k and v as the packer reads them (v rows vs16 apart, vhs16 a kv head)
   const uint16_t *k16 = nullptr, *v16_rows = nullptr;
-  int64_t khs = 0, vs16 = 0, vhs16 = 0;
+  int64_t vs16 = 0, vhs16 = 0;
   // score modifiers, applied to the scaled scores before the mask (in base 2: multiplied by log2 e)
   float softcap2 = 0.f;          // softcap·log2(e): s ← softcap2·tanh(s / softcap2); 0 = off
   const float* alibi2 = nullptr;  // per query head, slope·log2(e): s −= slope2·|i + Sk − Sq − j|; null = off
@@ -279,18 +280,19 @@ void accumulate(const Problem& pb, const Item& it, const Tile& t, Scratch& sc, E
 
 // Part `part` of `parts` of the key block from key c1 (its kᵀ panels and v rows) brought into L2 ahead of use:
 // the groups of the current block each prefetch a share, so the next block's first group finds it there
-// instead of waiting on L3 for every line. Packed panels only once packed (the block's first panel says):
-// before that the packer reads k itself; fp32 v is the caller's and always there.
+// instead of waiting on L3 for every line. Packed panels once packed (the block's first panel says); before
+// that, the caller's k and v rows that the packer will read.
 void prefetch_block(const Problem& pb, const Item& it, int64_t c1, int64_t part, int64_t parts) {
   const int64_t keys = std::min(pb.block_k, pb.seq_k - c1);
   if (keys <= 0) return;
   const bool packed = pb.packer->ready(it.kv, c1);
   const char* regions[2];
   int64_t bytes[2];
-  if (pb.q16 == nullptr) {
-    regions[0] = reinterpret_cast<const char*>(pb.kt + (it.kv * pb.skp + c1) * pb.head_dim);
+  if (pb.q16 == nullptr) {  // kᵀ's panels once packed, else the k rows the packer will read
+    regions[0] = packed ? reinterpret_cast<const char*>(pb.kt + (it.kv * pb.skp + c1) * pb.head_dim)
+                        : reinterpret_cast<const char*>(pb.k + it.kv * pb.khs + c1 * pb.head_dim);
     regions[1] = reinterpret_cast<const char*>(pb.v + it.kv * pb.vhs + c1 * pb.vs);
-    bytes[0] = packed ? keys * pb.head_dim * 4 : 0, bytes[1] = keys * pb.vs * 4;
+    bytes[0] = keys * pb.head_dim * 4, bytes[1] = keys * pb.vs * 4;
   } else if (packed) {
     regions[0] = reinterpret_cast<const char*>(pb.kt16 + (it.kv * pb.skp + c1) * pb.head_dim);
     regions[1] = reinterpret_cast<const char*>(pb.v16 + (it.kv * pb.skp + c1) * pb.dp);
@@ -524,6 +526,7 @@ int attnbench_fused_forward(const float* q, const float* k, float* kt, const flo
   pb.vhs = extras != nullptr && extras->v_head_stride > 0 ? extras->v_head_stride : seq_k * pb.vs;
   const int64_t khs = extras != nullptr && extras->k_head_stride > 0 ? extras->k_head_stride : seq_k * head_dim;
   if (pb.vs < dp || pb.vhs < seq_k * pb.vs || khs < seq_k * head_dim) return 1;
+  pb.khs = khs;
   auto pack = [&](int64_t p) {  // panel p % per_head of kv head p / per_head
     pack_panel(k + (p / per_head) * khs, seq_k, head_dim, p % per_head, kt + p * PANEL * head_dim);
   };
