@@ -46,12 +46,9 @@
 namespace {
 
 constexpr int64_t MIN_SPLIT_KEYS = 512;  // fewer keys per split would cost more in merging than it gains
-// prefetch the tile this many float32 tiles' bytes ahead for the narrower types (2 tiles of bf16, 4 of fp8: they
-// are compute-bound, and twice as far was 1.02× slower for fp8 on a Zen 4 VM), and a float32 cache's AHEAD_F32
-// tiles ahead: memory-bound, it gained from a longer lead on the Zen 4 VM (`attnbench ab`, H32/8 D128 × 32768:
-// 3 tiles B/A 0.923 [0.900, 0.933], 4 0.924, 6 0.941 against 1; on a Zen 5 VM two or more had been slower)
+// prefetch the tile this many float32 tiles' bytes ahead: the next tile in float32 (two or more ahead was slower
+// in tuning on a Zen 5 VM), as many bytes ahead for the narrower types (2 tiles of bf16, 4 of fp8)
 constexpr int64_t AHEAD_TILES = 1;
-constexpr int64_t AHEAD_F32 = 3;
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 constexpr float Q_BOOST = 0x1p64f;  // fp8: q's factor (see the top of the file), the output's is OUT_BOOST
 constexpr float OUT_BOOST = 0x1p20f;
@@ -687,7 +684,7 @@ int64_t decode_item(const Decode& pb, int64_t b, int64_t hkv, int64_t split, flo
     key_end = std::max(key_end, limit);
   }
   const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const int64_t ahead_keys = W * (KT == KV_FLOAT32 ? AHEAD_F32 : AHEAD_TILES * static_cast<int64_t>(sizeof(float) / sizeof(T)));
+  const int64_t ahead_keys = AHEAD_TILES * W * static_cast<int64_t>(sizeof(float) / sizeof(T));
   const int64_t k_bytes = W * D * sizeof(T), v_bytes = ((W - 1) * v_row + Dv) * sizeof(T);  // one tile's rows
   Ahead ahead;
   // the loop steps in a whole tile that issue prefetches: score d-steps (whole tiles, full vectors) and P·V keys
