@@ -355,9 +355,9 @@ def _forward(
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     padded_dim = _round_up(v.shape[-1], bindings.VECTOR)
-    rows = block_q(batch * heads, seq_q, threads, uniform_rows(mask, lengths, options))
     if seq_q <= kernel.decode_max_rows() and options is None:  # decode: k and v read once, in their own type
         return _decode(q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=keep_lse)
+    rows = block_q(batch * heads, seq_q, threads, uniform_rows(mask, lengths, options))
     out = torch.empty(batch, heads, seq_q, padded_dim, dtype=torch.float32)
     lse = torch.empty(batch, heads, seq_q, dtype=torch.float32) if keep_lse else None
     if isa(q.dtype) == "avx512_bf16":

@@ -74,16 +74,14 @@ struct Problem {
   // bfloat16 inputs (attnbench_fused_forward_bf16), else null: q as is, kᵀ and v packed in pairs
   const uint16_t *q16 = nullptr, *kt16 = nullptr, *v16 = nullptr;
   int64_t khs = 0;  // elements from one kv head of the caller's k to the next (as the packer reads it)
-  // bfloat16: the caller's k and v as the packer reads them (v rows vs16 apart, vhs16 a kv head)
-  const uint16_t *k16 = nullptr, *v16_rows = nullptr;
-  int64_t vs16 = 0, vhs16 = 0;
+  const uint16_t *k16 = nullptr, *v16_rows = nullptr;  // bfloat16: the caller's k and v, as the packer reads them
   // score modifiers, applied to the scaled scores before the mask (in base 2: multiplied by log2 e)
   float softcap2 = 0.f;          // softcap·log2(e): s ← softcap2·tanh(s / softcap2); 0 = off
   const float* alibi2 = nullptr;  // per query head, slope·log2(e): s −= slope2·|i + Sk − Sq − j|; null = off
   std::vector<float> alibi2_storage;
   const float* sinks = nullptr;  // per query head, the learned sink logit (natural log); null = none
-  int64_t vs = 0;                // float32 v: floats from one v row to the next (dp unless v is a strided view)
-  int64_t vhs = 0;               // float32 v: floats from one kv head (b · Hkv + h) to the next (Sk · vs if dense)
+  int64_t vs = 0;                // v: elements from one v row to the next (dp, or Dv in bf16, unless a strided view)
+  int64_t vhs = 0;               // v: elements from one kv head (b · Hkv + h) to the next (Sk · vs if dense)
   Packer* packer = nullptr;  // set by launch
 
   int64_t limit(int64_t b, int64_t i) const { return rows.limit(b, i); }
@@ -299,8 +297,8 @@ void prefetch_block(const Problem& pb, const Item& it, int64_t c1, int64_t part,
     bytes[0] = keys * pb.head_dim * 2, bytes[1] = keys * pb.dp * 2;
   } else {  // the rows the packer will read (a latent cache's v rows lie inside its k rows: those lines hit)
     regions[0] = reinterpret_cast<const char*>(pb.k16 + it.kv * pb.khs + c1 * pb.head_dim);
-    regions[1] = reinterpret_cast<const char*>(pb.v16_rows + it.kv * pb.vhs16 + c1 * pb.vs16);
-    bytes[0] = keys * pb.head_dim * 2, bytes[1] = keys * pb.vs16 * 2;
+    regions[1] = reinterpret_cast<const char*>(pb.v16_rows + it.kv * pb.vhs + c1 * pb.vs);
+    bytes[0] = keys * pb.head_dim * 2, bytes[1] = keys * pb.vs * 2;
   }
   const int64_t lines = (bytes[0] + bytes[1]) / 64, from = lines * part / parts, to = lines * (part + 1) / parts;
   for (int64_t line = from; line < to; ++line) {
@@ -568,7 +566,7 @@ int attnbench_fused_forward_bf16(const uint16_t* q, const uint16_t* k, uint16_t*
   pb.q16 = q;
   pb.kt16 = kt16;
   pb.v16 = v16;
-  pb.k16 = k, pb.v16_rows = v, pb.khs = khs, pb.vs16 = vs, pb.vhs16 = vhs;
+  pb.k16 = k, pb.v16_rows = v, pb.khs = khs, pb.vs = vs, pb.vhs = vhs;
   const int64_t pairs = skp / 2;
   auto pack = [&](int64_t p) {  // kᵀ panel p and the PANEL / 2 key pairs of v of the same keys
     const int64_t head = p / per_head;
