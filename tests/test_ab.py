@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench import registry
+from attnbench import Capabilities, Contender, registry
 from attnbench.ab import MIN_PAIRS, PairedRatio, paired_ratio, verdict
 from attnbench.reports.ab_report import draw_ratios
 
@@ -405,3 +405,31 @@ def test_the_sweep_is_the_suites_workloads_with_the_axis_flags_applied():
     assert quick == expected and len(quick) >= 6  # every workload once, whatever its contenders
     narrowed = sweep_workloads("quick", {"seq": [128], "mask": ["causal"]})
     assert {(w.seq_q, w.mask) for w in narrowed} == {(128, "causal")}
+
+
+class Recording(Contender):
+    """bmm that remembers the tensors each prepare was given."""
+
+    name = "recording"
+    capabilities = Capabilities(devices=frozenset({"cpu"}), masks=frozenset({"none"}))
+
+    def __init__(self) -> None:
+        self.seen: list[torch.Tensor] = []
+
+    def prepare(self, inputs, workload):
+        q, k, v, scale = inputs.q, inputs.k, inputs.v, inputs.scale
+        self.seen.append(k)
+        return lambda: torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v
+
+
+def test_both_versions_read_the_same_inputs_not_a_copy_each():
+    """Two copies of a 256 MiB cache don't lie alike in memory, which moved A/A on a memory-bound decode to
+    B/A 0.92: A and B read one set of tensors."""
+    from attnbench.ab import AbOptions, Version, run_case, sweep_workloads
+
+    a, b = Recording(), Recording()
+    (workload,) = sweep_workloads(None, {"heads": [2], "seq": [64], "head_dim": [16]})
+    case = run_case(Version("a", a, "registered"), Version("b", b, "registered"), workload,
+                    AbOptions(threshold=0.5, budget_s=0.05))  # fmt: skip
+    assert case.verdict in ("same", "unclear") and case.paired is not None
+    assert len(a.seen) == len(b.seen) == 1 and a.seen[0] is b.seen[0]
