@@ -1,6 +1,7 @@
 """Every attnbench and pytest command in the README runs as written (the nox ones run in CI itself; the
 SLURM script is covered by the shard, merge and resume tests)."""
 
+import concurrent.futures
 import contextlib
 import io
 import re
@@ -34,13 +35,40 @@ def test_readme_names_the_two_setup_commands_and_ci_runs_the_test_one():
     assert "nox -s lint tests" in (REPO / ".ci" / "run").read_text()
 
 
+def _lanes(commands: list[str]) -> tuple[list[str], list[str]]:
+    """The README's commands as two lanes to run side by side, each in README order: the ones whose results a
+    later command reads (its --out folder named there, or the store and history that share runs/'s database),
+    and the ones nothing reads after them (a run or profile whose folder no later command names, ab, list)."""
+    later_text = [" ".join(commands[i + 1 :]) for i in range(len(commands))]
+    chain, alone = [], []
+    for command, after in zip(commands, later_text, strict=True):
+        args = shlex.split(command)[1:]
+        out = args[args.index("--out") + 1] if "--out" in args else None
+        read_later = out is not None and re.search(rf"(^|\s){re.escape(out)}(\s|$)", after) is not None
+        independent = args[0] in ("list", "models", "ab") or (args[0] in ("run", "profile") and not read_later)
+        (alone if independent and "--store" not in args else chain).append(command)
+    return chain, alone
+
+
+def _run_lane(commands: list[str], cwd) -> list[tuple[str, object]]:
+    return [(command, run_subprocess(sys.executable, "-m", "attnbench", *shlex.split(command)[1:], cwd=cwd))
+            for command in commands]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_readme_attnbench_commands_run_in_order(tmp_path):
+    """Every command as written, in README order within two lanes run at once (what a later command reads is
+    in the first, after what wrote it), so the 18 commands take the time of the longer lane."""
     commands = _commands("attnbench ")
     assert len(commands) >= 5
-    for command in commands:
+    chain, alone = _lanes(commands)
+    assert {"attnbench report runs/mine --out runs/report", "attnbench compare runs/mine runs/mine-again"} <= set(chain)
+    assert any(c.startswith("attnbench run") for c in alone) and sorted(chain + alone) == sorted(commands)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        lanes = [pool.submit(_run_lane, lane, tmp_path) for lane in (chain, alone)]
+        done = [pair for lane in lanes for pair in lane.result()]
+    for command, result in done:
         args = shlex.split(command)[1:]
-        result = run_subprocess(sys.executable, "-m", "attnbench", *args, cwd=tmp_path)
         allowed = (0, 1) if args[0] in ("compare", "ab") else (0,)  # compare, ab: exit 1 when a case got slower
         allowed = (0, 1) if "--fail-on-regression" in args else allowed  # history: 1 when the newest step is slower
         assert result.returncode in allowed, (command, result.stderr[-2000:])
