@@ -233,8 +233,8 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
     not, which pages collide in the cache), and two copies allocated one after the other don't lie alike.
     With a copy each, A/A runs on a 256 MiB decode cache read B/A 0.92–0.97 (B favoured); reading the same
     tensors, that difference is not there to be measured as a change."""
-    reasons = [(v, v.contender.unsupported_reason(workload)) for v in (a, b)]
-    for version, reason in reasons:
+    for version in (a, b):
+        reason = version.contender.unsupported_reason(workload)
         if reason is not None:
             return AbCase(workload, "unsupported", f"{version.name}: {reason}")
     try:
