@@ -53,6 +53,8 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_ou
             a, b = ab.registered_versions(args.a, args.b)
         else:
             a, b = ab.revision_versions(args.impl, args.base or "HEAD", Path(workdir))
+            for note in a.notes:  # before anything is timed: what of the base is not the base revision's
+                print(f"ab: note: {note}", file=sys.stderr)
         configure_cpu_allocator("cached")  # as `run` does by default
 
         def report(index: int, case: ab.AbCase) -> None:

@@ -343,6 +343,7 @@ class Single(Contender):
 
 
 def test_a_single_file_contender_at_the_base_revision_lives_beside_the_working_tree(tmp_path, planted, monkeypatch):
+    from attnbench import revision
     from attnbench.ab import revision_versions
 
     repo = tmp_path / "single"
@@ -361,11 +362,10 @@ def test_a_single_file_contender_at_the_base_revision_lives_beside_the_working_t
     try:
         base, current = revision_versions("ab_single", "HEAD~1", tmp_path / "checkout")
         assert (base.name, current.name) == ("ab_single@HEAD~1", "ab_single")
-        assert sys.modules[type(base.contender).__module__] is ab_single_module  # the working tree's, restored
-        assert sys.modules[type(base.contender).__module__].VERSION == 2
-        kept = [m for n, m in sys.modules.items() if n.startswith("_attnbench_base_") and hasattr(m, "Single")]
-        (base_module,) = [m for m in kept if m.Single is type(base.contender)]  # kept under its own name
-        assert base_module.VERSION == 1 and base_module is not ab_single_module
+        assert sys.modules["ab_single_module"] is ab_single_module and ab_single_module.VERSION == 2
+        base_module = sys.modules[type(base.contender).__module__]  # the base's, under a name of its own
+        assert base_module.__name__.startswith("_attnbench_base_") and base_module.VERSION == 1
+        assert revision.real_module_name(base_module.__name__) == "ab_single_module"
         assert base.source.startswith("git ") and base.source.endswith(" (HEAD~1)")
     finally:
         sys.modules.pop("ab_single_module", None)

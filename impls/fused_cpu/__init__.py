@@ -664,7 +664,8 @@ class FusedCpu(Contender):
 
             def cascade() -> torch.Tensor:
                 return cascade_attention(inputs.q, inputs.k, inputs.v, w.shared_prefix, (lo, hi), scale=scale,
-                                         threads=torch.get_num_threads(), sinks=inputs.sinks)  # fmt: skip
+                                         threads=torch.get_num_threads(), forward=_forward,
+                                         sinks=inputs.sinks)  # fmt: skip
 
             return cascade
         sinks, row_hi, decode_mask = _sinks32(inputs.sinks), None, mask

@@ -15,6 +15,8 @@ that sees no key of a level adds nothing there; a row that sees none at all outp
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from attnbench.impls._sinks import rescaled_by_sink
@@ -30,13 +32,14 @@ def cascade_attention(
     *,
     scale: float,
     threads: int,
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None, int]],
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q (B, H, Sq, D); k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv) whose first ``prefix`` positions are the same
     for every sequence (sequence 0's are read); ``ranges`` (lo, hi), each (B or 1, Sq) int64, the keys [lo, hi)
-    row i of sequence b sees; ``sinks`` (H,) float32 learned sink logits or None. Returns (B, H, Sq, Dv) in
-    q's dtype."""
-    from attnbench.impls.fused_cpu import _forward  # the package imports this module first
+    row i of sequence b sees; ``forward`` the package's forward kernel call (``fused_cpu._forward``: passed in,
+    not imported here, since the package imports this module); ``sinks`` (H,) float32 learned sink logits or
+    None. Returns (B, H, Sq, Dv) in q's dtype."""
 
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k, value_dim = k.shape[1], k.shape[2], v.shape[-1]
@@ -47,7 +50,7 @@ def cascade_attention(
         rows: torch.Tensor, keys: slice, level_batch: slice, mask: str, options: ScoreOptions | None
     ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         k_level, v_level = k[level_batch, :, keys], v[level_batch, :, keys]
-        return _forward(rows, k_level, v_level, scale=scale, mask=mask, lengths=None, threads=threads, keep_lse=True,
+        return forward(rows, k_level, v_level, scale=scale, mask=mask, lengths=None, threads=threads, keep_lse=True,
                         options=options)  # fmt: skip
 
     # 1. the prefix, once: rows (b, g, i) of kv head h, against sequence 0's first P keys

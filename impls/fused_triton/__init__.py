@@ -74,12 +74,18 @@ SHARED_PREFIX_FP8 = (
 )
 
 
-def _kernels() -> ModuleType:
-    """The kernel module, imported on first use: Triton is optional, and it decides at this import
-    whether the kernel is compiled for the GPU or interpreted on the CPU."""
-    from attnbench.impls.fused_triton import flash
+_flash: ModuleType | None
+try:  # Triton is optional. Imported here, once, so no call imports it later (and `ab --base` sees its own)
+    from attnbench.impls.fused_triton import flash as _flash  # decides from TRITON_INTERPRET: GPU or interpreter
+except Exception as exc:  # ImportError, or a Triton too old or broken to define the kernel
+    _flash, _FLASH_ERROR = None, f"{type(exc).__name__}: {exc}"
 
-    return flash
+
+def _kernels() -> ModuleType:
+    """The kernel module (``flash``), or the ImportError that kept it from importing."""
+    if _flash is None:
+        raise ImportError(_FLASH_ERROR)
+    return _flash
 
 
 def _interpreted() -> bool:
@@ -183,8 +189,8 @@ class FusedTriton(Contender):
     def availability(self) -> str | None:
         try:
             kernels = _kernels()
-        except Exception as exc:  # ImportError, or a Triton too old or broken to define the kernel
-            return f"triton is not installed or failed to import ({type(exc).__name__}: {exc})"
+        except ImportError as exc:
+            return f"triton is not installed or failed to import ({exc})"
         if not kernels.INTERPRETED and not torch.cuda.is_available():
             return NEEDS_CUDA
         return None

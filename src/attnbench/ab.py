@@ -71,6 +71,7 @@ class Version:
     name: str
     contender: Contender
     source: str  # "registered", or "git COMMIT (REV)"
+    notes: tuple[str, ...] = ()  # what of it is not what ``source`` says, one line each, said before timing
 
 
 @dataclass(frozen=True)
@@ -97,13 +98,17 @@ def registered_versions(a: str, b: str) -> tuple[Version, Version]:
 
 def revision_versions(name: str, rev: str, workdir: Path) -> tuple[Version, Version]:
     """``--impl NAME --base REV``: A is NAME as committed at REV (extracted under ``workdir``, which must
-    outlive the run), B the working tree's NAME (see attnbench.revision)."""
+    outlive the run), B the working tree's NAME (see attnbench.revision). A's ``notes`` say what of it
+    still comes from the working tree."""
     current = _available(name, "--impl")
     located = revision.locate(name, current)
     commit = revision.resolve(located.repo, rev)
-    base = revision.import_base(name, located, revision.extract(located, commit, workdir))
+    base_root = revision.extract(located, commit, workdir)
+    copied = revision.copy_built_extensions(located, base_root)
+    base = revision.import_base(name, located, base_root, commit)
+    notes = tuple(revision.notes(located, commit, rev, copied))
     label = f"{name}@{rev}"
-    return Version(label, base, f"git {commit} ({rev})"), Version(name, current, "working tree")
+    return Version(label, base.contender, f"git {commit} ({rev})", notes), Version(name, current, "working tree")
 
 
 def sweep_workloads(suite: str | None, overrides: dict[str, list[Any]]) -> list[Workload]:
@@ -293,8 +298,9 @@ def failed(cases: list[AbCase]) -> list[AbCase]:
     return [case for case in cases if case.verdict in ("slower", "incorrect")]
 
 
-def describe(version: Version) -> dict[str, str]:
+def describe(version: Version) -> dict[str, Any]:
     """A version as meta.json records it."""
     contender = version.contender
-    return {"name": version.name, "source": version.source, "class": f"{type(contender).__module__}."
-            f"{type(contender).__qualname__}"}  # fmt: skip
+    module = revision.real_module_name(type(contender).__module__)
+    return {"name": version.name, "source": version.source, "class": f"{module}.{type(contender).__qualname__}",
+            "notes": list(version.notes)}  # fmt: skip
