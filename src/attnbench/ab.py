@@ -105,7 +105,7 @@ def revision_versions(name: str, rev: str, workdir: Path) -> tuple[Version, Vers
     commit = revision.resolve(located.repo, rev)
     base_root = revision.extract(located, commit, workdir)
     copied = revision.copy_built_extensions(located, base_root)
-    base = revision.import_base(name, located, base_root, commit)
+    base = revision.import_base(name, located, base_root)
     notes = tuple(revision.notes(located, commit, rev, copied))
     label = f"{name}@{rev}"
     return Version(label, base.contender, f"git {commit} ({rev})", notes), Version(name, current, "working tree")
@@ -214,7 +214,7 @@ class AbCase:
 
 
 def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
+    lines = revision.readable(str(exc)).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
