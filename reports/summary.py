@@ -15,11 +15,14 @@ def _cell(row: pd.Series) -> str:
         return f"{row['median_ms']:.3g}"
     if row["status"] == "incorrect":
         return f"{row['median_ms']:.3g}!"
+    if row["status"] == "stalled":
+        return f"{row['median_ms']:.3g}~"
     return row["status"]
 
 
 def summary_table(frame: pd.DataFrame) -> str:
-    """Median ms per workload (rows) and contender (columns); '!' marks an incorrect result's time.
+    """Median ms per workload (rows) and contender (columns); '!' marks an incorrect result's time, '~' a time
+    taken while the machine stalled (status ``stalled``): both shown, neither ranked in ``fastest``.
 
     Cells that are not times name the status; contenders unavailable on every row are left out."""
     if frame.empty:

@@ -69,6 +69,8 @@ class Timing:
     rounds: int = 1  # rounds of the interleaved loop the workload's contenders were sampled in
     host_overhead_us: float | None = None  # GPU: synchronised wall time per call minus the kernel time
     yardsticks: dict[str, float] = field(default_factory=dict)  # CPU: yardstick rates, median over its rounds
+    yardstick_rounds: dict[str, list[float]] = field(default_factory=dict)  # CPU: each rate of its rounds
+    stalled: str | None = None  # why its rounds ran on a stalled machine (the runner's check), else None
 
     @property
     def rel_iqr(self) -> float:
@@ -219,10 +221,13 @@ def time_cpu_rounds(
     for name, one in series.items():
         if name not in failed:
             q1, median, q3 = quartiles(one.samples_ms)
-            own = {stick: statistics.median(values[: len(one.samples_ms)]) for stick, values in rates.items()
-                   if stick in sticks and values}  # fmt: skip
+            seen = {
+                stick: values[: len(one.samples_ms)] for stick, values in rates.items() if stick in sticks and values
+            }
+            own = {stick: statistics.median(values) for stick, values in seen.items()}
             results[name] = Timing(median, q3 - q1, len(one.samples_ms), one.calls, one.samples_ms,
-                                   "torch.utils.benchmark", rounds=rounds, yardsticks=own)  # fmt: skip
+                                   "torch.utils.benchmark", rounds=rounds, yardsticks=own,
+                                   yardstick_rounds=seen)  # fmt: skip
     return results
 
 

@@ -47,6 +47,12 @@ def result_warnings(frame: pd.DataFrame) -> list[str]:
     """Warnings about the measurements themselves."""
     ok = frame[frame["status"] == "ok"]
     warnings = []
+    stalled = frame[frame["status"] == "stalled"]
+    if len(stalled):
+        warnings.append(
+            f"{len(stalled)} case(s) stalled (the machine stalled while they were timed, twice; their times are "
+            "kept and not ranked: run them again on a quieter machine): " + ", ".join(sorted(set(stalled["impl"])))
+        )
     unstable = ok[ok["unstable"].fillna(False).astype(bool)]
     if len(unstable):
         warnings.append(

@@ -25,7 +25,7 @@ from attnbench import axes
 from attnbench.errors import UsageError
 from attnbench.workload import Workload
 
-STATUSES = ("ok", "unavailable", "unsupported", "skipped", "oom", "timeout", "error", "incorrect")
+STATUSES = ("ok", "unavailable", "unsupported", "skipped", "oom", "timeout", "error", "incorrect", "stalled")
 
 WORKLOAD_COLUMNS = axes.WORKLOAD_COLUMNS
 # The workload features' neutral values: what a run folder written before these columns existed means.

@@ -9,6 +9,7 @@ whatever happens inside it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -228,9 +229,26 @@ def _time_group(
     estimates = {str(index): one.estimate_s for index, one in ready.items()}
     on_sample = (lambda name: progress(int(name))) if progress is not None else None
     sticks = yardsticks.for_threads(options.threads) if options.yardsticks else None
-    results = time_cpu_rounds(fns, options.threads, options.budget_s, estimates, options.seed, on_sample,
-                              yardsticks=sticks.callables() if sticks else None)  # fmt: skip
+    for _attempt in range(2):  # a group timed while the machine stalled is timed once more
+        results = time_cpu_rounds(fns, options.threads, options.budget_s, estimates, options.seed, on_sample,
+                                  yardsticks=sticks.callables() if sticks else None)  # fmt: skip
+        stalled = {name: _stalled(sticks, timing) for name, timing in results.items()}
+        if not any(stalled.values()):
+            break
+    for name, timing in results.items():
+        if isinstance(timing, Timing) and sticks is not None:
+            if stalled[name]:
+                results[name] = dataclasses.replace(timing, stalled=stalled[name])
+            else:
+                sticks.saw(timing.yardsticks)
     return {int(name): result for name, result in results.items()}
+
+
+def _stalled(sticks: yardsticks.Yardsticks | None, timing: Timing | SampleError) -> str | None:
+    """Why ``timing`` was taken on a stalled machine (its own rounds' FMA yardstick collapsed), or None."""
+    if sticks is None or isinstance(timing, SampleError):
+        return None
+    return sticks.stalled(timing.yardstick_rounds)
 
 
 def run_group(
@@ -291,5 +309,8 @@ def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready,
     metrics["pct_of_peak"] = 100 * metrics["tflops"] / roof if roof else None  # of the hardware roof
     matmul = ceilings.matmul_roofline_tflops(workload.dtype, metrics["intensity"]) if ceilings else None
     metrics["pct_of_matmul"] = 100 * metrics["tflops"] / matmul if matmul else None
-    status = "ok" if prepared.ok else "incorrect"
-    return make_row(impl, workload, status, prepared.reason, **metrics)
+    if not prepared.ok:
+        return make_row(impl, workload, "incorrect", prepared.reason, **metrics)
+    if timing.stalled:  # its time kept (the row says what it ran at), never ranked
+        return make_row(impl, workload, "stalled", timing.stalled, **metrics)
+    return make_row(impl, workload, "ok", prepared.reason, **metrics)

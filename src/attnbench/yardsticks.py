@@ -14,15 +14,27 @@ its own samples:
 Both are short (well under ``MAX_YARDSTICK_S`` each), so they add little to a round. Their figures are not
 roofs (one call, not the best of many): they move with the machine, which is the point. A machine where
 the kernels cannot be built has no yardsticks; the rows' columns stay empty.
+
+A stalled machine (a VM descheduled, another process hogging the cores) shows in them first: a gpt-oss
+decode row read 55.97 ms with an IQR of 0.32 ms while its FMA yardstick ran at 0.033 GFLOP/s, against 41
+in a run where the same case took 0.27 ms. :meth:`Yardsticks.stalled` says so when a case's FMA rate fell
+below ``STALL_FRACTION`` of the best rate this process has seen (``quiet``: the sizing's best of three calls,
+then every clean group's median) in ``STALL_SHARE`` of its rounds or more — not only in the median: a
+0.5 ms yardstick call is hit less often than a contender's longer sample, so with busy loops hogging a
+2-core VM the rounds' median FMA rate still read 60 % of quiet while a contender read 14× its quiet time.
+The runner then times the group again, and a case still stalled gets the status ``stalled`` — its time
+kept, never ranked, as ``incorrect``. The stream rate is not used for this: memory
+bandwidth on a shared VM moves 24–83 GB/s within minutes without anything stalling.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +45,8 @@ FMA_S = 0.5e-3  # one FMA yardstick call lasts about this long
 STREAM_CHUNK_BYTES = 4 * 2**20  # one stream yardstick call reads this much
 MAX_YARDSTICK_S = 2e-3  # neither may take longer than this per round (the FMA sizing stops below it)
 NAMES = ("fma_gflops", "stream_gbps")
+STALL_FRACTION = 0.5  # a round whose FMA yardstick ran below this share of the quiet rate was stalled …
+STALL_SHARE = 0.25  # … and a case with this share of its rounds stalled or more was timed on a stalled machine
 
 
 @dataclass
@@ -46,6 +60,26 @@ class Yardsticks:
     array: torch.Tensor  # float32, touched before timing
     chunk: int  # elements per stream call
     offset: int = 0
+    quiet: dict[str, float] = field(default_factory=dict)  # the best rate seen: sizing, then clean groups
+
+    def stalled(self, rounds: Mapping[str, list[float]]) -> str | None:
+        """Why a case whose rounds gave these yardstick rates was timed on a stalled machine, or None: its FMA
+        rate fell below ``STALL_FRACTION`` of the quiet one in ``STALL_SHARE`` of its rounds or more."""
+        rates, quiet = rounds.get("fma_gflops"), self.quiet.get("fma_gflops")
+        if not rates or not quiet:
+            return None
+        low = sum(rate < STALL_FRACTION * quiet for rate in rates)
+        if low < STALL_SHARE * len(rates):
+            return None
+        median = statistics.median(rates)
+        return (f"the machine stalled while it was timed (twice): its FMA yardstick ran below {STALL_FRACTION:.0%} "
+                f"of its quiet {quiet:.3g} GFLOP/s in {low} of {len(rates)} rounds (median {median:.3g}); "
+                "time kept, not ranked")  # fmt: skip
+
+    def saw(self, rates: Mapping[str, float]) -> None:
+        """A clean case's rates raise the quiet ones."""
+        for name, rate in rates.items():
+            self.quiet[name] = max(self.quiet.get(name, 0.0), rate)
 
     def fma_gflops(self) -> float:
         sink = ctypes.c_double(0.0)
@@ -99,4 +133,6 @@ def for_threads(threads: int, array_bytes: int | None = None) -> Yardsticks | No
     elements = (array_bytes or hardware.triad_array_bytes()) // 4
     chunk = min(STREAM_CHUNK_BYTES // 4, elements)
     array = torch.full((elements,), 0.5)  # every page touched before timing
-    return Yardsticks(library, code, _fma_iters(library, code, threads), threads, array, chunk)
+    sticks = Yardsticks(library, code, _fma_iters(library, code, threads), threads, array, chunk)
+    sticks.saw({"fma_gflops": max(sticks.fma_gflops() for _ in range(3))})
+    return sticks
