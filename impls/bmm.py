@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
+from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, TORCH_DTYPES, Capabilities, Contender
 from attnbench.impls._grouped import grouped_bias, grouped_masks, masked_softmax, materialised_bytes
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import modify_scores
@@ -29,7 +29,7 @@ class BatchedMatmul(Contender):
         "inside the timed call; a latent (MLA) cache's values read in place, strided"
     )
     capabilities = Capabilities(
-        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
+        dtypes=TORCH_DTYPES, masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
         features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
     )  # fmt: skip
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
+from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, TORCH_DTYPES, Capabilities, Contender
 from attnbench.impls._grouped import grouped_bias, grouped_masks, masked_softmax, materialised_bytes
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import modify_scores
@@ -19,7 +19,7 @@ class Einsum(Contender):
     name = "einsum"
     description = "torch.einsum scores → masked softmax → torch.einsum with v; S² memory; pages gathered in the call"
     capabilities = Capabilities(
-        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
+        dtypes=TORCH_DTYPES, masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
         features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
     )  # fmt: skip
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
+from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, TORCH_DTYPES, Capabilities, Contender
 from attnbench.flops import attention_flops
 from attnbench.impls._sinks import softmax_with_sink
 from attnbench.inputs import AttentionInputs
@@ -31,7 +31,8 @@ class NaiveLoop(Contender):
     name = "naive"
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ (pages gathered first)"
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=False,
+        devices=frozenset({"cpu"}), dtypes=TORCH_DTYPES, masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather",
+        backward=False,
         # latent: v's rows slice the cache's
         features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
     )  # fmt: skip

@@ -135,3 +135,14 @@ def test_masks_cross_and_gqa_sweep_has_no_error_rows(cli, tmp_path):
     ok = frame[frame.status == "ok"]
     assert {"naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "flex"} <= set(ok.impl)
     assert (ok.max_abs_err <= ok.atol).all()
+
+
+def test_float64_runs_in_the_plain_torch_contenders():
+    """`--dtype float64` is offered, so the contenders made of plain torch ops run it (and pass the gate)."""
+    from attnbench.runner import RunOptions, run_case
+    from attnbench.workload import Workload
+
+    for impl in ("bmm", "einsum", "naive"):
+        row = run_case(impl, Workload(1, 2, 2, 33, 40, 16, "float64", mask="causal"),
+                       RunOptions(budget_s=0.02, measure_memory=False))  # fmt: skip
+        assert row["status"] in ("ok", "stalled") and row["max_abs_err"] <= row["atol"], row

@@ -94,3 +94,15 @@ def test_a_second_process_hogging_every_core_makes_the_rows_timed_meanwhile_stal
     assert any(row["status"] == "stalled" for row in rows), [row["median_ms"] for row in rows]
     for before, row in zip(quiet, rows, strict=True):
         assert row["status"] == "stalled" or row["median_ms"] < 1.5 * before["median_ms"], (before, row)
+
+
+def test_one_preempted_round_is_not_a_stall_but_a_quarter_of_many_is():
+    sticks = yardsticks.Yardsticks(library=None, fma_code=0, fma_iters=0, threads=1, array=torch.empty(1), chunk=1)  # type: ignore[arg-type]
+    sticks.quiet = {"fma_gflops": 40.0}
+    assert sticks.stalled({"fma_gflops": [40.0, 39.0, 1.0, 41.0]}) is None  # one round of four
+    assert sticks.stalled({"fma_gflops": [40.0, 1.0, 1.0, 41.0]}) is None  # two: fewer than STALL_ROUNDS
+    assert sticks.stalled({"fma_gflops": [1.0, 1.0]}) is not None  # every round of a short case
+    assert sticks.stalled({"fma_gflops": [1.0] * 3 + [40.0] * 9}) is not None  # a quarter of twelve
+    assert sticks.stalled({"fma_gflops": [1.0] * 3 + [40.0] * 10}) is None  # under a quarter
+    assert sticks.stalled({"fma_gflops": [25.0] * 12}) is None  # slower, not stalled: above half the quiet rate
+    assert sticks.stalled({}) is None  # no yardstick (kernels not built): nothing to say

@@ -21,6 +21,8 @@ from attnbench.workload import BASIC_MASKS, DTYPES, MASKS, PASSES, SCORE_MODS, W
 
 ALL_DEVICES = frozenset({"cpu", "cuda"})
 ALL_DTYPES = frozenset(DTYPES) - {"float64"}
+# Plain torch ops run float64 too (the reference's own precision: a float64 row checks the formula, not a kernel).
+TORCH_DTYPES = frozenset(DTYPES)
 ALL_MASKS = frozenset(MASKS)
 # What a contender supports unless it declares more: the four masks every attention kernel knows.
 DEFAULT_MASKS = frozenset(BASIC_MASKS)

@@ -46,7 +46,8 @@ STREAM_CHUNK_BYTES = 4 * 2**20  # one stream yardstick call reads this much
 MAX_YARDSTICK_S = 2e-3  # neither may take longer than this per round (the FMA sizing stops below it)
 NAMES = ("fma_gflops", "stream_gbps")
 STALL_FRACTION = 0.5  # a round whose FMA yardstick ran below this share of the quiet rate was stalled …
-STALL_SHARE = 0.25  # … and a case with this share of its rounds stalled or more was timed on a stalled machine
+STALL_SHARE = 0.25  # … and a case with this share of its rounds stalled or more was timed on a stalled machine,
+STALL_ROUNDS = 3  # … and no fewer than this many of them (or all, with fewer rounds): one preempted round is not it
 
 
 @dataclass
@@ -64,12 +65,13 @@ class Yardsticks:
 
     def stalled(self, rounds: Mapping[str, list[float]]) -> str | None:
         """Why a case whose rounds gave these yardstick rates was timed on a stalled machine, or None: its FMA
-        rate fell below ``STALL_FRACTION`` of the quiet one in ``STALL_SHARE`` of its rounds or more."""
+        rate fell below ``STALL_FRACTION`` of the quiet one in ``STALL_SHARE`` of its rounds or more, and in at
+        least ``STALL_ROUNDS`` of them (all, when it had fewer)."""
         rates, quiet = rounds.get("fma_gflops"), self.quiet.get("fma_gflops")
         if not rates or not quiet:
             return None
         low = sum(rate < STALL_FRACTION * quiet for rate in rates)
-        if low < STALL_SHARE * len(rates):
+        if low < max(STALL_SHARE * len(rates), min(STALL_ROUNDS, len(rates))):
             return None
         median = statistics.median(rates)
         return (f"the machine stalled while it was timed (twice): its FMA yardstick ran below {STALL_FRACTION:.0%} "
