@@ -79,6 +79,14 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     return torch.pow(2.0, -8.0 * torch.arange(1, heads + 1, dtype=torch.float64) / heads)
 
 
+def unseeing_share(w: Workload) -> float:
+    """The share of query rows (over the batch) that see no key at all: they output zeros and do no work, so
+    a case where most rows are such (a 4096-row prompt bottom-right against 1024 keys: 75 %) measures little
+    of what its shape says."""
+    lo, hi = key_ranges(w)
+    return float((lo >= hi).float().mean())
+
+
 def key_ranges(w: Workload, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """(lo, hi), each (B or 1, Sq) int64: query row i of batch b sees exactly keys lo <= j < hi."""
     if (ragged := sequence_lengths(w)) is not None:

@@ -21,7 +21,11 @@ tensor of 512 + 64 channels shared by all heads (``kv_layout`` latent, kv_heads 
   within each sequence. A preset's sliding window is not applied: the phase measures its full-attention layers.
 
 ``--seq``, ``--seq-kv`` and ``--batch`` replace the phase's values; the rows carry the preset's name in
-the ``model`` column. The softmax scale stays 1/sqrt(head_dim) (Gemma-3's 1/sqrt(168) and DeepSeek's
+the ``model`` column. One command that runs prefill beside decode or mixed sizes each phase by its own
+flag: ``--seq`` the prompt (decode keeps its one query token), ``--seq-kv`` the decode cache (prefill keeps
+its keys = its queries, causal), so ``--phase prefill,decode --seq 2048 --seq-kv 8192`` is a 2048-token
+prompt and a step over 8192 cached tokens — not a 2048-row prompt against 8192 keys, nor a refused
+"decode step" of 2048 tokens. The softmax scale stays 1/sqrt(head_dim) (Gemma-3's 1/sqrt(168) and DeepSeek's
 YaRN-scaled one have no flag; the scale does not change the work).
 """
 
@@ -54,6 +58,7 @@ class ModelConfig:
     sinks: str = "none"  # learned: one sink logit per query head joins each softmax denominator (gpt-oss)
     chunk: int = 0  # the chunked layers' chunk: a query sees its own chunk's keys up to itself (0: none)
     layers: tuple[tuple[str, int], ...] = ()  # (kind, how many) for a model with two kinds of layers
+    num_layers: int = 0  # num_hidden_layers of a model whose layers are all of its one kind (0: not given)
     latent: tuple[int, int] = (0, 0)  # MLA (kv_lora_rank, qk_rope_head_dim): decode reads one latent cache
     source: str = ""  # the published config the numbers come from
 
@@ -88,18 +93,18 @@ _HF = "https://huggingface.co/{}/blob/main/config.json"
 PRESETS: dict[str, ModelConfig] = {
     m.name: m
     for m in (
-        ModelConfig("llama3.1-8b", 32, 8, 128),
-        ModelConfig("llama3.1-70b", 64, 8, 128),
-        ModelConfig("llama3.1-405b", 128, 8, 128),
-        ModelConfig("llama3.2-1b", 32, 8, 64),
-        ModelConfig("llama3.2-3b", 24, 8, 128),
-        ModelConfig("mistral-7b", 32, 8, 128, window=4096),
+        ModelConfig("llama3.1-8b", 32, 8, 128, num_layers=32),
+        ModelConfig("llama3.1-70b", 64, 8, 128, num_layers=80),
+        ModelConfig("llama3.1-405b", 128, 8, 128, num_layers=126),
+        ModelConfig("llama3.2-1b", 32, 8, 64, num_layers=16),
+        ModelConfig("llama3.2-3b", 24, 8, 128, num_layers=28),
+        ModelConfig("mistral-7b", 32, 8, 128, window=4096, num_layers=32),
         ModelConfig("gemma2-9b", 16, 8, 256, window=4096, softcap=50.0),
-        ModelConfig("qwen2.5-7b", 28, 4, 128),
-        ModelConfig("gpt2", 12, 12, 64),
+        ModelConfig("qwen2.5-7b", 28, 4, 128, num_layers=28),
+        ModelConfig("gpt2", 12, 12, 64, num_layers=12),
         # num_attention_heads 128, num_key_value_heads 128, qk_nope_head_dim 128 + qk_rope_head_dim 64,
         # v_head_dim 128, kv_lora_rank 512 (61 layers, all MLA)
-        ModelConfig("deepseek-v3", 128, 128, 192, head_dim_v=128, latent=(512, 64),
+        ModelConfig("deepseek-v3", 128, 128, 192, head_dim_v=128, latent=(512, 64), num_layers=61,
                     source=_HF.format("deepseek-ai/DeepSeek-V3")),
         # num_attention_heads 64, num_key_value_heads 8, head_dim 64, sliding_window 128, layer_types
         # sliding_attention / full_attention alternating over num_hidden_layers 24; every layer has `sinks`
@@ -109,9 +114,9 @@ PRESETS: dict[str, ModelConfig] = {
         ModelConfig("gpt-oss-120b", 64, 8, 64, window=128, sinks="learned", layers=(("sliding", 18), ("full", 18)),
                     source=_HF.format("openai/gpt-oss-120b")),
         # num_attention_heads 32, num_key_value_heads 8, head_dim 128, use_sliding_window false (36 layers)
-        ModelConfig("qwen3-8b", 32, 8, 128, source=_HF.format("Qwen/Qwen3-8B")),
+        ModelConfig("qwen3-8b", 32, 8, 128, num_layers=36, source=_HF.format("Qwen/Qwen3-8B")),
         # num_attention_heads 64, num_key_value_heads 8, head_dim 128, use_sliding_window false (64 layers)
-        ModelConfig("qwen3-32b", 64, 8, 128, source=_HF.format("Qwen/Qwen3-32B")),
+        ModelConfig("qwen3-32b", 64, 8, 128, num_layers=64, source=_HF.format("Qwen/Qwen3-32B")),
         # text_config: num_attention_heads 32, num_key_value_heads 16, head_dim 128, sliding_window 1024,
         # sliding_window_pattern 6 (five local layers, then a global one) over num_hidden_layers 62; no softcap
         ModelConfig("gemma3-27b", 32, 16, 128, window=1024, layers=(("sliding", 52), ("full", 10)),
@@ -143,13 +148,28 @@ def check_phase(phase: str) -> None:
         raise UsageError(f"phase {phase!r} is not known; allowed: {', '.join(PHASES)}")
 
 
-def preset_axes(name: str, phase: str, given: dict[str, list[Any]]) -> list[dict[str, list[Any]]]:
+def preset_axes(
+    name: str, phase: str, given: dict[str, list[Any]], phases: tuple[str, ...] | list[str] = ()
+) -> list[dict[str, list[Any]]]:
     """Suite axes for one preset and phase: one sweep per kind of its layers (those ``given["layer"]``
-    names, when it does)."""
+    names, when it does). ``phases``: every phase of the command, which decides what ``--seq`` and
+    ``--seq-kv`` size (:func:`own_sizes`)."""
     kinds = layer_kinds(get_model(name), given.get("layer"))
     if phase == "mixed":  # one mask for the batch: the full layers (a model without them: its one kind, unwindowed)
         kinds = [kind for kind in kinds if kind == "full"] or kinds[:1]
+    given = own_sizes(phase, given, phases or (phase,))
     return [phase_axes(name, phase, given, kind) for kind in kinds]
+
+
+def own_sizes(phase: str, given: dict[str, list[Any]], phases: tuple[str, ...] | list[str]) -> dict[str, list[Any]]:
+    """The axes one phase takes from the command's, when the command runs several: prefill leaves ``--seq-kv``
+    to the decode or mixed phase beside it (its keys are its queries), and decode leaves ``--seq`` to the
+    prefill beside it (its query is one token). Alone, a phase takes both."""
+    if phase == "prefill" and {"decode", "mixed"} & set(phases):
+        return {axis: values for axis, values in given.items() if axis != "seq_kv"}
+    if phase == "decode" and "prefill" in phases:
+        return {axis: values for axis, values in given.items() if axis != "seq"}
+    return given
 
 
 def layer_kinds(model: ModelConfig, wanted: list[str] | None = None) -> list[str]:
@@ -206,7 +226,10 @@ def describe() -> str:
     header = ("name", "heads", "kv_heads", "head_dim", "Dv", "window", "chunk", "softcap", "sinks", "layout", "layers")
     rows = [header]
     for m in PRESETS.values():
-        layers = ",".join(f"{kind}:{count}" for kind, count in m.layers) or "-"
+        counted = m.layers or (((m.kinds[0], m.num_layers),) if m.num_layers else ())
+        layers = (
+            ",".join(f"{kind}:{count}" for kind, count in counted) or "-"
+        )  # gemma2-9b: the preset is its local layers
         rows.append((m.name, str(m.heads), str(m.kv_heads), str(m.head_dim), str(m.head_dim_v or m.head_dim),
                      str(m.window or "-"), str(m.chunk or "-"), f"{m.softcap:g}" if m.softcap else "-",
                      m.sinks if m.sinks != "none" else "-", "latent" if m.latent[0] else "-", layers))  # fmt: skip

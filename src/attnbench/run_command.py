@@ -31,6 +31,7 @@ from attnbench.ceilings import Ceilings, load_ceilings
 from attnbench.errors import UsageError
 from attnbench.interrupts import StopSignals
 from attnbench.machine import environment
+from attnbench.masks import unseeing_share
 from attnbench.noise import environment_warnings, result_warnings
 from attnbench.repeats import DECIDED_ONCE, merge_repeats
 from attnbench.reproduce import Reproducer
@@ -130,7 +131,7 @@ def run_sweep(request: RunRequest, default_out: Path) -> Finished:
     done = {case_key(row["impl"], row) for row in writer.rows}
     todo = [(impl, w) for impl, w in cases if case_key(impl, {**w.as_row()}) not in done]
     allocator = configure_cpu_allocator(settings.cpu_allocator)
-    warnings = environment_warnings()
+    warnings = environment_warnings() + plan_warnings([w for _, w in todo])
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     ceilings = _measure_ceilings(todo, settings.threads, settings.remeasure_ceilings and not resuming)
@@ -166,6 +167,21 @@ def _exit_at_once() -> None:
 
     kill_workers()
     remove_unfinished()
+
+
+BLIND_SHARE = 0.5  # a workload where more query rows than this see no key is said before the run
+
+
+def plan_warnings(workloads: list[Workload]) -> list[str]:
+    """What the plan itself gets wrong: workloads where most query rows see no key (masks.unseeing_share)."""
+    blind = {w.label(): share for w in dict.fromkeys(workloads) if (share := unseeing_share(w)) > BLIND_SHARE}
+    if not blind:
+        return []
+    label, share = max(blind.items(), key=lambda item: item[1])
+    return [
+        f"{len(blind)} workload(s) where most query rows see no key (e.g. {label}: {share:.0%} of its rows), "
+        "which output zeros and do no work: give the keys at least the queries' length (--seq-kv ≥ --seq)"
+    ]
 
 
 def late_warnings(finished: Finished) -> list[str]:

@@ -139,7 +139,12 @@ def expand(
             if axes.get(axis.name) and not models:
                 raise UsageError(f"{axis.name} applies to model presets: give --model too (see `attnbench models`)")
         expanded = (
-            [one for m in models for phase in phases or DEFAULT_PHASES for one in preset_axes(m, phase, axes)]
+            [
+                one
+                for m in models
+                for phase in phases or DEFAULT_PHASES
+                for one in preset_axes(m, phase, axes, phases or DEFAULT_PHASES)
+            ]
             if models
             else [axes]
         )

@@ -1,0 +1,62 @@
+"""What a new user hit (issue 36): one command sizing prefill and decode, a warning for plans whose rows see
+nothing, the presets' layer counts. (The stalled status is tests/test_stall.py; float64 is in
+tests/test_contenders.py.)"""
+
+from attnbench.models import describe
+from attnbench.reports.ab_report import format_table
+from attnbench.run_command import plan_warnings
+from attnbench.suite import DEFAULTS, Suite, expand
+from attnbench.workload import Workload
+
+SUITE = Suite("t", "", 1.0, 60.0, ({**DEFAULTS},))
+
+
+def shapes(**overrides):
+    cases = expand(SUITE, {**{k: v if isinstance(v, list) else [v] for k, v in overrides.items()}, "impl": ["bmm"]},
+                   ["bmm"])  # fmt: skip
+    return {(w.layer, w.seq_q, w.seq_k, w.mask) for _, w in cases}
+
+
+def test_seq_kv_sizes_the_decode_cache_and_prefill_keeps_its_own_keys():
+    got = shapes(model="gpt-oss-20b", phase=["prefill", "decode"], seq_kv=1024)
+    prefill = {(sq, sk, mask) for layer, sq, sk, mask in got if sq > 1}
+    decode = {(sq, sk, mask) for layer, sq, sk, mask in got if sq == 1}
+    assert prefill and all(sq == sk for sq, sk, _ in prefill)  # S4096 x 4096, not x 1024
+    assert {mask for _, _, mask in prefill} == {"causal", "sliding_window"}
+    assert {sk for _, sk, _ in decode} == {1024}
+
+
+def test_one_command_sizes_both_phases_with_seq_and_seq_kv():
+    got = shapes(model="llama3.1-8b", phase=["prefill", "decode"], seq=256, seq_kv=8192)
+    assert got == {("", 256, 256, "causal"), ("", 1, 8192, "causal_bottom_right")}
+
+
+def test_a_phase_alone_takes_both_flags_as_before():
+    assert shapes(model="llama3.1-8b", phase="prefill", seq=256, seq_kv=8192) == {
+        ("", 256, 8192, "causal_bottom_right")
+    }
+    assert shapes(model="llama3.1-8b", phase="decode", seq=4, seq_kv=1024) == {("", 4, 1024, "causal_bottom_right")}
+
+
+def test_a_plan_whose_rows_mostly_see_no_key_is_warned_of():
+    blind = Workload(1, 2, 2, 4096, 1024, 16, mask="causal_bottom_right")  # 3/4 of its rows see nothing
+    half = Workload(1, 2, 2, 2048, 1024, 16, mask="causal_bottom_right")  # exactly half: not warned
+    (warning,) = plan_warnings([blind, half, blind])
+    assert warning.startswith("1 workload(s) where most query rows see no key (e.g. B1 H2 S4096x1024 D16")
+    assert "75% of its rows" in warning and "--seq-kv ≥ --seq" in warning
+    assert plan_warnings([half, Workload(1, 2, 2, 64, 64, 16, mask="causal")]) == []
+
+
+def test_every_preset_of_one_kind_of_layer_says_how_many_it_has():
+    lines = {line.split()[0]: line for line in describe().splitlines()[1:17]}
+    assert lines["deepseek-v3"].endswith("full:61")
+    assert lines["qwen3-8b"].endswith("full:36") and lines["qwen3-32b"].endswith("full:64")
+    assert lines["gpt-oss-20b"].endswith("sliding:12,full:12")
+
+
+def test_the_ab_table_names_its_columns_for_what_they_are():
+    """27.99 and 23.91 ms beside 1.010: the ratio is the median of the rounds' ratios, and the header says so."""
+    record = {"workload": "B1 H8 S1024 D64 float32 cpu none fwd", "median_a_ms": 27.99, "median_b_ms": 23.91,
+              "ratio": 1.010, "ci_low": 0.99, "ci_high": 1.03, "n_pairs": 20, "verdict": "same"}  # fmt: skip
+    header = format_table([record]).splitlines()[0]
+    assert "A median ms" in header and "B median ms" in header and "median of round B/A" in header
