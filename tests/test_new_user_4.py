@@ -60,3 +60,18 @@ def test_the_ab_table_names_its_columns_for_what_they_are():
               "ratio": 1.010, "ci_low": 0.99, "ci_high": 1.03, "n_pairs": 20, "verdict": "same"}  # fmt: skip
     header = format_table([record]).splitlines()[0]
     assert "A median ms" in header and "B median ms" in header and "median of round B/A" in header
+
+
+def test_a_contender_no_workload_of_the_sweep_suits_is_left_out_unless_named():
+    from attnbench.request import RunRequest
+    from attnbench.run_command import plan_cases
+
+    left_out: dict[str, str] = {}
+    _, cases = plan_cases(RunRequest(suite="quick"), left_out)
+    impls = {impl for impl, _ in cases}
+    assert "cascade" not in impls and {"bmm", "fused_cpu", "sdpa_flash"} <= impls
+    assert list(left_out) == ["cascade"] and "shared_prefix is 0" in left_out["cascade"]
+    assert len(cases) == 6 * len(impls)  # every other contender on every workload, unavailable ones included
+    named: dict[str, str] = {}
+    _, cases = plan_cases(RunRequest(suite="quick", axes={"impl": ["cascade", "bmm"]}), named)
+    assert {impl for impl, _ in cases} == {"cascade", "bmm"} and named == {}  # asked for by name: planned

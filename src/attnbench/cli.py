@@ -106,6 +106,8 @@ def _summarise(finished: Finished, store_db: Path | None) -> int:
     reasons = non_ok_reasons(frame)
     if reasons:
         print(reasons)
+    for impl, reason in finished.meta.get("left_out", {}).items():
+        print(f"  {impl}: left out — unsupported on every workload of its sweeps ({reason})")
     for warning in run_command.late_warnings(finished):
         print(f"warning: {warning}", file=sys.stderr)
     print(f"results: {writer.out_dir / 'results.parquet'} (also results.csv, meta.json)")

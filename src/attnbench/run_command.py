@@ -59,8 +59,10 @@ def _measure_ceilings(cases: list[tuple[str, Workload]], threads: int, remeasure
     }
 
 
-def plan_cases(request: RunRequest) -> tuple[Suite, list[tuple[str, Workload]]]:
-    """The suite a new run's request names and its (contender, workload) cases, this shard's only."""
+def plan_cases(request: RunRequest, left_out: dict[str, str] | None = None) -> tuple[Suite, list[tuple[str, Workload]]]:
+    """The suite a new run's request names and its (contender, workload) cases, this shard's only. A contender
+    that ``all`` brought in and that suits none of a sweep's workloads is left out of it; ``left_out`` receives
+    its name and the reason of its first workload."""
     if isinstance(request.suite, Suite):
         suite = request.suite
     elif request.suite or not request.axes.get(MODEL.name):
@@ -68,7 +70,23 @@ def plan_cases(request: RunRequest) -> tuple[Suite, list[tuple[str, Workload]]]:
     else:
         suite = model_suite()
     overrides = dict(request.axes)
-    cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names())
+    said = {} if left_out is None else left_out
+
+    def never_applies(impl: str, workloads: list[Workload]) -> bool:
+        entry = registry.get(impl)
+        if not entry.available or entry.contender is None or not workloads:
+            return False  # unavailable: its one reason is listed anyway
+        try:
+            reasons = [entry.contender.unsupported_reason(w) for w in workloads]
+        except Exception:  # a contender that cannot say: plan it, its rows will
+            return False
+        if not all(reasons):
+            return False
+        said.setdefault(impl, str(reasons[0]))
+        return True
+
+    cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names(),
+                   never_applies)  # fmt: skip
     shard = request.shard_slice
     if shard:
         cases = shard_cases(cases, *shard)
@@ -77,14 +95,15 @@ def plan_cases(request: RunRequest) -> tuple[Suite, list[tuple[str, Workload]]]:
 
 def _plan(request: RunRequest, default_out: Path) -> tuple[RunWriter, dict[str, Any], list[tuple[str, Workload]]]:
     """A new run: its writer, meta and cases. Nothing is written yet."""
-    suite, cases = plan_cases(request)
+    left_out: dict[str, str] = {}
+    suite, cases = plan_cases(request, left_out)
     check_devices(cases)
     out = request.out or default_out
     RunWriter.check_target(out)
     settings = RunSettings.resolve(request, suite, torch.get_num_threads())
     meta = {"command": request.command, "suite": suite.name, "overrides": dict(request.axes),
             "shard": request.shard, "n_cases": len(cases), "settings": settings.as_meta(),
-            "default_threads": DEFAULT_THREADS}  # fmt: skip
+            "default_threads": DEFAULT_THREADS, "left_out": left_out}  # fmt: skip
     return RunWriter(out), meta, cases
 
 

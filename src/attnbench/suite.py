@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -125,15 +126,18 @@ def expand(
     known_impls: list[str],
     default_impls: list[str] | None = None,
     available_impls: list[str] | None = None,
+    never_applies: Callable[[str, list[Workload]], bool] | None = None,
 ) -> list[tuple[str, Workload]]:
     """All (contender, workload) cases, in sweep order, without duplicates; validates every value.
 
     ``impl = "all"`` stands for ``default_impls`` (default: every known contender), ``"available"`` for
-    ``available_impls`` (those of them that can run on this machine; default: all of them)."""
+    ``available_impls`` (those of them that can run on this machine; default: all of them). A contender
+    such a keyword brings in is left out of a sweep where ``never_applies(impl, workloads)`` says it suits
+    none of them (a column of `unsupported` tells nothing); one named is always planned."""
     cases: dict[tuple[str, Workload], None] = {}
     for sweep in suite.sweeps:
         axes = {**sweep, **overrides}
-        impls = _impls(axes[IMPL.name], known_impls, default_impls, available_impls)
+        impls, implicit = _impls(axes[IMPL.name], known_impls, default_impls, available_impls)
         models, phases = axes.get(MODEL.name), axes.get(PHASE.name)
         for axis in (PHASE, LAYER):
             if axes.get(axis.name) and not models:
@@ -148,10 +152,12 @@ def expand(
             if models
             else [axes]
         )
-        for one in expanded:
-            for workload in _workloads(one):
-                for impl in impls:
-                    cases[(impl, workload)] = None
+        workloads = [workload for one in expanded for workload in _workloads(one)]
+        if never_applies is not None:  # a contender no workload of the sweep suits, unless named, is left out
+            impls = [impl for impl in impls if impl not in implicit or not never_applies(impl, workloads)]
+        for workload in workloads:
+            for impl in impls:
+                cases[(impl, workload)] = None
     return list(cases)
 
 
@@ -183,18 +189,24 @@ def check_devices(cases: list[tuple[str, Workload]]) -> None:
         raise UsageError("device cuda: torch.cuda.is_available() is False on this machine; allowed here: cpu")
 
 
-def _impls(requested: list[str], known: list[str], default: list[str] | None, available: list[str] | None) -> list[str]:
+def _impls(
+    requested: list[str], known: list[str], default: list[str] | None, available: list[str] | None
+) -> tuple[list[str], set[str]]:
+    """The contenders ``requested`` names, and those of them only a keyword (all, available) brought in."""
     keywords = {"all": known if default is None else default}
     keywords["available"] = keywords["all"] if available is None else available
     chosen: list[str] = []
+    named: set[str] = set()
     for name in requested:
         if name in keywords:
             chosen.extend(keywords[name])
         elif name in known:
             chosen.append(name)
+            named.add(name)
         else:
             raise UsageError(f"impl {name!r} is not known; known: {', '.join(known)} (or all, available)")
-    return list(dict.fromkeys(chosen))
+    chosen = list(dict.fromkeys(chosen))
+    return chosen, set(chosen) - named
 
 
 def profile_suite(name: str = "profile", description: str = "") -> Suite:
