@@ -185,7 +185,9 @@ def verdict(
         return "unclear", ratio, p_value, floor, f"within the noise the runs measured ({floor:.1%})"
     relative = change - shift
     if abs(relative) <= limit or (relative > 0) != (change > 0):
-        note = f"its workload moved {math.expm1(shift):+.1%} for every contender: machine drift or a change everywhere"
+        run = math.expm1(shift)
+        note = (f"this case moved {ratio - 1:+.1%}, and the whole run {run:+.1%} (the median change over its cases: "
+                "machine drift or a change everywhere); beside that, its own change is within the noise")  # fmt: skip
         return "unclear", ratio, p_value, floor, note
     adjusted = new_ev.values * math.exp(-shift)
     separated = adjusted.min() > base_ev.values.max() if change > 0 else adjusted.max() < base_ev.values.min()

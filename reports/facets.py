@@ -3,13 +3,15 @@
 Definitions:
 
 * a *family* is the rows that agree on everything but the workload's sizes (``FAMILY``: machine, device,
-  dtype, mask, pass, hidden, module);
+  dtype, mask, pass, hidden, module, and the feature tags of ``attnbench.axes.tags``: window, sinks, KV type,
+  the model preset and its kind of layer …, which also end the panel's title);
 * its x axis is the first of ``X_AXES`` whose values vary within it (:func:`x_axis`): sequence length
   first, then key length alone, heads, head_dim, batch; ``None`` when nothing varies (every contender has
   one point, drawn as a point per contender on a categorical x);
 * a *facet* (one panel) is the rows of a family that agree on every size but the x axis. When x is the
   query length, a key length equal to it moves with it (square attention); when x is heads, the kv heads
-  move with them at a fixed group size.
+  move with them at a fixed group size. A square case alone at its size (Sq = Sk = 1024) beside a panel of
+  the same family at that key length (Sk 1024) is that panel's point at Sq 1024, not a panel of its own.
 
 To add an axis (decode's KV length, a model preset's name), put its column into ``X_AXES`` at its rank and,
 if it is not a workload size, into ``FAMILY``'s complement via ``SIZES``.
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+
+from attnbench.axes import tags
 
 X_AXES = ["seq_q", "seq_k", "heads", "head_dim", "batch"]  # the first that varies goes on x
 SIZES = ["batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim"]
@@ -68,26 +72,40 @@ def _title(row: Any, x: str | None) -> str:
     if x in ("batch", "head_dim"):
         del sizes[x]
     parts = [row["device"], row["dtype"], *sizes.values(), row["mask"], row["pass"]]
-    hidden, module = row.get("hidden"), row.get("module")
-    if hidden is not None and not pd.isna(hidden):
-        parts.append(f"h{int(hidden)}")
-    if module == "mha":
-        parts.append("mha")
-    return " ".join(str(p) for p in parts if p)
+    return " ".join(str(p) for p in parts if p) + tags(row)
 
 
 def facets(ok: pd.DataFrame) -> list[Facet]:
     """Panels for the ok rows, in the order their workloads first appear."""
     found: list[Facet] = []
-    family_columns = [c for c in FAMILY if c in ok.columns]
+    ok = ok.assign(_features=[tags(r) for r in ok.to_dict("records")])
+    family_columns = [c for c in [*FAMILY, "_features"] if c in ok.columns]
     several_machines = "machine" in ok.columns and ok["machine"].nunique() > 1
     for _, family in ok.groupby(family_columns, sort=False, dropna=False):
+        family = family.drop(columns="_features")
         x = x_axis(family)
-        keys = [_size_key(r, x) for r in family.to_dict("records")]
+        records = family.to_dict("records")
+        own = [_size_key(r, x) for r in records]
+        keys = _square_points_join(own, records) if x == "seq_q" else own
         for key in dict.fromkeys(keys):
             rows = family[[k == key for k in keys]]
             facet_x = x if x is not None and rows[x].nunique() > 1 else None  # one size: by contender, not a lone dot
-            first = rows.iloc[0].to_dict()
+            # the title from a row of the panel's own sizes (not a square point that joined it)
+            first = next(r for r, mine, k in zip(records, own, keys, strict=True) if k == key and mine == key)
             title = _title(first, facet_x)
             found.append(Facet(f"{first['machine']}\n{title}" if several_machines else title, facet_x, rows))
     return found
+
+
+def _square_points_join(keys: list[tuple[Any, ...]], records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """With x the query length: a square facet of one size S (Sq = Sk = S) whose family also has a facet at key
+    length S takes that facet's key, so the point is drawn where its panel has the tick for it."""
+    square = [i for i, key in enumerate(keys) if dict(key).get("seq_k") == "= seq_q"]
+    sizes = {keys[i]: {records[j]["seq_q"] for j in square if keys[j] == keys[i]} for i in square}
+    joined = list(keys)
+    for i in square:
+        (size, *more) = sizes[keys[i]]
+        target = tuple((name, size if name == "seq_k" else value) for name, value in keys[i])
+        if not more and target in keys:
+            joined[i] = target
+    return joined

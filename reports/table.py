@@ -20,24 +20,27 @@ from itables import to_html_datatable
 from itables.javascript import generate_init_offline_itables_html
 from itables.options import dt_bundle
 
-from attnbench.reports.frames import workload_label
+from attnbench.axes import case_label, tags
 
 TABLE_ID = "results-table"
 PAGE_LENGTH = 25
 # Shown by default, in this order; ``shape`` is B, H (/Hkv), S (xSk), D in one readable cell; ``case`` is the
 # row's index in its run's results file (what ``attnbench run --from RUN --case N`` takes). ``reproduce``, the
 # command that reruns the row's case, is one click away (the "Columns" button), as every other column.
-SHOWN = ["impl", "case", "shape", "mask", "pass", "dtype", "device", "status", "median_ms", "tflops", "gbps",
-         "pct_of_peak", "peak_mem_mb", "max_abs_err", "reason"]  # fmt: skip
+# ``reason`` beside ``status``, one line (ellipsised; the why-missing table above has each reason whole), so a
+# row that did not run is as tall as one that did and says why on screen.
+SHOWN = ["impl", "case", "shape", "mask", "pass", "dtype", "device", "status", "reason", "median_ms", "tflops", "gbps",
+         "pct_of_peak", "peak_mem_mb", "max_abs_err"]  # fmt: skip
 FILTERS = ["impl", "status", "mask", "dtype", "device"]  # a SearchPanes pane each
 LEFT_OUT = ["samples_ms"]  # raw samples: in results.parquet, too long for a table cell
 SIGNIFICANT = 4  # digits kept in float cells (the files keep full precision)
 
 
 def _shape(row: Any) -> str:
-    """'B1 H8/2 S128x256 D64' — the workload label without device, dtype, mask and pass (own columns)."""
-    short = {**row, "device": "", "dtype": "", "mask": "", "pass": ""}
-    return workload_label(short).strip()
+    """'B1 H8/2 S128x256 D64 w48' — the workload label without device, dtype, mask and pass (own columns): its
+    four sizes and the feature tags, read from the whole row (a kv_dtype tag only where it differs from the
+    dtype, as the CLI's labels show it)."""
+    return " ".join(case_label(row).split()[:4]) + tags(row)
 
 
 def _round(value: float) -> float:

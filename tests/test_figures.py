@@ -195,3 +195,26 @@ def test_a_wide_spread_gets_a_log_axis_with_plain_labels():
     assert axis.get_yscale() == "log"
     assert [plain(v) for v in (0.000805, 0.5, 2.0, 1024.0, 16384.0)] == ["0.000805", "0.5", "2", "1024", "16384"]
     plt.close(figure)
+
+
+def test_a_lone_square_point_joins_the_panel_at_its_key_length():
+    """Sq = Sk = 1024 alone, beside a panel of Sq 256 and 512 against Sk 1024: it is that panel's Sq 1024 point."""
+    square = fabricate(seq_q=[1024])
+    cross = fabricate(seq_q=[256, 512], seq_k=[1024])
+    (panel,) = facets(pd.concat([square, cross], ignore_index=True))
+    assert panel.x == "seq_q" and sorted(set(panel.rows["seq_q"])) == [256, 512, 1024]
+    assert panel.title == "cpu float32 B1 H8 Sk1024 D64 none fwd"
+
+
+def test_model_layers_and_features_get_panels_of_their_own_named_in_the_title():
+    rows = []
+    for layer, mask in (("sliding", "sliding_window"), ("full", "causal")):
+        one = fabricate(seq_q=[256, 512])
+        one = one.assign(
+            model="gpt-oss-20b", layer=layer, sinks="learned", mask=mask, window=128 if layer == "sliding" else 0
+        )
+        rows.append(one)
+    panels = facets(pd.concat(rows, ignore_index=True))
+    titles = sorted(p.title for p in panels)
+    assert titles == ["cpu float32 B1 H8 D64 causal fwd sinks [gpt-oss-20b full]",
+                      "cpu float32 B1 H8 D64 sliding_window fwd w128 sinks [gpt-oss-20b sliding]"]  # fmt: skip

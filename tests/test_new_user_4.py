@@ -75,3 +75,16 @@ def test_a_contender_no_workload_of_the_sweep_suits_is_left_out_unless_named():
     named: dict[str, str] = {}
     _, cases = plan_cases(RunRequest(suite="quick", axes={"impl": ["cascade", "bmm"]}), named)
     assert {impl for impl, _ in cases} == {"cascade", "bmm"} and named == {}  # asked for by name: planned
+
+
+def test_compare_says_the_run_wide_shift_is_the_runs_not_this_workloads():
+    import math
+
+    import numpy as np
+
+    from attnbench.reports.compare import Settings, verdict
+
+    base = np.array([10.0, 10.1, 9.9, 10.05, 9.95])
+    got, ratio, _, _, note = verdict(base, base * 1.70, Settings(), shift=math.log(1.689))
+    assert got == "unclear" and ratio == 1.7
+    assert note.startswith("this case moved +70.0%, and the whole run +68.9% (the median change over its cases")
