@@ -75,7 +75,7 @@ def test_a_change_the_whole_run_shares_is_unclear_not_slower():
     new = Evidence(np.array([1.12, 1.13, 1.11]), "repeats", 0.02)
     assert verdict(base, new, Settings())[0] == "slower"
     outcome, *_, note = verdict(base, new, Settings(), shift=float(np.log(1.11)))
-    assert outcome == "unclear" and "its workload moved +11.0%" in note
+    assert outcome == "unclear" and "and the whole run +11.0% (the median change over its cases" in note
 
 
 def test_repeats_are_centred_on_the_stored_median():
