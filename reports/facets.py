@@ -97,7 +97,7 @@ def facets(ok: pd.DataFrame) -> list[Facet]:
     return found
 
 
-def _square_points_join(keys: list[tuple[Any, ...]], records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+def _square_points_join(keys: list[tuple[Any, ...]], records: list[dict[Any, Any]]) -> list[tuple[Any, ...]]:
     """With x the query length: a square facet of one size S (Sq = Sk = S) whose family also has a facet at key
     length S takes that facet's key, so the point is drawn where its panel has the tick for it."""
     square = [i for i, key in enumerate(keys) if dict(key).get("seq_k") == "= seq_q"]
