@@ -18,9 +18,10 @@ def test_quick_suite_gives_a_checked_row_for_every_contender(tmp_path):
     elapsed = time.perf_counter() - start
     assert result.returncode == 0, result.stderr
     frame = pd.read_parquet(tmp_path / "run" / "results.parquet")
-    ok = frame[frame.status == "ok"]
+    ok = frame[frame.status.isin(["ok", "stalled"])]  # stalled: checked, timed while the machine stalled
     for impl in CPU_CONTENDERS:
-        assert (frame[frame.impl == impl].status == "ok").all(), frame[frame.impl == impl][["status", "reason"]]
+        rows = frame[frame.impl == impl]
+        assert rows.status.isin(["ok", "stalled"]).all(), rows[["status", "reason"]]
     assert (ok.max_abs_err <= ok.atol).all()
     xformers = frame[frame.impl == "xformers"]
     assert (xformers.status == "unavailable").all() and xformers.reason.str.contains("xformers").all()

@@ -194,3 +194,25 @@ def test_readme_names_the_environment_each_command_runs_in():
     section = README[README.index("## pytest-benchmark") : README.index("## From Python")]
     through_nox = "nox -s pytest_bench --" + pytest_line.removeprefix("pytest suites/ --benchmark-only")
     assert "`nox -s dev` (`source .venv/bin/activate`)" in section and through_nox in section.splitlines()
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but hyphens dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_contents_list_names_every_section_and_every_link_lands():
+    """A newcomer finds each feature from the contents list: every ## and ### heading is in it, and every
+    in-page link (there and in the text) names a heading that exists; the docs pages it links exist."""
+    headings = [m.group(2) for m in re.finditer(r"^(##|###) (.+)$", FENCE.sub("", README), flags=re.MULTILINE)]
+    anchors = {_slug(h) for h in headings}
+    contents = README[README.index("## Contents\n") : README.index("## A short tour\n")]
+    listed = re.findall(r"\]\(#([^)]+)\)", contents)
+    assert sorted(listed) == sorted(_slug(h) for h in headings if h != "Contents")
+    for feature in ("model-presets---model---phase", "kv-cache-type-bf16-and-fp8-caches", "ragged-and-mixed-batches",
+                    "shared-prefix-and-chunked-attention", "attention-sinks", "ab-is-my-change-faster"):  # fmt: skip
+        assert feature in listed
+    broken = [link for link in re.findall(r"\]\(#([^)]+)\)", README) if link not in anchors]
+    assert not broken, broken
+    for page in re.findall(r"\]\((docs/[^)#]+)\)", README):
+        assert (REPO / page).is_file(), page
