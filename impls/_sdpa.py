@@ -115,8 +115,10 @@ class SdpaBackend(Contender):
             empty = inputs.empty_rows  # rows of −inf only would come out NaN; the definition says zeros
         elif workload.mask == "causal" and not is_ragged(workload):
             kwargs["is_causal"] = True  # top-left, which is torch's definition
-        elif inputs.bool_mask is not None:
+        elif inputs.bool_mask is not None and not bool(inputs.bool_mask.all()):
             kwargs["attn_mask"] = inputs.bool_mask  # (B|1, 1, Sq, Sk) bool, True = visible
+        # else a mask that hides nothing (decode's one query bottom-right sees every key) is no mask at all:
+        # what a user passes, and what flash, efficient and cuDNN take
         if workload.kv_heads != workload.heads:
             kwargs["enable_gqa"] = True
         q, load = inputs.q, inputs.kv_loader()  # k, v dequantized in the call when the cache is narrower
@@ -179,5 +181,15 @@ def _probe(run: Callable[[], torch.Tensor]) -> None:
         except RuntimeError as exc:
             if not _NO_KERNEL.search(str(exc)):
                 raise
-            why = "; ".join(dict.fromkeys(str(w.message).strip().splitlines()[0] for w in caught))
-            raise Unsupported(f"no kernel for this workload: {why or str(exc).splitlines()[0]}") from None
+            why = "; ".join(dict.fromkeys(_clause(str(w.message)) for w in caught))
+            raise Unsupported(f"no kernel for this workload: {why or _clause(str(exc))}") from None
+
+
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\.?")
+
+
+def _clause(message: str) -> str:
+    """torch's own words of a warning or error: its first line, without "(Triggered internally at
+    …/sdp_utils.cpp:986.)" — a reason a reader can take in at a glance."""
+    lines = message.strip().splitlines()
+    return _TRIGGERED.sub("", lines[0] if lines else "").strip()

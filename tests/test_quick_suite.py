@@ -6,9 +6,16 @@ import time
 import pandas as pd
 import pytest
 
-from conftest import attnbench_cmd, run_subprocess
+from conftest import REPO, attnbench_cmd, run_subprocess
 
 CPU_CONTENDERS = ["naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "flex", "fused_cpu"]
+
+
+def _readme_sample() -> list[str]:
+    """The lines `nox -s bench` prints in the README's sample, after its `$ nox -s bench` line."""
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("```\n$ nox -s bench\n") :].split("```")[1]
+    return block.strip().splitlines()[1:]
 
 
 @pytest.mark.slow
@@ -30,3 +37,19 @@ def test_quick_suite_gives_a_checked_row_for_every_contender(tmp_path):
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["n_cases"] == len(frame) and meta["finished"]
     print(f"quick suite: {elapsed:.0f} s wall, {len(frame)} rows")  # shown with -s; not asserted (noisy)
+    # `nox -s bench` runs this: the README's sample has its table's columns (none a contender can't fill:
+    # cascade is left out, and says so) and its count of cases by status
+    sample = _readme_sample()
+    printed = result.stdout.splitlines()
+    assert printed[0].split() == sample[0].split() and "cascade" not in printed[0]
+    counts = next(line for line in sample if " cases: " in line)
+    got = next(line for line in printed if " cases: " in line)
+    assert got == counts or "stalled" in got  # a stalled machine changes the counts, not the plan
+    left_out = [line.strip() for line in sample if "left out" in line]
+    assert left_out == [line.strip() for line in printed if "left out" in line] and len(left_out) == 1
+
+
+def _readme_sample() -> list[str]:
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("```\n$ nox -s bench\n") :].split("```")[1]
+    return block.strip().splitlines()[1:]
