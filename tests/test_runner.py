@@ -44,4 +44,14 @@ def test_backward_passes_of_a_forward_only_contender_are_unsupported_with_a_reas
 
 
 def test_status_vocabulary():
-    assert STATUSES == ("ok", "unavailable", "unsupported", "skipped", "oom", "timeout", "error", "incorrect")
+    assert STATUSES == (
+        "ok",
+        "unavailable",
+        "unsupported",
+        "skipped",
+        "oom",
+        "timeout",
+        "error",
+        "incorrect",
+        "stalled",
+    )
