@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.utils.benchmark as benchmark
 
+from attnbench.cpu_wait import waited_ns
+
 MIN_SAMPLE_S = 2e-3  # a CPU sample blocks calls until it lasts at least this long
 PAIRED_BLOCK_GROWTH = 10  # paired rounds: a slower contender's block grows to at most 10 × MIN_SAMPLE_S
 TARGET_CI = 0.005  # stop once the median's 95 % CI half-width is within 0.5 % of the median
@@ -70,6 +72,7 @@ class Timing:
     host_overhead_us: float | None = None  # GPU: synchronised wall time per call minus the kernel time
     yardsticks: dict[str, float] = field(default_factory=dict)  # CPU: yardstick rates, median over its rounds
     yardstick_rounds: dict[str, list[float]] = field(default_factory=dict)  # CPU: each rate of its rounds
+    waited: float | None = None  # CPU: median share of a sample's thread time spent waiting for a core (cpu_wait)
     stalled: str | None = None  # why its rounds ran on a stalled machine (the runner's check), else None
 
     @property
@@ -125,13 +128,19 @@ class _CpuSeries:
 
     timer: benchmark.Timer
     calls: int
+    threads: int = 1
     samples_ms: list[float] = field(default_factory=list)
+    waited: list[float] = field(default_factory=list)  # per sample: its share of thread time spent waiting for a core
     spent_s: float = 0.0
 
     def take(self) -> None:
+        before, start = waited_ns(), time.perf_counter_ns()
         seconds = self.timer.timeit(self.calls).raw_times[0]  # one block of `calls` calls
+        after, wall = waited_ns(), time.perf_counter_ns() - start
         self.samples_ms.append(seconds / self.calls * 1e3)
         self.spent_s += seconds
+        if before is not None and after is not None and wall > 0:
+            self.waited.append((after - before) / (wall * self.threads))
 
     def spent_budget(self, budget_s: float) -> bool:
         """The paired stop rule: the budget spent with MIN_SAMPLES samples (or twice it with MIN_TRUSTED)."""
@@ -188,7 +197,7 @@ def time_cpu_rounds(
         shared = max(calls[name] for name in fns)
         calls = {name: min(shared, PAIRED_BLOCK_GROWTH * calls[name]) for name in fns}
     series = {
-        name: _CpuSeries(benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads), calls[name])
+        name: _CpuSeries(benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads), calls[name], threads)
         for name, fn in fns.items()
     }
     failed: dict[str, SampleError] = {}
@@ -225,9 +234,10 @@ def time_cpu_rounds(
                 stick: values[: len(one.samples_ms)] for stick, values in rates.items() if stick in sticks and values
             }
             own = {stick: statistics.median(values) for stick, values in seen.items()}
+            waited = statistics.median(one.waited) if one.waited else None
             results[name] = Timing(median, q3 - q1, len(one.samples_ms), one.calls, one.samples_ms,
                                    "torch.utils.benchmark", rounds=rounds, yardsticks=own,
-                                   yardstick_rounds=seen)  # fmt: skip
+                                   yardstick_rounds=seen, waited=waited)  # fmt: skip
     return results
 
 

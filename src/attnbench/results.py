@@ -36,7 +36,7 @@ COLUMNS = [
     "impl", *WORKLOAD_COLUMNS,
     "status", "reason",
     "median_ms", "iqr_ms", "n_samples", "calls_per_sample", "unstable", "timing_method", "cold_median_ms",
-    "rounds", "repeat_medians_ms", "host_overhead_us",
+    "rounds", "repeat_medians_ms", "host_overhead_us", "waited_pct",
     "tflops", "gbps", "flops", "bytes", "intensity", "pct_of_peak", "pct_of_matmul",
     "peak_mem_mb", "predicted_ms", "predicted_mem_mb",
     "max_abs_err", "atol", "rtol", "checked_rows", "grad_err", "grad_tol",
@@ -54,7 +54,7 @@ FLOAT_COLUMNS = [
     "pct_of_peak", "pct_of_matmul", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "max_abs_err", "atol", "rtol",
     "grad_err", "grad_tol",
     "setup_ms", "first_call_ms",
-    "host_overhead_us", "yardstick_fma_gflops", "yardstick_stream_gbps",
+    "host_overhead_us", "waited_pct", "yardstick_fma_gflops", "yardstick_stream_gbps",
 ]  # fmt: skip
 
 

@@ -236,19 +236,26 @@ def _time_group(
         if not any(stalled.values()):
             break
     for name, timing in results.items():
-        if isinstance(timing, Timing) and sticks is not None:
-            if stalled[name]:
-                results[name] = dataclasses.replace(timing, stalled=stalled[name])
-            else:
-                sticks.saw(timing.yardsticks)
+        if isinstance(timing, Timing) and stalled[name]:
+            results[name] = dataclasses.replace(timing, stalled=stalled[name])
+        elif isinstance(timing, Timing) and sticks is not None:
+            sticks.saw(timing.yardsticks)
     return {int(name): result for name, result in results.items()}
 
 
+WAITED_STALL = 0.1  # a case whose threads waited for a core this share of their time (median sample) or more
+
+
 def _stalled(sticks: yardsticks.Yardsticks | None, timing: Timing | SampleError) -> str | None:
-    """Why ``timing`` was taken on a stalled machine (its own rounds' FMA yardstick collapsed), or None."""
-    if sticks is None or isinstance(timing, SampleError):
+    """Why ``timing`` was taken on a stalled machine, or None: its threads waited for a core (attnbench.cpu_wait)
+    ``WAITED_STALL`` of their time or more in its median sample, or its rounds' FMA yardstick collapsed (what
+    the hypervisor takes from the whole VM shows only there)."""
+    if isinstance(timing, SampleError):
         return None
-    return sticks.stalled(timing.yardstick_rounds)
+    if timing.waited is not None and timing.waited >= WAITED_STALL:
+        return (f"the machine stalled while it was timed (twice): its threads waited for a core {timing.waited:.0%} "
+                "of their time (median sample; another process on its cores); time kept, not ranked")  # fmt: skip
+    return sticks.stalled(timing.yardstick_rounds) if sticks is not None else None
 
 
 def run_group(
@@ -295,7 +302,7 @@ def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready,
         median_ms=timing.median_ms, iqr_ms=timing.iqr_ms, n_samples=timing.n_samples,
         calls_per_sample=timing.calls_per_sample, samples_ms=timing.samples_ms, unstable=timing.unstable,
         timing_method=timing.method, cold_median_ms=timing.cold_median_ms, rounds=timing.rounds,
-        host_overhead_us=timing.host_overhead_us,
+        host_overhead_us=timing.host_overhead_us, waited_pct=None if timing.waited is None else 100 * timing.waited,
         flops=flops, bytes=traffic, intensity=flops / traffic,
         tflops=flops / (timing.median_ms * 1e-3) / 1e12, gbps=traffic / (timing.median_ms * 1e-3) / 1e9,
         peak_mem_mb=peak_mb, **predicted,
