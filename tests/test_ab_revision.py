@@ -322,3 +322,47 @@ def test_what_of_the_base_is_not_the_base_revisions_is_said(tmp_path):
         sys.path.remove(str(repo))
         for module in ("notedplug", "noted_helper"):
             sys.modules.pop(module, None)
+
+
+@pytest.mark.timing
+def test_a_lazy_import_costs_the_base_what_it_costs_the_working_tree(tmp_path, capsys):
+    """The rewrite leaves nothing of ours in the call: a lazy import statement, absolute or relative, and a call
+    that imports nothing take the same time in the base version as in the working tree's (timeit, best of 5;
+    `nox -s timing_checks -- -k lazy_import -s` prints them)."""
+    import timeit
+
+    repo = tmp_path / "repo"
+    (repo / "costplug").mkdir(parents=True)
+    (repo / "costplug" / "__init__.py").write_text("")
+    (repo / "costplug" / "work.py").write_text("def f():\n    return 1\n")
+    (repo / "costplug" / "kernel.py").write_text(
+        "def lazy_absolute():\n    from costplug.work import f\n    return f()\n\n\n"
+        "def lazy_relative():\n    from .work import f\n    return f()\n\n\n"
+        "def plain():\n    return 1\n"
+    )  # fmt: skip
+    git(repo, "init", "-q")
+    commit_all(repo, "one")
+    sys.path.insert(0, str(repo))
+    try:
+        import costplug.kernel as current
+
+        located = revision.Located(
+            "costplug.kernel", "plain", "costplug", (repo / "costplug").resolve(), repo.resolve()
+        )
+        base_root = revision.extract(located, git(repo, "rev-parse", "HEAD"), tmp_path / "base")
+        with pytest.raises(Exception, match="not a contender"):  # `plain` is a function: the module imported
+            revision.import_base("cost", located, base_root)
+        (name,) = [n for n in sys.modules if n.startswith(revision.ALIAS_PREFIX) and n.endswith(".kernel")]
+        base = sys.modules[name]
+        for call in ("lazy_absolute", "lazy_relative", "plain"):
+            ns = {}
+            for side, module in (("working tree", current), ("base", base)):
+                best = min(timeit.repeat(getattr(module, call), number=200_000, repeat=5)) / 200_000
+                ns[side] = best * 1e9
+            with capsys.disabled():
+                print(f"{call}: working tree {ns['working tree']:.0f} ns, base {ns['base']:.0f} ns")
+            assert ns["base"] < 1.1 * ns["working tree"] + 5, (call, ns)
+    finally:
+        sys.path.remove(str(repo))
+        for module in [m for m in sys.modules if m == "costplug" or m.startswith("costplug.")]:
+            del sys.modules[module]

