@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections import Counter
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -145,9 +144,9 @@ def case_histories(frame: pd.DataFrame, alpha: float, min_change: float) -> list
         points = case.series.setdefault(str(record["machine"]), SeriesChanges(points=[]))
         points.points.append(_point(record))
     drift = machine_drift(list(cases.values()))
-    for number, case in enumerate(cases.values()):
+    for case in cases.values():
         for machine, pending in case.series.items():
-            steady = [replace(p, median_ms=p.median_ms / math.exp(drift.get((machine, p.run_id, number), 0.0)))
+            steady = [replace(p, median_ms=p.median_ms / math.exp(drift.get((machine, p.run_id, case.impl), 0.0)))
                       for p in pending.points]  # fmt: skip
             found = detect(steady, alpha, min_change)
             case.series[machine] = replace(found, points=pending.points)  # the page draws what was measured
@@ -158,57 +157,39 @@ MIN_SERIES_FOR_DRIFT = 3  # series (from ≥ 2 contenders) a run needs before it
 SHARED = 2 / 3  # the share of series that must have moved the drift's way for it to count as the machine's
 
 
-def machine_drift(cases: list[CaseHistory]) -> dict[tuple[str, str, int], float]:
-    """The run-wide drift of each (machine, run) as case number ``i`` (its place in ``cases``) is to be divided
-    by, on the log scale: the median over the machine's *other* series of that run's log median less the
-    series' own median over all runs. A shared machine's speed moves every contender alike between runs
-    minutes apart; change detection divides it out, so a step is a case moving against the others, not the
-    machine's minute. A series' own move never counts toward the drift it is divided by: with a user's kernel
-    beside bmm and sdpa_flash (whose runs land in two modes), the median of the three took the kernel's +25 %
-    and sdpa_flash's high mode for the machine and divided the kernel's step away. A run's drift counts only
-    when two thirds of those series moved that way, and with fewer than three other series from two
-    contenders nothing is divided out."""
-    centred: dict[tuple[str, str], list[tuple[float, str, int]]] = {}
-    for number, case in enumerate(cases):
+def machine_drift(cases: list[CaseHistory]) -> dict[tuple[str, str, str], float]:
+    """The run-wide drift of each (machine, run) as contender ``impl``'s series are to be divided by, on the log
+    scale: the median over the *other* contenders of each one's median move that run (a series' move: its log
+    median less the series' own median over all runs). A shared machine's speed moves every contender alike
+    between runs minutes apart; change detection divides it out, so a step is a case moving against the others,
+    not the machine's minute. A contender's own change never counts toward the drift it is divided by, nor does
+    one other contender's (with a user's kernel beside bmm and sdpa_flash, whose runs land in two modes, a
+    median over the three series took the kernel's +25 % and sdpa_flash's high mode for the machine and divided
+    the kernel's step away; per series, bmm's step became "the machine" for sdpa_math). A run's drift counts
+    only when two thirds of those contenders moved that way, and with fewer than three other series from two
+    other contenders nothing is divided out."""
+    moves: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for case in cases:
         for machine, series in case.series.items():
             logs = [math.log(p.median_ms) for p in series.points]
             if not logs:
                 continue
             middle = float(np.median(logs))
             for p, value in zip(series.points, logs, strict=True):
-                centred.setdefault((machine, p.run_id), []).append((value - middle, case.impl, number))
+                moves.setdefault((machine, p.run_id), {}).setdefault(case.impl, []).append(value - middle)
     drift = {}
-    for (machine, run), entries in centred.items():
-        others = len(entries) - 1
-        if others < MIN_SERIES_FOR_DRIFT:
-            continue
-        values = np.array([v for v, _, _ in entries])
-        middles = _medians_without_each(values)
-        impls = Counter(impl for _, impl, _ in entries)
-        for (value, impl, number), middle in zip(entries, middles, strict=True):
-            if len(impls) - (impls[impl] == 1) < 2:
+    for (machine, run), by_impl in moves.items():
+        per_impl = {impl: float(np.median(values)) for impl, values in by_impl.items()}
+        for impl in by_impl:
+            others = [move for other, move in per_impl.items() if other != impl]
+            counted = sum(len(values) for other, values in by_impl.items() if other != impl)
+            if len(others) < 2 or counted < MIN_SERIES_FOR_DRIFT:
                 continue
-            agreeing = int((values * middle > 0).sum()) - (value * middle > 0)
-            if agreeing >= SHARED * others:  # most series moved that way: the machine, not a few contenders
-                drift[(machine, run, number)] = float(middle)
+            middle = float(np.median(others))
+            agreeing = sum(1 for move in others if move * middle > 0)
+            if agreeing >= SHARED * len(others):  # most contenders moved that way: the machine, not one of them
+                drift[(machine, run, impl)] = middle
     return drift
-
-
-def _medians_without_each(values: np.ndarray) -> np.ndarray:
-    """For each element, the median of the others (n − 1 of them), in O(n log n) for all."""
-    order = np.argsort(values, kind="stable")
-    ranked = values[order]
-    n = len(values)
-    m = n - 1
-    rank = np.empty(n, dtype=int)
-    rank[order] = np.arange(n)
-
-    def others_at(j: int) -> np.ndarray:  # the j-th smallest of the others, for every left-out rank
-        return np.where(j < rank, ranked[j], ranked[min(j + 1, n - 1)])
-
-    if m % 2:
-        return others_at(m // 2)
-    return (others_at(m // 2 - 1) + others_at(m // 2)) / 2
 
 
 def change_records(cases: list[CaseHistory]) -> pd.DataFrame:

@@ -165,17 +165,3 @@ def test_a_stored_a_a_series_of_a_bimodal_contender_is_no_step_and_a_kernel_25_p
     changes = pd.read_csv(tmp_path / "page" / "changes.csv", dtype={"commit_before": str, "commit_after": str})
     (step,) = changes.itertuples()
     assert step.impl == "mine" and (step.commit_before, step.commit_after) == (f"{4:040x}", f"{5:040x}")
-
-
-def test_each_series_drift_is_the_median_of_the_others():
-    import numpy as np
-
-    from attnbench.reports.history import _medians_without_each
-
-    rng = np.random.default_rng(0)
-    for n in (4, 5, 6, 7, 10):
-        for _ in range(50):
-            values = rng.normal(size=n)
-            values[rng.integers(n)] = values[0]  # ties too
-            expected = [np.median(np.delete(values, i)) for i in range(n)]
-            assert np.allclose(_medians_without_each(values), expected)
