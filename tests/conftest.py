@@ -81,6 +81,33 @@ def fake_distribution(site: Path, name: str, entry_points: dict[str, str], modul
         (site / f"{module}.py").write_text(source)
 
 
+def v1_store(
+    path: Path, series: dict[str, list[float]], machine: str, seq: tuple[int, int] = (256, 256), iqr_share: float = 0.01
+) -> None:
+    """A results store as schema version 1 wrote it (fewer run and result columns; opened read-only it is
+    migrated in memory): run n on day n + 1 at commit n (40 hex digits), one row per contender of ``series``
+    with its n-th median, IQR ``iqr_share`` of it."""
+    import duckdb
+
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
+    con.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    con.execute("CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, path VARCHAR, machine VARCHAR, git_commit VARCHAR,"
+                " started_at TIMESTAMP, suite VARCHAR, command VARCHAR)")  # fmt: skip
+    con.execute("CREATE TABLE rows (run_id VARCHAR NOT NULL, impl VARCHAR, device VARCHAR, dtype VARCHAR,"
+                " batch BIGINT, heads BIGINT, kv_heads BIGINT, seq_q BIGINT, seq_k BIGINT, head_dim BIGINT,"
+                " mask VARCHAR, pass VARCHAR, machine VARCHAR, status VARCHAR, median_ms DOUBLE,"
+                " iqr_ms DOUBLE)")  # fmt: skip
+    for n in range(max(len(medians) for medians in series.values())):
+        run = f"run{n}"
+        con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, 'quick', 'attnbench run')",
+                    [run, f"/runs/{run}", machine, f"{n:040x}", f"2026-01-{n + 1:02d} 12:00:00"])  # fmt: skip
+        for impl, medians in series.items():
+            con.execute("INSERT INTO rows VALUES (?, ?, 'cpu', 'float32', 1, 8, 8, ?, ?, 64, 'none', 'fwd', ?, 'ok',"
+                        " ?, ?)", [run, impl, *seq, machine, medians[n], medians[n] * iqr_share])  # fmt: skip
+    con.close()
+
+
 def run_subprocess(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:

@@ -227,7 +227,7 @@ def test_fused_cpu_cascade_at_two_revisions_each_runs_its_own(tmp_path):
     def version(rev: str) -> ab.Version:
         commit = git(repo, "rev-parse", rev)
         base_root = revision.extract(located, commit, tmp_path / rev.replace("~", "-"))
-        return ab.Version(f"fused_cpu@{rev}", revision.import_base("fused_cpu", located, base_root).contender, rev)
+        return ab.Version(f"fused_cpu@{rev}", revision.import_base("fused_cpu", located, base_root), rev)
 
     first, comment, planted = version("HEAD~2"), version("HEAD~1"), version("HEAD")
     options = ab.AbOptions(budget_s=1.0, threads=1)

@@ -28,7 +28,7 @@ from attnbench.machine import workdir_git
 from attnbench.reports.changes import Point, detect, run_noise
 from attnbench.reports.store import SCHEMA_VERSION
 
-from conftest import attnbench_cmd, run_subprocess
+from conftest import attnbench_cmd, run_subprocess, v1_store
 
 PLUGIN = Path(__file__).parent / "plugins" / "attnbench_slowable.py"
 ONE_CASE = ["--seq", "32", "--seq-kv", "32", "--batch", "1", "--kv-heads", "8", "--mask", "none"]  # one workload
@@ -222,29 +222,9 @@ def test_missing_and_corrupt_databases_are_one_line_exit_2(cli, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.duckdb", "foreign.duckdb"]
 
 
-def _v1_store(path: Path) -> None:
-    """A store as schema version 1 wrote it: fewer run columns, fewer result columns."""
-    con = duckdb.connect(str(path))
-    con.execute("CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
-    con.execute("INSERT INTO meta VALUES ('schema_version', '1')")
-    con.execute("CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, path VARCHAR, machine VARCHAR, git_commit VARCHAR,"
-                " started_at TIMESTAMP, suite VARCHAR, command VARCHAR)")  # fmt: skip
-    con.execute("CREATE TABLE rows (run_id VARCHAR NOT NULL, impl VARCHAR, device VARCHAR, dtype VARCHAR,"
-                " batch BIGINT, heads BIGINT, kv_heads BIGINT, seq_q BIGINT, seq_k BIGINT, head_dim BIGINT,"
-                " mask VARCHAR, pass VARCHAR, machine VARCHAR, status VARCHAR, median_ms DOUBLE,"
-                " iqr_ms DOUBLE)")  # fmt: skip
-    for n, ms in enumerate([1.0, 1.01, 0.99, 1.0, 1.3, 1.31, 1.29, 1.3]):
-        rid = f"old{n}"
-        con.execute("INSERT INTO runs VALUES (?, ?, 'old box', ?, ?, 'quick', 'attnbench run')",
-                    [rid, f"/runs/{rid}", f"{n:040x}", f"2026-01-0{n + 1} 12:00:00"])  # fmt: skip
-        con.execute("INSERT INTO rows VALUES (?, 'bmm', 'cpu', 'float32', 1, 8, 8, 256, 256, 64, 'none', 'fwd',"
-                    " 'old box', 'ok', ?, ?)", [rid, ms, ms * 0.01])  # fmt: skip
-    con.close()
-
-
 def test_an_older_schema_opens_read_only_and_migrates_when_written(cli, tmp_path):
     db = tmp_path / "old.duckdb"
-    _v1_store(db)
+    v1_store(db, {"bmm": [1.0, 1.01, 0.99, 1.0, 1.3, 1.31, 1.29, 1.3]}, "old box")
     before = fingerprint(db)
     code, out, err = cli("history", "--db", str(db), "--out", str(tmp_path / "page"))
     assert code == 0, err

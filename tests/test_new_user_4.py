@@ -135,30 +135,15 @@ def test_a_stored_a_a_series_of_a_bimodal_contender_is_no_step_and_a_kernel_25_p
     issue's: sdpa_flash never changed but its medians land in two modes (1.85-1.88 or 2.22-2.30 ms), its
     samples tight (1 %); bmm steady; the user's kernel does 25 % more work from the sixth commit (runs 3 %
     apart on a quiet machine). The one step history reports is the kernel's."""
-    import duckdb
     import pandas as pd
 
+    from conftest import v1_store
+
     db = tmp_path / "store.duckdb"
-    con = duckdb.connect(str(db))
-    con.execute("CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
-    con.execute("INSERT INTO meta VALUES ('schema_version', '1')")
-    con.execute("CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, path VARCHAR, machine VARCHAR, git_commit VARCHAR,"
-                " started_at TIMESTAMP, suite VARCHAR, command VARCHAR)")  # fmt: skip
-    con.execute("CREATE TABLE rows (run_id VARCHAR NOT NULL, impl VARCHAR, device VARCHAR, dtype VARCHAR,"
-                " batch BIGINT, heads BIGINT, kv_heads BIGINT, seq_q BIGINT, seq_k BIGINT, head_dim BIGINT,"
-                " mask VARCHAR, pass VARCHAR, machine VARCHAR, status VARCHAR, median_ms DOUBLE,"
-                " iqr_ms DOUBLE)")  # fmt: skip
     flash = [1.86, 2.25, 1.87, 1.85, 2.28, 2.23, 1.88, 2.22, 1.86, 2.30]
     bmm = [4.02, 3.97, 4.05, 3.99, 4.01, 4.04, 3.96, 4.00, 4.03, 3.98]
     mine = [8.5, 8.3, 8.7, 8.6, 8.4, 10.6, 10.8, 10.5, 10.9, 10.6]
-    for n in range(10):
-        run = f"run{n}"
-        con.execute("INSERT INTO runs VALUES (?, ?, 'quiet box', ?, ?, 'mine', 'attnbench run')",
-                    [run, f"/runs/{run}", f"{n:040x}", f"2026-01-{n + 1:02d} 12:00:00"])  # fmt: skip
-        for impl, ms in (("sdpa_flash", flash[n]), ("bmm", bmm[n]), ("mine", mine[n])):
-            con.execute("INSERT INTO rows VALUES (?, ?, 'cpu', 'float32', 1, 8, 8, 512, 256, 64, 'none', 'fwd',"
-                        " 'quiet box', 'ok', ?, ?)", [run, impl, ms, ms * 0.0135])  # fmt: skip
-    con.close()
+    v1_store(db, {"sdpa_flash": flash, "bmm": bmm, "mine": mine}, "quiet box", seq=(512, 256), iqr_share=0.0135)
     code, out, err = cli("history", "--db", str(db), "--out", str(tmp_path / "page"))
     assert code == 0, err
     assert out.startswith("10 runs, 3 cases on 1 machine(s): 1 step(s)"), out

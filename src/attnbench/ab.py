@@ -108,7 +108,7 @@ def revision_versions(name: str, rev: str, workdir: Path) -> tuple[Version, Vers
     base = revision.import_base(name, located, base_root)
     notes = tuple(revision.notes(located, commit, rev, copied))
     label = f"{name}@{rev}"
-    return Version(label, base.contender, f"git {commit} ({rev})", notes), Version(name, current, "working tree")
+    return Version(label, base, f"git {commit} ({rev})", notes), Version(name, current, "working tree")
 
 
 def sweep_workloads(suite: str | None, overrides: dict[str, list[Any]]) -> list[Workload]:

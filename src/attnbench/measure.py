@@ -70,10 +70,14 @@ class Timing:
     cold_median_ms: float | None = None  # GPU: L2 flushed before each call
     rounds: int = 1  # rounds of the interleaved loop the workload's contenders were sampled in
     host_overhead_us: float | None = None  # GPU: synchronised wall time per call minus the kernel time
-    yardsticks: dict[str, float] = field(default_factory=dict)  # CPU: yardstick rates, median over its rounds
-    yardstick_rounds: dict[str, list[float]] = field(default_factory=dict)  # CPU: each rate of its rounds
+    yardstick_rounds: dict[str, list[float]] = field(default_factory=dict)  # CPU: each yardstick rate of its rounds
     waited: float | None = None  # CPU: median share of a sample's thread time spent waiting for a core (cpu_wait)
     stalled: str | None = None  # why its rounds ran on a stalled machine (the runner's check), else None
+
+    @property
+    def yardsticks(self) -> dict[str, float]:
+        """CPU: each yardstick's median rate over the rounds it sampled in."""
+        return {name: statistics.median(rates) for name, rates in self.yardstick_rounds.items()}
 
     @property
     def rel_iqr(self) -> float:
@@ -233,11 +237,10 @@ def time_cpu_rounds(
             seen = {
                 stick: values[: len(one.samples_ms)] for stick, values in rates.items() if stick in sticks and values
             }
-            own = {stick: statistics.median(values) for stick, values in seen.items()}
             waited = statistics.median(one.waited) if one.waited else None
             results[name] = Timing(median, q3 - q1, len(one.samples_ms), one.calls, one.samples_ms,
-                                   "torch.utils.benchmark", rounds=rounds, yardsticks=own,
-                                   yardstick_rounds=seen, waited=waited)  # fmt: skip
+                                   "torch.utils.benchmark", rounds=rounds, yardstick_rounds=seen,
+                                   waited=waited)  # fmt: skip
     return results
 
 

@@ -27,8 +27,9 @@ Every import the base code makes goes to the base's files, *whenever* it is made
   the interpreter's own import statement reaches ``_attnbench_base_N.work``. Nothing of ours runs when
   the statement does and nothing is swapped in ``sys.modules`` around a call: a lazy import inside the
   timed call costs what it costs in the working tree's version (`nox -s timing_checks -- -k lazy_import -s`
-  on the 2-core Zen 4 VM, best of 5 timeit runs: a lazy absolute import 691 ns in the base, 684 in the
-  working tree; a relative one 1033 and 1041 ns; a call that imports nothing 25 and 25 ns).
+  on the 2-core Zen 4 VM, nothing else running, best of 5 timeit runs, two runs an hour apart: a lazy
+  absolute import 691 / 681 ns in the base, 684 / 682 in the working tree; a relative one 1033 / 1039 and
+  1041 / 1044 ns; a call that imports nothing 25 / 24 and 25 / 23 ns — the runs agree within 2 %).
 
 Native code follows by itself when the package finds its sources beside its files: attnbench's
 ``fused_cpu`` at REV compiles REV's C++ from the extracted folder, and ``native_build`` keys each library
@@ -360,15 +361,7 @@ def _load_root(router: _Router, path: Path) -> types.ModuleType:
     return module
 
 
-@dataclass(frozen=True)
-class Base:
-    """The base version: its contender and the name its root was imported under."""
-
-    contender: Contender
-    alias: str
-
-
-def import_base(name: str, located: Located, base_root: Path) -> Base:
+def import_base(name: str, located: Located, base_root: Path) -> Contender:
     """Contender ``name`` built from the package extracted at ``base_root`` (see the module docstring)."""
     alias = f"{ALIAS_PREFIX}{next(_counter)}"
     router = _Router(located.root, alias)
@@ -386,10 +379,9 @@ def import_base(name: str, located: Located, base_root: Path) -> Base:
             f"--impl {name}: its base version did not import: {type(exc).__name__}: {message[0] if message else ''}"
         ) from exc
     try:
-        contender = as_contender(found, name)
+        return as_contender(found, name)
     except TypeError as exc:
         raise UsageError(f"--impl {name}: its base version is not a contender: {exc}") from exc
-    return Base(contender, alias)
 
 
 def real_module_name(module_name: str) -> str:

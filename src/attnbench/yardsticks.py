@@ -28,7 +28,8 @@ steal. Then it times the group again, and a case still stalled gets the status `
 never ranked, as ``incorrect``. The stream rate is not used: memory bandwidth on a shared VM moves 24–83 GB/s
 within minutes without anything stalling.
 
-`nox -s timing_checks -- -k stall -s` (tests/test_stall.py) plants it on the 2-core Zen 4 VM, two runs:
+`nox -s timing_checks -- -k stall -s` (tests/test_stall.py) plants it on the 2-core Zen 4 VM, nothing else
+running, two runs:
 with busy loops on every core at the same priority, 29 % and 51 % of the rounds' FMA calls collapsed, the
 threads waited 65–70 % of their time and every row was `stalled` (times up to 52× quiet); with the loops
 niced to 19, 0–1 % of the rounds collapsed, the threads waited 0 % and every row was `ok` within 4 % of quiet.
