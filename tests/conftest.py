@@ -49,6 +49,16 @@ def headless_chromium(tmp_path_factory: pytest.TempPathFactory, height: int) -> 
     driver.quit()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` skip, saying why, where torch sees no CUDA device (`pytest -m cuda` on a GPU)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False): run `pytest -m cuda` on one")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # One ceilings cache for the whole session (and its subprocesses), not the user's.
     if "ATTNBENCH_CACHE_DIR" not in os.environ:

@@ -262,7 +262,11 @@ def loose_contender(tmp_path, planted, monkeypatch):
         ([], "give --a A --b B, or --impl NAME [--base REV]"),
         (["--a", "bmm", "--b", "bmm", "--impl", "bmm"], "give either --a A --b B, or --impl NAME"),
         (["--a", "bmm", "--b", "bmm", "--threshold", "0"], "--threshold 0.0: must be a fraction"),
-        (["--a", "bmm", "--b", "bmm", "--device", "cuda"], "attnbench ab times on the CPU only"),
+        pytest.param(
+            ["--a", "bmm", "--b", "bmm", "--device", "cuda"],
+            "device cuda: torch.cuda.is_available()",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(cli, tmp_path, args, message):

@@ -1,10 +1,11 @@
 """A/B in one process: two versions of a contender timed side by side, a verdict per case.
 
 Why in one process: on a shared machine the speed wanders by several per cent over minutes and does not
-hit every contender alike, so two separate runs disagree by more than most kernel changes gain. Timed in
-the same interleaved rounds (measure.time_cpu_rounds with ``paired=True``: each round takes one sample of
-A and one of B, in a shuffled order), the machine's state of the moment lands on both, and the ratio of
-round i's two samples, B_i / A_i, carries the change and little of the drift.
+hit every contender alike, so two separate runs disagree by more than most kernel changes gain (a GPU's
+clock moves with its temperature and power draw). Timed in the same interleaved rounds with ``paired=True``
+(measure.time_cpu_rounds on CPU, measure_cuda.time_cuda_rounds on CUDA: CUDA events, warm samples only),
+each round takes one sample of A and one of B, in a shuffled order, the machine's state of the moment lands
+on both, and the ratio of round i's two samples, B_i / A_i, carries the change and little of the drift.
 
 The statistic: the ratio is the median of the per-round ratios (taken on logs, so ×1.05 and ÷1.05 weigh
 alike), with a 95 % interval of that median. Why the median rather than a paired t on the mean log ratio:
@@ -50,9 +51,10 @@ from attnbench import registry, revision
 from attnbench.contender import Contender, Unsupported
 from attnbench.errors import UsageError
 from attnbench.inputs import make_inputs
-from attnbench.measure import SampleError, time_cpu_rounds, warm_up
+from attnbench.measure import SampleError, synchronize, time_cpu_rounds, warm_up
+from attnbench.measure_cuda import time_cuda_rounds
 from attnbench.runner import prepare_checked
-from attnbench.suite import DEFAULTS, Suite, expand, load_suite
+from attnbench.suite import DEFAULTS, Suite, check_devices, expand, load_suite
 from attnbench.workload import Workload
 
 DEFAULT_THRESHOLD = 0.02
@@ -118,9 +120,7 @@ def sweep_workloads(suite: str | None, overrides: dict[str, list[Any]]) -> list[
     chosen = load_suite(suite) if suite else default
     cases = expand(chosen, {**overrides, "impl": ["ab"]}, ["ab"])
     workloads = list(dict.fromkeys(workload for _, workload in cases))
-    devices = sorted({w.device for w in workloads} - {"cpu"})
-    if devices:
-        raise UsageError(f"--device {','.join(devices)}: attnbench ab times on the CPU only; allowed: cpu")
+    check_devices(cases)
     return workloads
 
 
@@ -218,12 +218,13 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
-def _per_call_s(fn: Callable[[], object], least_s: float = 0.01) -> float:
+def _per_call_s(fn: Callable[[], object], device: str, least_s: float = 0.01) -> float:
     """Seconds per call over ``least_s`` of back-to-back calls: the block size's estimate (one call after
     the warm-up can be several times off on a busy machine)."""
     calls, start = 0, time.perf_counter()
     while True:
         fn()
+        synchronize(device)
         calls += 1
         elapsed = time.perf_counter() - start
         if elapsed >= least_s:
@@ -254,13 +255,16 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
             if not prepared.ok:
                 return AbCase(workload, "incorrect", f"{version.name}: {prepared.reason}")
             warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s / 2)
-            estimates[key] = _per_call_s(prepared.fn)
+            estimates[key] = _per_call_s(prepared.fn, workload.device)
         except Unsupported as exc:
             return AbCase(workload, "unsupported", f"{version.name}: {exc}")
         except Exception as exc:  # a contender may fail in any way; the sweep goes on
             return AbCase(workload, "error", f"{version.name}: {_first_line(exc)}")
         fns[key] = prepared.fn
-    timings = time_cpu_rounds(fns, options.threads, options.budget_s / 2, estimates, options.seed, paired=True)
+    if workload.device == "cuda":
+        timings = time_cuda_rounds(fns, options.budget_s / 2, options.seed, paired=True, cold=False)
+    else:
+        timings = time_cpu_rounds(fns, options.threads, options.budget_s / 2, estimates, options.seed, paired=True)
     for key, version in (("a", a), ("b", b)):
         timing = timings[key]
         if isinstance(timing, SampleError):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +30,7 @@ import torch.utils.benchmark as benchmark
 
 from attnbench import datasheet, hardware
 from attnbench.machine import cpu_name
+from attnbench.measure_cuda import median_ms
 from attnbench.native_build import BuildError, cache_dir
 from attnbench.workload import DTYPES
 
@@ -82,10 +82,8 @@ def _seconds(fn: Any, device: str, threads: int) -> float:
     """Seconds per call: the median of CUDA events on GPU; on CPU the fastest block of torch.utils.benchmark
     (a rate the library reaches: on a shared CPU the median measures the neighbours too)."""
     if device == "cuda":
-        from attnbench.measure import events_loop
-
         fn()
-        return statistics.median(events_loop(fn, 0.5)) / 1e3
+        return median_ms(fn, 0.5) / 1e3
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
     return float(min(timer.blocked_autorange(min_run_time=0.5).times))
 

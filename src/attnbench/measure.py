@@ -15,30 +15,19 @@ ratio would carry the drift. In rounds, the drift lands on all of them alike. Wi
 command) no contender drops out early: every one takes a sample in every round until one of them has spent
 the budget, so sample i of each comes from round i and per-round ratios can be formed.
 
-GPU — CUDA events around each call, the host waiting only after the end event (host syncs are not kernel
-time). Two figures: *warm* (back-to-back calls, L2 holding what the last call left) and *cold* (L2 flushed
-before each call, via triton.testing.do_bench, which does exactly that). Calls shorter than
-``GRAPH_BELOW_MS`` are replayed from a CUDA graph so launch overhead does not swamp them.
-
-Events time the GPU, but when the GPU waits for the host (argument binding, an autotuner's dispatch: tens
-of µs, as long as a small attention kernel) the wait lands between a start and an end event. So each
-group of calls is preceded by a device-side sleep (``torch.cuda._sleep``) sized to ``SLEEP_COVER`` times
-the host's time to enqueue the group (measured on the group before): the queue is then ahead of the host
-and the events see kernels only (``timing_method`` ``cuda_events+sleep``; ``cuda_graph`` for replays).
-The host's own cost is a figure of its own: ``host_overhead_us`` = median wall time of a call with the GPU
-synchronised around it, minus the kernel time (the median).
+GPU — attnbench.measure_cuda: CUDA events, the same interleaved rounds and stop rule, warm and cold samples
+alike (``time_callable`` here picks the timer for the device).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.utils.benchmark as benchmark
@@ -52,11 +41,6 @@ MIN_SAMPLES = 10  # before the confidence-interval rule may stop sampling
 MIN_TRUSTED = 5  # a budget-limited case still gets this many samples, up to twice its budget
 MAX_SAMPLES = 10_000
 UNSTABLE_REL_IQR = 0.10  # flag a case whose IQR is 10 % of its median or more
-GRAPH_BELOW_MS = 0.05
-SLEEP_COVER = 1.5  # the device-side sleep lasts this many times the host's time to enqueue its group
-MAX_SLEEP_MS = 50.0  # a group is cut short so that its sleep stays under this
-SYNC_EVERY = 50  # most calls in one group (between two waits for the GPU)
-HOST_CALLS = 5  # synchronised calls whose median wall time gives host_overhead_us
 
 
 @dataclass(frozen=True)
@@ -69,10 +53,11 @@ class Timing:
     method: str  # how the samples were taken: torch.utils.benchmark, cuda_events+sleep or cuda_graph
     cold_median_ms: float | None = None  # GPU: L2 flushed before each call
     rounds: int = 1  # rounds of the interleaved loop the workload's contenders were sampled in
-    host_overhead_us: float | None = None  # GPU: synchronised wall time per call minus the kernel time
+    host_overhead_us: float | None = None  # GPU: the host's own time to issue one call (measure_cuda)
     yardstick_rounds: dict[str, list[float]] = field(default_factory=dict)  # CPU: each yardstick rate of its rounds
     waited: float | None = None  # CPU: median share of a sample's thread time spent waiting for a core (cpu_wait)
     stalled: str | None = None  # why its rounds ran on a stalled machine (the runner's check), else None
+    gpu_state: dict[str, Any] = field(default_factory=dict)  # GPU: clocks, power, throttling while sampled (gpu_state)
 
     @property
     def yardsticks(self) -> dict[str, float]:
@@ -147,25 +132,29 @@ class _CpuSeries:
             self.waited.append((after - before) / (wall * self.threads))
 
     def spent_budget(self, budget_s: float) -> bool:
-        """The paired stop rule: the budget spent with MIN_SAMPLES samples (or twice it with MIN_TRUSTED)."""
-        n = len(self.samples_ms)
-        return (
-            n >= MAX_SAMPLES
-            or (self.spent_s >= budget_s and n >= MIN_SAMPLES)
-            or (self.spent_s >= 2 * budget_s and n >= MIN_TRUSTED)
-        )
+        return paired_budget_spent(self.samples_ms, self.spent_s, budget_s)
 
     def finished(self, budget_s: float) -> bool:
-        """The stop rule: the median's 95 % CI within TARGET_CI, or the budget spent (with enough samples
-        to trust, or ever at twice the budget)."""
-        n = len(self.samples_ms)
-        if n >= MAX_SAMPLES:
-            return True
-        if (self.spent_s >= budget_s and n >= MIN_TRUSTED) or (self.spent_s >= 2 * budget_s and n >= 3):
-            return True
-        return n >= MIN_SAMPLES and median_ci_halfwidth(self.samples_ms) <= TARGET_CI * statistics.median(
-            self.samples_ms
-        )
+        return stop_rule_met(self.samples_ms, self.spent_s, budget_s)
+
+
+def paired_budget_spent(samples_ms: list[float], spent_s: float, budget_s: float) -> bool:
+    """The paired stop rule: the budget spent with MIN_SAMPLES samples (or twice it with MIN_TRUSTED)."""
+    n = len(samples_ms)
+    return (
+        n >= MAX_SAMPLES or (spent_s >= budget_s and n >= MIN_SAMPLES) or (spent_s >= 2 * budget_s and n >= MIN_TRUSTED)
+    )
+
+
+def stop_rule_met(samples_ms: list[float], spent_s: float, budget_s: float) -> bool:
+    """The stop rule: the median's 95 % CI within TARGET_CI, or the budget spent (with enough samples to trust,
+    or ever at twice the budget)."""
+    n = len(samples_ms)
+    if n >= MAX_SAMPLES:
+        return True
+    if (spent_s >= budget_s and n >= MIN_TRUSTED) or (spent_s >= 2 * budget_s and n >= 3):
+        return True
+    return n >= MIN_SAMPLES and median_ci_halfwidth(samples_ms) <= TARGET_CI * statistics.median(samples_ms)
 
 
 class SampleError(Exception):
@@ -265,108 +254,6 @@ def time_cpu(fn: Callable[[], object], threads: int, budget_s: float, estimate_s
     return result
 
 
-@functools.cache
-def _sleep_cycles_per_ms() -> float:
-    """GPU clock cycles that ``torch.cuda._sleep`` spins per millisecond, timed once with events."""
-    cycles = 1_000_000
-    torch.cuda._sleep(cycles)  # warm up
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles / max(start.elapsed_time(end), 1e-3)
-
-
-def _group_size(host_ms: float, kernel_ms: float, deadline: float, kept: int) -> int:
-    """Calls in the next group: at most SYNC_EVERY, a sleep under MAX_SLEEP_MS, and within the budget
-    (but enough to reach MIN_SAMPLES)."""
-    left_ms = (deadline - time.perf_counter()) * 1e3
-    wanted = max(MIN_SAMPLES - kept, int(left_ms / kernel_ms), 1)
-    return max(1, min(SYNC_EVERY, wanted, MAX_SAMPLES - kept, int(MAX_SLEEP_MS / (SLEEP_COVER * host_ms))))
-
-
-def events_loop(fn: Callable[[], object], budget_s: float) -> list[float]:
-    """Per-call GPU times (ms) from an event pair around each call, the queue kept ahead of the host.
-
-    Calls go in groups of up to SYNC_EVERY; each group is preceded by a device-side sleep lasting
-    SLEEP_COVER × the host's time to enqueue the previous group (a first group of one call, not kept,
-    measures it), so the GPU starts the group's kernels only once the host has queued them all."""
-    cycles_per_ms = _sleep_cycles_per_ms()
-    starts: list[torch.cuda.Event] = []
-    ends: list[torch.cuda.Event] = []
-    host_ms: float | None = None  # host time to enqueue one call
-    kernel_ms = 1.0  # GPU time of one call, from the last group's last pair
-    deadline = time.perf_counter() + budget_s
-    torch.cuda.synchronize()
-    while len(starts) < MAX_SAMPLES and (len(starts) < MIN_SAMPLES or time.perf_counter() < deadline):
-        probe = host_ms is None
-        group = 1 if host_ms is None else _group_size(host_ms, kernel_ms, deadline, len(starts))
-        sleep_ms = min(MAX_SLEEP_MS, SLEEP_COVER * group * (host_ms if host_ms is not None else 1.0))
-        torch.cuda._sleep(int(cycles_per_ms * sleep_ms))
-        pairs = []
-        enqueue_start = time.perf_counter()
-        for _ in range(group):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            pairs.append((start, end))
-        host_ms = max((time.perf_counter() - enqueue_start) * 1e3 / group, 1e-3)
-        pairs[-1][1].synchronize()  # bound the queue; the events already hold the GPU timestamps
-        kernel_ms = max(pairs[-1][0].elapsed_time(pairs[-1][1]), 1e-3)
-        if not probe:
-            starts += [s for s, _ in pairs]
-            ends += [e for _, e in pairs]
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-
-
-def _host_overhead_us(fn: Callable[[], object], kernel_ms: float) -> float:
-    """Median wall time of HOST_CALLS calls, each with the GPU synchronised before and after, minus the
-    kernel time: what the host adds to a call that nothing overlaps (µs)."""
-    walls = [call_once_ms(fn, "cuda")[0] for _ in range(HOST_CALLS)]
-    return (statistics.median(walls) - kernel_ms) * 1e3
-
-
-def _graph_samples(fn: Callable[[], object], budget_s: float, replays: int = 100) -> list[float] | None:
-    """Per-call times from replaying ``replays`` captured calls; None if ``fn`` can't be captured."""
-    try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()  # warm the capture stream's allocator pool
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(replays):
-                fn()
-    except Exception:  # not every kernel or library can be captured; the caller falls back to events
-        return None
-    return [t / replays for t in events_loop(graph.replay, budget_s)]
-
-
-def _cold_median_ms(fn: Callable[[], object], budget_s: float) -> float | None:
-    try:
-        from triton.testing import do_bench
-    except ImportError:
-        return None
-    times = do_bench(fn, warmup=5, rep=max(1, int(budget_s * 1e3)), return_mode="all")
-    return float(statistics.median(times))
-
-
-def time_cuda(fn: Callable[[], object], budget_s: float, estimate_s: float) -> Timing:
-    cold = _cold_median_ms(fn, budget_s / 2)
-    timing = None
-    if estimate_s * 1e3 < GRAPH_BELOW_MS:
-        graph_samples = _graph_samples(fn, budget_s / 2)
-        if graph_samples is not None:
-            timing = _timing(graph_samples, 100, "cuda_graph", cold)
-    if timing is None:
-        timing = _timing(events_loop(fn, budget_s / 2), 1, "cuda_events+sleep", cold)
-    return dataclasses.replace(timing, host_overhead_us=_host_overhead_us(fn, timing.median_ms))
-
-
 def warm_up(fn: Callable[[], object], device: str, first_call_ms: float, budget_s: float) -> float:
     """Calls after the first until caches, allocator pools and autotuners settle; returns the last
     call's time in seconds, an estimate for block sizing."""
@@ -375,10 +262,3 @@ def warm_up(fn: Callable[[], object], device: str, first_call_ms: float, budget_
     for _ in range(calls):
         elapsed_ms, _ = call_once_ms(fn, device)
     return elapsed_ms / 1e3
-
-
-def time_callable(fn: Callable[[], object], device: str, threads: int, budget_s: float, estimate_s: float) -> Timing:
-    """Median, IQR and raw per-call samples of ``fn`` on ``device`` within about ``budget_s`` seconds."""
-    if device == "cuda":
-        return time_cuda(fn, budget_s, estimate_s)
-    return time_cpu(fn, threads, budget_s, estimate_s)

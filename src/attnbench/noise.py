@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench import other_work
+from attnbench import gpu_state, other_work
 from attnbench.measure import MIN_TRUSTED, UNSTABLE_REL_IQR
 
 MIN_TRUSTED_SAMPLES = MIN_TRUSTED
@@ -62,6 +62,16 @@ def result_warnings(frame: pd.DataFrame) -> list[str]:
     over = _over_roof_warning(ok)
     if over:
         warnings.append(over)
+    cold = ok["cold_median_ms"].astype("float64") if "cold_median_ms" in ok else None
+    colder = ok[cold < ok["median_ms"] - ok["iqr_ms"]] if cold is not None else ok[:0]
+    if len(colder):
+        warnings.append(
+            f"{len(colder)} GPU case(s) faster with L2 flushed than warm by more than the IQR (cold_median_ms), a "
+            "timing defect or a GPU whose clock moved: " + ", ".join(sorted(set(colder["impl"])))
+        )
+    slowed = _slowed_gpu_warning(ok)
+    if slowed:
+        warnings.append(slowed)
     thin = ok[ok["n_samples"] < MIN_TRUSTED_SAMPLES]
     if len(thin):
         warnings.append(
@@ -78,6 +88,20 @@ def _case_label(row: dict[Any, Any]) -> str:
     parts = [row.get("device"), row.get("dtype"), f"B{row.get('batch')}", heads, seq, f"D{row.get('head_dim')}",
              row.get("mask"), row.get("pass")]  # fmt: skip
     return " ".join(str(p) for p in parts if p is not None)
+
+
+def _slowed_gpu_warning(ok: pd.DataFrame, named: int = 3) -> str | None:
+    """GPU rows that ran throttled or under their maximum SM clock (attnbench.gpu_state.slowed), counted, the
+    first few named: their times hold for that clock, not the GPU's best."""
+    if "throttle" not in ok:
+        return None
+    slowed = [(r, why) for r in ok.to_dict("records") if (why := gpu_state.slowed(r))]
+    if not slowed:
+        return None
+    shown = "; ".join(f"{r['impl']} at {_case_label(r)}: {why}" for r, why in slowed[:named])
+    more = f" (and {len(slowed) - named} more)" if len(slowed) > named else ""
+    return (f"{len(slowed)} GPU case(s) ran throttled or below the maximum SM clock (columns sm_clock_mhz, throttle): "
+            f"{shown}{more}")  # fmt: skip
 
 
 def _over_roof_warning(ok: pd.DataFrame) -> str | None:

@@ -1,7 +1,7 @@
 """`attnbench profile`: where the time goes, per contender.
 
 For each case: prepare and check as a run does, warm up, time it with the run's median method
-(:func:`attnbench.measure.time_callable`), then record a few calls with torch.profiler, each call under its
+(:func:`attnbench.timing.time_callable`), then record a few calls with torch.profiler, each call under its
 own ``record_function`` range named ``attnbench.call:<impl>``. Writes a Chrome/Perfetto trace per case, a
 table of the top operators (or kernels, on CUDA) by self time, and a breakdown of each call into categories.
 
@@ -36,9 +36,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from attnbench.measure import synchronize, time_callable, warm_up
+from attnbench.measure import synchronize, warm_up
 from attnbench.memory import quiet_native_stderr
 from attnbench.runner import prepare_checked
+from attnbench.timing import time_callable
 from attnbench.workload import Workload
 
 TOP_N = 15

@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench import axes
+from attnbench import axes, gpu_state
 from attnbench.errors import UsageError
 from attnbench.workload import Workload
 
@@ -42,6 +42,7 @@ COLUMNS = [
     "max_abs_err", "atol", "rtol", "checked_rows", "grad_err", "grad_tol",
     "setup_ms", "first_call_ms", "threads", "reproduce", "samples_ms",
     "yardstick_fma_gflops", "yardstick_stream_gbps", "repeat_fma_gflops", "repeat_stream_gbps",
+    *gpu_state.COLUMNS,
 ]  # fmt: skip
 # The yardsticks (attnbench.yardsticks): their rates in the rounds that timed the case, medians (per repeat
 # in the repeat_ lists, beside repeat_medians_ms).
@@ -55,6 +56,7 @@ FLOAT_COLUMNS = [
     "grad_err", "grad_tol",
     "setup_ms", "first_call_ms",
     "host_overhead_us", "waited_pct", "yardstick_fma_gflops", "yardstick_stream_gbps",
+    *(column for column in gpu_state.COLUMNS if column != "throttle"),
 ]  # fmt: skip
 
 

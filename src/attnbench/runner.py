@@ -2,9 +2,9 @@
 timing → memory pass → row.
 
 The contenders of one workload run as a group (:func:`run_group`): each is prepared, checked and warmed
-up, then all of them are timed together in interleaved rounds (measure.time_cpu_rounds), so machine drift
-lands on every contender alike; then each gets its memory pass. Every case ends as exactly one row,
-whatever happens inside it.
+up, then all of them are timed together in interleaved rounds (measure.time_cpu_rounds on CPU,
+measure_cuda.time_cuda_rounds on CUDA), so machine drift or a GPU's clock lands on every contender alike;
+then each gets its memory pass. Every case ends as exactly one row, whatever happens inside it.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from typing import Any
 
 import torch
 
-from attnbench import registry, yardsticks
+from attnbench import gpu_state, registry, yardsticks
 from attnbench.ceilings import Ceilings
 from attnbench.check import CheckResult, GradCheck, check_grads, check_output
 from attnbench.contender import Contender, Unsupported
 from attnbench.flops import attention_bytes
 from attnbench.inputs import AttentionInputs, make_inputs
-from attnbench.measure import SampleError, Timing, call_once_ms, time_callable, time_cpu_rounds, warm_up
+from attnbench.measure import SampleError, Timing, call_once_ms, time_cpu_rounds, warm_up
+from attnbench.measure_cuda import time_cuda_rounds
 from attnbench.memory import free_memory_bytes, held_for_reuse_bytes, peak_memory_mb, release_cached_memory
 from attnbench.mha import check_module_output, wrap_core
 from attnbench.paged import gathered
@@ -211,23 +212,14 @@ def _get_ready(impl: str, workload: Workload, options: RunOptions, group: _Group
 def _time_group(
     ready: dict[int, _Ready], workload: Workload, options: RunOptions, progress: Progress | None
 ) -> dict[int, Timing | SampleError]:
-    """CPU: all ready contenders in interleaved rounds. CUDA: one after another (the GPU queue is timed by
-    events, where a shared host's drift matters far less)."""
-    if workload.device != "cpu":
-        timings: dict[int, Timing | SampleError] = {}
-        for index, one in ready.items():
-            if progress is not None:
-                progress(index)
-            try:
-                timings[index] = time_callable(
-                    one.prepared.fn, workload.device, options.threads, options.budget_s, one.estimate_s
-                )
-            except Exception as exc:
-                timings[index] = SampleError(str(index), exc)
-        return timings
-    fns = {str(index): one.prepared.fn for index, one in ready.items()}
-    estimates = {str(index): one.estimate_s for index, one in ready.items()}
+    """All ready contenders in interleaved rounds: on CPU with the yardsticks and the stall check, on CUDA warm
+    and cold samples alike (measure_cuda)."""
     on_sample = (lambda name: progress(int(name))) if progress is not None else None
+    fns = {str(index): one.prepared.fn for index, one in ready.items()}
+    if workload.device == "cuda":
+        timed = time_cuda_rounds(fns, options.budget_s, options.seed, on_sample)
+        return {int(name): result for name, result in timed.items()}
+    estimates = {str(index): one.estimate_s for index, one in ready.items()}
     sticks = yardsticks.for_threads(options.threads) if options.yardsticks else None
     for _attempt in range(2):  # a group timed while the machine stalled is timed once more
         results = time_cpu_rounds(fns, options.threads, options.budget_s, estimates, options.seed, on_sample,
@@ -310,6 +302,7 @@ def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready,
         grad_err=grad_check.grad_err if grad_check else None, grad_tol=grad_check.grad_tol if grad_check else None,
         setup_ms=prepared.setup_ms, first_call_ms=prepared.first_call_ms, threads=options.threads,
         **{column: timing.yardsticks.get(name) for name, column in YARDSTICK_COLUMNS.items()},
+        **{column: timing.gpu_state.get(column) for column in gpu_state.COLUMNS},
     )  # fmt: skip
     ceilings = options.ceilings.get(workload.device)
     roof = ceilings.roofline_tflops(workload.dtype, metrics["intensity"]) if ceilings else None
