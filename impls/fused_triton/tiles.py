@@ -13,22 +13,33 @@ Definitions:
   backward kernels; tests/test_fused_triton_compile.py checks it. The cap is the
   device's own per-block limit (``max_shared_memory``: 227 KiB on an H100, 163 KiB on an A100), read from
   the driver, not a fixed number.
-* The **tuning key** buckets the sequence lengths to their next power of two (``tuning_key``), so a sweep
-  over S = 1000, 1500, 2000 tunes twice, not three times; head dim, dtype, mask family, score modifiers
-  and the device stay exact.
-* **Tuning once.** ``choose`` times every pruned candidate with ``triton.testing.do_bench`` the first time
-  a key is seen and caches the fastest; after that it is a dictionary lookup. fused_triton calls it in
-  ``prepare``, so the timed callable launches the chosen tile directly: no autotuner dispatch per call.
-  Under ``TRITON_INTERPRET=1`` there is one small tile per kernel and nothing is timed.
+* The **tuning key** (``tuning_key``) buckets the sequence lengths to their next power of two, so a sweep
+  over S = 1000, 1500, 2000 tunes twice, not three times; kernel, head dim (the values' is in
+  ``features``), GQA group, dtype, mask family and score modifiers (``features``), the GPU's name (not its
+  index: two of a kind share) and the hash of the kernels' source stay exact.
+* **Tuning once per machine.** ``choose`` times every pruned candidate with ``triton.testing.do_bench`` the
+  first time a key is seen and keeps the fastest in memory and on disk (``tile_cache``: one JSON file per
+  key under ``$ATTNBENCH_CACHE_DIR/tiles/``, shared by worker processes and runs). The stored key adds the
+  candidate list and the torch and Triton versions to the tuning key, so a new tile table, compiler or
+  kernel source tunes afresh instead of reusing a stale choice. fused_triton tunes in ``prepare``, so the
+  time lands in the ``setup_ms`` of the case that paid for it; ``cached`` is the look-up without timing
+  (``Plan.tune`` launches nothing when every tile is known), and the timed callable launches the chosen
+  tile directly: no autotuner dispatch per call. Under ``TRITON_INTERPRET=1`` there is one small tile per
+  kernel, nothing is timed and nothing is written.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
+
+from attnbench.impls.fused_triton import tile_cache
 
 
 @dataclass(frozen=True)
@@ -161,14 +172,54 @@ def length_bucket(length: int) -> int:
     return 1 << max(0, length - 1).bit_length()
 
 
-def tuning_key(kernel: str, q: torch.Tensor, k: torch.Tensor, features: Hashable) -> tuple[Hashable, ...]:
-    """What a tuned tile is reused for: kernel, bucketed lengths, exact head dim, GQA group, dtype,
-    mask family and score modifiers (``features``), device."""
-    return (kernel, length_bucket(q.shape[2]), length_bucket(k.shape[2]), q.shape[3], q.shape[1] // k.shape[1],
-            str(q.dtype), features, str(q.device))  # fmt: skip
+class TuningKey(NamedTuple):
+    """What a tuned tile is reused for (``tuning_key``)."""
+
+    kernel: str
+    seq_q_bucket: int
+    seq_k_bucket: int
+    head_dim: int
+    group: int
+    dtype: str
+    features: Hashable  # mask family, score modifiers, the values' head dim, the cache's type
+    gpu: str  # torch.cuda.get_device_name, or the device type off CUDA
+    source: str  # hash of the kernels' source file (tile_cache.source_hash); '' keeps the tile off disk
 
 
-_CHOSEN: dict[tuple[Hashable, ...], Tile] = {}
+def device_name(device: torch.device) -> str:
+    """The GPU's name (``NVIDIA H100 80GB HBM3``), or the device type ('cpu') off CUDA."""
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device)
+
+
+def tuning_key(kernel: str, q: torch.Tensor, k: torch.Tensor, features: Hashable, source: str) -> TuningKey:
+    """What a tuned tile is reused for: kernel, bucketed lengths, exact head dim, GQA group, dtype, mask
+    family and score modifiers (``features``), the GPU's name and the kernels' ``source`` hash. q is
+    (B, Hq, Sq, D) and k (B, Hkv, Sk, D)."""
+    return TuningKey(kernel, length_bucket(q.shape[2]), length_bucket(k.shape[2]), q.shape[3],
+                     q.shape[1] // k.shape[1], str(q.dtype), features, device_name(q.device), source)  # fmt: skip
+
+
+_CHOSEN: dict[str, Tile] = {}  # in front of the disk: canonical stored key → tile
+
+
+@functools.cache
+def _versions() -> dict[str, str]:
+    """The torch and Triton versions, part of every stored key (a new compiler may pick another tile)."""
+    try:
+        import triton
+
+        triton_version = str(triton.__version__)
+    except Exception:
+        triton_version = ""
+    return {"torch": str(torch.__version__), "triton": triton_version}
+
+
+def stored_key(key: TuningKey, candidates: Sequence[Tile]) -> dict[str, Any]:
+    """The key a tuned tile is kept under, in memory and on disk: the tuning key, the candidates timed and
+    the torch and Triton versions."""
+    return {"tuning": key._asdict(), "candidates": [dataclasses.astuple(t) for t in candidates], **_versions()}
 
 
 def time_tile(launch: Callable[[Tile], object], tile: Tile) -> float:
@@ -181,33 +232,68 @@ def time_tile(launch: Callable[[Tile], object], tile: Tile) -> float:
         return math.inf
 
 
-def choose(key: tuple[Hashable, ...], candidates: Sequence[Tile], launch: Callable[[Tile], object]) -> Tile:
-    """The tile for ``key``: cached, or the fastest candidate (timed once), or the only one."""
-    if key not in _CHOSEN:
-        if len(candidates) == 1:
-            _CHOSEN[key] = candidates[0]
-        else:
-            timings = {tile: time_tile(launch, tile) for tile in candidates}
-            _CHOSEN[key] = min(candidates, key=lambda t: timings[t])
-    return _CHOSEN[key]
+def cached(key: TuningKey, candidates: Sequence[Tile]) -> Tile | None:
+    """The tile for ``key`` without timing anything: the only candidate, or one tuned before (in this process
+    or, on disk, in any other); None when it must be tuned."""
+    if len(candidates) == 1:
+        return candidates[0]
+    stored = stored_key(key, candidates)
+    name = tile_cache.canonical(stored)
+    if name in _CHOSEN:
+        return _CHOSEN[name]
+    if not key.source:
+        return None
+    value = tile_cache.read(stored, key.kernel)
+    try:
+        tile = Tile(*value["tile"])
+    except (TypeError, KeyError, ValueError):
+        return None  # nothing stored, or not a tile
+    if tile not in candidates:
+        return None
+    _CHOSEN[name] = tile
+    return tile
 
 
-def clear_cache() -> None:
-    """Forget every tuned tile (tests)."""
+def choose(key: TuningKey, candidates: Sequence[Tile], launch: Callable[[Tile], object]) -> Tile:
+    """The tile for ``key``: kept from before (``cached``), or the fastest candidate, timed now and kept in
+    memory and on disk. A choice where every candidate failed is kept in memory only."""
+    found = cached(key, candidates)
+    if found is not None:
+        return found
+    timings = {tile: time_tile(launch, tile) for tile in candidates}
+    best = min(candidates, key=lambda t: timings[t])
+    stored = stored_key(key, candidates)
+    _CHOSEN[tile_cache.canonical(stored)] = best
+    if key.source and math.isfinite(timings[best]):
+        times = {",".join(map(str, dataclasses.astuple(t))): ms if math.isfinite(ms) else None
+                 for t, ms in timings.items()}  # fmt: skip
+        record = {"tile": dataclasses.astuple(best), "timings_ms": times}  # for a reader: what each tile took
+        tile_cache.write(stored, key.kernel, record)
+    return best
+
+
+def clear_cache(disk: bool = False) -> None:
+    """Forget every tuned tile in this process; with ``disk``, the ones kept on disk too."""
     _CHOSEN.clear()
+    if disk:
+        tile_cache.clear()
 
 
 __all__ = [
     "CUDA_TILES",
     "INTERPRETER_TILES",
     "Tile",
+    "TuningKey",
+    "cached",
     "choose",
     "clear_cache",
+    "device_name",
     "head_dim_blocks",
     "length_bucket",
     "max_shared_memory",
     "prune",
     "shared_bytes",
+    "stored_key",
     "time_tile",
     "tuning_key",
 ]
