@@ -14,14 +14,16 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from attnbench.impls.fused_triton import tile_cache
 from attnbench.impls.fused_triton import tiles as _tiles
-from attnbench.impls.fused_triton.tiles import Tile, TuningKey
+from attnbench.impls.fused_triton.tiles import CUDA_TILES, Tile, TuningKey, prune, shared_bytes
 
+H100_SHARED = 227 * 1024
 CANDIDATES = [Tile(128, 64, 8, 3), Tile(64, 64, 4, 3), Tile(64, 32, 4, 4)]
 FASTEST = Tile(64, 64, 4, 3)
 
@@ -206,3 +208,54 @@ def test_processes_share_the_tiles_through_the_cache_folder(tmp_path):
     (path,) = (tmp_path / tile_cache.FOLDER).glob("*.json")
     assert json.loads(path.read_text())["value"]["tile"] == [64, 64, 4, 3]
     assert result(start()) == "0 64 64"  # a later process times nothing
+
+
+def test_hopper_is_told_by_the_compute_capability(monkeypatch):
+    capability: list[tuple[int, int]] = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[-1])
+    for cc, hopper in (((9, 0), True), ((8, 0), False), ((10, 0), False), ((8, 9), False)):
+        capability.append(cc)
+        assert _tiles.is_hopper(torch.device("cuda", 0)) is hopper
+    assert _tiles.is_hopper(torch.device("cpu")) is False
+
+
+def _pruned(head_dim: int, itemsize: int, seq: int, hopper: bool, kernel: str = "fwd") -> list[Tile]:
+    return prune(kernel, CUDA_TILES[kernel], seq_q=seq, seq_k=seq, head_dim=head_dim, itemsize=itemsize,
+                 shared_cap=H100_SHARED, hopper=hopper)  # fmt: skip
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256, 576])
+@pytest.mark.parametrize("itemsize", [2, 4])
+@pytest.mark.parametrize("seq", [16, 300, 4096])
+def test_hopper_drops_only_forward_tiles_it_cannot_use(head_dim, itemsize, seq):
+    full, hopper = _pruned(head_dim, itemsize, seq, False), _pruned(head_dim, itemsize, seq, True)
+    assert hopper and set(hopper) <= set(full)
+
+    def used(t: Tile) -> int:
+        return shared_bytes("fwd", t, sum(_tiles.head_dim_blocks(head_dim)), itemsize,
+                            max(16, 1 << (head_dim - 1).bit_length()))  # fmt: skip
+
+    for dropped in set(full) - set(hopper):
+        wide_8_warps = dropped.num_warps == 8 and dropped.block_m * dropped.block_n < 128 * 128
+        deeper = [t for t in full if (t.block_m, t.block_n, t.num_warps) == (dropped.block_m, dropped.block_n,
+                  dropped.num_warps) and t.num_stages > dropped.num_stages
+                  and H100_SHARED // used(t) == H100_SHARED // used(dropped)]  # fmt: skip
+        assert wide_8_warps or deeper, dropped
+    for kernel in ("dkdv", "dq"):  # the backward kernels keep the full table
+        assert _pruned(head_dim, itemsize, seq, True, kernel) == _pruned(head_dim, itemsize, seq, False, kernel)
+
+
+def test_the_plan_asks_for_hopper_tiles_on_a_hopper(monkeypatch):
+    flash = pytest.importorskip("attnbench.impls.fused_triton.flash")
+    monkeypatch.setattr(flash, "INTERPRETED", False)
+    q = torch.empty(1, 4, 4096, 128, dtype=torch.bfloat16)
+    plan = flash.make_plan(q, q, q)
+    seen: list[Any] = []
+    monkeypatch.setattr(flash, "max_shared_memory", lambda device: H100_SHARED)
+    monkeypatch.setattr(flash, "is_hopper", lambda device: seen.append(device) or True)
+    hopper = {kernel: plan.candidates(kernel) for kernel in ("fwd", "dkdv", "prefix")}
+    monkeypatch.setattr(flash, "is_hopper", lambda device: False)
+    full = {kernel: plan.candidates(kernel) for kernel in ("fwd", "dkdv", "prefix")}
+    assert seen and seen[0] == plan.device
+    assert set(hopper["fwd"]) < set(full["fwd"]) and hopper["prefix"] == hopper["fwd"]
+    assert hopper["dkdv"] == full["dkdv"]

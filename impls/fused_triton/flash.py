@@ -55,6 +55,7 @@ from attnbench.impls.fused_triton.tiles import (
     cached,
     choose,
     head_dim_blocks,
+    is_hopper,
     max_shared_memory,
     prune,
     tuning_key,
@@ -278,13 +279,14 @@ class Plan:
         return self.key_lo.stride(0) if self.key_lo is not None and self.key_lo.shape[0] > 1 else 0
 
     def candidates(self, kernel: str) -> list[Tile]:
-        """The tiles to choose from; the prefix kernel's are the forward's (rows × keys, the same operands)."""
+        """The tiles to choose from (fewer for the forward on a Hopper GPU, ``tiles.hopper_forward``); the
+        prefix kernel's are the forward's (rows × keys, the same operands)."""
         kernel = "fwd" if kernel == "prefix" else kernel
         if INTERPRETED:
             return [INTERPRETER_TILES[kernel]]
         return prune(kernel, CUDA_TILES[kernel], seq_q=self.seq_q, seq_k=self.seq_k, head_dim=self.head_dim,
                      itemsize=self.dtype.itemsize, shared_cap=max_shared_memory(self.device),
-                     head_dim_v=self.head_dim_v)  # fmt: skip
+                     head_dim_v=self.head_dim_v, hopper=is_hopper(self.device))  # fmt: skip
 
     def key(self, kernel: str, q: torch.Tensor, k: torch.Tensor) -> TuningKey:
         """The tuning key of ``kernel`` on q (B, Hq, Sq, D) against k (B, Hkv, Sk, D)."""
