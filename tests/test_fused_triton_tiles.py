@@ -72,7 +72,7 @@ def test_the_shared_memory_cap_is_read_from_the_device(monkeypatch):
 def test_lengths_share_a_tuned_tile_within_a_power_of_two_bucket():
     def key(seq_q: int, seq_k: int, head_dim: int = 64) -> tuple[Any, ...]:
         q, k = torch.empty(1, 8, seq_q, head_dim), torch.empty(1, 2, seq_k, head_dim)
-        return _triton_tiles.tuning_key("fwd", q, k, ("causal",))
+        return _triton_tiles.tuning_key("fwd", q, k, ("causal",), "source")
 
     assert [_triton_tiles.length_bucket(n) for n in (1, 100, 128, 129, 3000)] == [1, 128, 128, 256, 4096]
     assert key(100, 1000) == key(120, 600) != key(300, 1000)
@@ -90,12 +90,13 @@ class _Recorder:
 
 
 @pytest.fixture()
-def mocked_gpu(monkeypatch):
-    """Kernels replaced by recorders, the CUDA tile lists in force, candidate timing faked and counted:
-    (launch log, list of timed tiles)."""
+def mocked_gpu(monkeypatch, tmp_path):
+    """Kernels replaced by recorders, the CUDA tile lists in force, candidate timing faked and counted, tiles
+    kept on disk in a folder of the test's own: (launch log, list of timed tiles)."""
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
     log: list[tuple[str, Any, dict[str, Any]]] = []
     timed: list[Tile] = []
-    for name in ("_forward_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"):
+    for name in ("_forward_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel", "_prefix_kernel"):
         monkeypatch.setattr(_triton_kernels, name, _Recorder(name, log))
     monkeypatch.setattr(_triton_flash, "INTERPRETED", False)
     fastest = {Tile(128, 64, 8, 3), Tile(64, 128, 8, 2), Tile(128, 64, 8, 2)}  # one per kernel
@@ -142,6 +143,33 @@ def test_prepare_tunes_once_and_the_timed_call_launches_the_chosen_tile(mocked_g
     w3 = Workload(2, 4, 2, 3000, 3000, 64, dtype="bfloat16", mask="causal")
     contender.prepare(make_inputs(w3), w3)
     assert timed and {t.block_m for t in timed} == {t.block_m for t in CUDA_TILES["fwd"]} - {16}  # 16: split D only
+
+
+@pytest.mark.parametrize(
+    "w",
+    [
+        Workload(2, 4, 2, 1000, 1000, 64, dtype="bfloat16", mask="causal", pass_="fwd_bwd"),
+        Workload(4, 8, 2, 1, 600, 128, dtype="bfloat16", mask="causal_bottom_right", shared_prefix=400),
+    ],
+    ids=["fwd_bwd", "shared prefix"],
+)
+def test_a_new_process_prepares_from_the_disk_without_launching(mocked_gpu, w):
+    """The tiles tuned in one worker are on disk: the next worker's prepare (an empty memory) times nothing
+    and launches nothing, so its setup_ms is a few file reads; its timed call launches the same tiles."""
+    log, timed = mocked_gpu
+    first = dict(contender.prepare(make_inputs(w, requires_grad=w.pass_ != "fwd"), w).plan.tiles)
+    kernels = {"fwd", "dkdv", "dq"} if w.pass_ != "fwd" else {"fwd", "prefix"}
+    assert set(first) == kernels and timed
+    _triton_tiles.clear_cache()  # a new process: memory empty, the disk kept
+    log.clear()
+    timed.clear()
+    inputs = make_inputs(w, requires_grad=w.pass_ != "fwd")
+    run = contender.prepare(inputs, w)
+    assert run.plan.tiles == first and timed == [] and log == []
+    out = run()
+    if w.pass_ != "fwd":
+        torch.autograd.grad(out, (inputs.q, inputs.k, inputs.v), inputs.grad_out)
+    assert timed == [] and {name for name, _, _ in log} >= {"_forward_kernel"}
 
 
 def test_head_dims_and_precision_chosen_per_call(mocked_gpu):

@@ -31,7 +31,8 @@ channels: read in place through k's memory). Its keyword arguments:
 A :class:`Plan` holds everything about a call that does not change between calls (mask tables built on
 the device, flags, scale) and the tile chosen for each kernel; fused_triton builds it and tunes it in
 ``prepare`` (``plan.tune``), so each timed call launches ``kernel[grid](..., BLOCK_M=…, num_warps=…)``
-directly. Tile choice, pruning and the tuning cache are in ``tiles``.
+directly. Tile choice, pruning and the tuning cache are in ``tiles`` (kept on disk by ``tile_cache``, keyed
+by ``KERNEL_SOURCE``, the hash of ``kernels``' source: editing a kernel tunes its tiles afresh).
 """
 
 from __future__ import annotations
@@ -45,12 +46,16 @@ import torch
 import triton
 
 from attnbench.impls.fused_triton import kernels
+from attnbench.impls.fused_triton.tile_cache import source_hash
 from attnbench.impls.fused_triton.tiles import (
     CUDA_TILES,
     INTERPRETER_TILES,
     Tile,
+    TuningKey,
+    cached,
     choose,
     head_dim_blocks,
+    is_hopper,
     max_shared_memory,
     prune,
     tuning_key,
@@ -76,6 +81,8 @@ def _interpreting() -> bool:
 
 INTERPRETED = _interpreting()
 KERNELS = ("fwd", "dkdv", "dq")
+# The source of every kernel launched here (fwd, prefix, dkdv, dq: one file), part of each tuning key
+KERNEL_SOURCE = source_hash(kernels)
 
 
 def causal_offset(mask: str, seq_q: int, seq_k: int) -> int | None:
@@ -272,31 +279,40 @@ class Plan:
         return self.key_lo.stride(0) if self.key_lo is not None and self.key_lo.shape[0] > 1 else 0
 
     def candidates(self, kernel: str) -> list[Tile]:
-        """The tiles to choose from; the prefix kernel's are the forward's (rows × keys, the same operands)."""
+        """The tiles to choose from (fewer for the forward on a Hopper GPU, ``tiles.hopper_forward``); the
+        prefix kernel's are the forward's (rows × keys, the same operands)."""
         kernel = "fwd" if kernel == "prefix" else kernel
         if INTERPRETED:
             return [INTERPRETER_TILES[kernel]]
         return prune(kernel, CUDA_TILES[kernel], seq_q=self.seq_q, seq_k=self.seq_k, head_dim=self.head_dim,
                      itemsize=self.dtype.itemsize, shared_cap=max_shared_memory(self.device),
-                     head_dim_v=self.head_dim_v)  # fmt: skip
+                     head_dim_v=self.head_dim_v, hopper=is_hopper(self.device))  # fmt: skip
+
+    def key(self, kernel: str, q: torch.Tensor, k: torch.Tensor) -> TuningKey:
+        """The tuning key of ``kernel`` on q (B, Hq, Sq, D) against k (B, Hkv, Sk, D)."""
+        return tuning_key(kernel, q, k, self.features(), KERNEL_SOURCE)
 
     def tile(self, kernel: str, q: torch.Tensor, k: torch.Tensor, launch: Any) -> Tile:
         """The tile of ``kernel``: the one chosen already, or chosen now (timed once per tuning key)."""
         if kernel not in self.tiles:
-            key = tuning_key(kernel, q, k, self.features())
-            self.tiles[kernel] = choose(key, self.candidates(kernel), launch)
+            self.tiles[kernel] = choose(self.key(kernel, q, k), self.candidates(kernel), launch)
         return self.tiles[kernel]
 
     def tune(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool = False,
         sinks: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
-        """Choose every tile now (outside any timed region), running the kernels once when there is a
-        choice to time (not in the interpreter, where each kernel has one tile)."""
+        """Choose every tile now (outside any timed region). Tiles known already (one candidate, as in the
+        interpreter, or tuned before in this process or, kept on disk, by another) are taken without launching
+        anything; only when some kernel has a choice left to time do the kernels run once, timing it."""
         kernels = (KERNELS if backward else ("fwd",)) + (("prefix",) if self.prefix else ())
-        single = {kernel: self.candidates(kernel) for kernel in kernels}
-        if all(len(tiles) == 1 for tiles in single.values()):
-            self.tiles.update({kernel: tiles[0] for kernel, tiles in single.items()})
+        for kernel in kernels:
+            if kernel not in self.tiles:  # the prefix kernel's keys: the prefix, (1, Hkv, P, D) as prefix_level's
+                keys = k[:1, :, : self.prefix] if kernel == "prefix" else k
+                found = cached(self.key(kernel, q, keys), self.candidates(kernel))
+                if found is not None:
+                    self.tiles[kernel] = found
+        if all(kernel in self.tiles for kernel in kernels):
             return
         with torch.no_grad():
             out, lse = forward(q, k, v, self, store_lse=backward, sinks=sinks)
@@ -435,7 +451,7 @@ def prefix_level(
             SPLIT_D=plan.block_dt > 0, BLOCK_DT=max(16, plan.block_dt), V_FROM_K=v_from_k, **tile.launch_kwargs(),
         )  # fmt: skip
 
-    launch(plan.tile("prefix", q, k_prefix, launch))
+    launch(plan.tile("prefix", q, k_prefix.unsqueeze(0), launch))  # keyed as (1, Hkv, P, D), as in Plan.tune
     return prev, prev_lse
 
 

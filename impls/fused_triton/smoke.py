@@ -10,9 +10,9 @@ chunked attention, fp8 KV caches with per-sequence and per-page scales, forward 
 prefix kernel runs the forward's forced tile), checks the output
 and the gradients (the sinks' among them) with the harness's own gates (``check_output``,
 ``check_grads``), and runs one case whose q, k, v rows lie past 2^31 elements (64-bit offsets). The
-backward kernels' tiles skip the forward-only cases. Tiles the device's shared memory rules out are
-listed as pruned, tiles that fail to compile as unfit (the tuner skips those); a wrong result makes the
-exit status 1.
+backward kernels' tiles skip the forward-only cases. Tiles the tuner would not consider on this device (its
+shared memory, or on a Hopper GPU the forward's shorter list) are listed as pruned, tiles that fail to
+compile as unfit (the tuner skips those); a wrong result makes the exit status 1.
 
 Without CUDA (and without ``TRITON_INTERPRET=1``) it says so and exits 0.
 """

@@ -13,22 +13,42 @@ Definitions:
   backward kernels; tests/test_fused_triton_compile.py checks it. The cap is the
   device's own per-block limit (``max_shared_memory``: 227 KiB on an H100, 163 KiB on an A100), read from
   the driver, not a fixed number.
-* The **tuning key** buckets the sequence lengths to their next power of two (``tuning_key``), so a sweep
-  over S = 1000, 1500, 2000 tunes twice, not three times; head dim, dtype, mask family, score modifiers
-  and the device stay exact.
-* **Tuning once.** ``choose`` times every pruned candidate with ``triton.testing.do_bench`` the first time
-  a key is seen and caches the fastest; after that it is a dictionary lookup. fused_triton calls it in
-  ``prepare``, so the timed callable launches the chosen tile directly: no autotuner dispatch per call.
-  Under ``TRITON_INTERPRET=1`` there is one small tile per kernel and nothing is timed.
+* The **tuning key** (``tuning_key``) buckets the sequence lengths to their next power of two, so a sweep
+  over S = 1000, 1500, 2000 tunes twice, not three times; kernel, head dim (the values' is in
+  ``features``), GQA group, dtype, mask family and score modifiers (``features``), the GPU's name (not its
+  index: two of a kind share) and the hash of the kernels' source stay exact.
+* **Tuning once per machine.** ``choose`` times every pruned candidate with ``triton.testing.do_bench`` the
+  first time a key is seen and keeps the fastest in memory and on disk (``tile_cache``: one JSON file per
+  key under ``$ATTNBENCH_CACHE_DIR/tiles/``, shared by worker processes and runs). The stored key adds the
+  candidate list and the torch and Triton versions to the tuning key, so a new tile table, compiler or
+  kernel source tunes afresh instead of reusing a stale choice. fused_triton tunes in ``prepare``, so the
+  time lands in the ``setup_ms`` of the case that paid for it; ``cached`` is the look-up without timing
+  (``Plan.tune`` launches nothing when every tile is known), and the timed callable launches the chosen
+  tile directly: no autotuner dispatch per call. Under ``TRITON_INTERPRET=1`` there is one small tile per
+  kernel, nothing is timed and nothing is written.
+* **Fewer candidates where the GPU is known** (``is_hopper``: compute capability 9.x, H100/H200/H800/GH200).
+  The full table stays for every other GPU. On Hopper the forward's candidates (the prefix kernel's too)
+  drop two kinds of tile not expected to win, so a fresh machine compiles and times fewer: 8 warps on a
+  tile smaller than 128 × 128 (the filter of Triton's own fused-attention tutorial, ``keep``, written for
+  Hopper-class GPUs), and a shallower pipeline when a deeper one of the same block and warps is also a
+  candidate and fits as many programs on an SM (by shared memory: the same occupancy, so the shallower one
+  only prefetches less). Both are rules of thumb, not measurements of these kernels: which tile wins is
+  still timed among the rest, and the backward kernels keep their full tables. On an H100 at D 128 in bf16
+  that is 9 forward candidates instead of 13.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
+
+from attnbench.impls.fused_triton import tile_cache
 
 
 @dataclass(frozen=True)
@@ -128,11 +148,12 @@ def max_shared_memory(device: torch.device) -> int:
 
 def prune(
     kernel: str, tiles: Sequence[Tile], *, seq_q: int, seq_k: int, head_dim: int, itemsize: int, shared_cap: int,
-    head_dim_v: int | None = None,
+    head_dim_v: int | None = None, hopper: bool = False,
 ) -> list[Tile]:  # fmt: skip
     """Drop tiles that can't win or can't run before timing them: blocks far longer than their sequence
     (only masked-out rows or keys), 128-wide streamed blocks at head dims (D or Dv) over 128 (registers
-    spill), and tiles over the shared-memory cap. Never empty: the smallest tile stays if nothing else fits."""
+    spill), and tiles over the shared-memory cap; with ``hopper``, the forward's tiles Hopper makes no use
+    of (``hopper_forward``). Never empty: the smallest tile that suits the head dim stays if nothing fits."""
     head_dim_v = head_dim_v or head_dim
     block_d = sum(head_dim_blocks(head_dim))
     block_dv = max(16, 1 << (head_dim_v - 1).bit_length())
@@ -153,7 +174,38 @@ def prune(
         )
 
     kept = [t for t in tiles if fits(t)]
-    return kept or [min(tiles, key=lambda t: shared_bytes(kernel, t, block_d, itemsize, block_dv))]
+    if hopper and kernel == "fwd":
+        kept = hopper_forward(kept, lambda t: shared_bytes(kernel, t, block_d, itemsize, block_dv), shared_cap)
+    suited = [t for t in tiles if split == (t.block_m == 16 and kernel == "fwd")] or list(tiles)
+    return kept or [min(suited, key=lambda t: shared_bytes(kernel, t, block_d, itemsize, block_dv))]
+
+
+def hopper_forward(tiles: Sequence[Tile], bytes_of: Callable[[Tile], int], shared_cap: int) -> list[Tile]:
+    """The forward's candidates on Hopper (see the module docstring): ``tiles`` less the 8-warp tiles smaller
+    than 128 × 128, and less a tile when a deeper pipeline of the same block and warps is among them and fits
+    as many programs on an SM (``shared_cap // bytes``, the per-block cap standing for the SM's)."""
+
+    def programs(t: Tile) -> int:
+        return shared_cap // max(1, bytes_of(t))
+
+    def dominated(t: Tile) -> bool:
+        return any(
+            (o.block_m, o.block_n, o.num_warps) == (t.block_m, t.block_n, t.num_warps)
+            and o.num_stages > t.num_stages and programs(o) == programs(t)
+            for o in tiles
+        )  # fmt: skip
+
+    return [t for t in tiles if not (t.num_warps == 8 and t.block_m * t.block_n < 128 * 128) and not dominated(t)]
+
+
+def is_hopper(device: torch.device) -> bool:
+    """Whether ``device`` is a Hopper GPU (compute capability 9.x: H100, H200, H800, GH200)."""
+    if device.type != "cuda":
+        return False
+    try:
+        return torch.cuda.get_device_capability(device)[0] == 9
+    except Exception:  # no driver to ask: assume nothing
+        return False
 
 
 def length_bucket(length: int) -> int:
@@ -161,14 +213,54 @@ def length_bucket(length: int) -> int:
     return 1 << max(0, length - 1).bit_length()
 
 
-def tuning_key(kernel: str, q: torch.Tensor, k: torch.Tensor, features: Hashable) -> tuple[Hashable, ...]:
-    """What a tuned tile is reused for: kernel, bucketed lengths, exact head dim, GQA group, dtype,
-    mask family and score modifiers (``features``), device."""
-    return (kernel, length_bucket(q.shape[2]), length_bucket(k.shape[2]), q.shape[3], q.shape[1] // k.shape[1],
-            str(q.dtype), features, str(q.device))  # fmt: skip
+class TuningKey(NamedTuple):
+    """What a tuned tile is reused for (``tuning_key``)."""
+
+    kernel: str
+    seq_q_bucket: int
+    seq_k_bucket: int
+    head_dim: int
+    group: int
+    dtype: str
+    features: Hashable  # mask family, score modifiers, the values' head dim, the cache's type
+    gpu: str  # torch.cuda.get_device_name, or the device type off CUDA
+    source: str  # hash of the kernels' source file (tile_cache.source_hash); '' keeps the tile off disk
 
 
-_CHOSEN: dict[tuple[Hashable, ...], Tile] = {}
+def device_name(device: torch.device) -> str:
+    """The GPU's name (``NVIDIA H100 80GB HBM3``), or the device type ('cpu') off CUDA."""
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device)
+
+
+def tuning_key(kernel: str, q: torch.Tensor, k: torch.Tensor, features: Hashable, source: str) -> TuningKey:
+    """What a tuned tile is reused for: kernel, bucketed lengths, exact head dim, GQA group, dtype, mask
+    family and score modifiers (``features``), the GPU's name and the kernels' ``source`` hash. q is
+    (B, Hq, Sq, D) and k (B, Hkv, Sk, D)."""
+    return TuningKey(kernel, length_bucket(q.shape[2]), length_bucket(k.shape[2]), q.shape[3],
+                     q.shape[1] // k.shape[1], str(q.dtype), features, device_name(q.device), source)  # fmt: skip
+
+
+_CHOSEN: dict[str, Tile] = {}  # in front of the disk: canonical stored key → tile
+
+
+@functools.cache
+def _versions() -> dict[str, str]:
+    """The torch and Triton versions, part of every stored key (a new compiler may pick another tile)."""
+    try:
+        import triton
+
+        triton_version = str(triton.__version__)
+    except Exception:
+        triton_version = ""
+    return {"torch": str(torch.__version__), "triton": triton_version}
+
+
+def stored_key(key: TuningKey, candidates: Sequence[Tile]) -> dict[str, Any]:
+    """The key a tuned tile is kept under, in memory and on disk: the tuning key, the candidates timed and
+    the torch and Triton versions."""
+    return {"tuning": key._asdict(), "candidates": [dataclasses.astuple(t) for t in candidates], **_versions()}
 
 
 def time_tile(launch: Callable[[Tile], object], tile: Tile) -> float:
@@ -181,33 +273,70 @@ def time_tile(launch: Callable[[Tile], object], tile: Tile) -> float:
         return math.inf
 
 
-def choose(key: tuple[Hashable, ...], candidates: Sequence[Tile], launch: Callable[[Tile], object]) -> Tile:
-    """The tile for ``key``: cached, or the fastest candidate (timed once), or the only one."""
-    if key not in _CHOSEN:
-        if len(candidates) == 1:
-            _CHOSEN[key] = candidates[0]
-        else:
-            timings = {tile: time_tile(launch, tile) for tile in candidates}
-            _CHOSEN[key] = min(candidates, key=lambda t: timings[t])
-    return _CHOSEN[key]
+def cached(key: TuningKey, candidates: Sequence[Tile]) -> Tile | None:
+    """The tile for ``key`` without timing anything: the only candidate, or one tuned before (in this process
+    or, on disk, in any other); None when it must be tuned."""
+    if len(candidates) == 1:
+        return candidates[0]
+    stored = stored_key(key, candidates)
+    name = tile_cache.canonical(stored)
+    if name in _CHOSEN:
+        return _CHOSEN[name]
+    if not key.source:
+        return None
+    value = tile_cache.read(stored, key.kernel)
+    try:
+        tile = Tile(*value["tile"])
+    except (TypeError, KeyError, ValueError):
+        return None  # nothing stored, or not a tile
+    if tile not in candidates:
+        return None
+    _CHOSEN[name] = tile
+    return tile
 
 
-def clear_cache() -> None:
-    """Forget every tuned tile (tests)."""
+def choose(key: TuningKey, candidates: Sequence[Tile], launch: Callable[[Tile], object]) -> Tile:
+    """The tile for ``key``: kept from before (``cached``), or the fastest candidate, timed now and kept in
+    memory and on disk. A choice where every candidate failed is kept in memory only."""
+    found = cached(key, candidates)
+    if found is not None:
+        return found
+    timings = {tile: time_tile(launch, tile) for tile in candidates}
+    best = min(candidates, key=lambda t: timings[t])
+    stored = stored_key(key, candidates)
+    _CHOSEN[tile_cache.canonical(stored)] = best
+    if key.source and math.isfinite(timings[best]):
+        times = {",".join(map(str, dataclasses.astuple(t))): ms if math.isfinite(ms) else None
+                 for t, ms in timings.items()}  # fmt: skip
+        record = {"tile": dataclasses.astuple(best), "timings_ms": times}  # for a reader: what each tile took
+        tile_cache.write(stored, key.kernel, record)
+    return best
+
+
+def clear_cache(disk: bool = False) -> None:
+    """Forget every tuned tile in this process; with ``disk``, the ones kept on disk too."""
     _CHOSEN.clear()
+    if disk:
+        tile_cache.clear()
 
 
 __all__ = [
     "CUDA_TILES",
     "INTERPRETER_TILES",
     "Tile",
+    "TuningKey",
+    "cached",
     "choose",
     "clear_cache",
+    "device_name",
     "head_dim_blocks",
+    "hopper_forward",
+    "is_hopper",
     "length_bucket",
     "max_shared_memory",
     "prune",
     "shared_bytes",
+    "stored_key",
     "time_tile",
     "tuning_key",
 ]
