@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import sys
@@ -30,6 +31,8 @@ from attnbench.runner import not_runnable
 from attnbench.suite import check_devices, expand, load_suite, profile_suite, suite_names
 
 if TYPE_CHECKING:
+    from attnbench.ncu_profile import NcuProfile
+    from attnbench.profiling import CaseProfile
     from attnbench.run_command import Finished
 
 parse_axis_overrides = parse_overrides  # {axis: 'a,b'} -> checked lists; the pytest front end's name for it
@@ -145,16 +148,26 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from attnbench.ncu_csv import short_name
+    from attnbench.ncu_profile import annotate_breakdown, annotate_top_ops, format_table
     from attnbench.profiling import profile_case, write_tables
 
     if args.calls < 1:
         raise UsageError(f"--calls {args.calls}: must be a positive integer")
     if not args.budget_s > 0:
         raise UsageError(f"--budget-s {args.budget_s:g}: must be a positive number of seconds")
-    overrides = parse_overrides(_given_axes(args))
+    ncu = _ncu_gate() if args.ncu else None
+    given = _given_axes(args)
+    if ncu is not None:
+        given.setdefault("device", "cuda")  # ncu measures CUDA kernels: --ncu alone means the GPU
+    overrides = parse_overrides(given)
     known, sweep_names = sorted(registry.load()), registry.sweep_names()
     cases = expand(profile_suite(), overrides, known, sweep_names, registry.available_sweep_names())
     check_devices(cases)
+    if ncu is not None and any(w.device != "cuda" for _, w in cases):
+        raise UsageError(
+            "profile: --ncu measures CUDA kernels and a cpu case has none; allowed with --ncu: --device cuda"
+        )
     out = Path(args.out) if args.out else _default_out("profile")
     RunWriter.check_target(out)
     runnable = []
@@ -168,18 +181,80 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UsageError("nothing to profile: every case is unavailable or unsupported (see above)")
     out.mkdir(parents=True, exist_ok=True)
     configure_cpu_allocator("cached")  # as `run` does by default, so the median is the run's
-    profiles = []
+    profiles, ncu_results = [], []
+    metrics = _ncu_metrics(ncu) if ncu is not None else ()
     for impl, workload in runnable:
         profile = profile_case(impl, workload, out, calls=args.calls, seed=args.seed, budget_s=args.budget_s)
-        profiles.append(profile)
         shown = profile.top_ops[["op", "self_ms_per_call", "pct", "category"]].round(4)
+        kernels = set(profile.kernels["kernel"])  # CUDA kernels print shortened; the CSV keeps their names
+        shown["op"] = [short_name(op) if op in kernels else op for op in shown["op"]]
         print(f"\n{impl}  {workload.label()}  median {profile.median_ms:.4g} ms per call, "
               f"{profile.profiled_ms:.4g} ms profiled ({profile.calls} calls recorded)")  # fmt: skip
         print(shown.to_string(index=False))
         split = ", ".join(f"{r.category} {r.ms_per_call:.3g} ms ({r.pct:.0f}%)" for r in profile.breakdown.itertuples())
-        print(f"breakdown: {split}\ntrace: {profile.trace_path}")
+        print(f"breakdown: {split}\ntrace: {profile.trace_path}", flush=True)
+        result = _ncu_case(ncu, metrics, profile, args.seed) if ncu is not None else None
+        if result is not None:
+            ncu_results.append(result)
+            profile = dataclasses.replace(profile, top_ops=annotate_top_ops(profile.top_ops, result.kernels),
+                                          breakdown=annotate_breakdown(profile.breakdown, result.kernels))  # fmt: skip
+            print(format_table(result))
+        profiles.append(profile)
     top_path, breakdown_path = write_tables(profiles, out)
     print(f"\ntables: {top_path}, {breakdown_path}")
+    return _ncu_summary(ncu_results, len(profiles) - len(ncu_results), out) if ncu is not None else 0
+
+
+# --- profile --ncu: Nsight Compute per kernel (attnbench.ncu_profile) ----------------------------------
+
+
+def _ncu_gate() -> str:
+    """ncu's path, or a usage error when --ncu cannot be done here (checked before anything runs)."""
+    from attnbench.ncu_profile import find_ncu, unavailable_reason
+
+    ncu = find_ncu()
+    reason = unavailable_reason(ncu, torch.cuda.is_available())
+    if reason is not None or ncu is None:
+        raise UsageError(f"profile: {reason}")
+    return ncu
+
+
+def _ncu_metrics(ncu: str) -> tuple[str, ...]:
+    from attnbench.ncu_csv import METRICS
+    from attnbench.ncu_profile import metrics_here
+
+    metrics = metrics_here(ncu)
+    missing = [m for m in METRICS if m not in metrics]
+    print(f"ncu: {ncu}" + (f"; not on this GPU: {', '.join(missing)}" if missing else ""))
+    return metrics
+
+
+def _ncu_case(ncu: str, metrics: tuple[str, ...], profile: CaseProfile, seed: int) -> NcuProfile | None:
+    """One case under ncu, or None (its one-line reason on stderr) when ncu could not profile it."""
+    from attnbench.memory import release_cached_memory
+    from attnbench.ncu_profile import NcuError, profile_case
+
+    release_cached_memory(profile.workload.device)  # the child under ncu needs the GPU memory this case held
+    stem = profile.trace_path.name.removesuffix(".trace.json")
+    print(f"ncu: profiling {profile.impl} {profile.workload.label()} ({profile.calls} calls) …", file=sys.stderr)
+    try:
+        return profile_case(ncu, metrics, profile.impl, profile.workload, profile.trace_path.parent, stem,
+                            profile.calls, seed, profile.kernels)  # fmt: skip
+    except NcuError as exc:
+        print(f"ncu: {profile.impl} {profile.workload.label()}: {exc}", file=sys.stderr)
+        return None
+
+
+def _ncu_summary(results: list[NcuProfile], failed: int, out: Path) -> int:
+    """ncu_kernels.csv, and exit 1 when ncu could not profile every case (the reasons are above)."""
+    from attnbench.ncu_profile import write_kernels
+
+    if results:
+        print(f"ncu: {write_kernels(results, out)} (reports: *.ncu-rep, raw pages: *.ncu.csv)")
+    if failed:
+        print(f"ncu: {failed} case(s) not profiled by ncu (reasons above); their torch.profiler tables are written",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 
@@ -509,6 +584,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_profile.add_argument("--calls", type=int, default=5, help="most calls recorded per case (default 5)")
     p_profile.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_profile.add_argument("--budget-s", type=float, default=1.0, help="timing budget for each case's median (1)")
+    p_profile.add_argument("--ncu", action="store_true",
+                           help="also per kernel with Nsight Compute: SM and DRAM throughput, tensor pipe and "
+                           "occupancy (needs CUDA and ncu on PATH; --device defaults to cuda)")  # fmt: skip
     p_profile.set_defaults(func=cmd_profile)
 
     p_report = commands.add_parser("report", help="figures and one self-contained HTML page from runs")

@@ -77,6 +77,7 @@ class CaseProfile:
     trace_path: Path
     top_ops: pd.DataFrame  # op, self_ms_per_call, count_per_call, pct (of profiled_ms), category
     breakdown: pd.DataFrame  # category, ms_per_call (scaled to median_ms), pct, profiled_ms_per_call
+    kernels: pd.DataFrame  # CUDA: every device kernel (KERNEL_COLUMNS), not only the top ones; else empty
 
 
 def _slug(text: str) -> str:
@@ -110,9 +111,26 @@ def profile_case(
     prof.export_chrome_trace(str(trace_path))
     profiled_ms = wall_s * 1e3 / calls
     stretches = outside_op_stretches(prof.events(), name)
-    top, breakdown = _tables(prof.key_averages(), name, workload.device, calls, profiled_ms, timing.median_ms,
+    averages = prof.key_averages()
+    top, breakdown = _tables(averages, name, workload.device, calls, profiled_ms, timing.median_ms,
                              stretches)  # fmt: skip
-    return CaseProfile(impl, workload, calls, timing.median_ms, profiled_ms, trace_path, top, breakdown)
+    kernels = device_kernels(averages, calls)
+    return CaseProfile(impl, workload, calls, timing.median_ms, profiled_ms, trace_path, top, breakdown, kernels)
+
+
+KERNEL_COLUMNS = ["kernel", "ms_per_call", "launches_per_call", "category"]
+
+
+def device_kernels(averages: list, calls: int) -> pd.DataFrame:
+    """The device's own events (CUDA kernels, memcpy, memset) per call: their time and launches, longest
+    first (empty on CPU). Kept whole, so ``profile --ncu`` finds every kernel Nsight Compute saw."""
+    from torch.autograd import DeviceType
+
+    records = [{"kernel": event.key, "ms_per_call": event.self_device_time_total / 1e3 / calls,
+                "launches_per_call": event.count / calls, "category": category(event.key)}
+               for event in averages if event.device_type != DeviceType.CPU]  # fmt: skip
+    frame = pd.DataFrame(records, columns=KERNEL_COLUMNS)
+    return frame.sort_values("ms_per_call", ascending=False, ignore_index=True)
 
 
 def outside_op_stretches(events: list, range_name: str) -> tuple[float, float]:
