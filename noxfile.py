@@ -5,6 +5,14 @@ PyTorch is installed first, as an exact build, so that pip never resolves it its
 index elsewhere on Linux. Set ATTNBENCH_TORCH to install another (e.g. "torch==2.13.0+cu128" with your
 own index settings).
 
+`nox -s bench_gpu` installs torch and xformers as a pair instead (ATTNBENCH_TORCH does not apply to it):
+xformers' CUDA kernels are a C++ extension built against one exact torch, and under any other torch every
+xformers row would be unavailable. By default `torch==2.10.0` from PyTorch's cu128 index
+(https://download.pytorch.org/whl/cu128) and `xformers==0.0.35`, the wheel built for torch 2.10.0+cu128. Name
+another pair with ATTNBENCH_GPU_TORCH (the torch requirement), ATTNBENCH_GPU_TORCH_INDEX (the index torch comes
+from; empty: pip's own settings) and ATTNBENCH_XFORMERS (the xformers requirement, resolved with pip's own
+settings; empty: not pinned).
+
 Your plugins (packages with contenders) go into every session that runs attnbench: name them in
 ATTNBENCH_PLUGINS (space-separated pip requirements or paths) and/or in plugins.txt beside this file (one
 per line), so a rebuilt session venv still has them. `nox -s dev` makes .venv/ here, your own environment.
@@ -18,6 +26,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import nox
 
@@ -44,24 +53,46 @@ def plugin_requirements(environ: Mapping[str, str] = os.environ, file: Path | No
     return requirements
 
 
-def install_steps(tmp: Path, extras: tuple[str, ...], editable: bool = False, plugins: bool = True) -> list[list[str]]:
-    """The `pip install` argument lists, in order: torch (the exact build), attnbench with `extras` under a
-    constraint that pins that torch, then the user's plugins under the same constraint."""
+class Torch(NamedTuple):
+    """The torch a session installs first: its requirement, the index it comes from ("": pip's own settings),
+    and what must come with it, pinned for every later step (xformers, whose extension loads under one torch)."""
+
+    requirement: str
+    index: str = ""
+    pinned: tuple[str, ...] = ()
+
+
+def gpu_pair(environ: Mapping[str, str] = os.environ) -> Torch:
+    """bench_gpu's torch and xformers, a pair whose C++/CUDA extension loads (see the module docstring)."""
+    xformers = environ.get("ATTNBENCH_XFORMERS", "xformers==0.0.35").strip()
+    return Torch(environ.get("ATTNBENCH_GPU_TORCH", "torch==2.10.0"),
+                 environ.get("ATTNBENCH_GPU_TORCH_INDEX", "https://download.pytorch.org/whl/cu128").strip(),
+                 (xformers,) if xformers else ())  # fmt: skip
+
+
+def install_steps(
+    tmp: Path, extras: tuple[str, ...], editable: bool = False, plugins: bool = True, torch: Torch | None = None
+) -> list[list[str]]:
+    """The `pip install` argument lists, in order: torch (the exact build, from its index if it names one),
+    attnbench with `extras` under a constraint that pins that torch (and what `torch` pins with it), then the
+    user's plugins under the same constraint. `torch` defaults to ATTNBENCH_TORCH from pip's own index."""
+    torch = Torch(TORCH) if torch is None else torch
     constraint = tmp / "torch-constraint.txt"
-    constraint.write_text(TORCH + "\n")
+    constraint.write_text("".join(f"{line}\n" for line in (torch.requirement, *torch.pinned)))
     target = f".[{','.join(extras)}]" if extras else "."
-    steps = [[TORCH], ["--constraint", str(constraint), *(["-e"] if editable else []), target]]
+    index = ["--index-url", torch.index] if torch.index else []
+    steps = [[torch.requirement, *index], ["--constraint", str(constraint), *(["-e"] if editable else []), target]]
     requirements = plugin_requirements() if plugins else []
     if requirements:
         steps.append(["--constraint", str(constraint), *requirements])
     return steps
 
 
-def install(session: nox.Session, *extras: str, plugins: bool = True) -> None:
+def install(session: nox.Session, *extras: str, plugins: bool = True, torch: Torch | None = None) -> None:
     """torch first (exact build), then attnbench with the given extras and the user's plugins (see
     plugin_requirements), never letting pip swap torch. The test and lint sessions leave plugins out: they
     check attnbench itself."""
-    for args in install_steps(Path(session.create_tmp()), extras, plugins=plugins):
+    for args in install_steps(Path(session.create_tmp()), extras, plugins=plugins, torch=torch):
         session.install(*args)
 
 
@@ -180,8 +211,9 @@ def report_check(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench_gpu(session: nox.Session) -> None:
-    """Run the gpu suite on CUDA into runs/ (arguments go to `attnbench run`)."""
-    install(session, "xformers")
+    """Run the gpu suite on CUDA into runs/ (arguments go to `attnbench run`), with torch and xformers installed as
+    a pair whose extension loads (gpu_pair: ATTNBENCH_GPU_TORCH, ATTNBENCH_GPU_TORCH_INDEX, ATTNBENCH_XFORMERS)."""
+    install(session, "xformers", torch=gpu_pair())
     session.run("attnbench", "run", "--suite", "gpu", *session.posargs)
 
 

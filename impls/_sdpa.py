@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbench.contender import ALL_MASKS, Capabilities, Contender, Unsupported, score_matrix_bytes
+from attnbench.errors import one_line
 from attnbench.inputs import AttentionInputs
 from attnbench.sequences import is_ragged
 from attnbench.workload import Workload
@@ -173,7 +174,9 @@ def padding_bytes(w: Workload) -> float:
 
 
 def _probe(run: Callable[[], torch.Tensor]) -> None:
-    """Call once so 'no kernel for this backend' surfaces as Unsupported with torch's reasons."""
+    """Call once so 'no kernel for this backend' surfaces as Unsupported with torch's reasons: its warnings
+    ("Flash attention kernel not used because:" and the line that says why), or its error when it warned
+    nothing, as one line without torch's "(Triggered internally at …/sdp_utils.cpp:986.)" (errors.one_line)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -181,15 +184,5 @@ def _probe(run: Callable[[], torch.Tensor]) -> None:
         except RuntimeError as exc:
             if not _NO_KERNEL.search(str(exc)):
                 raise
-            why = "; ".join(dict.fromkeys(_clause(str(w.message)) for w in caught))
-            raise Unsupported(f"no kernel for this workload: {why or _clause(str(exc))}") from None
-
-
-_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\.?")
-
-
-def _clause(message: str) -> str:
-    """torch's own words of a warning or error: its first line, without "(Triggered internally at
-    …/sdp_utils.cpp:986.)" — a reason a reader can take in at a glance."""
-    lines = message.strip().splitlines()
-    return _TRIGGERED.sub("", lines[0] if lines else "").strip()
+            said = [str(w.message) for w in caught] or [str(exc)]
+            raise Unsupported(one_line("no kernel for this workload:\n" + "\n".join(said))) from None

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from attnbench import errors
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender, Unsupported, score_matrix_bytes
 from attnbench.impls._sinks import rescaled_by_sink
 from attnbench.inputs import AttentionInputs
@@ -159,7 +160,7 @@ class FlexAttention(Contender):
             try:
                 block_mask = create_block_mask(mask_mod, batch, None, w.seq_q, kv_len, device=w.device, **block)
             except Exception as exc:  # e.g. a page size the block mask cannot take
-                raise Unsupported(f"create_block_mask failed ({type(exc).__name__}: {exc})") from None
+                raise Unsupported(f"create_block_mask failed ({errors.reason(exc)})") from None
         score_mod = _score_mod(w, device, logical)
         torch._dynamo.reset()  # fresh compile per case: comparable first_call_ms, no recompile limit
         compiled: Callable[..., Any] = torch.compile(flex_attention, dynamic=False)  # its overloads vary by request

@@ -1,8 +1,14 @@
 """``xformers`` — xformers.ops.memory_efficient_attention (CUDA).
 
 xformers has no CPU operator, so on a machine without CUDA (or without xformers installed) the contender
-is unavailable with that reason. Layout is (B, S, H, D); GQA uses xformers' 5-D form (B, S, Hkv, G, D)
-with k and v broadcast over the group. Masks are xformers' attention-bias types: LowerTriangularMask,
+is unavailable with that reason. Its kernels are a C++/CUDA extension that loads only under the torch it
+was built for, while ``import xformers.ops`` succeeds under any (every call would then fail with "No operator
+found"): so on CUDA it is available only when xformers says the extension loaded, and otherwise the reason
+names the torch it was built for and this one (read from the build's cpp_lib.json, _xformers_build.py),
+which a machine without CUDA already says when they differ.
+
+Layout is (B, S, H, D); GQA uses xformers' 5-D form (B, S, Hkv, G, D) with k and v broadcast over the
+group. Masks are xformers' attention-bias types: LowerTriangularMask,
 LowerTriangularFromBottomRightMask, LowerTriangularFromBottomRightLocalAttentionMask(window) for the
 sliding window, BlockDiagonalCausalMask over the packed documents (the batch folded into one packed
 sequence, its varlen form); padding and alibi use an additive bias tensor (alibi's bias, −inf where the
@@ -15,16 +21,34 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import io
+import sys
 import warnings
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
 
+from attnbench import errors
 from attnbench.contender import ALL_MASKS, Capabilities, Contender
+from attnbench.impls._xformers_build import PAIR_HINT, built_for, mismatch, pair_message
 from attnbench.inputs import AttentionInputs
 from attnbench.masks import document_lengths
 from attnbench.workload import Workload
+
+
+def _extension_reason(xformers: ModuleType) -> str | None:
+    """None when xformers' C++/CUDA extension loaded (its own ``_has_cpp_library``), else why not: built for
+    another torch (its build's torch against this one, as read), or the error it kept from loading it."""
+    if getattr(xformers, "_has_cpp_library", True):  # trusted over the versions: a patch release may load
+        return None
+    version = getattr(xformers, "__version__", "?")
+    built = built_for()
+    if built is not None and built != torch.__version__:
+        return pair_message(version, built, torch.__version__)
+    failure = getattr(getattr(xformers, "_cpp_lib", None), "_cpp_library_load_exception", None)
+    why = errors.reason(failure) if isinstance(failure, BaseException) else "xformers gave no reason"
+    return f"xformers {version}'s C++/CUDA extension did not load ({why})"
 
 
 def _ops() -> Any:
@@ -47,16 +71,20 @@ class XformersMemoryEfficient(Contender):
                 version = importlib.metadata.version("xformers")
             except importlib.metadata.PackageNotFoundError:
                 return "xformers is not installed (pip install attnbench[xformers], on a CUDA machine)"
-            return f"xformers {version} has no CPU operator for memory_efficient_attention; it needs CUDA"
+            no_cpu = f"xformers {version} has no CPU operator for memory_efficient_attention; it needs CUDA"
+            built = built_for()
+            if built is None or not mismatch(built, torch.__version__):
+                return no_cpu
+            return f"{no_cpu} and torch {built}, the torch it was built for (this is {torch.__version__}) — {PAIR_HINT}"
         try:
             # xformers logs a multi-line warning on import when its CUDA extensions don't load; the
             # reason below says what matters, so keep the warning off the user's screen.
             with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                import xformers.ops  # noqa: F401  (importing it is the check)
+                import xformers.ops  # noqa: F401  (importing it is the first check)
         except Exception as exc:  # any import failure means unavailable, with the reason
-            return f"xformers is not installed or failed to import ({type(exc).__name__}: {exc})"
-        return None
+            return f"xformers is not installed or failed to import ({errors.reason(exc)})"
+        return _extension_reason(sys.modules["xformers"])
 
     def unsupported_reason(self, workload: Workload) -> str | None:
         if workload.score_mod == "softcap":

@@ -54,6 +54,7 @@ def status_counts(frame: pd.DataFrame) -> str:
 
 
 def non_ok_reasons(frame: pd.DataFrame) -> str:
-    """One line per distinct (contender, status, reason) that is not ok."""
+    """One line per distinct (contender, status, reason) that is not ok (a reason a run before reasons were
+    made one line kept with its line breaks is shown on one line too)."""
     bad = frame[frame["status"] != "ok"].drop_duplicates(["impl", "status", "reason"])
-    return "\n".join(f"  {r.impl}: {r.status} — {r.reason}" for r in bad.itertuples())
+    return "\n".join(f"  {r.impl}: {r.status} — {' '.join(str(r.reason).split())}" for r in bad.itertuples())

@@ -1,10 +1,12 @@
 """Every built-in contender that can run here agrees with the float64 reference on small shapes."""
 
 import sys
+import warnings
 
 import pytest
 
 from attnbench import registry
+from attnbench.contender import Unsupported
 from attnbench.runner import RunOptions, not_runnable, prepare_checked, run_case
 from attnbench.workload import Workload
 
@@ -83,6 +85,7 @@ def test_xformers_unavailable_without_cuda_names_the_reason(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", missing)
     assert "xformers is not installed" in contender.availability()
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.35")
+    monkeypatch.setattr("attnbench.impls.xformers.built_for", lambda: None)  # its build's torch: test_xformers_pair
     assert contender.availability() == (
         "xformers 0.0.35 has no CPU operator for memory_efficient_attention; it needs CUDA"
     )
@@ -167,5 +170,14 @@ def test_sdpa_takes_a_decode_step_bottom_right_as_no_mask_and_a_reason_without_t
     cross = Workload(2, 8, 2, 5, 100, 32, mask="causal_bottom_right")
     contender.prepare(make_inputs(cross), cross)()
     assert seen[-1]["attn_mask"].dtype == sdpa.torch.bool  # rows that see part of the keys: the mask
-    noise = "needs one head dim (Triggered internally at /pytorch/aten/src/ATen/native/transformers/sdp_utils.cpp:986.)"
-    assert sdpa._clause(noise + "\nthe rest") == "needs one head dim"
+    noise = "(Triggered internally at /pytorch/aten/src/ATen/native/transformers/sdp_utils.cpp:986.)"
+
+    def refused() -> None:
+        warnings.warn(f"Flash attention kernel not used because: {noise}", stacklevel=1)
+        warnings.warn(f"needs one head dim {noise}", stacklevel=1)
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    with pytest.raises(Unsupported) as caught:
+        sdpa._probe(refused)
+    why = "Flash attention kernel not used because: needs one head dim"  # the warning that ends with ":" runs on
+    assert str(caught.value) == f"no kernel for this workload: {why}"

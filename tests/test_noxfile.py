@@ -75,6 +75,37 @@ def test_install_steps_pin_torch_first_and_install_plugins_under_the_same_pin(pl
     assert noxfile.install_steps(tmp_path / "tmp", (), plugins=False) == [[noxfile.TORCH], [*pinned, "."]]
 
 
+def test_bench_gpu_installs_torch_and_xformers_as_a_pair_from_the_torch_index(plugins, tmp_path, monkeypatch):
+    """xformers' extension loads only under the torch it was built for (issue 37): bench_gpu installs torch 2.10.0
+    from PyTorch's cu128 index first, then attnbench[xformers] and the plugins with that torch and xformers 0.0.35
+    pinned; the environment names another pair, and an empty index leaves pip's own."""
+    for name in ("ATTNBENCH_GPU_TORCH", "ATTNBENCH_GPU_TORCH_INDEX", "ATTNBENCH_XFORMERS"):
+        monkeypatch.delenv(name, raising=False)
+    pair = noxfile.gpu_pair()
+    assert pair == noxfile.Torch("torch==2.10.0", "https://download.pytorch.org/whl/cu128", ("xformers==0.0.35",))
+    (tmp_path / "tmp").mkdir()
+    steps = noxfile.install_steps(tmp_path / "tmp", ("xformers",), torch=pair)
+    constraint = tmp_path / "tmp" / "torch-constraint.txt"
+    pinned = ["--constraint", str(constraint)]
+    assert steps == [["torch==2.10.0", "--index-url", "https://download.pytorch.org/whl/cu128"],
+                     [*pinned, ".[xformers]"], [*pinned, *plugins]]  # fmt: skip
+    assert constraint.read_text() == "torch==2.10.0\nxformers==0.0.35\n"
+    session = FakeSession(tmp_path / "tmp", ("--seq", "1024"))
+    noxfile.bench_gpu(session)
+    assert [list(args) for args in session.installs] == steps
+    assert session.runs == [("attnbench", "run", "--suite", "gpu", "--seq", "1024")]
+    other = {"ATTNBENCH_GPU_TORCH": "torch==2.9.1", "ATTNBENCH_GPU_TORCH_INDEX": "",
+             "ATTNBENCH_XFORMERS": "xformers==0.0.33.post2"}  # fmt: skip
+    steps = noxfile.install_steps(tmp_path / "tmp", ("xformers",), plugins=False, torch=noxfile.gpu_pair(other))
+    assert steps == [["torch==2.9.1"], [*pinned, ".[xformers]"]]
+    assert constraint.read_text() == "torch==2.9.1\nxformers==0.0.33.post2\n"
+    no_pin = noxfile.gpu_pair({"ATTNBENCH_XFORMERS": ""})
+    assert no_pin.pinned == () and no_pin.requirement == "torch==2.10.0"
+    bench = FakeSession(tmp_path / "bench")
+    noxfile.bench(bench)  # the other sessions keep ATTNBENCH_TORCH, from pip's own index
+    assert bench.installs[0] == (noxfile.TORCH,)
+
+
 def test_sessions_that_run_attnbench_get_the_plugins_and_the_checks_do_not(plugins, tmp_path):
     bench = FakeSession(tmp_path / "bench", ("--seq", "512"))
     noxfile.bench(bench)

@@ -30,12 +30,12 @@ def test_wrong_contender_is_incorrect_but_keeps_its_time(planted):
     assert "over tolerance" in row["reason"] and row["median_ms"] > 0
 
 
-def test_raising_contender_is_an_error_row_with_the_first_line(planted):
+def test_raising_contender_is_an_error_row_with_its_lines_on_one_line(planted):
     register(Raising)
     planted.append(Raising.name)
     row = run_case(Raising.name, SMALL, FAST)
     assert row["status"] == "error"
-    assert row["reason"] == "RuntimeError: planted failure"
+    assert row["reason"] == "RuntimeError: planted failure; second line"
 
 
 def test_backward_passes_of_a_forward_only_contender_are_unsupported_with_a_reason():

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from attnbench import kv_cache
+from attnbench import errors, kv_cache
 from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
 from attnbench.impls.fused_triton.tiles import head_dim_blocks
 from attnbench.inputs import AttentionInputs
@@ -78,7 +78,7 @@ _flash: ModuleType | None
 try:  # Triton is optional. Imported here, once, so no call imports it later (and `ab --base` sees its own)
     from attnbench.impls.fused_triton import flash as _flash  # decides from TRITON_INTERPRET: GPU or interpreter
 except Exception as exc:  # ImportError, or a Triton too old or broken to define the kernel
-    _flash, _FLASH_ERROR = None, f"{type(exc).__name__}: {exc}"
+    _flash, _FLASH_ERROR = None, errors.reason(exc)
 
 
 def _kernels() -> ModuleType:

@@ -49,7 +49,7 @@ import torch
 
 from attnbench import registry, revision
 from attnbench.contender import Contender, Unsupported
-from attnbench.errors import UsageError
+from attnbench.errors import UsageError, one_line
 from attnbench.inputs import make_inputs
 from attnbench.measure import SampleError, synchronize, time_cpu_rounds, warm_up
 from attnbench.measure_cuda import time_cuda_rounds
@@ -213,9 +213,9 @@ class AbCase:
         }  # fmt: skip
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = revision.readable(str(exc)).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+def _reason(exc: BaseException) -> str:
+    """The exception as a one-line reason (errors.one_line), with base modules under their package's names."""
+    return one_line(f"{type(exc).__name__}: {revision.readable(str(exc))}")
 
 
 def _per_call_s(fn: Callable[[], object], device: str, least_s: float = 0.01) -> float:
@@ -246,7 +246,7 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
     try:
         inputs = make_inputs(workload, seed=options.seed, requires_grad=workload.pass_ != "fwd")
     except Exception as exc:
-        return AbCase(workload, "error", f"inputs: {_first_line(exc)}")
+        return AbCase(workload, "error", f"inputs: {_reason(exc)}")
     fns: dict[str, Callable[[], object]] = {}
     estimates: dict[str, float] = {}
     for key, version in (("a", a), ("b", b)):
@@ -257,9 +257,9 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
             warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s / 2)
             estimates[key] = _per_call_s(prepared.fn, workload.device)
         except Unsupported as exc:
-            return AbCase(workload, "unsupported", f"{version.name}: {exc}")
+            return AbCase(workload, "unsupported", f"{version.name}: {one_line(str(exc))}")
         except Exception as exc:  # a contender may fail in any way; the sweep goes on
-            return AbCase(workload, "error", f"{version.name}: {_first_line(exc)}")
+            return AbCase(workload, "error", f"{version.name}: {_reason(exc)}")
         fns[key] = prepared.fn
     if workload.device == "cuda":
         timings = time_cuda_rounds(fns, options.budget_s / 2, options.seed, paired=True, cold=False)
@@ -268,7 +268,7 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
     for key, version in (("a", a), ("b", b)):
         timing = timings[key]
         if isinstance(timing, SampleError):
-            return AbCase(workload, "error", f"{version.name}: {_first_line(timing.cause)}")
+            return AbCase(workload, "error", f"{version.name}: {_reason(timing.cause)}")
     samples_a, samples_b = (timings[key].samples_ms for key in ("a", "b"))  # type: ignore[union-attr]
     paired = paired_ratio(samples_a, samples_b, options.seed)
     return AbCase(workload, verdict(paired, options.threshold), "", paired, samples_a, samples_b)

@@ -1,5 +1,85 @@
-"""Errors a user can cause. The CLI prints them as one line and exits with code 2."""
+"""Errors a user can cause, and how any exception becomes a row's one-line reason.
+
+A UsageError is printed by the CLI as one line, with exit code 2.
+
+:func:`reason` is the one way an exception becomes the reason of an ``error``/``unavailable``/``unsupported``
+row (and of a contender that failed to load): a library's first line rarely says why — xformers' is "No
+operator found for `memory_efficient_attention_forward` with inputs:", the why ("`cutlassF-pt` is not
+supported because: xFormers wasn't build with CUDA support") is lines further down. So the reason keeps the
+lines that follow, without the noise (torch's "(Triggered internally at …/file.cpp:NNN.)", C++ frames and
+Python traceback lines, file:line paths, a dump of the inputs' fields that the row's own columns already
+hold, blank and repeated lines), joined into one line with "; " — a line that ends with ":" runs on into the
+next, so "not supported because: <why>" stays one clause — and capped at :data:`REASON_CHARS` with "…".
+"""
+
+from __future__ import annotations
+
+import re
+
+REASON_CHARS = 360  # a reason's cap: room for a library's headline and two or three of its "because" clauses
 
 
 class UsageError(ValueError):
     """Bad input: the message names the field, the value and what is allowed."""
+
+
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\.?")
+# a source location ("/pytorch/aten/src/ATen/native/foo.cpp:986", "kernel.py:12:4"), with the "at"/"in"/"from"
+# before it and parentheses around it
+_LOCATION = re.compile(
+    r"\s*\(?(?:\b(?:at|in|from)\s+)?(?<![\w.])(?:[A-Za-z]:)?[\w./\\+-]*"
+    r"\.(?:py|pyx|c|cc|cpp|cxx|cu|cuh|h|hpp):\d+(?::\d+)?\)?:?"
+)
+_FRAME = re.compile(r'^File ".*", line \d+')  # a Python traceback's frame
+_NOISE_LINES = (
+    re.compile(r"^Traceback \(most recent call last\):$"),
+    _FRAME,
+    re.compile(r"^frame #\d+:"),  # a C++ backtrace's frame (torch's c10::Error)
+    re.compile(r"^Exception raised from .*\(most recent call first\):$"),
+    re.compile(r"^[~^]+$"),  # a traceback's caret line
+    re.compile(r"^\w+ {2,}: "),  # an aligned dump of fields ("query       : shape=(…) (torch.float16)")
+)
+
+
+def reason(exc: BaseException, limit: int = REASON_CHARS) -> str:
+    """``Type: message`` of ``exc`` as one line: its first line and the lines that explain it (see the module
+    docstring), at most ``limit`` characters. An exception without a message is its type's name."""
+    return one_line(f"{type(exc).__name__}: {exc}", limit)
+
+
+def one_line(message: str, limit: int = REASON_CHARS) -> str:
+    """``message`` (any number of lines) as the one-line reason :func:`reason` describes."""
+    clauses: list[str] = []
+    open_clause = ""  # a line ending with ":" waits for the line that completes it
+    frame_indent = -1  # a Python traceback's frame was the last line: the source line under it goes too
+    for raw in _TRIGGERED.sub("", message).splitlines():
+        stripped, indent = raw.strip(), len(raw) - len(raw.lstrip())
+        under_frame, frame_indent = 0 <= frame_indent < indent, -1
+        if _FRAME.match(stripped):
+            frame_indent = indent
+        if under_frame or not stripped or any(noise.match(stripped) for noise in _NOISE_LINES):
+            continue
+        line = " ".join(_LOCATION.sub("", stripped).split())
+        if not line:  # nothing but a location
+            continue
+        if open_clause:
+            line = f"{open_clause} {line}"
+        if line.endswith(":"):
+            open_clause = line
+            continue
+        open_clause = ""
+        clauses.append(line)
+    if open_clause:  # a headline whose explanation was all noise
+        clauses.append(open_clause.rstrip(":"))
+    clauses = list(dict.fromkeys(clauses))  # in order, each once
+    text = "; ".join([*(c.removesuffix(".") for c in clauses[:-1]), *clauses[-1:]])
+    return text if len(text) <= limit else _cut(text, limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis, at a word's end when one is near."""
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    if space > limit * 0.8:
+        cut = cut[:space]
+    return cut.rstrip(" ;,:") + "…"

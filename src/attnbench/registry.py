@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import TypeVar
 
+from attnbench import errors
 from attnbench.contender import Contender
 from attnbench.errors import UsageError
 
@@ -68,12 +69,12 @@ def _make_entry(name: str, source: str, loader: Callable[[], object]) -> Entry:
     try:
         contender = _as_contender(loader(), name)
     except Exception as exc:  # a plugin's import can fail in any way; it must not take the others down
-        return Entry(name, source, None, f"failed to load: {type(exc).__name__}: {exc}")
+        return Entry(name, source, None, f"failed to load: {errors.reason(exc)}")
     try:
-        reason = contender.availability()
+        unavailable = contender.availability()
     except Exception as exc:  # an availability probe that raises means "not available", with why
-        reason = f"availability check raised {type(exc).__name__}: {exc}"
-    return Entry(name, source, contender, reason)
+        unavailable = f"availability check raised {errors.reason(exc)}"
+    return Entry(name, source, contender, unavailable)
 
 
 def _source(ep: metadata.EntryPoint) -> str:
@@ -140,7 +141,7 @@ def class_reference(contender: Contender) -> tuple[str | None, str]:
         for part in qualname.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as exc:
-        return None, f"its class cannot be imported as {module}:{qualname} ({type(exc).__name__}: {exc})"
+        return None, f"its class cannot be imported as {module}:{qualname} ({errors.reason(exc)})"
     if found is not cls:
         return None, f"{module}:{qualname} names another object than its class"
     return f"{module}:{qualname}", ""

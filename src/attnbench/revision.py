@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.contender import Contender
-from attnbench.errors import UsageError
+from attnbench.errors import UsageError, one_line
 from attnbench.registry import GROUP, as_contender
 
 ALIAS_PREFIX = "_attnbench_base_"
@@ -374,10 +374,8 @@ def import_base(name: str, located: Located, base_root: Path) -> Contender:
         for part in located.attr.split("."):
             found = getattr(found, part)
     except Exception as exc:  # the old code may fail to import in any way; say so in one line
-        message = readable(str(exc)).strip().splitlines()
-        raise UsageError(
-            f"--impl {name}: its base version did not import: {type(exc).__name__}: {message[0] if message else ''}"
-        ) from exc
+        why = one_line(f"{type(exc).__name__}: {readable(str(exc))}")
+        raise UsageError(f"--impl {name}: its base version did not import: {why}") from exc
     try:
         return as_contender(found, name)
     except TypeError as exc:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from attnbench import gpu_state, registry, yardsticks
+from attnbench import errors, gpu_state, registry, yardsticks
 from attnbench.ceilings import Ceilings
 from attnbench.check import CheckResult, GradCheck, check_grads, check_output
 from attnbench.contender import Contender, Unsupported
@@ -42,11 +42,6 @@ class RunOptions:
     measure_memory: bool = True
     ceilings: dict[str, Ceilings] = field(default_factory=dict)  # by device
     yardsticks: bool = True  # CPU: time the yardstick kernels in every round (attnbench.yardsticks)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -155,10 +150,10 @@ class _Ready:
 
 def _failure_row(impl: str, workload: Workload, exc: BaseException, predicted: dict[str, float]) -> dict[str, Any]:
     if isinstance(exc, Unsupported):
-        return make_row(impl, workload, "unsupported", str(exc), **predicted)
+        return make_row(impl, workload, "unsupported", errors.one_line(str(exc)), **predicted)
     if workload.device == "cuda":
         torch.cuda.empty_cache()
-    return make_row(impl, workload, "oom" if _is_oom(exc) else "error", _first_line(exc), **predicted)
+    return make_row(impl, workload, "oom" if _is_oom(exc) else "error", errors.reason(exc), **predicted)
 
 
 class _GroupMemory:
