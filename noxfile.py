@@ -213,7 +213,7 @@ def report_check(session: nox.Session) -> None:
 def bench_gpu(session: nox.Session) -> None:
     """Run the gpu suite on CUDA into runs/ (arguments go to `attnbench run`), with torch and xformers installed as
     a pair whose extension loads (gpu_pair: ATTNBENCH_GPU_TORCH, ATTNBENCH_GPU_TORCH_INDEX, ATTNBENCH_XFORMERS)."""
-    install(session, "xformers", torch=gpu_pair())
+    install(session, "xformers", "gpu", torch=gpu_pair())
     session.run("attnbench", "run", "--suite", "gpu", *session.posargs)
 
 
@@ -234,7 +234,7 @@ def bench_fused(session: nox.Session) -> None:
     (H32/8 D128, KV 32768).
     On a CUDA machine also fused_triton ≥ 1.0× the best SDPA backend and ≥ 70 % of the measured bf16 matmul rate.
     Arguments go to `attnbench run` (e.g. --threads 2)."""
-    install(session, "triton")
+    install(session, "triton", "gpu")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     cpu, gpu = f"runs/fused-cpu-{stamp}", f"runs/fused-gpu-{stamp}"
     suites = ("fused_cpu", "fused_cpu_train", "fused_cpu_bf16", "fused_cpu_decode", "fused_cpu_mla", "fused_cpu_prefix",

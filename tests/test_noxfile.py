@@ -84,11 +84,11 @@ def test_bench_gpu_installs_torch_and_xformers_as_a_pair_from_the_torch_index(pl
     pair = noxfile.gpu_pair()
     assert pair == noxfile.Torch("torch==2.10.0", "https://download.pytorch.org/whl/cu128", ("xformers==0.0.35",))
     (tmp_path / "tmp").mkdir()
-    steps = noxfile.install_steps(tmp_path / "tmp", ("xformers",), torch=pair)
+    steps = noxfile.install_steps(tmp_path / "tmp", ("xformers", "gpu"), torch=pair)
     constraint = tmp_path / "tmp" / "torch-constraint.txt"
     pinned = ["--constraint", str(constraint)]
     assert steps == [["torch==2.10.0", "--index-url", "https://download.pytorch.org/whl/cu128"],
-                     [*pinned, ".[xformers]"], [*pinned, *plugins]]  # fmt: skip
+                     [*pinned, ".[xformers,gpu]"], [*pinned, *plugins]]  # fmt: skip
     assert constraint.read_text() == "torch==2.10.0\nxformers==0.0.35\n"
     session = FakeSession(tmp_path / "tmp", ("--seq", "1024"))
     noxfile.bench_gpu(session)
