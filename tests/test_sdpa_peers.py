@@ -1,5 +1,6 @@
 """SDPA's backends called as a competent user calls them (issue #37): enable_gqa, causal_lower_right, no mask
-where none hides anything, k and v repeated only where torch refuses enable_gqa, rows that see no key zero.
+where none hides anything, k and v repeated only where torch refuses enable_gqa; rows that see no key zero
+or the row is `incorrect`.
 
 CUDA-only decisions are checked on CPU with torch's SDPA and ``sdpa_kernel`` faked: the fake refuses what
 torch 2.11 refuses (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) the way it does, warnings first."""
@@ -14,12 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
+import attnbench
 from attnbench import registry
 from attnbench.contender import Unsupported
 from attnbench.impls import _sdpa
 from attnbench.impls._sdpa_reasons import backend_reasons, clause
 from attnbench.inputs import make_inputs
-from attnbench.runner import prepare_checked
+from attnbench.reference import reference_output, sample_rows
+from attnbench.runner import RunOptions, prepare_checked, run_case
 from attnbench.workload import Workload
 
 MEMBERS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
@@ -219,3 +222,45 @@ def test_the_repeated_kv_way_is_correct_where_torch_refuses_enable_gqa(monkeypat
     prepared = prepare_checked("sdpa_math", Workload(**SHAPES["gqa-window-more-queries"], pass_=pass_))
     assert prepared.ok, prepared.reason
     assert seen[0] is True and not any(seen[1:])
+
+
+class UnseeingRowsWrong(attnbench.Contender):
+    """bmm's attention, except on the query rows that see no key, where it writes ``value`` (NaN, or garbage)."""
+
+    name = "planted_unseeing_rows"
+    capabilities = attnbench.Capabilities(devices=frozenset({"cpu"}), masks=frozenset(_sdpa.ALL_MASKS))
+    value = float("nan")
+
+    def prepare(self, inputs, workload):
+        forward = registry.get("bmm").contender.prepare(inputs, workload)
+        empty = inputs.empty_rows
+        assert empty is not None
+        return lambda: forward().masked_fill(empty, self.value)
+
+
+UNSEEING = {  # Sq > Sk: the first rows see no key; 300 rows > 256, so the check samples them
+    "bottom-right": Workload(1, 2, 1, 300, 20, 16, mask="causal_bottom_right"),
+    "window": Workload(2, 4, 2, 30, 12, 16, mask="sliding_window", window=4),
+    "chunked": Workload(1, 2, 2, 40, 24, 16, mask="chunked", chunk=8),
+}
+
+
+@pytest.mark.parametrize("value", [float("nan"), 0.25])
+@pytest.mark.parametrize("case", UNSEEING)
+def test_a_contender_wrong_only_on_rows_that_see_no_key_is_incorrect(planted, monkeypatch, case, value):
+    workload = UNSEEING[case]
+    inputs = make_inputs(workload)
+    unseeing = torch.nonzero(inputs.empty_rows[0, 0, :, 0]).flatten()
+    assert set(unseeing.tolist()) & set(sample_rows(workload.seq_q).tolist())  # the check looks at them
+    assert torch.equal(reference_output(inputs, unseeing), torch.zeros(workload.batch, workload.heads,
+                                                                       len(unseeing), workload.head_dim,
+                                                                       dtype=torch.float64))  # fmt: skip
+    monkeypatch.setattr(UnseeingRowsWrong, "value", value)
+    attnbench.register(UnseeingRowsWrong())
+    planted.append(UnseeingRowsWrong.name)
+    row = run_case(UnseeingRowsWrong.name, workload, RunOptions(budget_s=0.02, measure_memory=False))
+    assert row["status"] == "incorrect", row["reason"]
+    assert ("NaN" in row["reason"]) if value != value else ("over tolerance" in row["reason"])
+    monkeypatch.setattr(UnseeingRowsWrong, "value", 0.0)  # zeros there: the same contender is right
+    assert run_case(UnseeingRowsWrong.name, workload, RunOptions(budget_s=0.02, measure_memory=False))["status"] in (
+        "ok", "stalled")  # fmt: skip
