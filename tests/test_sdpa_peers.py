@@ -1,6 +1,6 @@
 """SDPA's backends called as a competent user calls them (issue #37): enable_gqa, causal_lower_right, no mask
 where none hides anything, k and v repeated only where torch refuses enable_gqa; rows that see no key zero
-or the row is `incorrect`.
+or the row is `incorrect`; and model presets on CUDA in their own dtype.
 
 CUDA-only decisions are checked on CPU with torch's SDPA and ``sdpa_kernel`` faked: the fake refuses what
 torch 2.11 refuses (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) the way it does, warnings first."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +23,10 @@ from attnbench.impls import _sdpa
 from attnbench.impls._sdpa_reasons import backend_reasons, clause
 from attnbench.inputs import make_inputs
 from attnbench.reference import reference_output, sample_rows
+from attnbench.request import build_request
+from attnbench.run_command import plan_cases
 from attnbench.runner import RunOptions, prepare_checked, run_case
+from attnbench.suite import DEFAULTS, Suite, expand, load_suite
 from attnbench.workload import Workload
 
 MEMBERS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
@@ -264,3 +268,32 @@ def test_a_contender_wrong_only_on_rows_that_see_no_key_is_incorrect(planted, mo
     monkeypatch.setattr(UnseeingRowsWrong, "value", 0.0)  # zeros there: the same contender is right
     assert run_case(UnseeingRowsWrong.name, workload, RunOptions(budget_s=0.02, measure_memory=False))["status"] in (
         "ok", "stalled")  # fmt: skip
+
+
+def _dtypes(axes: dict) -> set[tuple[str, str]]:
+    _, cases = plan_cases(build_request(axes={"impl": "bmm", **axes}))
+    return {(w.device, w.dtype) for _, w in cases}
+
+
+def test_a_model_preset_on_cuda_runs_its_dtype_unless_one_is_given():
+    """`attnbench run --model llama3.1-8b --phase decode --device cuda` plans bf16 cases (planning needs no GPU)."""
+    decode = {"model": "llama3.1-8b", "phase": "decode"}
+    assert _dtypes({**decode, "device": "cuda"}) == {("cuda", "bfloat16")}
+    assert _dtypes({**decode, "device": "cuda", "dtype": "float32"}) == {("cuda", "float32")}  # --dtype wins
+    assert _dtypes({**decode, "device": "cpu"}) == {("cpu", "float32")}  # the CPU keeps float32
+    assert _dtypes({**decode, "device": "cpu,cuda"}) == {("cpu", "float32"), ("cuda", "bfloat16")}
+    assert _dtypes({"model": "gpt2", "phase": "prefill", "device": "cuda", "seq": 128}) == {("cuda", "bfloat16")}
+    plain = Suite("plain", "", 1.0, 60.0, ({**DEFAULTS, "batch": [1], "heads": [2], "seq": [8], "head_dim": [8],
+                                            "device": ["cuda"], "impl": ["bmm"]},))  # fmt: skip
+    assert {w.dtype for _, w in expand(plain, {}, sorted(registry.load()))} == {"float32"}  # not a preset: float32
+
+
+def test_a_suite_names_the_dtype_or_its_presets_take_theirs(tmp_path: Path):
+    known = sorted(registry.load())
+    suite = tmp_path / "mine.toml"
+    suite.write_text('[defaults]\ndevice = "cuda"\nimpl = "bmm"\n\n[[sweep]]\nmodel = "qwen3-8b"\nphase = "decode"\n')
+    assert {w.dtype for _, w in expand(load_suite(str(suite)), {}, known)} == {"bfloat16"}
+    suite.write_text(suite.read_text().replace('impl = "bmm"', 'impl = "bmm"\ndtype = "float32"'))
+    assert {w.dtype for _, w in expand(load_suite(str(suite)), {}, known)} == {"float32"}
+    assert {w.dtype for _, w in expand(load_suite("models-cpu"), {}, known)} == {"float32"}
+    assert {w.dtype for _, w in expand(load_suite("models-gpu"), {}, known)} == {"bfloat16"}
