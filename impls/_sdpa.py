@@ -20,9 +20,9 @@ How each backend is called — what a competent user passes it (torch 2.5 to 2.1
   built in ``prepare`` and its memory is part of the memory model.
 * **GQA/MQA** (Hq ≠ Hkv): ``enable_gqa=True``, torch's own grouped-query attention: flash and cuDNN read kv
   head h // G themselves (no copy; math repeats k and v inside torch, which its memory model counts). Where
-  the backend refuses it — the efficient kernel up to torch 2.11: its constraint list has no grouped-query
-  check, so unequal head counts are "no kernel" — k and v are repeated to Hq heads as a user of that
-  backend repeats them (transformers' ``repeat_kv``): ``k[:, :, None].expand(B, Hkv, G, Sk, D).reshape(B,
+  the efficient kernel refuses it — up to torch 2.11 its constraint list has no grouped-query check, so
+  unequal head counts are "no kernel" — k and v are repeated to Hq heads as a user of that backend repeats
+  them (transformers' ``repeat_kv``): ``k[:, :, None].expand(B, Hkv, G, Sk, D).reshape(B,
   Hq, Sk, D)`` (:func:`repeat_heads`), a view for MQA (the reshape folds a one-long kv-head dim into a stride-0
   head dim) and a copy of G times the cache otherwise (``repeat_interleave`` copies alike). For the forward
   of a contiguous cache in the dtype the copy is made once in ``prepare``, outside the timed call, as by a
@@ -73,7 +73,9 @@ SINKS = (
 # aligned) and efficient (custom_mask_type lower-right). For the others it builds the dense mask in the call.
 LOWER_RIGHT = frozenset({"FLASH_ATTENTION", "EFFICIENT_ATTENTION"})
 # The backends that refuse enable_gqa up to torch 2.11 (check_batch_size_and_num_heads_dense<false> in the
-# efficient kernel's constraints): their k and v are repeated to Hq heads (the memory model counts the copy).
+# efficient kernel's constraints): where torch refuses it, their k and v are repeated to Hq heads, and the
+# memory model counts that copy. The others take enable_gqa or the row says why not: a repeat tried on the
+# off chance would be G times the cache, more than their memory model says (the case was not skipped for it).
 REPEATS_KV = frozenset({"EFFICIENT_ATTENTION"})
 
 
@@ -197,12 +199,13 @@ class SdpaBackend(Contender):
         return super().unsupported_reason(workload)
 
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
-        """The first call that torch has a kernel for, in this order: enable_gqa (when Hq ≠ Hkv), then k and
-        v repeated to Hq heads; for each, the operands as they are, then at one head dim (when Dv ≠ D).
-        Unsupported, with the last call's reasons, when none runs."""
+        """The first call that torch has a kernel for, in this order: enable_gqa (when Hq ≠ Hkv), then, for the
+        backends of ``REPEATS_KV``, k and v repeated to Hq heads; for each, the operands as they are, then at
+        one head dim (when Dv ≠ D). Unsupported, with the last call's reasons, when none runs."""
         w = workload
         kwargs = {"scale": inputs.scale, **mask_arguments(mask_form(self.member, w), inputs)}
-        grouped = ("enable_gqa", "repeat") if w.kv_heads != w.heads else ("",)
+        grouped = ("enable_gqa", "repeat") if self.member in REPEATS_KV else ("enable_gqa",)
+        grouped = grouped if w.kv_heads != w.heads else ("",)
         dims = (False, True) if w.head_dim_v != w.head_dim else (False,)
         refused: Unsupported | None = None
         for gqa in grouped:

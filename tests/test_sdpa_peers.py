@@ -151,6 +151,7 @@ def test_a_refusal_gives_the_forced_backends_clause_only(fake):
     with pytest.raises(Unsupported) as refused:
         _prepared("sdpa_flash", Workload(**{**DECODE, "seq_q": 4, "mask": "padding"}))
     assert str(refused.value) == "no kernel for this workload: Flash Attention does not support non-null attn_mask."
+    assert len(fake.calls) == 1  # flash takes enable_gqa: no repeat of k and v tried (G× the cache) for the mask
     noise = "needs one head dim (Triggered internally at /pytorch/aten/src/ATen/native/transformers/sdp_utils.cpp:986.)"
     assert clause(noise + "\nthe rest") == "needs one head dim"
     assert backend_reasons("MATH", ["no viable backend", "no viable backend"]) == ["no viable backend"]  # no sections
@@ -212,8 +213,9 @@ def test_cpu_backends_gradients_on_a_bottom_right_gqa_case_with_unseeing_rows(im
 
 @pytest.mark.parametrize("pass_", ["fwd", "fwd_bwd"])
 def test_the_repeated_kv_way_is_correct_where_torch_refuses_enable_gqa(monkeypatch, pass_):
-    """torch's real math backend, with enable_gqa refused as torch 2.11's efficient kernel refuses it: the
-    contender falls back to k and v repeated to Hq heads, and its output and gradients pass the check."""
+    """torch's real math backend, with enable_gqa refused as torch 2.11's efficient kernel refuses it and treated
+    as that kernel is: the contender falls back to k and v repeated to Hq heads, and its output and gradients
+    pass the check."""
     real, seen = F.scaled_dot_product_attention, []
 
     def refusing(q, k, v, **kwargs):
@@ -223,6 +225,7 @@ def test_the_repeated_kv_way_is_correct_where_torch_refuses_enable_gqa(monkeypat
         return real(q, k, v, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", refusing)
+    monkeypatch.setattr(_sdpa, "REPEATS_KV", frozenset({"MATH"}))  # math as the efficient kernel is treated
     prepared = prepare_checked("sdpa_math", Workload(**SHAPES["gqa-window-more-queries"], pass_=pass_))
     assert prepared.ok, prepared.reason
     assert seen[0] is True and not any(seen[1:])
