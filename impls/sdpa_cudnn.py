@@ -6,5 +6,5 @@ contender = SdpaBackend(
     "sdpa_cudnn",
     "CUDNN_ATTENTION",
     devices=frozenset({"cuda"}),
-    description="SDPA cuDNN backend",
+    description="SDPA cuDNN backend; GQA by enable_gqa (no copy), bottom-right causal as a boolean mask",
 )

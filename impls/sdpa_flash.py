@@ -6,5 +6,6 @@ contender = SdpaBackend(
     "sdpa_flash",
     "FLASH_ATTENTION",
     devices=frozenset({"cpu", "cuda"}),
-    description="SDPA flash backend (FlashAttention-2 on CUDA, the fused flash kernel on CPU)",
+    description="SDPA flash backend (FlashAttention-2 on CUDA, the fused flash kernel on CPU); GQA by enable_gqa "
+    "(no copy), bottom-right causal by causal_lower_right",
 )

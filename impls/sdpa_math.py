@@ -6,5 +6,5 @@ contender = SdpaBackend(
     "sdpa_math",
     "MATH",
     devices=frozenset({"cpu", "cuda"}),
-    description="SDPA math backend (reference composite of aten ops)",
+    description="SDPA math backend (reference composite of aten ops); GQA by enable_gqa (torch repeats k and v inside)",
 )

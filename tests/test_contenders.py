@@ -1,12 +1,10 @@
 """Every built-in contender that can run here agrees with the float64 reference on small shapes."""
 
 import sys
-import warnings
 
 import pytest
 
 from attnbench import registry
-from attnbench.contender import Unsupported
 from attnbench.runner import RunOptions, not_runnable, prepare_checked, run_case
 from attnbench.workload import Workload
 
@@ -146,38 +144,3 @@ def test_float64_runs_in_the_plain_torch_contenders():
         row = run_case(impl, Workload(1, 2, 2, 33, 40, 16, "float64", mask="causal"),
                        RunOptions(budget_s=0.02, measure_memory=False))  # fmt: skip
         assert row["status"] in ("ok", "stalled") and row["max_abs_err"] <= row["atol"], row
-
-
-def test_sdpa_takes_a_decode_step_bottom_right_as_no_mask_and_a_reason_without_torch_noise(monkeypatch):
-    """Sq 1 bottom-right sees every key: SDPA gets no mask (flash, efficient and cuDNN refuse a dense one),
-    with enable_gqa for Hq != Hkv, as a user calls it; torch's "(Triggered internally at …)" stays out of reasons."""
-    import attnbench.impls._sdpa as sdpa
-    from attnbench.inputs import make_inputs
-
-    seen = []
-    real = sdpa.F.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", spy)
-    contender = registry.get("sdpa_flash").contender
-    assert contender is not None
-    decode = Workload(2, 8, 2, 1, 100, 32, mask="causal_bottom_right")
-    contender.prepare(make_inputs(decode), decode)()
-    assert "attn_mask" not in seen[-1] and seen[-1]["enable_gqa"] is True
-    cross = Workload(2, 8, 2, 5, 100, 32, mask="causal_bottom_right")
-    contender.prepare(make_inputs(cross), cross)()
-    assert seen[-1]["attn_mask"].dtype == sdpa.torch.bool  # rows that see part of the keys: the mask
-    noise = "(Triggered internally at /pytorch/aten/src/ATen/native/transformers/sdp_utils.cpp:986.)"
-
-    def refused() -> None:
-        warnings.warn(f"Flash attention kernel not used because: {noise}", stacklevel=1)
-        warnings.warn(f"needs one head dim {noise}", stacklevel=1)
-        raise RuntimeError("No available kernel. Aborting execution.")
-
-    with pytest.raises(Unsupported) as caught:
-        sdpa._probe(refused)
-    why = "Flash attention kernel not used because: needs one head dim"  # the warning that ends with ":" runs on
-    assert str(caught.value) == f"no kernel for this workload: {why}"

@@ -235,13 +235,16 @@ DECLARED = tuple(a for a in WORKLOAD_AXES if a.declared)  # what a contender mus
 # Results columns: device and dtype lead (they name the machine's side), then the table's order.
 WORKLOAD_COLUMNS = [*(a.column for a in (BY_NAME["device"], BY_NAME["dtype"])),
                     *(a.column for a in WORKLOAD_AXES if a.name not in ("device", "dtype"))]  # fmt: skip
-# The suite values filled into every sweep that does not give them.
+# The suite values filled into every sweep that does not give them. Not dtype: a sweep without one takes the
+# axis' default (float32) when its workloads are made, unless it is a model preset's on CUDA, which takes the
+# preset's dtype (models.preset_dtype) — so a dtype a sweep holds was given (a flag, a suite, run()).
 DEFAULTS: dict[str, list[Any]] = {
-    a.name: [a.default] for a in SWEEP_AXES if a.default is not None and a.neutral is None
+    a.name: [a.default] for a in SWEEP_AXES if a.default is not None and a.neutral is None and a.name != "dtype"
 }
 REQUIRED = tuple(a.name for a in SWEEP_AXES if a.required)
 # Named here so other modules use the axis, not its name.
 IMPL, MODEL, PHASE, PASS, SEQ, SEQ_KV = (BY_NAME[n] for n in ("impl", "model", "phase", "pass", "seq", "seq_kv"))
+DEVICE, DTYPE = BY_NAME["device"], BY_NAME["dtype"]
 LAYER = BY_NAME["layer"]
 
 

@@ -20,7 +20,9 @@ tensor of 512 + 64 channels shared by all heads (``kv_layout`` latent, kv_heads 
   512-token chunks, every cache 4096 tokens (or drawn by ``--lengths``); mask ``mixed``, bottom-right causal
   within each sequence. A preset's sliding window is not applied: the phase measures its full-attention layers.
 
-``--seq``, ``--seq-kv`` and ``--batch`` replace the phase's values; the rows carry the preset's name in
+On CUDA a preset runs in its dtype (bfloat16, :func:`preset_dtype`) unless ``--dtype`` or the suite names
+one; on CPU in float32, as every sweep without a dtype. ``--seq``, ``--seq-kv`` and ``--batch`` replace the
+phase's values; the rows carry the preset's name in
 the ``model`` column. One command that runs prefill beside decode or mixed sizes each phase by its own
 flag: ``--seq`` the prompt (decode keeps its one query token), ``--seq-kv`` the decode cache (prefill keeps
 its keys = its queries, causal), so ``--phase prefill,decode --seq 2048 --seq-kv 8192`` is a 2048-token
@@ -61,6 +63,10 @@ class ModelConfig:
     num_layers: int = 0  # num_hidden_layers of a model whose layers are all of its one kind (0: not given)
     latent: tuple[int, int] = (0, 0)  # MLA (kv_lora_rank, qk_rope_head_dim): decode reads one latent cache
     source: str = ""  # the published config the numbers come from
+    # What its cases run in on CUDA when neither --dtype nor the suite names one (preset_dtype): the half
+    # precision these models are trained and served in — gpt2's float32 checkpoint too, as servers cast it;
+    # float32 there would leave flash and cuDNN (no float32 kernel) out of every row.
+    dtype: str = "bfloat16"
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -135,6 +141,13 @@ PHASE_DEFAULTS: dict[str, dict[str, list[int]]] = {
     "mixed": {"seq": [512], "seq_kv": [4096], "batch": [8]},  # seq: the prefill chunk
 }
 MAX_DECODE_QUERY = 16  # decode: one token, or a few for speculative decoding
+
+
+def preset_dtype(name: str, device: str) -> str | None:
+    """The dtype a preset's cases take on ``device`` when neither ``--dtype`` nor the suite names one: the
+    model's own on CUDA (``ModelConfig.dtype``); None elsewhere, where a sweep's default (float32) holds — the
+    CPU's numbers (README, models-cpu) are float32, and --dtype bfloat16 asks for its bf16 kernels."""
+    return get_model(name).dtype if device == "cuda" else None
 
 
 def get_model(name: str) -> ModelConfig:
@@ -241,5 +254,7 @@ def describe() -> str:
             rank, rope = m.latent
             lines.append(f"{m.name}: prefill as above; decode reads its latent cache (kv_layout latent): "
                          f"{m.heads} heads, kv_heads 1, head_dim {rank + rope}, Dv {rank}")  # fmt: skip
+    dtypes = sorted({m.dtype for m in PRESETS.values()})
+    lines.append(f"dtype: {', '.join(dtypes)} on cuda unless --dtype says otherwise; float32 on cpu")
     lines += [f"{m.name}: {m.source}" for m in PRESETS.values() if m.source]
     return "\n".join(line.rstrip() for line in lines)

@@ -27,6 +27,8 @@ from typing import Any
 from attnbench.axes import (
     BY_NAME,
     DEFAULTS,
+    DEVICE,
+    DTYPE,
     IMPL,
     LAYER,
     MODEL,
@@ -38,7 +40,7 @@ from attnbench.axes import (
     coerce_axis,
 )
 from attnbench.errors import UsageError
-from attnbench.models import DEFAULT_PHASES, preset_axes
+from attnbench.models import DEFAULT_PHASES, preset_axes, preset_dtype
 from attnbench.workload import Workload
 
 if sys.version_info >= (3, 11):
@@ -144,10 +146,11 @@ def expand(
                 raise UsageError(f"{axis.name} applies to model presets: give --model too (see `attnbench models`)")
         expanded = (
             [
-                one
+                by_device
                 for m in models
                 for phase in phases or DEFAULT_PHASES
                 for one in preset_axes(m, phase, axes, phases or DEFAULT_PHASES)
+                for by_device in _preset_dtypes(m, one)
             ]
             if models
             else [axes]
@@ -159,6 +162,16 @@ def expand(
             for impl in impls:
                 cases[(impl, workload)] = None
     return list(cases)
+
+
+def _preset_dtypes(model: str, axes: dict[str, list[Any]]) -> list[dict[str, list[Any]]]:
+    """A preset's sweep as it is when it names a dtype; without one, a sweep per device, each in the preset's
+    dtype there (models.preset_dtype: bfloat16 on CUDA) or the axis default (float32)."""
+    if axes.get(DTYPE.name):
+        return [axes]
+    devices = axes.get(DEVICE.name) or [DEVICE.sweep_default]
+    return [{**axes, DEVICE.name: [device], DTYPE.name: [preset_dtype(model, device) or DTYPE.sweep_default]}
+            for device in devices]  # fmt: skip
 
 
 def _workloads(axes: dict[str, list[Any]]) -> list[Workload]:
