@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
-from attnbench import gpu_state, other_work
+from attnbench import axes, gpu_state, other_work
 from attnbench.measure import MIN_TRUSTED, UNSTABLE_REL_IQR
 
 MIN_TRUSTED_SAMPLES = MIN_TRUSTED
@@ -80,16 +79,6 @@ def result_warnings(frame: pd.DataFrame) -> list[str]:
     return warnings
 
 
-def _case_label(row: dict[Any, Any]) -> str:
-    """'cpu float32 B1 H8/2 S1024x4096 D64 causal fwd': the row's case columns."""
-    kv, sk = row.get("kv_heads"), row.get("seq_k")
-    heads = f"H{row.get('heads')}" + (f"/{kv}" if kv not in (None, row.get("heads")) else "")
-    seq = f"S{row.get('seq_q')}" + (f"x{sk}" if sk not in (None, row.get("seq_q")) else "")
-    parts = [row.get("device"), row.get("dtype"), f"B{row.get('batch')}", heads, seq, f"D{row.get('head_dim')}",
-             row.get("mask"), row.get("pass")]  # fmt: skip
-    return " ".join(str(p) for p in parts if p is not None)
-
-
 def _slowed_gpu_warning(ok: pd.DataFrame, named: int = 3) -> str | None:
     """GPU rows that ran throttled or under their maximum SM clock (attnbench.gpu_state.slowed), counted, the
     first few named: their times hold for that clock, not the GPU's best."""
@@ -98,7 +87,7 @@ def _slowed_gpu_warning(ok: pd.DataFrame, named: int = 3) -> str | None:
     slowed = [(r, why) for r in ok.to_dict("records") if (why := gpu_state.slowed(r))]
     if not slowed:
         return None
-    shown = "; ".join(f"{r['impl']} at {_case_label(r)}: {why}" for r, why in slowed[:named])
+    shown = "; ".join(f"{r['impl']} at {axes.case_label(r, device_first=True)}: {why}" for r, why in slowed[:named])
     more = f" (and {len(slowed) - named} more)" if len(slowed) > named else ""
     return (f"{len(slowed)} GPU case(s) ran throttled or below the maximum SM clock (columns sm_clock_mhz, throttle): "
             f"{shown}{more}")  # fmt: skip
@@ -112,6 +101,7 @@ def _over_roof_warning(ok: pd.DataFrame) -> str | None:
     over = ok[ok["pct_of_peak"].astype("float64") > 100]
     if over.empty:
         return None
-    named = [f"{r['impl']} at {_case_label(r)} ({r['pct_of_peak']:.0f} %)" for r in over.to_dict("records")]
+    rows = over.to_dict("records")
+    named = [f"{r['impl']} at {axes.case_label(r, device_first=True)} ({r['pct_of_peak']:.0f} %)" for r in rows]
     return (f"{len(over)} row(s) above 100 % of the hardware roof (pct_of_peak), a measurement defect: "
             + "; ".join(named))  # fmt: skip
