@@ -108,6 +108,9 @@ class XformersMemoryEfficient(Contender):
                 additive = additive + inputs.alibi_bias
             if inputs.bool_mask is not None:
                 additive = additive.masked_fill(~inputs.bool_mask, float("-inf"))
+            # xformers' kernels want the bias's rows 8-aligned (16 bytes in bf16/fp16): a padded tensor, sliced
+            padded = torch.empty(*additive.shape[:-1], -(-Sk // 8) * 8, dtype=q.dtype, device=q.device)
+            additive = padded[..., :Sk].copy_(additive)
             bias = additive.expand(B, w.heads, Sq, Sk).reshape(B, Hkv, G, Sq, Sk)
         elif w.mask == "causal":
             bias = ops.LowerTriangularMask()

@@ -31,6 +31,7 @@ class Stream:
     free: float = 0.0
     slowdown: float = 0.0
     flushed: bool = False
+    l2: str = ""  # whose data L2 holds: a call finding another's (or a flush's) pays COLD_EXTRA_MS
     log: list[str] = field(default_factory=list)
 
     def run(self, name: str, duration_ms: float) -> float:
@@ -57,6 +58,10 @@ def gpu(monkeypatch):
         def elapsed_time(self, end: Event) -> float:
             return end.time - self.time
 
+        def query(self) -> bool:  # the host waits until the GPU is past the event
+            stream.host = max(stream.host, self.time)
+            return True
+
     def synchronize() -> None:
         stream.host = max(stream.host, stream.free)
 
@@ -72,6 +77,7 @@ def gpu(monkeypatch):
     monkeypatch.setattr(measure_cuda, "l2_flusher", lambda: flush)
     monkeypatch.setattr(measure_cuda, "capture_graph", lambda fn: None)
     monkeypatch.setattr(gpu_state, "open_watch", lambda: None)
+    monkeypatch.setattr(measure_cuda, "_max_clock_khz", lambda: None)
     measure_cuda._sleep_cycles_per_ms.cache_clear()
     yield stream
     measure_cuda._sleep_cycles_per_ms.cache_clear()
@@ -80,8 +86,8 @@ def gpu(monkeypatch):
 def kernel(stream: Stream, gpu_ms: float = KERNEL_MS, host_ms: float = HOST_MS, name: str = "kernel"):
     def call() -> None:
         stream.host += host_ms  # argument binding, dispatch …
-        stream.run(name, gpu_ms + (COLD_EXTRA_MS if stream.flushed else 0.0))
-        stream.flushed = False
+        stream.run(name, gpu_ms + (COLD_EXTRA_MS if stream.flushed or stream.l2 not in ("", name) else 0.0))
+        stream.flushed, stream.l2 = False, name
 
     return call
 
@@ -237,3 +243,56 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
     assert gpu_state._nvml_index(1) == 5
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234")
     assert gpu_state._nvml_index(0) == 0
+
+
+def test_a_warm_group_starts_with_an_untimed_call_so_no_timed_call_finds_another_contenders_l2(gpu):
+    timings = measure_cuda.time_cuda_rounds({"a": kernel(gpu, name="a"), "b": kernel(gpu, gpu_ms=0.3, name="b")},
+                                            budget_s=0.05)  # fmt: skip
+    a, b = timings["a"], timings["b"]
+    assert not isinstance(a, SampleError) and not isinstance(b, SampleError)
+    assert a.samples_ms == pytest.approx([KERNEL_MS] * a.n_samples) and b.median_ms == pytest.approx(0.3)
+    assert a.cold_median_ms == pytest.approx(KERNEL_MS + COLD_EXTRA_MS)
+
+
+def test_no_graphs_for_a_backward_pass_and_in_ab_both_or_neither(gpu, monkeypatch):
+    captured = []
+
+    def capture(fn):
+        captured.append(fn)
+        return None if fn is refuses else fn
+
+    monkeypatch.setattr(measure_cuda, "capture_graph", capture)
+    tiny, refuses = kernel(gpu, gpu_ms=0.01, name="tiny"), kernel(gpu, gpu_ms=0.01, name="refuses")
+    assert measure_cuda.time_cuda(tiny, budget_s=0.02, graphs=False).method == "cuda_events+sleep" and not captured
+    assert measure_cuda.time_cuda(tiny, budget_s=0.02).method == "cuda_graph"
+    paired = measure_cuda.time_cuda_rounds({"a": tiny, "b": refuses}, budget_s=0.02, paired=True, cold=False)
+    assert {t.method for t in paired.values() if not isinstance(t, SampleError)} == {"cuda_events+sleep"}
+    alone = measure_cuda.time_cuda_rounds({"a": tiny, "b": refuses}, budget_s=0.02)
+    assert [t.method for t in alone.values() if not isinstance(t, SampleError)] == ["cuda_graph", "cuda_events+sleep"]
+
+
+def test_a_failed_capture_puts_torch_back_on_the_stream_it_was_on(monkeypatch):
+    """torch.cuda.graph ends the capture before restoring the stream; when the end raises, the stream stays."""
+    import contextlib
+
+    streams = ["default"]
+
+    class FakeStream:
+        def wait_stream(self, other) -> None:
+            pass
+
+    @contextlib.contextmanager
+    def failing_graph(graph):
+        streams.append("capture")
+        yield
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: streams[-1])
+    monkeypatch.setattr(torch.cuda, "set_stream", streams.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", failing_graph)
+    assert measure_cuda.capture_graph(lambda: None) is None
+    assert streams[-1] == "default"

@@ -268,7 +268,7 @@ def time_tile(launch: Callable[[Tile], object], tile: Tile) -> float:
     import triton
 
     try:
-        return float(triton.testing.do_bench(lambda: launch(tile), warmup=5, rep=20))
+        return float(triton.testing.do_bench(lambda: launch(tile), warmup=5, rep=20, return_mode="median"))
     except Exception:  # OutOfResources and the like: this tile simply can't run here
         return math.inf
 

@@ -262,7 +262,8 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
             return AbCase(workload, "error", f"{version.name}: {_reason(exc)}")
         fns[key] = prepared.fn
     if workload.device == "cuda":
-        timings = time_cuda_rounds(fns, options.budget_s / 2, options.seed, paired=True, cold=False)
+        graphs = workload.pass_ == "fwd"  # autograd's streams don't capture
+        timings = time_cuda_rounds(fns, options.budget_s / 2, options.seed, paired=True, cold=False, graphs=graphs)
     else:
         timings = time_cpu_rounds(fns, options.threads, options.budget_s / 2, estimates, options.seed, paired=True)
     for key, version in (("a", a), ("b", b)):

@@ -108,10 +108,10 @@ def open_watch(torch_index: int | None = None) -> Watch | None:
         index = torch.cuda.current_device() if torch_index is None else torch_index
         props = torch.cuda.get_device_properties(index)
         bus = getattr(props, "pci_bus_id", None)
-        if bus is not None:
+        try:
             domain, device = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
-            handle = nvml.nvmlDeviceGetHandleByPciBusId(f"{domain:08X}:{bus:02X}:{device:02X}.0")
-        else:
+            handle = nvml.nvmlDeviceGetHandleByPciBusId(f"{domain:08X}:{bus:02X}:{device:02X}.0".encode())
+        except Exception:  # no bus id from torch, or NVML can't see it (MIG, containers): by index
             handle = nvml.nvmlDeviceGetHandleByIndex(_nvml_index(index))
         return Watch(nvml, handle)
     except Exception:  # no nvidia-ml-py, no driver, an unknown device: the columns stay empty

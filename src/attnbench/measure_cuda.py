@@ -55,15 +55,32 @@ MAX_GROUP = 50  # most calls in one group
 COLD_GROUP = 10  # most calls in one cold group (each after its own flush)
 SLEEP_COVER = 1.5  # the device-side sleep lasts this many times the host's time to issue its group
 MAX_SLEEP_MS = 50.0  # a group is cut short so that its sleep stays under this
-PROBE_SLEEP_MS = 1.0  # before the first group, whose host time is not known yet
+PROBE_SLEEP_MS = 1.0  # per call before the first group, whose host time is not known yet
+PROBE_CALLS = 3  # calls in the first, untimed group: the fastest gives the GPU's time per call
 FLUSH_BYTES = 256 * 2**20  # at least this much is zeroed to flush L2 (triton's do_bench flushes 256 MiB)
+
+
+def _max_clock_khz() -> float | None:
+    """The GPU's maximum SM clock in kHz (cycles per ms), from Triton's driver; None where it can't say."""
+    try:
+        import triton
+
+        props = triton.runtime.driver.active.utils.get_device_properties(torch.cuda.current_device())
+        return float(props["sm_clock_rate"]) or None
+    except Exception:  # no Triton or no driver: the sleep is timed instead
+        return None
 
 
 @functools.cache
 def _sleep_cycles_per_ms() -> float:
-    """GPU clock cycles that ``torch.cuda._sleep`` spins per millisecond, timed once with events."""
+    """GPU clock cycles that ``torch.cuda._sleep`` spins per millisecond: the maximum SM clock where it is known,
+    so that a sleep is never shorter than asked (at a lower clock it lasts longer, the safe side); else timed
+    with events after a 20 M-cycle spin that brings an idle GPU's clock up."""
+    known = _max_clock_khz()
+    if known is not None:
+        return known
     cycles = 1_000_000
-    torch.cuda._sleep(cycles)  # warm up
+    torch.cuda._sleep(20 * cycles)  # warm up: an idle H100 starts near 345 MHz of its 1980
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     torch.cuda._sleep(cycles)
@@ -94,14 +111,18 @@ class Group:
 
 def run_group(
     fn: Callable[[], object], calls: int, sleep_ms: float, flush: Callable[[], object] | None = None,
-    watch: gpu_state.Watch | None = None, readings: list[gpu_state.Reading] | None = None,
+    watch: gpu_state.Watch | None = None, readings: list[gpu_state.Reading] | None = None, lead: bool = False,
 ) -> Group:  # fmt: skip
     """Sleep ``sleep_ms`` on the device, then queue ``calls`` calls, each (after ``flush``, if given) between
-    two events; read the GPU's state while it runs them; wait for the last event."""
+    two events — with ``lead``, after one untimed call, so the first timed call finds L2 as the others do, not
+    as the last sample (a flush, another contender) left it; read the GPU's state once it has reached the calls;
+    wait for the last event."""
     torch.cuda._sleep(int(_sleep_cycles_per_ms() * sleep_ms))
     pairs = []
     inside = []
     start_issue = time.perf_counter()
+    if lead:
+        fn()
     for _ in range(calls):
         if flush is not None:
             flush()
@@ -112,8 +133,10 @@ def run_group(
         inside.append((time.perf_counter() - before) * 1e3)
         end.record()
         pairs.append((start, end))
-    issue_ms = max((time.perf_counter() - start_issue) * 1e3 / calls, 1e-3)
+    issue_ms = max((time.perf_counter() - start_issue) * 1e3 / (calls + lead), 1e-3)
     if watch is not None and readings is not None:
+        while not pairs[0][0].query():  # past the sleep: read the clocks the calls run at, not the spin's
+            pass
         reading = watch.read()
         if reading is not None:
             readings.append(reading)
@@ -122,7 +145,10 @@ def run_group(
 
 
 def capture_graph(fn: Callable[[], object], replays: int = GRAPH_REPLAYS) -> Callable[[], object] | None:
-    """``replays`` calls of ``fn`` captured in a CUDA graph, as its replay; None if ``fn`` can't be captured."""
+    """``replays`` calls of ``fn`` captured in a CUDA graph, as its replay; None if ``fn`` can't be captured.
+    A capture that fails leaves torch on its capture stream (``torch.cuda.graph`` ends the capture before it
+    restores the stream, and the end raises): the stream is put back, so what follows runs where it did."""
+    previous = torch.cuda.current_stream()
     try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -134,6 +160,8 @@ def capture_graph(fn: Callable[[], object], replays: int = GRAPH_REPLAYS) -> Cal
             for _ in range(replays):
                 fn()
     except Exception:  # not every kernel or library can be captured; the caller falls back to events
+        torch.cuda.set_stream(previous)
+        torch.cuda.synchronize()
         return None
     return graph.replay
 
@@ -161,10 +189,10 @@ class _Series:
 
     def take(self, cold: bool, flush: Callable[[], object] | None, watch: gpu_state.Watch | None) -> None:
         calls = self.cold_calls if cold else self.warm_calls
-        sleep_ms = min(MAX_SLEEP_MS, SLEEP_COVER * calls * self.issue_ms[cold])
+        sleep_ms = min(MAX_SLEEP_MS, SLEEP_COVER * (calls + (not cold)) * self.issue_ms[cold])
         started = time.perf_counter()
         group = run_group(self.fn if cold else self.warm_fn, calls, sleep_ms, flush if cold else None, watch,
-                          self.readings)  # fmt: skip
+                          self.readings, lead=not cold)  # fmt: skip
         self.spent_s += time.perf_counter() - started
         self.issue_ms[cold] = group.issue_ms
         mean_ms = statistics.fmean(group.times_ms) / (1 if cold else self.per_call)
@@ -184,25 +212,42 @@ class _Series:
 
 def _group_calls(kernel_ms: float, issue_ms: float, most: int) -> int:
     """Calls in a group: enough for GROUP_MS of GPU time, at most ``most``, and a sleep under MAX_SLEEP_MS."""
-    wanted = math.ceil(GROUP_MS / max(kernel_ms, 1e-3))
-    return max(1, min(most, wanted, int(MAX_SLEEP_MS / (SLEEP_COVER * issue_ms))))
+    wanted = math.ceil(GROUP_MS / max(kernel_ms, 1e-3) - 1e-6)  # (not one more for a rounding error)
+    return max(1, min(most, wanted, int(MAX_SLEEP_MS / (SLEEP_COVER * issue_ms)) - 1))
 
 
-def _start(fn: Callable[[], object], cold: bool) -> _Series:
-    """A contender's series: a first group of one call, not kept, gives the host's and the GPU's time per call;
-    calls under GRAPH_BELOW_MS of GPU time get a CUDA graph for their warm samples."""
-    probe = run_group(fn, 1, PROBE_SLEEP_MS)
-    kernel_ms, issue_ms = max(probe.times_ms[0], 1e-3), probe.issue_ms
-    replay = capture_graph(fn) if kernel_ms < GRAPH_BELOW_MS else None
+def _probe(fn: Callable[[], object]) -> tuple[float, float]:
+    """(GPU ms per call, host ms to issue one) from a first group of PROBE_CALLS calls, not kept."""
+    group = run_group(fn, PROBE_CALLS, PROBE_SLEEP_MS * PROBE_CALLS)
+    return max(min(group.times_ms), 1e-3), group.issue_ms
+
+
+def _series(fn: Callable[[], object], probe: tuple[float, float], replay: Callable[[], object] | None,
+            cold: bool) -> _Series:  # fmt: skip
+    """A contender's series from its probe; ``replay``: a CUDA graph of GRAPH_REPLAYS calls for its warm samples."""
+    kernel_ms, issue_ms = probe
+    warm = (fn, 1, _group_calls(kernel_ms, issue_ms, MAX_GROUP), issue_ms)
     if replay is not None:
         graph_group = run_group(replay, 1, PROBE_SLEEP_MS)
-        warm_calls = _group_calls(graph_group.times_ms[0], graph_group.issue_ms, MAX_GROUP)
-        warm = (replay, GRAPH_REPLAYS, warm_calls, graph_group.issue_ms)
-    else:
-        warm = (fn, 1, _group_calls(kernel_ms, issue_ms, MAX_GROUP), issue_ms)
+        warm = (replay, GRAPH_REPLAYS, _group_calls(graph_group.times_ms[0], graph_group.issue_ms, MAX_GROUP),
+                graph_group.issue_ms)  # fmt: skip
     warm_fn, per_call, warm_calls, warm_issue = warm
     cold_calls = _group_calls(kernel_ms, issue_ms, COLD_GROUP) if cold else 0
     return _Series(fn, warm_fn, per_call, warm_calls, cold_calls, {False: warm_issue, True: issue_ms})
+
+
+def _replays(fns: dict[str, Callable[[], object]], probes: dict[str, tuple[float, float]], paired: bool
+             ) -> dict[str, Callable[[], object] | None]:  # fmt: skip
+    """A CUDA graph for each contender whose calls take under GRAPH_BELOW_MS of GPU time. Paired (ab): all or
+    none, so that A and B are timed the same way (a graph has no launch gaps: mixed methods would be a ratio of
+    methods, not of kernels)."""
+    wanted = {name: probe[0] < GRAPH_BELOW_MS for name, probe in probes.items()}
+    if paired and any(wanted.values()):
+        wanted = dict.fromkeys(wanted, True)
+    replays = {name: capture_graph(fns[name]) if want else None for name, want in wanted.items()}
+    if paired and any(replay is None for replay in replays.values()):
+        replays = dict.fromkeys(replays)
+    return replays
 
 
 def time_cuda_rounds(
@@ -212,18 +257,27 @@ def time_cuda_rounds(
     on_sample: Callable[[str], None] | None = None,
     paired: bool = False,
     cold: bool = True,
+    graphs: bool = True,
 ) -> dict[str, Timing | SampleError]:
     """Time the callables of one workload on the GPU in interleaved rounds (see the module docstring).
 
     Each contender keeps its own stop rule and budget (its warm samples decide); ``on_sample(name)`` is called
     before each of its samples. A contender that raises drops out with a :class:`SampleError` in its place.
-    ``paired``: all sample in every round until one has spent ``budget_s``; ``cold=False``: warm samples only."""
+    ``paired``: all sample in every round until one has spent ``budget_s``; ``cold=False``: warm samples only;
+    ``graphs=False``: no CUDA graphs (a backward pass: autograd's streams don't capture)."""
     results: dict[str, Timing | SampleError] = {}
-    series: dict[str, _Series] = {}
+    probes: dict[str, tuple[float, float]] = {}
     for name, fn in fns.items():
         try:
-            series[name] = _start(fn, cold)
+            probes[name] = _probe(fn)
         except Exception as exc:  # a contender may fail on any call; the others go on
+            results[name] = SampleError(name, exc)
+    replays = _replays(fns, probes, paired) if graphs else dict.fromkeys(probes)
+    series: dict[str, _Series] = {}
+    for name, probe in probes.items():
+        try:
+            series[name] = _series(fns[name], probe, replays[name], cold)
+        except Exception as exc:
             results[name] = SampleError(name, exc)
     flush = l2_flusher() if cold and series else None
     watch = gpu_state.open_watch() if series else None
@@ -257,9 +311,9 @@ def time_cuda_rounds(
     return results
 
 
-def time_cuda(fn: Callable[[], object], budget_s: float) -> Timing:
+def time_cuda(fn: Callable[[], object], budget_s: float, graphs: bool = True) -> Timing:
     """One callable's GPU timing (warm, cold, host overhead, GPU state) within about ``budget_s`` seconds."""
-    result = time_cuda_rounds({"fn": fn}, budget_s)["fn"]
+    result = time_cuda_rounds({"fn": fn}, budget_s, graphs=graphs)["fn"]
     if isinstance(result, SampleError):
         raise result.cause
     return result

@@ -150,7 +150,7 @@ def profile_case(
     child = child_command(ChildCase(impl, dataclasses.asdict(workload), seed, calls, tuple(references.values())))
     done = _run(profile_command(ncu, metrics, report, child), NCU_TIMEOUT_S)
     output = done.stderr + "\n" + done.stdout
-    if done.returncode != 0 or not report.is_file() or FAILED in output:
+    if done.returncode != 0 or not report.is_file() or FAILED in output or error_lines(output):
         raise NcuError(failure_reason(output, done.returncode))
     imported = _run(import_command(ncu, report), QUERY_TIMEOUT_S)
     if imported.returncode != 0:

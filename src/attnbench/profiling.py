@@ -94,7 +94,8 @@ def profile_case(
     if not prepared.check.ok:
         raise RuntimeError(f"{impl} is incorrect on {workload.label()}: {prepared.check.reason}")
     estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, budget_s)
-    timing = time_callable(prepared.fn, workload.device, torch.get_num_threads(), budget_s, estimate_s)
+    timing = time_callable(prepared.fn, workload.device, torch.get_num_threads(), budget_s, estimate_s,
+                           graphs=workload.pass_ == "fwd")  # fmt: skip
     calls = max(1, min(calls, int(PROFILE_SECONDS * 1e3 / max(timing.median_ms, 1e-3))))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if workload.device == "cuda" else [])
     name = RANGE_PREFIX + impl

@@ -212,7 +212,7 @@ def _time_group(
     on_sample = (lambda name: progress(int(name))) if progress is not None else None
     fns = {str(index): one.prepared.fn for index, one in ready.items()}
     if workload.device == "cuda":
-        timed = time_cuda_rounds(fns, options.budget_s, options.seed, on_sample)
+        timed = time_cuda_rounds(fns, options.budget_s, options.seed, on_sample, graphs=workload.pass_ == "fwd")
         return {int(name): result for name, result in timed.items()}
     estimates = {str(index): one.estimate_s for index, one in ready.items()}
     sticks = yardsticks.for_threads(options.threads) if options.yardsticks else None

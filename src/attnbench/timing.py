@@ -8,9 +8,12 @@ from attnbench.measure import Timing, time_cpu
 from attnbench.measure_cuda import time_cuda
 
 
-def time_callable(fn: Callable[[], object], device: str, threads: int, budget_s: float, estimate_s: float) -> Timing:
+def time_callable(
+    fn: Callable[[], object], device: str, threads: int, budget_s: float, estimate_s: float, graphs: bool = True
+) -> Timing:
     """Median, IQR and raw per-call samples of ``fn`` on ``device`` within about ``budget_s`` seconds
-    (``estimate_s``, one call's time, sizes a CPU sample's block of calls)."""
+    (``estimate_s``, one call's time, sizes a CPU sample's block of calls; ``graphs=False``: no CUDA graph
+    replays, for a backward pass)."""
     if device == "cuda":
-        return time_cuda(fn, budget_s)
+        return time_cuda(fn, budget_s, graphs)
     return time_cpu(fn, threads, budget_s, estimate_s)
