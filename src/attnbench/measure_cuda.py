@@ -14,11 +14,13 @@ group before): the GPU starts the group only once the host has queued all of it,
 not a GPU waiting for the host (argument binding or an autotuner's dispatch take tens of µs, as long as a
 small attention kernel). The sample is the mean per-call time of its group.
 
-* warm: back-to-back calls, L2 holding what the last call left; a group lasts about ``GROUP_MS``;
+* warm: back-to-back calls, L2 holding what the last call left; a group lasts about ``GROUP_MS`` and starts
+  with one untimed call, so no timed call finds L2 as a flush or another contender left it;
 * cold: L2 flushed (a buffer of at least 256 MiB, four times the L2, zeroed) before each call, outside
   its event pair; ``cold_median_ms`` is the median of these samples;
 * calls shorter than ``GRAPH_BELOW_MS``: the warm sample replays ``GRAPH_REPLAYS`` captured calls from a
-  CUDA graph, so launch gaps don't swamp them (``timing_method`` ``cuda_graph``; else ``cuda_events+sleep``).
+  CUDA graph, so launch gaps don't swamp them (``timing_method`` ``cuda_graph``; else ``cuda_events+sleep``);
+  never for a backward pass (autograd's streams don't capture), and in paired rounds for all or none.
 
 The host's own cost, ``host_overhead_us``, is the host's time inside each call while the GPU is kept busy
 (the median over the cold groups' calls, each timed on the host around the call alone): what it takes to
