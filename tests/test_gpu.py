@@ -125,3 +125,32 @@ def test_ab_on_cuda_reads_an_aa_run_as_same_and_five_percent_more_work_as_slower
     assert slower.paired is not None and 1.03 < slower.paired.ratio < 1.08
     assert statistics.median(slower.samples_b) > statistics.median(slower.samples_a)
     assert time.perf_counter() - start < 60
+
+
+def test_a_model_preset_decodes_in_bf16_with_torchs_backends_ok(cli, tmp_path):
+    """The issue's decode preset: GQA, Sq 1, bottom-right; flash and cuDNN take enable_gqa and no mask,
+    efficient a repeat of k and v."""
+    import pandas as pd
+
+    out = tmp_path / "decode"
+    code, _, err = cli("run", "--model", "llama3.1-8b", "--phase", "decode", "--device", "cuda", "--impl",
+                       "sdpa_flash,sdpa_efficient,sdpa_cudnn", "--seq-kv", "1024", "--batch", "1", "--budget-s", "0.2",
+                       "--out", str(out))  # fmt: skip
+    assert code == 0, err
+    frame = pd.read_parquet(out / "results.parquet")
+    assert set(frame["dtype"]) == {"bfloat16"}
+    assert set(frame["status"]) == {"ok"}, frame[["impl", "status", "reason"]].to_string()
+    assert (frame["host_overhead_us"] >= 0).all() and frame["rounds"].nunique() == 1
+
+
+def test_xformers_is_ok_on_a_matched_pair_or_names_both_builds():
+    entry = registry.load()["xformers"]
+    if not entry.available:
+        reason = entry.unavailable_reason or ""
+        assert (" was built for torch " in reason and f"this is torch {torch.__version__}" in reason) or (
+            "not installed" in reason
+        ), reason
+        return
+    workload = Workload(2, 8, 8, 1024, 1024, 64, dtype="bfloat16", device="cuda", mask="causal")
+    (row,) = run_group(["xformers"], workload, RunOptions(budget_s=0.2, measure_memory=False))
+    assert row["status"] == "ok", row["reason"]
