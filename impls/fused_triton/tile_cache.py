@@ -1,7 +1,8 @@
 """Tuned tiles kept on disk: one small JSON file per tuning key, shared by worker processes and runs.
 
-Every case runs in a worker process of its own, so a choice kept only in memory is tuned again by every
-process (on an H100 that cost fused_triton 0.4–30 s of set-up per case). This module is the store under
+Cases run in worker processes (one per run and per ``--repeat`` pass, a fresh one after a crash), so a choice
+kept only in memory is tuned again by every process and every run (issue 37's run, H100 SXM, torch
+2.11.0+cu130, triton 3.6.0: fused_triton's ``setup_ms`` was 0.4–30 s per case). This module is the store under
 ``tiles``' in-memory dictionary; what goes into a key, and when to tune, is ``tiles``' business.
 
 * **Where**: ``$ATTNBENCH_CACHE_DIR/tiles/`` (default ``~/.cache/attnbench/tiles/``, the folder

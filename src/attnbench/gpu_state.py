@@ -1,9 +1,9 @@
 """What the GPU ran at while a case was timed: SM and memory clocks, power, temperature, throttle reasons.
 
-An H100's clock moves with its temperature and power draw (at 700 W a dense bf16 kernel runs below the
-1980 MHz boost clock, the driver's ``sw_power_cap`` reason set), so a time means little without the clock it
-ran at. NVML is read through nvidia-ml-py (``import pynvml``) once per sample, while the GPU runs the
-sample's calls (attnbench.measure_cuda), and a case's readings are summarised into its row:
+A GPU's clock moves with its temperature and power draw (at its power limit the driver lowers the SM clock
+and sets the ``sw_power_cap`` reason), so a time means little without the clock it ran at. NVML is read
+through nvidia-ml-py (``import pynvml``) once per sample, while the GPU runs the sample's calls
+(attnbench.measure_cuda), and a case's readings are summarised into its row:
 
 * ``sm_clock_mhz``, ``mem_clock_mhz``, ``power_w``: medians over the case's samples;
 * ``sm_clock_min_mhz``: the lowest SM clock seen, ``max_sm_clock_mhz``: the GPU's maximum (boost) SM clock;

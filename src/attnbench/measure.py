@@ -106,11 +106,6 @@ def median_ci_halfwidth(samples: list[float]) -> float:
     return (ordered[high] - ordered[low]) / 2
 
 
-def _timing(samples_ms: list[float], calls: int, method: str, cold: float | None = None) -> Timing:
-    q1, median, q3 = quartiles(samples_ms)
-    return Timing(median, q3 - q1, len(samples_ms), calls, samples_ms, method, cold)
-
-
 @dataclass
 class _CpuSeries:
     """One contender's samples in the interleaved loop: its timer, block size, samples and spent time."""

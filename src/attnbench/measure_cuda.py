@@ -82,7 +82,7 @@ def _sleep_cycles_per_ms() -> float:
     if known is not None:
         return known
     cycles = 1_000_000
-    torch.cuda._sleep(20 * cycles)  # warm up: an idle H100 starts near 345 MHz of its 1980
+    torch.cuda._sleep(20 * cycles)  # warm up: an idle GPU runs at a fraction of its maximum clock
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     torch.cuda._sleep(cycles)
