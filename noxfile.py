@@ -126,7 +126,7 @@ def timing_checks(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Check style with ruff and types with mypy."""
+    """Check style with ruff, types with mypy and the core's import order (its rooms) with import-linter."""
     install(session, "lint", plugins=False)
     session.run("ruff", "check", *PACKAGES, "tests", "noxfile.py", "examples")
     session.run("ruff", "format", "--check", *PACKAGES, "tests", "noxfile.py", "examples")
@@ -134,18 +134,20 @@ def lint(session: nox.Session) -> None:
     view = Path(session.create_tmp()) / "typecheck"
     _import_layout(view)
     session.run("mypy", str(view / "attnbench"))
+    # the rooms' import order (pyproject.toml's [tool.importlinter]), read from the same view
+    session.run("lint-imports", str(ROOT / "pyproject.toml"), env={"PYTHONPATH": str(view)})
 
 
 def _import_layout(view: Path) -> None:
-    """view/attnbench/ mirrors the installed package: src/attnbench files plus impls/, suites/, reports/."""
+    """view/attnbench/ mirrors the installed package: src/attnbench modules and rooms plus impls/, suites/, reports/."""
     package = view / "attnbench"
     if package.exists():
         for link in package.iterdir():
             link.unlink()
     package.mkdir(parents=True, exist_ok=True)
     for item in (ROOT / "src" / "attnbench").iterdir():
-        if item.suffix == ".py":
-            (package / item.name).symlink_to(item)
+        if item.suffix == ".py" or (item / "__init__.py").is_file():  # the core's modules and its rooms
+            (package / item.name).symlink_to(item, target_is_directory=item.is_dir())
     for sub in ("impls", "suites", "reports"):
         (package / sub).symlink_to(ROOT / sub, target_is_directory=True)
 

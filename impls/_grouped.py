@@ -3,17 +3,17 @@ sinks: ``attnbench.impls._sinks``) and the score modifiers.
 
 GQA without copies: query head h reads kv head h // G, so q viewed as (B, Hkv, G, Sq, D) lines up with
 k and v as (B, Hkv, Sk, D). Masks and the alibi bias are prepared in the same 5-D layout before timing.
-(A paged cache is gathered into k and v by the harness, inside the timed call: ``attnbench.paged``.)
+(A paged cache is gathered into k and v by the harness, inside the timed call: ``attnbench.workload.paged``.)
 """
 
 from __future__ import annotations
 
 import torch
 
-from attnbench.contender import score_matrix_bytes
+from attnbench.contenders.contract import score_matrix_bytes
 from attnbench.impls._sinks import softmax_with_sink
-from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
 
 
 def materialised_bytes(w: Workload) -> float:

@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.contender import Capabilities, Contender
+from attnbench.contenders.contract import Capabilities, Contender
 from attnbench.impls._grouped import masked_softmax, materialised_bytes
-from attnbench.inputs import AttentionInputs
-from attnbench.reference import reference_output
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
+from attnbench.workload.reference import reference_output
 
 ScoreFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -56,13 +56,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnbench.contender import ALL_MASKS, Capabilities, Contender, Unsupported, output_bytes, score_matrix_bytes
+from attnbench.contenders.contract import (
+    ALL_MASKS,
+    Capabilities,
+    Contender,
+    Unsupported,
+    output_bytes,
+    score_matrix_bytes,
+)
 from attnbench.impls._sdpa_reasons import probe
-from attnbench.inputs import AttentionInputs
-from attnbench.kv_cache import KvLoad
-from attnbench.masks import has_empty_rows, workload_pairs
-from attnbench.sequences import is_ragged
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
+from attnbench.workload.kv_cache import KvLoad
+from attnbench.workload.masks import has_empty_rows, workload_pairs
+from attnbench.workload.sequences import is_ragged
 
 SOFTCAP = "score_mod softcap not supported: SDPA takes a mask, not a function of the scores (softcap needs tanh)"
 SINKS = (

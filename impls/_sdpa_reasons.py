@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from attnbench.contender import Unsupported
+from attnbench.contenders.contract import Unsupported
 from attnbench.errors import one_line
 
 _NO_KERNEL = re.compile(r"No available kernel|No viable backend", re.IGNORECASE)

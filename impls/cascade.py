@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.contender import DEFAULT_MASKS, Capabilities, Contender, score_matrix_bytes
-from attnbench.inputs import AttentionInputs
+from attnbench.contenders.contract import DEFAULT_MASKS, Capabilities, Contender, score_matrix_bytes
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
 
 
 def _level(scores: torch.Tensor, hidden: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, TORCH_DTYPES, Capabilities, Contender
+from attnbench.contenders.contract import ALL_MASKS, ALL_SCORE_MODS, TORCH_DTYPES, Capabilities, Contender
 from attnbench.impls._grouped import grouped_bias, grouped_masks, masked_softmax, materialised_bytes
-from attnbench.inputs import AttentionInputs
-from attnbench.masks import modify_scores
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
+from attnbench.workload.masks import modify_scores
 
 
 class Einsum(Contender):

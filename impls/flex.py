@@ -29,13 +29,20 @@ from typing import Any
 import torch
 
 from attnbench import errors
-from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender, Unsupported, score_matrix_bytes
+from attnbench.contenders.contract import (
+    ALL_MASKS,
+    ALL_SCORE_MODS,
+    Capabilities,
+    Contender,
+    Unsupported,
+    score_matrix_bytes,
+)
 from attnbench.impls._sinks import rescaled_by_sink
-from attnbench.inputs import AttentionInputs
-from attnbench.kv_cache import kv_loader
-from attnbench.masks import alibi_slopes, document_lengths, padding_lengths
-from attnbench.sequences import is_ragged, sequence_lengths, sequence_offsets
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
+from attnbench.workload.kv_cache import kv_loader
+from attnbench.workload.masks import alibi_slopes, document_lengths, padding_lengths
+from attnbench.workload.sequences import is_ragged, sequence_lengths, sequence_offsets
 
 Rule = Callable[[Any, Any, Any], Any]  # (b, q_idx, logical kv_idx) -> visible
 

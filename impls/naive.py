@@ -17,12 +17,12 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, TORCH_DTYPES, Capabilities, Contender
-from attnbench.flops import attention_flops
+from attnbench.contenders.contract import ALL_MASKS, ALL_SCORE_MODS, TORCH_DTYPES, Capabilities, Contender
 from attnbench.impls._sinks import softmax_with_sink
-from attnbench.inputs import AttentionInputs
-from attnbench.masks import key_ranges, workload_pairs
 from attnbench.workload import Workload
+from attnbench.workload.flops import attention_flops
+from attnbench.workload.inputs import AttentionInputs
+from attnbench.workload.masks import key_ranges, workload_pairs
 
 SECONDS_PER_ROW = 15e-6  # Python and dispatch overhead of one row's five tensor operations
 

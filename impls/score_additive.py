@@ -10,11 +10,11 @@ import math
 
 import torch
 
-from attnbench.contender import score_matrix_bytes
+from attnbench.contenders.contract import score_matrix_bytes
 from attnbench.impls._scoring import ScoreFn, ScoringContender
-from attnbench.inputs import AttentionInputs
-from attnbench.masks import workload_pairs
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
+from attnbench.workload.masks import workload_pairs
 
 
 def hidden_size(workload: Workload) -> int:

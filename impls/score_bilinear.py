@@ -6,10 +6,10 @@ import math
 
 import torch
 
-from attnbench.flops import attention_flops
 from attnbench.impls._scoring import ScoreFn, ScoringContender
-from attnbench.inputs import AttentionInputs
 from attnbench.workload import Workload
+from attnbench.workload.flops import attention_flops
+from attnbench.workload.inputs import AttentionInputs
 
 
 class BilinearScore(ScoringContender):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from attnbench.impls._scoring import ScoreFn, ScoringContender
-from attnbench.inputs import AttentionInputs
+from attnbench.workload.inputs import AttentionInputs
 
 
 class DotScore(ScoringContender):

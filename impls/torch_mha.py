@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.contender import Capabilities, Contender
-from attnbench.inputs import AttentionInputs
-from attnbench.mha import module_inputs
+from attnbench.contenders.contract import Capabilities, Contender
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
+from attnbench.workload.mha import module_inputs
 
 
 class TorchMultiheadAttention(Contender):

@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 from attnbench import errors
-from attnbench.contender import ALL_MASKS, Capabilities, Contender
+from attnbench.contenders.contract import ALL_MASKS, Capabilities, Contender
 from attnbench.impls._xformers_build import PAIR_HINT, built_for, mismatch, pair_message
-from attnbench.inputs import AttentionInputs
-from attnbench.masks import document_lengths
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
+from attnbench.workload.masks import document_lengths
 
 
 def _extension_reason(xformers: ModuleType) -> str | None:

@@ -1,7 +1,7 @@
 """`attnbench ab`: check the flags, build the two versions, run the sweep, print and write the verdicts.
 
 Everything that can be bad input (the flags, the output folder, the contenders, the git revision, the
-sweep) is checked before anything is timed or written. The versions come from ``attnbench.ab``; the
+sweep) is checked before anything is timed or written. The versions come from ``attnbench.runner.ab``; the
 table, CSV and figure from ``attnbench.reports.ab_report``. Exit 1 when a case is ``slower`` (or a
 version's output ``incorrect``), else 0.
 """
@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from attnbench import ab
-from attnbench.allocator import configure_cpu_allocator
 from attnbench.errors import UsageError
-from attnbench.machine import environment
+from attnbench.measure.allocator import configure_cpu_allocator
+from attnbench.measure.environment import environment
 from attnbench.reports.ab_report import format_table, summary_line, write_ab
-from attnbench.results import RunWriter
+from attnbench.runner import ab
+from attnbench.runner.results import RunWriter
 
 
 def check_flags(args: argparse.Namespace) -> None:

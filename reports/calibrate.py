@@ -29,8 +29,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attnbench.ab import DEFAULT_BUDGET_S
-from attnbench.machine import cpu_name
+from attnbench.measure.environment import cpu_name
 from attnbench.reports import calibrate_runs
 from attnbench.reports.calibrate_ab import calibrate_ab, rates
 from attnbench.reports.calibrate_runs import (
@@ -43,6 +42,7 @@ from attnbench.reports.calibrate_runs import (
     slowed,
 )  # fmt: skip
 from attnbench.reports.compare import Settings, compare_frames
+from attnbench.runner.ab import DEFAULT_BUDGET_S
 
 # --quick: 4 runs at S 256 with short budgets, the step at run 3, ab one pass: the machinery, not the machine.
 QUICK_RUNS, QUICK_STEP_AT, QUICK_REPEAT, QUICK_AB_PASSES, QUICK_AB_BUDGET_S = 4, 3, 2, 1, 0.5

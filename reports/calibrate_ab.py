@@ -29,11 +29,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from attnbench import registry
-from attnbench.ab import DEFAULT_BUDGET_S, DEFAULT_THRESHOLD, AbOptions, Version, run_case
-from attnbench.contender import Contender
-from attnbench.inputs import AttentionInputs
+from attnbench.contenders import registry
+from attnbench.contenders.contract import Contender
+from attnbench.runner.ab import DEFAULT_BUDGET_S, DEFAULT_THRESHOLD, AbOptions, Version, run_case
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
 
 FACTORS = (1.05, 1.10, 1.25)
 CONTENDERS = ("bmm", "sdpa_flash")

@@ -33,9 +33,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attnbench import registry
-from attnbench.contender import Contender
-from attnbench.inputs import AttentionInputs
+from attnbench.contenders import registry
+from attnbench.contenders.contract import Contender
 from attnbench.reports.calibrate_ab import Slowed
 from attnbench.reports.changes import ALPHA, MIN_CHANGE
 from attnbench.reports.compare import Settings, compare_frames
@@ -44,6 +43,7 @@ from attnbench.reports.history import case_histories, change_records, normalise_
 from attnbench.reports.noise_floor import history_sigmas
 from attnbench.reports.normalise import normalise, references, ridge_from_meta
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
 
 SLOWDOWNS = (1.05, 1.10, 1.25)
 CONTENDERS = ("bmm", "einsum", "sdpa_flash")

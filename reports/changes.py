@@ -2,7 +2,7 @@
 
 Definitions first:
 
-* **series** — one case (``attnbench.results.CASE_COLUMNS``) on one machine: its ``ok`` runs in order of
+* **series** — one case (``attnbench.runner.results.CASE_COLUMNS``) on one machine: its ``ok`` runs in order of
   start time, y_i = ln(median_ms of run i). Working in logs makes every size relative.
 * **run noise** σ_i, on the log scale: with ``repeat_medians_ms`` (k ≥ 2 medians from separate worker
   processes) the standard error of their mean log, sd/√k — source ``repeats``; otherwise the run's own

@@ -58,7 +58,7 @@ from scipy.stats import mannwhitneyu, ttest_ind
 from scipy.stats import t as student_t
 
 from attnbench.errors import UsageError
-from attnbench.measure import median_ci_halfwidth
+from attnbench.measure.stopwatch import median_ci_halfwidth
 from attnbench.reports.drift import workload_shifts
 from attnbench.reports.frames import load_runs, workload_label
 from attnbench.reports.noise_floor import (
@@ -70,7 +70,7 @@ from attnbench.reports.noise_floor import (
     lookup,
 )
 from attnbench.reports.normalise import normalise, references, ridge_from_meta
-from attnbench.results import CASE_COLUMNS, YARDSTICK_COLUMNS
+from attnbench.runner.results import CASE_COLUMNS, YARDSTICK_COLUMNS
 
 MATCH_ON = CASE_COLUMNS
 HistorySigmas = dict[tuple[Any, ...], HistoryNoise]  # case or regime key → its spread (reports.noise_floor)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from attnbench.results import CASE_COLUMNS
+from attnbench.runner.results import CASE_COLUMNS
 
 MIN_CASES_FOR_SHIFT = 3  # cases (over ≥ 2 contenders) needed before a run-wide shift is estimated
 MIN_CONTENDERS_PER_WORKLOAD = 3  # a workload's own shift is the median of this many contenders or more

@@ -3,7 +3,7 @@
 Definitions:
 
 * a *family* is the rows that agree on everything but the workload's sizes (``FAMILY``: machine, device,
-  dtype, mask, pass, hidden, module, and the feature tags of ``attnbench.axes.tags``: window, sinks, KV type,
+  dtype, mask, pass, hidden, module, and the feature tags of ``attnbench.workload.axes.tags``: window, sinks, KV type,
   the model preset and its kind of layer …, which also end the panel's title);
 * its x axis is the first of ``X_AXES`` whose values vary within it (:func:`x_axis`): sequence length
   first, then key length alone, heads, head_dim, batch; ``None`` when nothing varies (every contender has
@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.axes import tags
+from attnbench.workload.axes import tags
 
 X_AXES = ["seq_q", "seq_k", "heads", "head_dim", "batch"]  # the first that varies goes on x
 SIZES = ["batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim"]

@@ -3,7 +3,7 @@
 A run is either an attnbench run folder (``results.parquet`` or, for an interrupted run, ``rows.jsonl``,
 plus ``meta.json``) or a pytest-benchmark JSON file written by our pytest front end
 (``pytest suites/ --benchmark-json=FILE``). Every row gets the results columns (see
-``attnbench.results.COLUMNS``) plus:
+``attnbench.runner.results.COLUMNS``) plus:
 
 * ``run`` — which run it came from (the folder or file name, made unique);
 * ``machine`` — the machine it ran on (CPU or GPU name and host), so identical cases from different
@@ -21,10 +21,10 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.axes import MODEL, case_label, is_decode
 from attnbench.errors import UsageError
-from attnbench.reproduce import Reproducer
-from attnbench.results import CASE_COLUMNS, COLUMNS, fill_feature_defaults, load_results, rows_to_frame
+from attnbench.runner.reproduce import Reproducer
+from attnbench.runner.results import CASE_COLUMNS, COLUMNS, fill_feature_defaults, load_results, rows_to_frame
+from attnbench.workload.axes import MODEL, case_label, is_decode
 
 EXTRA_COLUMNS = ["run", "machine", "source"]
 ESSENTIAL = ["impl", "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "mask", "pass",
@@ -152,7 +152,7 @@ def load_runs(paths: list[Path]) -> tuple[pd.DataFrame, list[Run]]:
 
 def workload_label(row: Any, with_seq: bool = True) -> str:
     """'cpu float32 B1 H8/2 S128x256 D64 causal fwd' from a results row (a dict or Series): the core's case
-    label (``attnbench.axes.case_label``) with the machine's side first."""
+    label (``attnbench.workload.axes.case_label``) with the machine's side first."""
     return case_label(row, with_seq=with_seq, device_first=True)
 
 

@@ -2,7 +2,7 @@
 
 Reads the store (``reports.store``; never writes it), keeps ``ok`` rows, optionally of some contenders
 (``--impl``) and matching ``--where COLUMN=VALUE`` (any column of ``rows`` or ``runs``, compared as
-text), groups them into series — one per case (``attnbench.results.CASE_COLUMNS``) and machine, in
+text), groups them into series — one per case (``attnbench.runner.results.CASE_COLUMNS``) and machine, in
 order of start time — finds steps in each (``reports.changes``) and writes ``history.html`` (one
 self-contained page: a trend per case as inline SVG, filters, the table of steps, the runs) and
 ``changes.csv`` (one line per step).
@@ -24,14 +24,14 @@ import numpy as np
 import pandas as pd
 
 import attnbench
-from attnbench.axes import LABELLED_COLUMNS
 from attnbench.errors import UsageError
 from attnbench.reports.changes import Point, SeriesChanges, Step, detect, run_noise
 from attnbench.reports.frames import workload_label
 from attnbench.reports.normalise import normalise, references, ridge_from_meta
 from attnbench.reports.store import table_columns
 from attnbench.reports.trend import PALETTE, commit_label, panel
-from attnbench.results import CASE_COLUMNS, REPEAT_YARDSTICK_COLUMNS, YARDSTICK_COLUMNS
+from attnbench.runner.results import CASE_COLUMNS, REPEAT_YARDSTICK_COLUMNS, YARDSTICK_COLUMNS
+from attnbench.workload.axes import LABELLED_COLUMNS
 
 # Columns that workload_label shows; any other case column (one a newer attnbench adds) is shown as col=value.
 LABELLED = set(LABELLED_COLUMNS)

@@ -18,10 +18,10 @@ import markupsafe
 import pandas as pd
 
 import attnbench
-from attnbench.axes import features_asked
 from attnbench.reports.frames import Run, labels, machine_label, workload_label
 from attnbench.reports.plots import speedup_table
 from attnbench.reports.table import results_table_html
+from attnbench.workload.axes import features_asked
 
 CAPTIONS = {
     "latency.png": "median time per call (log axis where times span 3× or more); one colour per contender throughout.",

@@ -14,7 +14,7 @@ import pandas as pd
 
 from attnbench.errors import UsageError
 from attnbench.reports.frames import CASE_KEY, load_runs, workload_label
-from attnbench.results import write_frame, write_text
+from attnbench.runner.results import write_frame, write_text
 
 
 def merge_runs(paths: list[Path], out_dir: Path, command: str) -> pd.DataFrame:

@@ -5,7 +5,7 @@ hours — the drift that makes two runs of identical code differ. The store has 
 of the same case on the same machine. So ``compare --db STORE`` takes each case's floor from there, as a
 prediction interval for the one quantity ``compare`` decides on:
 
-* **series** — the case (``attnbench.results.CASE_COLUMNS``) on one machine, its ok runs in the store in
+* **series** — the case (``attnbench.runner.results.CASE_COLUMNS``) on one machine, its ok runs in the store in
   order of start time, the runs being compared left out (``exclude``); the last ``HISTORY_RUNS`` of them;
   ``MIN_HISTORY_RUNS`` at least.
 * **successive differences** — for each two successive runs a, b of the series, the case's relative change
@@ -55,7 +55,7 @@ import pandas as pd
 
 from attnbench.reports.drift import workload_shifts
 from attnbench.reports.normalise import normalise, references, ridge_from_meta, yardstick_of
-from attnbench.results import CASE_COLUMNS
+from attnbench.runner.results import CASE_COLUMNS
 
 HISTORY_RUNS = 20  # the newest stored runs of a case that its spread is taken from
 MIN_HISTORY_RUNS = 5  # fewer than this and the case's floor is pooled (or its own runs')

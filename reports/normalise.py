@@ -1,6 +1,6 @@
 """Times normalised by the yardstick that matches each case's place on the roofline (``--normalise yardstick``).
 
-Every row of a CPU run keeps the rates its rounds measured for the two yardsticks (``attnbench.yardsticks``):
+Every row of a CPU run keeps the rates its rounds measured for the two yardsticks (``attnbench.measure._yardsticks``):
 ``yardstick_fma_gflops`` and ``yardstick_stream_gbps``. A minute when the machine runs a kernel 10 % slower
 runs the yardstick ~10 % slower too, so time × rate is the machine's speed divided out.
 
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from attnbench.results import REPEAT_YARDSTICK_COLUMNS, YARDSTICK_COLUMNS
+from attnbench.runner.results import REPEAT_YARDSTICK_COLUMNS, YARDSTICK_COLUMNS
 
 MODES = ("raw", "yardstick")
 SHORT = {"fma_gflops": "fma", "stream_gbps": "stream"}

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from attnbench.registry import declared_names
+from attnbench.contenders.registry import declared_names
 from attnbench.reports.facets import AXIS_LABELS, Facet, facets
 from attnbench.reports.figure_layout import DPI, TITLE_SIZE, finish, legend_right, panel_grid, plain, value_axis
 from attnbench.reports.frames import group_label, labels, phase_of

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from attnbench.axes import BY_NAME, WORKLOAD_AXES
 from attnbench.errors import UsageError
 from attnbench.reports.frames import CASE_KEY, workload_label
+from attnbench.workload.axes import BY_NAME, WORKLOAD_AXES
 
 WORKLOAD_KEY = [c for c in CASE_KEY if c != "impl"]
 PAIR_KEY = [*WORKLOAD_KEY, "run"]  # a merged folder may hold one case from several runs: pair within a run

@@ -10,7 +10,7 @@ Definitions first:
   ``machine``, ``git_commit`` and ``git_dirty`` (the working directory's commit recorded at run time,
   else attnbench's own), ``started_at`` (UTC), ``attnbench_version``, ``torch_version``, ``suite``,
   ``command``, ``n_rows``, ``stored_at``, ``meta_json`` (meta.json as it was).
-* **rows** — ``run_id`` plus every results column of that run (``attnbench.results.COLUMNS``, and
+* **rows** — ``run_id`` plus every results column of that run (``attnbench.runner.results.COLUMNS``, and
   ``run``, ``machine``, ``source`` from ``reports.frames``). A column a newer attnbench adds is added to
   the table when the first run that has it is stored; older runs read NULL there. A column whose type
   changes is widened (integer to DOUBLE, else VARCHAR), never narrowed.

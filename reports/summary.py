@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.reports.frames import workload_label
-from attnbench.results import CASE_COLUMNS
+from attnbench.runner.results import CASE_COLUMNS
 
 GROUP = CASE_COLUMNS[1:]  # the workload columns that identify a case
 

@@ -20,7 +20,7 @@ from itables import to_html_datatable
 from itables.javascript import generate_init_offline_itables_html
 from itables.options import dt_bundle
 
-from attnbench.axes import case_label, tags
+from attnbench.workload.axes import case_label, tags
 
 TABLE_ID = "results-table"
 PAGE_LENGTH = 25

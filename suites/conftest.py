@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from attnbench import registry
-from attnbench.allocator import configure_cpu_allocator
 from attnbench.cli import parse_axis_overrides
-from attnbench.suite import expand, load_suite
+from attnbench.contenders import registry
+from attnbench.measure.allocator import configure_cpu_allocator
+from attnbench.workload.suite import expand, load_suite
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

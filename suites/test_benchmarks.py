@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from attnbench import registry
-from attnbench.contender import Unsupported
-from attnbench.runner import not_runnable, prepare_checked
+from attnbench.contenders import registry
+from attnbench.contenders.contract import Unsupported
+from attnbench.runner.cases import not_runnable, prepare_checked
 from attnbench.workload import Workload
 
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import attnbench
-from attnbench import registry
 from attnbench.cli import main
+from attnbench.contenders import registry
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager reach for the network

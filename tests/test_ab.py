@@ -14,9 +14,10 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench import Capabilities, Contender, registry
-from attnbench.ab import MIN_PAIRS, PairedRatio, paired_ratio, verdict
+from attnbench import Capabilities, Contender
+from attnbench.contenders import registry
 from attnbench.reports.ab_report import draw_ratios
+from attnbench.runner.ab import MIN_PAIRS, PairedRatio, paired_ratio, verdict
 
 from conftest import attnbench_cmd, run_subprocess
 
@@ -285,7 +286,7 @@ def test_a_contender_outside_git_is_bad_input(cli, tmp_path, loose_contender):
 
 
 def test_paired_rounds_give_every_contender_a_sample_in_every_round_with_one_block_size():
-    from attnbench.measure import PAIRED_BLOCK_GROWTH, time_cpu_rounds
+    from attnbench.measure.stopwatch import PAIRED_BLOCK_GROWTH, time_cpu_rounds
 
     def work(n):
         return lambda: sum(range(n))
@@ -315,7 +316,7 @@ def test_calibration_summary_counts_false_alarms_and_catches():
 
 def test_the_slowed_calibration_contender_is_correct_and_does_extra_work():
     from attnbench.reports.calibrate_ab import Slowed
-    from attnbench.runner import prepare_checked
+    from attnbench.runner.cases import prepare_checked
     from attnbench.workload import Workload
 
     slowed = Slowed(registry.get("bmm").contender, 1.25)
@@ -347,8 +348,8 @@ class Single(Contender):
 
 
 def test_a_single_file_contender_at_the_base_revision_lives_beside_the_working_tree(tmp_path, planted, monkeypatch):
-    from attnbench import revision
-    from attnbench.ab import revision_versions
+    from attnbench.contenders import _revision as revision
+    from attnbench.runner.ab import revision_versions
 
     repo = tmp_path / "single"
     repo.mkdir()
@@ -379,9 +380,9 @@ def test_a_single_file_contender_at_the_base_revision_lives_beside_the_working_t
 def test_fused_cpu_at_the_base_revision_builds_from_that_revisions_sources(tmp_path):
     """attnbench's own kernel: the base revision's package imports its own ``bindings``, which finds the
     C++ sources beside it in the extracted folder (the build is keyed by their contents)."""
-    from attnbench import revision
-    from attnbench.ab import revision_versions
-    from attnbench.runner import prepare_checked
+    from attnbench.contenders import _revision as revision
+    from attnbench.runner.ab import revision_versions
+    from attnbench.runner.cases import prepare_checked
     from attnbench.workload import Workload
 
     current = registry.get("fused_cpu").contender
@@ -400,8 +401,8 @@ def test_fused_cpu_at_the_base_revision_builds_from_that_revisions_sources(tmp_p
 
 
 def test_the_sweep_is_the_suites_workloads_with_the_axis_flags_applied():
-    from attnbench.ab import sweep_workloads
-    from attnbench.suite import expand, load_suite
+    from attnbench.runner.ab import sweep_workloads
+    from attnbench.workload.suite import expand, load_suite
 
     assert [w.label() for w in sweep_workloads(None, {})] == ["B1 H8 S1024 D64 float32 cpu none fwd"]
     quick = sweep_workloads("quick", {})
@@ -428,7 +429,7 @@ class Recording(Contender):
 def test_both_versions_read_the_same_inputs_not_a_copy_each():
     """Two copies of a 256 MiB cache don't lie alike in memory, which moved A/A on a memory-bound decode to
     B/A 0.92: A and B read one set of tensors."""
-    from attnbench.ab import AbOptions, Version, run_case, sweep_workloads
+    from attnbench.runner.ab import AbOptions, Version, run_case, sweep_workloads
 
     a, b = Recording(), Recording()
     (workload,) = sweep_workloads(None, {"heads": [2], "seq": [64], "head_dim": [16]})

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 import attnbench.impls
-from attnbench import ab, registry, revision
+from attnbench.contenders import _revision as revision
+from attnbench.contenders import registry
+from attnbench.runner import ab
 from attnbench.workload import Workload
 
 from conftest import attnbench_cmd, run_subprocess

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attnbench
-from attnbench.results import COLUMNS
+from attnbench.runner.results import COLUMNS
 
 from conftest import REPO
 

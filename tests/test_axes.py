@@ -6,12 +6,12 @@ import inspect
 import pytest
 
 import attnbench
-from attnbench.axes import SWEEP_AXES, WORKLOAD_COLUMNS, case_label, features_asked, reproduce_flags
 from attnbench.cli import build_parser, run_request
-from attnbench.request import RunSettings, build_request
-from attnbench.results import COLUMNS
-from attnbench.run_command import plan_cases
+from attnbench.runner.request import RunSettings, build_request
+from attnbench.runner.results import COLUMNS
+from attnbench.runner.sweep import plan_cases
 from attnbench.workload import Workload
+from attnbench.workload.axes import SWEEP_AXES, WORKLOAD_COLUMNS, case_label, features_asked, reproduce_flags
 
 CASES = [
     Workload(2, 8, 2, 128, 256, 64, mask="causal_bottom_right", page_size=64),

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from attnbench import Workload, make_inputs
-from attnbench.check import check_grads
-from attnbench.flops import attention_flops
-from attnbench.reference import reference_grads
-from attnbench.runner import RunOptions, prepare_checked, run_case
+from attnbench.runner.cases import RunOptions, prepare_checked, run_case
+from attnbench.workload.check import check_grads
+from attnbench.workload.flops import attention_flops
+from attnbench.workload.reference import reference_grads
 
 AUTOGRAD_CPU = ["bmm", "einsum", "sdpa_math", "sdpa_flash"]
 
@@ -27,7 +27,7 @@ def test_reference_grads_match_autograd_of_the_dense_formula():
 def test_reference_grads_in_chunks_equal_one_chunk(monkeypatch):
     inputs = make_inputs(Workload(1, 2, 1, 40, 24, 8, mask="padding"))
     whole = reference_grads(inputs)
-    monkeypatch.setattr("attnbench.reference.GRAD_CHUNK_ELEMENTS", 2 * 24 * 3)  # 3 rows per chunk
+    monkeypatch.setattr("attnbench.workload.reference.GRAD_CHUNK_ELEMENTS", 2 * 24 * 3)  # 3 rows per chunk
     for got, want in zip(reference_grads(inputs), whole, strict=True):
         assert torch.allclose(got, want, atol=1e-12)
 

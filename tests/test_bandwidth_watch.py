@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from attnbench import bandwidth_watch
-from attnbench.bandwidth_watch import MOVED_FLOOR, BandwidthWatch, moved_warning, spread
-from attnbench.ceilings import Ceilings
-from attnbench.native_build import BuildError
+from attnbench.measure import _bandwidth_watch as bandwidth_watch
+from attnbench.measure._bandwidth_watch import MOVED_FLOOR, BandwidthWatch, moved_warning, spread
+from attnbench.measure._ceilings import Ceilings
+from attnbench.measure.native_build import BuildError
 from attnbench.reports.frames import load_runs
 from attnbench.reports.html import bandwidth_during_run, write_report
 
@@ -117,7 +117,7 @@ def test_run_keeps_the_bandwidth_in_meta_warns_and_the_report_shows_it(cli, tmp_
     monkeypatch.setattr(bandwidth_watch, "measure_streams", fake((80.0, 60.0), (33.0, 58.0)))
     ceilings = Ceilings("cpu", "Test CPU", 1, torch.__version__, matmul_tflops={"float32": 0.1}, copy_gbps=20.0,
                         roof_tflops={"float32": 0.2}, roof_gbps=50.0)  # fmt: skip
-    monkeypatch.setattr("attnbench.run_command._measure_ceilings", lambda cases, threads, again: {"cpu": ceilings})
+    monkeypatch.setattr("attnbench.runner.sweep._measure_ceilings", lambda cases, threads, again: {"cpu": ceilings})
     out = tmp_path / "run"
     code, _, err = cli("run", "--impl", "bmm", "--seq", "64", "--heads", "2", "--budget-s", "0.02", "--no-memory",
                        "--isolate", "none", "--progress", "off", "--out", str(out))  # fmt: skip

@@ -6,13 +6,13 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench import hardware
-from attnbench.ceilings import CACHE_VERSION, cache_dir, load_ceilings
-from attnbench.datasheet import lookup
 from attnbench.errors import UsageError
-from attnbench.native_build import BuildError, cpu_flags, load_library
-from attnbench.noise import result_warnings
-from attnbench.runner import RunOptions, run_case
+from attnbench.measure import _hardware as hardware
+from attnbench.measure._ceilings import CACHE_VERSION, cache_dir, load_ceilings
+from attnbench.measure._datasheet import lookup
+from attnbench.measure.native_build import BuildError, cpu_flags, load_library
+from attnbench.runner._noise import result_warnings
+from attnbench.runner.cases import RunOptions, run_case
 from attnbench.workload import Workload
 
 FLAGS = cpu_flags()
@@ -115,8 +115,8 @@ def test_triad_arrays_dwarf_the_last_level_cache():
 def test_no_compiler_falls_back_to_the_library_rates_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    monkeypatch.setattr("attnbench.ceilings.MATMUL_N", {"cpu": 256, "cuda": 256})
-    monkeypatch.setattr("attnbench.ceilings.COPY_BYTES", {"cpu": 2**22, "cuda": 2**22})
+    monkeypatch.setattr("attnbench.measure._ceilings.MATMUL_N", {"cpu": 256, "cuda": 256})
+    monkeypatch.setattr("attnbench.measure._ceilings.COPY_BYTES", {"cpu": 2**22, "cuda": 2**22})
     with pytest.raises(BuildError, match="no C\\+\\+ compiler: '/nonexistent/c\\+\\+' not found"):
         load_library("hardware_kernels", hardware.SOURCE)
     c = load_ceilings("cpu", ["float32"], 1)
@@ -129,8 +129,8 @@ def test_no_compiler_falls_back_to_the_library_rates_with_the_reason(tmp_path, m
 
 @needs_compiler
 def test_an_isa_cap_has_its_own_cache_entry(quick, monkeypatch):
-    monkeypatch.setattr("attnbench.ceilings.MATMUL_N", {"cpu": 64, "cuda": 64})
-    monkeypatch.setattr("attnbench.ceilings.COPY_BYTES", {"cpu": 2**20, "cuda": 2**20})
+    monkeypatch.setattr("attnbench.measure._ceilings.MATMUL_N", {"cpu": 64, "cuda": 64})
+    monkeypatch.setattr("attnbench.measure._ceilings.COPY_BYTES", {"cpu": 2**20, "cuda": 2**20})
     monkeypatch.setenv(hardware.ISA_ENV, "generic")
     capped = load_ceilings("cpu", ["bfloat16"], 1)
     assert capped.roof_source["bfloat16"].startswith(("measured fma kernel: generic c++ fp32", "measured matmul"))
@@ -188,8 +188,8 @@ def test_datasheet_lookup_by_device_name():
 def _fake_gpu(monkeypatch, tmp_path, name):
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
-    monkeypatch.setattr("attnbench.ceilings.measure_matmul_tflops", lambda device, dtype, threads: 600.0)
-    monkeypatch.setattr("attnbench.ceilings.measure_copy_gbps", lambda device, threads: 2900.0)
+    monkeypatch.setattr("attnbench.measure._ceilings.measure_matmul_tflops", lambda device, dtype, threads: 600.0)
+    monkeypatch.setattr("attnbench.measure._ceilings.measure_copy_gbps", lambda device, threads: 2900.0)
 
 
 def test_gpu_roof_is_the_datasheet_where_the_device_is_known(monkeypatch, tmp_path):
@@ -246,7 +246,7 @@ def test_read_stream_bandwidth_and_the_roof_bounds_both_streams(quick):
 
 @pytest.mark.parametrize("copy_gbps", [10.0, 50.0])  # below both streams, then above both
 def test_the_bandwidth_source_names_both_streams_whichever_wins(monkeypatch, copy_gbps):
-    from attnbench.ceilings import Ceilings, _cpu_bandwidth_roof
+    from attnbench.measure._ceilings import Ceilings, _cpu_bandwidth_roof
 
     monkeypatch.setattr(hardware, "triad_gbps", lambda threads: (30.0, "triad a = b + s·c"))
     monkeypatch.setattr(hardware, "read_gbps", lambda threads: (25.0, "read stream Σ a"))

@@ -3,8 +3,8 @@ import math
 import torch
 
 from attnbench import Workload, make_inputs
-from attnbench.check import check_output
-from attnbench.reference import reference_output, sample_rows
+from attnbench.workload.check import check_output
+from attnbench.workload.reference import reference_output, sample_rows
 
 
 def _correct(inputs):

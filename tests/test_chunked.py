@@ -7,11 +7,12 @@ import subprocess
 import pytest
 import torch
 
-from attnbench import UsageError, Workload, make_inputs, registry
-from attnbench.flops import attention_bytes, attention_flops, kv_positions_read
-from attnbench.masks import dense_mask_of, key_ranges, key_span, visible_pairs
-from attnbench.reference import reference_output
-from attnbench.runner import not_runnable, prepare_checked
+from attnbench import UsageError, Workload, make_inputs
+from attnbench.contenders import registry
+from attnbench.runner.cases import not_runnable, prepare_checked
+from attnbench.workload.flops import attention_bytes, attention_flops, kv_positions_read
+from attnbench.workload.masks import dense_mask_of, key_ranges, key_span, visible_pairs
+from attnbench.workload.reference import reference_output
 
 from conftest import attnbench_cmd
 

@@ -3,7 +3,7 @@ import json
 import pandas as pd
 import pytest
 
-from attnbench.results import COLUMNS
+from attnbench.runner.results import COLUMNS
 
 from conftest import attnbench_cmd, run_subprocess
 

@@ -8,7 +8,7 @@ import pytest
 
 from attnbench.reports.calibrate import calibrate, slowed
 from attnbench.reports.compare import Evidence, Settings, evidence, verdict
-from attnbench.results import make_row, rows_to_frame
+from attnbench.runner.results import make_row, rows_to_frame
 from attnbench.workload import Workload
 
 IMPLS = ("bmm", "einsum", "sdpa_flash")

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from attnbench import registry
-from attnbench.runner import RunOptions, not_runnable, prepare_checked, run_case
+from attnbench.contenders import registry
+from attnbench.runner.cases import RunOptions, not_runnable, prepare_checked, run_case
 from attnbench.workload import Workload
 
 BUILTINS = [

@@ -11,9 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench import gpu_state, measure_cuda
-from attnbench.measure import SampleError
-from attnbench.noise import result_warnings
+from attnbench.measure import _gpu_state as gpu_state
+from attnbench.measure import stopwatch_cuda as measure_cuda
+from attnbench.measure.stopwatch import SampleError
+from attnbench.runner._noise import result_warnings
 
 KERNEL_MS = 0.2  # GPU time of one warm call
 COLD_EXTRA_MS = 0.05  # what the same call costs more right after L2 was flushed

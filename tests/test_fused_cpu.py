@@ -8,7 +8,7 @@ import stat
 import pytest
 import torch
 
-from attnbench import registry
+from attnbench.contenders import registry
 from attnbench.errors import UsageError
 from attnbench.impls.fused_cpu import (
     BLOCK_K,
@@ -23,8 +23,8 @@ from attnbench.impls.fused_cpu import (
 )
 from attnbench.impls.fused_cpu import bindings as _cpu_kernel
 from attnbench.impls.fused_cpu.bindings import ScoreOptions
-from attnbench.memory import peak_memory_mb
-from attnbench.runner import prepare_checked
+from attnbench.measure._memory import peak_memory_mb
+from attnbench.runner.cases import prepare_checked
 from attnbench.workload import Workload
 
 pytestmark = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")

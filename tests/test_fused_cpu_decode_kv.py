@@ -13,8 +13,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from attnbench import paged as paged_module
-from attnbench.check import check_output
 from attnbench.impls.fused_cpu import (
     DECODE_FEATURES,
     bindings,
@@ -23,9 +21,11 @@ from attnbench.impls.fused_cpu import (
     paged_decode,
     reads_pages_in_place,
 )
-from attnbench.inputs import make_inputs
-from attnbench.runner import RunOptions, prepare_checked, run_case
+from attnbench.runner.cases import RunOptions, prepare_checked, run_case
 from attnbench.workload import Workload
+from attnbench.workload import paged as paged_module
+from attnbench.workload.check import check_output
+from attnbench.workload.inputs import make_inputs
 
 pytestmark = pytest.mark.skipif(bindings.unavailable_reason() is not None, reason="no C++ compiler here")
 

@@ -11,9 +11,9 @@ import torch
 
 import attnbench.impls.fused_cpu as fused
 from attnbench.impls.fused_cpu import bindings, contender, folds, ragged_padding
-from attnbench.inputs import make_inputs
-from attnbench.runner import RunOptions, prepare_checked, run_case
+from attnbench.runner.cases import RunOptions, prepare_checked, run_case
 from attnbench.workload import Workload
+from attnbench.workload.inputs import make_inputs
 
 pytestmark = pytest.mark.skipif(bindings.unavailable_reason() is not None, reason="no C++ compiler here")
 

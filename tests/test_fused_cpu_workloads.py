@@ -11,13 +11,13 @@ import ctypes
 import pytest
 import torch
 
-from attnbench import paged as paged_module
 from attnbench.impls.fused_cpu import bindings as _cpu_kernel
 from attnbench.impls.fused_cpu import contender, reads_pages_in_place, score_options
-from attnbench.paged import gather_bytes, gather_pages
-from attnbench.predict import predict
-from attnbench.runner import RunOptions, prepare_checked, run_case
+from attnbench.runner._predict import predict
+from attnbench.runner.cases import RunOptions, prepare_checked, run_case
 from attnbench.workload import Workload
+from attnbench.workload import paged as paged_module
+from attnbench.workload.paged import gather_bytes, gather_pages
 
 pytestmark = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")
 

@@ -20,10 +20,10 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench.check import GRAD_TOLERANCES, TOLERANCES
 from attnbench.impls.fused_triton import NEEDS_CUDA, contender
-from attnbench.masks import document_lengths
 from attnbench.workload import MASKS, Workload
+from attnbench.workload.check import GRAD_TOLERANCES, TOLERANCES
+from attnbench.workload.masks import document_lengths
 
 from conftest import attnbench_cmd, run_cases_split, run_subprocess
 
@@ -37,11 +37,11 @@ INTERPRETER = {"TRITON_INTERPRET": "1"}
 _CHECK_CASES = """
 import json, sys
 import torch
-from attnbench.check import check_grads, check_output
+from attnbench.workload.check import check_grads, check_output
 from attnbench.impls.fused_triton import contender
-from attnbench.inputs import AttentionInputs, make_inputs
-from attnbench.paged import gathered
-from attnbench.runner import prepare_checked
+from attnbench.workload.inputs import AttentionInputs, make_inputs
+from attnbench.workload.paged import gathered
+from attnbench.runner.cases import prepare_checked
 from attnbench.workload import Workload
 
 def strided(t):  # same values in (B, S, H, D) memory order, rows D + 8 apart

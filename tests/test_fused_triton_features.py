@@ -33,7 +33,6 @@ from typing import Any
 import pytest
 import torch
 
-from attnbench.check import GRAD_TOLERANCES, TOLERANCES
 from attnbench.impls.fused_triton import (
     SHARED_PREFIX_BACKWARD,
     SHARED_PREFIX_FP8,
@@ -41,6 +40,7 @@ from attnbench.impls.fused_triton import (
     contender,
 )
 from attnbench.workload import Workload
+from attnbench.workload.check import GRAD_TOLERANCES, TOLERANCES
 
 from conftest import run_cases_split
 
@@ -49,13 +49,13 @@ INTERPRETER = {"TRITON_INTERPRET": "1"}
 _CHECK = """
 import json, sys
 import torch
-from attnbench.check import check_output
+from attnbench.workload.check import check_output
 from attnbench.impls.fused_triton import contender
 from attnbench.impls.fused_triton.flash import INTERPRETER_TILES, forward
-from attnbench.inputs import AttentionInputs, make_inputs
-from attnbench.masks import key_ranges
-from attnbench.reference import reference_grads
-from attnbench.runner import prepare_checked
+from attnbench.workload.inputs import AttentionInputs, make_inputs
+from attnbench.workload.masks import key_ranges
+from attnbench.workload.reference import reference_grads
+from attnbench.runner.cases import prepare_checked
 from attnbench.workload import Workload
 
 def grad_errors(w, prepared):  # each gradient's error relative to its own scale, as check_grads measures it

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from attnbench.check import GRAD_TOLERANCES, TOLERANCES
+from attnbench.workload.check import GRAD_TOLERANCES, TOLERANCES
 
 from conftest import run_subprocess
 

@@ -22,8 +22,8 @@ from attnbench.impls.fused_triton import flash as _triton_flash  # noqa: E402
 from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E402
 from attnbench.impls.fused_triton import tiles as _triton_tiles  # noqa: E402
 from attnbench.impls.fused_triton.tiles import CUDA_TILES, Tile, prune, shared_bytes  # noqa: E402
-from attnbench.inputs import make_inputs  # noqa: E402
 from attnbench.workload import Workload  # noqa: E402
+from attnbench.workload.inputs import make_inputs  # noqa: E402
 
 H100_SHARED, A100_SHARED = 227 * 1024, 163 * 1024
 

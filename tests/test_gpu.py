@@ -11,13 +11,13 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from attnbench import registry
-from attnbench.ab import AbOptions, Version, run_case
-from attnbench.contender import Contender
-from attnbench.inputs import AttentionInputs
-from attnbench.measure_cuda import time_cuda
-from attnbench.runner import RunOptions, run_group
+from attnbench.contenders import registry
+from attnbench.contenders.contract import Contender
+from attnbench.measure.stopwatch_cuda import time_cuda
+from attnbench.runner.ab import AbOptions, Version, run_case
+from attnbench.runner.cases import RunOptions, run_group
 from attnbench.workload import Workload
+from attnbench.workload.inputs import AttentionInputs
 
 pytestmark = pytest.mark.cuda
 

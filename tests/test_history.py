@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnbench import registry
 from attnbench.cli import main
-from attnbench.machine import workdir_git
+from attnbench.contenders import registry
+from attnbench.measure.environment import workdir_git
 from attnbench.reports.changes import Point, detect, run_noise
 from attnbench.reports.store import SCHEMA_VERSION
 

@@ -9,7 +9,7 @@ import pytest
 
 from attnbench.reports.compare import Settings, compare_frames, history_floor
 from attnbench.reports.noise_floor import case_key, history_sigmas, spread_of
-from attnbench.results import make_row, rows_to_frame
+from attnbench.runner.results import make_row, rows_to_frame
 from attnbench.workload import Workload
 
 IMPLS = ("bmm", "einsum", "sdpa_flash")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attnbench.results import case_key
+from attnbench.runner.results import case_key
 
 from conftest import attnbench_cmd, fake_distribution, run_subprocess
 
@@ -58,7 +58,11 @@ def workers_of(parent: int) -> set[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if state != "Z" and any(b"attnbench.worker_main" in a for a in argv) and argv[-1] == str(parent).encode():
+        if (
+            state != "Z"
+            and any(b"attnbench.runner._worker_main" in a for a in argv)
+            and argv[-1] == str(parent).encode()
+        ):
             found.add(int(entry.name))
     return found
 
@@ -221,7 +225,7 @@ def signals_not_ignored():
 
 
 def test_signals_are_counted_and_the_handlers_restored(tmp_path, signals_not_ignored):
-    from attnbench.interrupts import StopSignals
+    from attnbench.runner._interrupts import StopSignals
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     exits = []
@@ -240,7 +244,7 @@ def test_signals_are_counted_and_the_handlers_restored(tmp_path, signals_not_ign
 
 def test_an_ignored_signal_stays_ignored(tmp_path):
     """Under nohup SIGHUP is ignored before the run starts; the run must not start listening to it."""
-    from attnbench.interrupts import StopSignals
+    from attnbench.runner._interrupts import StopSignals
 
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
@@ -253,7 +257,7 @@ def test_an_ignored_signal_stays_ignored(tmp_path):
 
 
 def test_a_write_cut_short_leaves_the_old_file_whole(tmp_path):
-    from attnbench.results import replacing, write_text
+    from attnbench.runner.results import replacing, write_text
 
     path = tmp_path / "meta.json"
     write_text(path, '{"finished": false}\n')

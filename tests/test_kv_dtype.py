@@ -10,15 +10,16 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from attnbench import Workload, make_inputs, registry
-from attnbench.check import TOLERANCES
-from attnbench.contender import Capabilities, Contender
-from attnbench.flops import attention_bytes, kv_scale_bytes
-from attnbench.inputs import AttentionInputs, workload_seed
-from attnbench.kv_cache import dequantize, dequantized_bytes, position_scales
-from attnbench.paged import gather_pages
-from attnbench.predict import input_bytes, predict
-from attnbench.runner import not_runnable, prepare_checked
+from attnbench import Workload, make_inputs
+from attnbench.contenders import registry
+from attnbench.contenders.contract import Capabilities, Contender
+from attnbench.runner._predict import input_bytes, predict
+from attnbench.runner.cases import not_runnable, prepare_checked
+from attnbench.workload.check import TOLERANCES
+from attnbench.workload.flops import attention_bytes, kv_scale_bytes
+from attnbench.workload.inputs import AttentionInputs, workload_seed
+from attnbench.workload.kv_cache import dequantize, dequantized_bytes, position_scales
+from attnbench.workload.paged import gather_pages
 
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 

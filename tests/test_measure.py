@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from attnbench.measure import MIN_SAMPLES, median_ci_halfwidth, quartiles, time_cpu, warm_up
+from attnbench.measure.stopwatch import MIN_SAMPLES, median_ci_halfwidth, quartiles, time_cpu, warm_up
 
 
 def test_median_ci_uses_order_statistics():

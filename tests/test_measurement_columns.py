@@ -7,14 +7,14 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench import registry
-from attnbench.ceilings import CACHE_VERSION, Ceilings, load_ceilings
-from attnbench.flops import attention_bytes, attention_flops
-from attnbench.memory import peak_memory_mb
-from attnbench.noise import result_warnings
-from attnbench.predict import predict, skip_reason
-from attnbench.runner import RunOptions, prepare_checked, run_case
+from attnbench.contenders import registry
+from attnbench.measure._ceilings import CACHE_VERSION, Ceilings, load_ceilings
+from attnbench.measure._memory import peak_memory_mb
+from attnbench.runner._noise import result_warnings
+from attnbench.runner._predict import predict, skip_reason
+from attnbench.runner.cases import RunOptions, prepare_checked, run_case
 from attnbench.workload import Workload
+from attnbench.workload.flops import attention_bytes, attention_flops
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +48,10 @@ def test_backward_bytes_and_flops():
 
 def test_ceilings_are_cached_and_remeasured(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("attnbench.ceilings.MATMUL_N", {"cpu": 256, "cuda": 256})
-    monkeypatch.setattr("attnbench.ceilings.COPY_BYTES", {"cpu": 2**22, "cuda": 2**22})
-    monkeypatch.setattr("attnbench.hardware.MEASURE_S", 0.02)
-    monkeypatch.setattr("attnbench.hardware.triad_array_bytes", lambda: 2**22)
+    monkeypatch.setattr("attnbench.measure._ceilings.MATMUL_N", {"cpu": 256, "cuda": 256})
+    monkeypatch.setattr("attnbench.measure._ceilings.COPY_BYTES", {"cpu": 2**22, "cuda": 2**22})
+    monkeypatch.setattr("attnbench.measure._hardware.MEASURE_S", 0.02)
+    monkeypatch.setattr("attnbench.measure._hardware.triad_array_bytes", lambda: 2**22)
     first = load_ceilings("cpu", ["float32"], 1)
     assert first.matmul_tflops["float32"] > 0 and first.copy_gbps > 0
     assert first.roof_tflops["float32"] >= first.matmul_tflops["float32"] and first.roof_gbps >= first.copy_gbps
@@ -110,7 +110,7 @@ def test_cases_over_free_memory_are_skipped_before_running():
 
 
 def test_skip_reason_thresholds():
-    from attnbench.predict import Prediction
+    from attnbench.runner._predict import Prediction
 
     assert skip_reason(Prediction(1.0, 0, 0), case_budget_s=10, free_bytes=10) is None
     assert "case budget" in skip_reason(Prediction(4.0, 0, 0), case_budget_s=10, free_bytes=10)

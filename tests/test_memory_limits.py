@@ -10,9 +10,9 @@ import sys
 import pandas as pd
 import pytest
 
-from attnbench import memory
-from attnbench.predict import Prediction, skip_reason
-from attnbench.worker import death_status
+from attnbench.measure import _memory as memory
+from attnbench.runner._predict import Prediction, skip_reason
+from attnbench.runner._worker import death_status
 
 from conftest import attnbench_cmd, fake_distribution
 
@@ -120,9 +120,9 @@ def test_a_worker_the_oom_killer_ended_gives_an_oom_row():
 
 RELEASE = """
 import json, torch
-from attnbench import registry
-from attnbench.allocator import configure_cpu_allocator
-from attnbench.runner import RunOptions, run_group
+from attnbench.contenders import registry
+from attnbench.measure.allocator import configure_cpu_allocator
+from attnbench.runner.cases import RunOptions, run_group
 from attnbench.workload import Workload
 
 def status(key):

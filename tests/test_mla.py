@@ -4,12 +4,13 @@ inputs, the float64 reference, bytes, contenders forward and backward, unsupport
 import pytest
 import torch
 
-from attnbench import Workload, make_inputs, registry
-from attnbench.flops import attention_bytes, attention_flops
-from attnbench.paged import gather_bytes, gather_pages, pool_bytes
-from attnbench.predict import input_bytes
-from attnbench.reference import reference_grads, reference_output
-from attnbench.runner import prepare_checked
+from attnbench import Workload, make_inputs
+from attnbench.contenders import registry
+from attnbench.runner._predict import input_bytes
+from attnbench.runner.cases import prepare_checked
+from attnbench.workload.flops import attention_bytes, attention_flops
+from attnbench.workload.paged import gather_bytes, gather_pages, pool_bytes
+from attnbench.workload.reference import reference_grads, reference_output
 
 # odd head dims, Sq ≠ Sk, GQA; the latent cache (kv_heads 1) with values narrower than keys
 SEPARATE = Workload(2, 6, 2, 5, 37, 40, mask="causal_bottom_right", head_dim_v=24)
@@ -78,7 +79,7 @@ def test_flex_takes_its_own_value_head_dim_and_the_latent_view(w):
 
 
 def test_a_paged_latent_cache_is_one_page_pool_gathered_once_per_call(monkeypatch):
-    from attnbench import paged as paged_module
+    from attnbench.workload import paged as paged_module
 
     w = _with(LATENT, page_size=16)
     inputs = make_inputs(w)

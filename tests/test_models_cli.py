@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from attnbench.reports.frames import load_runs
-from attnbench.results import CASE_COLUMNS, FEATURE_DEFAULTS, case_key
+from attnbench.runner.results import CASE_COLUMNS, FEATURE_DEFAULTS, case_key
 
 from conftest import REPO, run_subprocess
 

@@ -2,11 +2,11 @@
 nothing, the presets' layer counts. (The stalled status is tests/test_stall.py; float64 is in
 tests/test_contenders.py.)"""
 
-from attnbench.models import describe
 from attnbench.reports.ab_report import format_table
-from attnbench.run_command import plan_warnings
-from attnbench.suite import DEFAULTS, Suite, expand
+from attnbench.runner.sweep import plan_warnings
 from attnbench.workload import Workload
+from attnbench.workload.models import describe
+from attnbench.workload.suite import DEFAULTS, Suite, expand
 
 SUITE = Suite("t", "", 1.0, 60.0, ({**DEFAULTS},))
 
@@ -63,8 +63,8 @@ def test_the_ab_table_names_its_columns_for_what_they_are():
 
 
 def test_a_contender_no_workload_of_the_sweep_suits_is_left_out_unless_named():
-    from attnbench.request import RunRequest
-    from attnbench.run_command import plan_cases
+    from attnbench.runner.request import RunRequest
+    from attnbench.runner.sweep import plan_cases
 
     left_out: dict[str, str] = {}
     _, cases = plan_cases(RunRequest(suite="quick"), left_out)

@@ -8,15 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnbench import yardsticks
-from attnbench.measure import time_cpu_rounds
-from attnbench.repeats import merge_repeats
+from attnbench.measure import _yardsticks as yardsticks
+from attnbench.measure.stopwatch import time_cpu_rounds
 from attnbench.reports.calibrate_runs import STEP, best_method, history_detection, run_vs_run
 from attnbench.reports.compare import Settings, compare_frames, history_floor
 from attnbench.reports.noise_floor import POOLED, case_key, history_sigmas, spread_of
 from attnbench.reports.normalise import normalise, references, ridge_from_meta, yardstick_of
-from attnbench.results import make_row, rows_to_frame
-from attnbench.runner import RunOptions, run_case
+from attnbench.runner._repeats import merge_repeats
+from attnbench.runner.cases import RunOptions, run_case
+from attnbench.runner.results import make_row, rows_to_frame
 from attnbench.workload import Workload
 
 IMPLS = ("bmm", "einsum", "sdpa_flash")

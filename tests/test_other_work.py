@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from attnbench import other_work
-from attnbench.noise import environment_warnings
-from attnbench.other_work import OtherWork, Process, own_pids
+from attnbench.measure import _other_work as other_work
+from attnbench.measure._other_work import OtherWork, Process, own_pids
+from attnbench.runner._noise import environment_warnings
 
 SPIN = "import time\nend = time.time() + 60\nwhile time.time() < end: pass"
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

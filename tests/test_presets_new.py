@@ -8,10 +8,10 @@ import shlex
 import pandas as pd
 import pytest
 
-from attnbench import axes, models
-from attnbench.axes import reproduce_flags
 from attnbench.cli import build_parser, run_request
-from attnbench.run_command import plan_cases
+from attnbench.runner.sweep import plan_cases
+from attnbench.workload import axes, models
+from attnbench.workload.axes import reproduce_flags
 
 SMALL = ["--seq", "1", "--seq-kv", "96", "--batch", "1"]  # decode sizes small enough to plan and run anywhere
 

@@ -12,7 +12,7 @@ import pytest
 
 import attnbench
 from attnbench.impls.fused_cpu import bindings as _cpu_kernel
-from attnbench.profiling import OUTSIDE_OPS, OVERHEAD, UNATTRIBUTED, named_share, outside_op_stretches
+from attnbench.runner._profiling import OUTSIDE_OPS, OVERHEAD, UNATTRIBUTED, named_share, outside_op_stretches
 
 needs_compiler = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")
 

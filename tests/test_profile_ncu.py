@@ -18,9 +18,9 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench import ncu_profile
-from attnbench.ncu_child import BOOTSTRAP, FAILED, ChildCase, profiled_calls
-from attnbench.ncu_csv import (
+from attnbench.runner import _ncu_profile as ncu_profile
+from attnbench.runner._ncu_child import BOOTSTRAP, FAILED, ChildCase, profiled_calls
+from attnbench.runner._ncu_csv import (
     COMMON_METRICS,
     DRAM,
     DURATION,
@@ -37,7 +37,7 @@ from attnbench.ncu_csv import (
     short_name,
     short_names,
 )
-from attnbench.profiling import CaseProfile, device_kernels
+from attnbench.runner._profiling import CaseProfile, device_kernels
 from attnbench.workload import Workload
 
 GEMM = "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8::Params)"  # noqa: E501
@@ -294,7 +294,7 @@ if args[0] == "--import":
 assert args[args.index("--profile-from-start") + 1] == "off", args
 report = Path(args[args.index("--export") + 1])
 app = args[args.index("--force-overwrite") + 1 :]
-assert app[1] == "-c" and "attnbench.ncu_child" in app[2], app
+assert app[1] == "-c" and "attnbench.runner._ncu_child" in app[2], app
 case = json.loads(app[4])
 print("==PROF== Connected to process 4242 (" + app[0] + ")")
 if (here / "fail").exists():
@@ -400,7 +400,7 @@ def test_the_command_shows_ncu_beside_torch_profiler(cli, fake_ncu, tmp_path, mo
     ncu): --device defaults to cuda, each case's ncu table is printed, top_ops.csv gains ncu's columns on
     the kernel rows, ncu_kernels.csv has every kernel; a case ncu fails on is one line and exit code 1."""
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("attnbench.profiling.profile_case", _planted_profile)
+    monkeypatch.setattr("attnbench.runner._profiling.profile_case", _planted_profile)
     out = tmp_path / "prof"
     code, text, err = cli("profile", "--ncu", "--impl", "bmm", "--calls", "2", "--out", str(out))
     assert code == 0, err

@@ -8,13 +8,14 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench import UsageError, Workload, registry
-from attnbench.axes import case_label, reproduce_flags
-from attnbench.flops import attention_bytes, attention_flops, kv_positions_read
-from attnbench.masks import dense_mask_of, document_lengths, key_span, workload_pairs
-from attnbench.runner import not_runnable, prepare_checked
-from attnbench.sequences import decode_count, draw_lengths, packed_document_lengths, sequence_lengths
-from attnbench.suite import expand, model_suite
+from attnbench import UsageError, Workload
+from attnbench.contenders import registry
+from attnbench.runner.cases import not_runnable, prepare_checked
+from attnbench.workload.axes import case_label, reproduce_flags
+from attnbench.workload.flops import attention_bytes, attention_flops, kv_positions_read
+from attnbench.workload.masks import dense_mask_of, document_lengths, key_span, workload_pairs
+from attnbench.workload.sequences import decode_count, draw_lengths, packed_document_lengths, sequence_lengths
+from attnbench.workload.suite import expand, model_suite
 
 DISTRIBUTIONS = ("uniform", "longtail", "bimodal")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attnbench
 from attnbench.errors import REASON_CHARS, one_line, reason
-from attnbench.runner import RunOptions, run_case
+from attnbench.runner.cases import RunOptions, run_case
 from attnbench.workload import Workload
 
 # What xformers 0.0.35's dispatch raises on an H100 under torch 2.11.0+cu130 (its _run_priority_list and

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from attnbench import Workload, make_inputs
-from attnbench.reference import reference_output, sample_rows
+from attnbench.workload.reference import reference_output, sample_rows
 
 
 def _dense_reference(inputs):

@@ -5,8 +5,8 @@ import json
 import pytest
 
 import attnbench
-from attnbench import registry
-from attnbench.registry import RegistryError
+from attnbench.contenders import registry
+from attnbench.contenders.registry import RegistryError
 
 from conftest import Shifted, attnbench_cmd, fake_distribution, run_subprocess
 

@@ -28,8 +28,8 @@ def browser(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     import attnbench
-    from attnbench import registry
     from attnbench.cli import main
+    from attnbench.contenders import registry
 
     attnbench.register(Evil)
     try:

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import attnbench
-from attnbench import registry
+from attnbench.contenders import registry
 from attnbench.reports.compare import Evidence, Settings, verdict
 
 from conftest import Shifted

@@ -11,9 +11,9 @@ from attnbench.cli import build_parser, main, run_request
 from attnbench.reports.compare import Settings, compare_frames
 from attnbench.reports.frames import load_run
 from attnbench.reports.table import SHOWN, table_frame
-from attnbench.request import RunSettings
-from attnbench.results import CASE_COLUMNS, load_results
-from attnbench.run_command import plan_cases
+from attnbench.runner.request import RunSettings
+from attnbench.runner.results import CASE_COLUMNS, load_results
+from attnbench.runner.sweep import plan_cases
 
 SMALL = ["--impl", "bmm,sdpa_flash", "--seq", "64,128", "--mask", "none,causal", "--budget-s", "0.02"]
 FEATURES = ["--impl", "bmm,sdpa_flash", "--seq", "64", "--mask", "sliding_window", "--window", "16",

@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import pytest
 
-from attnbench.results import case_key
+from attnbench.runner.results import case_key
 
 from conftest import attnbench_cmd, fake_distribution, run_subprocess
 
@@ -136,9 +136,9 @@ def test_shards_merge_into_exactly_the_unsharded_cases(tmp_path):
 
 
 def test_shards_are_balanced_and_deterministic():
-    from attnbench import registry
-    from attnbench.shard import case_cost, shard_cases
-    from attnbench.suite import expand, load_suite
+    from attnbench.contenders import registry
+    from attnbench.runner._shard import case_cost, shard_cases
+    from attnbench.workload.suite import expand, load_suite
 
     cases = expand(load_suite("standard"), {}, sorted(registry.load()))
     parts = [shard_cases(cases, i, 4) for i in range(1, 5)]
@@ -156,7 +156,7 @@ def test_resume_of_a_folder_that_is_not_a_run(cli, tmp_path):
 
 
 def test_truncated_rows_file_resumes_cleanly(tmp_path):
-    from attnbench.results import RunWriter
+    from attnbench.runner.results import RunWriter
     from attnbench.workload import Workload
 
     writer = RunWriter(tmp_path / "run")
@@ -169,8 +169,8 @@ def test_truncated_rows_file_resumes_cleanly(tmp_path):
 
 
 def test_worker_reports_how_it_died(tmp_path):
-    from attnbench.runner import RunOptions
-    from attnbench.worker import CaseWorker
+    from attnbench.runner._worker import CaseWorker
+    from attnbench.runner.cases import RunOptions
     from attnbench.workload import Workload
 
     worker = CaseWorker(RunOptions(budget_s=0.02), "system", timeout_s=60)

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from attnbench import register
-from attnbench.measure import SampleError, Timing, time_cpu_rounds
-from attnbench.repeats import merge_repeats
-from attnbench.runner import RunOptions, run_group
+from attnbench.measure.stopwatch import SampleError, Timing, time_cpu_rounds
+from attnbench.runner._repeats import merge_repeats
+from attnbench.runner.cases import RunOptions, run_group
 from attnbench.workload import Workload
 
 from conftest import Raising, attnbench_cmd, run_subprocess

@@ -1,8 +1,8 @@
 import math
 
 from attnbench import register
-from attnbench.results import COLUMNS, STATUSES
-from attnbench.runner import RunOptions, run_case
+from attnbench.runner.cases import RunOptions, run_case
+from attnbench.runner.results import COLUMNS, STATUSES
 from attnbench.workload import Workload
 
 from conftest import Raising, Shifted

@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 import torch
 
-from attnbench import Workload, make_inputs, registry
-from attnbench.mha import module_inputs, reference_module_output
-from attnbench.runner import RunOptions, prepare_checked, run_case
+from attnbench import Workload, make_inputs
+from attnbench.contenders import registry
+from attnbench.runner.cases import RunOptions, prepare_checked, run_case
+from attnbench.workload.mha import module_inputs, reference_module_output
 
 SCORING = ["score_dot", "score_scaled_dot", "score_bilinear", "score_additive"]
 

@@ -17,17 +17,17 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
 import attnbench
-from attnbench import registry
-from attnbench.contender import Unsupported
+from attnbench.contenders import registry
+from attnbench.contenders.contract import Unsupported
 from attnbench.impls import _sdpa
 from attnbench.impls._sdpa_reasons import backend_reasons, clause
-from attnbench.inputs import make_inputs
-from attnbench.reference import reference_output, sample_rows
-from attnbench.request import build_request
-from attnbench.run_command import plan_cases
-from attnbench.runner import RunOptions, prepare_checked, run_case
-from attnbench.suite import DEFAULTS, Suite, expand, load_suite
+from attnbench.runner.cases import RunOptions, prepare_checked, run_case
+from attnbench.runner.request import build_request
+from attnbench.runner.sweep import plan_cases
 from attnbench.workload import Workload
+from attnbench.workload.inputs import make_inputs
+from attnbench.workload.reference import reference_output, sample_rows
+from attnbench.workload.suite import DEFAULTS, Suite, expand, load_suite
 
 MEMBERS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
            "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH"}  # fmt: skip

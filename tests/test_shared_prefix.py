@@ -7,11 +7,12 @@ import subprocess
 import pytest
 import torch
 
-from attnbench import Workload, make_inputs, registry
-from attnbench.flops import attention_bytes, kv_positions_read
-from attnbench.paged import gather_pages, pool_bytes
-from attnbench.prefix import shared_positions
-from attnbench.runner import not_runnable, prepare_checked
+from attnbench import Workload, make_inputs
+from attnbench.contenders import registry
+from attnbench.runner.cases import not_runnable, prepare_checked
+from attnbench.workload.flops import attention_bytes, kv_positions_read
+from attnbench.workload.paged import gather_pages, pool_bytes
+from attnbench.workload.prefix import shared_positions
 
 from conftest import attnbench_cmd
 

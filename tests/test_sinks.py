@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-from attnbench import registry
-from attnbench.check import check_grads, check_output
-from attnbench.flops import attention_bytes, attention_flops
+from attnbench.contenders import registry
 from attnbench.impls._grouped import materialised_bytes
 from attnbench.impls._sinks import rescaled_by_sink
-from attnbench.inputs import AttentionInputs, make_inputs
-from attnbench.reference import reference_grads, reference_output
-from attnbench.runner import not_runnable, prepare_checked
+from attnbench.runner.cases import not_runnable, prepare_checked
 from attnbench.workload import Workload
+from attnbench.workload.check import check_grads, check_output
+from attnbench.workload.flops import attention_bytes, attention_flops
+from attnbench.workload.inputs import AttentionInputs, make_inputs
+from attnbench.workload.reference import reference_grads, reference_output
 
 from conftest import attnbench_cmd, run_subprocess
 

@@ -9,11 +9,12 @@ import time
 import pytest
 import torch
 
-from attnbench import runner, yardsticks
-from attnbench.noise import result_warnings
+from attnbench.measure import _yardsticks as yardsticks
 from attnbench.reports.summary import summary_table
-from attnbench.results import rows_to_frame
-from attnbench.runner import RunOptions, run_group
+from attnbench.runner import cases as runner
+from attnbench.runner._noise import result_warnings
+from attnbench.runner.cases import RunOptions, run_group
+from attnbench.runner.results import rows_to_frame
 from attnbench.workload import Workload
 
 WORKLOAD = Workload(1, 2, 2, 64, 64, 16)
@@ -128,7 +129,7 @@ def test_one_preempted_round_is_not_a_stall_but_a_quarter_of_many_is():
 
 
 def test_the_wait_for_a_core_is_read_from_linux_and_kept_in_the_row():
-    from attnbench.cpu_wait import waited_ns
+    from attnbench.measure._cpu_wait import waited_ns
 
     if waited_ns() is None:
         pytest.skip("this system does not say how long its threads waited for a core (/proc/self/task/*/schedstat)")

@@ -2,8 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from attnbench import UsageError, registry
-from attnbench.suite import expand, load_suite, suite_names
+from attnbench import UsageError
+from attnbench.contenders import registry
+from attnbench.workload.suite import expand, load_suite, suite_names
 
 KNOWN = ["bmm", "naive", "sdpa_flash"]
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.utils.benchmark as benchmark
 
-from attnbench.allocator import configure_cpu_allocator
-from attnbench.runner import RunOptions, prepare_checked, run_case
+from attnbench.measure.allocator import configure_cpu_allocator
+from attnbench.runner.cases import RunOptions, prepare_checked, run_case
 from attnbench.workload import Workload
 
 pytestmark = pytest.mark.timing

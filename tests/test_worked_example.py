@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from attnbench import Workload, registry
-from attnbench.inputs import AttentionInputs
+from attnbench import Workload
+from attnbench.contenders import registry
+from attnbench.workload.inputs import AttentionInputs
 
 INPUT = torch.tensor(
     [[0.4313, 1.3749, -0.2489, 1.3275], [-0.6467, 1.6335, 2.8923, 0.9124], [0.2326, -0.2314, 0.3554, 0.0892]]

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from attnbench import UsageError, Workload
-from attnbench.flops import attention_flops
-from attnbench.masks import dense_mask, padding_lengths, visible_pairs
+from attnbench.workload.flops import attention_flops
+from attnbench.workload.masks import dense_mask, padding_lengths, visible_pairs
 
 
 def test_workload_defaults_and_label():

@@ -9,14 +9,15 @@ import time
 import pytest
 import torch
 
-from attnbench import UsageError, Workload, make_inputs, registry
-from attnbench.flops import attention_bytes, kv_positions_read
-from attnbench.masks import dense_mask_of, document_lengths, key_span, visible_pairs, workload_pairs
-from attnbench.models import PRESETS
-from attnbench.paged import gather_bytes, gather_pages, make_paged
-from attnbench.reference import reference_output
-from attnbench.runner import RunOptions, prepare_checked, run_case
-from attnbench.suite import Suite, expand, load_suite, model_suite
+from attnbench import UsageError, Workload, make_inputs
+from attnbench.contenders import registry
+from attnbench.runner.cases import RunOptions, prepare_checked, run_case
+from attnbench.workload.flops import attention_bytes, kv_positions_read
+from attnbench.workload.masks import dense_mask_of, document_lengths, key_span, visible_pairs, workload_pairs
+from attnbench.workload.models import PRESETS
+from attnbench.workload.paged import gather_bytes, gather_pages, make_paged
+from attnbench.workload.reference import reference_output
+from attnbench.workload.suite import Suite, expand, load_suite, model_suite
 
 from conftest import attnbench_cmd
 
@@ -208,10 +209,10 @@ def test_gather_pages_writes_into_a_given_tensor_with_a_partial_last_page():
 def test_the_harness_gathers_pages_for_a_contender_that_does_not_read_them(monkeypatch):
     """bmm declares paged="gather": the runner gathers k and v in its timed callable, twice per call, and the
     prediction counts the gather once; flex reads pages natively (no gather counted)."""
-    from attnbench import paged as paged_module
-    from attnbench import registry
+    from attnbench.contenders import registry
     from attnbench.impls._grouped import materialised_bytes
-    from attnbench.predict import predict
+    from attnbench.runner._predict import predict
+    from attnbench.workload import paged as paged_module
 
     calls = []
 
@@ -250,7 +251,7 @@ def test_decode_bytes_count_the_pages_read():
 def test_contenders_agree_with_the_reference_or_say_why_not(impl, features):
     seq_q, seq_k = (33, 33) if features["mask"] != "padding" else (2, 50)
     w = Workload(2, 4, 2, seq_q, seq_k, 16, **features)
-    from attnbench.runner import not_runnable
+    from attnbench.runner.cases import not_runnable
 
     verdict = not_runnable(impl, w)
     if verdict is not None:
@@ -262,7 +263,7 @@ def test_contenders_agree_with_the_reference_or_say_why_not(impl, features):
 
 
 def test_fused_kernels_and_plugins_default_to_the_basic_features():
-    from attnbench.contender import Capabilities
+    from attnbench.contenders.contract import Capabilities
 
     caps = Capabilities()
     assert "sliding_window" in caps.unsupported_reason(Workload(1, 1, 1, 8, 8, 8, mask="sliding_window", window=2))

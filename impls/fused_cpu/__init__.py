@@ -63,17 +63,16 @@ from typing import Any
 
 import torch
 
-from attnbench import kv_cache
-from attnbench.axes import DECLARED
-from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, DEFAULT_MASKS, Capabilities, Contender
+from attnbench.contenders.contract import ALL_MASKS, ALL_SCORE_MODS, DEFAULT_MASKS, Capabilities, Contender
 from attnbench.errors import UsageError
 from attnbench.impls.fused_cpu import bindings
 from attnbench.impls.fused_cpu.bindings import ScoreOptions
 from attnbench.impls.fused_cpu.cascade import cascade_attention
-from attnbench.inputs import AttentionInputs
-from attnbench.masks import alibi_slopes, key_ranges
-from attnbench.sequences import is_ragged, sequence_lengths
-from attnbench.workload import Workload
+from attnbench.workload import Workload, kv_cache
+from attnbench.workload.axes import DECLARED
+from attnbench.workload.inputs import AttentionInputs
+from attnbench.workload.masks import alibi_slopes, key_ranges
+from attnbench.workload.sequences import is_ragged, sequence_lengths
 
 BLOCK_Q = 2048  # most query rows per forward work item: its row groups share each key block while in L2
 MIN_BLOCK_Q = 48  # fewest, when more items are needed to feed the threads

@@ -2,7 +2,7 @@
 ``fused_cpu_backward.cpp``, ``fused_cpu_decode.cpp`` (forward for few query rows), on ``fused_cpu_tiles.h``.
 
 The C++ sources have plain C entry points, so it needs neither torch's headers nor pybind11: one g++ call
-(about 2 s) builds a shared library that ctypes loads. attnbench.native_build compiles it at first use with
+(about 2 s) builds a shared library that ctypes loads. attnbench.measure.native_build compiles it at first use with
 ``-O3 -march=native`` (so the vectors are AVX-512 where the CPU has it) and caches it under
 ``$ATTNBENCH_CACHE_DIR/kernels`` (default ``~/.cache/attnbench/kernels``), keyed by the sources and
 headers, the compiler, the flags and the CPU's feature flags — a cache shared between different machines
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from attnbench.native_build import BuildError, load_library
+from attnbench.measure.native_build import BuildError, load_library
 
 HERE = Path(__file__).parent
 SOURCES = tuple(HERE / f"fused_cpu_{part}.cpp" for part in ("kernel", "backward", "decode"))  # one library
@@ -112,7 +112,7 @@ class DecodeCache(ctypes.Structure):
 @dataclass(frozen=True)
 class CacheOptions:
     """What the decode kernel takes beyond q, k, v and the mask: an fp8 cache's float32 scales ``k_scale`` and
-    ``v_scale`` (``attnbench.kv_cache``: contiguous, (B, Hkv, blocks, 1) with one scale per ``scale_block``
+    ``v_scale`` (``attnbench.workload.kv_cache``: contiguous, (B, Hkv, blocks, 1) with one scale per ``scale_block``
     positions; paged, (num_pages, Hkv, 1, 1), one per pool page), and ``sinks``, (H,) float32 learned sink
     logits (natural log) that join each row's softmax denominator; ``row_hi`` (B, Sq) int64 with mask "ranges",
     row i of batch b seeing keys [0, row_hi[b, i]) (a ragged batch's rows: ``masks.key_ranges``' hi)."""

@@ -44,13 +44,13 @@ from typing import Any
 
 import torch
 
-from attnbench import errors, kv_cache
-from attnbench.contender import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
+from attnbench import errors
+from attnbench.contenders.contract import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
 from attnbench.impls.fused_triton.tiles import head_dim_blocks
-from attnbench.inputs import AttentionInputs
-from attnbench.masks import document_lengths, key_ranges
-from attnbench.sequences import is_ragged, sequence_offsets
-from attnbench.workload import Workload
+from attnbench.workload import Workload, kv_cache
+from attnbench.workload.inputs import AttentionInputs
+from attnbench.workload.masks import document_lengths, key_ranges
+from attnbench.workload.sequences import is_ragged, sequence_offsets
 
 NEEDS_CUDA = "needs a CUDA GPU (set TRITON_INTERPRET=1 to run it in Triton's CPU interpreter, for correctness only)"
 # Triton's interpreter runs the grid in Python. Measured with Triton 3.9 on a 2-core x86 machine, whatever
@@ -120,7 +120,7 @@ def _interpreter_seconds(w: Workload) -> float:
 
 def _mask_options(inputs: AttentionInputs, w: Workload) -> dict[str, Any]:
     """The kernel's keyword arguments for the workload's mask and score modifier, as the harness defines
-    them (``attnbench.masks``): a sliding window is the kernel's bottom-right ``window``; documents are
+    them (``attnbench.workload.masks``): a sliding window is the kernel's bottom-right ``window``; documents are
     ``cu_seqlens`` from the harness's own document lengths; chunked its ``chunk``; a ragged or mixed batch
     the harness's per-row key ranges (``masks.key_ranges``) with each sequence's own diagonal for ALiBi;
     softcap its value; alibi the kernel's slopes 2^(−8(h+1)/H) over the query heads."""

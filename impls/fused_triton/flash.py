@@ -14,7 +14,7 @@ channels: read in place through k's memory). Its keyword arguments:
   both lie in the same document and j ≤ i (Sq = Sk); documents are runs of equal ids;
 * ``chunk=C`` (mask ``chunked``, Llama 4): row i at position p = i + Sk − Sq sees keys ⌊p/C⌋·C ≤ j ≤ p;
 * ``row_ranges=(lo, hi)``: each row's visible keys [lo, hi) given outright, int tensors (B or 1, Sq) — a
-  ragged or mixed batch (``attnbench.masks.key_ranges``); in each sequence the rows that see a key must be
+  ragged or mixed batch (``attnbench.workload.masks.key_ranges``); in each sequence the rows that see a key must be
   one run along which lo and hi never decrease (every harness mask is). ``seq_offsets`` (B,): each
   sequence's diagonal kv_len − q_len, for ALiBi's distance (default Sk − Sq);
 * ``softcap=c``: scores ← c·tanh(scores/c), before the mask;
@@ -22,7 +22,7 @@ channels: read in place through k's memory). Its keyword arguments:
 * ``sinks`` (Hq,) float32: learned sink logits (gpt-oss), one more term exp(sink_h) in each row's softmax
   denominator with no value; differentiable;
 * ``k_scale``, ``v_scale`` (B, Hkv, blocks, 1) float32 with ``scale_block`` positions per block: a KV cache
-  stored narrower than q (bf16, or fp8 e4m3 / e5m2 with these scales, ``attnbench.kv_cache``), read as
+  stored narrower than q (bf16, or fp8 e4m3 / e5m2 with these scales, ``attnbench.workload.kv_cache``), read as
   stored·scale; forward only;
 * ``shared_prefix=P``: every sequence's first P keys and values are the same (a cached system prompt):
   cascade attention, forward only — the prefix read once for the whole batch (one program per kv head and
@@ -365,7 +365,7 @@ def make_plan(
     if mask == "chunked" and (chunk is None or chunk < 1):
         raise ValueError(f"mask 'chunked' needs chunk ≥ 1, got {chunk}")
     if mask == "mixed" and row_ranges is None:
-        raise ValueError("mask 'mixed' needs row_ranges: each row's key range (attnbench.masks.key_ranges)")
+        raise ValueError("mask 'mixed' needs row_ranges: each row's key range (attnbench.workload.masks.key_ranges)")
     plan = Plan(B, Hq, Hkv, Sq, Sk, D, q.dtype, q.device, 1.0 / math.sqrt(D) if scale is None else scale,
                 head_dim_v=Dv, kv_dtype=k.dtype)  # fmt: skip
     plan.causal_offset = causal_offset(mask, Sq, Sk)

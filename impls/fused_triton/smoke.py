@@ -25,10 +25,10 @@ from collections.abc import Sequence
 
 import torch
 
-from attnbench.check import check_grads, check_output
 from attnbench.impls.fused_triton.tiles import CUDA_TILES, Tile
-from attnbench.inputs import make_inputs
 from attnbench.workload import Workload
+from attnbench.workload.check import check_grads, check_output
+from attnbench.workload.inputs import make_inputs
 
 BASIC_CASES = (
     Workload(2, 4, 2, 190, 257, 64, dtype="bfloat16", mask="causal_bottom_right", pass_="fwd_bwd"),

@@ -6,7 +6,7 @@ kept only in memory is tuned again by every process and every run (issue 37's ru
 ``tiles``' in-memory dictionary; what goes into a key, and when to tune, is ``tiles``' business.
 
 * **Where**: ``$ATTNBENCH_CACHE_DIR/tiles/`` (default ``~/.cache/attnbench/tiles/``, the folder
-  ``attnbench.native_build.cache_dir`` names for every cache of attnbench), one file per key,
+  ``attnbench.measure.native_build.cache_dir`` names for every cache of attnbench), one file per key,
   ``<label>-<digest>.json``: the label says which kernel (``fwd-…``, ``dq-…``), the digest is the SHA-256 of
   the key's canonical JSON. The file holds the key itself (``"key"``: read back and compared, so a digest
   collision or a stale file can't hand over another key's tile) and the value (``"value"``).
@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from attnbench.native_build import cache_dir
+from attnbench.measure.native_build import cache_dir
 
 FOLDER = "tiles"
 

@@ -6,14 +6,13 @@ The public API is small: describe a problem with :class:`Workload`, write a :cla
 Python, with :func:`run` (the results come back as a pandas DataFrame).
 """
 
-__version__ = "0.1.0"
-
 from attnbench.api import run
-from attnbench.contender import Capabilities, Contender, Unsupported
+from attnbench.contenders.contract import Capabilities, Contender, Unsupported
+from attnbench.contenders.registry import register
 from attnbench.errors import UsageError
-from attnbench.inputs import AttentionInputs, make_inputs
-from attnbench.registry import register
+from attnbench.measure.environment import attnbench_version
 from attnbench.workload import MASKS, PASSES, Workload
+from attnbench.workload.inputs import AttentionInputs, make_inputs
 
 __all__ = [
     "MASKS",
@@ -29,3 +28,5 @@ __all__ = [
     "register",
     "run",
 ]
+
+__version__ = attnbench_version()  # pyproject.toml is the one place the version is written

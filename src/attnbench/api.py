@@ -1,8 +1,8 @@
 """``attnbench.run()``: a sweep from Python (a notebook, a script), returning the results frame.
 
-It is ``attnbench run`` without the shell: the arguments build the same :class:`attnbench.request.RunRequest`
+It is ``attnbench run`` without the shell: the arguments build the same :class:`attnbench.runner.request.RunRequest`
 the command builds from its flags, checked by the same code, so a bad value raises
-:class:`attnbench.UsageError` with the message the command prints. Every axis of ``attnbench.axes`` is a
+:class:`attnbench.UsageError` with the message the command prints. Every axis of ``attnbench.workload.axes`` is a
 keyword: one value, a list (``seq=[256, 512]``) or the flag's comma-separated text; ``pass_`` is the ``pass``
 axis (``pass`` is a Python keyword), as in :class:`attnbench.Workload`.
 
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnbench.axes import MODEL, SWEEP_AXES
+from attnbench.workload.axes import MODEL, SWEEP_AXES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,15 +48,15 @@ def run(
     progress: str = "auto",
     **axes: Axis,
 ) -> pd.DataFrame:
-    """Run a sweep and return its results: the run's columns (``attnbench.results.COLUMNS``), one row per case.
+    """Run a sweep and return its results: the run's columns (``attnbench.runner.results.COLUMNS``), one row per case.
 
     Arguments are those of ``attnbench run`` (``memory=False`` is ``--no-memory``); see the module docstring.
     Raises :class:`attnbench.UsageError` on bad input, before anything runs or is written, and
     KeyboardInterrupt after saving the finished rows when the sweep is interrupted.
     """
-    from attnbench import run_command
-    from attnbench.request import build_request
-    from attnbench.suite import profile_suite
+    from attnbench.runner import sweep as run_command
+    from attnbench.runner.request import build_request
+    from attnbench.workload.suite import profile_suite
 
     for name in axes:
         if name not in BY_KEYWORD:

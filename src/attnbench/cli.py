@@ -19,21 +19,21 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pandas as pd
 import torch
 
-from attnbench import registry
-from attnbench.allocator import POLICIES, configure_cpu_allocator
-from attnbench.axes import IMPL, PASS, SWEEP_AXES, canonical_dtype, parse_overrides
-from attnbench.ceilings import load_ceilings
+from attnbench.contenders import registry
 from attnbench.errors import UsageError
-from attnbench.machine import command_line, environment
-from attnbench.request import ISOLATION, PROGRESS, RunRequest, build_request
-from attnbench.results import RunWriter
-from attnbench.runner import not_runnable
-from attnbench.suite import check_devices, expand, load_suite, profile_suite, suite_names
+from attnbench.measure._ceilings import load_ceilings
+from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
+from attnbench.measure.environment import command_line, environment
+from attnbench.runner.cases import not_runnable
+from attnbench.runner.request import ISOLATION, PROGRESS, RunRequest, build_request
+from attnbench.runner.results import RunWriter
+from attnbench.workload.axes import IMPL, PASS, SWEEP_AXES, canonical_dtype, parse_overrides
+from attnbench.workload.suite import check_devices, expand, load_suite, profile_suite, suite_names
 
 if TYPE_CHECKING:
-    from attnbench.ncu_profile import NcuProfile
-    from attnbench.profiling import CaseProfile
-    from attnbench.run_command import Finished
+    from attnbench.runner._ncu_profile import NcuProfile
+    from attnbench.runner._profiling import CaseProfile
+    from attnbench.runner.sweep import Finished
 
 parse_axis_overrides = parse_overrides  # {axis: 'a,b'} -> checked lists; the pytest front end's name for it
 
@@ -73,7 +73,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
 
 def _from_run_request(args: argparse.Namespace) -> RunRequest:
     """--from RUN_DIR --case N: one case of a run, with that run's sweep settings (see reproduce.py)."""
-    from attnbench.reproduce import from_run_request
+    from attnbench.runner.reproduce import from_run_request
 
     if args.from_run is None or args.case is None:
         raise UsageError("--from RUN_DIR and --case N go together: give both (N: the row's index in results.csv)")
@@ -89,7 +89,7 @@ def _from_run_request(args: argparse.Namespace) -> RunRequest:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from attnbench import run_command
+    from attnbench.runner import sweep as run_command
 
     request = run_request(args)
     store_db = _store_target(request)
@@ -100,8 +100,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _summarise(finished: Finished, store_db: Path | None) -> int:
     """The end of `attnbench run`: the summary table, counts, reasons, warnings, the store, the exit code."""
-    from attnbench import run_command
     from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
+    from attnbench.runner import sweep as run_command
 
     frame, writer = finished.frame, finished.writer
     print(summary_table(frame))
@@ -148,9 +148,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from attnbench.ncu_csv import short_name
-    from attnbench.ncu_profile import annotate_breakdown, annotate_top_ops, format_table
-    from attnbench.profiling import profile_case, write_tables
+    from attnbench.runner._ncu_csv import short_name
+    from attnbench.runner._ncu_profile import annotate_breakdown, annotate_top_ops, format_table
+    from attnbench.runner._profiling import profile_case, write_tables
 
     if args.calls < 1:
         raise UsageError(f"--calls {args.calls}: must be a positive integer")
@@ -205,12 +205,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return _ncu_summary(ncu_results, len(profiles) - len(ncu_results), out) if ncu is not None else 0
 
 
-# --- profile --ncu: Nsight Compute per kernel (attnbench.ncu_profile) ----------------------------------
+# --- profile --ncu: Nsight Compute per kernel (attnbench.runner._ncu_profile) ----------------------------------
 
 
 def _ncu_gate() -> str:
     """ncu's path, or a usage error when --ncu cannot be done here (checked before anything runs)."""
-    from attnbench.ncu_profile import find_ncu, unavailable_reason
+    from attnbench.runner._ncu_profile import find_ncu, unavailable_reason
 
     ncu = find_ncu()
     reason = unavailable_reason(ncu, torch.cuda.is_available())
@@ -220,8 +220,8 @@ def _ncu_gate() -> str:
 
 
 def _ncu_metrics(ncu: str) -> tuple[str, ...]:
-    from attnbench.ncu_csv import METRICS
-    from attnbench.ncu_profile import metrics_here
+    from attnbench.runner._ncu_csv import METRICS
+    from attnbench.runner._ncu_profile import metrics_here
 
     metrics = metrics_here(ncu)
     missing = [m for m in METRICS if m not in metrics]
@@ -231,8 +231,8 @@ def _ncu_metrics(ncu: str) -> tuple[str, ...]:
 
 def _ncu_case(ncu: str, metrics: tuple[str, ...], profile: CaseProfile, seed: int) -> NcuProfile | None:
     """One case under ncu, or None (its one-line reason on stderr) when ncu could not profile it."""
-    from attnbench.memory import release_cached_memory
-    from attnbench.ncu_profile import NcuError, profile_case
+    from attnbench.measure._memory import release_cached_memory
+    from attnbench.runner._ncu_profile import NcuError, profile_case
 
     release_cached_memory(profile.workload.device)  # the child under ncu needs the GPU memory this case held
     stem = profile.trace_path.name.removesuffix(".trace.json")
@@ -247,7 +247,7 @@ def _ncu_case(ncu: str, metrics: tuple[str, ...], profile: CaseProfile, seed: in
 
 def _ncu_summary(results: list[NcuProfile], failed: int, out: Path) -> int:
     """ncu_kernels.csv, and exit 1 when ncu could not profile every case (the reasons are above)."""
-    from attnbench.ncu_profile import write_kernels
+    from attnbench.runner._ncu_profile import write_kernels
 
     if results:
         print(f"ncu: {write_kernels(results, out)} (reports: *.ncu-rep, raw pages: *.ncu.csv)")
@@ -497,7 +497,7 @@ def cmd_suites(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from attnbench.models import describe
+    from attnbench.workload.models import describe
 
     print(describe())
     return 0

@@ -1,0 +1,200 @@
+"""One registry for built-in and third-party contenders.
+
+Both come through the entry-point group ``attnbench.impls`` (the built-ins are listed in attnbench's own
+pyproject). :func:`register` adds one in-process — handy in a notebook or a test — and goes through the
+same validation. A plugin that fails to import, or whose object is not a contender, is listed as
+unavailable with its error; it does not disturb the others. Two contenders with one name are an error
+naming both sources.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import TypeVar
+
+from attnbench import errors
+from attnbench.contenders.contract import Contender
+from attnbench.errors import UsageError
+
+GROUP = "attnbench.impls"
+
+
+class RegistryError(UsageError):
+    """Two contenders share a name, or a name cannot be used."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered contender, or the reason it could not be loaded or cannot run here."""
+
+    name: str
+    source: str
+    contender: Contender | None
+    unavailable_reason: str | None
+
+    @property
+    def available(self) -> bool:
+        return self.contender is not None and self.unavailable_reason is None
+
+
+_registered: dict[str, Entry] = {}  # from register(), kept across reloads
+_cache: dict[str, Entry] | None = None
+
+
+def _check_name(name: str, source: str) -> None:
+    if not name or any(c.isspace() or c == "," for c in name):
+        raise RegistryError(f"contender name {name!r} from {source} is not allowed: no commas or spaces, not empty")
+
+
+def _as_contender(obj: object, name: str) -> Contender:
+    """Accept a Contender instance or a Contender subclass (instantiated); else raise TypeError."""
+    if inspect.isclass(obj) and issubclass(obj, Contender):
+        obj = obj()
+    if not isinstance(obj, Contender):
+        raise TypeError(f"{name}: expected an attnbench.Contender instance or subclass, got {type(obj).__name__}")
+    if obj.name != name:
+        raise TypeError(f"entry-point name {name!r} differs from the contender's name {obj.name!r}")
+    return obj
+
+
+as_contender = _as_contender  # public: the A/B command checks a contender taken from another git revision
+
+
+def _make_entry(name: str, source: str, loader: Callable[[], object]) -> Entry:
+    """Build an Entry, turning any failure to load or probe into an unavailable reason."""
+    try:
+        contender = _as_contender(loader(), name)
+    except Exception as exc:  # a plugin's import can fail in any way; it must not take the others down
+        return Entry(name, source, None, f"failed to load: {errors.reason(exc)}")
+    try:
+        unavailable = contender.availability()
+    except Exception as exc:  # an availability probe that raises means "not available", with why
+        unavailable = f"availability check raised {errors.reason(exc)}"
+    return Entry(name, source, contender, unavailable)
+
+
+def _source(ep: metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    where = f" ({dist.name} {dist.version})" if dist is not None else ""
+    return f"entry point {ep.name} = {ep.value}{where}"
+
+
+def _add(entries: dict[str, Entry], entry: Entry) -> None:
+    _check_name(entry.name, entry.source)
+    if entry.name in entries:
+        raise RegistryError(
+            f"contender name {entry.name!r} is registered twice: by {entries[entry.name].source} and by {entry.source}"
+        )
+    entries[entry.name] = entry
+
+
+def load(refresh: bool = False) -> dict[str, Entry]:
+    """All contenders by name (a copy), loading entry points on first use."""
+    global _cache
+    if _cache is None or refresh:
+        entries: dict[str, Entry] = {}
+        for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name):
+            _add(entries, _make_entry(ep.name, _source(ep), ep.load))
+        for entry in _registered.values():
+            _add(entries, entry)
+        _cache = entries
+    return dict(_cache)
+
+
+def declared_names() -> list[str]:
+    """The names of the installed contenders' entry points, in the registry's order, without loading them."""
+    return sorted({ep.name for ep in metadata.entry_points(group=GROUP)})
+
+
+C = TypeVar("C", bound="Contender | type[Contender]")
+
+
+def register(obj: C) -> C:
+    """Register a contender in this process: decorate a Contender class, or call with an instance."""
+    contender = _as_contender(obj, obj.name)
+    module = getattr(obj, "__module__", "?")
+    entry = _make_entry(contender.name, f"register() in {module}", lambda: contender)
+    existing = load()
+    _add(existing, entry)  # raises on a duplicate name before anything is kept
+    _registered[entry.name] = entry
+    if _cache is not None:
+        _cache[entry.name] = entry
+    return obj
+
+
+def class_reference(contender: Contender) -> tuple[str | None, str]:
+    """``("module:qualname", "")`` for the contender's class when another process can import it by that
+    reference, else ``(None, why not)``: a class defined in ``__main__`` (a notebook, a script) or inside a
+    function has no such reference. The worker process re-creates the contender from it (no arguments)."""
+    cls = type(contender)
+    module, qualname = cls.__module__, cls.__qualname__
+    if module == "__main__":
+        return None, f"its class {qualname} is defined in __main__ (a notebook or a script)"
+    if "<locals>" in qualname:
+        return None, f"its class {module}.{qualname} is defined inside a function"
+    try:
+        found: object = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        return None, f"its class cannot be imported as {module}:{qualname} ({errors.reason(exc)})"
+    if found is not cls:
+        return None, f"{module}:{qualname} names another object than its class"
+    return f"{module}:{qualname}", ""
+
+
+def in_process_references() -> tuple[dict[str, str], dict[str, str]]:
+    """Contenders added with :func:`register`, split into ``({name: "module:qualname"}, {name: why not})``."""
+    references, problems = {}, {}
+    for name, entry in _registered.items():
+        if entry.contender is None:
+            continue
+        reference, why = class_reference(entry.contender)
+        if reference is None:
+            problems[name] = why
+        else:
+            references[name] = reference
+    return references, problems
+
+
+def register_reference(reference: str) -> None:
+    """Import ``module:qualname`` and register the class (used in the worker process)."""
+    module, _, qualname = reference.partition(":")
+    found: object = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    if not (inspect.isclass(found) and issubclass(found, Contender)):
+        raise TypeError(f"{reference} is not an attnbench.Contender subclass")
+    if found.name not in load():  # already there when the module registers it on import
+        register(found)
+
+
+def unregister(name: str) -> None:
+    """Remove an in-process registration (tests use this to clean up)."""
+    _registered.pop(name, None)
+    if _cache is not None:
+        _cache.pop(name, None)
+
+
+def sweep_names() -> list[str]:
+    """What ``impl = "all"`` means: every attention contender, and every plugin that failed to load (so
+    its failure shows). Contenders of another kind (scoring functions) are named explicitly."""
+    return sorted(n for n, e in load().items() if e.contender is None or e.contender.kind == "attention")
+
+
+def available_sweep_names() -> list[str]:
+    """What ``impl = "available"`` means: the attention contenders that can run on this machine."""
+    entries = load()
+    return [n for n in sweep_names() if entries[n].available]
+
+
+def get(name: str) -> Entry:
+    """One contender by name; unknown names are a UsageError listing the known ones."""
+    entries = load()
+    if name not in entries:
+        raise UsageError(f"contender {name!r} is not known; known: {', '.join(sorted(entries))}")
+    return entries[name]

@@ -1,0 +1,95 @@
+"""What the run ran on: versions, device and CPU names, threads, driver, git commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def attnbench_version() -> str:
+    """attnbench's version, as pyproject.toml states it (read from the installed package's metadata, the one
+    place it is written); ``0+unknown`` when the package is imported without being installed."""
+    try:
+        return metadata.version("attnbench")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def git_commit() -> str | None:
+    """attnbench's commit: of the checkout it is imported from (editable install), else of the working
+    directory when that is an attnbench checkout (a plain install made from it, as nox does), else None."""
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent)
+    if commit is None:
+        pyproject = Path.cwd() / "pyproject.toml"
+        if pyproject.is_file() and 'name = "attnbench"' in pyproject.read_text():
+            commit = _run(["git", "rev-parse", "HEAD"], cwd=Path.cwd())
+    return commit
+
+
+def workdir_git(path: Path | None = None) -> dict[str, Any]:
+    """The git state of the folder attnbench runs in (the code under test when a kernel's repository runs
+    it): ``workdir_commit`` (HEAD) and ``workdir_dirty`` (tracked files changed; untracked ones, such as
+    run folders, do not count). Both None outside a git repository. ``attnbench store`` files a run under
+    this commit, falling back to ``git_commit``."""
+    where = path or Path.cwd()
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=where)
+    if commit is None:
+        return {"workdir_commit": None, "workdir_dirty": None}
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where)
+    return {"workdir_commit": commit, "workdir_dirty": status is not None}
+
+
+def nvidia_driver() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    return _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+
+
+def environment(threads: int | None = None) -> dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    return {
+        "attnbench_version": attnbench_version(),
+        "git_commit": git_commit(),
+        **workdir_git(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch_version": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": cuda,
+        "gpu_names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "nvidia_driver": nvidia_driver(),
+        "hostname": platform.node(),
+        "cpu_name": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "threads": threads if threads is not None else torch.get_num_threads(),
+    }
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as a user would retype it: `attnbench` and the arguments given."""
+    return shlex.join(["attnbench", *argv])

@@ -1,0 +1,109 @@
+"""Environment warnings, pyperf-style: say when the machine is noisy or a result too thin to trust."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.measure import _gpu_state as gpu_state
+from attnbench.measure import _other_work as other_work
+from attnbench.measure.stopwatch import MIN_TRUSTED, UNSTABLE_REL_IQR
+from attnbench.workload import axes
+
+MIN_TRUSTED_SAMPLES = MIN_TRUSTED
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _governor_warnings() -> list[str]:
+    paths = Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_governor")
+    governors = sorted({g for g in map(_read, paths) if g and g != "performance"})
+    warnings = [f"CPU frequency governor is {g!r}, not 'performance': timings drift" for g in governors]
+    if _read(Path("/sys/devices/system/cpu/intel_pstate/no_turbo")) == "0":
+        warnings.append("Turbo Boost is on: the clock, and so timings, depend on temperature and load")
+    return warnings
+
+
+def _other_work_warnings(window_s: float = 0.25, roots: Iterable[int] | None = None) -> list[str]:
+    """Other work competing for the CPU, named with what it used; only work outside attnbench's own tree
+    (``roots``, by default this process: see other_work.py) counts."""
+    seen = other_work.measure(window_s, roots)
+    warning = seen.warning() if seen is not None else None
+    return [warning] if warning else []
+
+
+def environment_warnings() -> list[str]:
+    """Warnings about the machine, taken just before a run starts."""
+    return [*_governor_warnings(), *_other_work_warnings()]
+
+
+def result_warnings(frame: pd.DataFrame) -> list[str]:
+    """Warnings about the measurements themselves."""
+    ok = frame[frame["status"] == "ok"]
+    warnings = []
+    stalled = frame[frame["status"] == "stalled"]
+    if len(stalled):
+        warnings.append(
+            f"{len(stalled)} case(s) stalled (the machine stalled while they were timed, twice; their times are "
+            "kept and not ranked: run them again on a quieter machine): " + ", ".join(sorted(set(stalled["impl"])))
+        )
+    unstable = ok[ok["unstable"].fillna(False).astype(bool)]
+    if len(unstable):
+        warnings.append(
+            f"{len(unstable)} case(s) unstable (IQR ≥ {UNSTABLE_REL_IQR:.0%} of the median): "
+            + ", ".join(sorted(set(unstable["impl"])))
+        )
+    over = _over_roof_warning(ok)
+    if over:
+        warnings.append(over)
+    cold = ok["cold_median_ms"].astype("float64") if "cold_median_ms" in ok else None
+    colder = ok[cold < ok["median_ms"] - ok["iqr_ms"]] if cold is not None else ok[:0]
+    if len(colder):
+        warnings.append(
+            f"{len(colder)} GPU case(s) faster with L2 flushed than warm by more than the IQR (cold_median_ms), a "
+            "timing defect or a GPU whose clock moved: " + ", ".join(sorted(set(colder["impl"])))
+        )
+    slowed = _slowed_gpu_warning(ok)
+    if slowed:
+        warnings.append(slowed)
+    thin = ok[ok["n_samples"] < MIN_TRUSTED_SAMPLES]
+    if len(thin):
+        warnings.append(
+            f"{len(thin)} case(s) with fewer than {MIN_TRUSTED_SAMPLES} samples, too short to trust: raise --budget-s"
+        )
+    return warnings
+
+
+def _slowed_gpu_warning(ok: pd.DataFrame, named: int = 3) -> str | None:
+    """GPU rows that ran throttled or under their maximum SM clock (attnbench.measure._gpu_state.slowed), counted, the
+    first few named: their times hold for that clock, not the GPU's best."""
+    if "throttle" not in ok:
+        return None
+    slowed = [(r, why) for r in ok.to_dict("records") if (why := gpu_state.slowed(r))]
+    if not slowed:
+        return None
+    shown = "; ".join(f"{r['impl']} at {axes.case_label(r, device_first=True)}: {why}" for r, why in slowed[:named])
+    more = f" (and {len(slowed) - named} more)" if len(slowed) > named else ""
+    return (f"{len(slowed)} GPU case(s) ran throttled or below the maximum SM clock (columns sm_clock_mhz, throttle): "
+            f"{shown}{more}")  # fmt: skip
+
+
+def _over_roof_warning(ok: pd.DataFrame) -> str | None:
+    """Rows above 100 % of the hardware roof: no kernel runs faster than the hardware, so the timing or the
+    FLOP count of such a row is wrong. Each is named: contender, case, percentage."""
+    if "pct_of_peak" not in ok:
+        return None
+    over = ok[ok["pct_of_peak"].astype("float64") > 100]
+    if over.empty:
+        return None
+    rows = over.to_dict("records")
+    named = [f"{r['impl']} at {axes.case_label(r, device_first=True)} ({r['pct_of_peak']:.0f} %)" for r in rows]
+    return (f"{len(over)} row(s) above 100 % of the hardware roof (pct_of_peak), a measurement defect: "
+            + "; ".join(named))  # fmt: skip

@@ -1,0 +1,217 @@
+"""`attnbench profile`: where the time goes, per contender.
+
+For each case: prepare and check as a run does, warm up, time it with the run's median method
+(:func:`attnbench.measure.timing.time_callable`), then record a few calls with torch.profiler, each call under its
+own ``record_function`` range named ``attnbench.call:<impl>``. Writes a Chrome/Perfetto trace per case, a
+table of the top operators (or kernels, on CUDA) by self time, and a breakdown of each call into categories.
+
+Definitions (per call, from the profiled calls):
+
+* an operator's category comes from its name (``CATEGORIES``): matmul, softmax, copies, fused_attention,
+  else ``other``;
+* the range's self time (CPU: time inside the contender's range that no torch operator in it accounts for)
+  is split by its gap structure: the stretches of a call with no torch operator running — before the first,
+  between two, after the last. A stretch that holds at least ``KERNEL_STRETCH_SHARE`` of the call and at
+  least ``KERNEL_STRETCH_MIN_US`` is ``kernel (outside torch ops)``: a kernel called through ctypes or a
+  library that does not go through torch's dispatcher (``fused_cpu``, numpy) runs there, in one stretch.
+  The other stretches are ``python / dispatch overhead between ops``: the contender's Python between its
+  torch calls, argument parsing and dispatch before each operator's start is stamped, the range's own entry
+  and exit, and, after a large operator, the interpreter running from caches the operator evicted. A
+  pure-torch contender (``bmm``) has only these: measured at S 256, about ten stretches of 2–30 µs and one
+  of 60–140 µs as the call returns — no stretch near a quarter of the call;
+* ``unattributed`` — the profiled wall time of a call that nothing above accounts for (the range's own
+  entry and exit, synchronisation, profiler overhead; on CUDA also gaps between kernels);
+* the categories are then scaled by ``median_ms / profiled_ms`` so that a case's breakdown adds up to its
+  measured median (the profiler slows calls down a little; the split is what it measures, the total is the
+  run's figure). ``breakdown.csv`` keeps ``median_ms``, ``profiled_ms`` and the unscaled ``profiled_ms_per_call``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from attnbench.measure._memory import quiet_native_stderr
+from attnbench.measure.stopwatch import synchronize, warm_up
+from attnbench.measure.timing import time_callable
+from attnbench.runner.cases import prepare_checked
+from attnbench.workload import Workload
+
+TOP_N = 15
+# Checked in order; the first pattern that matches an operator's name picks its category.
+CATEGORIES = [
+    ("fused_attention", re.compile(r"attention|flash|fmha|cpp_fused|triton_|flex|CompiledFxGraph", re.I)),
+    ("matmul", re.compile(r"::(bmm|mm|addmm|baddbmm|matmul|einsum|dot|mv|addmv_?|linear)$|gemm", re.I)),
+    ("softmax", re.compile(r"softmax|::(exp|amax|logsumexp|max|sum|div)_?$", re.I)),
+    ("copies", re.compile(r"copy|clone|contiguous|::to$|::cat$|repeat|expand$|masked_fill|fill_", re.I)),
+]
+PROFILE_SECONDS = 0.1  # record at most about this much run time (a Python-loop trace grows fast)
+RANGE_PREFIX = "attnbench.call:"  # each profiled call runs under the range RANGE_PREFIX + impl
+OUTSIDE_OPS = "kernel (outside torch ops)"
+OVERHEAD = "python / dispatch overhead between ops"
+KERNEL_STRETCH_SHARE = 0.25  # a stretch without a torch op this share of its call or more is a kernel …
+KERNEL_STRETCH_MIN_US = 50.0  # … when it is this long too (Python between ops takes microseconds)
+UNATTRIBUTED = "unattributed"
+UNNAMED = ("other", UNATTRIBUTED)  # categories that say nothing about where the time went
+
+
+def category(op_name: str) -> str:
+    for name, pattern in CATEGORIES:
+        if pattern.search(op_name):
+            return name
+    return "other"
+
+
+@dataclass(frozen=True)
+class CaseProfile:
+    impl: str
+    workload: Workload
+    calls: int  # calls recorded
+    median_ms: float  # the case's median per call, timed as a run times it
+    profiled_ms: float  # wall time per call while the profiler recorded
+    trace_path: Path
+    top_ops: pd.DataFrame  # op, self_ms_per_call, count_per_call, pct (of profiled_ms), category
+    breakdown: pd.DataFrame  # category, ms_per_call (scaled to median_ms), pct, profiled_ms_per_call
+    kernels: pd.DataFrame  # CUDA: every device kernel (KERNEL_COLUMNS), not only the top ones; else empty
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+
+
+def profile_case(
+    impl: str, workload: Workload, out_dir: Path, calls: int = 5, seed: int = 0, budget_s: float = 1.0
+) -> CaseProfile:
+    """Time, then profile ``calls`` calls of a checked case; write its trace into ``out_dir``."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    prepared = prepare_checked(impl, workload, seed)
+    if not prepared.check.ok:
+        raise RuntimeError(f"{impl} is incorrect on {workload.label()}: {prepared.check.reason}")
+    estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, budget_s)
+    timing = time_callable(prepared.fn, workload.device, torch.get_num_threads(), budget_s, estimate_s,
+                           graphs=workload.pass_ == "fwd")  # fmt: skip
+    calls = max(1, min(calls, int(PROFILE_SECONDS * 1e3 / max(timing.median_ms, 1e-3))))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if workload.device == "cuda" else [])
+    name = RANGE_PREFIX + impl
+    wall_s = 0.0
+    with quiet_native_stderr(), profile(activities=activities) as prof:
+        for _ in range(calls):
+            synchronize(workload.device)
+            start = time.perf_counter()
+            with record_function(name):
+                prepared.fn()
+            synchronize(workload.device)
+            wall_s += time.perf_counter() - start
+    trace_path = out_dir / f"{_slug(impl)}__{_slug(workload.label())}.trace.json"
+    prof.export_chrome_trace(str(trace_path))
+    profiled_ms = wall_s * 1e3 / calls
+    stretches = outside_op_stretches(prof.events(), name)
+    averages = prof.key_averages()
+    top, breakdown = _tables(averages, name, workload.device, calls, profiled_ms, timing.median_ms,
+                             stretches)  # fmt: skip
+    kernels = device_kernels(averages, calls)
+    return CaseProfile(impl, workload, calls, timing.median_ms, profiled_ms, trace_path, top, breakdown, kernels)
+
+
+KERNEL_COLUMNS = ["kernel", "ms_per_call", "launches_per_call", "category"]
+
+
+def device_kernels(averages: list, calls: int) -> pd.DataFrame:
+    """The device's own events (CUDA kernels, memcpy, memset) per call: their time and launches, longest
+    first (empty on CPU). Kept whole, so ``profile --ncu`` finds every kernel Nsight Compute saw."""
+    from torch.autograd import DeviceType
+
+    records = [{"kernel": event.key, "ms_per_call": event.self_device_time_total / 1e3 / calls,
+                "launches_per_call": event.count / calls, "category": category(event.key)}
+               for event in averages if event.device_type != DeviceType.CPU]  # fmt: skip
+    frame = pd.DataFrame(records, columns=KERNEL_COLUMNS)
+    return frame.sort_values("ms_per_call", ascending=False, ignore_index=True)
+
+
+def outside_op_stretches(events: list, range_name: str) -> tuple[float, float]:
+    """(kernel µs, overhead µs) summed over the recorded calls: each call's range split into its stretches
+    with no torch operator running, each stretch named by its length (see the module docstring)."""
+    kernel_us = overhead_us = 0.0
+    for event in events:
+        if event.name != range_name:
+            continue
+        start, end = event.time_range.start, event.time_range.end
+        edges = [start]
+        for child in sorted(event.cpu_children, key=lambda c: c.time_range.start):
+            edges += [child.time_range.start, child.time_range.end]
+        edges.append(end)
+        for gap_start, gap_end in zip(edges[::2], edges[1::2], strict=True):
+            gap = max(0.0, gap_end - gap_start)
+            if gap >= KERNEL_STRETCH_SHARE * (end - start) and gap >= KERNEL_STRETCH_MIN_US:
+                kernel_us += gap
+            else:
+                overhead_us += gap
+    return kernel_us, overhead_us
+
+
+def _tables(
+    averages: list,
+    range_name: str,
+    device: str,
+    calls: int,
+    profiled_ms: float,
+    median_ms: float,
+    stretches: tuple[float, float],
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Self time per operator (kernel time on CUDA), per call, ranked; and the call split by category,
+    scaled to add up to ``median_ms`` (see the module docstring)."""
+    on_gpu = device == "cuda"
+    records = []
+    for event in averages:
+        if event.key.startswith("ProfilerStep") or (event.key.startswith(RANGE_PREFIX) and event.key != range_name):
+            continue
+        if event.key == range_name:
+            if on_gpu:
+                continue  # host time of the call, not device time; on CUDA third-party kernels show by name
+            kernel_us, overhead_us = stretches
+            parts = [(f"{range_name} ({OUTSIDE_OPS})", kernel_us, 1.0, OUTSIDE_OPS),
+                     (f"{range_name} ({OVERHEAD})", overhead_us, 1.0, OVERHEAD)]  # fmt: skip
+        else:
+            self_us = getattr(event, "self_device_time_total", 0.0) if on_gpu else event.self_cpu_time_total
+            parts = [(event.key, self_us, event.count / calls, category(event.key))]
+        for op, self_us, count, op_category in parts:
+            if self_us > 0:
+                records.append({"op": op, "self_ms_per_call": self_us / 1e3 / calls, "count_per_call": count,
+                                "category": op_category})  # fmt: skip
+    top = pd.DataFrame(records, columns=["op", "self_ms_per_call", "count_per_call", "category"])
+    top = top.sort_values("self_ms_per_call", ascending=False, ignore_index=True)
+    top.insert(3, "pct", 100 * top["self_ms_per_call"] / profiled_ms if profiled_ms > 0 else 0.0)
+    split = top.groupby("category")["self_ms_per_call"].sum()
+    split[UNATTRIBUTED] = max(0.0, profiled_ms - float(split.sum()))
+    total = float(split.sum())
+    breakdown = pd.DataFrame({"category": split.index, "profiled_ms_per_call": split.to_numpy()})
+    scale = median_ms / total if total > 0 else 0.0
+    breakdown.insert(1, "ms_per_call", breakdown["profiled_ms_per_call"] * scale)
+    breakdown.insert(2, "pct", 100 * breakdown["ms_per_call"] / median_ms if median_ms > 0 else 0.0)
+    breakdown = breakdown.assign(median_ms=median_ms, profiled_ms=profiled_ms)
+    return top.head(TOP_N), breakdown.sort_values("ms_per_call", ascending=False, ignore_index=True)
+
+
+def named_share(breakdown: pd.DataFrame) -> float:
+    """Fraction of a case's measured median that named categories (not ``other``/``unattributed``) explain."""
+    named = breakdown.loc[~breakdown["category"].isin(UNNAMED), "ms_per_call"].sum()
+    median = float(breakdown["median_ms"].iloc[0]) if len(breakdown) else 0.0
+    return float(named) / median if median > 0 else 0.0
+
+
+def write_tables(profiles: list[CaseProfile], out_dir: Path) -> tuple[Path, Path]:
+    """top_ops.csv and breakdown.csv for all profiled cases."""
+    tops, breakdowns = [], []
+    for p in profiles:
+        tops.append(p.top_ops.assign(impl=p.impl, workload=p.workload.label()))
+        breakdowns.append(p.breakdown.assign(impl=p.impl, workload=p.workload.label()))
+    top_path, breakdown_path = out_dir / "top_ops.csv", out_dir / "breakdown.csv"
+    pd.concat(tops, ignore_index=True).to_csv(top_path, index=False)
+    pd.concat(breakdowns, ignore_index=True).to_csv(breakdown_path, index=False)
+    return top_path, breakdown_path

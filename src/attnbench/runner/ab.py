@@ -1,0 +1,312 @@
+"""A/B in one process: two versions of a contender timed side by side, a verdict per case.
+
+Why in one process: on a shared machine the speed wanders by several per cent over minutes and does not
+hit every contender alike, so two separate runs disagree by more than most kernel changes gain (a GPU's
+clock moves with its temperature and power draw). Timed in the same interleaved rounds with ``paired=True``
+(measure.time_cpu_rounds on CPU, measure_cuda.time_cuda_rounds on CUDA: CUDA events, warm samples only),
+each round takes one sample of A and one of B, in a shuffled order, the machine's state of the moment lands
+on both, and the ratio of round i's two samples, B_i / A_i, carries the change and little of the drift.
+
+The statistic: the ratio is the median of the per-round ratios (taken on logs, so ×1.05 and ÷1.05 weigh
+alike), with a 95 % interval of that median. Why the median rather than a paired t on the mean log ratio:
+on a shared machine a round now and then catches a preemption on one side only (ratios of 0.3 or 4),
+the mean is pulled and the t interval widened by these, the median is not. The interval is the wider
+(the union) of two that assume no distribution:
+
+* a seeded circular *block* bootstrap of the median (blocks of about n^⅓ consecutive rounds):
+  neighbouring rounds share the machine's state, and resampling single rounds would make the interval
+  narrower than the data support;
+* the order-statistic interval of the median (the sign test's: exact for independent rounds at any n),
+  because a percentile bootstrap of a median covers too little with few rounds — a case that got ten
+  rounds on a busy machine must come out ``unclear``, not be decided on a lucky resample.
+
+Seeded (by ``--seed``), so the same samples always give the same verdict.
+
+The verdict, with ``threshold`` t (default 2 %):
+
+* ``same`` — the whole interval lies inside [1 − t, 1 + t];
+* ``slower`` / ``faster`` — the interval excludes 1 and the ratio is beyond 1 ± t. Since the interval
+  must exclude 1, the smallest change called is also at least the interval's own half-width: the
+  threshold is never below what the interval resolves (``resolution`` in the output);
+* ``unclear`` — anything else (a wide interval, or a change inside the threshold not pinned down), and
+  always with fewer than ``MIN_PAIRS`` rounds.
+
+A case that cannot be timed gets its status instead of a verdict: ``unsupported`` (a version does not
+run this workload), ``incorrect`` (a version's output fails the float64 check, never timed), ``error``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnbench.contenders import _revision as revision
+from attnbench.contenders import registry
+from attnbench.contenders.contract import Contender, Unsupported
+from attnbench.errors import UsageError, one_line
+from attnbench.measure.stopwatch import SampleError, synchronize, time_cpu_rounds, warm_up
+from attnbench.measure.stopwatch_cuda import time_cuda_rounds
+from attnbench.runner.cases import prepare_checked
+from attnbench.workload import Workload
+from attnbench.workload.inputs import make_inputs
+from attnbench.workload.suite import DEFAULTS, Suite, check_devices, expand, load_suite
+
+DEFAULT_THRESHOLD = 0.02
+DEFAULT_BUDGET_S = 3.0  # timing seconds per case, shared by A and B (preparing and checking come on top)
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+MIN_PAIRS = 5  # fewer rounds than this can't give an interval worth a verdict
+VERDICTS = ("faster", "slower", "same", "unclear")
+DEFAULT_WORKLOAD = {"batch": [1], "heads": [8], "seq": [1024], "head_dim": [64]}  # without --suite
+
+
+@dataclass(frozen=True)
+class Version:
+    """One side of the comparison: the row name, the contender object, and where it came from."""
+
+    name: str
+    contender: Contender
+    source: str  # "registered", or "git COMMIT (REV)"
+    notes: tuple[str, ...] = ()  # what of it is not what ``source`` says, one line each, said before timing
+
+
+@dataclass(frozen=True)
+class AbOptions:
+    threshold: float = DEFAULT_THRESHOLD
+    budget_s: float = DEFAULT_BUDGET_S
+    threads: int = 1
+    seed: int = 0
+
+
+def _available(name: str, flag: str) -> Contender:
+    entry = registry.get(name)  # UsageError for an unknown name
+    if not entry.available or entry.contender is None:
+        raise UsageError(f"{flag} {name}: not available here — {entry.unavailable_reason}")
+    return entry.contender
+
+
+def registered_versions(a: str, b: str) -> tuple[Version, Version]:
+    """``--a A --b B``; ``--a X --b X`` is an A/A run, B's row named ``X (b)`` and prepared on its own."""
+    version_a = Version(a, _available(a, "--a"), "registered")
+    version_b = Version(b if b != a else f"{b} (b)", _available(b, "--b"), "registered")
+    return version_a, version_b
+
+
+def revision_versions(name: str, rev: str, workdir: Path) -> tuple[Version, Version]:
+    """``--impl NAME --base REV``: A is NAME as committed at REV (extracted under ``workdir``, which must
+    outlive the run), B the working tree's NAME (see attnbench.contenders._revision). A's ``notes`` say what of it
+    still comes from the working tree."""
+    current = _available(name, "--impl")
+    located = revision.locate(name, current)
+    commit = revision.resolve(located.repo, rev)
+    base_root = revision.extract(located, commit, workdir)
+    copied = revision.copy_built_extensions(located, base_root)
+    base = revision.import_base(name, located, base_root)
+    notes = tuple(revision.notes(located, commit, rev, copied))
+    label = f"{name}@{rev}"
+    return Version(label, base, f"git {commit} ({rev})", notes), Version(name, current, "working tree")
+
+
+def sweep_workloads(suite: str | None, overrides: dict[str, list[Any]]) -> list[Workload]:
+    """The workloads a suite (or the default one-workload sweep) and axis overrides expand into; the
+    suite's contenders are left out, A and B take their place."""
+    default = Suite("ab", "", DEFAULT_BUDGET_S, 60.0, ({**DEFAULTS, **DEFAULT_WORKLOAD},))
+    chosen = load_suite(suite) if suite else default
+    cases = expand(chosen, {**overrides, "impl": ["ab"]}, ["ab"])
+    workloads = list(dict.fromkeys(workload for _, workload in cases))
+    check_devices(cases)
+    return workloads
+
+
+# --- the statistic ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    ratio: float  # median of B_i / A_i
+    ci_low: float
+    ci_high: float
+    n_pairs: int
+
+    @property
+    def resolution(self) -> float:
+        """Half-width of the interval, as a fraction: the smallest change it can tell from none."""
+        return math.sqrt(self.ci_high / self.ci_low) - 1
+
+
+def paired_ratio(a_ms: list[float], b_ms: list[float], seed: int = 0) -> PairedRatio:
+    """The median per-round ratio B/A and its circular-block-bootstrap interval (module docstring)."""
+    n = min(len(a_ms), len(b_ms))
+    if n == 0:
+        raise ValueError("no paired rounds")
+    logs = np.log(np.asarray(b_ms[:n], dtype=float) / np.asarray(a_ms[:n], dtype=float))
+    block = max(1, round(n ** (1 / 3)))
+    generator = np.random.default_rng(seed)
+    starts = generator.integers(0, n, size=(RESAMPLES, -(-n // block)))
+    index = ((starts[:, :, None] + np.arange(block)) % n).reshape(RESAMPLES, -1)[:, :n]
+    medians = np.median(logs[index], axis=1)
+    low, high = np.quantile(medians, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    rank_low, rank_high = _order_statistic_ranks(n)
+    ordered = np.sort(logs)
+    low, high = min(low, ordered[rank_low]), max(high, ordered[rank_high])
+    return PairedRatio(math.exp(float(np.median(logs))), math.exp(float(low)), math.exp(float(high)), n)
+
+
+def _order_statistic_ranks(n: int) -> tuple[int, int]:
+    """0-based ranks (j, n−1−j) of the sorted sample bounding the median with ≥ CONFIDENCE: the largest j
+    with P(Binomial(n, ½) ≤ j) ≤ (1 − CONFIDENCE)/2 (exact, in integers); the whole range when n is too
+    small for that."""
+    tail, total = (1 - CONFIDENCE) / 2, 2**n
+    j, term, cumulative = -1, 1, 1  # term = C(n, j + 1), cumulative = Σ C(n, i) for i ≤ j + 1
+    while cumulative / total <= tail:
+        j += 1
+        term = term * (n - j) // (j + 1)
+        cumulative += term
+    j = max(j, 0)
+    return j, n - 1 - j
+
+
+def verdict(paired: PairedRatio, threshold: float) -> str:
+    """faster / slower / same / unclear for one case (the rules are in the module docstring)."""
+    if paired.n_pairs < MIN_PAIRS:
+        return "unclear"
+    if 1 - threshold <= paired.ci_low and paired.ci_high <= 1 + threshold:
+        return "same"
+    if paired.ci_low > 1 and paired.ratio > 1 + threshold:
+        return "slower"
+    if paired.ci_high < 1 and paired.ratio < 1 - threshold:
+        return "faster"
+    return "unclear"
+
+
+# --- one case, a sweep ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AbCase:
+    """One workload's outcome: a verdict with its ratio, or the status that kept it from being timed."""
+
+    workload: Workload
+    verdict: str  # one of VERDICTS, or unsupported / incorrect / error
+    reason: str = ""
+    paired: PairedRatio | None = None
+    samples_a_ms: list[float] = field(default_factory=list)
+    samples_b_ms: list[float] = field(default_factory=list)
+
+    def record(self, a: Version, b: Version, threshold: float) -> dict[str, Any]:
+        """The case as the JSON line, the CSV row and the figure read it."""
+        p = self.paired
+        n = p.n_pairs if p else 0
+        return {
+            "impl_a": a.name, "impl_b": b.name, "workload": self.workload.label(), "verdict": self.verdict,
+            "ratio": p.ratio if p else None, "ci_low": p.ci_low if p else None, "ci_high": p.ci_high if p else None,
+            "resolution": p.resolution if p else None, "threshold": threshold, "n_pairs": n,
+            "median_a_ms": float(np.median(self.samples_a_ms[:n])) if n else None,
+            "median_b_ms": float(np.median(self.samples_b_ms[:n])) if n else None,
+            "reason": self.reason, **self.workload.as_row(),
+        }  # fmt: skip
+
+
+def _reason(exc: BaseException) -> str:
+    """The exception as a one-line reason (errors.one_line), with base modules under their package's names."""
+    return one_line(f"{type(exc).__name__}: {revision.readable(str(exc))}")
+
+
+def _per_call_s(fn: Callable[[], object], device: str, least_s: float = 0.01) -> float:
+    """Seconds per call over ``least_s`` of back-to-back calls: the block size's estimate (one call after
+    the warm-up can be several times off on a busy machine)."""
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        synchronize(device)
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= least_s:
+            return elapsed / calls
+
+
+def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> AbCase:
+    """Prepare and check both versions on one set of inputs, warm them up, time them in paired rounds for
+    ``options.budget_s`` seconds in all, and judge the ratio.
+
+    One set, not one each: a memory-bound kernel's speed depends on where its operands lie (huge pages or
+    not, which pages collide in the cache), and two copies allocated one after the other don't lie alike.
+    With a copy each, A/A runs on a 256 MiB decode cache read B/A 0.92–0.97 (B favoured); reading the same
+    tensors, that difference is not there to be measured as a change."""
+    for version in (a, b):
+        reason = version.contender.unsupported_reason(workload)
+        if reason is not None:
+            return AbCase(workload, "unsupported", f"{version.name}: {reason}")
+    try:
+        inputs = make_inputs(workload, seed=options.seed, requires_grad=workload.pass_ != "fwd")
+    except Exception as exc:
+        return AbCase(workload, "error", f"inputs: {_reason(exc)}")
+    fns: dict[str, Callable[[], object]] = {}
+    estimates: dict[str, float] = {}
+    for key, version in (("a", a), ("b", b)):
+        try:
+            prepared = prepare_checked(version.name, workload, options.seed, inputs, version.contender)
+            if not prepared.ok:
+                return AbCase(workload, "incorrect", f"{version.name}: {prepared.reason}")
+            warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s / 2)
+            estimates[key] = _per_call_s(prepared.fn, workload.device)
+        except Unsupported as exc:
+            return AbCase(workload, "unsupported", f"{version.name}: {one_line(str(exc))}")
+        except Exception as exc:  # a contender may fail in any way; the sweep goes on
+            return AbCase(workload, "error", f"{version.name}: {_reason(exc)}")
+        fns[key] = prepared.fn
+    if workload.device == "cuda":
+        graphs = workload.pass_ == "fwd"  # autograd's streams don't capture
+        timings = time_cuda_rounds(fns, options.budget_s / 2, options.seed, paired=True, cold=False, graphs=graphs)
+    else:
+        timings = time_cpu_rounds(fns, options.threads, options.budget_s / 2, estimates, options.seed, paired=True)
+    for key, version in (("a", a), ("b", b)):
+        timing = timings[key]
+        if isinstance(timing, SampleError):
+            return AbCase(workload, "error", f"{version.name}: {_reason(timing.cause)}")
+    samples_a, samples_b = (timings[key].samples_ms for key in ("a", "b"))  # type: ignore[union-attr]
+    paired = paired_ratio(samples_a, samples_b, options.seed)
+    return AbCase(workload, verdict(paired, options.threshold), "", paired, samples_a, samples_b)
+
+
+def run_ab(
+    a: Version,
+    b: Version,
+    workloads: list[Workload],
+    options: AbOptions,
+    on_case: Callable[[int, AbCase], None] | None = None,
+) -> list[AbCase]:
+    """Every workload to one :class:`AbCase`, in order; ``on_case(index, case)`` as each one finishes.
+    torch runs on ``options.threads`` threads meanwhile (prepare, checks, warm-up and timing alike)."""
+    cases = []
+    previous = torch.get_num_threads()
+    torch.set_num_threads(options.threads)
+    try:
+        for index, workload in enumerate(workloads):
+            case = run_case(a, b, workload, options)
+            if on_case is not None:
+                on_case(index, case)
+            cases.append(case)
+    finally:
+        torch.set_num_threads(previous)
+    return cases
+
+
+def failed(cases: list[AbCase]) -> list[AbCase]:
+    """The cases that make the command exit 1: ``slower``, or a version's output ``incorrect``."""
+    return [case for case in cases if case.verdict in ("slower", "incorrect")]
+
+
+def describe(version: Version) -> dict[str, Any]:
+    """A version as meta.json records it."""
+    contender = version.contender
+    module = revision.real_module_name(type(contender).__module__)
+    return {"name": version.name, "source": version.source, "class": f"{module}.{type(contender).__qualname__}",
+            "notes": list(version.notes)}  # fmt: skip

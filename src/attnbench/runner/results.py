@@ -1,0 +1,262 @@
+"""Results rows and the run folder.
+
+Every planned case ends as exactly one row. Rows are appended to ``rows.jsonl`` as each case finishes
+(so a crash or Ctrl-C loses nothing finished); :meth:`RunWriter.finish` writes ``results.parquet``,
+``results.csv`` and ``meta.json``. Raw timing samples are kept: a list column in Parquet, a JSON string
+in CSV. Every file written whole (the results, ``meta.json``, ``plan.json``) is written to a temporary file
+beside it and renamed over it (:func:`replacing`), so a reader — or a run killed mid-write — never sees
+half a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.errors import UsageError
+from attnbench.measure import _gpu_state as gpu_state
+from attnbench.workload import Workload, axes
+
+STATUSES = ("ok", "unavailable", "unsupported", "skipped", "oom", "timeout", "error", "incorrect", "stalled")
+
+WORKLOAD_COLUMNS = axes.WORKLOAD_COLUMNS
+# The workload features' neutral values: what a run folder written before these columns existed means.
+FEATURE_DEFAULTS: dict[str, Any] = {axis.column: axis.neutral for axis in axes.FEATURES}
+# What identifies a case within one run (the scale follows from head_dim unless set).
+CASE_COLUMNS = ["impl", *(c for c in WORKLOAD_COLUMNS if axes.BY_COLUMN[c].sweep)]
+COLUMNS = [
+    "impl", *WORKLOAD_COLUMNS,
+    "status", "reason",
+    "median_ms", "iqr_ms", "n_samples", "calls_per_sample", "unstable", "timing_method", "cold_median_ms",
+    "rounds", "repeat_medians_ms", "host_overhead_us", "waited_pct",
+    "tflops", "gbps", "flops", "bytes", "intensity", "pct_of_peak", "pct_of_matmul",
+    "peak_mem_mb", "predicted_ms", "predicted_mem_mb",
+    "max_abs_err", "atol", "rtol", "checked_rows", "grad_err", "grad_tol",
+    "setup_ms", "first_call_ms", "threads", "reproduce", "samples_ms",
+    "yardstick_fma_gflops", "yardstick_stream_gbps", "repeat_fma_gflops", "repeat_stream_gbps",
+    *gpu_state.COLUMNS,
+]  # fmt: skip
+# The yardsticks (attnbench.measure._yardsticks): their rates in the rounds that timed the case, medians (per repeat
+# in the repeat_ lists, beside repeat_medians_ms).
+YARDSTICK_COLUMNS = {"fma_gflops": "yardstick_fma_gflops", "stream_gbps": "yardstick_stream_gbps"}
+REPEAT_YARDSTICK_COLUMNS = {"fma_gflops": "repeat_fma_gflops", "stream_gbps": "repeat_stream_gbps"}
+LIST_COLUMNS = ["samples_ms", "repeat_medians_ms", *REPEAT_YARDSTICK_COLUMNS.values()]  # lists in Parquet, JSON in CSV
+
+FLOAT_COLUMNS = [
+    "scale", "median_ms", "iqr_ms", "cold_median_ms", "tflops", "gbps", "flops", "bytes", "intensity",
+    "pct_of_peak", "pct_of_matmul", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "max_abs_err", "atol", "rtol",
+    "grad_err", "grad_tol",
+    "setup_ms", "first_call_ms",
+    "host_overhead_us", "waited_pct", "yardstick_fma_gflops", "yardstick_stream_gbps",
+    *(column for column in gpu_state.COLUMNS if column != "throttle"),
+]  # fmt: skip
+
+
+def make_row(impl: str, workload: Workload, status: str, reason: str = "", **metrics: Any) -> dict[str, Any]:
+    """A full row: every column present (missing metrics are None), status validated."""
+    if status not in STATUSES:
+        raise ValueError(f"unknown status {status!r}")
+    if status != "ok" and not reason:
+        raise ValueError(f"status {status} needs a reason")
+    row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    row.update(workload.as_row())
+    row.update(impl=impl, status=status, reason=reason)
+    unknown = set(metrics) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown result columns {sorted(unknown)}")
+    row.update(metrics)
+    return row
+
+
+_unfinished: set[Path] = set()  # temporary files being written now (removed by an exit at once)
+
+
+@contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write; it replaces ``path`` in one rename when the block ends
+    (and is removed if the block raises), so no reader ever sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    _unfinished.add(tmp)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        _unfinished.discard(tmp)
+        tmp.unlink(missing_ok=True)
+
+
+def remove_unfinished() -> None:
+    """Remove the temporary files of writes in progress (before exiting at once; safe in a signal handler)."""
+    for tmp in list(_unfinished):
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    """``path.write_text(text)``, all or nothing."""
+    with replacing(path) as tmp:
+        tmp.write_text(text)
+
+
+def _clean(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class RunWriter:
+    """Owns one run folder: refuses a non-empty one, appends rows, writes the final files.
+
+    ``plan.json`` lists every planned case, so ``attnbench run --resume`` can run what is missing.
+    """
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.rows_path = out_dir / "rows.jsonl"
+        self.plan_path = out_dir / "plan.json"
+        self.repeats_path = out_dir / "repeats.jsonl"  # one row per finished repeat, with --repeat N > 1
+        self.rows: list[dict[str, Any]] = []
+        self.partial: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # repeats of cases not yet complete
+
+    @staticmethod
+    def check_target(out_dir: Path) -> None:
+        """Raise a UsageError if ``out_dir`` can't be used (call before any work is done)."""
+        if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+            raise UsageError(f"--out {out_dir}: already exists and is not an empty folder; choose a new one")
+
+    def start(self, meta: dict[str, Any], plan: list[tuple[str, Workload]]) -> None:
+        self.check_target(self.out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.rows_path.touch()
+        entries = [{"impl": impl, "workload": dataclasses.asdict(w)} for impl, w in plan]
+        write_text(self.plan_path, json.dumps(entries) + "\n")
+        self.write_meta(meta)
+
+    @classmethod
+    def reopen(cls, out_dir: Path) -> tuple[RunWriter, dict[str, Any], list[tuple[str, Workload]]]:
+        """An existing run folder for --resume: its writer (holding the finished rows), meta and plan."""
+        writer = cls(out_dir)
+        if not writer.plan_path.is_file() or not (out_dir / "meta.json").is_file():
+            raise UsageError(f"--resume {out_dir}: not an attnbench run folder (no plan.json and meta.json)")
+        try:
+            meta = json.loads((out_dir / "meta.json").read_text())
+            plan = [(e["impl"], Workload(**e["workload"])) for e in json.loads(writer.plan_path.read_text())]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--resume {out_dir}: plan.json or meta.json is damaged ({exc})") from None
+        writer.rows.extend(_read_jsonl(writer.rows_path))
+        write_text(writer.rows_path, "".join(json.dumps(row) + "\n" for row in writer.rows))
+        finished = {case_key(row["impl"], row) for row in writer.rows}
+        repeats = _read_jsonl(writer.repeats_path)
+        for row in repeats:
+            key = case_key(row["impl"], row)
+            if key not in finished:
+                writer.partial.setdefault(key, []).append(row)
+        if writer.repeats_path.exists():
+            write_text(writer.repeats_path, "".join(json.dumps(row) + "\n" for row in repeats))
+        return writer, meta, plan
+
+    def append(self, row: dict[str, Any]) -> None:
+        row = {key: _clean(value) for key, value in row.items()}
+        self.rows.append(row)
+        with self.rows_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+
+    def repeats_done(self, key: tuple[Any, ...] | None = None) -> int:
+        """Repeats kept of one unfinished case (by :func:`case_key`), or of every unfinished case."""
+        if key is None:
+            return sum(map(len, self.partial.values()))
+        return len(self.partial.get(key, []))
+
+    def finish_case(self, row: dict[str, Any]) -> None:
+        """A case's final row (its repeats merged): appended, its kept repeats dropped."""
+        self.append(row)
+        self.partial.pop(case_key(row["impl"], row), None)
+
+    def append_repeat(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """Keep one repeat of a case (in repeats.jsonl too); returns every repeat of that case so far."""
+        row = {key: _clean(value) for key, value in row.items()}
+        with self.repeats_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+        rows = self.partial.setdefault(case_key(row["impl"], row), [])
+        rows.append(row)
+        return rows
+
+    def finish(self, meta: dict[str, Any]) -> pd.DataFrame:
+        frame = rows_to_frame(self.rows)
+        write_frame(frame, self.out_dir)
+        self.write_meta(meta)
+        return frame
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        write_text(self.out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file, up to a line cut short by a kill (that case runs again)."""
+    rows: list[dict[str, Any]] = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break
+    return rows
+
+
+def write_frame(frame: pd.DataFrame, out_dir: Path) -> None:
+    """results.parquet and results.csv (raw samples as a JSON list in the CSV), each written whole."""
+    with replacing(out_dir / "results.parquet") as tmp:
+        frame.to_parquet(tmp, index=False)
+    csv = frame.copy()
+    for column in LIST_COLUMNS:
+        csv[column] = csv[column].map(lambda s: json.dumps(list(s)) if s is not None else "")
+    with replacing(out_dir / "results.csv") as tmp:
+        csv.to_csv(tmp, index=False)
+
+
+def case_key(impl: str, workload_row: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies a case within a run: the contender and the workload columns."""
+    return (impl, *(workload_row.get(c, FEATURE_DEFAULTS.get(c)) for c in CASE_COLUMNS[1:]))
+
+
+def fill_feature_defaults(frame: pd.DataFrame) -> pd.DataFrame:
+    """Missing or empty feature columns (older runs) read as their neutral values, in their dtypes; a missing
+    column of an axis that follows another (head_dim_v, kv_dtype) as the other's values."""
+    for axis in axes.DECLARED:
+        followed = axes.BY_NAME[axis.follows].column if axis.follows else ""
+        if followed in frame and axis.column not in frame:  # (not a results file at all: the caller says so)
+            frame[axis.column] = frame[followed]
+    for column, default in FEATURE_DEFAULTS.items():
+        values = frame[column] if column in frame else pd.Series(default, index=frame.index)
+        values = values.where(values.notna(), default) if len(frame) else values
+        frame[column] = values.astype(type(default) if not isinstance(default, str) else object)
+    return frame
+
+
+def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows in the documented column order and dtypes."""
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    for column in FLOAT_COLUMNS:
+        frame[column] = frame[column].astype("float64")
+    frame["unstable"] = frame["unstable"].astype("boolean")
+    optional_sizes = [axis.column for axis in axes.WORKLOAD_AXES if axis.optional and axis.kind is int]
+    for column in ("n_samples", "calls_per_sample", "checked_rows", "threads", *optional_sizes, "rounds"):
+        frame[column] = frame[column].astype("Int64")
+    return fill_feature_defaults(frame)
+
+
+def load_results(run_dir: Path) -> pd.DataFrame:
+    """A run folder's results as a DataFrame (Parquet, else the rows written so far)."""
+    parquet = run_dir / "results.parquet"
+    if parquet.exists():
+        return fill_feature_defaults(pd.read_parquet(parquet))
+    rows_path = run_dir / "rows.jsonl"
+    if rows_path.exists():
+        return rows_to_frame([json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()])
+    raise UsageError(f"{run_dir}: no results.parquet or rows.jsonl; is this an attnbench run folder?")

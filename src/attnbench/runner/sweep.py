@@ -1,0 +1,307 @@
+"""Run a :class:`RunRequest`: plan the sweep (or reopen one with --resume), run it, save the run folder.
+
+Every finished row is on disk at once (rows.jsonl); Ctrl-C, SIGTERM or SIGHUP stops after the case in hand
+and still writes a valid results file — a second signal cuts the case in hand short, a third exits at once
+(see interrupts.py); ``--resume RUN_DIR`` runs only the planned cases with no row yet.
+Cases run in a worker process by default, so a hung kernel costs its ``--timeout-s`` and a crash costs
+one row, never the sweep. The contenders of one workload run together, timed in interleaved rounds;
+``--repeat N`` runs the whole sweep N times, each pass in a fresh worker process (see repeats.py).
+``attnbench run`` (cli.py) and :func:`attnbench.run` both build a request and call :func:`run_sweep`; the
+command then prints the summary and stores the run (reports are the command's, not the core's).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pandas as pd
+import torch
+
+from attnbench.contenders import registry
+from attnbench.errors import UsageError
+from attnbench.measure._bandwidth_watch import BandwidthWatch
+from attnbench.measure._ceilings import Ceilings, load_ceilings
+from attnbench.measure.allocator import configure_cpu_allocator
+from attnbench.measure.environment import environment
+from attnbench.runner._interrupts import StopSignals
+from attnbench.runner._noise import environment_warnings, result_warnings
+from attnbench.runner._repeats import DECIDED_ONCE, merge_repeats
+from attnbench.runner._shard import shard_cases
+from attnbench.runner.cases import RunOptions, not_runnable, run_group
+from attnbench.runner.reproduce import Reproducer
+from attnbench.runner.request import DEFAULT_SUITE, RunRequest, RunSettings
+from attnbench.runner.results import RunWriter, case_key, make_row
+from attnbench.workload import Workload
+from attnbench.workload.axes import MODEL
+from attnbench.workload.masks import unseeing_share
+from attnbench.workload.suite import Suite, check_devices, expand, load_suite, model_suite
+
+# What a fresh process's torch takes without --threads (a sweep sets torch's threads, so read it at import):
+# a row's reproduce command gives --threads when the run's differ.
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+def now() -> str:
+    return dt.datetime.now().astimezone().isoformat()
+
+
+def _measure_ceilings(cases: list[tuple[str, Workload]], threads: int, remeasure: bool) -> dict[str, Ceilings]:
+    runnable = [w for impl, w in cases if not_runnable(impl, w) is None]
+    return {
+        device: load_ceilings(device, sorted({w.dtype for w in runnable if w.device == device}), threads, remeasure)
+        for device in sorted({w.device for w in runnable})
+    }
+
+
+def plan_cases(request: RunRequest, left_out: dict[str, str] | None = None) -> tuple[Suite, list[tuple[str, Workload]]]:
+    """The suite a new run's request names and its (contender, workload) cases, this shard's only. A contender
+    that ``all`` brought in and that suits none of a sweep's workloads is left out of it; ``left_out`` receives
+    its name and the reason of its first workload."""
+    if isinstance(request.suite, Suite):
+        suite = request.suite
+    elif request.suite or not request.axes.get(MODEL.name):
+        suite = load_suite(request.suite or DEFAULT_SUITE)
+    else:
+        suite = model_suite()
+    overrides = dict(request.axes)
+    said = {} if left_out is None else left_out
+
+    def never_applies(impl: str, workloads: list[Workload]) -> bool:
+        entry = registry.get(impl)
+        if not entry.available or entry.contender is None or not workloads:
+            return False  # unavailable: its one reason is listed anyway
+        try:
+            reasons = [entry.contender.unsupported_reason(w) for w in workloads]
+        except Exception:  # a contender that cannot say: plan it, its rows will
+            return False
+        if not all(reasons):
+            return False
+        said.setdefault(impl, str(reasons[0]))
+        return True
+
+    cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names(),
+                   never_applies)  # fmt: skip
+    shard = request.shard_slice
+    if shard:
+        cases = shard_cases(cases, *shard)
+    return suite, cases
+
+
+def _plan(request: RunRequest, default_out: Path) -> tuple[RunWriter, dict[str, Any], list[tuple[str, Workload]]]:
+    """A new run: its writer, meta and cases. Nothing is written yet."""
+    left_out: dict[str, str] = {}
+    suite, cases = plan_cases(request, left_out)
+    check_devices(cases)
+    out = request.out or default_out
+    RunWriter.check_target(out)
+    settings = RunSettings.resolve(request, suite, torch.get_num_threads())
+    meta = {"command": request.command, "suite": suite.name, "overrides": dict(request.axes),
+            "shard": request.shard, "n_cases": len(cases), "settings": settings.as_meta(),
+            "default_threads": DEFAULT_THREADS, "left_out": left_out}  # fmt: skip
+    return RunWriter(out), meta, cases
+
+
+def _reopen(request: RunRequest) -> tuple[RunWriter, dict[str, Any], list[tuple[str, Workload]]]:
+    assert request.resume is not None
+    writer, meta, cases = RunWriter.reopen(request.resume)
+    meta.setdefault("resumed", []).append({"command": request.command, "time": now()})
+    return writer, meta, cases
+
+
+class Finished(NamedTuple):
+    """What :func:`run_sweep` leaves: the results frame and what the summary needs."""
+
+    frame: pd.DataFrame
+    writer: RunWriter
+    meta: dict[str, Any]
+    warnings: list[str]
+    interrupted: bool
+    stop: StopSignals | None = None  # the run's signal counter: the CLI keeps it installed while it summarises
+
+
+def _check_worker_can_load(cases: list[tuple[str, Workload]], isolate: str) -> None:
+    """A contender registered in this process runs in the worker only if the worker can import its class."""
+    if isolate != "worker":
+        return
+    _, problems = registry.in_process_references()
+    for impl in dict.fromkeys(impl for impl, _ in cases):
+        if impl in problems:
+            raise UsageError(
+                f"contender {impl!r} was registered in this process and {problems[impl]}, so the worker process "
+                'cannot load it: define it in an importable module, or run in this process with isolate="none" '
+                "(--isolate none)"
+            )
+
+
+def run_sweep(request: RunRequest, default_out: Path) -> Finished:
+    """Plan the sweep (or reopen it with --resume), run it, save the run folder; print only warnings.
+
+    Shared by ``attnbench run`` and the Python API (:func:`attnbench.run`)."""
+    resuming = request.resume is not None
+    writer, meta, cases = _reopen(request) if resuming else _plan(request, default_out)
+    settings = RunSettings.from_meta(meta["settings"])
+    _check_worker_can_load(cases, settings.isolate)
+    done = {case_key(row["impl"], row) for row in writer.rows}
+    todo = [(impl, w) for impl, w in cases if case_key(impl, {**w.as_row()}) not in done]
+    allocator = configure_cpu_allocator(settings.cpu_allocator)
+    warnings = environment_warnings() + plan_warnings([w for _, w in todo])
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    ceilings = _measure_ceilings(todo, settings.threads, settings.remeasure_ceilings and not resuming)
+    options = RunOptions(
+        budget_s=settings.budget_s, case_budget_s=settings.case_budget_s, threads=settings.threads,
+        seed=settings.seed, measure_memory=settings.measure_memory, ceilings=ceilings,
+    )  # fmt: skip
+    meta.update(cpu_allocator=allocator, warnings=warnings, environment=environment(options.threads),
+                ceilings={**meta.get("ceilings", {}), **{d: asdict(c) for d, c in ceilings.items()}},
+                end_time=None, finished=False)  # fmt: skip
+    meta.setdefault("start_time", now())
+    bandwidth = BandwidthWatch(meta, ceilings, options.threads)  # measured now and after the sweep
+    if resuming:
+        writer.write_meta(meta)
+        print(f"resuming {writer.out_dir}: {len(done)} of {len(cases)} cases done, {len(todo)} to run",
+              file=sys.stderr)  # fmt: skip
+    else:
+        writer.start(meta, cases)
+    with StopSignals(writer.out_dir, _exit_at_once) as stop:  # until the results are written
+        interrupted = sweep(todo, options, writer, settings, request.progress, stop, Reproducer.of_meta(meta))
+        for warning in bandwidth.after(interrupted):
+            print(f"warning: {warning}", file=sys.stderr)
+            warnings.append(warning)
+        meta.update(end_time=now(), finished=not interrupted)
+        frame = writer.finish(meta)
+    return Finished(frame, writer, meta, warnings, interrupted, stop)
+
+
+def _exit_at_once() -> None:
+    """Before the third signal's exit: no worker left behind, no half-written temporary file."""
+    from attnbench.runner._worker import kill_workers
+    from attnbench.runner.results import remove_unfinished
+
+    kill_workers()
+    remove_unfinished()
+
+
+BLIND_SHARE = 0.5  # a workload where more query rows than this see no key is said before the run
+
+
+def plan_warnings(workloads: list[Workload]) -> list[str]:
+    """What the plan itself gets wrong: workloads where most query rows see no key (masks.unseeing_share)."""
+    blind = {w.label(): share for w in dict.fromkeys(workloads) if (share := unseeing_share(w)) > BLIND_SHARE}
+    if not blind:
+        return []
+    label, share = max(blind.items(), key=lambda item: item[1])
+    return [
+        f"{len(blind)} workload(s) where most query rows see no key (e.g. {label}: {share:.0%} of its rows), "
+        "which output zeros and do no work: give the keys at least the queries' length (--seq-kv ≥ --seq)"
+    ]
+
+
+def late_warnings(finished: Finished) -> list[str]:
+    """Warnings the results themselves raise (unstable timings…), added to meta.json; every warning back."""
+    late = result_warnings(finished.frame)
+    if late:
+        finished.meta["warnings"] = finished.warnings + late
+        finished.writer.write_meta(finished.meta)
+    return finished.warnings + late
+
+
+def group_by_workload(cases: list[tuple[str, Workload]]) -> list[tuple[Workload, list[str]]]:
+    """The cases as (workload, contenders) groups, in the order workloads first appear."""
+    groups: dict[Workload, list[str]] = {}
+    for impl, workload in cases:
+        groups.setdefault(workload, []).append(impl)
+    return list(groups.items())
+
+
+def sweep(cases: list[tuple[str, Workload]], options: RunOptions, writer: RunWriter, settings: RunSettings,
+          progress_mode: str, stop: StopSignals | None = None,
+          reproduce: Callable[[dict[str, Any]], str] | None = None) -> bool:  # fmt: skip
+    """Run the cases, appending each row as it finishes; True if interrupted.
+
+    The contenders of a workload run as one group (timed in interleaved rounds). With ``repeat`` N > 1 the
+    sweep is run N times, each pass in a fresh worker process; a case's row is written when its last
+    repeat is in (or at once when a repeat is not ok). ``stop`` (signals, see interrupts.py) ends the sweep
+    after the group in hand, or cuts that group short (no rows from it). ``reproduce`` gives each row's
+    ``reproduce`` command (see reproduce.py)."""
+    from attnbench.runner._worker import CaseWorker
+
+    repeat = settings.repeats
+    torch.set_num_threads(options.threads)
+    progress = _progress(len(cases) * repeat - writer.repeats_done(), progress_mode)
+    worker: CaseWorker | None = None
+    finished: set[tuple[Any, ...]] = set()
+    stop = stop or StopSignals(writer.out_dir, lambda: None)  # not installed: never requested
+
+    def keep(row: dict[str, Any]) -> None:
+        if reproduce is not None:
+            row = {**row, "reproduce": reproduce(row)}
+        key = case_key(row["impl"], row)
+        if repeat == 1 or (row["status"] in DECIDED_ONCE and not writer.repeats_done(key)):
+            writer.finish_case(merge_repeats([row]))
+            finished.add(key)
+            progress.update(repeat)
+            return
+        rows = writer.append_repeat(row)
+        progress.update(1)
+        if len(rows) == repeat or row["status"] != "ok":
+            progress.update(repeat - len(rows))
+            writer.finish_case(merge_repeats(rows))
+            finished.add(key)
+
+    references = tuple(registry.in_process_references()[0].values())  # contenders register()ed here
+    try:
+        for pass_number in range(repeat):
+            if stop.requested:
+                return True
+            if worker is not None:  # every pass in a fresh process
+                worker.close()
+            worker = (
+                CaseWorker(options, settings.cpu_allocator, settings.timeout_s, references)
+                if settings.isolate == "worker"
+                else None
+            )
+            for workload, impls in group_by_workload(cases):
+                if stop.requested:
+                    return True
+                todo = []
+                for impl in impls:
+                    key = case_key(impl, workload.as_row())
+                    if key in finished or writer.repeats_done(key) > pass_number:
+                        continue
+                    verdict = not_runnable(impl, workload)
+                    if verdict is not None:
+                        keep(make_row(impl, workload, *verdict))
+                    else:
+                        todo.append(impl)
+                if not todo:
+                    continue
+                progress.set_description_str(f"{','.join(todo)} {workload.label()}")
+                with stop.case():
+                    rows = worker.run_group(todo, workload) if worker else run_group(todo, workload, options)
+                for row in rows:
+                    keep(row)
+    except KeyboardInterrupt:  # the case in hand cut short (a second signal), or Ctrl-C without StopSignals
+        if worker is not None:
+            worker.kill()
+        return True
+    finally:
+        progress.close()
+        if worker is not None:
+            worker.close()
+    return False  # every case has its row, even if a signal came during the last one
+
+
+def _progress(total: int, mode: str) -> Any:
+    from tqdm import tqdm
+
+    if not hasattr(tqdm, "_lock"):  # a thread lock: tqdm's default adds a multiprocessing semaphore, which
+        tqdm.set_lock(threading.RLock())  # leaks (resource_tracker warns) when a run exits at once
+    disable = mode == "off" or (mode == "auto" and not sys.stderr.isatty())
+    return tqdm(total=total, unit="case", disable=disable, file=sys.stderr, dynamic_ncols=True)

@@ -1,0 +1,118 @@
+"""The correctness gate: a contender's output against the float64 reference, per-dtype tolerances."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.measure.allocator import uncached
+from attnbench.workload.inputs import AttentionInputs
+from attnbench.workload.reference import reference_grads, reference_output, sample_rows
+
+# (atol, rtol): pass when |out - ref| <= atol + rtol·|ref| everywhere. Chosen a few output ulps wide
+# for the dtype at |out| ≈ 1 (outputs are averages of unit normals), so rounding passes and a wrong
+# mask, scale or head mapping (errors of order 0.1–1) never does. A KV cache narrower than the dtype
+# (kv_dtype: bf16, or fp8 with scales) keeps the dtype's tolerance: the reference reads the stored values
+# times their scales, so fp8's rounding of k and v (up to 2^-4 of a value in e4m3, 2^-3 in e5m2) is in the
+# data both sides see; a contender adds at most one rounding of the dequantized k and v to the dtype, the
+# size of its compute's own (tests/test_kv_dtype.py measures both, and that reading the draws instead fails).
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-9, 1e-9),
+    "float32": (1e-4, 1e-4),
+    "float16": (3e-3, 3e-3),
+    "bfloat16": (2.4e-2, 2.4e-2),
+}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    max_abs_err: float
+    atol: float
+    rtol: float
+    checked_rows: int
+    reason: str = ""
+
+
+def compare(
+    output: object, expected: torch.Tensor, expected_shape: tuple[int, ...], atol: float, rtol: float, rows: int
+) -> CheckResult:
+    """``output`` (sliced to the checked rows) against ``expected`` in float64: pass when
+    |out − ref| ≤ atol + rtol·|ref| everywhere."""
+    if not isinstance(output, torch.Tensor):
+        return CheckResult(False, math.inf, atol, rtol, 0, f"returned {type(output).__name__}, not a tensor")
+    if tuple(output.shape) != expected_shape:
+        return CheckResult(
+            False, math.inf, atol, rtol, 0, f"output shape {tuple(output.shape)}, expected {expected_shape}"
+        )
+    got = output.detach().double()
+    if not torch.isfinite(got).all():
+        return CheckResult(False, math.inf, atol, rtol, rows, "output holds NaN or inf")
+    diff = (got - expected).abs()
+    max_abs_err = float(diff.max()) if diff.numel() else 0.0
+    if diff.numel() and float((diff - (atol + rtol * expected.abs())).max()) > 0:
+        reason = f"max_abs_err {max_abs_err:.3g} over tolerance atol={atol:g} rtol={rtol:g}"
+        return CheckResult(False, max_abs_err, atol, rtol, rows, reason)
+    return CheckResult(True, max_abs_err, atol, rtol, rows)
+
+
+def check_output(
+    inputs: AttentionInputs,
+    output: object,
+    reference: Callable[[AttentionInputs, torch.Tensor], torch.Tensor] = reference_output,
+) -> CheckResult:
+    """Compare ``output`` (B, Hq, Sq, Dv) with the float64 reference on sampled query rows."""
+    w = inputs.workload
+    atol, rtol = TOLERANCES[w.dtype]
+    rows = sample_rows(w.seq_q)
+    expected_shape = (w.batch, w.heads, w.seq_q, w.head_dim_v)
+    if isinstance(output, torch.Tensor) and tuple(output.shape) == expected_shape:
+        output = output[:, :, rows.to(output.device)]
+        expected_shape = (w.batch, w.heads, len(rows), w.head_dim_v)
+    with uncached():  # the float64 temporaries leave no fragments in the allocator's cache
+        result = compare(output, reference(inputs, rows), expected_shape, atol, rtol, len(rows))
+    reason = result.reason + (f" ({w.dtype})" if result.reason.startswith("max_abs_err") else "")
+    return CheckResult(result.ok, result.max_abs_err, atol, rtol, result.checked_rows, reason)
+
+
+# Gradients are compared relative to their own largest magnitude (their scale depends on the shapes:
+# dk and dv sum over every query row), so the tolerance is a fraction of max|reference gradient|.
+GRAD_TOLERANCES: dict[str, float] = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-2, "bfloat16": 6e-2}
+
+
+@dataclass(frozen=True)
+class GradCheck:
+    ok: bool
+    grad_err: float  # max over dq, dk, dv (and dsinks with learned sinks) of max|g − g_ref| / max|g_ref|
+    grad_tol: float
+    reason: str = ""
+
+
+def check_grads(inputs: AttentionInputs, grads: object) -> GradCheck:
+    """Compare a contender's (dq, dk, dv) — and dsinks, the sink logits' gradient, with learned sinks — with
+    the float64 reference gradients."""
+    tolerance = GRAD_TOLERANCES[inputs.workload.dtype]
+    names = ("dq", "dk", "dv") if inputs.sinks is None else ("dq", "dk", "dv", "dsinks")
+    if not (
+        isinstance(grads, tuple | list) and len(grads) == len(names) and all(isinstance(g, torch.Tensor) for g in grads)
+    ):
+        return GradCheck(False, math.inf, tolerance, f"backward did not give the gradient tensors {', '.join(names)}")
+    with uncached():  # the float64 temporaries leave no fragments in the allocator's cache
+        expected_grads = reference_grads(inputs)
+    worst, worst_name = 0.0, ""
+    for name, got, expected in zip(names, grads, expected_grads, strict=True):
+        if tuple(got.shape) != tuple(expected.shape):
+            shapes = f"{name} shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+            return GradCheck(False, math.inf, tolerance, shapes)
+        got64 = got.detach().double()
+        if not torch.isfinite(got64).all():
+            return GradCheck(False, math.inf, tolerance, f"{name} holds NaN or inf")
+        error = float((got64 - expected).abs().max()) / max(float(expected.abs().max()), 1e-30)
+        if error > worst:
+            worst, worst_name = error, name
+    if worst > tolerance:
+        return GradCheck(False, worst, tolerance, f"{worst_name} error {worst:.3g} of its scale, over {tolerance:g}")
+    return GradCheck(True, worst, tolerance)

@@ -1,0 +1,235 @@
+"""Suites: named sweeps kept as TOML data in ``suites/``, expanded into (contender, Workload) cases.
+
+A suite file has an optional ``description``, ``budget_s`` (timing budget per case, seconds),
+``case_budget_s`` (a case predicted to cost more is skipped, default 60 s), a
+``[defaults]`` table and one or more ``[[sweep]]`` tables. Each sweep is the Cartesian product of its
+axes (defaults filled in); every axis takes one value or a list. The axes, their types, bounds and
+defaults are the table in ``attnbench.workload.axes`` (the same names as ``attnbench run``'s flags). ``model``
+(preset names, see ``attnbench.workload.models``) with ``phase`` (prefill, decode; default both) builds a sweep from
+model presets: then batch, heads and seq are not required.
+``impl = "all"`` means every registered attention contender (scoring ones are named explicitly),
+``"available"`` those of them that can run on this machine;
+kv_heads left out means kv_heads = heads, seq_kv left out means seq_kv = seq.
+
+Command-line overrides replace an axis in every sweep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from attnbench.errors import UsageError
+from attnbench.workload._problem import Workload
+from attnbench.workload.axes import (
+    BY_NAME,
+    DEFAULTS,
+    DEVICE,
+    DTYPE,
+    IMPL,
+    LAYER,
+    MODEL,
+    PASS,
+    PHASE,
+    REQUIRED,
+    SWEEP_AXES,
+    WORKLOAD_AXES,
+    coerce_axis,
+)
+from attnbench.workload.models import DEFAULT_PHASES, preset_axes, preset_dtype
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+AXES = tuple(axis.name for axis in SWEEP_AXES)  # the keys a sweep table may have
+TOP_KEYS = ("description", "budget_s", "case_budget_s", "defaults", "sweep")
+# What `attnbench profile` and attnbench.run() without a suite run: one modest case per contender.
+PROFILE_WORKLOAD: dict[str, list[Any]] = dict(batch=[1], heads=[8], seq=[1024], head_dim=[64])
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    budget_s: float
+    case_budget_s: float
+    sweeps: tuple[dict[str, list[Any]], ...]
+
+
+def suite_names() -> list[str]:
+    """Names of the suites shipped in attnbench.suites."""
+    folder = resources.files("attnbench.suites")
+    return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def _read(name_or_path: str) -> tuple[str, str]:
+    """(suite name, TOML text) for a shipped suite name or a path to a .toml file."""
+    if name_or_path.endswith(".toml") or "/" in name_or_path:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise UsageError(f"suite file {name_or_path!r} does not exist")
+        return path.stem, path.read_text()
+    if name_or_path not in suite_names():
+        raise UsageError(f"suite {name_or_path!r} is not known; known: {', '.join(suite_names())} (or a .toml path)")
+    text = resources.files("attnbench.suites").joinpath(f"{name_or_path}.toml").read_text()
+    return name_or_path, text
+
+
+def _axes(table: Any, where: str) -> dict[str, list[Any]]:
+    if not isinstance(table, dict):
+        raise UsageError(f"{where}: must be a table of axes")
+    unknown = sorted(set(table) - set(AXES))
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(AXES)}")
+    return {axis: coerce_axis(axis, value, f"{where}: {axis}") for axis, value in table.items()}
+
+
+def load_suite(name_or_path: str) -> Suite:
+    """Read and validate a suite; every problem is a UsageError naming the file, key and value."""
+    name, text = _read(name_or_path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"suite {name}: not valid TOML ({exc})") from None
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise UsageError(f"suite {name}: unknown top-level key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}")
+    budgets = {key: data.get(key, default) for key, default in (("budget_s", 1.0), ("case_budget_s", 60.0))}
+    for key, budget in budgets.items():
+        if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
+            raise UsageError(f"suite {name}: {key} must be a positive number of seconds, got {budget!r}")
+    defaults = {**DEFAULTS, **_axes(data.get("defaults", {}), f"suite {name} [defaults]")}
+    raw_sweeps = data.get("sweep", [{}])
+    if not isinstance(raw_sweeps, list) or not raw_sweeps:
+        raise UsageError(f"suite {name}: [[sweep]] must be a non-empty array of tables")
+    sweeps = []
+    for index, table in enumerate(raw_sweeps, start=1):
+        where = f"suite {name} sweep {index}"
+        sweep = {**defaults, **_axes(table, where)}
+        missing = [axis for axis in REQUIRED if axis not in sweep and MODEL.name not in sweep]
+        if missing:
+            raise UsageError(f"{where}: missing axis {missing[0]!r}; required: {', '.join(REQUIRED)}")
+        sweeps.append(sweep)
+    description = str(data.get("description", ""))
+    budget_s, case_budget_s = float(budgets["budget_s"]), float(budgets["case_budget_s"])
+    return Suite(name, description, budget_s, case_budget_s, tuple(sweeps))
+
+
+def expand(
+    suite: Suite,
+    overrides: dict[str, list[Any]],
+    known_impls: list[str],
+    default_impls: list[str] | None = None,
+    available_impls: list[str] | None = None,
+    never_applies: Callable[[str, list[Workload]], bool] | None = None,
+) -> list[tuple[str, Workload]]:
+    """All (contender, workload) cases, in sweep order, without duplicates; validates every value.
+
+    ``impl = "all"`` stands for ``default_impls`` (default: every known contender), ``"available"`` for
+    ``available_impls`` (those of them that can run on this machine; default: all of them). A contender
+    such a keyword brings in is left out of a sweep where ``never_applies(impl, workloads)`` says it suits
+    none of them (a column of `unsupported` tells nothing); one named is always planned."""
+    cases: dict[tuple[str, Workload], None] = {}
+    for sweep in suite.sweeps:
+        axes = {**sweep, **overrides}
+        impls, implicit = _impls(axes[IMPL.name], known_impls, default_impls, available_impls)
+        models, phases = axes.get(MODEL.name), axes.get(PHASE.name)
+        for axis in (PHASE, LAYER):
+            if axes.get(axis.name) and not models:
+                raise UsageError(f"{axis.name} applies to model presets: give --model too (see `attnbench models`)")
+        expanded = (
+            [
+                by_device
+                for m in models
+                for phase in phases or DEFAULT_PHASES
+                for one in preset_axes(m, phase, axes, phases or DEFAULT_PHASES)
+                for by_device in _preset_dtypes(m, one)
+            ]
+            if models
+            else [axes]
+        )
+        workloads = [workload for one in expanded for workload in _workloads(one)]
+        if never_applies is not None:  # a contender no workload of the sweep suits, unless named, is left out
+            impls = [impl for impl in impls if impl not in implicit or not never_applies(impl, workloads)]
+        for workload in workloads:
+            for impl in impls:
+                cases[(impl, workload)] = None
+    return list(cases)
+
+
+def _preset_dtypes(model: str, axes: dict[str, list[Any]]) -> list[dict[str, list[Any]]]:
+    """A preset's sweep as it is when it names a dtype; without one, a sweep per device, each in the preset's
+    dtype there (models.preset_dtype: bfloat16 on CUDA) or the axis default (float32)."""
+    if axes.get(DTYPE.name):
+        return [axes]
+    devices = axes.get(DEVICE.name) or [DEVICE.sweep_default]
+    return [{**axes, DEVICE.name: [device], DTYPE.name: [preset_dtype(model, device) or DTYPE.sweep_default]}
+            for device in devices]  # fmt: skip
+
+
+def _workloads(axes: dict[str, list[Any]]) -> list[Workload]:
+    """The Cartesian product of one sweep's axes as workloads (features that don't apply collapse).
+
+    The basic case (sizes, dtype, device, mask, pass) varies slowest, then the axes that follow another
+    (kv_heads: heads, seq_kv: seq) and the rest, so the cases of one shape stay together."""
+    basic = WORKLOAD_AXES[: WORKLOAD_AXES.index(PASS) + 1]
+    order = [a for a in basic if not a.follows] + [a for a in WORKLOAD_AXES if a.follows]
+    order += [a for a in WORKLOAD_AXES if a.sweep and a not in order]
+    lists = [axes.get(a.name) or ([None] if a.follows else [a.sweep_default]) for a in order]
+    workloads: dict[Workload, None] = {}
+    for values in itertools.product(*lists):
+        given = dict(zip(order, values, strict=True))
+        fields = {a.workload_field: value for a, value in given.items()}
+        for axis in order:
+            if axis.follows and fields[axis.workload_field] is None:
+                fields[axis.workload_field] = fields[BY_NAME[axis.follows].workload_field]
+        workloads[Workload(**fields)] = None
+    return list(workloads)
+
+
+def check_devices(cases: list[tuple[str, Workload]]) -> None:
+    """CUDA cases on a machine without CUDA are bad input, not a sweep of `unavailable` rows."""
+    import torch
+
+    if any(w.device == "cuda" for _, w in cases) and not torch.cuda.is_available():
+        raise UsageError("device cuda: torch.cuda.is_available() is False on this machine; allowed here: cpu")
+
+
+def _impls(
+    requested: list[str], known: list[str], default: list[str] | None, available: list[str] | None
+) -> tuple[list[str], set[str]]:
+    """The contenders ``requested`` names, and those of them only a keyword (all, available) brought in."""
+    keywords = {"all": known if default is None else default}
+    keywords["available"] = keywords["all"] if available is None else available
+    chosen: list[str] = []
+    named: set[str] = set()
+    for name in requested:
+        if name in keywords:
+            chosen.extend(keywords[name])
+        elif name in known:
+            chosen.append(name)
+            named.add(name)
+        else:
+            raise UsageError(f"impl {name!r} is not known; known: {', '.join(known)} (or all, available)")
+    chosen = list(dict.fromkeys(chosen))
+    return chosen, set(chosen) - named
+
+
+def profile_suite(name: str = "profile", description: str = "") -> Suite:
+    """One modest case per contender (B=1, H=8, S=1024, D=64, the basic defaults): what ``attnbench profile``
+    and :func:`attnbench.run` without a suite start from; overrides replace its axes."""
+    return Suite(name, description, 1.0, 60.0, ({**DEFAULTS, **PROFILE_WORKLOAD},))
+
+
+def model_suite() -> Suite:
+    """The sweep ``attnbench run --model NAME`` runs when no --suite is given: every phase of the presets
+    named on the command line (which replaces ``model``), with every available contender."""
+    sweep = {**DEFAULTS, IMPL.name: ["available"], MODEL.name: ["llama3.1-8b"], PHASE.name: list(DEFAULT_PHASES)}
+    return Suite("models", "model presets, prefill and decode", 1.0, 60.0, (sweep,))
