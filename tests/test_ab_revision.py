@@ -16,6 +16,7 @@ import pytest
 import attnbench.impls
 from attnbench.contenders import _revision as revision
 from attnbench.contenders import registry
+from attnbench.errors import UsageError
 from attnbench.runner import ab
 from attnbench.workload import Workload
 
@@ -202,6 +203,39 @@ def test_an_import_the_base_never_had_fails_naming_the_package_module(lazy_plugi
     commit_all(repo, "work is back")
     case = decide("ab_lazy", "HEAD~1", tmp_path)
     assert case.verdict == "error" and "No module named 'ablazy.work'" in case.reason, case
+
+
+@pytest.mark.parametrize(
+    ("old_import", "gone"),
+    [("from attnbench import kv_cache", "attnbench.kv_cache"),
+     ("from attnbench.native_build import cache_dir", "attnbench.native_build")],
+)  # fmt: skip
+def test_a_base_from_before_the_rooms_names_the_module_it_imports_in_one_line(
+    tmp_path, monkeypatch, planted, old_import, gone
+):
+    """A base revision written against the flat core (``attnbench.kv_cache``, ``attnbench.native_build``): the
+    comparison stops with one line naming the module the old code imports, never a traceback."""
+    repo = tmp_path / "oldrepo"
+    init = EAGER_INIT.format(name="ab_old").replace(
+        "from .work import attend", f"{old_import}\nfrom .work import attend"
+    )
+    path = plugin_repo(repo, "flat", "abold", {"__init__.py": init, "work.py": WORK.format(passes=1)}, None)
+    (path / "abold" / "__init__.py").write_text(EAGER_INIT.format(name="ab_old"))
+    commit_all(repo, "the core's new paths")
+    monkeypatch.syspath_prepend(str(path))
+    import abold
+
+    registry.register(abold.Kernel)
+    planted.append("ab_old")
+    try:
+        with pytest.raises(UsageError) as caught:
+            ab.revision_versions("ab_old", "HEAD~1", tmp_path / "base")
+    finally:
+        for module in [m for m in sys.modules if m == "abold" or m.startswith("abold.")]:
+            del sys.modules[module]
+    message = str(caught.value)
+    assert message == (f"--impl ab_old: its base version imports {gone}, a module this attnbench does not have (the "
+                       "core's modules moved into rooms: see the Layout section of the README)"), message  # fmt: skip
 
 
 CASCADE_WORKLOAD = Workload(4, 8, 2, 4, 1024, 64, shared_prefix=512)

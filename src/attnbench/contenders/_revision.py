@@ -361,6 +361,17 @@ def _load_root(router: _Router, path: Path) -> types.ModuleType:
     return module
 
 
+def _gone_core_module(exc: BaseException) -> str | None:
+    """The attnbench module an old revision imports that this attnbench no longer has (``attnbench.kv_cache``,
+    from before the core moved into rooms), or None when the import failed for another reason."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name and exc.name.startswith("attnbench."):
+        return exc.name
+    missing = re.match(r"cannot import name '(\w+)' from 'attnbench' ", str(exc))
+    if isinstance(exc, ImportError) and exc.name == "attnbench" and missing:  # `from attnbench import kv_cache`
+        return f"attnbench.{missing.group(1)}"
+    return None
+
+
 def import_base(name: str, located: Located, base_root: Path) -> Contender:
     """Contender ``name`` built from the package extracted at ``base_root`` (see the module docstring)."""
     alias = f"{ALIAS_PREFIX}{next(_counter)}"
@@ -374,6 +385,12 @@ def import_base(name: str, located: Located, base_root: Path) -> Contender:
         for part in located.attr.split("."):
             found = getattr(found, part)
     except Exception as exc:  # the old code may fail to import in any way; say so in one line
+        gone = _gone_core_module(exc)
+        if gone is not None:
+            raise UsageError(
+                f"--impl {name}: its base version imports {gone}, a module this attnbench does not have "
+                "(the core's modules moved into rooms: see the Layout section of the README)"
+            ) from exc
         why = one_line(f"{type(exc).__name__}: {readable(str(exc))}")
         raise UsageError(f"--impl {name}: its base version did not import: {why}") from exc
     try:
