@@ -1,4 +1,7 @@
-"""The ``attnbench`` command: list, run, suites, models, env.
+"""The attnbench command: list, run, suites, models, env, profile, report, compare, ratios, ab, merge, store, history.
+
+One ``cmd_*`` per command; the run, profile and ab bodies live in the runner room, the report, compare, ratios,
+merge, store and history bodies in ``attnbench.reports`` (imported when the command runs).
 
 Bad input raises UsageError anywhere below; ``main`` prints it as one line and exits with code 2, before
 anything is written.
