@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -155,10 +155,20 @@ def history_p_value(relative: float, noise: HistoryNoise) -> float:
     return float(2 * student_t.sf(abs(relative) / noise.spread, noise.df))
 
 
+class Verdict(NamedTuple):
+    """One case's verdict between two runs, with what it rests on."""
+
+    outcome: str  # faster, slower, same or unclear
+    ratio: float  # new/base median
+    p_value: float
+    floor: float  # the smallest relative change the case could show, as a fraction
+    note: str  # why the outcome is unclear, or ""
+
+
 def verdict(
     base: Any, new: Any, settings: Settings, shift: float = 0.0, history: HistoryNoise | None = None
-) -> tuple[str, float, float, float, str]:
-    """(verdict, new/base median ratio, p-value, floor, note) for one case.
+) -> Verdict:
+    """The :class:`Verdict` (outcome, new/base median ratio, p-value, floor, note) for one case.
 
     ``base`` and ``new`` are :class:`Evidence` or plain lists of samples; ``shift`` is the run-wide change
     (log of a ratio) that a case must move beyond. ``history``: what the store saw of the case's relative
@@ -180,23 +190,23 @@ def verdict(
     else:
         p_value = history_p_value(change - shift, history)
     if abs(change) <= math.log1p(settings.threshold):
-        return "same", ratio, p_value, floor, ""
+        return Verdict("same", ratio, p_value, floor, "")
     if abs(change) <= limit:
-        return "unclear", ratio, p_value, floor, f"within the noise the runs measured ({floor:.1%})"
+        return Verdict("unclear", ratio, p_value, floor, f"within the noise the runs measured ({floor:.1%})")
     relative = change - shift
     if abs(relative) <= limit or (relative > 0) != (change > 0):
         run = math.expm1(shift)
         note = (f"this case moved {ratio - 1:+.1%}, and the whole run {run:+.1%} (the median change over its cases: "
                 "machine drift or a change everywhere); beside that, its own change is within the noise")  # fmt: skip
-        return "unclear", ratio, p_value, floor, note
+        return Verdict("unclear", ratio, p_value, floor, note)
     adjusted = new_ev.values * math.exp(-shift)
     separated = adjusted.min() > base_ev.values.max() if change > 0 else adjusted.max() < base_ev.values.min()
     if p_value >= settings.alpha and (history is not None or not separated):
-        return "unclear", ratio, p_value, floor, "beyond the floor but not significant"
+        return Verdict("unclear", ratio, p_value, floor, "beyond the floor but not significant")
     direction = "slower" if change > 0 else "faster"
     if basis == "samples" and history is None:
-        return "unclear", ratio, p_value, floor, WITHIN_RUN_ONLY.format(direction=direction)
-    return direction, ratio, p_value, floor, ""
+        return Verdict("unclear", ratio, p_value, floor, WITHIN_RUN_ONLY.format(direction=direction))
+    return Verdict(direction, ratio, p_value, floor, "")
 
 
 @dataclass
@@ -262,9 +272,10 @@ def compare_frames(
             bases.add(base_ev.basis if base_ev.basis == new_ev.basis else "samples")
             case_shift = float(shifts.get(row["_row"], 0.0))
             seen = lookup(history, row, row.get("machine_new"), "_new") if history else None
-            outcome, ratio, p_value, floor, note = verdict(base_ev, new_ev, settings, case_shift, seen)
+            found = verdict(base_ev, new_ev, settings, case_shift, seen)
             own = "repeats" if base_ev.basis == new_ev.basis == "repeats" else "within-run only"
-            record.update(verdict=outcome, ratio=ratio, p_value=p_value, floor=floor, note=note,
+            record.update(verdict=found.outcome, ratio=found.ratio, p_value=found.p_value, floor=found.floor,
+                          note=found.note,
                           base_ms=row["median_ms_base"], new_ms=row["median_ms_new"],
                           floor_source=seen.source if seen else own,
                           yardstick=_yardsticks_used(row))  # fmt: skip
@@ -319,12 +330,6 @@ def _yardsticks_used(row: dict[Any, Any]) -> str | None:
 def geometric_mean(ratios: pd.Series) -> float | None:
     values = ratios.dropna()
     return float(np.exp(np.log(values).mean())) if len(values) else None
-
-
-def load_pair(base: Path, new: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    frame, _ = load_runs([base, new])
-    names = list(dict.fromkeys(frame["run"]))
-    return frame[frame["run"] == names[0]], frame[frame["run"] == names[1]]
 
 
 def load_for_compare(

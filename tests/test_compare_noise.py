@@ -65,7 +65,8 @@ def test_a_contender_made_slower_is_slower_in_every_case_and_compare_exits_1(cli
 def test_a_case_inside_its_measured_noise_is_not_called(cli):
     noisy = Evidence(np.array([1.0, 1.3, 1.1]), "repeats", 0.3)
     moved = Evidence(np.array([1.25, 1.5, 1.35]), "repeats", 0.2)
-    outcome, ratio, _, floor, note = verdict(noisy, moved, Settings())
+    outcome, ratio, _, floor, note = found = verdict(noisy, moved, Settings())
+    assert found.outcome == outcome and found.floor == floor  # a Verdict, read by name
     assert ratio == pytest.approx(1.35 / 1.1) and floor == pytest.approx(0.3)
     assert outcome == "unclear" and "within the noise" in note
 
@@ -73,8 +74,9 @@ def test_a_case_inside_its_measured_noise_is_not_called(cli):
 def test_a_change_the_whole_run_shares_is_unclear_not_slower():
     base = Evidence(np.array([1.0, 1.01, 0.99]), "repeats", 0.02)
     new = Evidence(np.array([1.12, 1.13, 1.11]), "repeats", 0.02)
-    assert verdict(base, new, Settings())[0] == "slower"
-    outcome, *_, note = verdict(base, new, Settings(), shift=float(np.log(1.11)))
+    assert verdict(base, new, Settings()).outcome == "slower"
+    found = verdict(base, new, Settings(), shift=float(np.log(1.11)))
+    outcome, note = found.outcome, found.note
     assert outcome == "unclear" and "and the whole run +11.0% (the median change over its cases" in note
 
 
