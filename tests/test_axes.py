@@ -6,7 +6,7 @@ import inspect
 import pytest
 
 import attnbench
-from attnbench.cli import build_parser, run_request
+from attnbench.cli import build_parser, request_from_args
 from attnbench.runner.request import RunSettings, build_request
 from attnbench.runner.results import COLUMNS
 from attnbench.runner.sweep import plan_cases
@@ -40,7 +40,7 @@ CASES = [
 def _parsed_back(flags: list[str]) -> list[tuple[str, Workload]]:
     args = build_parser().parse_args(["run", *flags])
     args.command_line = "attnbench run " + " ".join(flags)
-    return plan_cases(run_request(args))[1]
+    return plan_cases(request_from_args(args))[1]
 
 
 @pytest.mark.parametrize("workload", CASES, ids=[w.label() for w in CASES])

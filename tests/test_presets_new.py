@@ -8,7 +8,7 @@ import shlex
 import pandas as pd
 import pytest
 
-from attnbench.cli import build_parser, run_request
+from attnbench.cli import build_parser, request_from_args
 from attnbench.runner.sweep import plan_cases
 from attnbench.workload import axes, models
 from attnbench.workload.axes import reproduce_flags
@@ -20,7 +20,7 @@ def _plan(*flags: str):
     """The (impl, workload) cases `attnbench run FLAGS` plans, without running them."""
     args = build_parser().parse_args(["run", *flags])
     args.command_line = shlex.join(["attnbench", "run", *flags])
-    return plan_cases(run_request(args))[1]
+    return plan_cases(request_from_args(args))[1]
 
 
 def _shape(workload) -> dict:

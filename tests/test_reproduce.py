@@ -7,7 +7,7 @@ import shlex
 import pandas as pd
 import pytest
 
-from attnbench.cli import build_parser, main, run_request
+from attnbench.cli import build_parser, main, request_from_args
 from attnbench.reports.compare import Settings, compare_frames
 from attnbench.reports.frames import load_run
 from attnbench.reports.table import SHOWN, table_frame
@@ -39,7 +39,7 @@ def _planned(command: str):
     assert argv[:2] == ["attnbench", "run"]
     args = build_parser().parse_args(argv[1:])
     args.command_line = command
-    request = run_request(args)
+    request = request_from_args(args)
     return request, plan_cases(request)[1]
 
 

@@ -54,7 +54,7 @@ def run(
     Raises :class:`attnbench.UsageError` on bad input, before anything runs or is written, and
     KeyboardInterrupt after saving the finished rows when the sweep is interrupted.
     """
-    from attnbench.runner import sweep as run_command
+    from attnbench.runner import sweep
     from attnbench.runner.request import build_request
     from attnbench.workload.suite import profile_suite
 
@@ -76,7 +76,7 @@ def run(
             profile_suite("notebook", "attnbench.run() without a suite") if blank else suite, given,
             memory=memory, out=target, command=command, **settings,
         )  # fmt: skip
-        finished = run_command.run_sweep(request, target)
+        finished = sweep.run_sweep(request, target)
     if finished.interrupted:
         saved = f"; finished rows are saved in {target}" if out is not None else ""
         raise KeyboardInterrupt(f"attnbench.run was interrupted{saved}")

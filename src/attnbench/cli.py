@@ -28,7 +28,7 @@ from attnbench.measure._ceilings import load_ceilings
 from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
 from attnbench.measure.environment import command_line, environment
 from attnbench.runner.cases import not_runnable
-from attnbench.runner.request import ISOLATION, PROGRESS, RunRequest, build_request
+from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request
 from attnbench.runner.results import RunWriter
 from attnbench.workload.axes import IMPL, PASS, SWEEP_AXES, canonical_dtype, parse_overrides
 from attnbench.workload.suite import check_devices, expand, load_suite, profile_suite, suite_names
@@ -61,7 +61,7 @@ def _default_out(suite: str) -> Path:
     return out
 
 
-def run_request(args: argparse.Namespace) -> RunRequest:
+def request_from_args(args: argparse.Namespace) -> RunRequest:
     """``attnbench run``'s flags as a checked request."""
     if args.from_run is not None or args.case is not None:
         return _from_run_request(args)
@@ -92,11 +92,11 @@ def _from_run_request(args: argparse.Namespace) -> RunRequest:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from attnbench.runner import sweep as run_command
+    from attnbench.runner import sweep
 
-    request = run_request(args)
+    request = request_from_args(args)
     store_db = _store_target(request)
-    finished = run_command.run_sweep(request, _default_out(request.suite_name))
+    finished = sweep.run_sweep(request, _default_out(request.suite_name))
     with finished.stop or contextlib.nullcontext():  # signals still counted: a burst never cuts the summary
         return _summarise(finished, store_db)
 
@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _summarise(finished: Finished, store_db: Path | None) -> int:
     """The end of `attnbench run`: the summary table, counts, reasons, warnings, the store, the exit code."""
     from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
-    from attnbench.runner import sweep as run_command
+    from attnbench.runner import sweep
 
     frame, writer = finished.frame, finished.writer
     print(summary_table(frame))
@@ -114,7 +114,7 @@ def _summarise(finished: Finished, store_db: Path | None) -> int:
         print(reasons)
     for impl, reason in finished.meta.get("left_out", {}).items():
         print(f"  {impl}: left out — unsupported on every workload of its sweeps ({reason})")
-    for warning in run_command.late_warnings(finished):
+    for warning in sweep.late_warnings(finished):
         print(f"warning: {warning}", file=sys.stderr)
     print(f"results: {writer.out_dir / 'results.parquet'} (also results.csv, meta.json)")
     if store_db is not None:
@@ -574,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --from: the row's index in RUN_DIR's results.csv and "
         "results.parquet (0 is the first row; the `case` column of the report's table)",
     )
-    p_run.add_argument("--progress", metavar=_choices(PROGRESS), default="auto", help="progress bar")
+    p_run.add_argument("--progress", metavar=_choices(PROGRESS_BAR_MODES), default="auto", help="progress bar")
     p_run.add_argument("--store", action="store_true", help="add the run to the results store as it finishes")
     p_run.add_argument("--db", help="the store for --store (default runs/attnbench.duckdb)")
     p_run.set_defaults(func=cmd_run)

@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from attnbench.measure._memory import oom_kills
-from attnbench.runner._worker_main import IDLE, PROGRESS_BYTES, Progress
+from attnbench.runner._worker_main import IDLE, PROGRESS_BYTES, ProgressPage
 from attnbench.runner.cases import RunOptions
 from attnbench.runner.results import make_row
 from attnbench.workload import Workload
@@ -104,14 +104,14 @@ class CaseWorker:
         self.references = references  # module:qualname of contenders registered in the parent
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
-        self._progress: Progress | None = None
+        self._progress: ProgressPage | None = None
 
     def _start(self) -> Connection:
         """A fresh worker: a new interpreter given one end of a socket pair and the progress page."""
         ours, theirs = socket.socketpair()
         with tempfile.TemporaryFile() as page:  # unlinked at once; the mapping outlives the file object
             page.truncate(PROGRESS_BYTES)
-            self._progress = Progress(page.fileno())
+            self._progress = ProgressPage(page.fileno())
             self._progress.write(IDLE, 0)
             path = [os.fspath(p) for p in sys.path if isinstance(p, str | os.PathLike)]
             command = [spawn.get_executable(), "-c", BOOTSTRAP, json.dumps(path),

@@ -7,7 +7,7 @@ imported — the bootstrap sets ``sys.path`` to the parent's (so contenders regi
 import as they did there) and calls :func:`main`.
 
 The two processes share a connected socket (pickled messages, ``multiprocessing.connection.Connection``)
-and a 16-byte shared page (:class:`Progress`, an mmap of an unlinked temporary file): the worker writes the
+and a 16-byte shared page (:class:`ProgressPage`, an mmap of an unlinked temporary file): the worker writes the
 index of the contender it is busy with and a step counter there before every step, so the parent can tell
 a hung kernel from a slow one without asking the (possibly stuck) worker anything.
 
@@ -33,7 +33,7 @@ IDLE = -1  # the progress index between groups
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-class Progress:
+class ProgressPage:
     """The shared page: which contender the worker is on, and how many steps it has taken."""
 
     def __init__(self, fd: int) -> None:
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> None:
     die_with_parent(parent_pid)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)  # the parent decides what they mean
-    conn, progress = Connection(conn_fd), Progress(progress_fd)
+    conn, progress = Connection(conn_fd), ProgressPage(progress_fd)
     options, allocator, references = conn.recv()
 
     import torch

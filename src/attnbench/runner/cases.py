@@ -139,7 +139,7 @@ def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, An
     return run_group([impl], workload, options)[0]
 
 
-Progress = Callable[[int], None]  # told the index (in the group) of the contender about to run
+ContenderStarts = Callable[[int], None]  # told the index (in the group) of the contender about to run
 
 
 @dataclass
@@ -208,7 +208,7 @@ def _get_ready(impl: str, workload: Workload, options: RunOptions, group: _Group
 
 
 def _time_group(
-    ready: dict[int, _Ready], workload: Workload, options: RunOptions, progress: Progress | None
+    ready: dict[int, _Ready], workload: Workload, options: RunOptions, progress: ContenderStarts | None
 ) -> dict[int, Timing | SampleError]:
     """All ready contenders in interleaved rounds: on CPU with the yardsticks and the stall check, on CUDA warm
     and cold samples alike (measure_cuda)."""
@@ -249,7 +249,7 @@ def _stalled(sticks: yardsticks.Yardsticks | None, timing: Timing | SampleError)
 
 
 def run_group(
-    impls: list[str], workload: Workload, options: RunOptions, progress: Progress | None = None
+    impls: list[str], workload: Workload, options: RunOptions, progress: ContenderStarts | None = None
 ) -> list[dict[str, Any]]:
     """The contenders of one workload to one row each (in the order given), timed in interleaved rounds."""
     rows: dict[int, dict[str, Any]] = {}

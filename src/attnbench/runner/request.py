@@ -3,7 +3,7 @@
 Both front ends build the request here and nowhere else: :func:`attnbench.run` from its arguments, the
 ``attnbench run`` command from its flags. :func:`build_request` checks every value once — the axes by the
 axis table (``attnbench.workload.axes``), the settings below — and raises a UsageError naming the flag, so the
-command and the Python call fail with the same line. ``run_command.run_sweep`` runs a request.
+command and the Python call fail with the same line. ``attnbench.runner.sweep.run_sweep`` runs a request.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from attnbench.workload.suite import Suite
 
 ISOLATION = ("worker", "none")
-PROGRESS = ("auto", "on", "off")
+PROGRESS_BAR_MODES = ("auto", "on", "off")
 DEFAULT_SUITE = "quick"
 
 
@@ -88,7 +88,7 @@ def build_request(
     """A checked request. ``axes`` maps axis names to one value, a list, or the flag's comma-separated text."""
     checked = {name: parse_values(name, value) for name, value in (axes or {}).items() if value is not None}
     for flag, value, allowed in (("--cpu-allocator", cpu_allocator, POLICIES), ("--isolate", isolate, ISOLATION),
-                                 ("--progress", progress, PROGRESS)):  # fmt: skip
+                                 ("--progress", progress, PROGRESS_BAR_MODES)):  # fmt: skip
         if value not in allowed:
             choices = ", ".join(repr(choice) for choice in allowed)
             raise UsageError(f"argument {flag}: invalid choice: {value!r} (choose from {choices})")

@@ -170,7 +170,7 @@ def run_sweep(request: RunRequest, default_out: Path) -> Finished:
     else:
         writer.start(meta, cases)
     with StopSignals(writer.out_dir, _exit_at_once) as stop:  # until the results are written
-        interrupted = sweep(todo, options, writer, settings, request.progress, stop, Reproducer.of_meta(meta))
+        interrupted = run_cases(todo, options, writer, settings, request.progress, stop, Reproducer.of_meta(meta))
         for warning in bandwidth.after(interrupted):
             print(f"warning: {warning}", file=sys.stderr)
             warnings.append(warning)
@@ -220,7 +220,7 @@ def group_by_workload(cases: list[tuple[str, Workload]]) -> list[tuple[Workload,
     return list(groups.items())
 
 
-def sweep(cases: list[tuple[str, Workload]], options: RunOptions, writer: RunWriter, settings: RunSettings,
+def run_cases(cases: list[tuple[str, Workload]], options: RunOptions, writer: RunWriter, settings: RunSettings,
           progress_mode: str, stop: StopSignals | None = None,
           reproduce: Callable[[dict[str, Any]], str] | None = None) -> bool:  # fmt: skip
     """Run the cases, appending each row as it finishes; True if interrupted.
