@@ -391,28 +391,6 @@ def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
     return finish(figure)
 
 
-COMPARE_TEMPLATE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>attnbench compare</title>
-<style>body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:1200px;padding:0 1rem}
-table{border-collapse:collapse;font-size:.82rem}th,td{border:1px solid #ddd;padding:.25rem .45rem}
-th{background:#f4f4f6}.slower{color:#b3261e;font-weight:600}.faster{color:#137333;font-weight:600}
-img{max-width:100%}</style></head><body>
-<h1>attnbench compare</h1>
-<p>base: <code>{{ base }}</code><br>new: <code>{{ new }}</code></p>
-<p>{{ summary }}</p>
-{% for note in notes %}<p class="note">{{ note }}</p>{% endfor %}
-{% if image %}<img src="data:image/png;base64,{{ image }}" alt="new/base ratio per case">{% endif %}
-<table><thead><tr><th>impl</th><th>workload</th><th>verdict</th><th>new/base</th><th>p-value</th>
-<th>floor</th><th>floor from</th><th>base ms</th><th>new ms</th><th>note</th><th>rerun (new)</th></tr></thead><tbody>
-{% for r in rows %}<tr><td>{{ r.impl }}</td><td>{{ r.workload }}</td><td class="{{ r.verdict }}">{{ r.verdict }}</td>
-<td>{{ r.ratio }}</td><td>{{ r.p_value }}</td><td>{{ r.floor }}</td><td>{{ r.floor_source }}</td>
-<td>{{ r.base_ms }}</td><td>{{ r.new_ms }}</td>
-<td>{{ r.note }}</td><td><code>{{ r.reproduce }}</code></td></tr>
-{% endfor %}</tbody></table>
-<p>Made with: <code>{{ command }}</code></p></body></html>
-"""
-
-
 def summary_line(comparison: Comparison, settings: Settings) -> str:
     table = comparison.table
     counts = table["verdict"].value_counts()
@@ -430,6 +408,7 @@ def summary_line(comparison: Comparison, settings: Settings) -> str:
 def write_compare(comparison: Comparison, out_dir: Path, base: Path, new: Path, settings: Settings,
                   command: str) -> tuple[Path, Path | None]:  # fmt: skip
     import base64
+    from importlib import resources
 
     import jinja2
 
@@ -447,9 +426,10 @@ def write_compare(comparison: Comparison, out_dir: Path, base: Path, new: Path, 
              "base_ms": fmt(r["base_ms"], ".4g"),
              "new_ms": fmt(r["new_ms"], ".4g"), "note": r["note"], "reproduce": r["reproduce"]}
             for r in table.to_dict("records")]  # fmt: skip
+    template = resources.files("attnbench.reports").joinpath("templates/compare.html.j2").read_text()
     html = (
-        jinja2.Environment(autoescape=True)
-        .from_string(COMPARE_TEMPLATE)
+        jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+        .from_string(template)
         .render(
             base=str(base),
             new=str(new),

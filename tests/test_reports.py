@@ -192,6 +192,8 @@ def test_compare_flags_a_contender_made_slower_and_exits_1(cli, two_runs, tmp_pa
     lines = [line for line in text.splitlines() if line.lstrip().startswith(("bmm", "sdpa_flash", "naive"))]
     assert lines and all(("slower" in line) == line.lstrip().startswith("bmm") for line in lines)
     assert "geometric-mean new/base" in text and "from per-repeat medians" in text
+    page = (tmp_path / "cmp" / "compare.html").read_text()  # drawn from reports/templates/compare.html.j2
+    assert '<td class="slower">slower</td>' in page and f"base: <code>{base}</code>" in page, page
 
 
 def test_compare_within_run_only_never_says_slower(cli, two_runs, tmp_path):
