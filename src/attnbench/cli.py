@@ -1,7 +1,10 @@
 """The attnbench command: list, run, suites, models, env, profile, report, compare, ratios, ab, merge, store, history.
 
-One ``cmd_*`` per command; the run, profile and ab bodies live in the runner room, the report, compare, ratios,
-merge, store and history bodies in ``attnbench.reports`` (imported when the command runs).
+One ``cmd_*`` per command, parsing its flags. A command's body lives in the lowest room that can hold it: run's
+and profile's in the runner room (``runner.sweep``, ``runner._profiling``: they time cases and print tables);
+the bodies that read finished runs or draw figures in ``attnbench.reports``, imported when the command runs —
+report, compare, ratios, merge, store, history, and ab's (``reports.ab_command``: it times in the runner's
+``ab`` and then draws ``ab.png``, which the runner room may not import).
 
 Bad input raises UsageError anywhere below; ``main`` prints it as one line and exits with code 2, before
 anything is written.

@@ -1,10 +1,10 @@
 """Memory bandwidth measured during the run, beside the cached roof that ``pct_of_peak`` divides by.
 
-The CPU bandwidth roof (ceilings.py) is measured once and cached, but a shared machine's bandwidth is not
+The CPU bandwidth roof (_ceilings.py) is measured once and cached, but a shared machine's bandwidth is not
 a constant: on a shared VM the STREAM triad measured 33–83 GB/s within minutes, so a decode row's
 ``% of bandwidth`` swung between 49 % and over 100 % with no change in the kernel. So every run with CPU
 cases measures the bandwidth again, right before the sweep and right after it, with the roof's own kernels
-(hardware.py: the read stream and the triad, the same arrays, the best of ``WATCH_PASSES`` passes after a
+(_hardware.py: the read stream and the triad, the same arrays, the best of ``WATCH_PASSES`` passes after a
 warm-up, on the run's threads and on one: a fraction of the roof's 20 passes), and keeps it in meta.json:
 
 - ``bandwidth_during_run``: one entry per measurement, ``{device, when, time, read_gbps, triad_gbps,

@@ -2,7 +2,7 @@
 
 - ``roof_tflops[dtype]``, ``roof_gbps``: the hardware roofline. CPU: the throughput of this CPU's widest
   FMA or dot-product instruction and STREAM-triad bandwidth, measured by attnbench's own kernels
-  (hardware.py); GPU: the vendor's datasheet (datasheet.py) where the device is known, else the measured
+  (_hardware.py); GPU: the vendor's datasheet (_datasheet.py) where the device is known, else the measured
   rates below. ``roof_source`` / ``bandwidth_source`` say which, with the instruction set used, or
   ``fallback: … (reason)`` when the kernels could not be built here. A roof is an upper bound, so on CPU
   it is the higher of the kernel's and torch's matmul rate (torch may use units the kernel does not,

@@ -11,7 +11,7 @@ bf16 products into each of 16 fp32 lanes: 4 FLOP per lane; AVX512-FP16's ``vfmad
 - bfloat16: ``vdpbf16ps`` where the CPU has ``avx512_bf16``; float16: ``vfmadd…ph`` where it has
   ``avx512_fp16``; else the float32 kernel (a CPU without them computes half-precision in fp32). AMX
   tiles are not measured: on an AMX CPU the half-precision roof is then the dot-product rate or torch's
-  matmul rate, whichever is higher (see ceilings.py).
+  matmul rate, whichever is higher (see _ceilings.py).
 
 On more than one thread the figure is the higher of the team's rate and one thread's × the physical
 cores the team spans (``physical_cores``: SMT siblings count once): FMA throughput adds up across cores,

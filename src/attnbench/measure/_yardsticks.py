@@ -5,7 +5,7 @@ shared machine. So each interleaved round (``measure.time_cpu_rounds``) also tim
 ``hardware_kernels.cpp`` that never change, and every row keeps their rates measured in the same rounds as
 its own samples:
 
-* ``fma_gflops`` — the FMA-throughput kernel (the widest fp32 FMA this CPU has, as ``hardware.py``'s
+* ``fma_gflops`` — the FMA-throughput kernel (the widest fp32 FMA this CPU has, as ``_hardware.py``'s
   compute roof uses), one call of about ``FMA_S`` on the run's threads: what a compute-bound case sees;
 * ``stream_gbps`` — the read-stream kernel over one ``STREAM_CHUNK_BYTES`` chunk of an array of
   ``hardware.triad_array_bytes()`` (≥ 4 × the last-level cache), the next chunk each round, so the chunk

@@ -33,7 +33,7 @@ def _governor_warnings() -> list[str]:
 
 def _other_work_warnings(window_s: float = 0.25, roots: Iterable[int] | None = None) -> list[str]:
     """Other work competing for the CPU, named with what it used; only work outside attnbench's own tree
-    (``roots``, by default this process: see other_work.py) counts."""
+    (``roots``, by default this process: see _other_work.py) counts."""
     seen = other_work.measure(window_s, roots)
     warning = seen.warning() if seen is not None else None
     return [warning] if warning else []

@@ -2,10 +2,10 @@
 
 Every finished row is on disk at once (rows.jsonl); Ctrl-C, SIGTERM or SIGHUP stops after the case in hand
 and still writes a valid results file — a second signal cuts the case in hand short, a third exits at once
-(see interrupts.py); ``--resume RUN_DIR`` runs only the planned cases with no row yet.
+(see _interrupts.py); ``--resume RUN_DIR`` runs only the planned cases with no row yet.
 Cases run in a worker process by default, so a hung kernel costs its ``--timeout-s`` and a crash costs
 one row, never the sweep. The contenders of one workload run together, timed in interleaved rounds;
-``--repeat N`` runs the whole sweep N times, each pass in a fresh worker process (see repeats.py).
+``--repeat N`` runs the whole sweep N times, each pass in a fresh worker process (see _repeats.py).
 ``attnbench run`` (cli.py) and :func:`attnbench.run` both build a request and call :func:`run_sweep`; the
 command then prints the summary and stores the run (reports are the command's, not the core's).
 """
@@ -227,7 +227,7 @@ def run_cases(cases: list[tuple[str, Workload]], options: RunOptions, writer: Ru
 
     The contenders of a workload run as one group (timed in interleaved rounds). With ``repeat`` N > 1 the
     sweep is run N times, each pass in a fresh worker process; a case's row is written when its last
-    repeat is in (or at once when a repeat is not ok). ``stop`` (signals, see interrupts.py) ends the sweep
+    repeat is in (or at once when a repeat is not ok). ``stop`` (signals, see _interrupts.py) ends the sweep
     after the group in hand, or cuts that group short (no rows from it). ``reproduce`` gives each row's
     ``reproduce`` command (see reproduce.py)."""
     from attnbench.runner._worker import CaseWorker
