@@ -167,9 +167,13 @@ class SdpaBackend(Contender):
         self.member = member
         self.description = description
         self.capabilities = Capabilities(
-            devices=devices, masks=ALL_MASKS, score_mods=frozenset({"none", "alibi"}), paged="gather", backward=True,
+            devices=devices,
+            masks=ALL_MASKS,
+            score_mods=frozenset({"none", "alibi"}),
+            paged="gather",
+            backward=True,
             features=frozenset({"head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
-        )  # fmt: skip
+        )
 
     def availability(self) -> str | None:
         try:
@@ -218,8 +222,12 @@ class SdpaBackend(Contender):
         for gqa in grouped:
             load = self._kv(inputs, gqa)
             for one_head_dim in dims:
-                run = self._call(inputs, load, {**kwargs, "enable_gqa": True} if gqa == "enable_gqa" else kwargs,
-                                 _one_head_dim(w) if one_head_dim else None)  # fmt: skip
+                run = self._call(
+                    inputs,
+                    load,
+                    {**kwargs, "enable_gqa": True} if gqa == "enable_gqa" else kwargs,
+                    _one_head_dim(w) if one_head_dim else None,
+                )
                 try:
                     probe(run, self.member)
                 except Unsupported as exc:

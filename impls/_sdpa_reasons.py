@@ -22,8 +22,11 @@ _NO_KERNEL = re.compile(r"No available kernel|No viable backend", re.IGNORECASE)
 _SECTION = re.compile(r"^(?P<backend>.+?) kernel not used because:?$")
 # The headers torch's select_sdp_backend (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp and the CPU's
 # sdp_utils_cpp.cpp) warns before each backend's reasons, by SDPBackend member.
-SECTIONS = {"Memory efficient": "EFFICIENT_ATTENTION", "Flash attention": "FLASH_ATTENTION",
-            "cuDNN attention": "CUDNN_ATTENTION"}  # fmt: skip
+SECTIONS = {
+    "Memory efficient": "EFFICIENT_ATTENTION",
+    "Flash attention": "FLASH_ATTENTION",
+    "cuDNN attention": "CUDNN_ATTENTION",
+}
 
 
 def clause(message: str) -> str:

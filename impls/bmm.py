@@ -29,9 +29,13 @@ class BatchedMatmul(Contender):
         "inside the timed call; a latent (MLA) cache's values read in place, strided"
     )
     capabilities = Capabilities(
-        dtypes=TORCH_DTYPES, masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather", backward=True,
+        dtypes=TORCH_DTYPES,
+        masks=ALL_MASKS,
+        score_mods=ALL_SCORE_MODS,
+        paged="gather",
+        backward=True,
         features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
-    )  # fmt: skip
+    )
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         return materialised_bytes(workload)

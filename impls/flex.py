@@ -99,9 +99,13 @@ class FlexAttention(Contender):
     name = "flex"
     description = "torch.nn.attention.flex_attention under torch.compile (block-sparse masks, reads KV pages natively)"
     capabilities = Capabilities(
-        masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True, min_head_dim=16,
+        masks=ALL_MASKS,
+        score_mods=ALL_SCORE_MODS,
+        paged="native",
+        backward=True,
+        min_head_dim=16,
         features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
-    )  # fmt: skip
+    )
 
     def availability(self) -> str | None:
         try:
@@ -145,12 +149,16 @@ class FlexAttention(Contender):
             size, owner, position, seq_k = paged.page_size, paged.page_owner, paged.page_position, w.seq_k
             pages = paged.k_pages.shape[0]
             # (N, Hkv, P, D) -> (1, Hkv, N·P, D): the pool, per head, pages in pool order
-            k, v = (t.permute(1, 0, 2, 3).reshape(1, w.kv_heads, pages * size, t.shape[-1])
-                    for t in (paged.k_pages, paged.v_pages))  # fmt: skip
+            k, v = (
+                t.permute(1, 0, 2, 3).reshape(1, w.kv_heads, pages * size, t.shape[-1])
+                for t in (paged.k_pages, paged.v_pages)
+            )
             # an fp8 pool's scales (N, Hkv, 1, 1) -> (1, Hkv, N·P, 1): each slot its page's scale
             slots = (1, w.kv_heads, pages * size, 1)
-            k_scale, v_scale = (None if s is None else s.transpose(0, 1).expand(-1, -1, size, -1).reshape(slots)
-                                for s in (paged.k_scale, paged.v_scale))  # fmt: skip
+            k_scale, v_scale = (
+                None if s is None else s.transpose(0, 1).expand(-1, -1, size, -1).reshape(slots)
+                for s in (paged.k_scale, paged.v_scale)
+            )
             load = kv_loader(k, v, k_scale, v_scale, w.torch_dtype)
 
             def logical(b: Any, kv_idx: Any) -> Any:
@@ -176,8 +184,16 @@ class FlexAttention(Contender):
         def run() -> torch.Tensor:
             k, v = load()
             if sinks is not None:
-                out, aux = compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                                    enable_gqa=gqa, return_aux=AuxRequest(lse=True))  # fmt: skip
+                out, aux = compiled(
+                    q,
+                    k,
+                    v,
+                    score_mod=score_mod,
+                    block_mask=block_mask,
+                    scale=scale,
+                    enable_gqa=gqa,
+                    return_aux=AuxRequest(lse=True),
+                )
                 return rescaled_by_sink(out, aux.lse, sinks)
             return compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 

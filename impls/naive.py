@@ -31,11 +31,15 @@ class NaiveLoop(Contender):
     name = "naive"
     description = "Python loops over batch, head and query: f(q) = Σ softmax(q·kᵢ·scale)·vᵢ (pages gathered first)"
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}), dtypes=TORCH_DTYPES, masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="gather",
+        devices=frozenset({"cpu"}),
+        dtypes=TORCH_DTYPES,
+        masks=ALL_MASKS,
+        score_mods=ALL_SCORE_MODS,
+        paged="gather",
         backward=False,
         # latent: v's rows slice the cache's
         features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
-    )  # fmt: skip
+    )
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
         """Per (batch, head, query) row: Python overhead, plus reading the visible keys and values (a

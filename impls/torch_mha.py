@@ -41,8 +41,9 @@ class TorchMultiheadAttention(Contender):
 
         def run() -> torch.Tensor:
             with torch.no_grad():
-                out, _ = module(x_q, x_kv, x_kv, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                                need_weights=False)  # fmt: skip
+                out, _ = module(
+                    x_q, x_kv, x_kv, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False
+                )
             return out
 
         return run

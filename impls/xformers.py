@@ -61,9 +61,12 @@ class XformersMemoryEfficient(Contender):
     name = "xformers"
     description = "xformers.ops.memory_efficient_attention (CUDA only; a paged cache is gathered in the call)"
     capabilities = Capabilities(
-        devices=frozenset({"cuda"}), masks=ALL_MASKS - {"mixed"}, score_mods=frozenset({"none", "alibi"}),
-        paged="gather", backward=True,
-    )  # fmt: skip
+        devices=frozenset({"cuda"}),
+        masks=ALL_MASKS - {"mixed"},
+        score_mods=frozenset({"none", "alibi"}),
+        paged="gather",
+        backward=True,
+    )
 
     def availability(self) -> str | None:
         if not torch.cuda.is_available():  # say so without importing it (over a second, in every process)
@@ -126,8 +129,10 @@ class XformersMemoryEfficient(Contender):
 
         def run() -> torch.Tensor:
             batch, keys = (1, B * Sk) if packed else (B, Sk)
-            k, v = (t.transpose(1, 2).reshape(batch, keys, Hkv, 1, D).expand(batch, keys, Hkv, G, D)
-                    for t in (inputs.k, inputs.v))  # fmt: skip
+            k, v = (
+                t.transpose(1, 2).reshape(batch, keys, Hkv, 1, D).expand(batch, keys, Hkv, G, D)
+                for t in (inputs.k, inputs.v)
+            )
             out = ops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)  # (B, Sq, Hkv, G, D)
             return out.reshape(B, Sq, Hkv * G, D).transpose(1, 2)
 

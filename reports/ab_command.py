@@ -68,8 +68,12 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_ou
         cases = ab.run_ab(a, b, workloads, options, report)
     records = [case.record(a, b, args.threshold) for case in cases]
     settings = {"threshold": args.threshold, "budget_s": args.budget_s, "seed": args.seed}
-    meta = {"command_line": args.command_line, "versions": [ab.describe(a), ab.describe(b)], **settings,
-            **environment(threads)}  # fmt: skip
+    meta = {
+        "command_line": args.command_line,
+        "versions": [ab.describe(a), ab.describe(b)],
+        **settings,
+        **environment(threads),
+    }
     paths = write_ab(records, [(c.samples_a_ms, c.samples_b_ms) for c in cases], out, meta)
     if not args.json:
         print(format_table(records))

@@ -33,15 +33,17 @@ def format_table(records: list[dict[str, Any]]) -> str:
     rows = []
     for r in records:
         timed = r["ratio"] is not None
-        rows.append({
-            "workload": r["workload"],
-            "A median ms": f"{r['median_a_ms']:.4g}" if timed else "",
-            "B median ms": f"{r['median_b_ms']:.4g}" if timed else "",
-            "median of round B/A": f"{r['ratio']:.3f}" if timed else "",
-            "95% CI": f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if timed else "",
-            "rounds": r["n_pairs"] if timed else "",
-            "verdict": r["verdict"] if timed else f"{r['verdict']}: {r['reason']}",
-        })  # fmt: skip
+        rows.append(
+            {
+                "workload": r["workload"],
+                "A median ms": f"{r['median_a_ms']:.4g}" if timed else "",
+                "B median ms": f"{r['median_b_ms']:.4g}" if timed else "",
+                "median of round B/A": f"{r['ratio']:.3f}" if timed else "",
+                "95% CI": f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if timed else "",
+                "rounds": r["n_pairs"] if timed else "",
+                "verdict": r["verdict"] if timed else f"{r['verdict']}: {r['reason']}",
+            }
+        )
     return pd.DataFrame(rows).to_string(index=False)
 
 
@@ -50,8 +52,10 @@ def summary_line(records: list[dict[str, Any]]) -> str:
     counts = pd.Series([r["verdict"] for r in records]).value_counts()
     first = records[0]
     parts = ", ".join(f"{n} {verdict}" for verdict, n in counts.items())
-    return (f"{len(records)} case(s): {parts} (B = {first['impl_b']} vs A = {first['impl_a']}, "
-            f"threshold {first['threshold']:.1%})")  # fmt: skip
+    return (
+        f"{len(records)} case(s): {parts} (B = {first['impl_b']} vs A = {first['impl_a']}, "
+        f"threshold {first['threshold']:.1%})"
+    )
 
 
 def samples_frame(records: list[dict[str, Any]], samples: list[tuple[list[float], list[float]]]) -> pd.DataFrame:

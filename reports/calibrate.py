@@ -40,7 +40,7 @@ from attnbench.reports.calibrate_runs import (
     load,
     run_vs_run,
     slowed,
-)  # fmt: skip
+)
 from attnbench.reports.compare import Settings, compare_frames
 from attnbench.runner.ab import DEFAULT_BUDGET_S
 
@@ -58,9 +58,14 @@ def compare_rows(table: pd.DataFrame) -> list[list[str]]:
     """(b): one line per compare method."""
     lines = []
     for row in table.to_dict("records"):
-        lines.append([f"compare, {row['method']}", _rate(row["aa_hits"], row["aa_total"], 1),
-                      *(_rate(row[f"{f}_hits"], row[f"{f}_total"]) for f in SLOWDOWNS),
-                      _rate(row["real_hits"], row["real_total"])])  # fmt: skip
+        lines.append(
+            [
+                f"compare, {row['method']}",
+                _rate(row["aa_hits"], row["aa_total"], 1),
+                *(_rate(row[f"{f}_hits"], row[f"{f}_total"]) for f in SLOWDOWNS),
+                _rate(row["real_hits"], row["real_total"]),
+            ]
+        )
     return lines
 
 
@@ -118,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--use", nargs="*", default=None, help="existing run folders (made by this module)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    runs_count, step_at, repeat = (QUICK_RUNS, QUICK_STEP_AT, QUICK_REPEAT) if args.quick else (
-        args.runs, args.step_at, args.repeat)  # fmt: skip
+    runs_count, step_at, repeat = (
+        (QUICK_RUNS, QUICK_STEP_AT, QUICK_REPEAT) if args.quick else (args.runs, args.step_at, args.repeat)
+    )
     rows: list[list[str]] = []
     if args.ab:
         passes, budget = (QUICK_AB_PASSES, QUICK_AB_BUDGET_S) if args.quick else (args.ab_passes, DEFAULT_BUDGET_S)
@@ -141,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in table.to_dict("records"):
         listed = "".join(f"\n  {alarm}" for alarm in row["aa_cases"])
         print(f"\nA/A false alarms, compare {row['method']}: {len(row['aa_cases'])}{listed}")
-    print(f"\nbest run-vs-run method: {best_method(table)} (of {', '.join(METHODS)}: A/A false alarms ≤ 1 %, "
-          "then most ×1.10 caught)")  # fmt: skip
+    print(
+        f"\nbest run-vs-run method: {best_method(table)} (of {', '.join(METHODS)}: A/A false alarms ≤ 1 %, "
+        "then most ×1.10 caught)"
+    )
     print(
         f"machine: {cpu_name()}, {torch.get_num_threads()} threads; {len(runs)} runs "
         f"({len(runs) * (len(runs) - 1) // 2} pairs), step at run {step_at}; {time.perf_counter() - start:.0f} s"

@@ -37,8 +37,9 @@ from attnbench.workload.inputs import AttentionInputs
 
 FACTORS = (1.05, 1.10, 1.25)
 CONTENDERS = ("bmm", "sdpa_flash")
-WORKLOADS = [Workload(1, 8, 8, seq, seq, 64, "float32", "cpu", mask, "fwd")
-             for seq in (256, 512) for mask in ("none", "causal")]  # fmt: skip
+WORKLOADS = [
+    Workload(1, 8, 8, seq, seq, 64, "float32", "cpu", mask, "fwd") for seq in (256, 512) for mask in ("none", "causal")
+]
 MATMUL_SIZES = (16, 32, 64, 128)  # the extra work's square fp32 matmuls; the largest that fits 4× in the target
 
 
@@ -107,12 +108,23 @@ def decide(kind: str, factor: float, a: Version, b: Version, options: AbOptions)
         case = run_case(a, b, workload, options)
         seconds = time.perf_counter() - start
         ratio = case.paired.ratio if case.paired else None
-        records.append({"kind": kind, "factor": factor, "impl": a.name, "workload": workload.label(),
-                        "verdict": case.verdict, "ratio": ratio, "seconds": seconds,
-                        "reason": case.reason})  # fmt: skip
+        records.append(
+            {
+                "kind": kind,
+                "factor": factor,
+                "impl": a.name,
+                "workload": workload.label(),
+                "verdict": case.verdict,
+                "ratio": ratio,
+                "seconds": seconds,
+                "reason": case.reason,
+            }
+        )
         shown = f"{ratio:.3f}" if ratio is not None else case.reason
-        print(f"{kind} ×{factor:.2f} {a.name:<10} {workload.label():<38} {case.verdict:<8} {shown} ({seconds:.1f} s)",
-              flush=True)  # fmt: skip
+        print(
+            f"{kind} ×{factor:.2f} {a.name:<10} {workload.label():<38} {case.verdict:<8} {shown} ({seconds:.1f} s)",
+            flush=True,
+        )
     return records
 
 
@@ -123,19 +135,24 @@ def summarise(frame: pd.DataFrame) -> list[str]:
     decided = aa[aa["verdict"].isin(["faster", "slower", "same", "unclear"])]
     alarms = int(decided["verdict"].isin(["faster", "slower"]).sum())
     counts = ", ".join(f"{v} {n}" for v, n in decided["verdict"].value_counts().items())
-    lines.append(f"A/A: {len(decided)} decisions, {alarms} false alarm(s) = {alarms / max(len(decided), 1):.1%} "
-                 f"({counts})")  # fmt: skip
+    lines.append(
+        f"A/A: {len(decided)} decisions, {alarms} false alarm(s) = {alarms / max(len(decided), 1):.1%} ({counts})"
+    )
     for factor in FACTORS:
         slowed = frame[(frame["kind"] == "slowed") & (frame["factor"] == factor)]
         if slowed.empty:
             continue
         caught = int((slowed["verdict"] == "slower").sum())
         measured = slowed["ratio"].median()
-        lines.append(f"slowdown ×{factor:.2f}: {caught}/{len(slowed)} cases caught = {caught / len(slowed):.1%}; "
-                     f"median measured ratio {measured:.3f}")  # fmt: skip
+        lines.append(
+            f"slowdown ×{factor:.2f}: {caught}/{len(slowed)} cases caught = {caught / len(slowed):.1%}; "
+            f"median measured ratio {measured:.3f}"
+        )
     seconds = frame["seconds"]
-    lines.append(f"seconds per case: median {seconds.median():.1f}, max {seconds.max():.1f} "
-                 f"({len(frame)} cases, {torch.get_num_threads()} threads)")  # fmt: skip
+    lines.append(
+        f"seconds per case: median {seconds.median():.1f}, max {seconds.max():.1f} "
+        f"({len(frame)} cases, {torch.get_num_threads()} threads)"
+    )
     return lines
 
 

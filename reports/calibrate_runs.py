@@ -93,8 +93,7 @@ def make_runs(count: int, step_at: int, repeat: int, out: Path, axes: dict[str, 
         target = out / f"run-{index:02d}"
         start = time.perf_counter()
         attnbench.run("calibrate", impl=[*CONTENDERS, STEP], repeat=repeat, out=target, progress="off", **axes)
-        print(f"run {index}/{count} ({contender.__name__}): {target} ({time.perf_counter() - start:.0f} s)",
-              flush=True)  # fmt: skip
+        print(f"run {index}/{count} ({contender.__name__}): {target} ({time.perf_counter() - start:.0f} s)", flush=True)
         runs.append(target)
     registry.unregister(STEP)
     return runs
@@ -141,9 +140,16 @@ def normalised(frames: list[pd.DataFrame], metas: list[dict[str, Any]]) -> list[
 def _history_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """The runs as a store's history: run ``run-NN`` started NN minutes in, on commit ``cNN``."""
     start = pd.Timestamp("2000-01-01")
-    parts = [frame.assign(run_id=f"run-{i:02d}", started_at=start + pd.Timedelta(minutes=i), git_commit=f"c{i:02d}",
-                          git_dirty=False, run_name=f"run-{i:02d}")
-             for i, frame in enumerate(frames, start=1)]  # fmt: skip
+    parts = [
+        frame.assign(
+            run_id=f"run-{i:02d}",
+            started_at=start + pd.Timedelta(minutes=i),
+            git_commit=f"c{i:02d}",
+            git_dirty=False,
+            run_name=f"run-{i:02d}",
+        )
+        for i, frame in enumerate(frames, start=1)
+    ]
     joined = pd.concat(parts, ignore_index=True)
     return joined[joined["status"] == "ok"].reset_index(drop=True)
 
@@ -188,9 +194,11 @@ def run_vs_run(
             decided = table[table["verdict"].isin(DECIDED)]
             counts["aa"][0] += int(decided["verdict"].isin(["faster", "slower"]).sum())
             counts["aa"][1] += len(decided)
-            alarms += [f"{i + 1}-{j + 1} {r['impl']} {r['workload']} {r['verdict']} ×{r['ratio']:.3f} "
-                       f"(floor {r['floor']:.1%}, {r['floor_source']})"
-                       for r in decided[decided["verdict"].isin(["faster", "slower"])].to_dict("records")]  # fmt: skip
+            alarms += [
+                f"{i + 1}-{j + 1} {r['impl']} {r['workload']} {r['verdict']} ×{r['ratio']:.3f} "
+                f"(floor {r['floor']:.1%}, {r['floor_source']})"
+                for r in decided[decided["verdict"].isin(["faster", "slower"])].to_dict("records")
+            ]
             for factor, impl in itertools.product(factors, CONTENDERS):
                 verdicts = compare_frames(plain_base, slowed(plain_new, impl, factor), settings, history).table
                 caught, total = _tally(verdicts, impl)
@@ -202,8 +210,14 @@ def run_vs_run(
                 caught, total = _tally(compare_frames(base, new, settings, step_history).table, STEP)
                 counts["real"][0] += caught
                 counts["real"][1] += total
-        rows.append({"method": method, **{f"{key}_hits": c[0] for key, c in counts.items()},
-                     **{f"{key}_total": c[1] for key, c in counts.items()}, "aa_cases": alarms})  # fmt: skip
+        rows.append(
+            {
+                "method": method,
+                **{f"{key}_hits": c[0] for key, c in counts.items()},
+                **{f"{key}_total": c[1] for key, c in counts.items()},
+                "aa_cases": alarms,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -218,22 +232,29 @@ def best_method(table: pd.DataFrame, most_alarms: float = 0.01) -> str:
     return str(min(records, key=lambda row: rate(row, "aa"))["method"])
 
 
-def history_detection(frames: list[pd.DataFrame], metas: list[dict[str, Any]], step_at: int,
-                      normalise_times: bool) -> dict[str, Any]:  # fmt: skip
+def history_detection(
+    frames: list[pd.DataFrame], metas: list[dict[str, Any]], step_at: int, normalise_times: bool
+) -> dict[str, Any]:
     """The runs as one history through change detection: steps in the A/A series, and where each
     ``calib_step`` series' step was found."""
     frame = _history_frame(frames)
     if normalise_times:
-        runs = pd.DataFrame({"run_id": [f"run-{i:02d}" for i in range(1, len(metas) + 1)],
-                             "meta_json": [json.dumps(meta, default=str) for meta in metas]})  # fmt: skip
+        runs = pd.DataFrame(
+            {
+                "run_id": [f"run-{i:02d}" for i in range(1, len(metas) + 1)],
+                "meta_json": [json.dumps(meta, default=str) for meta in metas],
+            }
+        )
         frame, _ = normalise_history(frame, runs)
     cases = case_histories(frame, ALPHA, MIN_CHANGE)
     changes = change_records(cases)
     steps = changes[changes["impl"] == STEP]
     right = steps[steps["run_after"] == f"run-{step_at:02d}"]
     return {
-        "aa_series": sum(1 for case in cases if case.impl != STEP), "aa_steps": int((changes["impl"] != STEP).sum()),
-        "step_series": sum(1 for case in cases if case.impl == STEP), "step_found": len(right),
+        "aa_series": sum(1 for case in cases if case.impl != STEP),
+        "aa_steps": int((changes["impl"] != STEP).sum()),
+        "step_series": sum(1 for case in cases if case.impl == STEP),
+        "step_found": len(right),
         "step_elsewhere": len(steps) - len(right),
         "step_change_pct": float(right["change_pct"].median()) if len(right) else None,
-    }  # fmt: skip
+    }

@@ -269,9 +269,17 @@ def detect(points: list[Point], alpha: float = ALPHA, min_change: float = MIN_CH
     edges = [0, *bounds, len(y)]
     for k, (p, _, before, after) in enumerate(_test(y, v, bounds)):
         start, cut, end = edges[k], edges[k + 1], edges[k + 2]
-        result.steps.append(Step(
-            index=kept[cut], before=points[kept[cut - 1]], after=points[kept[cut]], ratio=math.exp(after - before),
-            p_value=p, n_before=cut - start, n_after=end - cut,
-            median_before_ms=math.exp(before), median_after_ms=math.exp(after),
-        ))  # fmt: skip
+        result.steps.append(
+            Step(
+                index=kept[cut],
+                before=points[kept[cut - 1]],
+                after=points[kept[cut]],
+                ratio=math.exp(after - before),
+                p_value=p,
+                n_before=cut - start,
+                n_after=end - cut,
+                median_before_ms=math.exp(before),
+                median_after_ms=math.exp(after),
+            )
+        )
     return result

@@ -196,8 +196,10 @@ def verdict(
     relative = change - shift
     if abs(relative) <= limit or (relative > 0) != (change > 0):
         run = math.expm1(shift)
-        note = (f"this case moved {ratio - 1:+.1%}, and the whole run {run:+.1%} (the median change over its cases: "
-                "machine drift or a change everywhere); beside that, its own change is within the noise")  # fmt: skip
+        note = (
+            f"this case moved {ratio - 1:+.1%}, and the whole run {run:+.1%} (the median change over its cases: "
+            "machine drift or a change everywhere); beside that, its own change is within the noise"
+        )
         return Verdict("unclear", ratio, p_value, floor, note)
     adjusted = new_ev.values * math.exp(-shift)
     separated = adjusted.min() > base_ev.values.max() if change > 0 else adjusted.max() < base_ev.values.min()
@@ -225,8 +227,10 @@ def repeat_count(frame: pd.DataFrame, name: str) -> int:
     ok = frame[frame["status"] == "ok"]
     counts = {max(1, len(_listed(v))) for v in ok.get("repeat_medians_ms", pd.Series(dtype=object))} or {1}
     if len(counts) > 1:
-        raise UsageError(f"{name} mixes rows with {' and '.join(map(str, sorted(counts)))} repeats; "
-                         "compare runs made with one --repeat")  # fmt: skip
+        raise UsageError(
+            f"{name} mixes rows with {' and '.join(map(str, sorted(counts)))} repeats; "
+            "compare runs made with one --repeat"
+        )
     return counts.pop()
 
 
@@ -242,14 +246,18 @@ def compare_frames(
     merged = base.merge(new, on=MATCH_ON, how="outer", suffixes=("_base", "_new"), indicator=True)
     shared = merged[merged["_merge"] == "both"]
     if shared.empty:
-        raise UsageError(f"BASE and NEW share no case ({len(base)} case(s) in BASE, {len(new)} in NEW, none with "
-                         "the same contender and workload): compare two runs of the same sweep")  # fmt: skip
+        raise UsageError(
+            f"BASE and NEW share no case ({len(base)} case(s) in BASE, {len(new)} in NEW, none with "
+            "the same contender and workload): compare two runs of the same sweep"
+        )
     if not ((shared["status_base"] == "ok") & (shared["status_new"] == "ok")).any():
         raise UsageError(f"BASE and NEW share {len(shared)} case(s) but none ran ok in both: nothing to compare")
     base_repeats, new_repeats = repeat_count(base, "BASE"), repeat_count(new, "NEW")
     if base_repeats != new_repeats:
-        raise UsageError(f"BASE has {base_repeats} repeat(s) per case and NEW {new_repeats}: "
-                         "compare runs made with the same --repeat")  # fmt: skip
+        raise UsageError(
+            f"BASE has {base_repeats} repeat(s) per case and NEW {new_repeats}: "
+            "compare runs made with the same --repeat"
+        )
     merged["_row"] = range(len(merged))
     merged.index = merged["_row"]
     both = merged[(merged["_merge"] == "both") & (merged["status_base"] == "ok") & (merged["status_new"] == "ok")]
@@ -274,11 +282,17 @@ def compare_frames(
             seen = lookup(history, row, row.get("machine_new"), "_new") if history else None
             found = verdict(base_ev, new_ev, settings, case_shift, seen)
             own = "repeats" if base_ev.basis == new_ev.basis == "repeats" else "within-run only"
-            record.update(verdict=found.outcome, ratio=found.ratio, p_value=found.p_value, floor=found.floor,
-                          note=found.note,
-                          base_ms=row["median_ms_base"], new_ms=row["median_ms_new"],
-                          floor_source=seen.source if seen else own,
-                          yardstick=_yardsticks_used(row))  # fmt: skip
+            record.update(
+                verdict=found.outcome,
+                ratio=found.ratio,
+                p_value=found.p_value,
+                floor=found.floor,
+                note=found.note,
+                base_ms=row["median_ms_base"],
+                new_ms=row["median_ms_new"],
+                floor_source=seen.source if seen else own,
+                yardstick=_yardsticks_used(row),
+            )
             histories += bool(seen)
         records.append(record)
     columns = [
@@ -301,18 +315,24 @@ def compare_frames(
     notes = []
     compared = int(table["floor_source"].notna().sum())
     if history is not None:
-        notes.append(f"{histories} of {compared} case(s) took their floor from the store's between-run spread "
-                     f"(history, the last {HISTORY_RUNS} runs at most, {MIN_HISTORY_RUNS} at least, the compared "
-                     "runs left out; else pooled over the contender's cases); the others kept their runs' own "
-                     "floor (floor_source)")  # fmt: skip
+        notes.append(
+            f"{histories} of {compared} case(s) took their floor from the store's between-run spread "
+            f"(history, the last {HISTORY_RUNS} runs at most, {MIN_HISTORY_RUNS} at least, the compared "
+            "runs left out; else pooled over the contender's cases); the others kept their runs' own "
+            "floor (floor_source)"
+        )
     if basis == "samples" and histories < compared:
-        notes.append("verdicts are within-run only: the runs have no per-repeat medians, so no case is called "
-                     "slower or faster (run both with --repeat 3 to see the noise between processes and over "
-                     "time, or time both versions in one process with `attnbench ab`)")  # fmt: skip
+        notes.append(
+            "verdicts are within-run only: the runs have no per-repeat medians, so no case is called "
+            "slower or faster (run both with --repeat 3 to see the noise between processes and over "
+            "time, or time both versions in one process with `attnbench ab`)"
+        )
     if estimate:
-        notes.append(f"machine drift divided out: the contenders of each workload (timed together) move alike "
-                     f"between runs; median shift {math.expm1(shift):+.1%} over {len(both)} cases, and a case must "
-                     "move beyond its floor relative to its workload's shift")  # fmt: skip
+        notes.append(
+            f"machine drift divided out: the contenders of each workload (timed together) move alike "
+            f"between runs; median shift {math.expm1(shift):+.1%} over {len(both)} cases, and a case must "
+            "move beyond its floor relative to its workload's shift"
+        )
     elif len(both):
         notes.append("one contender (or under 3 cases): no control for machine drift between the runs")
     return Comparison(table, basis, shift, len(both) if estimate else 0, notes)
@@ -341,8 +361,10 @@ def load_for_compare(
     frame, runs = load_runs([base, new])
     if mode == "yardstick":
         if not any(column in frame and frame[column].notna().any() for column in YARDSTICK_COLUMNS.values()):
-            raise UsageError("--normalise yardstick: neither run has yardstick rates (runs made before attnbench "
-                             "timed yardsticks, or on a GPU); compare them raw")  # fmt: skip
+            raise UsageError(
+                "--normalise yardstick: neither run has yardstick rates (runs made before attnbench "
+                "timed yardsticks, or on a GPU); compare them raw"
+            )
         metas = {run.name: run.meta for run in runs}
         ridge_of = lambda row: ridge_from_meta(metas.get(row["run"], {}), str(row.get("dtype")))  # noqa: E731
         frame = normalise(frame, ridge_of, references(frame))
@@ -377,8 +399,15 @@ def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
     labels = compared["impl"] + " · " + compared["workload"]
     figure, axis = plt.subplots(figsize=(8, 0.28 * len(compared) + 1.6), layout="constrained", dpi=DPI)
     colours = {"faster": "#137333", "slower": "#b3261e", "same": "#777777", "unclear": "#e8a317"}
-    sns.scatterplot(x=compared["ratio"].to_numpy(), y=labels.to_numpy(), hue=compared["verdict"].to_numpy(),
-                    palette=colours, ax=axis, s=30, legend=False)  # fmt: skip
+    sns.scatterplot(
+        x=compared["ratio"].to_numpy(),
+        y=labels.to_numpy(),
+        hue=compared["verdict"].to_numpy(),
+        palette=colours,
+        ax=axis,
+        s=30,
+        legend=False,
+    )
     band = (1 - settings.threshold, 1 + settings.threshold)
     axis.axvspan(*band, color="#dddddd", alpha=0.6, zorder=0)
     axis.axvline(1, color="black", linewidth=0.8)
@@ -400,13 +429,16 @@ def summary_line(comparison: Comparison, settings: Settings) -> str:
     basis = "per-repeat medians" if comparison.basis == "repeats" else "within-run samples"
     kinds = table["floor_source"].dropna().str.replace(r" \(.*\)", "", regex=True).value_counts()
     sources = ", ".join(f"{kind} {count}" for kind, count in kinds.items())
-    floor = (f" (floor ≥ {settings.threshold:.0%} and the measured noise, alpha {settings.alpha:g}, from {basis}; "
-             f"floors: {sources or 'none'})")  # fmt: skip
+    floor = (
+        f" (floor ≥ {settings.threshold:.0%} and the measured noise, alpha {settings.alpha:g}, from {basis}; "
+        f"floors: {sources or 'none'})"
+    )
     return ", ".join(parts) + gm + floor
 
 
-def write_compare(comparison: Comparison, out_dir: Path, base: Path, new: Path, settings: Settings,
-                  command: str) -> tuple[Path, Path | None]:  # fmt: skip
+def write_compare(
+    comparison: Comparison, out_dir: Path, base: Path, new: Path, settings: Settings, command: str
+) -> tuple[Path, Path | None]:
     import base64
     from importlib import resources
 
@@ -420,12 +452,22 @@ def write_compare(comparison: Comparison, out_dir: Path, base: Path, new: Path, 
     def fmt(value: Any, spec: str) -> str:
         return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
-    rows = [{"impl": r["impl"], "workload": r["workload"], "verdict": r["verdict"], "ratio": fmt(r["ratio"], ".3f"),
-             "p_value": fmt(r["p_value"], ".2g"), "floor": fmt(r["floor"], ".1%"),
-             "floor_source": r["floor_source"] if isinstance(r["floor_source"], str) else "",
-             "base_ms": fmt(r["base_ms"], ".4g"),
-             "new_ms": fmt(r["new_ms"], ".4g"), "note": r["note"], "reproduce": r["reproduce"]}
-            for r in table.to_dict("records")]  # fmt: skip
+    rows = [
+        {
+            "impl": r["impl"],
+            "workload": r["workload"],
+            "verdict": r["verdict"],
+            "ratio": fmt(r["ratio"], ".3f"),
+            "p_value": fmt(r["p_value"], ".2g"),
+            "floor": fmt(r["floor"], ".1%"),
+            "floor_source": r["floor_source"] if isinstance(r["floor_source"], str) else "",
+            "base_ms": fmt(r["base_ms"], ".4g"),
+            "new_ms": fmt(r["new_ms"], ".4g"),
+            "note": r["note"],
+            "reproduce": r["reproduce"],
+        }
+        for r in table.to_dict("records")
+    ]
     template = resources.files("attnbench.reports").joinpath("templates/compare.html.j2").read_text()
     html = (
         jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)

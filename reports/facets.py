@@ -29,8 +29,13 @@ from attnbench.workload.axes import tags
 X_AXES = ["seq_q", "seq_k", "heads", "head_dim", "batch"]  # the first that varies goes on x
 SIZES = ["batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim"]
 FAMILY = ["machine", "device", "dtype", "mask", "pass", "hidden", "module"]
-AXIS_LABELS = {"seq_q": "sequence length (queries)", "seq_k": "key length", "heads": "query heads",
-               "head_dim": "head dim", "batch": "batch"}  # fmt: skip
+AXIS_LABELS = {
+    "seq_q": "sequence length (queries)",
+    "seq_k": "key length",
+    "heads": "query heads",
+    "head_dim": "head dim",
+    "batch": "batch",
+}
 
 
 @dataclass(frozen=True)

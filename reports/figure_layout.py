@@ -68,8 +68,9 @@ def plain_ticks(axis: Any) -> None:
     for each in [axis, *getattr(axis, "child_axes", [])]:
         for ticks in (each.xaxis, each.yaxis):
             formatter = ticks.get_major_formatter()
-            if not isinstance(formatter, (matplotlib.ticker.ScalarFormatter, matplotlib.ticker.LogFormatter,
-                                          FuncFormatter)):  # fmt: skip
+            if not isinstance(
+                formatter, (matplotlib.ticker.ScalarFormatter, matplotlib.ticker.LogFormatter, FuncFormatter)
+            ):
                 continue
             if ticks.get_scale() == "log" and not isinstance(formatter, FuncFormatter):
                 _plain_log_ticks(ticks)
@@ -103,8 +104,9 @@ def panel_grid(count: int, size: tuple[float, float] = PANEL_SIZE) -> tuple[Any,
     """A figure with ``count`` panels, up to ``COLUMNS`` a row, in a constrained layout; spare cells removed."""
     columns = max(1, min(COLUMNS, count))
     rows = -(-count // columns)
-    figure, grid = plt.subplots(rows, columns, figsize=(size[0] * columns, size[1] * rows), squeeze=False,
-                                layout="constrained", dpi=DPI)  # fmt: skip
+    figure, grid = plt.subplots(
+        rows, columns, figsize=(size[0] * columns, size[1] * rows), squeeze=False, layout="constrained", dpi=DPI
+    )
     axes = list(grid.flat)
     for spare in axes[count:]:
         spare.remove()
@@ -146,8 +148,12 @@ def fit_ticks(figure: Any) -> None:
         crowded = [side for side in sides if _any_overlap([box for _, box in side[2]], -TICK_GAP_PX)]
         if not crowded:
             return
-        upright = [box.width for _, which, labels in crowded if which == "x" and labels[0][0].get_rotation() != 90
-                   for _, box in labels]  # fmt: skip
+        upright = [
+            box.width
+            for _, which, labels in crowded
+            if which == "x" and labels[0][0].get_rotation() != 90
+            for _, box in labels
+        ]
         if upright:  # upright labels take their width in height: the figure grows by it, the panels keep theirs
             figure.set_size_inches(figure.get_figwidth(), figure.get_figheight() + max(upright) / figure.dpi)
         for axis, which, labels in crowded:
@@ -253,8 +259,12 @@ def text_overlaps(figure: Any) -> list[str]:
     """Every pair of overlapping text boxes, and every legend over an axes or over text outside it; empty
     when the figure follows the rules."""
     boxes = text_boxes(figure)
-    problems = [f"{a} overlaps {b}" for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1 :]
-                if _overlap(box_a, box_b)]  # fmt: skip
+    problems = [
+        f"{a} overlaps {b}"
+        for i, (a, box_a) in enumerate(boxes)
+        for b, box_b in boxes[i + 1 :]
+        if _overlap(box_a, box_b)
+    ]
     renderer = figure.canvas.get_renderer()
     legends = list(figure.legends) + [a.get_legend() for a in _all_axes(figure) if a.get_legend() is not None]
     for number, legend in enumerate(legends):
@@ -262,6 +272,9 @@ def text_overlaps(figure: Any) -> list[str]:
         for index, axis in enumerate(_all_axes(figure)):
             if _overlap(frame, axis.get_window_extent(renderer)):
                 problems.append(f"legend {number} lies over axes {index}")
-        problems += [f"legend {number} covers {name}" for name, box in boxes
-                     if not name.startswith(f"legend {number} ") and _overlap(frame, box)]  # fmt: skip
+        problems += [
+            f"legend {number} covers {name}"
+            for name, box in boxes
+            if not name.startswith(f"legend {number} ") and _overlap(frame, box)
+        ]
     return problems

@@ -27,8 +27,22 @@ from attnbench.runner.results import CASE_COLUMNS, COLUMNS, fill_feature_default
 from attnbench.workload.axes import MODEL, case_label, is_decode
 
 EXTRA_COLUMNS = ["run", "machine", "source"]
-ESSENTIAL = ["impl", "device", "dtype", "batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "mask", "pass",
-             "status", "reason", "median_ms"]  # fmt: skip
+ESSENTIAL = [
+    "impl",
+    "device",
+    "dtype",
+    "batch",
+    "heads",
+    "kv_heads",
+    "seq_q",
+    "seq_k",
+    "head_dim",
+    "mask",
+    "pass",
+    "status",
+    "reason",
+    "median_ms",
+]
 CASE_KEY = ["machine", *CASE_COLUMNS]  # identical cases from different machines never collide
 
 
@@ -100,11 +114,14 @@ def _pytest_benchmark_row(bench: dict[str, Any]) -> dict[str, Any]:
     row.update(
         status="ok" if info.get("correct") else "incorrect",
         reason="" if info.get("correct") else "over tolerance (pytest-benchmark run)",
-        median_ms=median_ms, iqr_ms=stats["iqr"] * 1e3, n_samples=stats["rounds"],
-        calls_per_sample=stats.get("iterations", 1), timing_method="pytest-benchmark",
+        median_ms=median_ms,
+        iqr_ms=stats["iqr"] * 1e3,
+        n_samples=stats["rounds"],
+        calls_per_sample=stats.get("iterations", 1),
+        timing_method="pytest-benchmark",
         tflops=flops / (median_ms * 1e-3) / 1e12 if flops else None,
         samples_ms=[t * 1e3 for t in stats["data"]] if stats.get("data") else None,
-    )  # fmt: skip
+    )
     return row
 
 

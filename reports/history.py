@@ -35,8 +35,16 @@ from attnbench.workload.axes import LABELLED_COLUMNS
 
 # Columns that workload_label shows; any other case column (one a newer attnbench adds) is shown as col=value.
 LABELLED = set(LABELLED_COLUMNS)
-NOISE_COLUMNS = ["median_ms", "iqr_ms", "samples_ms", "repeat_medians_ms", "intensity", "status",
-                 *YARDSTICK_COLUMNS.values(), *REPEAT_YARDSTICK_COLUMNS.values()]  # fmt: skip
+NOISE_COLUMNS = [
+    "median_ms",
+    "iqr_ms",
+    "samples_ms",
+    "repeat_medians_ms",
+    "intensity",
+    "status",
+    *YARDSTICK_COLUMNS.values(),
+    *REPEAT_YARDSTICK_COLUMNS.values(),
+]
 RUN_COLUMNS = ["git_commit", "git_dirty", "started_at", "name"]
 
 
@@ -97,8 +105,10 @@ def normalise_history(frame: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataF
     the ridge point from each run's ceilings. A series with a run that has no yardstick rates (stored before
     attnbench timed them) stays raw whole — half a series normalised would be a step of its own; returns
     the frame and how many series stayed raw."""
-    metas = {row["run_id"]: json.loads(row["meta_json"]) if isinstance(row.get("meta_json"), str) else {}
-             for row in runs.to_dict("records")}  # fmt: skip
+    metas = {
+        row["run_id"]: json.loads(row["meta_json"]) if isinstance(row.get("meta_json"), str) else {}
+        for row in runs.to_dict("records")
+    }
     ridge_of = lambda row: ridge_from_meta(metas.get(row["run_id"], {}), str(row.get("dtype")))  # noqa: E731
     normalised = normalise(frame, ridge_of, references(frame))
     keys = [tuple(map(str, key)) for key in frame[[*CASE_COLUMNS, "machine"]].itertuples(index=False)]
@@ -107,8 +117,10 @@ def normalise_history(frame: pd.DataFrame, runs: pd.DataFrame) -> tuple[pd.DataF
     for key, ok in zip(keys, has_rates, strict=True):
         whole[key] = whole.get(key, True) and ok
     raw = [not whole[key] for key in keys]
-    rows = [{**old, "yardstick": None} if keep_raw else new for old, new, keep_raw in
-            zip(frame.to_dict("records"), normalised.to_dict("records"), raw, strict=True)]  # fmt: skip
+    rows = [
+        {**old, "yardstick": None} if keep_raw else new
+        for old, new, keep_raw in zip(frame.to_dict("records"), normalised.to_dict("records"), raw, strict=True)
+    ]
     return pd.DataFrame(rows, columns=normalised.columns), sum(not ok for ok in whole.values())
 
 
@@ -117,8 +129,7 @@ def runs_table(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 
 def _label(row: dict[Any, Any]) -> str:
-    extras = [f"{c}={row[c]}" for c in CASE_COLUMNS
-              if c not in LABELLED and not _missing(row.get(c))]  # fmt: skip
+    extras = [f"{c}={row[c]}" for c in CASE_COLUMNS if c not in LABELLED and not _missing(row.get(c))]
     return " ".join([workload_label(row), *extras])
 
 
@@ -146,8 +157,10 @@ def case_histories(frame: pd.DataFrame, alpha: float, min_change: float) -> list
     drift = machine_drift(list(cases.values()))
     for case in cases.values():
         for machine, pending in case.series.items():
-            steady = [replace(p, median_ms=p.median_ms / math.exp(drift.get((machine, p.run_id, case.impl), 0.0)))
-                      for p in pending.points]  # fmt: skip
+            steady = [
+                replace(p, median_ms=p.median_ms / math.exp(drift.get((machine, p.run_id, case.impl), 0.0)))
+                for p in pending.points
+            ]
             found = detect(steady, alpha, min_change)
             case.series[machine] = replace(found, points=pending.points)  # the page draws what was measured
     return sorted(cases.values(), key=lambda c: (c.label, c.impl))
@@ -198,20 +211,52 @@ def change_records(cases: list[CaseHistory]) -> pd.DataFrame:
     for index, case in enumerate(cases):
         for machine, step in case.steps:
             series = case.series[machine]
-            rows.append({
-                "case": index, "impl": case.impl, "workload": case.label, "machine": machine,
-                "commit_before": step.before.commit, "commit_after": step.after.commit,
-                "run_before": step.before.run_id, "run_after": step.after.run_id,
-                "date_after": pd.Timestamp(step.after.started_at),
-                "median_before_ms": step.median_before_ms, "median_after_ms": step.median_after_ms,
-                "ratio": step.ratio, "change_pct": step.change_pct, "direction": step.direction,
-                "p_value": step.p_value, "confidence": step.confidence, "runs_before": step.n_before,
-                "runs_after": step.n_after, "noise": series.noise_source,
-                "newest": step is series.newest_step(),
-            })  # fmt: skip
-    columns = ["case", "impl", "workload", "machine", "commit_before", "commit_after", "run_before", "run_after",
-               "date_after", "median_before_ms", "median_after_ms", "ratio", "change_pct", "direction", "p_value",
-               "confidence", "runs_before", "runs_after", "noise", "newest"]  # fmt: skip
+            rows.append(
+                {
+                    "case": index,
+                    "impl": case.impl,
+                    "workload": case.label,
+                    "machine": machine,
+                    "commit_before": step.before.commit,
+                    "commit_after": step.after.commit,
+                    "run_before": step.before.run_id,
+                    "run_after": step.after.run_id,
+                    "date_after": pd.Timestamp(step.after.started_at),
+                    "median_before_ms": step.median_before_ms,
+                    "median_after_ms": step.median_after_ms,
+                    "ratio": step.ratio,
+                    "change_pct": step.change_pct,
+                    "direction": step.direction,
+                    "p_value": step.p_value,
+                    "confidence": step.confidence,
+                    "runs_before": step.n_before,
+                    "runs_after": step.n_after,
+                    "noise": series.noise_source,
+                    "newest": step is series.newest_step(),
+                }
+            )
+    columns = [
+        "case",
+        "impl",
+        "workload",
+        "machine",
+        "commit_before",
+        "commit_after",
+        "run_before",
+        "run_after",
+        "date_after",
+        "median_before_ms",
+        "median_after_ms",
+        "ratio",
+        "change_pct",
+        "direction",
+        "p_value",
+        "confidence",
+        "runs_before",
+        "runs_after",
+        "noise",
+        "newest",
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -225,44 +270,77 @@ def _run_rows(runs: pd.DataFrame, used: set[str]) -> list[dict[str, Any]]:
     for run in runs.to_dict("records"):
         if run["run_id"] not in used:
             continue
-        rows.append({
-            "run_id": run["run_id"], "name": run.get("name") or "",
-            "date": f"{pd.Timestamp(run['started_at']):%Y-%m-%d %H:%M:%S}",
-            "commit": commit_label(run.get("git_commit"), run.get("git_dirty")), "machine": run.get("machine") or "",
-            "suite": run.get("suite") or "", "attnbench": run.get("attnbench_version") or "",
-            "torch": run.get("torch_version") or "", "command": run.get("command") or "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "run_id": run["run_id"],
+                "name": run.get("name") or "",
+                "date": f"{pd.Timestamp(run['started_at']):%Y-%m-%d %H:%M:%S}",
+                "commit": commit_label(run.get("git_commit"), run.get("git_dirty")),
+                "machine": run.get("machine") or "",
+                "suite": run.get("suite") or "",
+                "attnbench": run.get("attnbench_version") or "",
+                "torch": run.get("torch_version") or "",
+                "command": run.get("command") or "",
+            }
+        )
     return rows
 
 
-def write_history(cases: list[CaseHistory], changes: pd.DataFrame, runs: pd.DataFrame, out_dir: Path,
-                  x_mode: str, command: str, settings: dict[str, Any]) -> Path:  # fmt: skip
+def write_history(
+    cases: list[CaseHistory],
+    changes: pd.DataFrame,
+    runs: pd.DataFrame,
+    out_dir: Path,
+    x_mode: str,
+    command: str,
+    settings: dict[str, Any],
+) -> Path:
     """history.html and changes.csv in ``out_dir``."""
     machines = sorted({m for case in cases for m in case.series})
     colours = {m: PALETTE[k % len(PALETTE)] for k, m in enumerate(machines)}
     panels = []
     for index, case in enumerate(cases):
-        panels.append({
-            "id": f"case-{index}", "impl": case.impl, "label": case.label, "machines": machines_of(case),
-            "n_steps": len(case.steps), "geometry": panel(case.series, colours, x_mode),
-            "noise": ", ".join(sorted({s.noise_source for s in case.series.values()})),
-        })  # fmt: skip
-    table = [{
-        **row, "case_id": f"case-{row['case']}",
-        "commit_before": commit_label(row["commit_before"], None),
-        "commit_after": commit_label(row["commit_after"], None),
-        "date_after": f"{row['date_after']:%Y-%m-%d %H:%M}", "before": f"{row['median_before_ms']:.4g}",
-        "after": f"{row['median_after_ms']:.4g}", "change": f"{row['change_pct']:+.1f}%",
-        "confidence": f"{row['confidence']:.4f}", "p": f"{row['p_value']:.2g}",
-    } for row in changes.to_dict("records")]  # fmt: skip
+        panels.append(
+            {
+                "id": f"case-{index}",
+                "impl": case.impl,
+                "label": case.label,
+                "machines": machines_of(case),
+                "n_steps": len(case.steps),
+                "geometry": panel(case.series, colours, x_mode),
+                "noise": ", ".join(sorted({s.noise_source for s in case.series.values()})),
+            }
+        )
+    table = [
+        {
+            **row,
+            "case_id": f"case-{row['case']}",
+            "commit_before": commit_label(row["commit_before"], None),
+            "commit_after": commit_label(row["commit_after"], None),
+            "date_after": f"{row['date_after']:%Y-%m-%d %H:%M}",
+            "before": f"{row['median_before_ms']:.4g}",
+            "after": f"{row['median_after_ms']:.4g}",
+            "change": f"{row['change_pct']:+.1f}%",
+            "confidence": f"{row['confidence']:.4f}",
+            "p": f"{row['p_value']:.2g}",
+        }
+        for row in changes.to_dict("records")
+    ]
     used = {p.run_id for case in cases for s in case.series.values() for p in s.points}
     template_text = resources.files("attnbench.reports").joinpath("templates/history.html.j2").read_text()
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     html = environment.from_string(template_text).render(
-        panels=panels, changes=table, runs=_run_rows(runs, used), machines=[(m, colours[m]) for m in machines],
-        impls=sorted({case.impl for case in cases}), x_mode=x_mode, command=command, settings=settings,
-        version=attnbench.__version__, generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-    )  # fmt: skip
+        panels=panels,
+        changes=table,
+        runs=_run_rows(runs, used),
+        machines=[(m, colours[m]) for m in machines],
+        impls=sorted({case.impl for case in cases}),
+        x_mode=x_mode,
+        command=command,
+        settings=settings,
+        version=attnbench.__version__,
+        generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     changes.to_csv(out_dir / "changes.csv", index=False)
     path = out_dir / "history.html"

@@ -61,13 +61,19 @@ def _headline(ok: pd.DataFrame, baseline: str | None) -> list[dict[str, str]]:
         key = f"{machine} · {workload}" if ok["machine"].nunique() > 1 else workload
         second = ranked.iloc[1] if len(ranked) > 1 else None
         speed = speedups.get(key, {}).get(best["impl"]) if key in speedups else None
-        rows.append({
-            "machine": machine, "workload": workload, "fastest": best["impl"], "median": _fmt(best["median_ms"]),
-            "tflops": _fmt(best["tflops"]),
-            "runner_up": "" if second is None else second["impl"],
-            "margin": "" if second is None else f"{second['median_ms'] / best['median_ms']:.2f}×",
-            "baseline": bases.get(key, ""), "speedup": "" if speed is None else f"{speed:.2f}×",
-        })  # fmt: skip
+        rows.append(
+            {
+                "machine": machine,
+                "workload": workload,
+                "fastest": best["impl"],
+                "median": _fmt(best["median_ms"]),
+                "tflops": _fmt(best["tflops"]),
+                "runner_up": "" if second is None else second["impl"],
+                "margin": "" if second is None else f"{second['median_ms'] / best['median_ms']:.2f}×",
+                "baseline": bases.get(key, ""),
+                "speedup": "" if speed is None else f"{speed:.2f}×",
+            }
+        )
     return rows
 
 
@@ -75,8 +81,16 @@ def _missing(frame: pd.DataFrame) -> list[dict[str, Any]]:
     bad = frame[frame["status"] != "ok"]
     rows = []
     for (status, impl, reason), group in bad.groupby(["status", "impl", "reason"], sort=False, dropna=False):
-        rows.append({"status": status, "impl": impl, "reason": reason, "count": len(group),
-                     "example": workload_label(group.iloc[0]), "feature": _features(group)})  # fmt: skip
+        rows.append(
+            {
+                "status": status,
+                "impl": impl,
+                "reason": reason,
+                "count": len(group),
+                "example": workload_label(group.iloc[0]),
+                "feature": _features(group),
+            }
+        )
     return rows
 
 
@@ -84,9 +98,16 @@ def _accuracy(frame: pd.DataFrame) -> list[dict[str, Any]]:
     checked = frame[frame["status"].isin(["ok", "incorrect"])]
     rows = []
     for (impl, dtype), group in checked.groupby(["impl", "dtype"], sort=True):
-        rows.append({"impl": impl, "dtype": dtype, "checked": len(group),
-                     "incorrect": int((group["status"] == "incorrect").sum()),
-                     "worst": _fmt(group["max_abs_err"].max()), "tolerance": _fmt(group["atol"].max())})  # fmt: skip
+        rows.append(
+            {
+                "impl": impl,
+                "dtype": dtype,
+                "checked": len(group),
+                "incorrect": int((group["status"] == "incorrect").sum()),
+                "worst": _fmt(group["max_abs_err"].max()),
+                "tolerance": _fmt(group["atol"].max()),
+            }
+        )
     return rows
 
 
@@ -103,8 +124,11 @@ def bandwidth_during_run(meta: dict[str, Any], device: str) -> str:
         if values:
             parts.append(f"{label} {min(values):.3g}–{max(values):.3g} (spread {found.get(stream, 0):.0%})")
     floor = found.get("floor")
-    verdict = (f"; moved more than the {floor:.0%} floor" if found.get("moved") else f"; within the {floor:.0%} floor"
-               ) if floor is not None else ""  # fmt: skip
+    verdict = (
+        (f"; moved more than the {floor:.0%} floor" if found.get("moved") else f"; within the {floor:.0%} floor")
+        if floor is not None
+        else ""
+    )
     times = ", ".join(f"{e.get('when')} {str(e.get('time', ''))[11:19]}" for e in entries)
     return f"{', '.join(parts)}{verdict} ({times})"
 
@@ -116,11 +140,19 @@ def _ceilings(meta: dict[str, Any]) -> list[dict[str, Any]]:
     for device, c in (meta.get("ceilings") or {}).items():
         during = bandwidth_during_run(meta, device)
         for dtype, matmul in (c.get("matmul_tflops") or {}).items():
-            rows.append({"device": device, "dtype": dtype,
-                         "roof": _fmt((c.get("roof_tflops") or {}).get(dtype)),
-                         "roof_source": (c.get("roof_source") or {}).get(dtype, ""), "matmul": _fmt(matmul),
-                         "roof_gbps": _fmt(c.get("roof_gbps")), "bandwidth_source": c.get("bandwidth_source", ""),
-                         "copy_gbps": _fmt(c.get("copy_gbps")), "during_run": during})  # fmt: skip
+            rows.append(
+                {
+                    "device": device,
+                    "dtype": dtype,
+                    "roof": _fmt((c.get("roof_tflops") or {}).get(dtype)),
+                    "roof_source": (c.get("roof_source") or {}).get(dtype, ""),
+                    "matmul": _fmt(matmul),
+                    "roof_gbps": _fmt(c.get("roof_gbps")),
+                    "bandwidth_source": c.get("bandwidth_source", ""),
+                    "copy_gbps": _fmt(c.get("copy_gbps")),
+                    "during_run": during,
+                }
+            )
     return rows
 
 
@@ -130,10 +162,13 @@ def _run_block(run: Run) -> dict[str, Any]:
     keys = ("ceilings", "cpu_allocator", "suite", "start_time", "end_time")
     details = {"environment": environment, **{key: meta.get(key) for key in keys}}
     return {
-        "name": run.name, "machine": machine_label(environment), "command": meta.get("command", "(unknown)"),
-        "warnings": meta.get("warnings") or [], "ceilings": _ceilings(meta),
+        "name": run.name,
+        "machine": machine_label(environment),
+        "command": meta.get("command", "(unknown)"),
+        "warnings": meta.get("warnings") or [],
+        "ceilings": _ceilings(meta),
         "environment": json.dumps({k: v for k, v in details.items() if v is not None}, indent=2, default=str),
-    }  # fmt: skip
+    }
 
 
 def write_report(
@@ -150,14 +185,25 @@ def write_report(
     ok = frame[frame["status"] == "ok"]
     table_bundle, results_table = results_table_html(frame)
     html = template.render(
-        runs=[_run_block(run) for run in runs], n_rows=len(frame), version=attnbench.__version__,
+        runs=[_run_block(run) for run in runs],
+        n_rows=len(frame),
+        version=attnbench.__version__,
         generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         headline=_headline(ok, baseline),
-        figures=[{"title": title, "caption": CAPTIONS.get(path.name, ""),
-                  "data": base64.b64encode(path.read_bytes()).decode()} for title, path in figures],
-        table_bundle=markupsafe.Markup(table_bundle), results_table=markupsafe.Markup(results_table),
-        missing=_missing(frame), accuracy=_accuracy(frame), report_command=report_command,
-    )  # fmt: skip
+        figures=[
+            {
+                "title": title,
+                "caption": CAPTIONS.get(path.name, ""),
+                "data": base64.b64encode(path.read_bytes()).decode(),
+            }
+            for title, path in figures
+        ],
+        table_bundle=markupsafe.Markup(table_bundle),
+        results_table=markupsafe.Markup(results_table),
+        missing=_missing(frame),
+        accuracy=_accuracy(frame),
+        report_command=report_command,
+    )
     path = out_dir / "report.html"
     path.write_text(html)
     return path

@@ -31,7 +31,10 @@ def merge_runs(paths: list[Path], out_dir: Path, command: str) -> pd.DataFrame:
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     write_frame(frame, out_dir)
-    meta = {"command": command, "n_cases": len(frame),
-            "merged_from": [{"run": run.name, "path": str(run.path), "meta": run.meta} for run in runs]}  # fmt: skip
+    meta = {
+        "command": command,
+        "n_cases": len(frame),
+        "merged_from": [{"run": run.name, "path": str(run.path), "meta": run.meta} for run in runs],
+    }
     write_text(out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
     return frame

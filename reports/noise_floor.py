@@ -93,11 +93,17 @@ def regime_key(row: dict[Any, Any], machine: Any, suffix: str = "") -> tuple[Any
     """The key of the pooled spread a case without history falls back on: its contender, device, dtype and
     pass on its machine, and its side of the roofline (``fma_gflops`` / ``stream_gbps``, None without
     rates). ``suffix`` reads a compared row's columns (``_new``)."""
-    plain = {column: row.get(f"{column}{suffix}", row.get(column)) for column in
-             ("intensity", "yardstick_fma_gflops", "yardstick_stream_gbps")}  # fmt: skip
+    plain = {
+        column: row.get(f"{column}{suffix}", row.get(column))
+        for column in ("intensity", "yardstick_fma_gflops", "yardstick_stream_gbps")
+    }
     side = yardstick_of(plain, None)
-    return (POOLED, *(row.get(c) for c in ("impl", "device", "dtype", "pass")), side,
-            None if machine is None else str(machine))  # fmt: skip
+    return (
+        POOLED,
+        *(row.get(c) for c in ("impl", "device", "dtype", "pass")),
+        side,
+        None if machine is None else str(machine),
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -132,8 +138,10 @@ def _relative_changes(base: pd.DataFrame, new: pd.DataFrame) -> dict[tuple[Any, 
     changes = np.log(merged["median_ms_new"].astype(float) / merged["median_ms_base"].astype(float))
     shifts, _ = workload_shifts(merged, changes)
     relative = changes - shifts
-    return {case_key(row, row.get("machine_new")): float(value)
-            for row, value in zip(merged.to_dict("records"), relative, strict=True)}  # fmt: skip
+    return {
+        case_key(row, row.get("machine_new")): float(value)
+        for row, value in zip(merged.to_dict("records"), relative, strict=True)
+    }
 
 
 def history_sigmas(
@@ -182,8 +190,9 @@ def history_sigmas(
     return found
 
 
-def lookup(history: dict[tuple[Any, ...], HistoryNoise], row: dict[Any, Any], machine: Any,
-           suffix: str = "") -> HistoryNoise | None:  # fmt: skip
+def lookup(
+    history: dict[tuple[Any, ...], HistoryNoise], row: dict[Any, Any], machine: Any, suffix: str = ""
+) -> HistoryNoise | None:
     """A compared case's own history, else its contender's pooled spread (:func:`regime_key`), else None."""
     return history.get(case_key(row, machine)) or history.get(regime_key(row, machine, suffix))
 

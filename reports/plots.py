@@ -66,8 +66,14 @@ def _log2_x(axis: Any) -> None:
 Decorate = Callable[[Facet, Any], list[tuple[float, str]]]  # draws on a panel; returns its reference lines
 
 
-def _facet_figure(panels: list[Facet], y: str, ylabel: str, colours: dict[str, Any], decorate: Decorate | None = None,
-                  xlabel: str | None = None) -> Any:  # fmt: skip
+def _facet_figure(
+    panels: list[Facet],
+    y: str,
+    ylabel: str,
+    colours: dict[str, Any],
+    decorate: Decorate | None = None,
+    xlabel: str | None = None,
+) -> Any:
     """A panel per facet — lines against its x axis, or points by contender where it has one size — each
     with its own value axis, and one legend of contenders to the right."""
     figure, axes = panel_grid(len(panels))
@@ -90,13 +96,25 @@ def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any], xlabel
     order = [impl for impl in colours if impl in set(panel.rows["impl"])]
     if panel.x is None:
         # a point per contender on the panel's y axis: a bar from an arbitrary log floor would mislead
-        sns.stripplot(data=panel.rows, x="impl", y=y, hue="impl", order=order, hue_order=order, palette=colours,
-                      jitter=False, size=8, ax=axis, legend=False)  # fmt: skip
+        sns.stripplot(
+            data=panel.rows,
+            x="impl",
+            y=y,
+            hue="impl",
+            order=order,
+            hue_order=order,
+            palette=colours,
+            jitter=False,
+            size=8,
+            ax=axis,
+            legend=False,
+        )
         axis.set_xlabel("")
         axis.tick_params(axis="x", labelsize=7)
         return
-    sns.lineplot(data=panel.rows, x=panel.x, y=y, hue="impl", hue_order=order, palette=colours, marker="o", ax=axis,
-                 legend=False)  # fmt: skip
+    sns.lineplot(
+        data=panel.rows, x=panel.x, y=y, hue="impl", hue_order=order, palette=colours, marker="o", ax=axis, legend=False
+    )
     _log2_x(axis)
     axis.set_xlabel(xlabel or AXIS_LABELS[panel.x])
 
@@ -107,9 +125,16 @@ def _reference_line(axis: Any, value: float, text: str) -> None:
     axis.axhline(value, color="black", linestyle="--", linewidth=1)
     height = axis.transLimits.transform((0, value))[1]  # 0 at the bottom of the panel, 1 at the top
     upper = height > 0.5
-    axis.annotate(text, (0.02, value), xycoords=("axes fraction", "data"), xytext=(0, -2 if upper else 2),
-                  textcoords="offset points", va="top" if upper else "bottom", fontsize=7,
-                  bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1})  # fmt: skip
+    axis.annotate(
+        text,
+        (0.02, value),
+        xycoords=("axes fraction", "data"),
+        xytext=(0, -2 if upper else 2),
+        textcoords="offset points",
+        va="top" if upper else "bottom",
+        fontsize=7,
+        bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1},
+    )
 
 
 def latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
@@ -168,10 +193,20 @@ def speedup(ok: pd.DataFrame, colours: dict[str, Any], baseline: str | None) -> 
     figure, axis = plt.subplots(figsize=size, layout="constrained", dpi=DPI)
     values = np.log2(table.to_numpy(dtype=float))
     limit = max(1.0, float(np.nanmax(np.abs(values)))) if np.isfinite(values).any() else 1.0
-    sns.heatmap(values, ax=axis, cmap="RdYlGn", center=0, vmin=-limit, vmax=limit,
-                annot=table.map(lambda v: "" if pd.isna(v) else f"{v:.2g}×").to_numpy(), fmt="",
-                annot_kws={"size": 7}, cbar_kws={"label": "log2 speedup over baseline"},
-                xticklabels=list(table.columns), yticklabels=rows)  # fmt: skip
+    sns.heatmap(
+        values,
+        ax=axis,
+        cmap="RdYlGn",
+        center=0,
+        vmin=-limit,
+        vmax=limit,
+        annot=table.map(lambda v: "" if pd.isna(v) else f"{v:.2g}×").to_numpy(),
+        fmt="",
+        annot_kws={"size": 7},
+        cbar_kws={"label": "log2 speedup over baseline"},
+        xticklabels=list(table.columns),
+        yticklabels=rows,
+    )
     axis.set_xticklabels(axis.get_xticklabels(), rotation=0, fontsize=8)
     axis.set_yticklabels(axis.get_yticklabels(), rotation=0, fontsize=7)
     axis.set_title("speedup over the baseline (> 1× is faster; the baseline is 1×)", size=10)
@@ -203,25 +238,49 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
         rows = points[(points["machine"] == key[0]) & (points["device"] == key[1]) & (points["dtype"] == key[2])]
         low, high = rows["intensity"].min() / 4, rows["intensity"].max() * 4
         x = np.geomspace(low, high, 200)
-        axis.plot(x, np.minimum(peak, x * bandwidth_gbps / 1e3), color="black", linewidth=1.2,
-                  label=f"hardware roof ({peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s)")  # fmt: skip
-        axis.plot(x, np.minimum(roofs.matmul_tflops, x * roofs.copy_gbps / 1e3), color="black", linewidth=1,
-                  linestyle="--", label=f"torch matmul ({roofs.matmul_tflops:.3g} TFLOP/s) and copy")  # fmt: skip
-        sns.scatterplot(data=rows, x="intensity", y="tflops", hue="impl", hue_order=[i for i in colours
-                        if i in set(rows["impl"])], palette=colours, ax=axis, s=40, legend=False)  # fmt: skip
+        axis.plot(
+            x,
+            np.minimum(peak, x * bandwidth_gbps / 1e3),
+            color="black",
+            linewidth=1.2,
+            label=f"hardware roof ({peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s)",
+        )
+        axis.plot(
+            x,
+            np.minimum(roofs.matmul_tflops, x * roofs.copy_gbps / 1e3),
+            color="black",
+            linewidth=1,
+            linestyle="--",
+            label=f"torch matmul ({roofs.matmul_tflops:.3g} TFLOP/s) and copy",
+        )
+        sns.scatterplot(
+            data=rows,
+            x="intensity",
+            y="tflops",
+            hue="impl",
+            hue_order=[i for i in colours if i in set(rows["impl"])],
+            palette=colours,
+            ax=axis,
+            s=40,
+            legend=False,
+        )
         value_axis(axis, [low, high], which="x")
         value_axis(axis, rows["tflops"], extra=[peak, low * bandwidth_gbps / 1e3])
         axis.set_xlabel("arithmetic intensity (FLOP/byte)")
         axis.set_ylabel("achieved TFLOP/s")
-        axis.set_title(f"{key[0]}, {key[1]} {key[2]}: hardware roof {peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s; "
-                       f"torch matmul {roofs.matmul_tflops:.3g} TFLOP/s, copy {roofs.copy_gbps:.3g} GB/s",
-                       size=TITLE_SIZE)  # fmt: skip
+        axis.set_title(
+            f"{key[0]}, {key[1]} {key[2]}: hardware roof {peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s; "
+            f"torch matmul {roofs.matmul_tflops:.3g} TFLOP/s, copy {roofs.copy_gbps:.3g} GB/s",
+            size=TITLE_SIZE,
+        )
         axis.grid(True, which="both", alpha=0.25)
     shown = [i for i in colours if i in set(points["impl"])]
     line = matplotlib.lines.Line2D
-    handles = [line([], [], color="black", linewidth=1.2, label="hardware roof"),
-               line([], [], color="black", linewidth=1, linestyle="--", label="torch matmul and copy"),
-               *[line([], [], color=colours[i], marker="o", linestyle="", label=i) for i in shown]]  # fmt: skip
+    handles = [
+        line([], [], color="black", linewidth=1.2, label="hardware roof"),
+        line([], [], color="black", linewidth=1, linestyle="--", label="torch matmul and copy"),
+        *[line([], [], color=colours[i], marker="o", linestyle="", label=i) for i in shown],
+    ]
     legend_right(figure, handles, "roofs and impl")
     return finish(figure)
 
@@ -236,8 +295,10 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
     decode = decode[[phase_of(r) == "decode" for r in decode.to_dict("records")]]
     if decode.empty:
         return None
-    panels = [Facet(str(group), "seq_k" if rows["seq_k"].nunique() > 1 else None, rows)
-              for group, rows in decode.groupby("group", sort=False)]  # fmt: skip
+    panels = [
+        Facet(str(group), "seq_k" if rows["seq_k"].nunique() > 1 else None, rows)
+        for group, rows in decode.groupby("group", sort=False)
+    ]
 
     def bandwidth_line(panel: Facet, axis: Any) -> list[tuple[float, str]]:
         row = panel.rows.iloc[0]
@@ -245,15 +306,17 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
         bandwidth = roofs.roof_gbps if roofs is not None else 0.0
         if not bandwidth:
             return []
-        percent = axis.secondary_yaxis("right", functions=(lambda v: 100 * v / bandwidth,
-                                                           lambda p: p * bandwidth / 100))  # fmt: skip
+        percent = axis.secondary_yaxis(
+            "right", functions=(lambda v: 100 * v / bandwidth, lambda p: p * bandwidth / 100)
+        )
         percent.set_ylabel("% of bandwidth", fontsize=8)
         percent.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
         percent.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         return [(bandwidth, f"measured bandwidth {bandwidth:.3g} GB/s")]
 
-    return _facet_figure(panels, "gbps", "GB/s (bytes of the KV read)", colours, bandwidth_line,
-                         xlabel="KV cache length (keys)")  # fmt: skip
+    return _facet_figure(
+        panels, "gbps", "GB/s (bytes of the KV read)", colours, bandwidth_line, xlabel="KV cache length (keys)"
+    )
 
 
 def save(figure: Any, path: Path) -> Path:

@@ -34,8 +34,16 @@ class Bounds:
     min_pct_of_matmul: float | None = None  # impl's pct_of_matmul (% of torch's matmul rate)
 
     def any(self) -> bool:
-        return any(v is not None for v in (self.max_time_ratio, self.min_speedup, self.max_mem_ratio,
-                                           self.min_pct_of_peak, self.min_pct_of_matmul))  # fmt: skip
+        return any(
+            v is not None
+            for v in (
+                self.max_time_ratio,
+                self.min_speedup,
+                self.max_mem_ratio,
+                self.min_pct_of_peak,
+                self.min_pct_of_matmul,
+            )
+        )
 
 
 def select(frame: pd.DataFrame, where: list[str]) -> pd.DataFrame:
@@ -69,8 +77,11 @@ def ratio_table(
     come from ``peer_frame`` (default: ``frame``) and are paired on every workload column but ``unpaired``
     (``--peer-where``: e.g. fused_cpu in bfloat16 against fused_cpu in float32, the same shape)."""
     # an axis that follows an unpaired one (kv_dtype follows dtype) pairs on whether it still follows it
-    following = {a.column: BY_NAME[a.follows].column for a in WORKLOAD_AXES
-                 if a.follows and BY_NAME[a.follows].column in unpaired and a.column not in unpaired}  # fmt: skip
+    following = {
+        a.column: BY_NAME[a.follows].column
+        for a in WORKLOAD_AXES
+        if a.follows and BY_NAME[a.follows].column in unpaired and a.column not in unpaired
+    }
 
     def followed(rows: pd.DataFrame) -> pd.DataFrame:
         return rows.assign(**{f"{column} follows": rows[column] == rows[other] for column, other in following.items()})
@@ -90,21 +101,23 @@ def ratio_table(
         pairs = ours.merge(group, on=key, how="left", suffixes=("", "_peer"))
         merged.append(pairs.assign(impl_peer=pairs["impl_peer"].fillna("(none)" if best else peer)))
     pairs = pd.concat(merged, ignore_index=True)
-    table = pd.DataFrame({
-        "workload": [workload_label(r) for r in pairs.to_dict("records")],
-        "peer": pairs["impl_peer"],
-        "impl_ms": pairs["median_ms"],
-        "peer_ms": pairs["median_ms_peer"],
-        "time_ratio": pairs["median_ms"] / pairs["median_ms_peer"],
-        "speedup": pairs["median_ms_peer"] / pairs["median_ms"],
-        "impl_mb": pairs["peak_mem_mb"],
-        "peer_mb": pairs["peak_mem_mb_peer"],
-        "mem_ratio": pairs["peak_mem_mb"] / pairs["peak_mem_mb_peer"],
-        "pct_of_peak": pairs["pct_of_peak"],
-        "pct_of_matmul": pairs["pct_of_matmul"],
-        "status": pairs["status"],
-        "peer_status": pairs["status_peer"].fillna("missing"),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "workload": [workload_label(r) for r in pairs.to_dict("records")],
+            "peer": pairs["impl_peer"],
+            "impl_ms": pairs["median_ms"],
+            "peer_ms": pairs["median_ms_peer"],
+            "time_ratio": pairs["median_ms"] / pairs["median_ms_peer"],
+            "speedup": pairs["median_ms_peer"] / pairs["median_ms"],
+            "impl_mb": pairs["peak_mem_mb"],
+            "peer_mb": pairs["peak_mem_mb_peer"],
+            "mem_ratio": pairs["peak_mem_mb"] / pairs["peak_mem_mb_peer"],
+            "pct_of_peak": pairs["pct_of_peak"],
+            "pct_of_matmul": pairs["pct_of_matmul"],
+            "status": pairs["status"],
+            "peer_status": pairs["status_peer"].fillna("missing"),
+        }
+    )
     return table.reset_index(drop=True)
 
 
@@ -141,8 +154,17 @@ def failures(table: pd.DataFrame, bounds: Bounds) -> list[tuple[int, str]]:
 
 def format_table(table: pd.DataFrame) -> str:
     shown = table.copy()
-    formats = {"impl_ms": ".4g", "peer_ms": ".4g", "time_ratio": ".3f", "speedup": ".2f", "impl_mb": ".3g",
-               "peer_mb": ".3g", "mem_ratio": ".3g", "pct_of_peak": ".1f", "pct_of_matmul": ".1f"}  # fmt: skip
+    formats = {
+        "impl_ms": ".4g",
+        "peer_ms": ".4g",
+        "time_ratio": ".3f",
+        "speedup": ".2f",
+        "impl_mb": ".3g",
+        "peer_mb": ".3g",
+        "mem_ratio": ".3g",
+        "pct_of_peak": ".1f",
+        "pct_of_matmul": ".1f",
+    }
     for column, spec in formats.items():
         shown[column] = shown[column].map(lambda v, s=spec: "" if v is None or pd.isna(v) else format(v, s))
     return shown.to_string(index=False)

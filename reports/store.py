@@ -42,11 +42,22 @@ SCHEMA_VERSION = 2
 DEFAULT_DB = Path("runs") / "attnbench.duckdb"
 
 RUNS_COLUMNS = {
-    "run_id": "VARCHAR PRIMARY KEY", "name": "VARCHAR", "path": "VARCHAR", "source": "VARCHAR",
-    "machine": "VARCHAR", "git_commit": "VARCHAR", "git_dirty": "BOOLEAN", "started_at": "TIMESTAMP",
-    "attnbench_version": "VARCHAR", "torch_version": "VARCHAR", "suite": "VARCHAR", "command": "VARCHAR",
-    "n_rows": "BIGINT", "stored_at": "TIMESTAMP", "meta_json": "VARCHAR",
-}  # fmt: skip
+    "run_id": "VARCHAR PRIMARY KEY",
+    "name": "VARCHAR",
+    "path": "VARCHAR",
+    "source": "VARCHAR",
+    "machine": "VARCHAR",
+    "git_commit": "VARCHAR",
+    "git_dirty": "BOOLEAN",
+    "started_at": "TIMESTAMP",
+    "attnbench_version": "VARCHAR",
+    "torch_version": "VARCHAR",
+    "suite": "VARCHAR",
+    "command": "VARCHAR",
+    "n_rows": "BIGINT",
+    "stored_at": "TIMESTAMP",
+    "meta_json": "VARCHAR",
+}
 
 
 def _add_v2_run_columns(con: duckdb.DuckDBPyConnection) -> None:
@@ -98,8 +109,10 @@ def _create(con: duckdb.DuckDBPyConnection) -> None:
     columns = ", ".join(f'"{name}" {sql_type}' for name, sql_type in RUNS_COLUMNS.items())
     con.execute(f"CREATE TABLE runs ({columns})")
     con.execute("CREATE TABLE rows (run_id VARCHAR NOT NULL)")
-    con.execute("INSERT INTO meta VALUES ('schema_version', ?), ('created_by', ?)",
-                [str(SCHEMA_VERSION), f"attnbench {attnbench.__version__}"])  # fmt: skip
+    con.execute(
+        "INSERT INTO meta VALUES ('schema_version', ?), ('created_by', ?)",
+        [str(SCHEMA_VERSION), f"attnbench {attnbench.__version__}"],
+    )
 
 
 def _migrate(con: duckdb.DuckDBPyConnection, version: int) -> None:
@@ -206,14 +219,22 @@ def run_record(run: Run, n_rows: int) -> dict[str, Any]:
     commit = env.get("workdir_commit") or env.get("git_commit")
     dirty = env.get("workdir_dirty") if env.get("workdir_commit") else env.get("git_dirty")
     return {
-        "run_id": run_id(run), "name": run.path.name, "path": str(run.path.resolve()),
+        "run_id": run_id(run),
+        "name": run.path.name,
+        "path": str(run.path.resolve()),
         "source": "pytest-benchmark" if run.path.is_file() else "attnbench",
-        "machine": machine_label(env), "git_commit": commit, "git_dirty": dirty,
-        "started_at": _started_at(meta, run), "attnbench_version": env.get("attnbench_version"),
-        "torch_version": env.get("torch_version"), "suite": meta.get("suite"), "command": meta.get("command"),
-        "n_rows": n_rows, "stored_at": dt.datetime.now(dt.timezone.utc).replace(tzinfo=None),
+        "machine": machine_label(env),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "started_at": _started_at(meta, run),
+        "attnbench_version": env.get("attnbench_version"),
+        "torch_version": env.get("torch_version"),
+        "suite": meta.get("suite"),
+        "command": meta.get("command"),
+        "n_rows": n_rows,
+        "stored_at": dt.datetime.now(dt.timezone.utc).replace(tzinfo=None),
         "meta_json": json.dumps(meta, default=str),
-    }  # fmt: skip
+    }
 
 
 def _widened(old: str, new: str) -> str:

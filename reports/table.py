@@ -29,8 +29,23 @@ PAGE_LENGTH = 25
 # command that reruns the row's case, is one click away (the "Columns" button), as every other column.
 # ``reason`` beside ``status``, one line (ellipsised; the why-missing table above has each reason whole), so a
 # row that did not run is as tall as one that did and says why on screen.
-SHOWN = ["impl", "case", "shape", "mask", "pass", "dtype", "device", "status", "reason", "median_ms", "tflops", "gbps",
-         "pct_of_peak", "peak_mem_mb", "max_abs_err"]  # fmt: skip
+SHOWN = [
+    "impl",
+    "case",
+    "shape",
+    "mask",
+    "pass",
+    "dtype",
+    "device",
+    "status",
+    "reason",
+    "median_ms",
+    "tflops",
+    "gbps",
+    "pct_of_peak",
+    "peak_mem_mb",
+    "max_abs_err",
+]
 FILTERS = ["impl", "status", "mask", "dtype", "device"]  # a SearchPanes pane each
 LEFT_OUT = ["samples_ms"]  # raw samples: in results.parquet, too long for a table cell
 SIGNIFICANT = 4  # digits kept in float cells (the files keep full precision)

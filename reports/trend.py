@@ -92,26 +92,52 @@ def panel(series: dict[str, SeriesChanges], colours: dict[str, str], mode: str) 
         pts = []
         for k, (point, v) in enumerate(zip(changes.points, changes.variances, strict=True)):
             noise = math.sqrt(v)
-            pts.append({
-                "x": xs[point.run_id], "y": y(point.median_ms), "outlier": k in changes.outliers,
-                "title": f"{commit_label(point.commit, point.dirty)} · {pd.Timestamp(point.started_at):%Y-%m-%d %H:%M}"
-                         f" · {_fmt_ms(point.median_ms)} ms ± {noise:.1%} ({point.noise_source}) · run {point.run_id}",
-            })  # fmt: skip
-        upper = [(xs[p.run_id], y(p.median_ms * math.exp(math.sqrt(v)))) for p, v in zip(changes.points,
-                 changes.variances, strict=True)]  # fmt: skip
-        lower = [(xs[p.run_id], y(p.median_ms * math.exp(-math.sqrt(v)))) for p, v in zip(changes.points,
-                 changes.variances, strict=True)]  # fmt: skip
+            pts.append(
+                {
+                    "x": xs[point.run_id],
+                    "y": y(point.median_ms),
+                    "outlier": k in changes.outliers,
+                    "title": f"{commit_label(point.commit, point.dirty)} · "
+                    f"{pd.Timestamp(point.started_at):%Y-%m-%d %H:%M}"
+                    f" · {_fmt_ms(point.median_ms)} ms ± {noise:.1%} ({point.noise_source}) · run {point.run_id}",
+                }
+            )
+        upper = [
+            (xs[p.run_id], y(p.median_ms * math.exp(math.sqrt(v))))
+            for p, v in zip(changes.points, changes.variances, strict=True)
+        ]
+        lower = [
+            (xs[p.run_id], y(p.median_ms * math.exp(-math.sqrt(v))))
+            for p, v in zip(changes.points, changes.variances, strict=True)
+        ]
         band = " ".join(f"{x},{yy}" for x, yy in [*upper, *reversed(lower)])
-        steps = [{
-            "x": round((xs[s.before.run_id] + xs[s.after.run_id]) / 2, 1),
-            "label": f"{s.change_pct:+.1f}%", "direction": s.direction,
-        } for s in changes.steps]  # fmt: skip
+        steps = [
+            {
+                "x": round((xs[s.before.run_id] + xs[s.after.run_id]) / 2, 1),
+                "label": f"{s.change_pct:+.1f}%",
+                "direction": s.direction,
+            }
+            for s in changes.steps
+        ]
         kept = [p for k, p in enumerate(pts) if not p["outlier"]]
-        lines.append({
-            "machine": machine, "colour": colours[machine], "band": band, "points": pts, "steps": steps,
-            "path": " ".join(f"{p['x']},{p['y']}" for p in kept),
-        })  # fmt: skip
+        lines.append(
+            {
+                "machine": machine,
+                "colour": colours[machine],
+                "band": band,
+                "points": pts,
+                "steps": steps,
+                "path": " ".join(f"{p['x']},{p['y']}" for p in kept),
+            }
+        )
     return {
-        "width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
-        "bottom": HEIGHT - BOTTOM, "y_ticks": y_ticks, "x_ticks": x_ticks, "lines": lines,
-    }  # fmt: skip
+        "width": WIDTH,
+        "height": HEIGHT,
+        "left": LEFT,
+        "right": WIDTH - RIGHT,
+        "top": TOP,
+        "bottom": HEIGHT - BOTTOM,
+        "y_ticks": y_ticks,
+        "x_ticks": x_ticks,
+        "lines": lines,
+    }

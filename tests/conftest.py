@@ -38,10 +38,19 @@ def headless_chromium(tmp_path_factory: pytest.TempPathFactory, height: int) -> 
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-quic", f"--window-size=1400,{height}",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-quic",
+        f"--window-size=1400,{height}",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -102,19 +111,27 @@ def v1_store(
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
     con.execute("INSERT INTO meta VALUES ('schema_version', '1')")
-    con.execute("CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, path VARCHAR, machine VARCHAR, git_commit VARCHAR,"
-                " started_at TIMESTAMP, suite VARCHAR, command VARCHAR)")  # fmt: skip
-    con.execute("CREATE TABLE rows (run_id VARCHAR NOT NULL, impl VARCHAR, device VARCHAR, dtype VARCHAR,"
-                " batch BIGINT, heads BIGINT, kv_heads BIGINT, seq_q BIGINT, seq_k BIGINT, head_dim BIGINT,"
-                " mask VARCHAR, pass VARCHAR, machine VARCHAR, status VARCHAR, median_ms DOUBLE,"
-                " iqr_ms DOUBLE)")  # fmt: skip
+    con.execute(
+        "CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, path VARCHAR, machine VARCHAR, git_commit VARCHAR,"
+        " started_at TIMESTAMP, suite VARCHAR, command VARCHAR)"
+    )
+    con.execute(
+        "CREATE TABLE rows (run_id VARCHAR NOT NULL, impl VARCHAR, device VARCHAR, dtype VARCHAR,"
+        " batch BIGINT, heads BIGINT, kv_heads BIGINT, seq_q BIGINT, seq_k BIGINT, head_dim BIGINT,"
+        " mask VARCHAR, pass VARCHAR, machine VARCHAR, status VARCHAR, median_ms DOUBLE,"
+        " iqr_ms DOUBLE)"
+    )
     for n in range(max(len(medians) for medians in series.values())):
         run = f"run{n}"
-        con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, 'quick', 'attnbench run')",
-                    [run, f"/runs/{run}", machine, f"{n:040x}", f"2026-01-{n + 1:02d} 12:00:00"])  # fmt: skip
+        con.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, 'quick', 'attnbench run')",
+            [run, f"/runs/{run}", machine, f"{n:040x}", f"2026-01-{n + 1:02d} 12:00:00"],
+        )
         for impl, medians in series.items():
-            con.execute("INSERT INTO rows VALUES (?, ?, 'cpu', 'float32', 1, 8, 8, ?, ?, 64, 'none', 'fwd', ?, 'ok',"
-                        " ?, ?)", [run, impl, *seq, machine, medians[n], medians[n] * iqr_share])  # fmt: skip
+            con.execute(
+                "INSERT INTO rows VALUES (?, ?, 'cpu', 'float32', 1, 8, 8, ?, ?, 64, 'none', 'fwd', ?, 'ok', ?, ?)",
+                [run, impl, *seq, machine, medians[n], medians[n] * iqr_share],
+            )
     con.close()
 
 

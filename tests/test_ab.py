@@ -25,8 +25,12 @@ from conftest import attnbench_cmd, run_subprocess
 # for a 50 µs call), which would make these plumbing tests slow and their verdicts noise.
 TINY = ["--batch", "1", "--heads", "2", "--seq", "64", "--head-dim", "16", "--threads", "1"]
 FIELDS = {"impl_a", "impl_b", "workload", "ratio", "ci_low", "ci_high", "verdict"}
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.com"}  # fmt: skip
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
 
 
 def noisy_rounds(seed: int, n: int, factor: float) -> tuple[list[float], list[float]]:
@@ -93,8 +97,20 @@ def test_a_a_of_bmm_end_to_end(tmp_path):
 
 
 def test_the_table_names_both_rows(cli, tmp_path):
-    code, out, err = cli("ab", "--a", "einsum", "--b", "bmm", *TINY, "--budget-s", "0.05", "--threshold", "0.5",
-                         "--out", str(tmp_path / "ab"))  # fmt: skip
+    code, out, err = cli(
+        "ab",
+        "--a",
+        "einsum",
+        "--b",
+        "bmm",
+        *TINY,
+        "--budget-s",
+        "0.05",
+        "--threshold",
+        "0.5",
+        "--out",
+        str(tmp_path / "ab"),
+    )
     assert code == 0, out + err
     assert "B1 H2 S64 D16 float32 cpu none fwd" in out
     assert "(B = bmm vs A = einsum, threshold 50.0%)" in out
@@ -103,11 +119,22 @@ def test_the_table_names_both_rows(cli, tmp_path):
 
 def test_the_figure_has_plain_decimal_ticks_and_labels_that_do_not_overlap():
     cases = [(256, 1.0, "same"), (512, 1.06, "slower"), (1024, 0.93, "faster"), (2048, 1.01, "unclear")]
-    records = [{"impl_a": "x", "impl_b": "x (b)", "workload": f"B1 H8 S{s} D64 float32 cpu none fwd",
-                "ratio": r, "ci_low": r - 0.01, "ci_high": r + 0.012, "verdict": v, "threshold": 0.02}
-               for s, r, v in cases]  # fmt: skip
-    records.append({**records[0], "workload": "B1 H8 S4096 D64 float32 cpu none fwd", "ratio": None,
-                    "verdict": "incorrect"})  # fmt: skip
+    records = [
+        {
+            "impl_a": "x",
+            "impl_b": "x (b)",
+            "workload": f"B1 H8 S{s} D64 float32 cpu none fwd",
+            "ratio": r,
+            "ci_low": r - 0.01,
+            "ci_high": r + 0.012,
+            "verdict": v,
+            "threshold": 0.02,
+        }
+        for s, r, v in cases
+    ]
+    records.append(
+        {**records[0], "workload": "B1 H8 S4096 D64 float32 cpu none fwd", "ratio": None, "verdict": "incorrect"}
+    )
     fig = draw_ratios(records)
     ax = fig.axes[0]
     fig.canvas.draw()
@@ -190,8 +217,27 @@ def plugin_repo(tmp_path):
 
 
 def ab_at(repo: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    args = attnbench_cmd("ab", "--impl", "abkernel", "--batch", "1", "--heads", "2", "--seq", "256", "--head-dim",
-                         "64", "--threads", "1", "--budget-s", "1", "--json", "--out", str(out), *extra)  # fmt: skip
+    args = attnbench_cmd(
+        "ab",
+        "--impl",
+        "abkernel",
+        "--batch",
+        "1",
+        "--heads",
+        "2",
+        "--seq",
+        "256",
+        "--head-dim",
+        "64",
+        "--threads",
+        "1",
+        "--budget-s",
+        "1",
+        "--json",
+        "--out",
+        str(out),
+        *extra,
+    )
     return run_subprocess(*args, env={"PYTHONPATH": str(repo)}, cwd=repo)
 
 
@@ -304,10 +350,14 @@ def test_paired_rounds_give_every_contender_a_sample_in_every_round_with_one_blo
 def test_calibration_summary_counts_false_alarms_and_catches():
     from attnbench.reports.calibrate_ab import summarise
 
-    rows = [{"kind": "A/A", "factor": 1.0, "verdict": v, "ratio": 1.0, "seconds": 4.0}
-            for v in ["same"] * 98 + ["unclear", "slower"]]  # fmt: skip
-    rows += [{"kind": "slowed", "factor": 1.05, "verdict": v, "ratio": 1.05, "seconds": 5.0}
-             for v in ["slower"] * 9 + ["unclear"]]  # fmt: skip
+    rows = [
+        {"kind": "A/A", "factor": 1.0, "verdict": v, "ratio": 1.0, "seconds": 4.0}
+        for v in ["same"] * 98 + ["unclear", "slower"]
+    ]
+    rows += [
+        {"kind": "slowed", "factor": 1.05, "verdict": v, "ratio": 1.05, "seconds": 5.0}
+        for v in ["slower"] * 9 + ["unclear"]
+    ]
     lines = summarise(pd.DataFrame(rows))
     assert lines[0] == "A/A: 100 decisions, 1 false alarm(s) = 1.0% (same 98, unclear 1, slower 1)"
     assert lines[1] == "slowdown ×1.05: 9/10 cases caught = 90.0%; median measured ratio 1.050"
@@ -433,7 +483,8 @@ def test_both_versions_read_the_same_inputs_not_a_copy_each():
 
     a, b = Recording(), Recording()
     (workload,) = sweep_workloads(None, {"heads": [2], "seq": [64], "head_dim": [16]})
-    case = run_case(Version("a", a, "registered"), Version("b", b, "registered"), workload,
-                    AbOptions(threshold=0.5, budget_s=0.05))  # fmt: skip
+    case = run_case(
+        Version("a", a, "registered"), Version("b", b, "registered"), workload, AbOptions(threshold=0.5, budget_s=0.05)
+    )
     assert case.verdict in ("same", "unclear") and case.paired is not None
     assert len(a.seen) == len(b.seen) == 1 and a.seen[0] is b.seen[0]

@@ -22,8 +22,12 @@ from attnbench.workload import Workload
 
 from conftest import attnbench_cmd, run_subprocess
 
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.com"}  # fmt: skip
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
 SHAPE = ["--batch", "1", "--heads", "2", "--seq", "256", "--head-dim", "64", "--threads", "1"]
 
 # The package's __init__ is the entry point; the kernel is in a sibling module, imported at import time.
@@ -88,8 +92,9 @@ WORK_MORE = WORK.format(passes=1).replace(  # two more products whatever the cal
 
 
 def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True,
-                          env={**os.environ, **GIT_ENV})  # fmt: skip
+    done = subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True, env={**os.environ, **GIT_ENV}
+    )
     return done.stdout.strip()
 
 
@@ -120,14 +125,16 @@ def test_a_commit_that_adds_work_in_a_sibling_module_is_slower_in_either_layout(
     name, package = f"ab_{layout}", f"abplug_{layout}"
     repo = tmp_path / "repo"
     init = EAGER_INIT.format(name=name)
-    path = plugin_repo(repo, layout, package, {"__init__.py": init, "work.py": WORK.format(passes=1)},
-                       f"{name} = {package}:contender")  # fmt: skip
+    path = plugin_repo(
+        repo, layout, package, {"__init__.py": init, "work.py": WORK.format(passes=1)}, f"{name} = {package}:contender"
+    )
     (path / package / "work.py").write_text(WORK.format(passes=3))
     commit_all(repo, "the score product three times")
     built = path / package / f"_built{importlib.machinery.EXTENSION_SUFFIXES[0]}"  # untracked; imported by none
     built.write_bytes(b"not a real library")
-    args = attnbench_cmd("ab", "--impl", name, "--base", "HEAD~1", *SHAPE, "--budget-s", "1", "--json", "--out",
-                         str(tmp_path / "ab"))  # fmt: skip
+    args = attnbench_cmd(
+        "ab", "--impl", name, "--base", "HEAD~1", *SHAPE, "--budget-s", "1", "--json", "--out", str(tmp_path / "ab")
+    )
     done = run_subprocess(*args, env={"PYTHONPATH": str(path)}, cwd=repo)
     (record,) = [json.loads(line) for line in done.stdout.splitlines()]
     assert done.returncode == 1, (record, done.stderr)
@@ -137,8 +144,11 @@ def test_a_commit_that_adds_work_in_a_sibling_module_is_slower_in_either_layout(
     # the extracted base is the whole package folder, not its __init__.py alone
     located = revision._package_root(package, (path / package / "__init__.py").resolve())
     assert located == (package, (path / package).resolve())
-    base_root = revision.extract(revision.Located(package, "contender", package, located[1], repo.resolve()),
-                                 git(repo, "rev-parse", "HEAD~1"), tmp_path / "base")  # fmt: skip
+    base_root = revision.extract(
+        revision.Located(package, "contender", package, located[1], repo.resolve()),
+        git(repo, "rev-parse", "HEAD~1"),
+        tmp_path / "base",
+    )
     assert sorted(p.name for p in base_root.iterdir()) == ["__init__.py", "work.py"]
     assert "passes=1" in (base_root / "work.py").read_text()
 
@@ -148,8 +158,12 @@ def lazy_plugin(tmp_path, monkeypatch, planted):
     """A plugin package ``ablazy`` (kernel module imported lazily inside prepare and inside the call) at its
     first commit, importable in this process and registered; yields (repo, package folder)."""
     repo = tmp_path / "lazyrepo"
-    files = {"__init__.py": "", "kernel.py": LAZY_KERNEL.format(name="ab_lazy", package="ablazy"),
-             "settings.py": "PASSES = 1\n", "work.py": WORK.format(passes=1)}  # fmt: skip
+    files = {
+        "__init__.py": "",
+        "kernel.py": LAZY_KERNEL.format(name="ab_lazy", package="ablazy"),
+        "settings.py": "PASSES = 1\n",
+        "work.py": WORK.format(passes=1),
+    }
     path = plugin_repo(repo, "flat", "ablazy", files, None)  # registered below, in this process
     monkeypatch.syspath_prepend(str(path))
     import ablazy.kernel
@@ -207,9 +221,11 @@ def test_an_import_the_base_never_had_fails_naming_the_package_module(lazy_plugi
 
 @pytest.mark.parametrize(
     ("old_import", "gone"),
-    [("from attnbench import kv_cache", "attnbench.kv_cache"),
-     ("from attnbench.native_build import cache_dir", "attnbench.native_build")],
-)  # fmt: skip
+    [
+        ("from attnbench import kv_cache", "attnbench.kv_cache"),
+        ("from attnbench.native_build import cache_dir", "attnbench.native_build"),
+    ],
+)
 def test_a_base_from_before_the_rooms_names_the_module_it_imports_in_one_line(
     tmp_path, monkeypatch, planted, old_import, gone
 ):
@@ -234,8 +250,10 @@ def test_a_base_from_before_the_rooms_names_the_module_it_imports_in_one_line(
         for module in [m for m in sys.modules if m == "abold" or m.startswith("abold.")]:
             del sys.modules[module]
     message = str(caught.value)
-    assert message == (f"--impl ab_old: its base version imports {gone}, a module this attnbench does not have (the "
-                       "core's modules moved into rooms: see the Layout section of the README)"), message  # fmt: skip
+    assert message == (
+        f"--impl ab_old: its base version imports {gone}, a module this attnbench does not have (the "
+        "core's modules moved into rooms: see the Layout section of the README)"
+    ), message
 
 
 CASCADE_WORKLOAD = Workload(4, 8, 2, 4, 1024, 64, shared_prefix=512)
@@ -301,7 +319,7 @@ def test_the_rewrite_routes_every_form_of_import_and_leaves_the_rest(tmp_path):
         "    from rwplug.sub.leaf import VALUE as inner\n"
         "    import rwplug\n"
         "    return inner, rwplug.WHERE, rwplug.sub.leaf.VALUE\n"
-    )  # fmt: skip
+    )
     git(repo, "init", "-q")
     commit_all(repo, "one")
     (repo / "rwplug" / "sub" / "leaf.py").write_text("VALUE = 2\n")
@@ -343,8 +361,9 @@ def test_what_of_the_base_is_not_the_base_revisions_is_said(tmp_path):
     try:
         import notedplug  # noqa: F401  (loads noted_helper, as the working tree's version does)
 
-        located = revision.Located("notedplug", "contender", "notedplug", (repo / "notedplug").resolve(),
-                                   repo.resolve())  # fmt: skip
+        located = revision.Located(
+            "notedplug", "contender", "notedplug", (repo / "notedplug").resolve(), repo.resolve()
+        )
         commit = git(repo, "rev-parse", "HEAD")
         base_root = revision.extract(located, commit, tmp_path / "base")
         copied = revision.copy_built_extensions(located, base_root)
@@ -375,7 +394,7 @@ def test_a_lazy_import_costs_the_base_what_it_costs_the_working_tree(tmp_path, c
         "def lazy_absolute():\n    from costplug.work import f\n    return f()\n\n\n"
         "def lazy_relative():\n    from .work import f\n    return f()\n\n\n"
         "def plain():\n    return 1\n"
-    )  # fmt: skip
+    )
     git(repo, "init", "-q")
     commit_all(repo, "one")
     sys.path.insert(0, str(repo))

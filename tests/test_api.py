@@ -55,8 +55,11 @@ def test_readme_example_returns_the_results_frame_and_writes_nothing(scratch, ca
     frame = namespace["frame"]
     assert isinstance(frame, pd.DataFrame) and list(frame.columns) == COLUMNS
     assert sorted(zip(frame.impl, frame.seq_q, strict=True)) == [
-        ("bmm", 256), ("bmm", 512), ("sdpa_flash", 256), ("sdpa_flash", 512)
-    ]  # fmt: skip
+        ("bmm", 256),
+        ("bmm", 512),
+        ("sdpa_flash", 256),
+        ("sdpa_flash", 512),
+    ]
     assert set(frame.status) == {"ok"} and (frame.median_ms > 0).all()
     assert (frame.batch == 1).all() and (frame.heads == 8).all() and (frame.head_dim == 64).all()
     printed = capsys.readouterr().out

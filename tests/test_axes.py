@@ -95,9 +95,27 @@ def test_a_value_is_checked_once_with_one_message_from_every_front_end(tmp_path)
 
 def test_run_settings_keep_the_meta_json_keys_of_older_runs():
     settings = RunSettings(budget_s=0.5, case_budget_s=60.0, threads=2)
-    keys = ["budget_s", "case_budget_s", "threads", "seed", "measure_memory", "cpu_allocator", "timeout_s",
-            "isolate", "remeasure_ceilings", "repeat"]  # fmt: skip
+    keys = [
+        "budget_s",
+        "case_budget_s",
+        "threads",
+        "seed",
+        "measure_memory",
+        "cpu_allocator",
+        "timeout_s",
+        "isolate",
+        "remeasure_ceilings",
+        "repeat",
+    ]
     assert list(settings.as_meta()) == keys
-    older = {"budget_s": 0.4, "case_budget_s": 60.0, "threads": 2, "seed": 0, "measure_memory": True,
-             "cpu_allocator": "cached", "timeout_s": 120.0, "isolate": "worker"}  # fmt: skip
+    older = {
+        "budget_s": 0.4,
+        "case_budget_s": 60.0,
+        "threads": 2,
+        "seed": 0,
+        "measure_memory": True,
+        "cpu_allocator": "cached",
+        "timeout_s": 120.0,
+        "isolate": "worker",
+    }
     assert RunSettings.from_meta(older).repeats == 1

@@ -68,6 +68,7 @@ def test_backward_rows_and_flops(cli, tmp_path):
 
 
 def test_bf16_backward_within_tolerance():
-    prepared = prepare_checked("sdpa_flash", Workload(2, 4, 2, 33, 47, 24, dtype="bfloat16", mask="padding",
-                                                       pass_="fwd_bwd"))  # fmt: skip
+    prepared = prepare_checked(
+        "sdpa_flash", Workload(2, 4, 2, 33, 47, 24, dtype="bfloat16", mask="padding", pass_="fwd_bwd")
+    )
     assert prepared.ok, prepared.reason

@@ -35,13 +35,22 @@ def fake(*rates: tuple[float, float]) -> bandwidth_watch.Measure:
 
 
 def test_spread_is_max_over_min_per_stream_against_the_floor():
-    steady = [{"when": "before", "read_gbps": 40.0, "triad_gbps": 30.0},
-              {"when": "after", "read_gbps": 42.0, "triad_gbps": 30.0}]  # fmt: skip
-    assert spread(steady) == {"read_gbps": pytest.approx(0.05), "triad_gbps": 0.0, "floor": MOVED_FLOOR,
-                              "measurements": 2, "moved": False}  # fmt: skip
+    steady = [
+        {"when": "before", "read_gbps": 40.0, "triad_gbps": 30.0},
+        {"when": "after", "read_gbps": 42.0, "triad_gbps": 30.0},
+    ]
+    assert spread(steady) == {
+        "read_gbps": pytest.approx(0.05),
+        "triad_gbps": 0.0,
+        "floor": MOVED_FLOOR,
+        "measurements": 2,
+        "moved": False,
+    }
     assert moved_warning(steady, 50.0) is None
-    swung = [{"when": "before", "read_gbps": 83.0, "triad_gbps": 60.0},
-             {"when": "after", "read_gbps": 33.0, "triad_gbps": 58.0}]  # fmt: skip
+    swung = [
+        {"when": "before", "read_gbps": 83.0, "triad_gbps": 60.0},
+        {"when": "after", "read_gbps": 33.0, "triad_gbps": 58.0},
+    ]
     assert spread(swung)["moved"] and spread(swung)["read_gbps"] == pytest.approx(83 / 33 - 1)
     assert moved_warning(swung, 50.0) == (
         "memory bandwidth moved during the run: read stream 33–83 GB/s (+152%), triad 58–60 GB/s (+3%) over 2 "
@@ -57,7 +66,9 @@ def test_watch_records_before_and_after_and_warns_when_it_moved():
     warnings = watch.after(interrupted=False)
     entries = meta["bandwidth_during_run"]
     assert [(e["when"], e["read_gbps"], e["triad_gbps"], e["passes"]) for e in entries] == [
-        ("before", 80.0, 60.0, 3), ("after", 40.0, 45.0, 3)]  # fmt: skip
+        ("before", 80.0, 60.0, 3),
+        ("after", 40.0, 45.0, 3),
+    ]
     assert all(e["device"] == "cpu" and e["time"][:2] == "20" for e in entries)
     assert meta["bandwidth_spread"]["read_gbps"] == pytest.approx(1.0) and meta["bandwidth_spread"]["moved"]
     assert len(warnings) == 1 and "read stream 40–80 GB/s (+100%)" in warnings[0]
@@ -115,12 +126,36 @@ def test_the_real_stream_kernels_give_a_rate_for_each_stream():
 
 def test_run_keeps_the_bandwidth_in_meta_warns_and_the_report_shows_it(cli, tmp_path, monkeypatch):
     monkeypatch.setattr(bandwidth_watch, "measure_streams", fake((80.0, 60.0), (33.0, 58.0)))
-    ceilings = Ceilings("cpu", "Test CPU", 1, torch.__version__, matmul_tflops={"float32": 0.1}, copy_gbps=20.0,
-                        roof_tflops={"float32": 0.2}, roof_gbps=50.0)  # fmt: skip
+    ceilings = Ceilings(
+        "cpu",
+        "Test CPU",
+        1,
+        torch.__version__,
+        matmul_tflops={"float32": 0.1},
+        copy_gbps=20.0,
+        roof_tflops={"float32": 0.2},
+        roof_gbps=50.0,
+    )
     monkeypatch.setattr("attnbench.runner.sweep._measure_ceilings", lambda cases, threads, again: {"cpu": ceilings})
     out = tmp_path / "run"
-    code, _, err = cli("run", "--impl", "bmm", "--seq", "64", "--heads", "2", "--budget-s", "0.02", "--no-memory",
-                       "--isolate", "none", "--progress", "off", "--out", str(out))  # fmt: skip
+    code, _, err = cli(
+        "run",
+        "--impl",
+        "bmm",
+        "--seq",
+        "64",
+        "--heads",
+        "2",
+        "--budget-s",
+        "0.02",
+        "--no-memory",
+        "--isolate",
+        "none",
+        "--progress",
+        "off",
+        "--out",
+        str(out),
+    )
     assert code == 0
     meta = json.loads((out / "meta.json").read_text())
     assert [(e["when"], e["read_gbps"]) for e in meta["bandwidth_during_run"]] == [("before", 80.0), ("after", 33.0)]

@@ -66,13 +66,21 @@ def test_half_precision_kernel_is_chosen_from_the_cpu_flags():
     assert hardware.choose_kernel("bfloat16", zen4, "avx512_fp16", every) == ("avx512_bf16", "")
     assert hardware.choose_kernel("float16", sapphire, "avx512_fp16", every) == ("avx512_fp16", "")
     assert hardware.choose_kernel("float16", zen4, "avx512_fp16", every) == (
-        "avx512_f32", "the fp32 rate: no avx512_fp16 on this CPU")  # fmt: skip
+        "avx512_f32",
+        "the fp32 rate: no avx512_fp16 on this CPU",
+    )
     assert hardware.choose_kernel("bfloat16", older, "avx512_fp16", every) == (
-        "avx512_f32", "the fp32 rate: no avx512_bf16 on this CPU")  # fmt: skip
+        "avx512_f32",
+        "the fp32 rate: no avx512_bf16 on this CPU",
+    )
     assert hardware.choose_kernel("bfloat16", zen4, "avx2", every) == (
-        "avx2_f32", "the fp32 rate: ATTNBENCH_CPU_ISA=avx2")  # fmt: skip
+        "avx2_f32",
+        "the fp32 rate: ATTNBENCH_CPU_ISA=avx2",
+    )
     assert hardware.choose_kernel("bfloat16", zen4, "avx512_fp16", every - {"avx512_bf16"}) == (
-        "avx512_f32", "the fp32 rate: the compiler has no avx512_bf16")  # fmt: skip
+        "avx512_f32",
+        "the fp32 rate: the compiler has no avx512_bf16",
+    )
     assert hardware.choose_kernel("float32", frozenset(), "avx512_fp16", every) == ("generic_f32", "")
     assert hardware.choose_kernel("float64", older, "generic", every) == ("generic_f64", "")
 
@@ -121,8 +129,10 @@ def test_no_compiler_falls_back_to_the_library_rates_with_the_reason(tmp_path, m
         load_library("hardware_kernels", hardware.SOURCE)
     c = load_ceilings("cpu", ["float32"], 1)
     assert c.roof_tflops["float32"] == c.matmul_tflops["float32"] > 0
-    assert c.roof_source["float32"] == "fallback: matmul (no C++ compiler: '/nonexistent/c++' not found " \
-        "(install g++ or set $CXX))"  # fmt: skip
+    assert (
+        c.roof_source["float32"] == "fallback: matmul (no C++ compiler: '/nonexistent/c++' not found "
+        "(install g++ or set $CXX))"
+    )
     assert c.roof_gbps == c.copy_gbps > 0 and c.bandwidth_source.startswith("fallback: copy (no C++ compiler")
     assert c.kernel_tflops == {} and c.triad_gbps is None
 
@@ -136,8 +146,12 @@ def test_an_isa_cap_has_its_own_cache_entry(quick, monkeypatch):
     assert capped.roof_source["bfloat16"].startswith(("measured fma kernel: generic c++ fp32", "measured matmul"))
     assert "ATTNBENCH_CPU_ISA=generic" in capped.roof_source["bfloat16"]
     keys = json.loads((cache_dir() / "ceilings.json").read_text())
-    assert [key for key in keys if key.startswith("cpu|") and key.endswith("|threads=1|torch=" + torch.__version__
-            + f"|v{CACHE_VERSION}|isa=generic")]  # fmt: skip
+    assert [
+        key
+        for key in keys
+        if key.startswith("cpu|")
+        and key.endswith("|threads=1|torch=" + torch.__version__ + f"|v{CACHE_VERSION}|isa=generic")
+    ]
 
 
 @needs_compiler
@@ -156,16 +170,30 @@ def test_real_rows_stay_under_the_hardware_roof(quick, monkeypatch):
 
 
 def test_a_row_over_the_hardware_roof_is_named_in_the_warnings():
-    case = dict(device="cpu", dtype="float32", batch=1, heads=8, kv_heads=8, seq_q=4096, seq_k=4096, head_dim=64,
-                mask="causal", **{"pass": "fwd"})  # fmt: skip
-    frame = pd.DataFrame([
-        {"impl": "fused_cpu", "status": "ok", "unstable": False, "n_samples": 20, "pct_of_peak": 131.0, **case},
-        {"impl": "bmm", "status": "ok", "unstable": False, "n_samples": 20, "pct_of_peak": 40.0, **case},
-        {"impl": "naive", "status": "error", "unstable": None, "n_samples": None, "pct_of_peak": None, **case},
-    ])  # fmt: skip
+    case = dict(
+        device="cpu",
+        dtype="float32",
+        batch=1,
+        heads=8,
+        kv_heads=8,
+        seq_q=4096,
+        seq_k=4096,
+        head_dim=64,
+        mask="causal",
+        **{"pass": "fwd"},
+    )
+    frame = pd.DataFrame(
+        [
+            {"impl": "fused_cpu", "status": "ok", "unstable": False, "n_samples": 20, "pct_of_peak": 131.0, **case},
+            {"impl": "bmm", "status": "ok", "unstable": False, "n_samples": 20, "pct_of_peak": 40.0, **case},
+            {"impl": "naive", "status": "error", "unstable": None, "n_samples": None, "pct_of_peak": None, **case},
+        ]
+    )
     (warning,) = [w for w in result_warnings(frame) if "hardware roof" in w]
-    assert warning == ("1 row(s) above 100 % of the hardware roof (pct_of_peak), a measurement defect: "
-                       "fused_cpu at cpu float32 B1 H8 S4096 D64 causal fwd (131 %)")  # fmt: skip
+    assert warning == (
+        "1 row(s) above 100 % of the hardware roof (pct_of_peak), a measurement defect: "
+        "fused_cpu at cpu float32 B1 H8 S4096 D64 causal fwd (131 %)"
+    )
 
 
 def test_datasheet_lookup_by_device_name():
@@ -215,8 +243,16 @@ def test_unknown_gpu_roof_is_the_measured_rates(monkeypatch, tmp_path):
 def test_roofline_figure_draws_the_hardware_roof_solid_and_the_library_dashed():
     from attnbench.reports.plots import Roofs, palette, roofline
 
-    ok = pd.DataFrame({"machine": ["m", "m"], "device": ["cpu", "cpu"], "dtype": ["float32"] * 2,
-                       "impl": ["bmm", "fused_cpu"], "intensity": [10.0, 100.0], "tflops": [0.05, 0.3]})  # fmt: skip
+    ok = pd.DataFrame(
+        {
+            "machine": ["m", "m"],
+            "device": ["cpu", "cpu"],
+            "dtype": ["float32"] * 2,
+            "impl": ["bmm", "fused_cpu"],
+            "intensity": [10.0, 100.0],
+            "tflops": [0.05, 0.3],
+        }
+    )
     figure = roofline(ok, palette(["bmm", "fused_cpu"]), {("m", "cpu", "float32"): Roofs(0.48, 15.0, 0.19, 10.0)})
     lines = {line.get_label(): line.get_linestyle() for line in figure.axes[0].get_lines()}
     assert lines["hardware roof (0.48 TFLOP/s, 15 GB/s)"] == "-"
@@ -226,14 +262,31 @@ def test_roofline_figure_draws_the_hardware_roof_solid_and_the_library_dashed():
 def test_report_environment_block_shows_both_ceilings():
     from attnbench.reports.html import _ceilings
 
-    meta = {"ceilings": {"cpu": {"matmul_tflops": {"float32": 0.19}, "copy_gbps": 10.0,
-                                 "roof_tflops": {"float32": 0.48}, "roof_gbps": 15.0,
-                                 "roof_source": {"float32": "measured fma kernel: avx512f fma fp32"},
-                                 "bandwidth_source": "measured triad"}}}  # fmt: skip
-    assert _ceilings(meta) == [{"device": "cpu", "dtype": "float32", "roof": "0.48",
-                                "roof_source": "measured fma kernel: avx512f fma fp32", "matmul": "0.19",
-                                "roof_gbps": "15", "bandwidth_source": "measured triad",
-                                "copy_gbps": "10", "during_run": ""}]  # fmt: skip
+    meta = {
+        "ceilings": {
+            "cpu": {
+                "matmul_tflops": {"float32": 0.19},
+                "copy_gbps": 10.0,
+                "roof_tflops": {"float32": 0.48},
+                "roof_gbps": 15.0,
+                "roof_source": {"float32": "measured fma kernel: avx512f fma fp32"},
+                "bandwidth_source": "measured triad",
+            }
+        }
+    }
+    assert _ceilings(meta) == [
+        {
+            "device": "cpu",
+            "dtype": "float32",
+            "roof": "0.48",
+            "roof_source": "measured fma kernel: avx512f fma fp32",
+            "matmul": "0.19",
+            "roof_gbps": "15",
+            "bandwidth_source": "measured triad",
+            "copy_gbps": "10",
+            "during_run": "",
+        }
+    ]
 
 
 def test_read_stream_bandwidth_and_the_roof_bounds_both_streams(quick):

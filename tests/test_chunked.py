@@ -81,8 +81,10 @@ def test_contenders_agree_with_float64(impl, seq_q, seq_k):
 
 
 def test_backward_and_bf16_agree_too():
-    for w in (Workload(2, 4, 2, 9, 21, 8, mask="chunked", chunk=4, pass_="fwd_bwd"),
-              Workload(2, 4, 2, 9, 21, 8, mask="chunked", chunk=4, dtype="bfloat16")):  # fmt: skip
+    for w in (
+        Workload(2, 4, 2, 9, 21, 8, mask="chunked", chunk=4, pass_="fwd_bwd"),
+        Workload(2, 4, 2, 9, 21, 8, mask="chunked", chunk=4, dtype="bfloat16"),
+    ):
         prepared = prepare_checked("bmm", w)
         assert prepared.ok, prepared.reason
         assert (prepared.grad_check is not None) == (w.pass_ == "fwd_bwd")

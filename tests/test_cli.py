@@ -114,8 +114,17 @@ def test_list_shows_every_contender_with_reasons(cli):
     code, out, _ = cli("list", "--json")
     assert code == 0
     records = {r["name"]: r for r in json.loads(out)}
-    assert {"naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "xformers",
-            "flex"} <= set(records)  # fmt: skip
+    assert {
+        "naive",
+        "bmm",
+        "einsum",
+        "sdpa_math",
+        "sdpa_flash",
+        "sdpa_efficient",
+        "sdpa_cudnn",
+        "xformers",
+        "flex",
+    } <= set(records)
     for record in records.values():
         assert record["available"] or record["reason"]
     assert records["bmm"]["backward"] is True and records["naive"]["devices"] == ["cpu"]
@@ -125,9 +134,23 @@ def test_list_shows_every_contender_with_reasons(cli):
 
 def test_run_writes_results_meta_and_summary(cli, tmp_path):
     out = tmp_path / "run"
-    code, text, _ = cli("run", "--impl", "bmm,sdpa_math,xformers", "--seq", "64", "--mask", "none,padding",
-                        "--pass", "fwd,bwd", "--budget-s", "0.05", "--threads", "1",
-                        "--out", str(out))  # fmt: skip
+    code, text, _ = cli(
+        "run",
+        "--impl",
+        "bmm,sdpa_math,xformers",
+        "--seq",
+        "64",
+        "--mask",
+        "none,padding",
+        "--pass",
+        "fwd,bwd",
+        "--budget-s",
+        "0.05",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    )
     assert code == 0
     parquet = pd.read_parquet(out / "results.parquet")
     csv = pd.read_csv(out / "results.csv")

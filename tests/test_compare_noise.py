@@ -25,8 +25,17 @@ def fake_run(seed: int, speed: float = 1.0, noise: float = 0.02, repeats: int = 
             true_ms = (1 + i) * (1 + j) * speed
             medians = list(true_ms * np.exp(generator.normal(0, noise, repeats)))
             samples = [m * float(np.exp(generator.normal(0, 0.005))) for m in medians for _ in range(10)]
-            rows.append(make_row(impl, w, "ok", median_ms=float(np.median(medians)), iqr_ms=0.01 * true_ms,
-                                 samples_ms=samples, repeat_medians_ms=medians if repeats > 1 else None))  # fmt: skip
+            rows.append(
+                make_row(
+                    impl,
+                    w,
+                    "ok",
+                    median_ms=float(np.median(medians)),
+                    iqr_ms=0.01 * true_ms,
+                    samples_ms=samples,
+                    repeat_medians_ms=medians if repeats > 1 else None,
+                )
+            )
     return rows_to_frame(rows)
 
 
@@ -101,13 +110,16 @@ def test_within_run_samples_never_decide_slower(cli, tmp_path):
     new = fake_run(0, repeats=1)
     case = (new["impl"] == "bmm") & (new["seq_q"] == 1024) & (new["mask"] == "none")
     new.loc[case, "median_ms"] *= 1.085
-    new["samples_ms"] = [[v * 1.085 for v in values] if pick else values
-                         for values, pick in zip(new["samples_ms"], case, strict=True)]  # fmt: skip
-    code, text, err = cli("compare", str(save(base, tmp_path / "base")), str(save(new, tmp_path / "new")),
-                          "--out", str(tmp_path / "cmp"))  # fmt: skip
+    new["samples_ms"] = [
+        [v * 1.085 for v in values] if pick else values for values, pick in zip(new["samples_ms"], case, strict=True)
+    ]
+    code, text, err = cli(
+        "compare", str(save(base, tmp_path / "base")), str(save(new, tmp_path / "new")), "--out", str(tmp_path / "cmp")
+    )
     assert code == 0 and "slower beyond" not in err
-    (line,) = [line for line in text.splitlines() if line.lstrip().startswith("bmm") and "S1024 " in line
-               and " none " in line]  # fmt: skip
+    (line,) = [
+        line for line in text.splitlines() if line.lstrip().startswith("bmm") and "S1024 " in line and " none " in line
+    ]
     words = line.split()
     assert "unclear" in words and "1.085" in words and float(words[words.index("1.085") + 1]) < 0.01
     assert "looks slower, but on within-run samples only: rerun both with --repeat 3" in line
@@ -119,14 +131,20 @@ def test_runs_with_no_case_in_common_are_bad_input(cli, tmp_path):
     base = fake_run(0)
     other = fake_run(1)
     other["seq_q"] = other["seq_k"] = other["seq_q"] * 4
-    code, text, err = cli("compare", str(save(base, tmp_path / "base")), str(save(other, tmp_path / "other")),
-                          "--out", str(tmp_path / "cmp"))  # fmt: skip
+    code, text, err = cli(
+        "compare",
+        str(save(base, tmp_path / "base")),
+        str(save(other, tmp_path / "other")),
+        "--out",
+        str(tmp_path / "cmp"),
+    )
     assert code == 2 and text == "" and len(err.strip().splitlines()) == 1
     assert "BASE and NEW share no case (12 case(s) in BASE, 12 in NEW" in err
     assert not (tmp_path / "cmp").exists()
     failed = fake_run(1).assign(status="error", reason="boom")
-    code, _, err = cli("compare", str(tmp_path / "base"), str(save(failed, tmp_path / "failed")),
-                       "--out", str(tmp_path / "cmp"))  # fmt: skip
+    code, _, err = cli(
+        "compare", str(tmp_path / "base"), str(save(failed, tmp_path / "failed")), "--out", str(tmp_path / "cmp")
+    )
     assert code == 2 and "BASE and NEW share 12 case(s) but none ran ok in both" in err
     assert not (tmp_path / "cmp").exists()
 

@@ -123,9 +123,23 @@ def test_flex_first_call_carries_the_compile():
 @pytest.mark.slow
 def test_masks_cross_and_gqa_sweep_has_no_error_rows(cli, tmp_path):
     out = tmp_path / "run"
-    args = ["--mask", "none,causal,causal_bottom_right,padding", "--seq", "48", "--seq-kv", "72",
-            "--heads", "8", "--kv-heads", "2", "--head-dim", "50", "--budget-s", "0.02",
-            "--no-memory"]  # fmt: skip
+    args = [
+        "--mask",
+        "none,causal,causal_bottom_right,padding",
+        "--seq",
+        "48",
+        "--seq-kv",
+        "72",
+        "--heads",
+        "8",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "50",
+        "--budget-s",
+        "0.02",
+        "--no-memory",
+    ]
     code, _, _ = cli("run", "--isolate", "none", *args, "--out", str(out))
     assert code == 0
     import pandas as pd
@@ -141,6 +155,9 @@ def test_masks_cross_and_gqa_sweep_has_no_error_rows(cli, tmp_path):
 def test_float64_runs_in_the_plain_torch_contenders():
     """`--dtype float64` is offered, so the contenders made of plain torch ops run it (and pass the gate)."""
     for impl in ("bmm", "einsum", "naive"):
-        row = run_case(impl, Workload(1, 2, 2, 33, 40, 16, "float64", mask="causal"),
-                       RunOptions(budget_s=0.02, measure_memory=False))  # fmt: skip
+        row = run_case(
+            impl,
+            Workload(1, 2, 2, 33, 40, 16, "float64", mask="causal"),
+            RunOptions(budget_s=0.02, measure_memory=False),
+        )
         assert row["status"] in ("ok", "stalled") and row["max_abs_err"] <= row["atol"], row

@@ -143,8 +143,9 @@ def test_a_gpu_heating_up_slows_every_contender_alike_and_cold_stays_above_warm(
 
 
 def test_paired_rounds_give_every_contender_one_warm_sample_per_round_and_no_cold(gpu):
-    timings = measure_cuda.time_cuda_rounds({"a": kernel(gpu), "b": kernel(gpu, gpu_ms=0.4)}, budget_s=0.05,
-                                            paired=True, cold=False)  # fmt: skip
+    timings = measure_cuda.time_cuda_rounds(
+        {"a": kernel(gpu), "b": kernel(gpu, gpu_ms=0.4)}, budget_s=0.05, paired=True, cold=False
+    )
     a, b = timings["a"], timings["b"]
     assert not isinstance(a, SampleError) and not isinstance(b, SampleError)
     assert a.n_samples == b.n_samples == a.rounds >= 10
@@ -220,9 +221,24 @@ def test_each_sample_reads_the_gpu_state_and_the_row_says_it_ran_throttled(gpu, 
     assert state["power_w"] == 690.0 and state["gpu_temp_c"] == 71 and state["throttle"] == "sw_power_cap"
     why = gpu_state.slowed(state)
     assert why == "throttled (sw_power_cap); SM clock 1770 of 1980 MHz"
-    row = {"impl": "sdpa_flash", "device": "cuda", "dtype": "bfloat16", "batch": 8, "heads": 16, "seq_q": 4096,
-           "head_dim": 128, "mask": "causal", "pass": "fwd", "status": "ok", "n_samples": 40, "unstable": False,
-           "median_ms": 1.0, "iqr_ms": 0.01, "cold_median_ms": 1.001, **state}  # fmt: skip
+    row = {
+        "impl": "sdpa_flash",
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "batch": 8,
+        "heads": 16,
+        "seq_q": 4096,
+        "head_dim": 128,
+        "mask": "causal",
+        "pass": "fwd",
+        "status": "ok",
+        "n_samples": 40,
+        "unstable": False,
+        "median_ms": 1.0,
+        "iqr_ms": 0.01,
+        "cold_median_ms": 1.001,
+        **state,
+    }
     warnings = result_warnings(pd.DataFrame([row]))
     assert any(w.startswith("1 GPU case(s) ran throttled") and "sdpa_flash at cuda bfloat16" in w for w in warnings)
 
@@ -234,8 +250,15 @@ def test_a_full_clock_without_slowing_reasons_raises_no_warning():
 
 
 def test_cold_below_warm_beyond_the_iqr_is_named_as_a_timing_defect():
-    row = {"impl": "bmm", "status": "ok", "n_samples": 40, "unstable": False, "median_ms": 1.0, "iqr_ms": 0.01,
-           "cold_median_ms": 0.95}  # fmt: skip
+    row = {
+        "impl": "bmm",
+        "status": "ok",
+        "n_samples": 40,
+        "unstable": False,
+        "median_ms": 1.0,
+        "iqr_ms": 0.01,
+        "cold_median_ms": 0.95,
+    }
     assert any("faster with L2 flushed than warm" in w for w in result_warnings(pd.DataFrame([row])))
 
 
@@ -247,8 +270,9 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
 
 
 def test_a_warm_group_starts_with_an_untimed_call_so_no_timed_call_finds_another_contenders_l2(gpu):
-    timings = measure_cuda.time_cuda_rounds({"a": kernel(gpu, name="a"), "b": kernel(gpu, gpu_ms=0.3, name="b")},
-                                            budget_s=0.05)  # fmt: skip
+    timings = measure_cuda.time_cuda_rounds(
+        {"a": kernel(gpu, name="a"), "b": kernel(gpu, gpu_ms=0.3, name="b")}, budget_s=0.05
+    )
     a, b = timings["a"], timings["b"]
     assert not isinstance(a, SampleError) and not isinstance(b, SampleError)
     assert a.samples_ms == pytest.approx([KERNEL_MS] * a.n_samples) and b.median_ms == pytest.approx(0.3)

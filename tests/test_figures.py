@@ -12,9 +12,25 @@ import pytest
 from attnbench.reports.facets import facets, x_axis
 from attnbench.reports.plots import Roofs, draw_all, latency, palette, plottable
 
-BASE = {"machine": "test cpu", "device": "cpu", "dtype": "float32", "mask": "none", "pass": "fwd", "hidden": None,
-        "module": "core", "batch": 1, "heads": 8, "kv_heads": 8, "seq_q": 512, "seq_k": 512, "head_dim": 64,
-        "status": "ok", "reason": "", "peak_mem_mb": 1.0, "intensity": 10.0}  # fmt: skip
+BASE = {
+    "machine": "test cpu",
+    "device": "cpu",
+    "dtype": "float32",
+    "mask": "none",
+    "pass": "fwd",
+    "hidden": None,
+    "module": "core",
+    "batch": 1,
+    "heads": 8,
+    "kv_heads": 8,
+    "seq_q": 512,
+    "seq_k": 512,
+    "head_dim": 64,
+    "status": "ok",
+    "reason": "",
+    "peak_mem_mb": 1.0,
+    "intensity": 10.0,
+}
 
 
 def fabricate(impls=("bmm", "sdpa_flash"), **axes):
@@ -87,10 +103,13 @@ def test_one_size_group_is_points_by_contender_and_a_sweep_is_lines():
 
 def test_draw_all_writes_every_figure_for_mixed_groups(tmp_path):
     frame = pd.concat(
-        [fabricate(seq_q=[256, 512, 1024]), fabricate(head_dim=[32, 64, 128]).assign(dtype="bfloat16"),
-         fabricate(impls=("bmm", "sdpa_flash", "naive"), seq_q=[2048]).assign(mask="causal")],
+        [
+            fabricate(seq_q=[256, 512, 1024]),
+            fabricate(head_dim=[32, 64, 128]).assign(dtype="bfloat16"),
+            fabricate(impls=("bmm", "sdpa_flash", "naive"), seq_q=[2048]).assign(mask="causal"),
+        ],
         ignore_index=True,
-    )  # fmt: skip
+    )
     drawn = draw_all(frame, tmp_path, None, {("test cpu", "cpu", "float32"): Roofs(1.0, 50.0, 0.5, 40.0)})
     assert {path.name for _, path in drawn} >= {"latency.png", "tflops.png", "memory.png", "speedup.png"}
     assert all(path.stat().st_size > 10_000 for _, path in drawn)
@@ -98,9 +117,20 @@ def test_draw_all_writes_every_figure_for_mixed_groups(tmp_path):
 
 # --- text on text (issue 24 item 4): every figure kind, on frames made to crowd it ---------------------------
 
-MANY = ("naive", "bmm", "einsum", "sdpa_math", "sdpa_flash", "flex", "fused_cpu", "xformers",
-        "my_org_flash_attention_v3_experimental", "another_plugin_with_a_long_name", "tiled_cpu_kernel_v2",
-        "z_last_contender")  # fmt: skip
+MANY = (
+    "naive",
+    "bmm",
+    "einsum",
+    "sdpa_math",
+    "sdpa_flash",
+    "flex",
+    "fused_cpu",
+    "xformers",
+    "my_org_flash_attention_v3_experimental",
+    "another_plugin_with_a_long_name",
+    "tiled_cpu_kernel_v2",
+    "z_last_contender",
+)
 LONG_MODEL = "a-very-long-model-preset-name-for-testing-70b-instruct"
 ROOFS = {("test cpu", "cpu", "float32"): Roofs(1.0, 50.0, 0.5, 40.0)}
 
@@ -216,5 +246,7 @@ def test_model_layers_and_features_get_panels_of_their_own_named_in_the_title():
         rows.append(one)
     panels = facets(pd.concat(rows, ignore_index=True))
     titles = sorted(p.title for p in panels)
-    assert titles == ["cpu float32 B1 H8 D64 causal fwd sinks [gpt-oss-20b full]",
-                      "cpu float32 B1 H8 D64 sliding_window fwd w128 sinks [gpt-oss-20b sliding]"]  # fmt: skip
+    assert titles == [
+        "cpu float32 B1 H8 D64 causal fwd sinks [gpt-oss-20b full]",
+        "cpu float32 B1 H8 D64 sliding_window fwd w128 sinks [gpt-oss-20b sliding]",
+    ]

@@ -247,8 +247,10 @@ def test_missing_compiler_makes_it_unavailable_with_the_reason(fresh_build, monk
 
 def test_failing_build_makes_it_unavailable_with_the_compiler_error(fresh_build, monkeypatch):
     compiler = fresh_build / "broken-g++"
-    compiler.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo broken 1.0; exit 0; }\n'
-                        'echo "kernel.cpp:1:1: error: this compiler is broken" >&2\nexit 1\n')  # fmt: skip
+    compiler.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && { echo broken 1.0; exit 0; }\n'
+        'echo "kernel.cpp:1:1: error: this compiler is broken" >&2\nexit 1\n'
+    )
     compiler.chmod(compiler.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("CXX", str(compiler))
     reason = contender.availability() or ""

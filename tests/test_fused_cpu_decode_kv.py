@@ -36,26 +36,47 @@ E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
 # with 3 and 5 rows per kv head (the scores' row blocks of 4, 2 and 1)
 CASES = {
     "e4m3-D72-B3-padding": ((3, 8, 2, 1, 203, 72), {"kv_dtype": E4M3, "mask": "padding"}),
-    "e4m3-paged32-padding-Dv56": ((3, 8, 2, 1, 300, 72), {"kv_dtype": E4M3, "mask": "padding", "page_size": 32,
-                                                           "head_dim_v": 56}),
-    "e5m2-D80-Dv40-paged16-sinks": ((2, 8, 2, 4, 250, 80), {"kv_dtype": E5M2, "head_dim_v": 40, "page_size": 16,
-                                                             "sinks": "learned", "mask": "causal_bottom_right"}),
-    "bf16-Dv160-paged32-uniform": ((3, 6, 3, 2, 301, 64), {"kv_dtype": "bfloat16", "head_dim_v": 160,
-                                                            "page_size": 32, "lengths": "uniform",
-                                                            "mask": "causal_bottom_right"}),
+    "e4m3-paged32-padding-Dv56": (
+        (3, 8, 2, 1, 300, 72),
+        {"kv_dtype": E4M3, "mask": "padding", "page_size": 32, "head_dim_v": 56},
+    ),
+    "e5m2-D80-Dv40-paged16-sinks": (
+        (2, 8, 2, 4, 250, 80),
+        {"kv_dtype": E5M2, "head_dim_v": 40, "page_size": 16, "sinks": "learned", "mask": "causal_bottom_right"},
+    ),
+    "bf16-Dv160-paged32-uniform": (
+        (3, 6, 3, 2, 301, 64),
+        {
+            "kv_dtype": "bfloat16",
+            "head_dim_v": 160,
+            "page_size": 32,
+            "lengths": "uniform",
+            "mask": "causal_bottom_right",
+        },
+    ),
     "e4m3-paged8-gathered-sinks": ((2, 4, 1, 1, 100, 48), {"kv_dtype": E4M3, "page_size": 8, "sinks": "learned"}),
-    "e4m3-split-sinks-uniform": ((3, 4, 1, 1, 1100, 128), {"kv_dtype": E4M3, "sinks": "learned", "lengths": "uniform",
-                                                            "mask": "causal_bottom_right"}),
-    "latent-e5m2-paged16": ((2, 8, 1, 2, 170, 72), {"kv_dtype": E5M2, "head_dim_v": 64, "kv_layout": "latent",
-                                                     "page_size": 16, "mask": "causal_bottom_right"}),
-    "fp32-Dv96-sinks-uniform": ((3, 4, 2, 1, 333, 80), {"head_dim_v": 96, "sinks": "learned", "lengths": "uniform",
-                                                         "mask": "causal_bottom_right"}),
-    "bf16-dtype-e4m3-Dv32-sinks": ((2, 4, 2, 3, 150, 64), {"dtype": "bfloat16", "kv_dtype": E4M3, "head_dim_v": 32,
-                                                            "sinks": "learned", "mask": "causal_bottom_right"}),
-    "bf16-dtype-e5m2-D96-3rows-paged16": ((2, 6, 2, 1, 277, 96), {"dtype": "bfloat16", "kv_dtype": E5M2,
-                                                                  "page_size": 16, "mask": "padding"}),
+    "e4m3-split-sinks-uniform": (
+        (3, 4, 1, 1, 1100, 128),
+        {"kv_dtype": E4M3, "sinks": "learned", "lengths": "uniform", "mask": "causal_bottom_right"},
+    ),
+    "latent-e5m2-paged16": (
+        (2, 8, 1, 2, 170, 72),
+        {"kv_dtype": E5M2, "head_dim_v": 64, "kv_layout": "latent", "page_size": 16, "mask": "causal_bottom_right"},
+    ),
+    "fp32-Dv96-sinks-uniform": (
+        (3, 4, 2, 1, 333, 80),
+        {"head_dim_v": 96, "sinks": "learned", "lengths": "uniform", "mask": "causal_bottom_right"},
+    ),
+    "bf16-dtype-e4m3-Dv32-sinks": (
+        (2, 4, 2, 3, 150, 64),
+        {"dtype": "bfloat16", "kv_dtype": E4M3, "head_dim_v": 32, "sinks": "learned", "mask": "causal_bottom_right"},
+    ),
+    "bf16-dtype-e5m2-D96-3rows-paged16": (
+        (2, 6, 2, 1, 277, 96),
+        {"dtype": "bfloat16", "kv_dtype": E5M2, "page_size": 16, "mask": "padding"},
+    ),
     "bf16-dtype-bf16-5rows": ((1, 5, 1, 1, 77, 64), {"dtype": "bfloat16", "kv_dtype": "bfloat16"}),
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -134,8 +155,9 @@ def test_the_kernel_gets_the_narrow_cache_itself(kv_dtype, page_size, calls, no_
     out = contender.prepare(inputs, w)()
     assert check_output(inputs, out).ok
     paged = inputs.paged
-    k, v, k_scale = (inputs.k, inputs.v, inputs.k_scale) if paged is None else (paged.k_pages, paged.v_pages,
-                                                                                paged.k_scale)  # fmt: skip
+    k, v, k_scale = (
+        (inputs.k, inputs.v, inputs.k_scale) if paged is None else (paged.k_pages, paged.v_pages, paged.k_scale)
+    )
     assert [(c.k, c.v, c.kv_type) for c in calls] == [(k.data_ptr(), v.data_ptr(), bindings.KV_TYPES[k.dtype])]
     assert k.dtype == w.kv_torch_dtype and calls[0].k_scale == (None if k_scale is None else k_scale.data_ptr())
 
@@ -243,9 +265,15 @@ def test_decode_attention_and_paged_decode_agree_on_a_paged_fp8_cache():
         return scale[table.long()].view(batch, pages, kv_heads, 1).transpose(1, 2).contiguous()
 
     out, _ = decode_attention(
-        q, contiguous(k_pages), contiguous(v_pages), scale=0.1, k_scale=per_sequence(k_scale),
-        v_scale=per_sequence(v_scale), scale_block=page_size, sinks=sinks,
-    )  # fmt: skip
+        q,
+        contiguous(k_pages),
+        contiguous(v_pages),
+        scale=0.1,
+        k_scale=per_sequence(k_scale),
+        v_scale=per_sequence(v_scale),
+        scale_block=page_size,
+        sinks=sinks,
+    )
     assert paged_out.shape == (batch, 8, 1, head_dim_v)
     assert (paged_out - out).abs().max() < 1e-6
     k64 = contiguous(k_pages).double() * per_sequence(k_scale).double().repeat_interleave(page_size, 2)[:, :, :seq_k]
@@ -278,19 +306,28 @@ PREFILL = "(prefill: the decode kernel takes at most 16 query rows)"
 @pytest.mark.parametrize(
     ("features", "reason"),
     [
-        ({"seq_q": 17, "kv_dtype": E4M3}, f"kv_dtype float8_e4m3fn not supported with seq_q 17 {PREFILL}: "
-                                          "fused_cpu takes it in its decode kernel only"),
-        ({"seq_q": 1, "kv_dtype": "bfloat16", "pass_": "fwd_bwd"}, "kv_dtype bfloat16 is a serving cache's storage, "
-                                                                    "not trained: forward only"),
-        ({"seq_q": 1, "kv_dtype": "bfloat16", "mask": "sliding_window", "window": 32},
-         "kv_dtype bfloat16 not supported with mask sliding_window (the decode kernel applies causal, "
-         "causal_bottom_right, none, padding): fused_cpu takes it in its decode kernel only"),
-        ({"seq_q": 1, "kv_dtype": E5M2, "score_mod": "softcap", "softcap": 5.0},
-         "kv_dtype float8_e5m2 not supported with score_mod softcap (the decode kernel has no score modifier): "
-         "fused_cpu takes it in its decode kernel only"),
+        (
+            {"seq_q": 17, "kv_dtype": E4M3},
+            f"kv_dtype float8_e4m3fn not supported with seq_q 17 {PREFILL}: "
+            "fused_cpu takes it in its decode kernel only",
+        ),
+        (
+            {"seq_q": 1, "kv_dtype": "bfloat16", "pass_": "fwd_bwd"},
+            "kv_dtype bfloat16 is a serving cache's storage, not trained: forward only",
+        ),
+        (
+            {"seq_q": 1, "kv_dtype": "bfloat16", "mask": "sliding_window", "window": 32},
+            "kv_dtype bfloat16 not supported with mask sliding_window (the decode kernel applies causal, "
+            "causal_bottom_right, none, padding): fused_cpu takes it in its decode kernel only",
+        ),
+        (
+            {"seq_q": 1, "kv_dtype": E5M2, "score_mod": "softcap", "softcap": 5.0},
+            "kv_dtype float8_e5m2 not supported with score_mod softcap (the decode kernel has no score modifier): "
+            "fused_cpu takes it in its decode kernel only",
+        ),
     ],
     ids=["prefill-fp8", "backward", "window", "softcap"],
-)  # fmt: skip
+)
 def test_what_only_the_decode_kernel_takes_is_refused_elsewhere_in_one_line(features, reason):
     seq_q = features.pop("seq_q")
     w = Workload(2, 4, 2, seq_q, 64, 32, **features)
@@ -315,9 +352,29 @@ def test_old_entry_still_takes_padded_float32_values():
     rows = library.attnbench_fused_decode_scratch_floats(1, 2, 1, 1, 50, 32, 1)
     scratch = torch.empty(rows)
     status = library.attnbench_fused_decode(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), None, 1, 2, 1, 1, 50, 20, 32, 0.3, 0, None, None,
-        0, 0, 1, scratch.data_ptr(), None, ctypes.byref(ctypes.c_int64(0)),
-    )  # fmt: skip
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        out.data_ptr(),
+        None,
+        1,
+        2,
+        1,
+        1,
+        50,
+        20,
+        32,
+        0.3,
+        0,
+        None,
+        None,
+        0,
+        0,
+        1,
+        scratch.data_ptr(),
+        None,
+        ctypes.byref(ctypes.c_int64(0)),
+    )
     assert status == 0
     expected, _ = _reference64(q, k, v, 0.3, torch.ones(1, 1, 1, 50, dtype=torch.bool), torch.full((2,), -torch.inf))
     assert (out.double() - expected).abs().max() < 1e-6

@@ -27,15 +27,18 @@ FORWARD = {  # Workload(batch, heads, kv_heads, seq_q, seq_k, head_dim, **featur
     "ragged_decode": Workload(5, 4, 2, 1, 300, 40, lengths="longtail"),
     "ragged_prefill": Workload(3, 4, 2, 40, 130, 40, mask="causal_bottom_right", lengths="uniform"),
     "mla_decode": Workload(2, 32, 1, 1, 150, 72, head_dim_v=64, kv_layout="latent"),
-    "mla_decode_bf16_paged": Workload(2, 32, 1, 1, 150, 72, head_dim_v=64, kv_layout="latent", dtype="bfloat16",
-                                      page_size=16),
+    "mla_decode_bf16_paged": Workload(
+        2, 32, 1, 1, 150, 72, head_dim_v=64, kv_layout="latent", dtype="bfloat16", page_size=16
+    ),
     "prefix": Workload(5, 8, 2, 1, 200, 72, shared_prefix=96),
-    "prefix_window_sinks": Workload(3, 8, 2, 3, 200, 40, mask="sliding_window", window=150, shared_prefix=96,
-                                    sinks="learned"),
+    "prefix_window_sinks": Workload(
+        3, 8, 2, 3, 200, 40, mask="sliding_window", window=150, shared_prefix=96, sinks="learned"
+    ),
     "prefix_paged": Workload(4, 8, 2, 1, 200, 40, shared_prefix=64, page_size=32),
-    "prefix_bf16_dv": Workload(4, 8, 2, 2, 160, 40, shared_prefix=64, head_dim_v=24, dtype="bfloat16",
-                               mask="causal_bottom_right"),
-}  # fmt: skip
+    "prefix_bf16_dv": Workload(
+        4, 8, 2, 2, 160, 40, shared_prefix=64, head_dim_v=24, dtype="bfloat16", mask="causal_bottom_right"
+    ),
+}
 
 
 @pytest.mark.parametrize("w", FORWARD.values(), ids=FORWARD.keys())

@@ -27,11 +27,13 @@ FORWARD = {  # (batch, heads, kv_heads, seq_q, seq_k, head_dim), features; GQA 4
     "window_two_blocks": ((1, 2, 2, 600, 600, 40), {"mask": "sliding_window", "window": 300}),
     "document": ((2, 4, 2, 256, 256, 32), {"mask": "document", "documents": 5}),
     "softcap": ((2, 4, 2, 256, 256, 32), {"score_mod": "softcap", "softcap": 20.0}),
-    "softcap_window": ((1, 4, 1, 130, 300, 24), {"score_mod": "softcap", "softcap": 5.0,
-                                                   "mask": "sliding_window", "window": 70}),
+    "softcap_window": (
+        (1, 4, 1, 130, 300, 24),
+        {"score_mod": "softcap", "softcap": 5.0, "mask": "sliding_window", "window": 70},
+    ),
     "alibi_causal": ((2, 4, 2, 256, 256, 32), {"score_mod": "alibi", "mask": "causal"}),
     "alibi_bottom_right": ((2, 4, 4, 100, 260, 32), {"score_mod": "alibi", "mask": "causal_bottom_right"}),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", FORWARD.values(), ids=FORWARD.keys())
@@ -180,9 +182,29 @@ def test_decode_stays_inside_the_scratch_it_asks_for(seq_q):
     scratch = torch.full((asked + 16,), 7.0)
     splits = ctypes.c_int64(0)
     status = kernel.library.attnbench_fused_decode(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), None, batch, heads, heads, seq_q, seq_k,
-        head_dim, head_dim, 0.125, 2, None, None, 0, 0, 1, scratch.data_ptr(), None, ctypes.byref(splits),
-    )  # fmt: skip
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        out.data_ptr(),
+        None,
+        batch,
+        heads,
+        heads,
+        seq_q,
+        seq_k,
+        head_dim,
+        head_dim,
+        0.125,
+        2,
+        None,
+        None,
+        0,
+        0,
+        1,
+        scratch.data_ptr(),
+        None,
+        ctypes.byref(splits),
+    )
     assert status == 0 and splits.value == 1
     assert scratch[asked:].tolist() == [7.0] * 16
     visible = torch.arange(seq_k)[None, :] <= torch.arange(seq_q)[:, None] + seq_k - seq_q  # bottom-right causal

@@ -32,8 +32,12 @@ from conftest import attnbench_cmd, run_subprocess, v1_store
 
 PLUGIN = Path(__file__).parent / "plugins" / "attnbench_slowable.py"
 ONE_CASE = ["--seq", "32", "--seq-kv", "32", "--batch", "1", "--kv-heads", "8", "--mask", "none"]  # one workload
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.com"}  # fmt: skip
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
 
 
 def install_plugin(site: Path) -> Path:
@@ -51,8 +55,9 @@ def install_plugin(site: Path) -> Path:
 
 
 def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True,
-                          env={**os.environ, **GIT_ENV})  # fmt: skip
+    done = subprocess.run(
+        ["git", *args], cwd=repo, capture_output=True, text=True, check=True, env={**os.environ, **GIT_ENV}
+    )
     return done.stdout.strip()
 
 
@@ -108,8 +113,23 @@ def history(tmp_path_factory):
             commits.append(commit(repo, n))
             mp.setenv("ATTNBENCH_SLOWABLE_FACTOR", "1.25" if n >= 6 else "1")
             # one thread: a tiny SDPA on two threads of a loaded machine waits ms at OpenMP barriers
-            args = ["run", "--impl", "slowable,steady,steady_too", *ONE_CASE, "--budget-s", "0.05", "--no-memory",
-                    "--threads", "1", "--isolate", "none", "--progress", "off", "--out", f"runs/r{n:02d}"]  # fmt: skip
+            args = [
+                "run",
+                "--impl",
+                "slowable,steady,steady_too",
+                *ONE_CASE,
+                "--budget-s",
+                "0.05",
+                "--no-memory",
+                "--threads",
+                "1",
+                "--isolate",
+                "none",
+                "--progress",
+                "off",
+                "--out",
+                f"runs/r{n:02d}",
+            ]
             assert main(args + (["--store"] if n % 2 else [])) == 0
         assert main(["store", *(f"runs/r{n:02d}" for n in range(2, 11, 2))]) == 0
     registry.load(refresh=True)
@@ -177,8 +197,19 @@ def test_readme_sql_runs_through_python(history):
 @pytest.mark.slow
 def test_history_filters_and_bad_input_leave_the_store_untouched(history, cli, tmp_path):
     _, db, _ = history
-    code, out, _ = cli("history", "--db", str(db), "--impl", "steady", "--where", "seq_q=32", "--x", "date",
-                       "--out", str(tmp_path / "steady"))  # fmt: skip
+    code, out, _ = cli(
+        "history",
+        "--db",
+        str(db),
+        "--impl",
+        "steady",
+        "--where",
+        "seq_q=32",
+        "--x",
+        "date",
+        "--out",
+        str(tmp_path / "steady"),
+    )
     assert code == 0 and out.startswith("10 runs, 1 cases on 1 machine(s): 0 step(s)")
     before = fingerprint(db)
     code, _, err = cli("history", "--db", str(db), "--where", "colour=red", "--out", str(tmp_path / "x"))
@@ -234,8 +265,24 @@ def test_an_older_schema_opens_read_only_and_migrates_when_written(cli, tmp_path
     assert fingerprint(db) == before  # reading migrated a copy in memory
 
     run = tmp_path / "new-run"
-    assert cli("run", "--impl", "bmm", *ONE_CASE, "--budget-s", "0.02", "--no-memory", "--isolate", "none",
-               "--progress", "off", "--out", str(run))[0] == 0  # fmt: skip
+    assert (
+        cli(
+            "run",
+            "--impl",
+            "bmm",
+            *ONE_CASE,
+            "--budget-s",
+            "0.02",
+            "--no-memory",
+            "--isolate",
+            "none",
+            "--progress",
+            "off",
+            "--out",
+            str(run),
+        )[0]
+        == 0
+    )
     code, out, _ = cli("store", str(run), "--db", str(db))
     assert code == 0 and out.startswith("added")
     con = duckdb.connect(str(db), read_only=True)
@@ -247,8 +294,24 @@ def test_an_older_schema_opens_read_only_and_migrates_when_written(cli, tmp_path
 
 def test_columns_a_newer_attnbench_adds_are_added_with_null_for_old_rows(cli, tmp_path):
     run = tmp_path / "run"
-    assert cli("run", "--impl", "bmm", *ONE_CASE, "--budget-s", "0.02", "--no-memory", "--isolate", "none",
-               "--progress", "off", "--out", str(run))[0] == 0  # fmt: skip
+    assert (
+        cli(
+            "run",
+            "--impl",
+            "bmm",
+            *ONE_CASE,
+            "--budget-s",
+            "0.02",
+            "--no-memory",
+            "--isolate",
+            "none",
+            "--progress",
+            "off",
+            "--out",
+            str(run),
+        )[0]
+        == 0
+    )
     foreign = tmp_path / "foreign.duckdb"
     duckdb.connect(str(foreign)).execute("CREATE TABLE accounts (id INTEGER)").close()
     before = fingerprint(foreign)
@@ -292,8 +355,10 @@ def test_workdir_git_records_commit_and_dirty_flag(tmp_path, monkeypatch):
 
 
 def _series(medians: list[float], sigma: float = 0.02, source: str = "samples") -> list[Point]:
-    return [Point(f"r{i}", f"c{i}", False, pd.Timestamp("2026-01-01") + pd.Timedelta(hours=i), m, sigma, source)
-            for i, m in enumerate(medians)]  # fmt: skip
+    return [
+        Point(f"r{i}", f"c{i}", False, pd.Timestamp("2026-01-01") + pd.Timedelta(hours=i), m, sigma, source)
+        for i, m in enumerate(medians)
+    ]
 
 
 def test_detect_finds_a_step_where_it_is_and_none_in_noise():
@@ -316,8 +381,10 @@ def test_detect_calls_one_deviant_run_an_outlier_not_two_steps_but_keeps_the_new
 
 def test_detect_weighs_noisy_runs_less_and_below_the_floor_is_no_step():
     # runs 5-7 are 20 % off but each says it was noisy (a wide spread of its own): no step
-    noisy = [Point(p.run_id, p.commit, False, p.started_at, p.median_ms, 0.5 if 5 <= i <= 7 else 0.01, "samples")
-             for i, p in enumerate(_series([1.0, 1.01, 0.99, 1.0, 1.0, 1.2, 1.25, 1.2, 1.0, 1.01]))]  # fmt: skip
+    noisy = [
+        Point(p.run_id, p.commit, False, p.started_at, p.median_ms, 0.5 if 5 <= i <= 7 else 0.01, "samples")
+        for i, p in enumerate(_series([1.0, 1.01, 0.99, 1.0, 1.0, 1.2, 1.25, 1.2, 1.0, 1.01]))
+    ]
     assert detect(noisy).steps == []
     small = detect(_series([1.0] * 6 + [1.03] * 6, sigma=0.001), min_change=0.05)
     assert small.steps == []  # significant, but under the 5 % practical floor
@@ -345,8 +412,19 @@ def test_history_bar_with_cpu_work_and_bmm_beside_it(tmp_path):
     for n in range(1, 11):
         commits.append(commit(repo, n))
         case = ["--seq", "128", "--seq-kv", "128", "--batch", "1", "--kv-heads", "8", "--mask", "none"]
-        args = ["run", "--impl", "slowable,bmm", *case, "--budget-s", "0.05", "--threads", "1",
-                "--out", f"runs/r{n:02d}", "--store"]  # fmt: skip
+        args = [
+            "run",
+            "--impl",
+            "slowable,bmm",
+            *case,
+            "--budget-s",
+            "0.05",
+            "--threads",
+            "1",
+            "--out",
+            f"runs/r{n:02d}",
+            "--store",
+        ]
         factor = {"ATTNBENCH_SLOWABLE_FACTOR": "1.25" if n >= 6 else "1"}
         done = run_subprocess(*attnbench_cmd(*args), env={**env, **factor}, cwd=repo)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -357,6 +435,7 @@ def test_history_bar_with_cpu_work_and_bmm_beside_it(tmp_path):
     assert [(r.impl, r.commit_before, r.commit_after, r.direction) for r in changes.itertuples()] == [
         ("slowable", commits[4], commits[5], "slower")
     ], page.stdout
-    gate = run_subprocess(*attnbench_cmd("history", "--db", str(db), "--out", str(tmp_path / "gate"),
-                                         "--fail-on-regression", "10"))  # fmt: skip
+    gate = run_subprocess(
+        *attnbench_cmd("history", "--db", str(db), "--out", str(tmp_path / "gate"), "--fail-on-regression", "10")
+    )
     assert gate.returncode == 1 and "regression: slowable" in gate.stderr

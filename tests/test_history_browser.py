@@ -28,9 +28,28 @@ def page(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("history-page")
     base = root / "base"
-    args = ["run", "--impl", "bmm,sdpa_math", "--seq", "32", "--mask", "none,causal", "--batch", "1",
-            "--kv-heads", "8", "--seq-kv", "32", "--budget-s", "0.02", "--no-memory", "--isolate", "none",
-            "--progress", "off"]  # fmt: skip
+    args = [
+        "run",
+        "--impl",
+        "bmm,sdpa_math",
+        "--seq",
+        "32",
+        "--mask",
+        "none,causal",
+        "--batch",
+        "1",
+        "--kv-heads",
+        "8",
+        "--seq-kv",
+        "32",
+        "--budget-s",
+        "0.02",
+        "--no-memory",
+        "--isolate",
+        "none",
+        "--progress",
+        "off",
+    ]
     assert main([*args, "--out", str(base)]) == 0
     frame = pd.read_parquet(base / "results.parquet")
     meta = json.loads((base / "meta.json").read_text())
@@ -46,8 +65,12 @@ def page(tmp_path_factory):
             derived["iqr_ms"] = derived["median_ms"] * 0.01  # a quiet machine's spread, whatever the load now
             derived.loc[derived["impl"] == "sdpa_math", "impl"] = ODD if n == 5 else "sdpa_math"
             derived.to_parquet(folder / "results.parquet")
-            environment = {**meta["environment"], "hostname": host, "workdir_commit": f"{n + 10:x}" * 20,
-                           "workdir_dirty": n == 4}  # fmt: skip
+            environment = {
+                **meta["environment"],
+                "hostname": host,
+                "workdir_commit": f"{n + 10:x}" * 20,
+                "workdir_dirty": n == 4,
+            }
             start = f"2026-11-{n + 10}T12:00:00+00:00"
             (folder / "meta.json").write_text(json.dumps({**meta, "environment": environment, "start_time": start}))
             folders.append(str(folder))
@@ -80,22 +103,29 @@ def test_history_page_draws_every_case_and_its_steps(browser, page):
 
 def test_history_page_filters_by_contender_case_machine_and_steps(browser, page):
     browser.get((page / "history.html").as_uri())
-    browser.execute_script("var s = document.getElementById('impl-filter'); s.value = 'sdpa_math';"
-                           "s.dispatchEvent(new Event('change'));")  # fmt: skip
+    browser.execute_script(
+        "var s = document.getElementById('impl-filter'); s.value = 'sdpa_math';s.dispatchEvent(new Event('change'));"
+    )
     assert _visible(browser, "section.case") == 2 and _visible(browser, "#changes-table tbody tr") == 0
     assert browser.find_element("id", "shown-count").text == "2 of 6 cases shown"
-    browser.execute_script("var s = document.getElementById('impl-filter'); s.value = '';"
-                           "s.dispatchEvent(new Event('change'));"
-                           "var c = document.getElementById('case-filter'); c.value = 'causal';"
-                           "c.dispatchEvent(new Event('input'));")  # fmt: skip
+    browser.execute_script(
+        "var s = document.getElementById('impl-filter'); s.value = '';"
+        "s.dispatchEvent(new Event('change'));"
+        "var c = document.getElementById('case-filter'); c.value = 'causal';"
+        "c.dispatchEvent(new Event('input'));"
+    )
     assert _visible(browser, "section.case") == 3
-    browser.execute_script("var c = document.getElementById('case-filter'); c.value = '';"
-                           "c.dispatchEvent(new Event('input'));"
-                           "var o = document.getElementById('changes-only'); o.click();")  # fmt: skip
+    browser.execute_script(
+        "var c = document.getElementById('case-filter'); c.value = '';"
+        "c.dispatchEvent(new Event('input'));"
+        "var o = document.getElementById('changes-only'); o.click();"
+    )
     assert _visible(browser, "section.case") == 2
     machine = browser.execute_script("return document.getElementById('machine-filter').options[2].value")
-    browser.execute_script(f"var m = document.getElementById('machine-filter'); m.value = {machine!r};"
-                           "m.dispatchEvent(new Event('change'));")  # fmt: skip
+    browser.execute_script(
+        f"var m = document.getElementById('machine-filter'); m.value = {machine!r};"
+        "m.dispatchEvent(new Event('change'));"
+    )
     assert "box-b" in machine and _visible(browser, "g.machine") == 2
     assert _visible(browser, "#changes-table tbody tr") == 0
 

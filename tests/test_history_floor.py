@@ -19,8 +19,9 @@ CASE = ("sdpa_flash", 3)  # sdpa_flash at S1024 causal: the case the tests move
 QUIET = ("bmm", 1)  # bmm at S512 causal: another workload, so its shift is not moved with it
 
 
-def run(seed: int, speed: float = 1.0, moved: dict[tuple[str, int], float] | None = None,
-        noise: float = 0.01) -> pd.DataFrame:  # fmt: skip
+def run(
+    seed: int, speed: float = 1.0, moved: dict[tuple[str, int], float] | None = None, noise: float = 0.01
+) -> pd.DataFrame:
     """3 contenders × 4 workloads, 3 repeats each scattered by ``noise``, the whole run × ``speed`` (machine
     drift: every contender alike) and the cases in ``moved`` × their factor."""
     generator = np.random.default_rng(seed)
@@ -29,16 +30,28 @@ def run(seed: int, speed: float = 1.0, moved: dict[tuple[str, int], float] | Non
         for j, w in enumerate(WORKLOADS):
             true_ms = (1 + i) * (1 + j) * speed * (moved or {}).get((impl, j), 1.0)
             medians = list(true_ms * np.exp(generator.normal(0, noise, 3)))
-            rows.append(make_row(impl, w, "ok", median_ms=float(np.median(medians)), samples_ms=medians,
-                                 repeat_medians_ms=medians, intensity=50.0, yardstick_fma_gflops=100.0,
-                                 yardstick_stream_gbps=10.0))  # fmt: skip
+            rows.append(
+                make_row(
+                    impl,
+                    w,
+                    "ok",
+                    median_ms=float(np.median(medians)),
+                    samples_ms=medians,
+                    repeat_medians_ms=medians,
+                    intensity=50.0,
+                    yardstick_fma_gflops=100.0,
+                    yardstick_stream_gbps=10.0,
+                )
+            )
     return rows_to_frame(rows).assign(machine=MACHINE)
 
 
 def store(frames: list[pd.DataFrame]) -> pd.DataFrame:
     start = pd.Timestamp("2001-01-01")
-    return pd.concat([f.assign(run_id=f"r{i}", started_at=start + pd.Timedelta(hours=i)) for i, f in enumerate(frames)],
-                     ignore_index=True)  # fmt: skip
+    return pd.concat(
+        [f.assign(run_id=f"r{i}", started_at=start + pd.Timedelta(hours=i)) for i, f in enumerate(frames)],
+        ignore_index=True,
+    )
 
 
 def verdict_of(table: pd.DataFrame, impl: str, j: int) -> pd.Series:

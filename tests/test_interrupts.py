@@ -36,8 +36,7 @@ class Pause(Contender):
         q, k, v, scale = inputs.q, inputs.k, inputs.v, inputs.scale
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
 """
-SWEEP = ["--impl", "planted_pause", "--seq", "16,32,48", "--mask", "none", "--budget-s", "0.02",
-         "--no-memory"]  # fmt: skip
+SWEEP = ["--impl", "planted_pause", "--seq", "16,32,48", "--mask", "none", "--budget-s", "0.02", "--no-memory"]
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the worker")
 
 
@@ -81,8 +80,15 @@ def _hear_ctrl_c() -> None:
 
 def start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     """The command in a process group of its own (signalled as a terminal or timeout would), hearing SIGINT."""
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True, preexec_fn=_hear_ctrl_c)  # fmt: skip
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_hear_ctrl_c,
+    )
 
 
 def wait_for_first_row(out: Path, run_pid: int) -> set[int]:

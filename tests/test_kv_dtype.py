@@ -186,10 +186,30 @@ def test_backward_and_the_mha_module_are_unsupported_with_a_cache_type_and_undec
 def test_a_run_writes_ok_rows_with_the_cache_type_and_its_bytes(cli, tmp_path):
     out = tmp_path / "run"
     code, _, err = cli(
-        "run", "--impl", "bmm,sdpa_math,einsum", "--batch", "2", "--heads", "4", "--kv-heads", "2", "--seq", "1",
-        "--seq-kv", "64", "--head-dim", "16", "--mask", "causal_bottom_right", "--kv-dtype", "float32,fp8",
-        "--budget-s", "0.01", "--out", str(out),
-    )  # fmt: skip
+        "run",
+        "--impl",
+        "bmm,sdpa_math,einsum",
+        "--batch",
+        "2",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--seq",
+        "1",
+        "--seq-kv",
+        "64",
+        "--head-dim",
+        "16",
+        "--mask",
+        "causal_bottom_right",
+        "--kv-dtype",
+        "float32,fp8",
+        "--budget-s",
+        "0.01",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert sorted((r["impl"], r["kv_dtype"], r["status"]) for r in rows) == sorted(
@@ -204,18 +224,36 @@ def test_a_run_writes_ok_rows_with_the_cache_type_and_its_bytes(cli, tmp_path):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--dtype", "float32", "--kv-dtype", "float16"],
-         "attnbench: error: kv_dtype float16 with dtype float32 is not allowed; allowed: float32, bfloat16, "
-         "float8_e4m3fn, float8_e5m2 (a cache is the dtype or narrower)"),
-        (["--kv-dtype", "bogus"],
-         "attnbench: error: kv_dtype 'bogus' is not known; allowed: the dtype, bfloat16, float8_e4m3fn, "
-         "float8_e5m2 (or fp8, e5m2)"),
+        (
+            ["--dtype", "float32", "--kv-dtype", "float16"],
+            "attnbench: error: kv_dtype float16 with dtype float32 is not allowed; allowed: float32, bfloat16, "
+            "float8_e4m3fn, float8_e5m2 (a cache is the dtype or narrower)",
+        ),
+        (
+            ["--kv-dtype", "bogus"],
+            "attnbench: error: kv_dtype 'bogus' is not known; allowed: the dtype, bfloat16, float8_e4m3fn, "
+            "float8_e5m2 (or fp8, e5m2)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_kv_dtype_outside_the_allowed_set_is_one_line_exit_2_nothing_written(cli, tmp_path, flags, message):
     out = tmp_path / "run"
-    code, _, err = cli("run", "--impl", "bmm", "--batch", "1", "--heads", "2", "--seq", "8", "--head-dim", "8",
-                       *flags, "--out", str(out))  # fmt: skip
+    code, _, err = cli(
+        "run",
+        "--impl",
+        "bmm",
+        "--batch",
+        "1",
+        "--heads",
+        "2",
+        "--seq",
+        "8",
+        "--head-dim",
+        "8",
+        *flags,
+        "--out",
+        str(out),
+    )
     assert code == 2
     assert err.strip() == message
     assert not out.exists()

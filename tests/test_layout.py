@@ -63,9 +63,11 @@ def module_map() -> str:
             lines += _wrapped(f"  {room}/", modules(CORE / room))
         else:
             lines.append(f"  {room}.py")
-    for folder, what in (("impls", "contenders, one per file; ours in folders with their kernels' sources"),
-                         ("suites", "suites as TOML, and the pytest-benchmark front end"),
-                         ("reports", "everything made from finished runs")):  # fmt: skip
+    for folder, what in (
+        ("impls", "contenders, one per file; ours in folders with their kernels' sources"),
+        ("suites", "suites as TOML, and the pytest-benchmark front end"),
+        ("reports", "everything made from finished runs"),
+    ):
         lines.append(f"{folder + '/':<21}attnbench.{folder}: {what}")
         lines += _wrapped("", modules(ROOT / folder))
     lines += ["```", END]

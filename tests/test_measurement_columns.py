@@ -118,8 +118,14 @@ def test_skip_reason_thresholds():
 
 
 def test_result_warnings_flag_unstable_and_thin_cases():
-    frame = pd.DataFrame({"status": ["ok", "ok", "error"], "impl": ["a", "b", "c"],
-                          "unstable": [True, False, None], "n_samples": [10, 3, None]})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "status": ["ok", "ok", "error"],
+            "impl": ["a", "b", "c"],
+            "unstable": [True, False, None],
+            "n_samples": [10, 3, None],
+        }
+    )
     warnings = result_warnings(frame)
     assert warnings[0].startswith("1 case(s) unstable") and warnings[0].endswith(": a")
     assert warnings[1].startswith("1 case(s) with fewer than 5 samples")

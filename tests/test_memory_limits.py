@@ -50,9 +50,29 @@ def test_decode_over_a_memory_cap_is_skipped_or_oom_and_the_sweep_goes_on(hog_si
     """Under RLIMIT_AS, a decode case of 4 GiB of KV cache is skipped with its figures; a contender whose
     call allocates past the cap gives an oom row; the small case after them is ok in the same sweep."""
     out = tmp_path / "run"
-    args = ["run", "--impl", "planted_hog,bmm", "--seq", "1", "--seq-kv", "65536,256", "--batch", "16",
-            "--heads", "8", "--kv-heads", "8", "--head-dim", "64", "--mask", "none", "--budget-s", "0.02",
-            "--out", str(out)]  # fmt: skip
+    args = [
+        "run",
+        "--impl",
+        "planted_hog,bmm",
+        "--seq",
+        "1",
+        "--seq-kv",
+        "65536,256",
+        "--batch",
+        "16",
+        "--heads",
+        "8",
+        "--kv-heads",
+        "8",
+        "--head-dim",
+        "64",
+        "--mask",
+        "none",
+        "--budget-s",
+        "0.02",
+        "--out",
+        str(out),
+    ]
     env = {**__import__("os").environ, **hog_site}
     result = subprocess.run(attnbench_cmd(*args), capture_output=True, text=True, env=env, preexec_fn=_capped)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -149,8 +149,9 @@ def test_contenders_that_cannot_say_why():
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(cli, tmp_path, args, message):
     out = tmp_path / "out"
-    code, _, stderr = cli("run", "--batch", "1", "--heads", "4", "--seq", "8", "--head-dim", "64",
-                          "--out", str(out), *args)  # fmt: skip
+    code, _, stderr = cli(
+        "run", "--batch", "1", "--heads", "4", "--seq", "8", "--head-dim", "64", "--out", str(out), *args
+    )
     assert code == 2
     assert stderr.strip() == f"attnbench: error: {message}"
     assert not out.exists()

@@ -13,8 +13,23 @@ from attnbench.runner.results import CASE_COLUMNS, FEATURE_DEFAULTS, case_key
 
 from conftest import REPO, run_subprocess
 
-DECODE = ["run", "--model", "llama3.1-8b", "--phase", "decode", "--impl", "bmm,sdpa_flash,fused_cpu,torch_mha",
-          "--seq-kv", "256,512", "--batch", "2", "--page-size", "0,16", "--budget-s", "0.05"]  # fmt: skip
+DECODE = [
+    "run",
+    "--model",
+    "llama3.1-8b",
+    "--phase",
+    "decode",
+    "--impl",
+    "bmm,sdpa_flash,fused_cpu,torch_mha",
+    "--seq-kv",
+    "256,512",
+    "--batch",
+    "2",
+    "--page-size",
+    "0,16",
+    "--budget-s",
+    "0.05",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +45,19 @@ def test_models_lists_every_preset(cli):
     code, out, _ = cli("models")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["name", "heads", "kv_heads", "head_dim", "Dv", "window", "chunk", "softcap", "sinks",
-                                "layout", "layers"]  # fmt: skip
+    assert lines[0].split() == [
+        "name",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "Dv",
+        "window",
+        "chunk",
+        "softcap",
+        "sinks",
+        "layout",
+        "layers",
+    ]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
     plain = ["-"] * 5  # chunk, softcap, sinks, layout after the window; then the layers, counted
     assert rows["llama3.1-8b"] == ["32", "8", "128", "128", *plain, "full:32"]
@@ -103,12 +129,32 @@ def test_a_run_folder_without_the_feature_columns_still_loads(decode_run, tmp_pa
 
 def test_pytest_front_end_takes_the_feature_axes(tmp_path):
     result = run_subprocess(
-        sys.executable, "-m", "pytest", str(REPO / "suites"), "--benchmark-only", "-p", "no:cacheprovider", "-q",
-        "--attnbench-suite", "quick", "--attnbench-set", "impl=bmm", "--attnbench-set", "seq=64",
-        "--attnbench-set", "mask=sliding_window", "--attnbench-set", "window=8",
-        "--attnbench-set", "score-mod=alibi", "--benchmark-min-rounds=3", "--benchmark-max-time=0.05",
-        "--benchmark-json", str(tmp_path / "b.json"), cwd=tmp_path,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        str(REPO / "suites"),
+        "--benchmark-only",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--attnbench-suite",
+        "quick",
+        "--attnbench-set",
+        "impl=bmm",
+        "--attnbench-set",
+        "seq=64",
+        "--attnbench-set",
+        "mask=sliding_window",
+        "--attnbench-set",
+        "window=8",
+        "--attnbench-set",
+        "score-mod=alibi",
+        "--benchmark-min-rounds=3",
+        "--benchmark-max-time=0.05",
+        "--benchmark-json",
+        str(tmp_path / "b.json"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     benchmarks = json.loads((tmp_path / "b.json").read_text())["benchmarks"]
     assert {(b["extra_info"]["window"], b["extra_info"]["score_mod"]) for b in benchmarks} == {(8, "alibi")}

@@ -12,8 +12,9 @@ SUITE = Suite("t", "", 1.0, 60.0, ({**DEFAULTS},))
 
 
 def shapes(**overrides):
-    cases = expand(SUITE, {**{k: v if isinstance(v, list) else [v] for k, v in overrides.items()}, "impl": ["bmm"]},
-                   ["bmm"])  # fmt: skip
+    cases = expand(
+        SUITE, {**{k: v if isinstance(v, list) else [v] for k, v in overrides.items()}, "impl": ["bmm"]}, ["bmm"]
+    )
     return {(w.layer, w.seq_q, w.seq_k, w.mask) for _, w in cases}
 
 
@@ -56,8 +57,16 @@ def test_every_preset_of_one_kind_of_layer_says_how_many_it_has():
 
 def test_the_ab_table_names_its_columns_for_what_they_are():
     """27.99 and 23.91 ms beside 1.010: the ratio is the median of the rounds' ratios, and the header says so."""
-    record = {"workload": "B1 H8 S1024 D64 float32 cpu none fwd", "median_a_ms": 27.99, "median_b_ms": 23.91,
-              "ratio": 1.010, "ci_low": 0.99, "ci_high": 1.03, "n_pairs": 20, "verdict": "same"}  # fmt: skip
+    record = {
+        "workload": "B1 H8 S1024 D64 float32 cpu none fwd",
+        "median_a_ms": 27.99,
+        "median_b_ms": 23.91,
+        "ratio": 1.010,
+        "ci_low": 0.99,
+        "ci_high": 1.03,
+        "n_pairs": 20,
+        "verdict": "same",
+    }
     header = format_table([record]).splitlines()[0]
     assert "A median ms" in header and "B median ms" in header and "median of round B/A" in header
 

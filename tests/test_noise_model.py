@@ -35,8 +35,9 @@ def test_the_yardsticks_measure_positive_rates_and_every_row_keeps_them():
     row = run_case("bmm", Workload(1, 2, 2, 32, 32, 16), RunOptions(budget_s=0.02, measure_memory=False))
     assert row["status"] == "ok"
     assert row["yardstick_fma_gflops"] > 0 and row["yardstick_stream_gbps"] > 0
-    off = run_case("bmm", Workload(1, 2, 2, 32, 32, 16), RunOptions(budget_s=0.02, measure_memory=False,
-                                                                    yardsticks=False))  # fmt: skip
+    off = run_case(
+        "bmm", Workload(1, 2, 2, 32, 32, 16), RunOptions(budget_s=0.02, measure_memory=False, yardsticks=False)
+    )
     assert off["yardstick_fma_gflops"] is None and off["yardstick_stream_gbps"] is None
 
 
@@ -48,8 +49,13 @@ def test_each_contender_keeps_the_median_rate_of_the_rounds_it_sampled_in():
     def broken() -> float:
         raise RuntimeError("no kernel")
 
-    results = time_cpu_rounds({"a": lambda: None, "b": lambda: sum(range(50))}, 1, 0.01, {"a": 1e-6, "b": 1e-6},
-                              yardsticks={"round": lambda: float(next(counter)), "broken": broken})  # fmt: skip
+    results = time_cpu_rounds(
+        {"a": lambda: None, "b": lambda: sum(range(50))},
+        1,
+        0.01,
+        {"a": 1e-6, "b": 1e-6},
+        yardsticks={"round": lambda: float(next(counter)), "broken": broken},
+    )
     for timing in results.values():
         assert not isinstance(timing, Exception)
         n = timing.n_samples
@@ -72,7 +78,7 @@ def test_repeats_keep_each_process_yardstick_rate_beside_its_median():
         )
         for m, f, s in ((1.0, 100.0, 10.0), (1.2, 80.0, 9.0), (1.1, 90.0, 8.0))
     ]
-    merged = merge_repeats(rows)  # fmt: skip
+    merged = merge_repeats(rows)
     assert merged["repeat_fma_gflops"] == [100.0, 80.0, 90.0] and merged["repeat_stream_gbps"] == [10.0, 9.0, 8.0]
     assert merged["yardstick_fma_gflops"] == 90.0 and merged["yardstick_stream_gbps"] == 9.0
     assert merged["repeat_medians_ms"] == [1.0, 1.2, 1.1]
@@ -81,8 +87,9 @@ def test_repeats_keep_each_process_yardstick_rate_beside_its_median():
 # --- normalised by the yardsticks ------------------------------------------------------------------------
 
 
-def fake_run(seed: int, speed: float = 1.0, noise: float = 0.02, repeats: int = 3, step: float = 1.0,
-             with_step: bool = False) -> pd.DataFrame:  # fmt: skip
+def fake_run(
+    seed: int, speed: float = 1.0, noise: float = 0.02, repeats: int = 3, step: float = 1.0, with_step: bool = False
+) -> pd.DataFrame:
     """3 contenders (and calib_step, ``step`` × bmm) × 4 workloads; per-repeat medians scatter by ``noise``
     around a true time × the machine's ``speed``; the yardsticks' rates move as 1 / speed."""
     generator = np.random.default_rng(seed)
@@ -99,9 +106,19 @@ def fake_run(seed: int, speed: float = 1.0, noise: float = 0.02, repeats: int = 
                 "repeat_fma_gflops": [100 / speed] * repeats,
                 "repeat_stream_gbps": [10 / speed] * repeats,
             }
-            rows.append(make_row(impl, w, "ok", median_ms=float(np.median(medians)), iqr_ms=0.01 * true_ms,
-                                 samples_ms=samples, repeat_medians_ms=medians if repeats > 1 else None,
-                                 intensity=50.0, **rates))  # fmt: skip
+            rows.append(
+                make_row(
+                    impl,
+                    w,
+                    "ok",
+                    median_ms=float(np.median(medians)),
+                    iqr_ms=0.01 * true_ms,
+                    samples_ms=samples,
+                    repeat_medians_ms=medians if repeats > 1 else None,
+                    intensity=50.0,
+                    **rates,
+                )
+            )
     return rows_to_frame(rows).assign(machine=MACHINE)
 
 
@@ -127,9 +144,19 @@ def test_each_case_takes_the_yardstick_of_its_side_of_the_ridge():
 
 def test_each_repeat_is_normalised_by_its_own_process_rate():
     """Repeat 2 ran in a process 25 % slower, and its yardstick saw it: normalised, the repeats agree."""
-    row = make_row("bmm", WORKLOADS[0], "ok", median_ms=1.0, iqr_ms=0.1, intensity=50.0, samples_ms=[1.0],
-                   repeat_medians_ms=[1.0, 1.25, 1.0], repeat_fma_gflops=[100.0, 80.0, 100.0],
-                   yardstick_fma_gflops=100.0, yardstick_stream_gbps=10.0)  # fmt: skip
+    row = make_row(
+        "bmm",
+        WORKLOADS[0],
+        "ok",
+        median_ms=1.0,
+        iqr_ms=0.1,
+        intensity=50.0,
+        samples_ms=[1.0],
+        repeat_medians_ms=[1.0, 1.25, 1.0],
+        repeat_fma_gflops=[100.0, 80.0, 100.0],
+        yardstick_fma_gflops=100.0,
+        yardstick_stream_gbps=10.0,
+    )
     frame = rows_to_frame([row]).assign(machine=MACHINE)
     out = normalise(frame, lambda r: None, {(MACHINE, "fma_gflops"): 100.0}).iloc[0]
     assert list(out["repeat_medians_ms"]) == pytest.approx([1.0, 1.0, 1.0]) and out["median_ms"] == pytest.approx(1.0)
@@ -140,8 +167,10 @@ def test_each_repeat_is_normalised_by_its_own_process_rate():
 
 def history(frames: list[pd.DataFrame]) -> pd.DataFrame:
     start = pd.Timestamp("2001-01-01")
-    return pd.concat([f.assign(run_id=f"r{i}", started_at=start + pd.Timedelta(hours=i)) for i, f in enumerate(frames)],
-                     ignore_index=True)  # fmt: skip
+    return pd.concat(
+        [f.assign(run_id=f"r{i}", started_at=start + pd.Timedelta(hours=i)) for i, f in enumerate(frames)],
+        ignore_index=True,
+    )
 
 
 def test_the_between_run_spread_comes_from_successive_differences():
@@ -173,7 +202,7 @@ def test_compare_takes_each_case_floor_from_history_and_says_so():
         max(0.05, history_floor(seen.spread, 0.01, seen.df))
     )
     noisy = history_sigmas(history([fake_run(seed, noise=0.3, repeats=1) for seed in range(10, 18)]), set())
-    assert "slower" not in set(compare_frames(base, new, Settings(), noisy).table["verdict"])  # fmt: skip
+    assert "slower" not in set(compare_frames(base, new, Settings(), noisy).table["verdict"])
 
 
 def save_run(frame: pd.DataFrame, folder: Path, hour: int) -> Path:
@@ -212,14 +241,37 @@ def test_run_vs_run_counts_false_alarms_detection_and_the_real_step_per_method()
 
 
 def test_best_method_prefers_a_quiet_one_that_catches_most():
-    table = pd.DataFrame([
-        {"method": "raw", "aa_hits": 0, "aa_total": 100, "1.1_hits": 10, "1.1_total": 100, "1.05_hits": 0,
-         "1.05_total": 100},
-        {"method": "loud", "aa_hits": 5, "aa_total": 100, "1.1_hits": 90, "1.1_total": 100, "1.05_hits": 50,
-         "1.05_total": 100},
-        {"method": "history", "aa_hits": 1, "aa_total": 100, "1.1_hits": 40, "1.1_total": 100, "1.05_hits": 5,
-         "1.05_total": 100},
-    ])  # fmt: skip
+    table = pd.DataFrame(
+        [
+            {
+                "method": "raw",
+                "aa_hits": 0,
+                "aa_total": 100,
+                "1.1_hits": 10,
+                "1.1_total": 100,
+                "1.05_hits": 0,
+                "1.05_total": 100,
+            },
+            {
+                "method": "loud",
+                "aa_hits": 5,
+                "aa_total": 100,
+                "1.1_hits": 90,
+                "1.1_total": 100,
+                "1.05_hits": 50,
+                "1.05_total": 100,
+            },
+            {
+                "method": "history",
+                "aa_hits": 1,
+                "aa_total": 100,
+                "1.1_hits": 40,
+                "1.1_total": 100,
+                "1.05_hits": 5,
+                "1.05_total": 100,
+            },
+        ]
+    )
     assert best_method(table) == "history"
     assert best_method(table[table["method"] == "loud"]) == "loud"
 

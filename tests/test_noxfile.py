@@ -87,15 +87,21 @@ def test_bench_gpu_installs_torch_and_xformers_as_a_pair_from_the_torch_index(pl
     steps = noxfile.install_steps(tmp_path / "tmp", ("xformers", "gpu"), torch=pair)
     constraint = tmp_path / "tmp" / "torch-constraint.txt"
     pinned = ["--constraint", str(constraint)]
-    assert steps == [["torch==2.10.0", "--index-url", "https://download.pytorch.org/whl/cu128"],
-                     [*pinned, ".[xformers,gpu]"], [*pinned, *plugins]]  # fmt: skip
+    assert steps == [
+        ["torch==2.10.0", "--index-url", "https://download.pytorch.org/whl/cu128"],
+        [*pinned, ".[xformers,gpu]"],
+        [*pinned, *plugins],
+    ]
     assert constraint.read_text() == "torch==2.10.0\nxformers==0.0.35\n"
     session = FakeSession(tmp_path / "tmp", ("--seq", "1024"))
     noxfile.bench_gpu(session)
     assert [list(args) for args in session.installs] == steps
     assert session.runs == [("attnbench", "run", "--suite", "gpu", "--seq", "1024")]
-    other = {"ATTNBENCH_GPU_TORCH": "torch==2.9.1", "ATTNBENCH_GPU_TORCH_INDEX": "",
-             "ATTNBENCH_XFORMERS": "xformers==0.0.33.post2"}  # fmt: skip
+    other = {
+        "ATTNBENCH_GPU_TORCH": "torch==2.9.1",
+        "ATTNBENCH_GPU_TORCH_INDEX": "",
+        "ATTNBENCH_XFORMERS": "xformers==0.0.33.post2",
+    }
     steps = noxfile.install_steps(tmp_path / "tmp", ("xformers",), plugins=False, torch=noxfile.gpu_pair(other))
     assert steps == [["torch==2.9.1"], [*pinned, ".[xformers]"]]
     assert constraint.read_text() == "torch==2.9.1\nxformers==0.0.33.post2\n"
@@ -144,8 +150,19 @@ def test_a_plugin_named_in_plugins_txt_is_installed_and_listed(tmp_path):
     requirements = noxfile.plugin_requirements({}, listed)
     assert requirements == ["examples/attnbench-chunked"]
     site = tmp_path / "site"
-    install = run_subprocess(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                             "--target", str(site), *requirements, cwd=REPO)  # fmt: skip
+    install = run_subprocess(
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "--target",
+        str(site),
+        *requirements,
+        cwd=REPO,
+    )
     assert install.returncode == 0, install.stderr
     shown = run_subprocess(*attnbench_cmd("list"), env={"PYTHONPATH": str(site)})
     assert shown.returncode == 0, shown.stderr

@@ -45,8 +45,12 @@ def own_hog() -> Iterator[subprocess.Popen[bytes]]:
 def orphan_hog() -> Iterator[int]:
     """A spinning process outside this process's tree: started by a shell that exits at once, so it is
     re-parented (to init or a subreaper), as another user's job would be."""
-    shell = subprocess.run(["sh", "-c", f'{sys.executable} -c "{SPIN}" >/dev/null 2>&1 & echo $!'],
-                           capture_output=True, text=True, check=True)  # fmt: skip
+    shell = subprocess.run(
+        ["sh", "-c", f'{sys.executable} -c "{SPIN}" >/dev/null 2>&1 & echo $!'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     pid = int(shell.stdout)
     _wait_until_spinning(pid)
     yield pid
@@ -122,9 +126,11 @@ def test_explicit_roots_decide_what_is_own(own_hog):
 def test_the_driver_that_started_the_run_is_not_blamed():
     """A driver (calibrate, nox) busy in a thread while its child measures: the child's parent chain is its own."""
     load = f"spec = importlib.util.spec_from_file_location('w', {other_work.__file__!r})"  # stdlib only: no torch
-    child = (f"import importlib.util, json, os, sys; {load}; w = importlib.util.module_from_spec(spec); "
-             "sys.modules['w'] = w; spec.loader.exec_module(w); seen = w.measure(0.5); "
-             "print(json.dumps({'ppid': os.getppid(), 'busy': [pid for pid, _, _ in seen.busy]}))")  # fmt: skip
+    child = (
+        f"import importlib.util, json, os, sys; {load}; w = importlib.util.module_from_spec(spec); "
+        "sys.modules['w'] = w; spec.loader.exec_module(w); seen = w.measure(0.5); "
+        "print(json.dumps({'ppid': os.getppid(), 'busy': [pid for pid, _, _ in seen.busy]}))"
+    )
     driver = textwrap.dedent(f"""
         import subprocess, sys, threading, time
         def spin():

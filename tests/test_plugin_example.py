@@ -23,9 +23,17 @@ def test_readme_shows_the_example_files_verbatim():
 def test_installed_example_appears_in_list_and_runs(tmp_path):
     site = tmp_path / "site"
     install = run_subprocess(
-        sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-        "--target", str(site), str(EXAMPLE),
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "--target",
+        str(site),
+        str(EXAMPLE),
+    )
     assert install.returncode == 0, install.stderr
     env = {"PYTHONPATH": str(site)}
     listed = run_subprocess(*attnbench_cmd("list"), env=env)
@@ -34,8 +42,19 @@ def test_installed_example_appears_in_list_and_runs(tmp_path):
     assert "available" in line and "query chunks" in line
 
     out = tmp_path / "run"
-    args = ["run", "--impl", "chunked,bmm", "--seq", "300", "--mask", "none,causal,padding",
-            "--budget-s", "0.05", "--out", str(out)]  # fmt: skip
+    args = [
+        "run",
+        "--impl",
+        "chunked,bmm",
+        "--seq",
+        "300",
+        "--mask",
+        "none,causal,padding",
+        "--budget-s",
+        "0.05",
+        "--out",
+        str(out),
+    ]
     ran = run_subprocess(*attnbench_cmd(*args), env=env)
     assert ran.returncode == 0, ran.stderr
     frame = pd.read_parquet(out / "results.parquet").set_index(["impl", "mask", "seq_q", "seq_k"])

@@ -37,13 +37,29 @@ def _decode_and_prefill(model: str) -> list:
 def test_deepseek_v3_prefills_expanded_heads_and_decodes_from_the_latent_cache():
     decode, prefill = _decode_and_prefill("deepseek-v3")
     # config.json: 128 heads, qk_nope_head_dim 128 + qk_rope_head_dim 64 = 192, v_head_dim 128
-    assert _shape(prefill) == {"heads": 128, "kv_heads": 128, "head_dim": 192, "head_dim_v": 128,
-                               "kv_layout": "separate", "mask": "causal", "window": 0, "sinks": "none",
-                               "layer": ""}  # fmt: skip
+    assert _shape(prefill) == {
+        "heads": 128,
+        "kv_heads": 128,
+        "head_dim": 192,
+        "head_dim_v": 128,
+        "kv_layout": "separate",
+        "mask": "causal",
+        "window": 0,
+        "sinks": "none",
+        "layer": "",
+    }
     # absorbed decode: one cache of kv_lora_rank 512 + qk_rope_head_dim 64 channels, values its first 512
-    assert _shape(decode) == {"heads": 128, "kv_heads": 1, "head_dim": 576, "head_dim_v": 512,
-                              "kv_layout": "latent", "mask": "causal_bottom_right", "window": 0, "sinks": "none",
-                              "layer": ""}  # fmt: skip
+    assert _shape(decode) == {
+        "heads": 128,
+        "kv_heads": 1,
+        "head_dim": 576,
+        "head_dim_v": 512,
+        "kv_layout": "latent",
+        "mask": "causal_bottom_right",
+        "window": 0,
+        "sinks": "none",
+        "layer": "",
+    }
     assert (decode.seq_q, decode.seq_k, decode.model) == (1, 96, "deepseek-v3")
     assert decode.label().endswith("D576/512 float32 cpu causal_bottom_right fwd latent [deepseek-v3]")
 
@@ -63,8 +79,16 @@ def test_gpt_oss_runs_its_sliding_and_full_layers_both_with_sinks(model):
 @pytest.mark.parametrize(("model", "heads", "kv_heads"), [("qwen3-8b", 32, 8), ("qwen3-32b", 64, 8)])
 def test_qwen3_presets_are_one_kind_of_full_layer(model, heads, kv_heads):
     decode, prefill = _decode_and_prefill(model)
-    full = {"heads": heads, "kv_heads": kv_heads, "head_dim": 128, "head_dim_v": 128, "kv_layout": "separate",
-            "window": 0, "sinks": "none", "layer": ""}  # fmt: skip
+    full = {
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": 128,
+        "head_dim_v": 128,
+        "kv_layout": "separate",
+        "window": 0,
+        "sinks": "none",
+        "layer": "",
+    }
     assert _shape(decode) == {**full, "mask": "causal_bottom_right"}
     assert _shape(prefill) == {**full, "mask": "causal"}
     assert decode.label().endswith(f"[{model}]")
@@ -73,9 +97,11 @@ def test_qwen3_presets_are_one_kind_of_full_layer(model, heads, kv_heads):
 def test_gemma3_27b_runs_its_local_window_1024_and_its_global_layers():
     cases = _decode_and_prefill("gemma3-27b")
     assert [(w.heads, w.kv_heads, w.head_dim, w.layer, w.mask, w.window) for w in cases] == [
-        (32, 16, 128, "sliding", "sliding_window", 1024), (32, 16, 128, "full", "causal_bottom_right", 0),
-        (32, 16, 128, "sliding", "sliding_window", 1024), (32, 16, 128, "full", "causal", 0),
-    ]  # fmt: skip
+        (32, 16, 128, "sliding", "sliding_window", 1024),
+        (32, 16, 128, "full", "causal_bottom_right", 0),
+        (32, 16, 128, "sliding", "sliding_window", 1024),
+        (32, 16, 128, "full", "causal", 0),
+    ]
     assert models.PRESETS["gemma3-27b"].layers == (("sliding", 52), ("full", 10))  # 5:1 over 62 layers
 
 
@@ -84,8 +110,13 @@ def test_llama4_scout_chunked_layers_ask_for_chunk_8192_and_its_full_layers_run(
     assert scout.layers == (("chunked", 36), ("full", 12))  # every 4th of 48 layers attends to all keys
     chunked = models.phase_axes("llama4-scout", "prefill", {}, "chunked")
     assert {k: chunked[k] for k in ("heads", "kv_heads", "head_dim", "mask", "chunk", "layer")} == {
-        "heads": [40], "kv_heads": [8], "head_dim": [128], "mask": ["chunked"], "chunk": [8192], "layer": ["chunked"]
-    }  # fmt: skip
+        "heads": [40],
+        "kv_heads": [8],
+        "head_dim": [128],
+        "mask": ["chunked"],
+        "chunk": [8192],
+        "layer": ["chunked"],
+    }
     full = [w for _, w in _plan("--model", "llama4-scout", "--phase", "decode", "--impl", "bmm", *SMALL)]
     shapes = [(w.layer, w.mask, w.heads, w.kv_heads, w.head_dim) for w in full]
     assert ("full", "causal_bottom_right", 40, 8, 128) in shapes
@@ -106,8 +137,19 @@ def test_every_preset_sets_exactly_the_preset_axes():
 
 
 def test_a_layer_rows_reproduce_command_plans_exactly_that_case():
-    flags = ["--model", "gpt-oss-20b", "--phase", "decode", "--impl", "bmm", *SMALL, "--page-size", "16",
-             "--kv-dtype", "bfloat16"]  # fmt: skip
+    flags = [
+        "--model",
+        "gpt-oss-20b",
+        "--phase",
+        "decode",
+        "--impl",
+        "bmm",
+        *SMALL,
+        "--page-size",
+        "16",
+        "--kv-dtype",
+        "bfloat16",
+    ]
     cases = _plan(*flags)
     planned = [(w.layer, w.page_size, w.kv_dtype) for _, w in cases]
     assert planned == [("sliding", 16, "bfloat16"), ("full", 16, "bfloat16")]
@@ -162,8 +204,22 @@ def test_models_command_shows_the_new_columns(cli):
 def test_run_and_report_name_the_new_features_and_layers(cli, tmp_path):
     out = tmp_path / "run"
     impls = "bmm,fused_cpu,score_dot"  # score_dot takes none of the features: its rows say which it lacks
-    code, _, _ = cli("run", "--model", "gpt-oss-20b,deepseek-v3", "--phase", "decode", "--impl", impls,
-                     *SMALL, "--budget-s", "0.02", "--progress", "off", "--out", str(out))  # fmt: skip
+    code, _, _ = cli(
+        "run",
+        "--model",
+        "gpt-oss-20b,deepseek-v3",
+        "--phase",
+        "decode",
+        "--impl",
+        impls,
+        *SMALL,
+        "--budget-s",
+        "0.02",
+        "--progress",
+        "off",
+        "--out",
+        str(out),
+    )
     assert code == 0
     frame = pd.read_parquet(out / "results.parquet")
     assert sorted(zip(frame["model"], frame["layer"], strict=True)) == sorted(

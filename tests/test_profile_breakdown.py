@@ -74,8 +74,12 @@ def _event(name, start, end, children=()):
 
 def test_stretches_without_a_torch_op_are_a_kernel_only_when_long():
     """Per call: a stretch ≥ a quarter of the call and ≥ 50 µs is a kernel; short ones are overhead."""
-    pure_torch = _event("attnbench.call:t", 0, 1000, [_event("aten::bmm", 30, 480), _event("aten::softmax", 490, 600),
-                                                      _event("aten::bmm", 610, 920)])  # fmt: skip
+    pure_torch = _event(
+        "attnbench.call:t",
+        0,
+        1000,
+        [_event("aten::bmm", 30, 480), _event("aten::softmax", 490, 600), _event("aten::bmm", 610, 920)],
+    )
     native = _event("attnbench.call:t", 0, 1000, [_event("aten::empty", 10, 15), _event("aten::view", 990, 995)])
     tiny = _event("attnbench.call:t", 0, 40, [_event("aten::mm", 25, 35)])  # 25 µs lead: over a quarter, not long
     other = _event("attnbench.call:other", 0, 5000)

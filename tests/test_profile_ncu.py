@@ -43,8 +43,19 @@ from attnbench.workload import Workload
 GEMM = "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8::Params)"  # noqa: E501
 SOFTMAX = "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float *, const float *, int)"  # noqa: E501
 WGMMA = "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::half_t>, true>(flash::Flash_fwd_params)"  # noqa: E501
-IDENTITY = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
-            "Grid Size", "Device", "CC"]  # fmt: skip
+IDENTITY = [
+    "ID",
+    "Process ID",
+    "Process Name",
+    "Host Name",
+    "Kernel Name",
+    "Context",
+    "Stream",
+    "Block Size",
+    "Grid Size",
+    "Device",
+    "CC",
+]
 # ncu prints the metric columns sorted by name
 COLUMNS = [DRAM[0], DURATION, TENSOR["gmma"], TENSOR["hmma"], SM[0], OCCUPANCY[0]]
 UNITS = ["%", "nsecond", "%", "%", "%", "%"]
@@ -55,24 +66,40 @@ def _quote(values: list[str]) -> str:
 
 
 def _launch(launch_id: int, name: str, values: list[str]) -> str:
-    return _quote([str(launch_id), "4242", "python3.12", "127.0.0.1", name, "1", "7", "(128, 1, 1)", "(264, 1, 1)",
-                   "0", "9.0", *values])  # fmt: skip
+    return _quote(
+        [
+            str(launch_id),
+            "4242",
+            "python3.12",
+            "127.0.0.1",
+            name,
+            "1",
+            "7",
+            "(128, 1, 1)",
+            "(264, 1, 1)",
+            "0",
+            "9.0",
+            *values,
+        ]
+    )
 
 
 # A raw page as `ncu --import R --csv --page raw --print-units base` prints it, with ncu's own lines mixed in:
 # two launches of one GEMM (thousands separators), a softmax whose tensor pipes are idle and whose DRAM figure
 # is n/a, a Hopper kernel on wgmma whose mma.sync pipe is n/a.
-RAW_PAGE = "\n".join([
-    "==PROF== Connected to process 4242 (/usr/bin/python3.12)",
-    "==WARNING== Found outstanding GPU clock reset, trying to revert...Success.",
-    _quote(IDENTITY + COLUMNS),
-    _quote([""] * len(IDENTITY) + UNITS),
-    _launch(0, GEMM, ["35.5", "1,500,000", "0", "62.5", "80.25", "24.9"]),
-    _launch(1, SOFTMAX, ["n/a", "12,345.5", "0", "0", "12.5", "75"]),
-    _launch(2, GEMM, ["45.5", "500,000", "0", "42.5", "70.25", "24.1"]),
-    _launch(3, WGMMA, ["20", "2,000", "81.5", "n/a", "60", "12.5"]),
-    "==PROF== Disconnected from process 4242",
-])  # fmt: skip
+RAW_PAGE = "\n".join(
+    [
+        "==PROF== Connected to process 4242 (/usr/bin/python3.12)",
+        "==WARNING== Found outstanding GPU clock reset, trying to revert...Success.",
+        _quote(IDENTITY + COLUMNS),
+        _quote([""] * len(IDENTITY) + UNITS),
+        _launch(0, GEMM, ["35.5", "1,500,000", "0", "62.5", "80.25", "24.9"]),
+        _launch(1, SOFTMAX, ["n/a", "12,345.5", "0", "0", "12.5", "75"]),
+        _launch(2, GEMM, ["45.5", "500,000", "0", "42.5", "70.25", "24.1"]),
+        _launch(3, WGMMA, ["20", "2,000", "81.5", "n/a", "60", "12.5"]),
+        "==PROF== Disconnected from process 4242",
+    ]
+)
 
 
 # --- the raw page -----------------------------------------------------------------------------------------
@@ -94,8 +121,9 @@ def test_the_raw_page_gives_one_row_per_launch():
 
 def test_the_second_dram_metric_stands_in_and_time_units_convert():
     header = [*IDENTITY, DURATION, DRAM[1]]
-    page = "\n".join([_quote(header), _quote([""] * len(IDENTITY) + ["usecond", "%"]),
-                      _launch(7, "k(float*)", ["1,234.5", "50"])])  # fmt: skip
+    page = "\n".join(
+        [_quote(header), _quote([""] * len(IDENTITY) + ["usecond", "%"]), _launch(7, "k(float*)", ["1,234.5", "50"])]
+    )
     launches = parse_raw_csv(page)
     assert launches.iloc[0].time_ms == pytest.approx(1.2345)
     assert launches.iloc[0].dram_pct == 50.0 and math.isnan(launches.iloc[0].sm_pct)
@@ -137,8 +165,13 @@ def test_kernel_names_are_shortened_and_kept_apart():
 
 
 def test_the_metrics_asked_for_are_those_the_gpu_has():
-    ampere = "\n".join(["Device GA100", "Metric Name                    Metric Description",
-                        *(f"{m.split('.')[0]}   some description" for m in METRICS if "gmma" not in m)])  # fmt: skip
+    ampere = "\n".join(
+        [
+            "Device GA100",
+            "Metric Name                    Metric Description",
+            *(f"{m.split('.')[0]}   some description" for m in METRICS if "gmma" not in m),
+        ]
+    )
     chosen = choose_metrics(ampere)
     assert TENSOR["gmma"] not in chosen and {DURATION, SM[0], DRAM[0], TENSOR["hmma"], OCCUPANCY[0]} <= set(chosen)
     assert choose_metrics("==ERROR== unknown option") == COMMON_METRICS
@@ -148,16 +181,18 @@ def test_the_metrics_asked_for_are_those_the_gpu_has():
 
 
 def _profiler_kernels(rows: list[tuple[str, float, float]]) -> pd.DataFrame:
-    return pd.DataFrame([{"kernel": n, "ms_per_call": ms, "launches_per_call": k, "category": "x"}
-                         for n, ms, k in rows])  # fmt: skip
+    return pd.DataFrame(
+        [{"kernel": n, "ms_per_call": ms, "launches_per_call": k, "category": "x"} for n, ms, k in rows]
+    )
 
 
 def test_ncus_kernels_join_torch_profilers_by_name():
     kernels = per_kernel(parse_raw_csv(RAW_PAGE))
     spaced = SOFTMAX.replace(" *", "*")  # another demangler's spacing
     other_flash = "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, half>, true>(p)"
-    profiler = _profiler_kernels([(GEMM, 0.9, 1.0), (spaced, 0.004, 0.5), (other_flash, 0.001, 1),
-                                  ("Memcpy DtoD (Device -> Device)", 0.01, 1.0)])  # fmt: skip
+    profiler = _profiler_kernels(
+        [(GEMM, 0.9, 1.0), (spaced, 0.004, 0.5), (other_flash, 0.001, 1), ("Memcpy DtoD (Device -> Device)", 0.01, 1.0)]
+    )
     joined = ncu_profile.join_kernels(kernels, profiler, calls=2).set_index("name")
     assert joined.loc[GEMM, "profiler_ms_per_call"] == 0.9
     assert joined.loc[GEMM, "ncu_ms_per_call"] == pytest.approx(1.0)  # 2 ms over 2 calls
@@ -167,15 +202,22 @@ def test_ncus_kernels_join_torch_profilers_by_name():
     assert joined.loc[WGMMA, "category"] == "fused_attention"
     alone = ncu_profile.join_kernels(kernels, profiler[profiler.kernel != spaced], calls=2).set_index("name")
     assert math.isnan(alone.loc[SOFTMAX, "profiler_ms_per_call"]) and alone.loc[SOFTMAX, "profiler_name"] == ""
-    top = pd.DataFrame({"op": ["aten::bmm", GEMM, "cudaLaunchKernel"], "self_ms_per_call": [0.0, 0.9, 0.05],
-                        "pct": [0.0, 90.0, 5.0], "count_per_call": [1, 1, 3],
-                        "category": ["matmul", "matmul", "other"]})  # fmt: skip
+    top = pd.DataFrame(
+        {
+            "op": ["aten::bmm", GEMM, "cudaLaunchKernel"],
+            "self_ms_per_call": [0.0, 0.9, 0.05],
+            "pct": [0.0, 90.0, 5.0],
+            "count_per_call": [1, 1, 3],
+            "category": ["matmul", "matmul", "other"],
+        }
+    )
     annotated = ncu_profile.annotate_top_ops(top, joined.reset_index()).set_index("op")
     assert annotated.loc[GEMM, "sm_pct"] == pytest.approx(kernels.iloc[0].sm_pct)
     assert annotated.loc["aten::bmm", ncu_profile.NCU_COLUMNS].isna().all()
     assert len(annotated) == 3
-    breakdown = pd.DataFrame({"category": ["matmul", "softmax", "fused_attention", "unattributed"],
-                              "ms_per_call": [0.9, 0.1, 0.01, 0.05]})  # fmt: skip
+    breakdown = pd.DataFrame(
+        {"category": ["matmul", "softmax", "fused_attention", "unattributed"], "ms_per_call": [0.9, 0.1, 0.01, 0.05]}
+    )
     split = ncu_profile.annotate_breakdown(breakdown, joined.reset_index()).set_index("category")
     assert split.loc["matmul", "ncu_ms_per_call"] == pytest.approx(1.0)
     assert split.loc["matmul", "tensor_pct"] == pytest.approx(kernels.iloc[0].tensor_pct)
@@ -196,8 +238,11 @@ def test_the_profilers_device_kernels_per_call():
     def event(key, device, us, count):
         return SimpleNamespace(key=key, device_type=device, self_device_time_total=us, count=count)
 
-    averages = [event("aten::bmm", DeviceType.CPU, 900.0, 4), event(GEMM, DeviceType.CUDA, 800.0, 4),
-                event(SOFTMAX, DeviceType.CUDA, 1200.0, 4)]  # fmt: skip
+    averages = [
+        event("aten::bmm", DeviceType.CPU, 900.0, 4),
+        event(GEMM, DeviceType.CUDA, 800.0, 4),
+        event(SOFTMAX, DeviceType.CUDA, 1200.0, 4),
+    ]
     frame = device_kernels(averages, calls=4)
     assert list(frame["kernel"]) == [SOFTMAX, GEMM]
     assert list(frame["ms_per_call"]) == [0.3, 0.2] and list(frame["launches_per_call"]) == [1.0, 1.0]
@@ -209,8 +254,13 @@ def test_the_profilers_device_kernels_per_call():
 
 def test_only_the_calls_run_inside_the_profiled_range():
     events: list[str] = []
-    profiled_calls(lambda: events.append("call"), 3, lambda: events.append("sync"), lambda: events.append("start"),
-                   lambda: events.append("stop"))  # fmt: skip
+    profiled_calls(
+        lambda: events.append("call"),
+        3,
+        lambda: events.append("sync"),
+        lambda: events.append("start"),
+        lambda: events.append("stop"),
+    )
     assert events == ["sync", "start", "call", "call", "call", "sync", "stop"]
 
     def broken():
@@ -223,8 +273,21 @@ def test_only_the_calls_run_inside_the_profiled_range():
 
 
 def test_the_child_makes_the_same_workload():
-    workload = Workload(2, 8, 2, 128, 256, 64, dtype="bfloat16", device="cuda", mask="sliding_window", window=48,
-                        score_mod="softcap", softcap=20.0, page_size=64)  # fmt: skip
+    workload = Workload(
+        2,
+        8,
+        2,
+        128,
+        256,
+        64,
+        dtype="bfloat16",
+        device="cuda",
+        mask="sliding_window",
+        window=48,
+        score_mod="softcap",
+        softcap=20.0,
+        page_size=64,
+    )
     case = ChildCase("sdpa_flash", dataclasses.asdict(workload), 3, 5, ("pkg.mod:Mine",))
     back = ChildCase.from_json(case.to_json())
     assert back == case and Workload(**back.workload) == workload
@@ -384,15 +447,36 @@ def _planted_profile(impl, workload, out_dir, calls, seed, budget_s):
     launching aten operators and the runtime call."""
     trace = out_dir / f"{impl}__planted.trace.json"
     trace.write_text("{}")
-    top = pd.DataFrame({"op": [GEMM, SOFTMAX, "aten::bmm", "cudaLaunchKernel"],
-                        "self_ms_per_call": [0.7, 0.01, 0.0, 0.02], "count_per_call": [1.0, 1.0, 2.0, 3.0],
-                        "pct": [70.0, 1.0, 0.0, 2.0],
-                        "category": ["matmul", "softmax", "matmul", "other"]})  # fmt: skip
-    breakdown = pd.DataFrame({"category": ["matmul", "softmax"], "ms_per_call": [0.9, 0.1], "pct": [90.0, 10.0],
-                              "profiled_ms_per_call": [0.9, 0.1], "median_ms": [1.0] * 2,
-                              "profiled_ms": [1.0] * 2})  # fmt: skip
-    return CaseProfile(impl, workload, calls, 1.0, 1.0, trace, top, breakdown,
-                       _profiler_kernels([(GEMM, 0.7, 1.0), (SOFTMAX, 0.01, 1.0)]))  # fmt: skip
+    top = pd.DataFrame(
+        {
+            "op": [GEMM, SOFTMAX, "aten::bmm", "cudaLaunchKernel"],
+            "self_ms_per_call": [0.7, 0.01, 0.0, 0.02],
+            "count_per_call": [1.0, 1.0, 2.0, 3.0],
+            "pct": [70.0, 1.0, 0.0, 2.0],
+            "category": ["matmul", "softmax", "matmul", "other"],
+        }
+    )
+    breakdown = pd.DataFrame(
+        {
+            "category": ["matmul", "softmax"],
+            "ms_per_call": [0.9, 0.1],
+            "pct": [90.0, 10.0],
+            "profiled_ms_per_call": [0.9, 0.1],
+            "median_ms": [1.0] * 2,
+            "profiled_ms": [1.0] * 2,
+        }
+    )
+    return CaseProfile(
+        impl,
+        workload,
+        calls,
+        1.0,
+        1.0,
+        trace,
+        top,
+        breakdown,
+        _profiler_kernels([(GEMM, 0.7, 1.0), (SOFTMAX, 0.01, 1.0)]),
+    )
 
 
 def test_the_command_shows_ncu_beside_torch_profiler(cli, fake_ncu, tmp_path, monkeypatch):
@@ -425,13 +509,28 @@ def test_the_command_shows_ncu_beside_torch_profiler(cli, fake_ncu, tmp_path, mo
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available() or shutil.which("ncu") is None,
-                    reason="needs CUDA and Nsight Compute's ncu on PATH")  # fmt: skip
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or shutil.which("ncu") is None, reason="needs CUDA and Nsight Compute's ncu on PATH"
+)
 def test_ncu_on_a_gpu(cli, tmp_path):
     """A real GPU: SDPA's math path (a GEMM on the tensor cores, a softmax) and its flash kernel."""
     out = tmp_path / "prof"
-    code, text, err = cli("profile", "--ncu", "--impl", "sdpa_math,sdpa_flash", "--seq", "1024", "--dtype",
-                          "bfloat16", "--calls", "2", "--budget-s", "0.2", "--out", str(out))  # fmt: skip
+    code, text, err = cli(
+        "profile",
+        "--ncu",
+        "--impl",
+        "sdpa_math,sdpa_flash",
+        "--seq",
+        "1024",
+        "--dtype",
+        "bfloat16",
+        "--calls",
+        "2",
+        "--budget-s",
+        "0.2",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     kernels = pd.read_csv(out / "ncu_kernels.csv")
     assert set(kernels.impl) == {"sdpa_math", "sdpa_flash"}

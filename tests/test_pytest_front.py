@@ -9,13 +9,28 @@ from conftest import REPO, run_subprocess
 def test_pytest_benchmark_front_end(tmp_path):
     report = tmp_path / "bench.json"
     result = run_subprocess(
-        sys.executable, "-m", "pytest", str(REPO / "suites"), "--benchmark-only", "-p", "no:cacheprovider",
-        "-q", "-rs",
-        "--attnbench-suite", "quick", "--attnbench-set", "impl=bmm,sdpa_flash,xformers",
-        "--attnbench-set", "seq=64", "--attnbench-set", "mask=causal",
-        "--benchmark-min-rounds=3", "--benchmark-max-time=0.05", f"--benchmark-json={report}",
+        sys.executable,
+        "-m",
+        "pytest",
+        str(REPO / "suites"),
+        "--benchmark-only",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rs",
+        "--attnbench-suite",
+        "quick",
+        "--attnbench-set",
+        "impl=bmm,sdpa_flash,xformers",
+        "--attnbench-set",
+        "seq=64",
+        "--attnbench-set",
+        "mask=causal",
+        "--benchmark-min-rounds=3",
+        "--benchmark-max-time=0.05",
+        f"--benchmark-json={report}",
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "4 passed, 2 skipped" in result.stdout
     assert "unavailable: xformers" in result.stdout
@@ -30,8 +45,16 @@ def test_pytest_benchmark_front_end(tmp_path):
 
 def test_bad_override_is_a_usage_error(tmp_path):
     result = run_subprocess(
-        sys.executable, "-m", "pytest", str(REPO / "suites"), "--benchmark-only", "-p", "no:cacheprovider",
-        "--attnbench-set", "seq=zero", cwd=tmp_path,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        str(REPO / "suites"),
+        "--benchmark-only",
+        "-p",
+        "no:cacheprovider",
+        "--attnbench-set",
+        "seq=zero",
+        cwd=tmp_path,
+    )
     assert result.returncode == 4
     assert "--seq 'zero': expected positive integers" in result.stderr

@@ -166,21 +166,66 @@ def test_phase_mixed_builds_a_mixed_batch_from_a_preset():
     assert shapes == {("llama3.1-8b", 8, 512, 4096, "mixed", 0.5, 0), ("gemma2-9b", 8, 512, 4096, "mixed", 0.5, 0)}
     default = expand(model_suite(), {"model": ["gpt2"], "impl": ["bmm"]}, ["bmm"])
     assert {w.mask for _, w in default} == {"causal", "causal_bottom_right"}  # --model alone: prefill and decode
-    given = {"model": ["gpt2"], "phase": ["mixed"], "seq": [8], "seq_kv": [32], "batch": [4], "impl": ["bmm"],
-             "decode_share": [0.25], "lengths": ["bimodal"]}  # fmt: skip
+    given = {
+        "model": ["gpt2"],
+        "phase": ["mixed"],
+        "seq": [8],
+        "seq_kv": [32],
+        "batch": [4],
+        "impl": ["bmm"],
+        "decode_share": [0.25],
+        "lengths": ["bimodal"],
+    }
     [(_, w)] = expand(model_suite(), given, ["bmm"])
-    assert reproduce_flags(w) == ["--model", "gpt2", "--phase", "mixed", "--batch", "4", "--seq", "8", "--seq-kv",
-                                  "32", "--dtype", "float32", "--device", "cpu", "--pass", "fwd", "--module", "core",
-                                  "--decode-share", "0.25", "--lengths", "bimodal"]  # fmt: skip
+    assert reproduce_flags(w) == [
+        "--model",
+        "gpt2",
+        "--phase",
+        "mixed",
+        "--batch",
+        "4",
+        "--seq",
+        "8",
+        "--seq-kv",
+        "32",
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "--pass",
+        "fwd",
+        "--module",
+        "core",
+        "--decode-share",
+        "0.25",
+        "--lengths",
+        "bimodal",
+    ]
     two_kinds = expand(model_suite(), {"model": ["gpt-oss-20b"], "phase": ["mixed"], "impl": ["bmm"]}, ["bmm"])
     assert [(w.layer, w.mask, w.sinks) for _, w in two_kinds] == [("full", "mixed", "learned")]  # its full layers
 
 
 def test_the_longtail_decode_command_gives_ok_rows_with_the_real_cache_in_their_bytes(cli, tmp_path):
     out = tmp_path / "run"
-    code, _, err = cli("run", "--impl", "bmm,sdpa_flash", "--lengths", "longtail", "--batch", "16", "--phase",
-                       "decode", "--model", "llama3.1-8b", "--seq-kv", "1024", "--budget-s", "0.02",
-                       "--out", str(out))  # fmt: skip
+    code, _, err = cli(
+        "run",
+        "--impl",
+        "bmm,sdpa_flash",
+        "--lengths",
+        "longtail",
+        "--batch",
+        "16",
+        "--phase",
+        "decode",
+        "--model",
+        "llama3.1-8b",
+        "--seq-kv",
+        "1024",
+        "--budget-s",
+        "0.02",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     rows = pd.read_parquet(out / "results.parquet")
     assert list(rows.status) == ["ok", "ok"] and set(rows.lengths) == {"longtail"}
@@ -191,9 +236,27 @@ def test_the_longtail_decode_command_gives_ok_rows_with_the_real_cache_in_their_
 
 def test_a_mixed_phase_run_gives_ok_rows(cli, tmp_path):
     out = tmp_path / "run"
-    code, _, err = cli("run", "--impl", "bmm,naive,sdpa_math", "--model", "gpt2", "--phase", "mixed", "--seq", "8",
-                       "--seq-kv", "24", "--batch", "3", "--decode-share", "0.3", "--budget-s", "0.02",
-                       "--out", str(out))  # fmt: skip
+    code, _, err = cli(
+        "run",
+        "--impl",
+        "bmm,naive,sdpa_math",
+        "--model",
+        "gpt2",
+        "--phase",
+        "mixed",
+        "--seq",
+        "8",
+        "--seq-kv",
+        "24",
+        "--batch",
+        "3",
+        "--decode-share",
+        "0.3",
+        "--budget-s",
+        "0.02",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     rows = pd.read_parquet(out / "results.parquet")
     assert list(rows.status) == ["ok"] * 3 and set(rows["mask"]) == {"mixed"} and set(rows.decode_share) == {0.3}

@@ -12,8 +12,21 @@ def run(tmp_path_factory):
     from attnbench.cli import main
 
     out = tmp_path_factory.mktemp("ratios") / "run"
-    args = ["run", "--suite", "fused_cpu", "--impl", "fused_cpu,bmm,sdpa_flash,xformers", "--seq", "64,256",
-            "--budget-s", "0.03", "--threads", "1", "--out", str(out)]  # fmt: skip
+    args = [
+        "run",
+        "--suite",
+        "fused_cpu",
+        "--impl",
+        "fused_cpu,bmm,sdpa_flash,xformers",
+        "--seq",
+        "64,256",
+        "--budget-s",
+        "0.03",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     return out
 
@@ -45,8 +58,9 @@ def test_best_compares_with_the_fastest_ok_peer(run):
 def test_bounds_pass_fail_and_name_the_case(cli, run):
     code, text, _ = cli("ratios", str(run), "--impl", "fused_cpu", "--vs", "bmm", "--max-time-ratio", "1000")
     assert code == 0 and "4/4 case(s) meet the bounds" in text
-    code, _, err = cli("ratios", str(run), "--impl", "fused_cpu", "--vs", "bmm", "--where", "seq_q=256",
-                       "--min-speedup", "1e6")  # fmt: skip
+    code, _, err = cli(
+        "ratios", str(run), "--impl", "fused_cpu", "--vs", "bmm", "--where", "seq_q=256", "--min-speedup", "1e6"
+    )
     assert code == 1
     missed = err.strip().splitlines()
     assert len(missed) == 2 and all(m.startswith("missed: cpu float32 B1 H8 S256") and "speedup" in m for m in missed)
@@ -93,16 +107,34 @@ def test_a_case_the_peer_lacks_shows_as_missing_and_runs_never_mix(run):
 
 def test_peer_where_pairs_across_dtypes(cli, tmp_path):
     run = tmp_path / "dtypes"
-    code, _, _ = cli("run", "--suite", "fused_cpu", "--impl", "fused_cpu", "--dtype", "float32,bfloat16", "--seq",
-                     "256", "--mask", "none", "--budget-s", "0.03", "--threads", "1", "--out", str(run))  # fmt: skip
+    code, _, _ = cli(
+        "run",
+        "--suite",
+        "fused_cpu",
+        "--impl",
+        "fused_cpu",
+        "--dtype",
+        "float32,bfloat16",
+        "--seq",
+        "256",
+        "--mask",
+        "none",
+        "--budget-s",
+        "0.03",
+        "--threads",
+        "1",
+        "--out",
+        str(run),
+    )
     assert code == 0
     args = ["ratios", str(run), "--impl", "fused_cpu", "--vs", "fused_cpu", "--where", "dtype=bfloat16"]
     code, text, _ = cli(*args, "--peer-where", "dtype=float32", "--min-speedup", "1e-6")
     assert code == 0 and "1/1 case(s) meet the bounds" in text
     frame = load_runs([run])[0]
     bf16, fp32 = (frame[frame.dtype == d] for d in ("bfloat16", "float32"))
-    table = ratio_table(frame[frame.dtype == "bfloat16"], "fused_cpu", ["fused_cpu"], peer_frame=fp32,
-                        unpaired=("dtype",))  # fmt: skip
+    table = ratio_table(
+        frame[frame.dtype == "bfloat16"], "fused_cpu", ["fused_cpu"], peer_frame=fp32, unpaired=("dtype",)
+    )
     assert len(table) == 1 and table.speedup[0] == pytest.approx(fp32.median_ms.iloc[0] / bf16.median_ms.iloc[0])
     code, _, err = cli(*args, "--peer-where", "colour=red")
     assert code == 2 and "--where 'colour=red': expected COLUMN=VALUE" in err

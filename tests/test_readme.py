@@ -55,9 +55,20 @@ def _lanes(commands: list[str]) -> tuple[list[str], list[str]]:
 def _run_lane(commands: list[str], cwd, niceness: int = 0) -> list[tuple[str, object]]:
     """Each command in turn; ``niceness`` > 0 runs them at a lower priority (see the test below)."""
     start = (lambda: os.nice(niceness)) if niceness else None
-    return [(command, subprocess.run([sys.executable, "-m", "attnbench", *shlex.split(command)[1:]], cwd=cwd,
-                                     capture_output=True, text=True, timeout=600, preexec_fn=start))
-            for command in commands]  # fmt: skip
+    return [
+        (
+            command,
+            subprocess.run(
+                [sys.executable, "-m", "attnbench", *shlex.split(command)[1:]],
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                preexec_fn=start,
+            ),
+        )
+        for command in commands
+    ]
 
 
 @pytest.mark.slow
@@ -172,14 +183,18 @@ def test_every_nox_session_and_attnbench_subcommand_the_readme_names_exists(cli)
             problems += [f"no nox session {name!r}: {' '.join(words)}" for name in named if name not in sessions]
             if "--" in words and named[0] in SESSION_COMMAND:
                 rest = words[words.index("--") + 1 :]
-                problems += [f"{f} not in attnbench {SESSION_COMMAND[named[0]]} --help: {' '.join(words)}"
-                             for f in _unknown_flags(SESSION_COMMAND[named[0]], rest)]  # fmt: skip
+                problems += [
+                    f"{f} not in attnbench {SESSION_COMMAND[named[0]]} --help: {' '.join(words)}"
+                    for f in _unknown_flags(SESSION_COMMAND[named[0]], rest)
+                ]
         elif words[0] == "attnbench" and words[1] != "…":  # `attnbench …`: any command
             if words[1] not in subcommands:
                 problems.append(f"no attnbench subcommand {words[1]!r}: {' '.join(words)}")
                 continue
-            problems += [f"{f} not in attnbench {words[1]} --help: {' '.join(words)}"
-                         for f in _unknown_flags(words[1], words[2:])]  # fmt: skip
+            problems += [
+                f"{f} not in attnbench {words[1]} --help: {' '.join(words)}"
+                for f in _unknown_flags(words[1], words[2:])
+            ]
             if words[1] in CHEAP and "…" not in words:
                 code, out, err = cli(*words[1:])
                 assert code == 0 and CHEAP[words[1]] in out, (words, err)
@@ -217,8 +232,14 @@ def test_the_contents_list_names_every_section_and_every_link_lands():
     contents = README[README.index("## Contents\n") : README.index("## A short tour\n")]
     listed = re.findall(r"\]\(#([^)]+)\)", contents)
     assert sorted(listed) == sorted(_slug(h) for h in headings if h != "Contents")
-    for feature in ("model-presets---model---phase", "kv-cache-type-bf16-and-fp8-caches", "ragged-and-mixed-batches",
-                    "shared-prefix-and-chunked-attention", "attention-sinks", "ab-is-my-change-faster"):  # fmt: skip
+    for feature in (
+        "model-presets---model---phase",
+        "kv-cache-type-bf16-and-fp8-caches",
+        "ragged-and-mixed-batches",
+        "shared-prefix-and-chunked-attention",
+        "attention-sinks",
+        "ab-is-my-change-faster",
+    ):
         assert feature in listed
     broken = [link for link in re.findall(r"\]\(#([^)]+)\)", README) if link not in anchors]
     assert not broken, broken

@@ -16,12 +16,13 @@ def _dense_reference(inputs):
             kv = h // w.gqa_group
             for i in range(w.seq_q):
                 keys = [
-                    j for j in range(w.seq_k)
+                    j
+                    for j in range(w.seq_k)
                     if (w.mask == "none")
                     or (w.mask == "causal" and j <= i)
                     or (w.mask == "causal_bottom_right" and j - i <= w.seq_k - w.seq_q)
                     or (w.mask == "padding" and j < lengths[b])
-                ]  # fmt: skip
+                ]
                 if not keys:
                     continue
                 scores = torch.stack([q[b, h, i] @ k[b, kv, j] * w.softmax_scale for j in keys])

@@ -47,12 +47,18 @@ def test_unknown_name_lists_the_known_ones():
 
 def test_broken_plugins_are_unavailable_and_disturb_nothing(tmp_path):
     fake_distribution(
-        tmp_path, "broken-plugins",
-        {"broken_import": "broken_module:contender", "not_a_contender": "plain_module:thing",
-         "wrong_name": "plain_module:contender"},
-        {"broken_module": "raise ImportError('needs libfoo.so')\n",
-         "plain_module": "from attnbench.impls.bmm import contender\nthing = 42\n"},
-    )  # fmt: skip
+        tmp_path,
+        "broken-plugins",
+        {
+            "broken_import": "broken_module:contender",
+            "not_a_contender": "plain_module:thing",
+            "wrong_name": "plain_module:contender",
+        },
+        {
+            "broken_module": "raise ImportError('needs libfoo.so')\n",
+            "plain_module": "from attnbench.impls.bmm import contender\nthing = 42\n",
+        },
+    )
     result = run_subprocess(*attnbench_cmd("list", "--json"), env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     by_name = {r["name"]: r for r in json.loads(result.stdout)}

@@ -90,8 +90,24 @@ def test_contender_names_and_reasons_are_escaped(cli, planted, tmp_path):
     planted.append(Evil.name)
     run = tmp_path / "run"
     # Evil is a local class, which the worker process cannot import: run it in this process.
-    assert cli("run", "--impl", f"{Evil.name},bmm", "--seq", "32", "--mask", "none", "--budget-s", "0.02",
-               "--isolate", "none", "--out", str(run))[0] == 0  # fmt: skip
+    assert (
+        cli(
+            "run",
+            "--impl",
+            f"{Evil.name},bmm",
+            "--seq",
+            "32",
+            "--mask",
+            "none",
+            "--budget-s",
+            "0.02",
+            "--isolate",
+            "none",
+            "--out",
+            str(run),
+        )[0]
+        == 0
+    )
     assert cli("report", str(run), "--out", str(tmp_path / "rep"))[0] == 0
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "<script>alert(1)</script>" not in html

@@ -16,8 +16,24 @@ from attnbench.runner.results import CASE_COLUMNS, load_results
 from attnbench.runner.sweep import plan_cases
 
 SMALL = ["--impl", "bmm,sdpa_flash", "--seq", "64,128", "--mask", "none,causal", "--budget-s", "0.02"]
-FEATURES = ["--impl", "bmm,sdpa_flash", "--seq", "64", "--mask", "sliding_window", "--window", "16",
-            "--budget-s", "0.02", "--seed", "3", "--threads", "1", "--isolate", "none"]  # fmt: skip
+FEATURES = [
+    "--impl",
+    "bmm,sdpa_flash",
+    "--seq",
+    "64",
+    "--mask",
+    "sliding_window",
+    "--window",
+    "16",
+    "--budget-s",
+    "0.02",
+    "--seed",
+    "3",
+    "--threads",
+    "1",
+    "--isolate",
+    "none",
+]
 
 
 def _case(row: dict) -> dict:
@@ -71,8 +87,10 @@ def test_a_rows_command_run_as_printed_gives_one_row_of_the_same_case(runs, tmp_
 
 def test_from_case_reruns_that_row_with_the_runs_settings(runs, tmp_path):
     row = load_results(runs["small"]).iloc[5].to_dict()
-    assert main(["run", "--from", str(runs["small"]), "--case", "5", "--progress", "off",
-                 "--out", str(tmp_path / "five")]) == 0  # fmt: skip
+    assert (
+        main(["run", "--from", str(runs["small"]), "--case", "5", "--progress", "off", "--out", str(tmp_path / "five")])
+        == 0
+    )
     again = load_results(tmp_path / "five")
     assert len(again) == 1 and _case(again.iloc[0].to_dict()) == _case(row)
     meta = json.loads((tmp_path / "five" / "meta.json").read_text())

@@ -44,8 +44,11 @@ class Sleeper(_Base):
 def planted_site(tmp_path_factory):
     """A distribution with three misbehaving contenders, installed by putting it on PYTHONPATH."""
     site = tmp_path_factory.mktemp("site")
-    entry_points = {"planted_raises": "planted:Raises", "planted_wrong": "planted:Wrong",
-                    "planted_sleeper": "planted:Sleeper"}  # fmt: skip
+    entry_points = {
+        "planted_raises": "planted:Raises",
+        "planted_wrong": "planted:Wrong",
+        "planted_sleeper": "planted:Sleeper",
+    }
     fake_distribution(site, "planted", entry_points, {"planted": PLANTED})
     return {"PYTHONPATH": str(site)}
 
@@ -54,8 +57,23 @@ def planted_site(tmp_path_factory):
 def test_sweep_survives_raising_wrong_and_hung_contenders(planted_site, tmp_path):
     out = tmp_path / "run"
     impls = "planted_raises,planted_wrong,planted_sleeper,bmm,sdpa_math"
-    args = ["run", "--impl", impls, "--seq", "64", "--kv-heads", "8", "--mask", "none", "--budget-s", "0.05",
-            "--timeout-s", "4", "--out", str(out)]  # fmt: skip
+    args = [
+        "run",
+        "--impl",
+        impls,
+        "--seq",
+        "64",
+        "--kv-heads",
+        "8",
+        "--mask",
+        "none",
+        "--budget-s",
+        "0.05",
+        "--timeout-s",
+        "4",
+        "--out",
+        str(out),
+    ]
     start = time.perf_counter()
     result = run_subprocess(*attnbench_cmd(*args), env=planted_site)
     assert result.returncode == 0, result.stderr
@@ -78,10 +96,28 @@ def _key_set(frame: pd.DataFrame) -> set:
 @pytest.mark.slow
 def test_interrupt_then_resume_gives_the_full_case_set_once(tmp_path):
     out = tmp_path / "run"
-    args = ["run", "--impl", "bmm,einsum,sdpa_math", "--seq", "128,256,512", "--mask", "none,causal",
-            "--budget-s", "0.05", "--isolate", "none", "--out", str(out)]  # fmt: skip
-    process = subprocess.Popen(attnbench_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    args = [
+        "run",
+        "--impl",
+        "bmm,einsum,sdpa_math",
+        "--seq",
+        "128,256,512",
+        "--mask",
+        "none,causal",
+        "--budget-s",
+        "0.05",
+        "--isolate",
+        "none",
+        "--out",
+        str(out),
+    ]
+    process = subprocess.Popen(
+        attnbench_cmd(*args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     # (SIG_DFL: under a shell's background job SIGINT arrives ignored, and an ignored signal stays ignored)
     rows = out / "rows.jsonl"
     deadline = time.time() + 120
@@ -112,8 +148,18 @@ def test_interrupt_then_resume_gives_the_full_case_set_once(tmp_path):
 
 @pytest.mark.slow
 def test_shards_merge_into_exactly_the_unsharded_cases(tmp_path):
-    sweep = ["--impl", "bmm,sdpa_flash,naive,xformers", "--seq", "32,64,128", "--mask", "none,causal",
-             "--budget-s", "0.02", "--isolate", "none"]  # fmt: skip
+    sweep = [
+        "--impl",
+        "bmm,sdpa_flash,naive,xformers",
+        "--seq",
+        "32,64,128",
+        "--mask",
+        "none,causal",
+        "--budget-s",
+        "0.02",
+        "--isolate",
+        "none",
+    ]
     assert run_subprocess(*attnbench_cmd("run", *sweep, "--out", str(tmp_path / "all"))).returncode == 0
     shards = []
     for index in (1, 2, 3):

@@ -59,10 +59,25 @@ def test_group_rows_come_in_order_and_share_their_rounds(planted):
 
 
 def _row(median: float, status: str = "ok", **extra: object) -> dict:
-    base = {"impl": "bmm", "status": status, "reason": "" if status == "ok" else "boom", "median_ms": median,
-            "iqr_ms": 0.1, "n_samples": 10, "rounds": 12, "samples_ms": [median] * 3, "unstable": False,
-            "tflops": 1.0 / median, "gbps": 2.0 / median, "pct_of_peak": 50.0 / median, "max_abs_err": 1e-6,
-            "grad_err": None, "peak_mem_mb": 1.0, "first_call_ms": 5.0, "setup_ms": 1.0}  # fmt: skip
+    base = {
+        "impl": "bmm",
+        "status": status,
+        "reason": "" if status == "ok" else "boom",
+        "median_ms": median,
+        "iqr_ms": 0.1,
+        "n_samples": 10,
+        "rounds": 12,
+        "samples_ms": [median] * 3,
+        "unstable": False,
+        "tflops": 1.0 / median,
+        "gbps": 2.0 / median,
+        "pct_of_peak": 50.0 / median,
+        "max_abs_err": 1e-6,
+        "grad_err": None,
+        "peak_mem_mb": 1.0,
+        "first_call_ms": 5.0,
+        "setup_ms": 1.0,
+    }
     return {**base, **extra}
 
 
@@ -78,8 +93,21 @@ def test_merged_repeats_take_the_median_of_medians_and_keep_them():
 
 def test_repeat_runs_each_case_in_separate_processes(tmp_path):
     out = tmp_path / "run"
-    args = ["run", "--impl", "bmm,sdpa_math", "--seq", "64", "--mask", "none", "--budget-s", "0.03",
-            "--repeat", "2", "--out", str(out)]  # fmt: skip
+    args = [
+        "run",
+        "--impl",
+        "bmm,sdpa_math",
+        "--seq",
+        "64",
+        "--mask",
+        "none",
+        "--budget-s",
+        "0.03",
+        "--repeat",
+        "2",
+        "--out",
+        str(out),
+    ]
     result = run_subprocess(*attnbench_cmd(*args))
     assert result.returncode == 0, result.stderr
     frame = pd.read_parquet(out / "results.parquet")
@@ -134,8 +162,10 @@ def test_a_contender_that_kills_its_process_is_an_error_every_time(tmp_path):
     (site / "planted_abort.py").write_text(ABORTING)
     suite = tmp_path / "crashes.toml"
     seqs = ", ".join(str(16 + i) for i in range(8))
-    suite.write_text(f'budget_s = 0.02\n[[sweep]]\nimpl = "planted_abort"\nbatch = 1\nheads = 2\n'
-                     f'head_dim = 8\nmask = "none"\nseq = [{seqs}]\n')  # fmt: skip
+    suite.write_text(
+        f'budget_s = 0.02\n[[sweep]]\nimpl = "planted_abort"\nbatch = 1\nheads = 2\n'
+        f'head_dim = 8\nmask = "none"\nseq = [{seqs}]\n'
+    )
     out = tmp_path / "run"
     args = ["run", "--suite", str(suite), "--timeout-s", "60", "--out", str(out)]
     start = time.perf_counter()
@@ -146,8 +176,23 @@ def test_a_contender_that_kills_its_process_is_an_error_every_time(tmp_path):
     assert frame["reason"].str.contains(r"worker process died during the case \(signal 6 \(SIGABRT\)\)").all()
     assert time.perf_counter() - start < 8 * 60  # not one of them waited for its timeout
     mixed = tmp_path / "mixed"
-    args = ["run", "--impl", "bmm,planted_abort,sdpa_math", "--seq", "32", "--kv-heads", "8", "--mask", "none",
-            "--head-dim", "8", "--budget-s", "0.02", "--out", str(mixed)]  # fmt: skip
+    args = [
+        "run",
+        "--impl",
+        "bmm,planted_abort,sdpa_math",
+        "--seq",
+        "32",
+        "--kv-heads",
+        "8",
+        "--mask",
+        "none",
+        "--head-dim",
+        "8",
+        "--budget-s",
+        "0.02",
+        "--out",
+        str(mixed),
+    ]
     result = run_subprocess(*attnbench_cmd(*args), env={"PYTHONPATH": str(site)})
     assert result.returncode == 0, result.stderr
     statuses = pd.read_parquet(mixed / "results.parquet").set_index("impl")["status"]

@@ -34,8 +34,10 @@ def test_scoring_references_are_the_documents_formulas():
         "score_scaled_dot": out(q @ k.T / 2**0.5),
         "score_bilinear": out(q @ inputs.parameter("bilinear_W", 2, 2).double() @ k.T),
     }
-    w_q, w_k, w_vec = (inputs.parameter(n, *s).double() for n, s in
-                       (("additive_Wq", (2, 3)), ("additive_Wk", (2, 3)), ("additive_w", (3,))))  # fmt: skip
+    w_q, w_k, w_vec = (
+        inputs.parameter(n, *s).double()
+        for n, s in (("additive_Wq", (2, 3)), ("additive_Wk", (2, 3)), ("additive_w", (3,)))
+    )
     additive = torch.tensor([[float(w_vec @ torch.tanh(q[i] @ w_q + k[j] @ w_k)) for j in range(4)] for i in range(3)])
     expected["score_additive"] = out(additive.double())
     for name, want in expected.items():
@@ -92,8 +94,7 @@ def test_mha_rules():
 def test_scoring_and_mha_suites_finish_with_ok_or_skipped_rows(cli, tmp_path):
     for suite, overrides in (("scoring", ["--seq", "64,16384"]), ("mha", ["--batch", "8"])):
         out = tmp_path / suite
-        code, _, _ = cli("run", "--suite", suite, *overrides, "--budget-s", "0.02",
-                         "--out", str(out))  # fmt: skip
+        code, _, _ = cli("run", "--suite", suite, *overrides, "--budget-s", "0.02", "--out", str(out))
         assert code == 0
         frame = pd.read_parquet(out / "results.parquet")
         # every core that can run the module does (cascade runs shared prefixes only, which mha has none of)

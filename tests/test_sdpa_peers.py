@@ -29,11 +29,17 @@ from attnbench.workload.inputs import make_inputs
 from attnbench.workload.reference import reference_output, sample_rows
 from attnbench.workload.suite import DEFAULTS, Suite, expand, load_suite
 
-MEMBERS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
-           "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH"}  # fmt: skip
-HEADERS = {"EFFICIENT_ATTENTION": "Memory efficient kernel not used because:",
-           "FLASH_ATTENTION": "Flash attention kernel not used because:",
-           "CUDNN_ATTENTION": "cuDNN attention kernel not used because:"}  # fmt: skip
+MEMBERS = {
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+    "sdpa_math": "MATH",
+}
+HEADERS = {
+    "EFFICIENT_ATTENTION": "Memory efficient kernel not used because:",
+    "FLASH_ATTENTION": "Flash attention kernel not used because:",
+    "CUDNN_ATTENTION": "cuDNN attention kernel not used because:",
+}
 TRIGGERED = " (Triggered internally at /pytorch/aten/src/ATen/native/transformers/cuda/sdp_utils.cpp:986.)"
 GARBAGE = 0.5  # what the fake kernel writes everywhere, rows that see no key included
 
@@ -259,9 +265,10 @@ def test_a_contender_wrong_only_on_rows_that_see_no_key_is_incorrect(planted, mo
     inputs = make_inputs(workload)
     unseeing = torch.nonzero(inputs.empty_rows[0, 0, :, 0]).flatten()
     assert set(unseeing.tolist()) & set(sample_rows(workload.seq_q).tolist())  # the check looks at them
-    assert torch.equal(reference_output(inputs, unseeing), torch.zeros(workload.batch, workload.heads,
-                                                                       len(unseeing), workload.head_dim,
-                                                                       dtype=torch.float64))  # fmt: skip
+    assert torch.equal(
+        reference_output(inputs, unseeing),
+        torch.zeros(workload.batch, workload.heads, len(unseeing), workload.head_dim, dtype=torch.float64),
+    )
     monkeypatch.setattr(UnseeingRowsWrong, "value", value)
     attnbench.register(UnseeingRowsWrong())
     planted.append(UnseeingRowsWrong.name)
@@ -270,7 +277,9 @@ def test_a_contender_wrong_only_on_rows_that_see_no_key_is_incorrect(planted, mo
     assert ("NaN" in row["reason"]) if value != value else ("over tolerance" in row["reason"])
     monkeypatch.setattr(UnseeingRowsWrong, "value", 0.0)  # zeros there: the same contender is right
     assert run_case(UnseeingRowsWrong.name, workload, RunOptions(budget_s=0.02, measure_memory=False))["status"] in (
-        "ok", "stalled")  # fmt: skip
+        "ok",
+        "stalled",
+    )
 
 
 def _dtypes(axes: dict) -> set[tuple[str, str]]:
@@ -286,8 +295,13 @@ def test_a_model_preset_on_cuda_runs_its_dtype_unless_one_is_given():
     assert _dtypes({**decode, "device": "cpu"}) == {("cpu", "float32")}  # the CPU keeps float32
     assert _dtypes({**decode, "device": "cpu,cuda"}) == {("cpu", "float32"), ("cuda", "bfloat16")}
     assert _dtypes({"model": "gpt2", "phase": "prefill", "device": "cuda", "seq": 128}) == {("cuda", "bfloat16")}
-    plain = Suite("plain", "", 1.0, 60.0, ({**DEFAULTS, "batch": [1], "heads": [2], "seq": [8], "head_dim": [8],
-                                            "device": ["cuda"], "impl": ["bmm"]},))  # fmt: skip
+    plain = Suite(
+        "plain",
+        "",
+        1.0,
+        60.0,
+        ({**DEFAULTS, "batch": [1], "heads": [2], "seq": [8], "head_dim": [8], "device": ["cuda"], "impl": ["bmm"]},),
+    )
     assert {w.dtype for _, w in expand(plain, {}, sorted(registry.load()))} == {"float32"}  # not a preset: float32
 
 

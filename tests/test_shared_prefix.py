@@ -69,10 +69,13 @@ def test_cascade_in_bfloat16_and_backward_of_the_per_sequence_ones():
 
 @pytest.mark.parametrize(
     "features",
-    [{"head_dim_v": 8}, {"kv_heads": 1, "head_dim_v": 8, "kv_layout": "latent"},
-     {"kv_heads": 1, "head_dim_v": 8, "kv_layout": "latent", "page_size": 8}],
+    [
+        {"head_dim_v": 8},
+        {"kv_heads": 1, "head_dim_v": 8, "kv_layout": "latent"},
+        {"kv_heads": 1, "head_dim_v": 8, "kv_layout": "latent", "page_size": 8},
+    ],
     ids=str,
-)  # fmt: skip
+)
 def test_cascade_with_a_value_head_dim_and_mla_latent_cache(features):
     w = Workload(3, 4, features.pop("kv_heads", 2), 2, 37, 20, mask=BOTTOM_RIGHT, shared_prefix=20, **features)
     inputs = make_inputs(w)
@@ -151,8 +154,23 @@ def test_paged_tables_point_at_one_set_of_prefix_pages():
 
 def test_the_flag_labels_and_bounds(tmp_path):
     assert _workload(CASES[0]).label() == "B3 H6/2 S1x37 D12 float32 cpu causal_bottom_right fwd prefix20"
-    command = attnbench_cmd("run", "--impl", "cascade", "--batch", "2", "--heads", "2", "--seq", "1", "--seq-kv",
-                            "64", "--head-dim", "8", "--shared-prefix", "64")  # fmt: skip
+    command = attnbench_cmd(
+        "run",
+        "--impl",
+        "cascade",
+        "--batch",
+        "2",
+        "--heads",
+        "2",
+        "--seq",
+        "1",
+        "--seq-kv",
+        "64",
+        "--head-dim",
+        "8",
+        "--shared-prefix",
+        "64",
+    )
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert (result.returncode, result.stderr.strip()) == (
         2,

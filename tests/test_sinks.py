@@ -22,10 +22,11 @@ from conftest import attnbench_cmd, run_subprocess
 # Odd shapes: Sq ≠ Sk, GQA (6 query heads on 2 kv heads), an odd head dim; decode: Sq 1 against 300 keys.
 SHAPES = {
     "causal": dict(batch=2, heads=6, kv_heads=2, seq_q=13, seq_k=29, head_dim=17, mask="causal"),
-    "sliding_window": dict(batch=2, heads=6, kv_heads=2, seq_q=13, seq_k=29, head_dim=17, mask="sliding_window",
-                           window=7),
+    "sliding_window": dict(
+        batch=2, heads=6, kv_heads=2, seq_q=13, seq_k=29, head_dim=17, mask="sliding_window", window=7
+    ),
     "decode": dict(batch=2, heads=6, kv_heads=2, seq_q=1, seq_k=300, head_dim=17, mask="causal_bottom_right"),
-}  # fmt: skip
+}
 FORWARD = ("bmm", "einsum", "naive")
 BACKWARD = ("bmm", "einsum")  # naive has no backward; flex has none on CPU
 
@@ -73,8 +74,9 @@ def test_a_row_that_sees_no_key_gives_zeros_with_sinks():
     for impl in ("bmm", "naive"):
         prepared = prepare_checked(impl, w)
         assert prepared.ok, (impl, prepared.reason)
-    backward = prepare_checked("einsum", Workload(1, 2, 1, 9, 4, 8, mask="causal_bottom_right", sinks="learned",
-                                                  pass_="fwd_bwd"))  # fmt: skip
+    backward = prepare_checked(
+        "einsum", Workload(1, 2, 1, 9, 4, 8, mask="causal_bottom_right", sinks="learned", pass_="fwd_bwd")
+    )
     assert backward.ok, backward.reason
 
 
@@ -171,9 +173,33 @@ def test_counts_and_memory():
 @pytest.mark.slow
 def test_the_label_and_a_cli_run(tmp_path):
     out = tmp_path / "runs"
-    args = ["run", "--impl", "bmm,sdpa_math", "--seq", "64", "--seq-kv", "300", "--heads", "6", "--kv-heads", "2",
-            "--head-dim", "17", "--batch", "2", "--mask", "sliding_window", "--window", "32", "--sinks", "learned",
-            "--budget-s", "0.02", "--out", str(out)]  # fmt: skip
+    args = [
+        "run",
+        "--impl",
+        "bmm,sdpa_math",
+        "--seq",
+        "64",
+        "--seq-kv",
+        "300",
+        "--heads",
+        "6",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "17",
+        "--batch",
+        "2",
+        "--mask",
+        "sliding_window",
+        "--window",
+        "32",
+        "--sinks",
+        "learned",
+        "--budget-s",
+        "0.02",
+        "--out",
+        str(out),
+    ]
     result = run_subprocess(*attnbench_cmd(*args), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     import pandas as pd

@@ -105,9 +105,11 @@ def test_busy_loops_on_every_core_stall_the_rows_timed_meanwhile_unless_niced(mo
     collapsed = sum(r < yardsticks.STALL_FRACTION for r in rates) / len(rates)
     slowdown = [row["median_ms"] / quiet[i % 2]["median_ms"] for i, row in enumerate(rows)]
     waited = [row["waited_pct"] or 0.0 for row in rows]
-    print(f"{competitor}: {collapsed:.0%} of {len(rates)} rounds' FMA yardstick collapsed; threads waited "
-          f"{min(waited):.0f}-{max(waited):.0f} % (quiet {max(r['waited_pct'] or 0.0 for r in quiet):.0f} %); "
-          f"statuses {[r['status'] for r in rows]}; times {min(slowdown):.2f}-{max(slowdown):.2f}x quiet")  # fmt: skip
+    print(
+        f"{competitor}: {collapsed:.0%} of {len(rates)} rounds' FMA yardstick collapsed; threads waited "
+        f"{min(waited):.0f}-{max(waited):.0f} % (quiet {max(r['waited_pct'] or 0.0 for r in quiet):.0f} %); "
+        f"statuses {[r['status'] for r in rows]}; times {min(slowdown):.2f}-{max(slowdown):.2f}x quiet"
+    )
     for row, slower in zip(rows, slowdown, strict=True):
         assert row["status"] == "stalled" or slower < 1.5, (row["status"], slower, row["reason"])
     if competitor == "busy loops":

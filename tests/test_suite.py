@@ -33,8 +33,9 @@ def test_gpu_suite_reaches_16k_in_half_precision():
 
 
 def test_overrides_replace_axes_and_one_row_per_case():
-    cases = expand(load_suite("quick"), {"impl": ["bmm"], "seq": [64], "mask": ["none", "causal"],
-                                         "pass": ["fwd", "bwd"]}, KNOWN)  # fmt: skip
+    cases = expand(
+        load_suite("quick"), {"impl": ["bmm"], "seq": [64], "mask": ["none", "causal"], "pass": ["fwd", "bwd"]}, KNOWN
+    )
     # sweep 1: 1 seq x 2 masks x 2 passes; sweep 2: kv_heads 2, seq_kv 256, same 4 combinations
     assert len(cases) == 8 and len(set(cases)) == 8
     assert {w.pass_ for _, w in cases} == {"fwd", "bwd"}

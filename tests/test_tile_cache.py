@@ -220,8 +220,16 @@ def test_hopper_is_told_by_the_compute_capability(monkeypatch):
 
 
 def _pruned(head_dim: int, itemsize: int, seq: int, hopper: bool, kernel: str = "fwd") -> list[Tile]:
-    return prune(kernel, CUDA_TILES[kernel], seq_q=seq, seq_k=seq, head_dim=head_dim, itemsize=itemsize,
-                 shared_cap=H100_SHARED, hopper=hopper)  # fmt: skip
+    return prune(
+        kernel,
+        CUDA_TILES[kernel],
+        seq_q=seq,
+        seq_k=seq,
+        head_dim=head_dim,
+        itemsize=itemsize,
+        shared_cap=H100_SHARED,
+        hopper=hopper,
+    )
 
 
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256, 576])
@@ -232,14 +240,19 @@ def test_hopper_drops_only_forward_tiles_it_cannot_use(head_dim, itemsize, seq):
     assert hopper and set(hopper) <= set(full)
 
     def used(t: Tile) -> int:
-        return shared_bytes("fwd", t, sum(_tiles.head_dim_blocks(head_dim)), itemsize,
-                            max(16, 1 << (head_dim - 1).bit_length()))  # fmt: skip
+        return shared_bytes(
+            "fwd", t, sum(_tiles.head_dim_blocks(head_dim)), itemsize, max(16, 1 << (head_dim - 1).bit_length())
+        )
 
     for dropped in set(full) - set(hopper):
         wide_8_warps = dropped.num_warps == 8 and dropped.block_m * dropped.block_n < 128 * 128
-        deeper = [t for t in full if (t.block_m, t.block_n, t.num_warps) == (dropped.block_m, dropped.block_n,
-                  dropped.num_warps) and t.num_stages > dropped.num_stages
-                  and H100_SHARED // used(t) == H100_SHARED // used(dropped)]  # fmt: skip
+        deeper = [
+            t
+            for t in full
+            if (t.block_m, t.block_n, t.num_warps) == (dropped.block_m, dropped.block_n, dropped.num_warps)
+            and t.num_stages > dropped.num_stages
+            and H100_SHARED // used(t) == H100_SHARED // used(dropped)
+        ]
         assert wide_8_warps or deeper, dropped
     for kernel in ("dkdv", "dq"):  # the backward kernels keep the full table
         assert _pruned(head_dim, itemsize, seq, True, kernel) == _pruned(head_dim, itemsize, seq, False, kernel)

@@ -48,8 +48,9 @@ def test_a_script_without_a_main_guard(script):
 
 @pytest.mark.slow
 def test_a_script_fed_to_python_dash(script):
-    result = subprocess.run([sys.executable, "-"], input=SCRIPT, capture_output=True, text=True, timeout=600,
-                            cwd=script.parent)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-"], input=SCRIPT, capture_output=True, text=True, timeout=600, cwd=script.parent
+    )
     check_printed_a_frame(result)
 
 
@@ -62,8 +63,9 @@ def test_python_dash_c(tmp_path):
 def test_an_interactive_session_like_a_notebook(tmp_path):
     """``python -i`` reading its cells from stdin: ``__main__`` is the interactive namespace, no file."""
     cells = SCRIPT + "\nimport __main__; print('has file:', hasattr(__main__, '__file__'))\n"
-    result = subprocess.run([sys.executable, "-i", "-q"], input=cells, capture_output=True, text=True,
-                            timeout=600, cwd=tmp_path)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-i", "-q"], input=cells, capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     check_printed_a_frame(result)
     assert "has file: False" in result.stdout
 

@@ -96,9 +96,7 @@ SHAPES = [(1, 1), (5, 5), (3, 8), (8, 3), (7, 16), (16, 7)]
 @pytest.mark.parametrize("window", [1, 2, 5, 40])
 def test_sliding_window_pairs_in_closed_form_match_brute_force(seq_q, seq_k, window):
     w = Workload(3, 1, 1, seq_q, seq_k, 1, mask="sliding_window", window=window)
-    brute = sum(
-        1 for i in range(seq_q) for j in range(seq_k) if i + seq_k - seq_q - window < j <= i + seq_k - seq_q
-    )  # fmt: skip
+    brute = sum(1 for i in range(seq_q) for j in range(seq_k) if i + seq_k - seq_q - window < j <= i + seq_k - seq_q)
     assert workload_pairs(w) == 3 * brute
     dense = dense_mask_of(w, "cpu")
     assert int(dense.expand(3, 1, seq_q, seq_k).sum()) == 3 * brute
@@ -275,15 +273,36 @@ def test_features_that_do_not_apply_collapse_to_neutral_values():
     assert Workload(1, 1, 1, 8, 8, 8, window=5, documents=3, softcap=20.0) == Workload(1, 1, 1, 8, 8, 8)
     w = Workload(1, 1, 1, 8, 8, 8, mask="sliding_window", window=5, score_mod="softcap", softcap=20)
     assert w.label() == "B1 H1 S8 D8 float32 cpu sliding_window fwd w5 softcap20"
-    suite = Suite("t", "", 1.0, 60.0, ({"impl": ["bmm"], "batch": [1], "heads": [2], "seq": [16], "head_dim": [8],
-                                       "dtype": ["float32"], "device": ["cpu"], "mask": ["none", "sliding_window"],
-                                       "pass": ["fwd"], "module": ["core"], "window": [4, 8]},))  # fmt: skip
+    suite = Suite(
+        "t",
+        "",
+        1.0,
+        60.0,
+        (
+            {
+                "impl": ["bmm"],
+                "batch": [1],
+                "heads": [2],
+                "seq": [16],
+                "head_dim": [8],
+                "dtype": ["float32"],
+                "device": ["cpu"],
+                "mask": ["none", "sliding_window"],
+                "pass": ["fwd"],
+                "module": ["core"],
+                "window": [4, 8],
+            },
+        ),
+    )
     assert len(expand(suite, {}, ["bmm"])) == 3  # none once, sliding_window with each window
 
 
 def test_model_presets_build_prefill_and_decode_sweeps():
     assert (PRESETS["llama3.1-70b"].heads, PRESETS["llama3.1-70b"].kv_heads, PRESETS["llama3.1-70b"].head_dim) == (
-        64, 8, 128)  # fmt: skip
+        64,
+        8,
+        128,
+    )
     cases = expand(model_suite(), {"model": ["llama3.1-8b", "gemma2-9b"], "impl": ["bmm"]}, ["bmm"])
     workloads = [w for _, w in cases]
     prefill = [w for w in workloads if w.model == "llama3.1-8b" and w.seq_q == w.seq_k]
@@ -292,8 +311,11 @@ def test_model_presets_build_prefill_and_decode_sweeps():
     assert {(w.heads, w.kv_heads, w.head_dim, w.mask) for w in prefill} == {(32, 8, 128, "causal")}
     assert sorted({w.seq_k for w in decode}) == [1024, 2048, 4096, 8192, 16384, 32768]
     assert sorted({w.batch for w in decode}) == [1, 8, 64] and {w.mask for w in decode} == {"causal_bottom_right"}
-    gemma = {(w.heads, w.kv_heads, w.head_dim, w.mask, w.window, w.score_mod, w.softcap) for w in workloads
-             if w.model == "gemma2-9b"}  # fmt: skip
+    gemma = {
+        (w.heads, w.kv_heads, w.head_dim, w.mask, w.window, w.score_mod, w.softcap)
+        for w in workloads
+        if w.model == "gemma2-9b"
+    }
     assert gemma == {(16, 8, 256, "sliding_window", 4096, "softcap", 50.0)}
     given = {"model": ["gpt2"], "phase": ["decode"], "seq": [4], "seq_kv": [512], "batch": [2], "impl": ["bmm"]}
     assert [w.label() for _, w in expand(model_suite(), given, ["bmm"])] == [

@@ -230,10 +230,17 @@ def paged_decode(
         lengths = lengths.to(torch.int64).contiguous()
     cache = bindings.CacheOptions(k_scale=k_scale, v_scale=v_scale, sinks=_sinks32(sinks), row_hi=row_hi)
     out, _, tiles = _decode(
-        q, k_pages, v_pages, scale=scale, mask=mask or ("none" if lengths is None else "padding"), lengths=lengths,
-        threads=threads or torch.get_num_threads(), pages=page_table.to(torch.int32).contiguous(), seq_k=seq_k,
+        q,
+        k_pages,
+        v_pages,
+        scale=scale,
+        mask=mask or ("none" if lengths is None else "padding"),
+        lengths=lengths,
+        threads=threads or torch.get_num_threads(),
+        pages=page_table.to(torch.int32).contiguous(),
+        seq_k=seq_k,
         cache=cache,
-    )  # fmt: skip
+    )
     return _narrow_to(out, v_pages.shape[-1], q.dtype), tiles
 
 
@@ -302,9 +309,19 @@ def _decode(
     out = torch.empty(batch, heads, seq_q, _round_up(v.shape[-1], bindings.VECTOR), dtype=torch.float32)
     lse = torch.empty(batch, heads, seq_q, dtype=torch.float32) if keep_lse else None
     tiles, _ = kernel.decode(
-        q, k, v, out, lse, scale=scale, mask=mask, lengths=lengths, threads=threads, pages=pages, seq_k=seq_k,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        scale=scale,
+        mask=mask,
+        lengths=lengths,
+        threads=threads,
+        pages=pages,
+        seq_k=seq_k,
         cache=cache,
-    )  # fmt: skip
+    )
     return out, lse, tiles
 
 
@@ -594,9 +611,13 @@ class FusedCpu(Contender):
         "read once for the batch (cascade)"
     )
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}), masks=ALL_MASKS, score_mods=ALL_SCORE_MODS, paged="native", backward=True,
+        devices=frozenset({"cpu"}),
+        masks=ALL_MASKS,
+        score_mods=ALL_SCORE_MODS,
+        paged="native",
+        backward=True,
         features=frozenset({"head_dim_v", "sinks", "kv_layout", "lengths", "shared_prefix", *DECODE_FEATURES}),
-    )  # fmt: skip
+    )
 
     def availability(self) -> str | None:
         return bindings.unavailable_reason()
@@ -662,9 +683,17 @@ class FusedCpu(Contender):
             lo, hi = key_ranges(w)
 
             def cascade() -> torch.Tensor:
-                return cascade_attention(inputs.q, inputs.k, inputs.v, w.shared_prefix, (lo, hi), scale=scale,
-                                         threads=torch.get_num_threads(), forward=_forward,
-                                         sinks=inputs.sinks)  # fmt: skip
+                return cascade_attention(
+                    inputs.q,
+                    inputs.k,
+                    inputs.v,
+                    w.shared_prefix,
+                    (lo, hi),
+                    scale=scale,
+                    threads=torch.get_num_threads(),
+                    forward=_forward,
+                    sinks=inputs.sinks,
+                )
 
             return cascade
         sinks, row_hi, decode_mask = _sinks32(inputs.sinks), None, mask
@@ -676,9 +705,19 @@ class FusedCpu(Contender):
 
             def decode() -> torch.Tensor:
                 out, _ = paged_decode(
-                    inputs.q, paged.k_pages, paged.v_pages, table, lengths, scale=scale, mask=decode_mask,
-                    seq_k=w.seq_k, sinks=sinks, row_hi=row_hi, k_scale=paged.k_scale, v_scale=paged.v_scale,
-                )  # fmt: skip
+                    inputs.q,
+                    paged.k_pages,
+                    paged.v_pages,
+                    table,
+                    lengths,
+                    scale=scale,
+                    mask=decode_mask,
+                    seq_k=w.seq_k,
+                    sinks=sinks,
+                    row_hi=row_hi,
+                    k_scale=paged.k_scale,
+                    v_scale=paged.v_scale,
+                )
                 return out
 
             return decode
@@ -689,9 +728,18 @@ class FusedCpu(Contender):
 
             def decode_kv() -> torch.Tensor:
                 out, _ = decode_attention(
-                    inputs.q, inputs.k, inputs.v, scale=scale, mask=decode_mask, lengths=lengths, sinks=sinks,
-                    k_scale=inputs.k_scale, v_scale=inputs.v_scale, scale_block=kv_cache.scale_block(w), row_hi=row_hi,
-                )  # fmt: skip
+                    inputs.q,
+                    inputs.k,
+                    inputs.v,
+                    scale=scale,
+                    mask=decode_mask,
+                    lengths=lengths,
+                    sinks=sinks,
+                    k_scale=inputs.k_scale,
+                    v_scale=inputs.v_scale,
+                    scale_block=kv_cache.scale_block(w),
+                    row_hi=row_hi,
+                )
                 return out
 
             return decode_kv

@@ -124,9 +124,16 @@ class CacheOptions:
     row_hi: torch.Tensor | None = None
 
     def structure(
-        self, kv_type: int, q_dtype: torch.dtype, head_dim_v: int, v_row: int, block: int, blocks: int,
-        rows: tuple[int, int, int], heads_apart: tuple[int, int] = (0, 0),
-    ) -> DecodeCache:  # fmt: skip
+        self,
+        kv_type: int,
+        q_dtype: torch.dtype,
+        head_dim_v: int,
+        v_row: int,
+        block: int,
+        blocks: int,
+        rows: tuple[int, int, int],
+        heads_apart: tuple[int, int] = (0, 0),
+    ) -> DecodeCache:
         """The C structure, after checking the scales (``blocks`` of each, one per ``block`` positions of a
         contiguous cache), the sinks and the row limits (``rows``: B, H, Sq)."""
         batch, heads, seq_q = rows
@@ -143,15 +150,18 @@ class CacheOptions:
         sinks = self.sinks
         if sinks is not None and (sinks.dtype != torch.float32 or sinks.shape != (heads,) or not sinks.is_contiguous()):
             raise ValueError(f"sinks must be contiguous float32 of shape ({heads},)")
-        pointers = [None if t is None or (t is not sinks and not scaled) else t.data_ptr()
-                    for t in (self.k_scale, self.v_scale, sinks)]  # fmt: skip
+        pointers = [
+            None if t is None or (t is not sinks and not scaled) else t.data_ptr()
+            for t in (self.k_scale, self.v_scale, sinks)
+        ]
         hi = self.row_hi
         if hi is not None and (hi.dtype != torch.int64 or hi.shape != (batch, seq_q) or not hi.is_contiguous()):
             raise ValueError(f"row_hi must be contiguous int64 of shape ({batch}, {seq_q})")
         q_type = 1 if q_dtype == torch.bfloat16 else 0
         row_hi = None if hi is None else hi.data_ptr()
-        return DecodeCache(q_type, kv_type, head_dim_v, v_row, pointers[0], pointers[1], block, pointers[2], row_hi,
-                           *heads_apart)  # fmt: skip
+        return DecodeCache(
+            q_type, kv_type, head_dim_v, v_row, pointers[0], pointers[1], block, pointers[2], row_hi, *heads_apart
+        )
 
 
 @dataclass(frozen=True)
@@ -212,10 +222,22 @@ class Kernel:
             raise ValueError(f"scratch holds {scratch.numel()} floats, fewer than {threads} threads need")
         shape = (batch, heads, kv_heads, seq_q, seq_k, head_dim, padded)
         pointers = (q, k, kt, v, out)
-        return self._forward_call(self.library.attnbench_fused_forward, "fused_cpu", pointers, lse, shape,
-                                  scale=scale, mask=mask, lengths=lengths, block_q=block_q, block_k=block_k,
-                                  threads=threads, scratch=scratch, options=options,
-                                  layout=(v_stride, 0, k_head_stride, v_head_stride))  # fmt: skip
+        return self._forward_call(
+            self.library.attnbench_fused_forward,
+            "fused_cpu",
+            pointers,
+            lse,
+            shape,
+            scale=scale,
+            mask=mask,
+            lengths=lengths,
+            block_q=block_q,
+            block_k=block_k,
+            threads=threads,
+            scratch=scratch,
+            options=options,
+            layout=(v_stride, 0, k_head_stride, v_head_stride),
+        )
 
     def has_bf16(self) -> bool:
         """Whether this build has the bfloat16 forward (AVX512-BF16 dot products)."""
@@ -261,10 +283,22 @@ class Kernel:
         scratch = torch.empty(threads * self.scratch_floats(block_q, block_k, head_dim, padded))
         shape = (batch, heads, kv_heads, seq_q, seq_k, head_dim, padded)
         pointers = (q, k, kt16, v, v16, out)
-        return self._forward_call(self.library.attnbench_fused_forward_bf16, "fused_cpu bf16", pointers, lse, shape,
-                                  scale=scale, mask=mask, lengths=lengths, block_q=block_q, block_k=block_k,
-                                  threads=threads, scratch=scratch, options=options,
-                                  layout=(v_stride, dv, k_head_stride, v_head_stride))  # fmt: skip
+        return self._forward_call(
+            self.library.attnbench_fused_forward_bf16,
+            "fused_cpu bf16",
+            pointers,
+            lse,
+            shape,
+            scale=scale,
+            mask=mask,
+            lengths=lengths,
+            block_q=block_q,
+            block_k=block_k,
+            threads=threads,
+            scratch=scratch,
+            options=options,
+            layout=(v_stride, dv, k_head_stride, v_head_stride),
+        )
 
     def _forward_call(
         self,

@@ -50,8 +50,17 @@ def cascade_attention(
         rows: torch.Tensor, keys: slice, level_batch: slice, mask: str, options: ScoreOptions | None
     ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         k_level, v_level = k[level_batch, :, keys], v[level_batch, :, keys]
-        return forward(rows, k_level, v_level, scale=scale, mask=mask, lengths=None, threads=threads, keep_lse=True,
-                        options=options)  # fmt: skip
+        return forward(
+            rows,
+            k_level,
+            v_level,
+            scale=scale,
+            mask=mask,
+            lengths=None,
+            threads=threads,
+            keep_lse=True,
+            options=options,
+        )
 
     # 1. the prefix, once: rows (b, g, i) of kv head h, against sequence 0's first P keys
     rows = q.view(batch, kv_heads, group, seq_q, head_dim).transpose(0, 1).reshape(1, kv_heads, -1, head_dim)
@@ -86,7 +95,7 @@ def _level_ranges(lo: torch.Tensor, hi: torch.Tensor, keys: int) -> tuple[str, S
 
 def _merge(
     out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor, lse2: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two normalised partial results over disjoint keys as one (FlashInfer's merge_state); a level whose row
     saw no key has lse −∞ and weight 0; a row that saw none in either stays zero."""
     lse = torch.logaddexp(lse1, lse2)

@@ -63,19 +63,35 @@ def run(
             raise TypeError(f"run() got an unexpected keyword argument {name!r}")
     given = {BY_KEYWORD[name].name: value for name, value in axes.items() if value is not None}
     settings: dict[str, Any] = {
-        "threads": threads, "budget_s": budget_s, "case_budget_s": case_budget_s, "timeout_s": timeout_s,
-        "repeat": repeat, "seed": seed, "cpu_allocator": cpu_allocator, "isolate": isolate, "progress": progress,
-    }  # fmt: skip
-    named = {"suite": suite, **{a.keyword: axes.get(a.keyword) for a in SWEEP_AXES}, **settings, "memory": memory,
-             "out": out}  # fmt: skip
+        "threads": threads,
+        "budget_s": budget_s,
+        "case_budget_s": case_budget_s,
+        "timeout_s": timeout_s,
+        "repeat": repeat,
+        "seed": seed,
+        "cpu_allocator": cpu_allocator,
+        "isolate": isolate,
+        "progress": progress,
+    }
+    named = {
+        "suite": suite,
+        **{a.keyword: axes.get(a.keyword) for a in SWEEP_AXES},
+        **settings,
+        "memory": memory,
+        "out": out,
+    }
     command = f"attnbench.run({', '.join(f'{k}={v!r}' for k, v in named.items() if v is not None)})"
     blank = suite is None and MODEL.name not in given
     with tempfile.TemporaryDirectory(prefix="attnbench-run-") as scratch:
         target = Path(out) if out is not None else Path(scratch) / "run"
         request = build_request(
-            profile_suite("notebook", "attnbench.run() without a suite") if blank else suite, given,
-            memory=memory, out=target, command=command, **settings,
-        )  # fmt: skip
+            profile_suite("notebook", "attnbench.run() without a suite") if blank else suite,
+            given,
+            memory=memory,
+            out=target,
+            command=command,
+            **settings,
+        )
         finished = sweep.run_sweep(request, target)
     if finished.interrupted:
         saved = f"; finished rows are saved in {target}" if out is not None else ""

@@ -69,12 +69,26 @@ def request_from_args(args: argparse.Namespace) -> RunRequest:
     if args.from_run is not None or args.case is not None:
         return _from_run_request(args)
     return build_request(
-        args.suite, _given_axes(args), repeat=args.repeat, budget_s=args.budget_s, case_budget_s=args.case_budget_s,
-        timeout_s=args.timeout_s, threads=args.threads, seed=args.seed, memory=not args.no_memory,
-        cpu_allocator=args.cpu_allocator, isolate=args.isolate, remeasure_ceilings=args.remeasure_ceilings,
-        progress=args.progress, out=args.out, resume=args.resume, shard=args.shard, store=args.store, db=args.db,
+        args.suite,
+        _given_axes(args),
+        repeat=args.repeat,
+        budget_s=args.budget_s,
+        case_budget_s=args.case_budget_s,
+        timeout_s=args.timeout_s,
+        threads=args.threads,
+        seed=args.seed,
+        memory=not args.no_memory,
+        cpu_allocator=args.cpu_allocator,
+        isolate=args.isolate,
+        remeasure_ceilings=args.remeasure_ceilings,
+        progress=args.progress,
+        out=args.out,
+        resume=args.resume,
+        shard=args.shard,
+        store=args.store,
+        db=args.db,
         command=args.command_line,
-    )  # fmt: skip
+    )
 
 
 def _from_run_request(args: argparse.Namespace) -> RunRequest:
@@ -83,15 +97,29 @@ def _from_run_request(args: argparse.Namespace) -> RunRequest:
 
     if args.from_run is None or args.case is None:
         raise UsageError("--from RUN_DIR and --case N go together: give both (N: the row's index in results.csv)")
-    settings = (("--suite", args.suite), ("--resume", args.resume), ("--shard", args.shard), ("--repeat", args.repeat),
-                ("--threads", args.threads), ("--budget-s", args.budget_s), ("--case-budget-s", args.case_budget_s),
-                ("--timeout-s", args.timeout_s))  # fmt: skip
+    settings = (
+        ("--suite", args.suite),
+        ("--resume", args.resume),
+        ("--shard", args.shard),
+        ("--repeat", args.repeat),
+        ("--threads", args.threads),
+        ("--budget-s", args.budget_s),
+        ("--case-budget-s", args.case_budget_s),
+        ("--timeout-s", args.timeout_s),
+    )
     given = [flag for flag, value in settings if value is not None]
     given += [axis.flag for axis in SWEEP_AXES if getattr(args, axis.name, None) is not None]
     if given:
         raise UsageError(f"--from reruns one case of RUN_DIR with its settings; drop {', '.join(given)}")
-    return from_run_request(args.from_run, args.case, out=args.out, progress=args.progress, store=args.store,
-                            db=args.db, command=args.command_line)  # fmt: skip
+    return from_run_request(
+        args.from_run,
+        args.case,
+        out=args.out,
+        progress=args.progress,
+        store=args.store,
+        db=args.db,
+        command=args.command_line,
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -126,8 +154,10 @@ def _summarise(finished: Finished, store_db: Path | None) -> int:
         (stored,) = store_runs([writer.out_dir], store_db)
         print(f"stored: {stored.action} in {store_db} (run_id {stored.run_id})")
     if finished.interrupted:
-        print(f"interrupted: finished rows are saved; continue with: attnbench run --resume {writer.out_dir}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"interrupted: finished rows are saved; continue with: attnbench run --resume {writer.out_dir}",
+            file=sys.stderr,
+        )
         return 130
     return 0
 
@@ -194,16 +224,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
         shown = profile.top_ops[["op", "self_ms_per_call", "pct", "category"]].round(4)
         kernels = set(profile.kernels["kernel"])  # CUDA kernels print shortened; the CSV keeps their names
         shown["op"] = [short_name(op) if op in kernels else op for op in shown["op"]]
-        print(f"\n{impl}  {workload.label()}  median {profile.median_ms:.4g} ms per call, "
-              f"{profile.profiled_ms:.4g} ms profiled ({profile.calls} calls recorded)")  # fmt: skip
+        print(
+            f"\n{impl}  {workload.label()}  median {profile.median_ms:.4g} ms per call, "
+            f"{profile.profiled_ms:.4g} ms profiled ({profile.calls} calls recorded)"
+        )
         print(shown.to_string(index=False))
         split = ", ".join(f"{r.category} {r.ms_per_call:.3g} ms ({r.pct:.0f}%)" for r in profile.breakdown.itertuples())
         print(f"breakdown: {split}\ntrace: {profile.trace_path}", flush=True)
         result = _ncu_case(ncu, metrics, profile, args.seed) if ncu is not None else None
         if result is not None:
             ncu_results.append(result)
-            profile = dataclasses.replace(profile, top_ops=annotate_top_ops(profile.top_ops, result.kernels),
-                                          breakdown=annotate_breakdown(profile.breakdown, result.kernels))  # fmt: skip
+            profile = dataclasses.replace(
+                profile,
+                top_ops=annotate_top_ops(profile.top_ops, result.kernels),
+                breakdown=annotate_breakdown(profile.breakdown, result.kernels),
+            )
             print(format_table(result))
         profiles.append(profile)
     top_path, breakdown_path = write_tables(profiles, out)
@@ -244,8 +279,17 @@ def _ncu_case(ncu: str, metrics: tuple[str, ...], profile: CaseProfile, seed: in
     stem = profile.trace_path.name.removesuffix(".trace.json")
     print(f"ncu: profiling {profile.impl} {profile.workload.label()} ({profile.calls} calls) …", file=sys.stderr)
     try:
-        return profile_case(ncu, metrics, profile.impl, profile.workload, profile.trace_path.parent, stem,
-                            profile.calls, seed, profile.kernels)  # fmt: skip
+        return profile_case(
+            ncu,
+            metrics,
+            profile.impl,
+            profile.workload,
+            profile.trace_path.parent,
+            stem,
+            profile.calls,
+            seed,
+            profile.kernels,
+        )
     except NcuError as exc:
         print(f"ncu: {profile.impl} {profile.workload.label()}: {exc}", file=sys.stderr)
         return None
@@ -258,8 +302,10 @@ def _ncu_summary(results: list[NcuProfile], failed: int, out: Path) -> int:
     if results:
         print(f"ncu: {write_kernels(results, out)} (reports: *.ncu-rep, raw pages: *.ncu.csv)")
     if failed:
-        print(f"ncu: {failed} case(s) not profiled by ncu (reasons above); their torch.profiler tables are written",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"ncu: {failed} case(s) not profiled by ncu (reasons above); their torch.profiler tables are written",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -334,8 +380,9 @@ def cmd_ratios(args: argparse.Namespace) -> int:
     unpaired = tuple(condition.partition("=")[0] for condition in args.peer_where)
     table = ratio_table(frame, args.impl, peers, best=args.best, peer_frame=peer_frame, unpaired=unpaired)
     print(format_table(table))
-    bounds = Bounds(args.max_time_ratio, args.min_speedup, args.max_mem_ratio, args.min_pct_of_peak,
-                    args.min_pct_of_matmul)  # fmt: skip
+    bounds = Bounds(
+        args.max_time_ratio, args.min_speedup, args.max_mem_ratio, args.min_pct_of_peak, args.min_pct_of_matmul
+    )
     missed = failures(table, bounds)
     for _, line in missed:
         print(f"missed: {line}", file=sys.stderr)
@@ -388,19 +435,27 @@ def cmd_history(args: argparse.Namespace) -> int:
         where = f"  [{row['machine']}]" if n_machines > 1 else ""
         commits = f"{str(row['commit_before'])[:7]} → {str(row['commit_after'])[:7]}"
         size = f"{row['change_pct']:+.1f}% {row['direction']}"
-        print(f"{row['impl']}  {row['workload']}{where}  {commits}  {size}  confidence {row['confidence']:.4f}"
-              f"  (runs {row['runs_before']}/{row['runs_after']}, noise: {row['noise']})")  # fmt: skip
-    settings = {"alpha": args.alpha, "floor": f"max({args.min_change:.0%}, the series' typical noise)",
-                "noise": "per-repeat medians where the run has them, else the run's own IQR",
-                "times": "normalised by the yardsticks" if args.normalise == "yardstick" else "raw"}  # fmt: skip
+        print(
+            f"{row['impl']}  {row['workload']}{where}  {commits}  {size}  confidence {row['confidence']:.4f}"
+            f"  (runs {row['runs_before']}/{row['runs_after']}, noise: {row['noise']})"
+        )
+    settings = {
+        "alpha": args.alpha,
+        "floor": f"max({args.min_change:.0%}, the series' typical noise)",
+        "noise": "per-repeat medians where the run has them, else the run's own IQR",
+        "times": "normalised by the yardsticks" if args.normalise == "yardstick" else "raw",
+    }
     html = history.write_history(cases, changes, runs, out, args.x, args.command_line, settings)
     print(f"history: {html} (steps also in {out / 'changes.csv'})")
     if args.fail_on_regression is not None:
         bad = history.regressions(changes, args.fail_on_regression)
         for row in bad.to_dict("records"):
-            print(f"regression: {row['impl']} {row['workload']} on {row['machine']}: {row['change_pct']:+.1f}% "
-                  f"from {str(row['commit_before'])[:7]} to {str(row['commit_after'])[:7]} "
-                  f"(beyond {args.fail_on_regression:g}%)", file=sys.stderr)  # fmt: skip
+            print(
+                f"regression: {row['impl']} {row['workload']} on {row['machine']}: {row['change_pct']:+.1f}% "
+                f"from {str(row['commit_before'])[:7]} to {str(row['commit_after'])[:7]} "
+                f"(beyond {args.fail_on_regression:g}%)",
+                file=sys.stderr,
+            )
         if len(bad):
             return 1
     return 0
@@ -415,13 +470,22 @@ def _add_history_commands(commands: Any) -> None:
     p_history = commands.add_parser("history", help="trend per case across stored runs, steps found; history.html")
     p_history.add_argument("--db", help="the store (default runs/attnbench.duckdb)")
     p_history.add_argument("--impl", help="contenders to keep, comma-separated (default: all)")
-    p_history.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE",
-                           help="keep rows whose column (of rows or runs) equals VALUE; repeatable")  # fmt: skip
+    p_history.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="COLUMN=VALUE",
+        help="keep rows whose column (of rows or runs) equals VALUE; repeatable",
+    )
     p_history.add_argument("--out", help="folder for history.html and changes.csv (default: runs/history-…)")
     p_history.add_argument("--x", choices=["commit", "date"], default="commit", help="x axis (default commit)")
     p_history.add_argument("--alpha", type=float, default=0.001, help="significance of a step (default 0.001)")
-    p_history.add_argument("--min-change", type=float, default=0.05,
-                           help="smallest step reported, a fraction (default 0.05; never below the noise)")  # fmt: skip
+    p_history.add_argument(
+        "--min-change",
+        type=float,
+        default=0.05,
+        help="smallest step reported, a fraction (default 0.05; never below the noise)",
+    )
     p_history.add_argument(
         "--normalise",
         choices=["raw", "yardstick"],
@@ -429,8 +493,12 @@ def _add_history_commands(commands: Any) -> None:
         help="yardstick: divide each run's time by the yardstick matching the case's place on "
         "the roofline, timed in the same rounds (default raw)",
     )
-    p_history.add_argument("--fail-on-regression", type=float, metavar="PCT",
-                           help="exit 1 when a series' newest step is a slowdown beyond PCT per cent")  # fmt: skip
+    p_history.add_argument(
+        "--fail-on-regression",
+        type=float,
+        metavar="PCT",
+        help="exit 1 when a series' newest step is a slowdown beyond PCT per cent",
+    )
     p_history.set_defaults(func=cmd_history)
 
 
@@ -438,8 +506,11 @@ def cmd_ab(args: argparse.Namespace) -> int:
     from attnbench.reports import ab_command
 
     # --impl names ab's contender here, not the sweep's impl axis
-    texts = {axis.name: getattr(args, axis.name) for axis in SWEEP_AXES
-             if axis is not IMPL and getattr(args, axis.name, None) is not None}  # fmt: skip
+    texts = {
+        axis.name: getattr(args, axis.name)
+        for axis in SWEEP_AXES
+        if axis is not IMPL and getattr(args, axis.name, None) is not None
+    }
     return ab_command.cmd_ab(args, parse_overrides(texts), _default_out("ab"))
 
 
@@ -453,10 +524,12 @@ def _add_ab_command(commands: Any) -> None:
     for axis in SWEEP_AXES:
         if axis is not IMPL:
             p_ab.add_argument(axis.flag, dest=axis.name, metavar="LIST", help=f"override {axis.name} (comma-separated)")
-    p_ab.add_argument("--threshold", type=float, default=0.02,
-                      help="smallest change called faster or slower (default 0.02 = 2%%)")  # fmt: skip
-    p_ab.add_argument("--budget-s", type=float, default=3.0,
-                      help="timing seconds per case, shared by A and B (default 3)")  # fmt: skip
+    p_ab.add_argument(
+        "--threshold", type=float, default=0.02, help="smallest change called faster or slower (default 0.02 = 2%%)"
+    )
+    p_ab.add_argument(
+        "--budget-s", type=float, default=3.0, help="timing seconds per case, shared by A and B (default 3)"
+    )
     p_ab.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
     p_ab.add_argument("--seed", type=int, default=0, help="input and bootstrap seed (default 0)")
     p_ab.add_argument("--json", action="store_true", help="one JSON object per case per line")
@@ -469,20 +542,22 @@ def cmd_list(args: argparse.Namespace) -> int:
     records: list[dict[str, Any]] = []
     for name, entry in sorted(entries.items()):
         caps = entry.contender.capabilities if entry.contender is not None else None
-        records.append({
-            "name": name,
-            "available": entry.available,
-            "reason": entry.unavailable_reason or "",
-            "description": entry.contender.description if entry.contender is not None else "",
-            "devices": sorted(caps.devices) if caps else [],
-            "dtypes": sorted(caps.dtypes) if caps else [],
-            "masks": sorted(caps.masks) if caps else [],
-            "score_mods": sorted(caps.score_mods) if caps else [],
-            "paged": caps.paged if caps else "",
-            "gqa": caps.gqa if caps else None,
-            "backward": caps.backward if caps else None,
-            "source": entry.source,
-        })  # fmt: skip
+        records.append(
+            {
+                "name": name,
+                "available": entry.available,
+                "reason": entry.unavailable_reason or "",
+                "description": entry.contender.description if entry.contender is not None else "",
+                "devices": sorted(caps.devices) if caps else [],
+                "dtypes": sorted(caps.dtypes) if caps else [],
+                "masks": sorted(caps.masks) if caps else [],
+                "score_mods": sorted(caps.score_mods) if caps else [],
+                "paged": caps.paged if caps else "",
+                "gqa": caps.gqa if caps else None,
+                "backward": caps.backward if caps else None,
+                "source": entry.source,
+            }
+        )
     if args.json:
         print(json.dumps(records, indent=2))
         return 0
@@ -549,20 +624,25 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--remeasure-ceilings", action="store_true", help="measure ceilings again")
     p_run.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p_run.add_argument(
-        "--cpu-allocator", metavar=_choices(POLICIES), default="cached",
+        "--cpu-allocator",
+        metavar=_choices(POLICIES),
+        default="cached",
         help="cached: malloc keeps freed memory, no page faults in timings (default); system: malloc as is",
-    )  # fmt: skip
+    )
     p_run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_run.add_argument("--timeout-s", type=float, help="per-case limit; past it the case is `timeout` (default 120)")
     p_run.add_argument(
-        "--isolate", metavar=_choices(ISOLATION), default="worker",
+        "--isolate",
+        metavar=_choices(ISOLATION),
+        default="worker",
         help="worker: run cases in a worker process, so a hung or crashing kernel costs one row (default)",
-    )  # fmt: skip
+    )
     p_run.add_argument(
-        "--repeat", metavar="N",
+        "--repeat",
+        metavar="N",
         help="run every case N times, each pass in a fresh worker process; median_ms is the median of the "
         "per-repeat medians (repeat_medians_ms), which compare uses (default 1)",
-    )  # fmt: skip
+    )
     p_run.add_argument("--shard", metavar="I/N", help="run the I-th of N balanced, deterministic slices")
     p_run.add_argument("--resume", metavar="RUN_DIR", help="run only the cases of RUN_DIR that have no row yet")
     p_run.add_argument(
@@ -590,9 +670,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_profile.add_argument("--calls", type=int, default=5, help="most calls recorded per case (default 5)")
     p_profile.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_profile.add_argument("--budget-s", type=float, default=1.0, help="timing budget for each case's median (1)")
-    p_profile.add_argument("--ncu", action="store_true",
-                           help="also per kernel with Nsight Compute: SM and DRAM throughput, tensor pipe and "
-                           "occupancy (needs CUDA and ncu on PATH; --device defaults to cuda)")  # fmt: skip
+    p_profile.add_argument(
+        "--ncu",
+        action="store_true",
+        help="also per kernel with Nsight Compute: SM and DRAM throughput, tensor pipe and "
+        "occupancy (needs CUDA and ncu on PATH; --device defaults to cuda)",
+    )
     p_profile.set_defaults(func=cmd_profile)
 
     p_report = commands.add_parser("report", help="figures and one self-contained HTML page from runs")
@@ -638,9 +721,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_ratios.add_argument("--vs", required=True, help="peers, comma-separated, e.g. sdpa_flash,bmm")
     p_ratios.add_argument("--best", action="store_true", help="per case, compare with the fastest ok peer only")
     p_ratios.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE", help="keep matching cases")
-    p_ratios.add_argument("--peer-where", action="append", default=[], metavar="COLUMN=VALUE",
-                          help="take the peers' rows where this holds instead, paired on the other columns "
-                          "(e.g. --where dtype=bfloat16 --peer-where dtype=float32)")  # fmt: skip
+    p_ratios.add_argument(
+        "--peer-where",
+        action="append",
+        default=[],
+        metavar="COLUMN=VALUE",
+        help="take the peers' rows where this holds instead, paired on the other columns "
+        "(e.g. --where dtype=bfloat16 --peer-where dtype=float32)",
+    )
     p_ratios.add_argument("--max-time-ratio", type=float, help="bound on impl median / peer median")
     p_ratios.add_argument("--min-speedup", type=float, help="bound on peer median / impl median")
     p_ratios.add_argument("--max-mem-ratio", type=float, help="bound on impl peak_mem_mb / peer peak_mem_mb")

@@ -75,16 +75,19 @@ def moved_warning(entries: list[dict[str, Any]], roof_gbps: float | None) -> str
             ranges.append(f"{label} {min(values):.3g}–{max(values):.3g} GB/s ({found[stream]:+.0%})")
     whens = ", ".join(e["when"] for e in entries)
     roof = f"the cached roof pct_of_peak divides by is {roof_gbps:.3g} GB/s, so " if roof_gbps else ""
-    return (f"memory bandwidth moved during the run: {', '.join(ranges)} over {len(entries)} measurements "
-            f"({whens}), more than the {MOVED_FLOOR:.0%} floor; {roof}memory-bound rows' pct_of_peak moved "
-            "with the machine, not only the kernel")  # fmt: skip
+    return (
+        f"memory bandwidth moved during the run: {', '.join(ranges)} over {len(entries)} measurements "
+        f"({whens}), more than the {MOVED_FLOOR:.0%} floor; {roof}memory-bound rows' pct_of_peak moved "
+        "with the machine, not only the kernel"
+    )
 
 
 class BandwidthWatch:
     """Measures before the sweep when made, after it in :meth:`after`; keeps both in ``meta``."""
 
-    def __init__(self, meta: dict[str, Any], ceilings: dict[str, Ceilings], threads: int,
-                 measure: Measure | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, meta: dict[str, Any], ceilings: dict[str, Ceilings], threads: int, measure: Measure | None = None
+    ) -> None:
         self.meta, self.threads, self.measure = meta, threads, measure or measure_streams
         cpu = ceilings.get("cpu")
         self.roof_gbps = cpu.roof_gbps if cpu is not None else None

@@ -37,11 +37,11 @@ REASONS = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-SLOWING = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-                     "hw_power_brake_slowdown"})  # fmt: skip
+SLOWING = frozenset(
+    {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
 BELOW_MAX = 0.95  # a median SM clock under this share of the maximum is "below its maximum clock"
-COLUMNS = ("sm_clock_mhz", "sm_clock_min_mhz", "max_sm_clock_mhz", "mem_clock_mhz", "power_w", "gpu_temp_c",
-           "throttle")  # fmt: skip
+COLUMNS = ("sm_clock_mhz", "sm_clock_min_mhz", "max_sm_clock_mhz", "mem_clock_mhz", "power_w", "gpu_temp_c", "throttle")
 
 
 @dataclass(frozen=True)

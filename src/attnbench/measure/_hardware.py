@@ -226,8 +226,9 @@ def triad_array_bytes() -> int:
     return max(MIN_TRIAD_ARRAY_BYTES, 4 * last_level_cache_bytes())
 
 
-def _best_gbps(run: Callable[[int], object], bytes_per_call: int, threads: int, openmp: bool,
-               passes: int | None = None) -> tuple[float, str]:  # fmt: skip
+def _best_gbps(
+    run: Callable[[int], object], bytes_per_call: int, threads: int, openmp: bool, passes: int | None = None
+) -> tuple[float, str]:
     """The best GB/s of ``run(team)`` over ``passes`` (default TRIAD_REPEATS) passes after a warm-up pass, on
     ``threads`` threads and on one (more threads never have less bandwidth), and how: "N threads (one thread: …)"."""
     best = {threads: 0.0, 1: 0.0}
@@ -250,8 +251,9 @@ def triad_gbps(threads: int, array_bytes: int | None = None, passes: int | None 
     n = array_bytes // 4
     a, b, c = torch.zeros(n), torch.full((n,), 1.0), torch.full((n,), 2.0)  # every page touched before timing
     pointers = a.data_ptr(), b.data_ptr(), c.data_ptr()
-    gbps, how = _best_gbps(lambda team: built.library.attnbench_hw_triad(*pointers, 3.0, n, team), 12 * n, threads,
-                           built.openmp, passes)  # fmt: skip
+    gbps, how = _best_gbps(
+        lambda team: built.library.attnbench_hw_triad(*pointers, 3.0, n, team), 12 * n, threads, built.openmp, passes
+    )
     if a[n // 2].item() != 7.0:
         raise RuntimeError("the triad kernel computed a wrong result")
     return gbps, f"triad a = b + s·c, 3 × {array_bytes / 2**20:g} MiB float32, 12 B/element (no write-allocate), {how}"
@@ -265,8 +267,13 @@ def read_gbps(threads: int, array_bytes: int | None = None, passes: int | None =
     n = array_bytes // 4
     a = torch.full((n,), 0.5)  # every page touched before timing
     sink = ctypes.c_double(0.0)
-    gbps, how = _best_gbps(lambda team: built.library.attnbench_hw_read(a.data_ptr(), n, team, ctypes.byref(sink)),
-                           4 * n, threads, built.openmp, passes)  # fmt: skip
+    gbps, how = _best_gbps(
+        lambda team: built.library.attnbench_hw_read(a.data_ptr(), n, team, ctypes.byref(sink)),
+        4 * n,
+        threads,
+        built.openmp,
+        passes,
+    )
     if sink.value != 0.5 * n:
         raise RuntimeError("the read kernel computed a wrong sum")
     return gbps, f"read stream Σ a, {array_bytes / 2**20:g} MiB float32, 4 B/element, {how}"

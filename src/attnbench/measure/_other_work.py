@@ -132,8 +132,14 @@ def measure(window_s: float = 0.25, roots: Iterable[int] | None = None) -> Other
     own = own_pids(before, roots) | own_pids(after, roots)
     used = {pid: p.ticks - before[pid].ticks for pid, p in after.items() if pid in before}
     own_ticks = sum(ticks for pid, ticks in used.items() if pid in own)
-    others = sorted(((pid, after[pid].name, ticks / hertz / elapsed) for pid, ticks in used.items()
-                     if pid not in own and ticks > 0), key=lambda item: -item[2])  # fmt: skip
+    others = sorted(
+        (
+            (pid, after[pid].name, ticks / hertz / elapsed)
+            for pid, ticks in used.items()
+            if pid not in own and ticks > 0
+        ),
+        key=lambda item: -item[2],
+    )
     named_cores = sum(share for _, _, share in others)
     if busy_before is not None and busy_after is not None:
         cores_used = max(named_cores, (busy_after - busy_before - own_ticks) / hertz / elapsed)

@@ -82,9 +82,11 @@ class Yardsticks:
         if low < max(STALL_SHARE * len(rates), min(STALL_ROUNDS, len(rates))):
             return None
         median = statistics.median(rates)
-        return (f"the machine stalled while it was timed (twice): its FMA yardstick ran below {STALL_FRACTION:.0%} "
-                f"of its quiet {quiet:.3g} GFLOP/s in {low} of {len(rates)} rounds (median {median:.3g}); "
-                "time kept, not ranked")  # fmt: skip
+        return (
+            f"the machine stalled while it was timed (twice): its FMA yardstick ran below {STALL_FRACTION:.0%} "
+            f"of its quiet {quiet:.3g} GFLOP/s in {low} of {len(rates)} rounds (median {median:.3g}); "
+            "time kept, not ranked"
+        )
 
     def saw(self, rates: Mapping[str, float]) -> None:
         """A clean case's rates raise the quiet ones."""

@@ -38,9 +38,21 @@ _applied: str | None = None
 class _MallInfo2(ctypes.Structure):
     """glibc's ``struct mallinfo2`` (glibc 2.33+): the arenas' totals in bytes."""
 
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"
-    )]  # fmt: skip
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _libc() -> ctypes.CDLL | None:

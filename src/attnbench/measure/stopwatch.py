@@ -222,9 +222,17 @@ def time_cpu_rounds(
                 stick: values[: len(one.samples_ms)] for stick, values in rates.items() if stick in sticks and values
             }
             waited = statistics.median(one.waited) if one.waited else None
-            results[name] = Timing(median, q3 - q1, len(one.samples_ms), one.calls, one.samples_ms,
-                                   "torch.utils.benchmark", rounds=rounds, yardstick_rounds=seen,
-                                   waited=waited)  # fmt: skip
+            results[name] = Timing(
+                median,
+                q3 - q1,
+                len(one.samples_ms),
+                one.calls,
+                one.samples_ms,
+                "torch.utils.benchmark",
+                rounds=rounds,
+                yardstick_rounds=seen,
+                waited=waited,
+            )
     return results
 
 

@@ -112,9 +112,14 @@ class Group:
 
 
 def run_group(
-    fn: Callable[[], object], calls: int, sleep_ms: float, flush: Callable[[], object] | None = None,
-    watch: gpu_state.Watch | None = None, readings: list[gpu_state.Reading] | None = None, lead: bool = False,
-) -> Group:  # fmt: skip
+    fn: Callable[[], object],
+    calls: int,
+    sleep_ms: float,
+    flush: Callable[[], object] | None = None,
+    watch: gpu_state.Watch | None = None,
+    readings: list[gpu_state.Reading] | None = None,
+    lead: bool = False,
+) -> Group:
     """Sleep ``sleep_ms`` on the device, then queue ``calls`` calls, each (after ``flush``, if given) between
     two events — with ``lead``, after one untimed call, so the first timed call finds L2 as the others do, not
     as the last sample (a flush, another contender) left it; read the GPU's state once it has reached the calls;
@@ -193,8 +198,15 @@ class _Series:
         calls = self.cold_calls if cold else self.warm_calls
         sleep_ms = min(MAX_SLEEP_MS, SLEEP_COVER * (calls + (not cold)) * self.issue_ms[cold])
         started = time.perf_counter()
-        group = run_group(self.fn if cold else self.warm_fn, calls, sleep_ms, flush if cold else None, watch,
-                          self.readings, lead=not cold)  # fmt: skip
+        group = run_group(
+            self.fn if cold else self.warm_fn,
+            calls,
+            sleep_ms,
+            flush if cold else None,
+            watch,
+            self.readings,
+            lead=not cold,
+        )
         self.spent_s += time.perf_counter() - started
         self.issue_ms[cold] = group.issue_ms
         mean_ms = statistics.fmean(group.times_ms) / (1 if cold else self.per_call)
@@ -205,11 +217,17 @@ class _Series:
     def timing(self, rounds: int, max_sm_mhz: float | None) -> Timing:
         q1, median, q3 = quartiles(self.warm)
         return Timing(
-            median, q3 - q1, len(self.warm), self.warm_calls * self.per_call, self.warm, self.method,
-            cold_median_ms=statistics.median(self.cold) if self.cold else None, rounds=rounds,
+            median,
+            q3 - q1,
+            len(self.warm),
+            self.warm_calls * self.per_call,
+            self.warm,
+            self.method,
+            cold_median_ms=statistics.median(self.cold) if self.cold else None,
+            rounds=rounds,
             host_overhead_us=statistics.median(self.inside_ms) * 1e3 if self.inside_ms else None,
             gpu_state=gpu_state.summary(self.readings, max_sm_mhz),
-        )  # fmt: skip
+        )
 
 
 def _group_calls(kernel_ms: float, issue_ms: float, most: int) -> int:
@@ -224,22 +242,28 @@ def _probe(fn: Callable[[], object]) -> tuple[float, float]:
     return max(min(group.times_ms), 1e-3), group.issue_ms
 
 
-def _series(fn: Callable[[], object], probe: tuple[float, float], replay: Callable[[], object] | None,
-            cold: bool) -> _Series:  # fmt: skip
+def _series(
+    fn: Callable[[], object], probe: tuple[float, float], replay: Callable[[], object] | None, cold: bool
+) -> _Series:
     """A contender's series from its probe; ``replay``: a CUDA graph of GRAPH_REPLAYS calls for its warm samples."""
     kernel_ms, issue_ms = probe
     warm = (fn, 1, _group_calls(kernel_ms, issue_ms, MAX_GROUP), issue_ms)
     if replay is not None:
         graph_group = run_group(replay, 1, PROBE_SLEEP_MS)
-        warm = (replay, GRAPH_REPLAYS, _group_calls(graph_group.times_ms[0], graph_group.issue_ms, MAX_GROUP),
-                graph_group.issue_ms)  # fmt: skip
+        warm = (
+            replay,
+            GRAPH_REPLAYS,
+            _group_calls(graph_group.times_ms[0], graph_group.issue_ms, MAX_GROUP),
+            graph_group.issue_ms,
+        )
     warm_fn, per_call, warm_calls, warm_issue = warm
     cold_calls = _group_calls(kernel_ms, issue_ms, COLD_GROUP) if cold else 0
     return _Series(fn, warm_fn, per_call, warm_calls, cold_calls, {False: warm_issue, True: issue_ms})
 
 
-def _replays(fns: dict[str, Callable[[], object]], probes: dict[str, tuple[float, float]], paired: bool
-             ) -> dict[str, Callable[[], object] | None]:  # fmt: skip
+def _replays(
+    fns: dict[str, Callable[[], object]], probes: dict[str, tuple[float, float]], paired: bool
+) -> dict[str, Callable[[], object] | None]:
     """A CUDA graph for each contender whose calls take under GRAPH_BELOW_MS of GPU time. Paired (ab): all or
     none, so that A and B are timed the same way (a graph has no launch gaps: mixed methods would be a ratio of
     methods, not of kernels)."""

@@ -88,6 +88,8 @@ class StopSignals:
             say(f"{name}: already stopping; saving the finished rows (a third signal exits at once)")
         else:
             self.at_exit()
-            say(f"{name}: exiting at once; every finished row is kept in {self.run_dir / 'rows.jsonl'}; "
-                f"continue with: attnbench run --resume {self.run_dir}")  # fmt: skip
+            say(
+                f"{name}: exiting at once; every finished row is kept in {self.run_dir / 'rows.jsonl'}; "
+                f"continue with: attnbench run --resume {self.run_dir}"
+            )
             os._exit(EXIT_STATUS)

@@ -86,6 +86,11 @@ def main(argv: list[str]) -> int:
     if not prepared.ok:
         return _fail(f"{case.impl} is incorrect on {workload.label()}: {prepared.reason}")
     warm_up(prepared.fn, workload.device, prepared.first_call_ms, WARM_UP_BUDGET_S)
-    profiled_calls(prepared.fn, case.calls, lambda: synchronize(workload.device), torch.cuda.profiler.start,
-                   torch.cuda.profiler.stop)  # fmt: skip
+    profiled_calls(
+        prepared.fn,
+        case.calls,
+        lambda: synchronize(workload.device),
+        torch.cuda.profiler.start,
+        torch.cuda.profiler.stop,
+    )
     return 0

@@ -34,11 +34,28 @@ PERCENTS = {"sm_pct": SM, "dram_pct": DRAM, "occupancy_pct": OCCUPANCY}
 METRICS = (DURATION, *SM, *DRAM, *TENSOR.values(), *OCCUPANCY)
 # What every GPU from Volta to Hopper has: asked for when ncu cannot say which metrics this GPU has.
 COMMON_METRICS = (DURATION, SM[0], DRAM[0], TENSOR["hmma"], OCCUPANCY[0])
-TIME_UNITS_MS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0,
-                 "second": 1e3, "s": 1e3}  # fmt: skip
+TIME_UNITS_MS = {
+    "nsecond": 1e-6,
+    "ns": 1e-6,
+    "usecond": 1e-3,
+    "us": 1e-3,
+    "msecond": 1.0,
+    "ms": 1.0,
+    "second": 1e3,
+    "s": 1e3,
+}
 LAUNCH_COLUMNS = ["id", "name", "time_ms", "sm_pct", "dram_pct", "tensor_pct", "tensor_pipe", "occupancy_pct"]
-KERNEL_COLUMNS = ["kernel", "launches", "time_ms", "sm_pct", "dram_pct", "tensor_pct", "tensor_pipe",
-                  "occupancy_pct", "name"]  # fmt: skip
+KERNEL_COLUMNS = [
+    "kernel",
+    "launches",
+    "time_ms",
+    "sm_pct",
+    "dram_pct",
+    "tensor_pct",
+    "tensor_pipe",
+    "occupancy_pct",
+    "name",
+]
 SHORT_NAME_CHARS = 80
 
 
@@ -121,14 +138,16 @@ def parse_raw_csv(text: str) -> pd.DataFrame:
             continue  # a line that is not a launch (the application's own output, a wrapped message)
         row = dict(zip(header, values, strict=True))
         tensor, pipe = _tensor(row)
-        records.append({
-            "id": int(row["ID"]),
-            "name": row["Kernel Name"].strip(),
-            "time_ms": number(row.get(DURATION, "")) * TIME_UNITS_MS[unit],
-            **{column: _first(row, metrics) for column, metrics in PERCENTS.items()},
-            "tensor_pct": tensor,
-            "tensor_pipe": pipe,
-        })  # fmt: skip
+        records.append(
+            {
+                "id": int(row["ID"]),
+                "name": row["Kernel Name"].strip(),
+                "time_ms": number(row.get(DURATION, "")) * TIME_UNITS_MS[unit],
+                **{column: _first(row, metrics) for column, metrics in PERCENTS.items()},
+                "tensor_pct": tensor,
+                "tensor_pipe": pipe,
+            }
+        )
     return pd.DataFrame(records, columns=LAUNCH_COLUMNS)
 
 
@@ -150,13 +169,18 @@ def per_kernel(launches: pd.DataFrame) -> pd.DataFrame:
     records = []
     for name, group in launches.groupby("name", sort=False):
         pipes = sorted({p for p in group["tensor_pipe"] if p})
-        records.append({
-            "name": name,
-            "launches": len(group),
-            "time_ms": float(group["time_ms"].sum(min_count=1)),
-            **{c: _weighted(group[c], group["time_ms"]) for c in ("sm_pct", "dram_pct", "tensor_pct", "occupancy_pct")},
-            "tensor_pipe": "+".join(pipes),
-        })  # fmt: skip
+        records.append(
+            {
+                "name": name,
+                "launches": len(group),
+                "time_ms": float(group["time_ms"].sum(min_count=1)),
+                **{
+                    c: _weighted(group[c], group["time_ms"])
+                    for c in ("sm_pct", "dram_pct", "tensor_pct", "occupancy_pct")
+                },
+                "tensor_pipe": "+".join(pipes),
+            }
+        )
     frame = pd.DataFrame(records, columns=[c for c in KERNEL_COLUMNS if c != "kernel"])
     frame = frame.sort_values("time_ms", ascending=False, ignore_index=True, na_position="last")
     frame.insert(0, "kernel", short_names(list(frame["name"])))

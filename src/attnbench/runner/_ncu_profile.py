@@ -49,8 +49,20 @@ from attnbench.workload import Workload
 NCU_TIMEOUT_S = 900.0  # one case under ncu: the child's start, check and warm-up, then every kernel replayed
 QUERY_TIMEOUT_S = 60.0
 NCU_COLUMNS = ["ncu_ms_per_call", "sm_pct", "dram_pct", "tensor_pct", "tensor_pipe", "occupancy_pct"]
-JOINED_COLUMNS = ["kernel", "launches_per_call", "ncu_ms_per_call", "profiler_ms_per_call", "category", "sm_pct",
-                  "dram_pct", "tensor_pct", "tensor_pipe", "occupancy_pct", "name", "profiler_name"]  # fmt: skip
+JOINED_COLUMNS = [
+    "kernel",
+    "launches_per_call",
+    "ncu_ms_per_call",
+    "profiler_ms_per_call",
+    "category",
+    "sm_pct",
+    "dram_pct",
+    "tensor_pct",
+    "tensor_pipe",
+    "occupancy_pct",
+    "name",
+    "profiler_name",
+]
 
 
 class NcuError(RuntimeError):
@@ -74,8 +86,14 @@ def metrics_here(ncu: str) -> tuple[str, ...]:
     """The metrics to ask for on this machine's GPU (:func:`attnbench.runner._ncu_csv.choose_metrics` of ``ncu
     --query-metrics``); the common set when the query fails."""
     try:
-        done = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, errors="replace",
-                              timeout=QUERY_TIMEOUT_S, check=False)  # fmt: skip
+        done = subprocess.run(
+            [ncu, "--query-metrics"],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=QUERY_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return COMMON_METRICS
     return choose_metrics(done.stdout) if done.returncode == 0 else COMMON_METRICS
@@ -88,21 +106,54 @@ def child_command(case: ChildCase) -> list[str]:
 
 def profile_command(ncu: str, metrics: tuple[str, ...], report: Path, child: list[str]) -> list[str]:
     """ncu collecting ``metrics`` of the kernels in the child's profiled range into ``report``."""
-    return [ncu, "--profile-from-start", "off", "--target-processes", "all", "--replay-mode", "kernel",
-            "--clock-control", "base", "--cache-control", "all", "--metrics", ",".join(metrics),
-            "--export", str(report), "--force-overwrite", *child]  # fmt: skip
+    return [
+        ncu,
+        "--profile-from-start",
+        "off",
+        "--target-processes",
+        "all",
+        "--replay-mode",
+        "kernel",
+        "--clock-control",
+        "base",
+        "--cache-control",
+        "all",
+        "--metrics",
+        ",".join(metrics),
+        "--export",
+        str(report),
+        "--force-overwrite",
+        *child,
+    ]
 
 
 def import_command(ncu: str, report: Path) -> list[str]:
     """ncu printing ``report``'s raw page as CSV: one row per launch, base units, full demangled names."""
-    return [ncu, "--import", str(report), "--csv", "--page", "raw", "--print-units", "base",
-            "--print-kernel-base", "demangled"]  # fmt: skip
+    return [
+        ncu,
+        "--import",
+        str(report),
+        "--csv",
+        "--page",
+        "raw",
+        "--print-units",
+        "base",
+        "--print-kernel-base",
+        "demangled",
+    ]
 
 
 def _run(command: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     """Run ``command`` in its own process group, which is killed whole (ncu and the child) past the limit."""
-    with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, errors="replace", start_new_session=True) as process:  # fmt: skip
+    with subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    ) as process:
         try:
             out, err = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -138,9 +189,16 @@ class NcuProfile:
 
 
 def profile_case(
-    ncu: str, metrics: tuple[str, ...], impl: str, workload: Workload, out_dir: Path, stem: str, calls: int,
-    seed: int, profiler_kernels: pd.DataFrame,
-) -> NcuProfile:  # fmt: skip
+    ncu: str,
+    metrics: tuple[str, ...],
+    impl: str,
+    workload: Workload,
+    out_dir: Path,
+    stem: str,
+    calls: int,
+    seed: int,
+    profiler_kernels: pd.DataFrame,
+) -> NcuProfile:
     """Run the case under ncu, read its raw page and join it with torch.profiler's ``profiler_kernels``
     (:func:`attnbench.runner._profiling.device_kernels` of the same case). Raises :class:`NcuError`."""
     references, problems = registry.in_process_references()
@@ -223,25 +281,46 @@ def annotate_breakdown(breakdown: pd.DataFrame, joined: pd.DataFrame) -> pd.Data
         figures = {"category": name, "ncu_ms_per_call": float(weights.sum())}
         for column in ("sm_pct", "dram_pct", "tensor_pct", "occupancy_pct"):
             present = group[column].notna() & (weights > 0)
-            figures[column] = (float((group[column][present] * weights[present]).sum() / weights[present].sum())
-                               if present.any() else math.nan)  # fmt: skip
+            figures[column] = (
+                float((group[column][present] * weights[present]).sum() / weights[present].sum())
+                if present.any()
+                else math.nan
+            )
         records.append(figures)
-    by_category = pd.DataFrame(records, columns=["category", "ncu_ms_per_call", "sm_pct", "dram_pct", "tensor_pct",
-                                                 "occupancy_pct"]).set_index("category")  # fmt: skip
+    by_category = pd.DataFrame(
+        records, columns=["category", "ncu_ms_per_call", "sm_pct", "dram_pct", "tensor_pct", "occupancy_pct"]
+    ).set_index("category")
     return breakdown.join(by_category, on="category")
 
 
 def format_table(result: NcuProfile) -> str:
     """The printed per-kernel table: per call, ncu's figures beside torch.profiler's time."""
-    shown = result.kernels.drop(columns=["name", "profiler_name"]).rename(columns={
-        "launches_per_call": "launches", "ncu_ms_per_call": "ncu_ms", "profiler_ms_per_call": "profiler_ms",
-        "sm_pct": "SM_%", "dram_pct": "DRAM_%", "tensor_pct": "tensor_%", "tensor_pipe": "pipe",
-        "occupancy_pct": "occupancy_%"})  # fmt: skip
-    for column, form in (("ncu_ms", ".4g"), ("profiler_ms", ".4g"), ("launches", "g"), ("SM_%", ".1f"),
-                         ("DRAM_%", ".1f"), ("tensor_%", ".1f"), ("occupancy_%", ".1f")):  # fmt: skip
+    shown = result.kernels.drop(columns=["name", "profiler_name"]).rename(
+        columns={
+            "launches_per_call": "launches",
+            "ncu_ms_per_call": "ncu_ms",
+            "profiler_ms_per_call": "profiler_ms",
+            "sm_pct": "SM_%",
+            "dram_pct": "DRAM_%",
+            "tensor_pct": "tensor_%",
+            "tensor_pipe": "pipe",
+            "occupancy_pct": "occupancy_%",
+        }
+    )
+    for column, form in (
+        ("ncu_ms", ".4g"),
+        ("profiler_ms", ".4g"),
+        ("launches", "g"),
+        ("SM_%", ".1f"),
+        ("DRAM_%", ".1f"),
+        ("tensor_%", ".1f"),
+        ("occupancy_%", ".1f"),
+    ):
         shown[column] = shown[column].map(lambda v, form=form: "" if pd.isna(v) else format(v, form))
-    head = (f"ncu, per kernel per call ({result.calls} calls; ncu_ms at base clocks with caches flushed, "
-            f"profiler_ms as torch.profiler timed it; % of peak): {result.report_path}")  # fmt: skip
+    head = (
+        f"ncu, per kernel per call ({result.calls} calls; ncu_ms at base clocks with caches flushed, "
+        f"profiler_ms as torch.profiler timed it; % of peak): {result.report_path}"
+    )
     return head + "\n" + shown.to_string(index=False)
 
 

@@ -91,8 +91,10 @@ def _slowed_gpu_warning(ok: pd.DataFrame, named: int = 3) -> str | None:
         return None
     shown = "; ".join(f"{r['impl']} at {axes.case_label(r, device_first=True)}: {why}" for r, why in slowed[:named])
     more = f" (and {len(slowed) - named} more)" if len(slowed) > named else ""
-    return (f"{len(slowed)} GPU case(s) ran throttled or below the maximum SM clock (columns sm_clock_mhz, throttle): "
-            f"{shown}{more}")  # fmt: skip
+    return (
+        f"{len(slowed)} GPU case(s) ran throttled or below the maximum SM clock (columns sm_clock_mhz, throttle): "
+        f"{shown}{more}"
+    )
 
 
 def _over_roof_warning(ok: pd.DataFrame) -> str | None:
@@ -105,5 +107,6 @@ def _over_roof_warning(ok: pd.DataFrame) -> str | None:
         return None
     rows = over.to_dict("records")
     named = [f"{r['impl']} at {axes.case_label(r, device_first=True)} ({r['pct_of_peak']:.0f} %)" for r in rows]
-    return (f"{len(over)} row(s) above 100 % of the hardware roof (pct_of_peak), a measurement defect: "
-            + "; ".join(named))  # fmt: skip
+    return f"{len(over)} row(s) above 100 % of the hardware roof (pct_of_peak), a measurement defect: " + "; ".join(
+        named
+    )

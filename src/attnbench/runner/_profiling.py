@@ -94,8 +94,9 @@ def profile_case(
     if not prepared.check.ok:
         raise RuntimeError(f"{impl} is incorrect on {workload.label()}: {prepared.check.reason}")
     estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, budget_s)
-    timing = time_callable(prepared.fn, workload.device, torch.get_num_threads(), budget_s, estimate_s,
-                           graphs=workload.pass_ == "fwd")  # fmt: skip
+    timing = time_callable(
+        prepared.fn, workload.device, torch.get_num_threads(), budget_s, estimate_s, graphs=workload.pass_ == "fwd"
+    )
     calls = max(1, min(calls, int(PROFILE_SECONDS * 1e3 / max(timing.median_ms, 1e-3))))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if workload.device == "cuda" else [])
     name = RANGE_PREFIX + impl
@@ -113,8 +114,7 @@ def profile_case(
     profiled_ms = wall_s * 1e3 / calls
     stretches = outside_op_stretches(prof.events(), name)
     averages = prof.key_averages()
-    top, breakdown = _tables(averages, name, workload.device, calls, profiled_ms, timing.median_ms,
-                             stretches)  # fmt: skip
+    top, breakdown = _tables(averages, name, workload.device, calls, profiled_ms, timing.median_ms, stretches)
     kernels = device_kernels(averages, calls)
     return CaseProfile(impl, workload, calls, timing.median_ms, profiled_ms, trace_path, top, breakdown, kernels)
 
@@ -127,9 +127,16 @@ def device_kernels(averages: list, calls: int) -> pd.DataFrame:
     first (empty on CPU). Kept whole, so ``profile --ncu`` finds every kernel Nsight Compute saw."""
     from torch.autograd import DeviceType
 
-    records = [{"kernel": event.key, "ms_per_call": event.self_device_time_total / 1e3 / calls,
-                "launches_per_call": event.count / calls, "category": category(event.key)}
-               for event in averages if event.device_type != DeviceType.CPU]  # fmt: skip
+    records = [
+        {
+            "kernel": event.key,
+            "ms_per_call": event.self_device_time_total / 1e3 / calls,
+            "launches_per_call": event.count / calls,
+            "category": category(event.key),
+        }
+        for event in averages
+        if event.device_type != DeviceType.CPU
+    ]
     frame = pd.DataFrame(records, columns=KERNEL_COLUMNS)
     return frame.sort_values("ms_per_call", ascending=False, ignore_index=True)
 
@@ -175,15 +182,23 @@ def _tables(
             if on_gpu:
                 continue  # host time of the call, not device time; on CUDA third-party kernels show by name
             kernel_us, overhead_us = stretches
-            parts = [(f"{range_name} ({OUTSIDE_OPS})", kernel_us, 1.0, OUTSIDE_OPS),
-                     (f"{range_name} ({OVERHEAD})", overhead_us, 1.0, OVERHEAD)]  # fmt: skip
+            parts = [
+                (f"{range_name} ({OUTSIDE_OPS})", kernel_us, 1.0, OUTSIDE_OPS),
+                (f"{range_name} ({OVERHEAD})", overhead_us, 1.0, OVERHEAD),
+            ]
         else:
             self_us = getattr(event, "self_device_time_total", 0.0) if on_gpu else event.self_cpu_time_total
             parts = [(event.key, self_us, event.count / calls, category(event.key))]
         for op, self_us, count, op_category in parts:
             if self_us > 0:
-                records.append({"op": op, "self_ms_per_call": self_us / 1e3 / calls, "count_per_call": count,
-                                "category": op_category})  # fmt: skip
+                records.append(
+                    {
+                        "op": op,
+                        "self_ms_per_call": self_us / 1e3 / calls,
+                        "count_per_call": count,
+                        "category": op_category,
+                    }
+                )
     top = pd.DataFrame(records, columns=["op", "self_ms_per_call", "count_per_call", "category"])
     top = top.sort_values("self_ms_per_call", ascending=False, ignore_index=True)
     top.insert(3, "pct", 100 * top["self_ms_per_call"] / profiled_ms if profiled_ms > 0 else 0.0)

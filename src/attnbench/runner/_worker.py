@@ -114,8 +114,15 @@ class CaseWorker:
             self._progress = ProgressPage(page.fileno())
             self._progress.write(IDLE, 0)
             path = [os.fspath(p) for p in sys.path if isinstance(p, str | os.PathLike)]
-            command = [spawn.get_executable(), "-c", BOOTSTRAP, json.dumps(path),
-                       str(theirs.fileno()), str(page.fileno()), str(os.getpid())]  # fmt: skip
+            command = [
+                spawn.get_executable(),
+                "-c",
+                BOOTSTRAP,
+                json.dumps(path),
+                str(theirs.fileno()),
+                str(page.fileno()),
+                str(os.getpid()),
+            ]
             shared = (theirs.fileno(), page.fileno())
             self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=shared)
             _live.add(self._process)

@@ -205,13 +205,21 @@ class AbCase:
         p = self.paired
         n = p.n_pairs if p else 0
         return {
-            "impl_a": a.name, "impl_b": b.name, "workload": self.workload.label(), "verdict": self.verdict,
-            "ratio": p.ratio if p else None, "ci_low": p.ci_low if p else None, "ci_high": p.ci_high if p else None,
-            "resolution": p.resolution if p else None, "threshold": threshold, "n_pairs": n,
+            "impl_a": a.name,
+            "impl_b": b.name,
+            "workload": self.workload.label(),
+            "verdict": self.verdict,
+            "ratio": p.ratio if p else None,
+            "ci_low": p.ci_low if p else None,
+            "ci_high": p.ci_high if p else None,
+            "resolution": p.resolution if p else None,
+            "threshold": threshold,
+            "n_pairs": n,
             "median_a_ms": float(np.median(self.samples_a_ms[:n])) if n else None,
             "median_b_ms": float(np.median(self.samples_b_ms[:n])) if n else None,
-            "reason": self.reason, **self.workload.as_row(),
-        }  # fmt: skip
+            "reason": self.reason,
+            **self.workload.as_row(),
+        }
 
 
 def _reason(exc: BaseException) -> str:
@@ -308,5 +316,9 @@ def describe(version: Version) -> dict[str, Any]:
     """A version as meta.json records it."""
     contender = version.contender
     module = revision.real_module_name(type(contender).__module__)
-    return {"name": version.name, "source": version.source, "class": f"{module}.{type(contender).__qualname__}",
-            "notes": list(version.notes)}  # fmt: skip
+    return {
+        "name": version.name,
+        "source": version.source,
+        "class": f"{module}.{type(contender).__qualname__}",
+        "notes": list(version.notes),
+    }

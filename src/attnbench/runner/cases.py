@@ -97,9 +97,12 @@ def _passes(inputs: AttentionInputs, forward: Callable[[], torch.Tensor]) -> Cal
 
 
 def prepare_checked(
-    impl: str, workload: Workload, seed: int = 0, inputs: AttentionInputs | None = None,
+    impl: str,
+    workload: Workload,
+    seed: int = 0,
+    inputs: AttentionInputs | None = None,
     contender: Contender | None = None,
-) -> Prepared:  # fmt: skip
+) -> Prepared:
     """Make inputs (unless given: a group shares one set), prepare the contender, make its first call and
     check it against the float64 reference (the output, and for backward passes the gradients of q, k and v).
     For a paged cache the contender does not read itself, the callable gathers the pages into its k and v
@@ -220,8 +223,15 @@ def _time_group(
     estimates = {str(index): one.estimate_s for index, one in ready.items()}
     sticks = yardsticks.for_threads(options.threads) if options.yardsticks else None
     for _attempt in range(2):  # a group timed while the machine stalled is timed once more
-        results = time_cpu_rounds(fns, options.threads, options.budget_s, estimates, options.seed, on_sample,
-                                  yardsticks=sticks.callables() if sticks else None)  # fmt: skip
+        results = time_cpu_rounds(
+            fns,
+            options.threads,
+            options.budget_s,
+            estimates,
+            options.seed,
+            on_sample,
+            yardsticks=sticks.callables() if sticks else None,
+        )
         stalled = {name: _stalled(sticks, timing) for name, timing in results.items()}
         if not any(stalled.values()):
             break
@@ -243,8 +253,10 @@ def _stalled(sticks: yardsticks.Yardsticks | None, timing: Timing | SampleError)
     if isinstance(timing, SampleError):
         return None
     if timing.waited is not None and timing.waited >= WAITED_STALL:
-        return (f"the machine stalled while it was timed (twice): its threads waited for a core {timing.waited:.0%} "
-                "of their time (median sample; another process on its cores); time kept, not ranked")  # fmt: skip
+        return (
+            f"the machine stalled while it was timed (twice): its threads waited for a core {timing.waited:.0%} "
+            "of their time (median sample; another process on its cores); time kept, not ranked"
+        )
     return sticks.stalled(timing.yardstick_rounds) if sticks is not None else None
 
 
@@ -289,19 +301,36 @@ def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready,
     affordable = timing.median_ms * 1e-3 * MEMORY_PASS_COST <= options.case_budget_s / 2
     peak_mb = peak_memory_mb(prepared.fn, workload.device) if options.measure_memory and affordable else None
     metrics: dict[str, Any] = dict(
-        median_ms=timing.median_ms, iqr_ms=timing.iqr_ms, n_samples=timing.n_samples,
-        calls_per_sample=timing.calls_per_sample, samples_ms=timing.samples_ms, unstable=timing.unstable,
-        timing_method=timing.method, cold_median_ms=timing.cold_median_ms, rounds=timing.rounds,
-        host_overhead_us=timing.host_overhead_us, waited_pct=None if timing.waited is None else 100 * timing.waited,
-        flops=flops, bytes=traffic, intensity=flops / traffic,
-        tflops=flops / (timing.median_ms * 1e-3) / 1e12, gbps=traffic / (timing.median_ms * 1e-3) / 1e9,
-        peak_mem_mb=peak_mb, **predicted,
-        max_abs_err=check.max_abs_err, atol=check.atol, rtol=check.rtol, checked_rows=check.checked_rows,
-        grad_err=grad_check.grad_err if grad_check else None, grad_tol=grad_check.grad_tol if grad_check else None,
-        setup_ms=prepared.setup_ms, first_call_ms=prepared.first_call_ms, threads=options.threads,
+        median_ms=timing.median_ms,
+        iqr_ms=timing.iqr_ms,
+        n_samples=timing.n_samples,
+        calls_per_sample=timing.calls_per_sample,
+        samples_ms=timing.samples_ms,
+        unstable=timing.unstable,
+        timing_method=timing.method,
+        cold_median_ms=timing.cold_median_ms,
+        rounds=timing.rounds,
+        host_overhead_us=timing.host_overhead_us,
+        waited_pct=None if timing.waited is None else 100 * timing.waited,
+        flops=flops,
+        bytes=traffic,
+        intensity=flops / traffic,
+        tflops=flops / (timing.median_ms * 1e-3) / 1e12,
+        gbps=traffic / (timing.median_ms * 1e-3) / 1e9,
+        peak_mem_mb=peak_mb,
+        **predicted,
+        max_abs_err=check.max_abs_err,
+        atol=check.atol,
+        rtol=check.rtol,
+        checked_rows=check.checked_rows,
+        grad_err=grad_check.grad_err if grad_check else None,
+        grad_tol=grad_check.grad_tol if grad_check else None,
+        setup_ms=prepared.setup_ms,
+        first_call_ms=prepared.first_call_ms,
+        threads=options.threads,
         **{column: timing.yardsticks.get(name) for name, column in YARDSTICK_COLUMNS.items()},
         **{column: timing.gpu_state.get(column) for column in gpu_state.COLUMNS},
-    )  # fmt: skip
+    )
     ceilings = options.ceilings.get(workload.device)
     roof = ceilings.roofline_tflops(workload.dtype, metrics["intensity"]) if ceilings else None
     metrics["pct_of_peak"] = 100 * metrics["tflops"] / roof if roof else None  # of the hardware roof

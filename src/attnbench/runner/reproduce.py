@@ -62,9 +62,11 @@ class Reproducer:
         if self.default_threads is None or settings.threads != default.threads:
             flags += ["--threads", str(settings.threads)]
         usual_timeout = max(120.0, 2 * settings.case_budget_s)  # what --case-budget-s below gives
-        for flag, value, usual in (("--budget-s", settings.budget_s, default.budget_s),
-                                   ("--case-budget-s", settings.case_budget_s, default.case_budget_s),
-                                   ("--timeout-s", settings.timeout_s, usual_timeout)):  # fmt: skip
+        for flag, value, usual in (
+            ("--budget-s", settings.budget_s, default.budget_s),
+            ("--case-budget-s", settings.case_budget_s, default.case_budget_s),
+            ("--timeout-s", settings.timeout_s, usual_timeout),
+        ):
             if value != usual:
                 flags += [flag, _number(value)]
         flags += ["--no-memory"] * (not settings.measure_memory)
@@ -105,8 +107,9 @@ def _case_number(text: str, run_dir: Path, count: int) -> int:
     except ValueError:
         number = None
     if number is None or str(text).strip() not in (str(number), f"+{number}"):
-        raise UsageError(f"--case {text!r}: expected a case number, 0 to {count - 1} (the row's index in "
-                         f"{run_dir / 'results.csv'})")  # fmt: skip
+        raise UsageError(
+            f"--case {text!r}: expected a case number, 0 to {count - 1} (the row's index in {run_dir / 'results.csv'})"
+        )
     if not 0 <= number < count:
         raise UsageError(f"--case {number}: out of range; {run_dir} has cases 0 to {count - 1}")
     return number
@@ -127,8 +130,9 @@ def from_run_request(run_dir: str | Path, case: str, **given: Any) -> RunRequest
     except (OSError, ValueError) as exc:
         raise UsageError(f"--from {run_dir}: not an attnbench run folder (meta.json unreadable: {exc})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("settings"), dict):
-        raise UsageError(f"--from {run_dir}: meta.json has no run settings (a merged folder?); give the run "
-                         "folder the row came from")  # fmt: skip
+        raise UsageError(
+            f"--from {run_dir}: meta.json has no run settings (a merged folder?); give the run folder the row came from"
+        )
     if frame.empty:
         raise UsageError(f"--from {run_dir}: the run has no rows yet")
     row = frame.iloc[_case_number(case, path, len(frame))].to_dict()
@@ -139,7 +143,16 @@ def from_run_request(run_dir: str | Path, case: str, **given: Any) -> RunRequest
     axes = {BY_FLAG[flag]: text for flag, text in zip(flags[::2], flags[1::2], strict=True)}
     settings = RunSettings.from_meta(meta["settings"])
     return build_request(
-        None, axes, repeat=settings.repeats, budget_s=settings.budget_s, case_budget_s=settings.case_budget_s,
-        timeout_s=settings.timeout_s, threads=settings.threads, seed=settings.seed, memory=settings.measure_memory,
-        cpu_allocator=settings.cpu_allocator, isolate=settings.isolate, **given,
-    )  # fmt: skip
+        None,
+        axes,
+        repeat=settings.repeats,
+        budget_s=settings.budget_s,
+        case_budget_s=settings.case_budget_s,
+        timeout_s=settings.timeout_s,
+        threads=settings.threads,
+        seed=settings.seed,
+        memory=settings.measure_memory,
+        cpu_allocator=settings.cpu_allocator,
+        isolate=settings.isolate,
+        **given,
+    )

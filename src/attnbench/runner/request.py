@@ -87,16 +87,21 @@ def build_request(
 ) -> RunRequest:
     """A checked request. ``axes`` maps axis names to one value, a list, or the flag's comma-separated text."""
     checked = {name: parse_values(name, value) for name, value in (axes or {}).items() if value is not None}
-    for flag, value, allowed in (("--cpu-allocator", cpu_allocator, POLICIES), ("--isolate", isolate, ISOLATION),
-                                 ("--progress", progress, PROGRESS_BAR_MODES)):  # fmt: skip
+    for flag, value, allowed in (
+        ("--cpu-allocator", cpu_allocator, POLICIES),
+        ("--isolate", isolate, ISOLATION),
+        ("--progress", progress, PROGRESS_BAR_MODES),
+    ):
         if value not in allowed:
             choices = ", ".join(repr(choice) for choice in allowed)
             raise UsageError(f"argument {flag}: invalid choice: {value!r} (choose from {choices})")
     if threads is not None and threads < 1:
         raise UsageError(f"--threads {threads}: must be a positive integer")
     processes = parse_repeat(repeat, isolate) if resume is None or repeat else None
-    seconds = {flag: _seconds(flag, value) for flag, value in (("--budget-s", budget_s),
-               ("--case-budget-s", case_budget_s), ("--timeout-s", timeout_s))}  # fmt: skip
+    seconds = {
+        flag: _seconds(flag, value)
+        for flag, value in (("--budget-s", budget_s), ("--case-budget-s", case_budget_s), ("--timeout-s", timeout_s))
+    }
     if shard:
         parse_shard(shard)
     if db is not None and not store:
@@ -108,13 +113,26 @@ def build_request(
         if given:
             raise UsageError(f"--resume takes the sweep from the run folder; drop {', '.join(given)}")
     return RunRequest(
-        suite=suite, axes=checked, repeat=processes, budget_s=seconds["--budget-s"],
-        case_budget_s=seconds["--case-budget-s"], timeout_s=seconds["--timeout-s"], threads=threads, seed=seed,
-        memory=memory, cpu_allocator=cpu_allocator, isolate=isolate, remeasure_ceilings=remeasure_ceilings,
-        progress=progress, out=Path(out) if out is not None else None,
-        resume=Path(resume) if resume is not None else None, shard=shard, store=store,
-        db=Path(db) if db is not None else None, command=command,
-    )  # fmt: skip
+        suite=suite,
+        axes=checked,
+        repeat=processes,
+        budget_s=seconds["--budget-s"],
+        case_budget_s=seconds["--case-budget-s"],
+        timeout_s=seconds["--timeout-s"],
+        threads=threads,
+        seed=seed,
+        memory=memory,
+        cpu_allocator=cpu_allocator,
+        isolate=isolate,
+        remeasure_ceilings=remeasure_ceilings,
+        progress=progress,
+        out=Path(out) if out is not None else None,
+        resume=Path(resume) if resume is not None else None,
+        shard=shard,
+        store=store,
+        db=Path(db) if db is not None else None,
+        command=command,
+    )
 
 
 def _seconds(flag: str, value: float | None) -> float | None:
@@ -164,11 +182,17 @@ class RunSettings:
     def resolve(cls, request: RunRequest, suite: Suite, default_threads: int) -> RunSettings:
         budget_s, case_budget_s = request.budget_s or suite.budget_s, request.case_budget_s or suite.case_budget_s
         return cls(
-            budget_s=budget_s, case_budget_s=case_budget_s, threads=request.threads or default_threads,
-            seed=request.seed, measure_memory=request.memory, cpu_allocator=request.cpu_allocator,
-            timeout_s=request.timeout_s or max(120.0, 2 * case_budget_s), isolate=request.isolate,
-            remeasure_ceilings=request.remeasure_ceilings, repeat=request.repeat,
-        )  # fmt: skip
+            budget_s=budget_s,
+            case_budget_s=case_budget_s,
+            threads=request.threads or default_threads,
+            seed=request.seed,
+            measure_memory=request.memory,
+            cpu_allocator=request.cpu_allocator,
+            timeout_s=request.timeout_s or max(120.0, 2 * case_budget_s),
+            isolate=request.isolate,
+            remeasure_ceilings=request.remeasure_ceilings,
+            repeat=request.repeat,
+        )
 
     def as_meta(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

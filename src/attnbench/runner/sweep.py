@@ -85,8 +85,14 @@ def plan_cases(request: RunRequest, left_out: dict[str, str] | None = None) -> t
         said.setdefault(impl, str(reasons[0]))
         return True
 
-    cases = expand(suite, overrides, sorted(registry.load()), registry.sweep_names(), registry.available_sweep_names(),
-                   never_applies)  # fmt: skip
+    cases = expand(
+        suite,
+        overrides,
+        sorted(registry.load()),
+        registry.sweep_names(),
+        registry.available_sweep_names(),
+        never_applies,
+    )
     shard = request.shard_slice
     if shard:
         cases = shard_cases(cases, *shard)
@@ -101,9 +107,16 @@ def _plan(request: RunRequest, default_out: Path) -> tuple[RunWriter, dict[str, 
     out = request.out or default_out
     RunWriter.check_target(out)
     settings = RunSettings.resolve(request, suite, torch.get_num_threads())
-    meta = {"command": request.command, "suite": suite.name, "overrides": dict(request.axes),
-            "shard": request.shard, "n_cases": len(cases), "settings": settings.as_meta(),
-            "default_threads": DEFAULT_THREADS, "left_out": left_out}  # fmt: skip
+    meta = {
+        "command": request.command,
+        "suite": suite.name,
+        "overrides": dict(request.axes),
+        "shard": request.shard,
+        "n_cases": len(cases),
+        "settings": settings.as_meta(),
+        "default_threads": DEFAULT_THREADS,
+        "left_out": left_out,
+    }
     return RunWriter(out), meta, cases
 
 
@@ -155,18 +168,26 @@ def run_sweep(request: RunRequest, default_out: Path) -> Finished:
         print(f"warning: {warning}", file=sys.stderr)
     ceilings = _measure_ceilings(todo, settings.threads, settings.remeasure_ceilings and not resuming)
     options = RunOptions(
-        budget_s=settings.budget_s, case_budget_s=settings.case_budget_s, threads=settings.threads,
-        seed=settings.seed, measure_memory=settings.measure_memory, ceilings=ceilings,
-    )  # fmt: skip
-    meta.update(cpu_allocator=allocator, warnings=warnings, environment=environment(options.threads),
-                ceilings={**meta.get("ceilings", {}), **{d: asdict(c) for d, c in ceilings.items()}},
-                end_time=None, finished=False)  # fmt: skip
+        budget_s=settings.budget_s,
+        case_budget_s=settings.case_budget_s,
+        threads=settings.threads,
+        seed=settings.seed,
+        measure_memory=settings.measure_memory,
+        ceilings=ceilings,
+    )
+    meta.update(
+        cpu_allocator=allocator,
+        warnings=warnings,
+        environment=environment(options.threads),
+        ceilings={**meta.get("ceilings", {}), **{d: asdict(c) for d, c in ceilings.items()}},
+        end_time=None,
+        finished=False,
+    )
     meta.setdefault("start_time", now())
     bandwidth = BandwidthWatch(meta, ceilings, options.threads)  # measured now and after the sweep
     if resuming:
         writer.write_meta(meta)
-        print(f"resuming {writer.out_dir}: {len(done)} of {len(cases)} cases done, {len(todo)} to run",
-              file=sys.stderr)  # fmt: skip
+        print(f"resuming {writer.out_dir}: {len(done)} of {len(cases)} cases done, {len(todo)} to run", file=sys.stderr)
     else:
         writer.start(meta, cases)
     with StopSignals(writer.out_dir, _exit_at_once) as stop:  # until the results are written
@@ -220,9 +241,15 @@ def group_by_workload(cases: list[tuple[str, Workload]]) -> list[tuple[Workload,
     return list(groups.items())
 
 
-def run_cases(cases: list[tuple[str, Workload]], options: RunOptions, writer: RunWriter, settings: RunSettings,
-          progress_mode: str, stop: StopSignals | None = None,
-          reproduce: Callable[[dict[str, Any]], str] | None = None) -> bool:  # fmt: skip
+def run_cases(
+    cases: list[tuple[str, Workload]],
+    options: RunOptions,
+    writer: RunWriter,
+    settings: RunSettings,
+    progress_mode: str,
+    stop: StopSignals | None = None,
+    reproduce: Callable[[dict[str, Any]], str] | None = None,
+) -> bool:
     """Run the cases, appending each row as it finishes; True if interrupted.
 
     The contenders of a workload run as one group (timed in interleaved rounds). With ``repeat`` N > 1 the

@@ -46,8 +46,14 @@ DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16"
 # two besides bfloat16. fp8 caches carry one float32 scale per (sequence, kv head), or per page when paged.
 FP8_DTYPES: dict[str, torch.dtype] = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 KV_DTYPES: dict[str, torch.dtype] = {**DTYPES, **FP8_DTYPES}
-KV_DTYPE_ALIASES = {**DTYPE_ALIASES, "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
-                    "fp8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2"}  # fmt: skip
+KV_DTYPE_ALIASES = {
+    **DTYPE_ALIASES,
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "e5m2": "float8_e5m2",
+}
 KV_LAYOUTS = ("separate", "latent")  # latent: MLA's one cache per token shared by all heads, keys and values in it
 SINKS = ("none", "learned")  # learned: one logit per query head joins every row's softmax denominator
 LENGTH_DISTRIBUTIONS = ("equal", "uniform", "longtail", "bimodal")  # per-sequence lengths of a ragged batch
@@ -233,8 +239,10 @@ BY_COLUMN = {axis.column: axis for axis in WORKLOAD_AXES}
 FEATURES = tuple(a for a in WORKLOAD_AXES if a.neutral is not None)  # what a row may have or not
 DECLARED = tuple(a for a in WORKLOAD_AXES if a.declared)  # what a contender must declare to run
 # Results columns: device and dtype lead (they name the machine's side), then the table's order.
-WORKLOAD_COLUMNS = [*(a.column for a in (BY_NAME["device"], BY_NAME["dtype"])),
-                    *(a.column for a in WORKLOAD_AXES if a.name not in ("device", "dtype"))]  # fmt: skip
+WORKLOAD_COLUMNS = [
+    *(a.column for a in (BY_NAME["device"], BY_NAME["dtype"])),
+    *(a.column for a in WORKLOAD_AXES if a.name not in ("device", "dtype")),
+]
 # The suite values filled into every sweep that does not give them. Not dtype: a sweep without one takes the
 # axis' default (float32) when its workloads are made, unless it is a model preset's on CUDA, which takes the
 # preset's dtype (models.preset_dtype) — so a dtype a sweep holds was given (a flag, a suite, run()).
@@ -422,8 +430,11 @@ LABELLED_COLUMNS = ("impl", *(a.column for a in WORKLOAD_AXES if a.tag is not No
 def features_asked(row: Any) -> list[str]:
     """What a case asks of a contender beyond the basic ones: 'mask sliding_window', 'score_mod alibi',
     'paged KV' (the words of Capabilities' reasons)."""
-    found = [axis.asks(axis.read(row)) for axis in WORKLOAD_AXES if axis.asks is not None
-             and (not axis.follows or axis.departs(row))]  # fmt: skip
+    found = [
+        axis.asks(axis.read(row))
+        for axis in WORKLOAD_AXES
+        if axis.asks is not None and (not axis.follows or axis.departs(row))
+    ]
     return [f for f in found if f]
 
 

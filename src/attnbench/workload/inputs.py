@@ -91,8 +91,10 @@ class AttentionInputs:
         """What a contender calls first in its timed callable to read k and v (these tensors, where a paged
         cache's gather writes) in the dtype: themselves, or dequantized (``attnbench.workload.kv_cache``)."""
         w = self.workload
-        k_scale, v_scale = (None if s is None else kv_cache.position_scales(s, kv_cache.scale_block(w), w.seq_k)
-                            for s in (self.k_scale, self.v_scale))  # fmt: skip
+        k_scale, v_scale = (
+            None if s is None else kv_cache.position_scales(s, kv_cache.scale_block(w), w.seq_k)
+            for s in (self.k_scale, self.v_scale)
+        )
         return kv_cache.kv_loader(self.k, self.v, k_scale, v_scale, w.torch_dtype)
 
     @functools.cached_property

@@ -89,9 +89,12 @@ KvLoad = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 
 
 def kv_loader(
-    k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
     dtype: torch.dtype,
-) -> KvLoad:  # fmt: skip
+) -> KvLoad:
     """The call a contender makes at the start of its timed callable to read its k and v in ``dtype``: the
     tensors themselves when the cache is in ``dtype``, else both dequantized (scales as given to
     :func:`dequantize`, laid out before timing). It reads ``k`` and ``v`` at each call, so what a paged

@@ -129,9 +129,16 @@ def dense_mask_of(w: Workload, device: str | torch.device) -> torch.Tensor | Non
 
 
 def dense_mask(
-    mask: str, batch: int, seq_q: int, seq_k: int, device: str | torch.device, *, window: int = 0, documents: int = 0,
+    mask: str,
+    batch: int,
+    seq_q: int,
+    seq_k: int,
+    device: str | torch.device,
+    *,
+    window: int = 0,
+    documents: int = 0,
     chunk: int = 0,
-) -> torch.Tensor | None:  # fmt: skip
+) -> torch.Tensor | None:
     """:func:`dense_mask_of` from the mask's fields."""
     return dense_mask_of(_shape(mask, batch, seq_q, seq_k, window, documents, chunk), device)
 
@@ -159,8 +166,19 @@ def modify_scores(scores: torch.Tensor, w: Workload, bias: torch.Tensor | None) 
 
 
 def _shape(mask: str, batch: int, seq_q: int, seq_k: int, window: int, documents: int, chunk: int = 0) -> Workload:
-    return Workload(batch, 1, 1, seq_q, seq_k, 1, mask=mask, window=window, documents=documents, chunk=chunk,
-                    decode_share=0.5 if mask == "mixed" else 0.0)  # fmt: skip
+    return Workload(
+        batch,
+        1,
+        1,
+        seq_q,
+        seq_k,
+        1,
+        mask=mask,
+        window=window,
+        documents=documents,
+        chunk=chunk,
+        decode_share=0.5 if mask == "mixed" else 0.0,
+    )
 
 
 def _clamped_sum(count: int, first: int, cap: int) -> int:
@@ -173,9 +191,16 @@ def _clamped_sum(count: int, first: int, cap: int) -> int:
 
 
 def visible_pairs(
-    mask: str, batch: int, seq_q: int, seq_k: int, *, window: int = 0, documents: int = 0, lengths: str = "equal",
+    mask: str,
+    batch: int,
+    seq_q: int,
+    seq_k: int,
+    *,
+    window: int = 0,
+    documents: int = 0,
+    lengths: str = "equal",
     chunk: int = 0,
-) -> int:  # fmt: skip
+) -> int:
     """Exact number of visible (query, key) pairs summed over the batch (per head), in closed form (for a
     ragged or mixed batch see :func:`workload_pairs`)."""
     if mask == "none":

@@ -79,22 +79,47 @@ class ModelConfig:
         """The axes the preset sets for one kind of its layers in a phase (the keys of ``PRESET_AXES``);
         its full layers take ``full_mask``, the phase's causal mask."""
         heads, kv_heads, head_dim, head_dim_v, kv_layout = (
-            self.heads, self.kv_heads, self.head_dim, self.head_dim_v or self.head_dim, "separate",
-        )  # fmt: skip
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.head_dim_v or self.head_dim,
+            "separate",
+        )
         if phase == "decode" and self.latent[0]:  # MLA absorbed decode: every head reads the one latent cache
             rank, rope = self.latent
             kv_heads, head_dim, head_dim_v, kv_layout = 1, rank + rope, rank, "latent"
         return dict(
-            heads=heads, kv_heads=kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, kv_layout=kv_layout,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            head_dim_v=head_dim_v,
+            kv_layout=kv_layout,
             mask={"sliding": "sliding_window", "chunked": "chunked"}.get(kind, full_mask),
-            window=self.window or 1, chunk=self.chunk or 1,  # 1: a placeholder the other masks drop
-            score_mod="softcap" if self.softcap else "none", softcap=self.softcap or 50.0, sinks=self.sinks,
-            model=self.name, layer=kind if len(self.kinds) > 1 else "",
-        )  # fmt: skip
+            window=self.window or 1,
+            chunk=self.chunk or 1,  # 1: a placeholder the other masks drop
+            score_mod="softcap" if self.softcap else "none",
+            softcap=self.softcap or 50.0,
+            sinks=self.sinks,
+            model=self.name,
+            layer=kind if len(self.kinds) > 1 else "",
+        )
 
 
-PRESET_AXES = ("heads", "kv_heads", "head_dim", "head_dim_v", "kv_layout", "mask", "window", "chunk", "score_mod",
-               "softcap", "sinks", "model", "layer")  # fmt: skip
+PRESET_AXES = (
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "head_dim_v",
+    "kv_layout",
+    "mask",
+    "window",
+    "chunk",
+    "score_mod",
+    "softcap",
+    "sinks",
+    "model",
+    "layer",
+)
 _HF = "https://huggingface.co/{}/blob/main/config.json"
 PRESETS: dict[str, ModelConfig] = {
     m.name: m
@@ -110,29 +135,67 @@ PRESETS: dict[str, ModelConfig] = {
         ModelConfig("gpt2", 12, 12, 64, num_layers=12),
         # num_attention_heads 128, num_key_value_heads 128, qk_nope_head_dim 128 + qk_rope_head_dim 64,
         # v_head_dim 128, kv_lora_rank 512 (61 layers, all MLA)
-        ModelConfig("deepseek-v3", 128, 128, 192, head_dim_v=128, latent=(512, 64), num_layers=61,
-                    source=_HF.format("deepseek-ai/DeepSeek-V3")),
+        ModelConfig(
+            "deepseek-v3",
+            128,
+            128,
+            192,
+            head_dim_v=128,
+            latent=(512, 64),
+            num_layers=61,
+            source=_HF.format("deepseek-ai/DeepSeek-V3"),
+        ),
         # num_attention_heads 64, num_key_value_heads 8, head_dim 64, sliding_window 128, layer_types
         # sliding_attention / full_attention alternating over num_hidden_layers 24; every layer has `sinks`
-        ModelConfig("gpt-oss-20b", 64, 8, 64, window=128, sinks="learned", layers=(("sliding", 12), ("full", 12)),
-                    source=_HF.format("openai/gpt-oss-20b")),
+        ModelConfig(
+            "gpt-oss-20b",
+            64,
+            8,
+            64,
+            window=128,
+            sinks="learned",
+            layers=(("sliding", 12), ("full", 12)),
+            source=_HF.format("openai/gpt-oss-20b"),
+        ),
         # as gpt-oss-20b over num_hidden_layers 36
-        ModelConfig("gpt-oss-120b", 64, 8, 64, window=128, sinks="learned", layers=(("sliding", 18), ("full", 18)),
-                    source=_HF.format("openai/gpt-oss-120b")),
+        ModelConfig(
+            "gpt-oss-120b",
+            64,
+            8,
+            64,
+            window=128,
+            sinks="learned",
+            layers=(("sliding", 18), ("full", 18)),
+            source=_HF.format("openai/gpt-oss-120b"),
+        ),
         # num_attention_heads 32, num_key_value_heads 8, head_dim 128, use_sliding_window false (36 layers)
         ModelConfig("qwen3-8b", 32, 8, 128, num_layers=36, source=_HF.format("Qwen/Qwen3-8B")),
         # num_attention_heads 64, num_key_value_heads 8, head_dim 128, use_sliding_window false (64 layers)
         ModelConfig("qwen3-32b", 64, 8, 128, num_layers=64, source=_HF.format("Qwen/Qwen3-32B")),
         # text_config: num_attention_heads 32, num_key_value_heads 16, head_dim 128, sliding_window 1024,
         # sliding_window_pattern 6 (five local layers, then a global one) over num_hidden_layers 62; no softcap
-        ModelConfig("gemma3-27b", 32, 16, 128, window=1024, layers=(("sliding", 52), ("full", 10)),
-                    source=_HF.format("google/gemma-3-27b-it")),
+        ModelConfig(
+            "gemma3-27b",
+            32,
+            16,
+            128,
+            window=1024,
+            layers=(("sliding", 52), ("full", 10)),
+            source=_HF.format("google/gemma-3-27b-it"),
+        ),
         # text_config: num_attention_heads 40, num_key_value_heads 8, head_dim 128, attention_chunk_size 8192;
         # every 4th of num_hidden_layers 48 is a NoPE layer attending to all keys, the others chunked
-        ModelConfig("llama4-scout", 40, 8, 128, chunk=8192, layers=(("chunked", 36), ("full", 12)),
-                    source=_HF.format("meta-llama/Llama-4-Scout-17B-16E")),
+        ModelConfig(
+            "llama4-scout",
+            40,
+            8,
+            128,
+            chunk=8192,
+            layers=(("chunked", 36), ("full", 12)),
+            source=_HF.format("meta-llama/Llama-4-Scout-17B-16E"),
+        ),
     )
-}  # fmt: skip
+}
 PHASES = ("prefill", "decode", "mixed")
 DEFAULT_PHASES = ("prefill", "decode")  # what --model runs without --phase
 PHASE_DEFAULTS: dict[str, dict[str, list[int]]] = {
@@ -243,17 +306,33 @@ def describe() -> str:
         layers = (
             ",".join(f"{kind}:{count}" for kind, count in counted) or "-"
         )  # gemma2-9b: the preset is its local layers
-        rows.append((m.name, str(m.heads), str(m.kv_heads), str(m.head_dim), str(m.head_dim_v or m.head_dim),
-                     str(m.window or "-"), str(m.chunk or "-"), f"{m.softcap:g}" if m.softcap else "-",
-                     m.sinks if m.sinks != "none" else "-", "latent" if m.latent[0] else "-", layers))  # fmt: skip
+        rows.append(
+            (
+                m.name,
+                str(m.heads),
+                str(m.kv_heads),
+                str(m.head_dim),
+                str(m.head_dim_v or m.head_dim),
+                str(m.window or "-"),
+                str(m.chunk or "-"),
+                f"{m.softcap:g}" if m.softcap else "-",
+                m.sinks if m.sinks != "none" else "-",
+                "latent" if m.latent[0] else "-",
+                layers,
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [" ".join([row[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(row[1:], widths[1:], strict=True))])
-             for row in rows]  # fmt: skip
+    lines = [
+        " ".join([row[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(row[1:], widths[1:], strict=True))])
+        for row in rows
+    ]
     for m in PRESETS.values():
         if m.latent[0]:
             rank, rope = m.latent
-            lines.append(f"{m.name}: prefill as above; decode reads its latent cache (kv_layout latent): "
-                         f"{m.heads} heads, kv_heads 1, head_dim {rank + rope}, Dv {rank}")  # fmt: skip
+            lines.append(
+                f"{m.name}: prefill as above; decode reads its latent cache (kv_layout latent): "
+                f"{m.heads} heads, kv_heads 1, head_dim {rank + rope}, Dv {rank}"
+            )
     dtypes = sorted({m.dtype for m in PRESETS.values()})
     lines.append(f"dtype: {', '.join(dtypes)} on cuda unless --dtype says otherwise; float32 on cpu")
     lines += [f"{m.name}: {m.source}" for m in PRESETS.values() if m.source]

@@ -79,9 +79,14 @@ class PagedKV:
 
 
 def make_paged(
-    k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int, latent: bool = False,
-    scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None), shared: int = 0,
-) -> PagedKV:  # fmt: skip
+    k: torch.Tensor,
+    v: torch.Tensor,
+    page_size: int,
+    seed: int,
+    latent: bool = False,
+    scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+    shared: int = 0,
+) -> PagedKV:
     """Copy contiguous k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv) into a shuffled page pool with a page table.
     ``latent`` (MLA, v the first Dv channels of k): one pool, v_pages the view of k_pages' first channels. An
     fp8 cache's per-page ``scales`` (B, Hkv, pages, 1) go to the pool with their pages. The first ``shared``

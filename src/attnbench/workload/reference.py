@@ -89,9 +89,14 @@ Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (Hq, R, D), (Hq,
 
 
 def reference_attention(
-    inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
-    score: Score | None = None, sinks: torch.Tensor | None = None,
-) -> torch.Tensor:  # fmt: skip
+    inputs: AttentionInputs,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: torch.Tensor,
+    score: Score | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """softmax(q·kᵀ·scale + mask)·v in float64, differentiable: q (B, Hq, R, D) holds the given query rows,
     k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv). Rows that see no key give zeros. One batch element at a time,
     each in a call of its own, so the float64 copies of one element's k and v are gone before the next's are
@@ -103,9 +108,15 @@ def reference_attention(
 
 
 def _one_sequence(
-    inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, rows: torch.Tensor,
-    score: Score | None, sinks: torch.Tensor | None = None,
-) -> torch.Tensor:  # fmt: skip
+    inputs: AttentionInputs,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    b: int,
+    rows: torch.Tensor,
+    score: Score | None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """(Hq, R, Dv) for batch element ``b``: q (Hq, R, D), k (Hkv, Sk, D), v (Hkv, Sk, Dv); sinks (Hq,) or None."""
     w = inputs.workload
     group, count = w.gqa_group, len(rows)

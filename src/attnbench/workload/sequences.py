@@ -68,8 +68,10 @@ def draw_lengths(distribution: str, count: int, maximum: int) -> list[int]:
     elif distribution == "bimodal":
         longs = set(generator.sample(range(count), max(1, round(BIMODAL_LONG_SHARE * count))))
         short_top, long_bottom = max(1, maximum // 8), max(1, math.ceil(3 * maximum / 4))
-        drawn = [generator.randint(long_bottom, maximum) if b in longs else generator.randint(1, short_top)
-                 for b in range(count)]  # fmt: skip
+        drawn = [
+            generator.randint(long_bottom, maximum) if b in longs else generator.randint(1, short_top)
+            for b in range(count)
+        ]
     else:
         raise ValueError(f"unknown length distribution {distribution!r}")
     drawn[drawn.index(max(drawn))] = maximum  # padded to the longest sequence
@@ -153,7 +155,7 @@ def ragged_span(w: Workload, lengths: tuple[tuple[int, int], ...]) -> list[tuple
 
 def ragged_key_ranges(
     w: Workload, lengths: tuple[tuple[int, int], ...], device: str | torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(lo, hi), each (B, Sq) int64: the key range of every query row of every sequence (empty past q_len)."""
     q_len, kv_len = (torch.tensor(column, device=device).view(-1, 1) for column in zip(*lengths, strict=True))
     i = torch.arange(w.seq_q, device=device).view(1, -1)

@@ -170,8 +170,10 @@ def _preset_dtypes(model: str, axes: dict[str, list[Any]]) -> list[dict[str, lis
     if axes.get(DTYPE.name):
         return [axes]
     devices = axes.get(DEVICE.name) or [DEVICE.sweep_default]
-    return [{**axes, DEVICE.name: [device], DTYPE.name: [preset_dtype(model, device) or DTYPE.sweep_default]}
-            for device in devices]  # fmt: skip
+    return [
+        {**axes, DEVICE.name: [device], DTYPE.name: [preset_dtype(model, device) or DTYPE.sweep_default]}
+        for device in devices
+    ]
 
 
 def _workloads(axes: dict[str, list[Any]]) -> list[Workload]:
