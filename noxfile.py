@@ -285,14 +285,7 @@ def bench_fused(session: nox.Session) -> None:
         (runs["fused_cpu_kv"], "--vs", "fused_cpu", "--where", "dtype=float32", "--where", "kv_dtype=bfloat16",
          "--peer-where", "kv_dtype=float32", "--max-time-ratio", "0.6"),
     ]  # fmt: skip
-    missed = 0
-    for run, *args in gates:  # every gate reports, then the session fails if any missed
-        try:
-            session.run("attnbench", "ratios", run, "--impl", "fused_cpu", *args)
-        except nox.command.CommandFailed:
-            missed += 1
-    if missed:
-        session.error(f"{missed} of {len(gates)} fused_cpu gate(s) missed")
+    _gates(session, "fused_cpu", gates)
     if not has_cuda:
         session.log("no CUDA device: fused_triton's GPU comparison skipped")
         return
@@ -311,14 +304,20 @@ def bench_fused(session: nox.Session) -> None:
          "--max-time-ratio", "0.2"),
         (serving, "--vs", "sdpa_cudnn,cascade", "--best", "--where", "shared_prefix=16384", "--max-time-ratio", "0.2"),
     ]  # fmt: skip
+    _gates(session, "fused_triton", gpu_gates)
+
+
+def _gates(session: nox.Session, impl: str, gates: list[tuple[str, ...]]) -> None:
+    """``attnbench ratios RUN --impl IMPL ARGS…`` for each (RUN, ARGS…): every gate reports, then the session
+    fails if any missed."""
     missed = 0
-    for run, *args in gpu_gates:
+    for run, *args in gates:
         try:
-            session.run("attnbench", "ratios", run, "--impl", "fused_triton", *args)
+            session.run("attnbench", "ratios", run, "--impl", impl, *args)
         except nox.command.CommandFailed:
             missed += 1
     if missed:
-        session.error(f"{missed} of {len(gpu_gates)} fused_triton gate(s) missed")
+        session.error(f"{missed} of {len(gates)} {impl} gate(s) missed")
 
 
 @nox.session(default=False)

@@ -153,42 +153,44 @@ def _candidates(case: Workload, kernel: str) -> list[Tile] | None:
     return plan.candidates(kernel)
 
 
+def _forced(case: Workload, kernel: str, tile: Tile, unfit: list[str], failures: list[str],
+            named: bool = False) -> str | None:  # fmt: skip
+    """``check_case`` with ``kernel``'s tile forced: its reason ('' when right), a failure appended when wrong;
+    None when the tile could not run (e.g. OutOfResources: the tuner times such a tile as inf), said in
+    ``unfit`` (with the tile when ``named``)."""
+    try:
+        reason = check_case(case, {kernel: tile})
+    except Exception as exc:
+        unfit.append(f"{f'{tile} ' if named else ''}unfit ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+        return None
+    if reason:
+        failures.append(f"{kernel} {tile} on {case.label()}: {reason}")
+    return reason
+
+
 def smoke(
     device: str, cases: Sequence[Workload] = SMOKE_CASES, tiles: dict[str, Sequence[Tile]] | None = None
 ) -> list[str]:
     """Force each tile of each kernel (default: all of CUDA_TILES) on every case that runs the kernel; print
     one line per tile; return the failures."""
-    failures = []
+    failures: list[str] = []
     for kernel, kernel_tiles in (tiles or CUDA_TILES).items():
         for tile in kernel_tiles:
-            ran, skipped = 0, []
+            ran, skipped = 0, list[str]()
             for case in (dataclasses.replace(w, device=device) for w in cases if runs(kernel, w)):
                 candidates = _candidates(case, kernel)
                 if candidates is not None and tile not in candidates:
                     skipped.append(f"pruned for {case.dtype} D{case.head_dim}/{case.head_dim_v}")
                     continue
-                try:
-                    reason = check_case(case, {kernel: tile})
-                except Exception as exc:  # e.g. OutOfResources: the tuner times such a tile as inf
-                    skipped.append(f"unfit ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
-                    continue
-                ran += 1
-                if reason:
-                    failures.append(f"{kernel} {tile} on {case.label()}: {reason}")
+                reason = _forced(case, kernel, tile, skipped, failures)
+                ran += reason is not None
             print(f"{kernel} {tile}: {ran} cases checked" + (f"; {', '.join(skipped)}" if skipped else ""))
     for case in (dataclasses.replace(w, device=device) for w in cases if decodes(w)):
         # the decode kernel's tiles depend on the case (its rows): each case's own candidates, every one forced
         decode_tiles = (tiles or {}).get("decode") or _candidates(case, "decode") or [INTERPRETER_TILE]
-        ran, unfit = 0, []
+        ran, unfit = 0, list[str]()
         for tile in decode_tiles:
-            try:
-                reason = check_case(case, {"decode": tile})
-            except Exception as exc:
-                unfit.append(f"{tile} unfit ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
-                continue
-            ran += 1
-            if reason:
-                failures.append(f"decode {tile} on {case.label()}: {reason}")
+            ran += _forced(case, "decode", tile, unfit, failures, named=True) is not None
         print(f"decode on {case.label()}: {ran} tiles checked" + (f"; {', '.join(unfit)}" if unfit else ""))
     far = check_far_offsets(device)
     print("64-bit offsets: " + (far or "ok"))
