@@ -234,11 +234,16 @@ def bench_fused(session: nox.Session) -> None:
     ≤ 1.05× the same case without (fwd and fwd_bwd, S2048, the median of 3 repeats); decode over an fp8 cache
     ≤ 0.35× (a float32 q, and a bfloat16 model's q) and a bf16 cache ≤ 0.6× fused_cpu's own fp32-cache decode
     (H32/8 D128, KV 32768).
-    On a CUDA machine also fused_triton ≥ 1.0× the best SDPA backend and ≥ 70 % of the measured bf16 matmul rate.
+    On a CUDA machine also fused_triton ≥ 1.0× the best SDPA backend and ≥ 70 % of the measured bf16 matmul rate,
+    and its serving kernels (suite fused_gpu_serving, issue 33): decode (B8 H32/8 D128 bf16, 8192 and 32768 keys)
+    ≤ 1.0× sdpa_cudnn and ≥ 85 % of the copy bandwidth measured in the run (`pct_of_matmul`); pages of 16 ≤ 1.1×
+    its contiguous time; an fp8 e4m3 cache ≤ 0.6× its bf16-cache time; MLA decode (B8 and B64) ≤ 0.5× bmm and
+    ≥ 50 % of the roof at its intensity; decode over a shared prefix (B32, 16384 + 256) ≤ 0.2× itself reading the
+    prefix per sequence and ≤ 0.2× the best of sdpa_cudnn and the torch cascade.
     Arguments go to `attnbench run` (e.g. --threads 2)."""
     install(session, "triton", "gpu")
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    cpu, gpu = f"runs/fused-cpu-{stamp}", f"runs/fused-gpu-{stamp}"
+    cpu, gpu, serving = f"runs/fused-cpu-{stamp}", f"runs/fused-gpu-{stamp}", f"runs/fused-gpu-serving-{stamp}"
     suites = ("fused_cpu", "fused_cpu_train", "fused_cpu_bf16", "fused_cpu_decode", "fused_cpu_mla", "fused_cpu_prefix",
               "fused_cpu_sinks", "fused_cpu_kv")  # fmt: skip
     runs = {suite: f"{cpu}/{suite}" for suite in suites}
@@ -252,7 +257,8 @@ def bench_fused(session: nox.Session) -> None:
     has_cuda = str(session.run("python", "-c", check, silent=True)).strip().splitlines()[-1] == "cuda"
     if has_cuda:  # both runs first, then the gates: a missed CPU claim must not cost the GPU run
         session.run("attnbench", "run", "--suite", "fused_gpu", "--out", gpu, *session.posargs)
-        session.run("attnbench", "report", gpu, "--out", f"{gpu}/report")
+        session.run("attnbench", "run", "--suite", "fused_gpu_serving", "--out", serving, *session.posargs)
+        session.run("attnbench", "report", gpu, serving, "--out", f"{gpu}/report")
     gates = [
         (runs["fused_cpu"], "--vs", "sdpa_flash", "--max-time-ratio", "1.0"),
         (runs["fused_cpu"], "--vs", "sdpa_flash", "--where", "seq_q=4096", "--where", "mask=none",
@@ -281,19 +287,39 @@ def bench_fused(session: nox.Session) -> None:
         (runs["fused_cpu_kv"], "--vs", "fused_cpu", "--where", "dtype=float32", "--where", "kv_dtype=bfloat16",
          "--peer-where", "kv_dtype=float32", "--max-time-ratio", "0.6"),
     ]  # fmt: skip
-    missed = 0
-    for run, *args in gates:  # every gate reports, then the session fails if any missed
-        try:
-            session.run("attnbench", "ratios", run, "--impl", "fused_cpu", *args)
-        except nox.command.CommandFailed:
-            missed += 1
-    if missed:
-        session.error(f"{missed} of {len(gates)} fused_cpu gate(s) missed")
+    _gates(session, "fused_cpu", gates)
     if not has_cuda:
         session.log("no CUDA device: fused_triton's GPU comparison skipped")
         return
-    session.run("attnbench", "ratios", gpu, "--impl", "fused_triton", "--vs", "sdpa_flash,sdpa_efficient,sdpa_cudnn",
-                "--best", "--min-speedup", "1.0", "--min-pct-of-matmul", "70")  # fmt: skip
+    contiguous = ("--where", "page_size=0", "--where", "kv_dtype=bfloat16", "--where", "kv_layout=separate")
+    gpu_gates = [
+        (gpu, "--vs", "sdpa_flash,sdpa_efficient,sdpa_cudnn", "--best", "--min-speedup", "1.0", "--min-pct-of-matmul",
+         "70"),
+        (serving, "--vs", "sdpa_cudnn", "--where", "batch=8", *contiguous, "--max-time-ratio", "1.0",
+         "--min-pct-of-matmul", "85"),
+        (serving, "--vs", "fused_triton", "--where", "page_size=16", "--peer-where", "page_size=0",
+         "--max-time-ratio", "1.1"),
+        (serving, "--vs", "fused_triton", "--where", "kv_dtype=float8_e4m3fn", "--peer-where", "kv_dtype=bfloat16",
+         "--max-time-ratio", "0.6"),
+        (serving, "--vs", "bmm", "--where", "kv_layout=latent", "--max-time-ratio", "0.5", "--min-pct-of-peak", "50"),
+        (serving, "--vs", "fused_triton", "--where", "shared_prefix=16384", "--peer-where", "shared_prefix=0",
+         "--max-time-ratio", "0.2"),
+        (serving, "--vs", "sdpa_cudnn,cascade", "--best", "--where", "shared_prefix=16384", "--max-time-ratio", "0.2"),
+    ]  # fmt: skip
+    _gates(session, "fused_triton", gpu_gates)
+
+
+def _gates(session: nox.Session, impl: str, gates: list[tuple[str, ...]]) -> None:
+    """``attnbench ratios RUN --impl IMPL ARGS…`` for each (RUN, ARGS…): every gate reports, then the session
+    fails if any missed."""
+    missed = 0
+    for run, *args in gates:
+        try:
+            session.run("attnbench", "ratios", run, "--impl", impl, *args)
+        except nox.command.CommandFailed:
+            missed += 1
+    if missed:
+        session.error(f"{missed} of {len(gates)} {impl} gate(s) missed")
 
 
 @nox.session(default=False)

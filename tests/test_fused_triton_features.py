@@ -83,21 +83,26 @@ def visited_blocks(w, run, inputs):  # per (batch, row tile): key blocks visited
             expected.append(last // tile.block_n - first // tile.block_n + 1)
     return counted[:: w.heads, :, 0].flatten().tolist(), expected
 
-from attnbench.impls.fused_triton import kernels
-launched = []  # the forward's specialisation flags, per launch
+from attnbench.impls.fused_triton import decode_kernels, kernels
+launched = []  # the forward's (or the decode kernel's) specialisation flags, per launch
+kernels_run = []  # which of the two, per launch
 
 class Recorded:
-    def __init__(self, kernel):
-        self.kernel = kernel
+    def __init__(self, kernel, name):
+        self.kernel, self.name = kernel, name
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            flags = ("SPLIT_D", "V_FROM_K", "KV_SCALED", "RANGES", "SINKS", "MERGE")
-            launched.append({flag: kwargs[flag] for flag in flags})
+            flags = ("SPLIT_D", "V_FROM_K", "KV_SCALED", "RANGES", "SINKS", "MERGE", "PREFIX", "PAGED")
+            launched.append({flag: kwargs[flag] for flag in flags if flag in kwargs})
+            kernels_run.append(self.name)
+            if kwargs.get("PREFIX"):  # the decode kernels' prefix level
+                prefix_grids.append(list(grid))
             return self.kernel[grid](*args, **kwargs)
         return launch
 
-kernels._forward_kernel = Recorded(kernels._forward_kernel)
+kernels._forward_kernel = Recorded(kernels._forward_kernel, "fwd")
+decode_kernels._decode_split_kernel = Recorded(decode_kernels._decode_split_kernel, "decode")
 prefix_grids = []
 
 class RecordedGrid:
@@ -113,10 +118,10 @@ kernels._prefix_kernel = RecordedGrid(kernels._prefix_kernel)
 results = {}
 for name, spec in json.loads(sys.argv[1]).items():
     w = Workload(**spec)
-    launched.clear(), prefix_grids.clear()
+    launched.clear(), prefix_grids.clear(), kernels_run.clear()
     prepared = prepare_checked("fused_triton", w)
     result = {"ok": prepared.ok, "max_abs_err": prepared.check.max_abs_err, "reason": prepared.reason}
-    result["flags"] = launched[0]
+    result["flags"], result["kernel"] = launched[0], kernels_run[0]
     if w.pass_ != "fwd":
         result["grad_err"] = prepared.grad_check.grad_err
         result["grads"] = grad_errors(w, prepared)
@@ -265,11 +270,14 @@ def test_matches_the_float64_reference_in_the_interpreter(interpreted, name):
 
 def test_gpu_smokes_feature_cases_pass_in_the_interpreter(interpreted):
     assert interpreted["smoke"]["failures"] == []
-    # every forced tile ran (a tile that raised would read "unfit"): the fp8 and prefix cases are forward only
+    # every forced tile ran (a tile that raised would read "unfit"): the fp8 and prefix cases are decode steps
+    # (the decode kernels, every candidate tile of theirs), the mixed case forward and backward
     assert interpreted["smoke"]["lines"] == [
-        "fwd Tile(block_m=16, block_n=32, num_warps=1, num_stages=1): 3 cases checked",
+        "fwd Tile(block_m=16, block_n=32, num_warps=1, num_stages=1): 1 cases checked",
         "dkdv Tile(block_m=32, block_n=16, num_warps=1, num_stages=1): 1 cases checked",
         "dq Tile(block_m=16, block_n=16, num_warps=1, num_stages=1): 1 cases checked",
+        "decode on B1 H2/1 S4x40 D24 float32 cpu causal_bottom_right fwd kv-float8_e4m3fn page16: 1 tiles checked",
+        "decode on B2 H2/1 S3x40 D24 float32 cpu causal_bottom_right fwd prefix17: 1 tiles checked",
         "64-bit offsets: ok",
     ]
 
@@ -322,11 +330,16 @@ def test_a_shared_prefix_is_read_once_for_the_batch(interpreted):
     for name in PREFIXES:
         result, spec = interpreted[name], CASES[name]
         assert result["other_prefixes_unread"], name  # NaN in sequences 1, 2's copies changes nothing
-        assert interpreted[name]["flags"]["MERGE"], name  # the suffix level starts from the prefix level's state
         rows = spec["batch"] * spec["heads"] // spec["kv_heads"] * spec["seq_q"]
-        assert result["prefix_grid"] == [spec["kv_heads"], -(-rows // 32)], name
-    # the decode case: 3 sequences × 2 query heads × 5 rows = 30 rows: one program per kv head holds them all
-    assert interpreted["prefix-20-decode"]["prefix_grid"] == [2, 1]
+        if result["kernel"] == "decode":  # ≤ 8 rows a sequence: the decode kernels' prefix level comes first
+            assert result["flags"]["PREFIX"], name
+            assert result["prefix_grid"][0] == spec["kv_heads"] * -(-rows // 16), name  # 16-row blocks of all rows
+        else:
+            assert result["flags"]["MERGE"], name  # the suffix level starts from the prefix level's state
+            assert result["prefix_grid"] == [spec["kv_heads"], -(-rows // 32)], name
+    # the decode case: 3 sequences × 2 query heads × 5 rows = 30 rows: two 16-row programs per kv head
+    assert interpreted["prefix-20-decode"]["kernel"] == "decode"
+    assert interpreted["prefix-20-decode"]["prefix_grid"][0] == 2 * 2
 
 
 def test_each_feature_takes_its_kernel_specialisation(interpreted):
@@ -365,9 +378,13 @@ def test_declared_features_and_the_reasons_for_the_rest(monkeypatch):
     assert contender.unsupported_reason(Workload(**prefix, pass_="fwd_bwd")) == SHARED_PREFIX_BACKWARD
     assert contender.unsupported_reason(Workload(**prefix, kv_dtype="float8_e5m2")) == SHARED_PREFIX_FP8
     assert contender.unsupported_reason(Workload(**prefix, kv_dtype="bfloat16")) is None
-    # the prefix level's fp32 output and log-sum-exp per row, besides the statistics
+    # a decode step: the decode kernels' fp32 partial output and log-sum-exp per row and split — here one split
+    # of the prefix and one of the suffix (the interpreter's split sizes: 32 keys at least)
     rows = 2 * 4 * 1
-    assert contender.predicted_extra_bytes(Workload(**prefix)) == 8 * rows + 4 * rows * (64 + 1)
+    assert contender.predicted_extra_bytes(Workload(**prefix)) == 4 * 2 * rows * (64 + 1)
+    # a prefill chunk: the prefix level's fp32 output and log-sum-exp per row, besides the statistics
+    rows = 2 * 4 * 16
+    assert contender.predicted_extra_bytes(Workload(**{**prefix, "seq_q": 16})) == 8 * rows + 4 * rows * (64 + 1)
     wide_v = Workload(**cpu, head_dim=64, head_dim_v=512)
     assert contender.unsupported_reason(wide_v) == "head_dim_v 512 outside [16, 256]"
     fp8_bwd = Workload(**cpu, head_dim=64, kv_dtype="float8_e4m3fn", pass_="bwd")
@@ -436,7 +453,7 @@ def sm90(monkeypatch):
     pytest.importorskip("triton")
     from test_fused_triton_compile import _compile
 
-    from attnbench.impls.fused_triton import flash, kernels
+    from attnbench.impls.fused_triton import decode_kernels, flash, kernels
 
     compiled: dict[str, Any] = {}
 
@@ -452,6 +469,8 @@ def sm90(monkeypatch):
 
     for name in ("_forward_kernel", "_prefix_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"):
         monkeypatch.setattr(kernels, name, Capture(getattr(kernels, name)))
+    for name in ("_decode_split_kernel", "_decode_merge_kernel"):
+        monkeypatch.setattr(decode_kernels, name, Capture(getattr(decode_kernels, name)))
     monkeypatch.setattr(flash, "INTERPRETED", False)
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said out loud
     return compiled
@@ -484,15 +503,17 @@ def test_the_new_forward_specialisations_compile_for_sm90(sm90, dtype, kv_dtype,
 def test_the_mla_forward_compiles_for_sm90(sm90):
     from attnbench.impls.fused_triton import flash
 
-    q = torch.empty(4, 16, 2, 576, dtype=torch.bfloat16)
     cache = torch.empty(4, 1, 1024, 576, dtype=torch.float8_e4m3fn)
     scales = torch.ones(4, 1, 16, 1)
-    plan = flash.make_plan(q, cache, cache[..., :512], mask="causal_bottom_right", k_scale=scales, v_scale=scales,
-                           scale_block=64)  # fmt: skip
-    assert plan.candidates("fwd") and {t.block_m for t in plan.candidates("fwd")} == {16}
-    plan.tiles["fwd"] = plan.candidates("fwd")[0]
-    flash.forward(q, cache, cache[..., :512], plan)
-    assert set(sm90) == {"_forward_kernel"}
+    for rows in (2, 16):  # a decode step (the decode kernels), a prefill chunk (the forward kernel)
+        q = torch.empty(4, 16, rows, 576, dtype=torch.bfloat16)
+        plan = flash.make_plan(q, cache, cache[..., :512], mask="causal_bottom_right", k_scale=scales, v_scale=scales,
+                               scale_block=64)  # fmt: skip
+        kernel = "decode" if plan.decode else "fwd"
+        assert plan.candidates(kernel) and {t.block_m for t in plan.candidates(kernel)} <= {16, 32, 64}
+        plan.tiles[kernel] = plan.candidates(kernel)[0]
+        flash.forward(q, cache, cache[..., :512], plan)
+    assert set(sm90) == {"_forward_kernel", "_decode_split_kernel", "_decode_merge_kernel"}
 
 
 @pytest.mark.slow
@@ -500,11 +521,13 @@ def test_the_cascade_kernels_compile_for_sm90(sm90):
     from attnbench.impls.fused_triton import flash
     from attnbench.impls.fused_triton.tiles import Tile
 
-    q, k = torch.empty(8, 8, 1, 128, dtype=torch.bfloat16), torch.empty(8, 2, 2048, 128, dtype=torch.bfloat16)
-    plan = flash.make_plan(q, k, k.clone(), mask="causal_bottom_right", shared_prefix=1536)
-    plan.tiles.update({"fwd": Tile(64, 64, 4, 2), "prefix": Tile(64, 64, 4, 2)})
-    flash.forward(q, k, k.clone(), plan)
-    assert set(sm90) == {"_prefix_kernel", "_forward_kernel"}
+    k = torch.empty(8, 2, 2048, 128, dtype=torch.bfloat16)
+    for rows in (1, 16):  # a decode step (the decode kernels' two levels), a prefill chunk (prefix + forward)
+        q = torch.empty(8, 8, rows, 128, dtype=torch.bfloat16)
+        plan = flash.make_plan(q, k, k.clone(), mask="causal_bottom_right", shared_prefix=1536)
+        plan.tiles.update({"fwd": Tile(64, 64, 4, 2), "prefix": Tile(64, 64, 4, 2), "decode": Tile(64, 64, 4, 2)})
+        flash.forward(q, k, k.clone(), plan)
+    assert set(sm90) == {"_prefix_kernel", "_forward_kernel", "_decode_split_kernel", "_decode_merge_kernel"}
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from attnbench.impls.fused_triton import contender  # noqa: E402
+from attnbench.impls.fused_triton import decode_kernels as _triton_decode_kernels  # noqa: E402
 from attnbench.impls.fused_triton import flash as _triton_flash  # noqa: E402
 from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E402
 from attnbench.impls.fused_triton import tiles as _triton_tiles  # noqa: E402
@@ -98,6 +99,8 @@ def mocked_gpu(monkeypatch, tmp_path):
     timed: list[Tile] = []
     for name in ("_forward_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel", "_prefix_kernel"):
         monkeypatch.setattr(_triton_kernels, name, _Recorder(name, log))
+    for name in ("_decode_split_kernel", "_decode_merge_kernel"):
+        monkeypatch.setattr(_triton_decode_kernels, name, _Recorder(name, log))
     monkeypatch.setattr(_triton_flash, "INTERPRETED", False)
     fastest = {Tile(128, 64, 8, 3), Tile(64, 128, 8, 2), Tile(128, 64, 8, 2)}  # one per kernel
 
@@ -158,7 +161,7 @@ def test_a_new_process_prepares_from_the_disk_without_launching(mocked_gpu, w):
     and launches nothing, so its setup_ms is a few file reads; its timed call launches the same tiles."""
     log, timed = mocked_gpu
     first = dict(contender.prepare(make_inputs(w, requires_grad=w.pass_ != "fwd"), w).plan.tiles)
-    kernels = {"fwd", "dkdv", "dq"} if w.pass_ != "fwd" else {"fwd", "prefix"}
+    kernels = {"fwd", "dkdv", "dq"} if w.pass_ != "fwd" else {"decode"}  # a decode step: the decode kernels
     assert set(first) == kernels and timed
     _triton_tiles.clear_cache()  # a new process: memory empty, the disk kept
     log.clear()
@@ -169,7 +172,8 @@ def test_a_new_process_prepares_from_the_disk_without_launching(mocked_gpu, w):
     out = run()
     if w.pass_ != "fwd":
         torch.autograd.grad(out, (inputs.q, inputs.k, inputs.v), inputs.grad_out)
-    assert timed == [] and {name for name, _, _ in log} >= {"_forward_kernel"}
+    kernel = "_forward_kernel" if w.pass_ != "fwd" else "_decode_split_kernel"
+    assert timed == [] and kernel in {name for name, _, _ in log}
 
 
 def test_head_dims_and_precision_chosen_per_call(mocked_gpu):
@@ -210,21 +214,27 @@ def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsy
 
     forced: list[tuple[str, Tile]] = []
     bad = CUDA_TILES["dq"][2]
+    decode_tiles = [Tile(16, 64, 4, 2), Tile(64, 32, 8, 2)]  # the decode kernel's: each case's own candidates
 
     def check_case(case: Workload, tiles: dict[str, Tile]) -> str:
         ((kernel, tile),) = tiles.items()
         forced.append((kernel, tile))
         return "dq error 0.5 of its scale, over 0.06" if tile == bad else ""
 
+    def candidates(case: Workload, kernel: str) -> list[Tile]:
+        return decode_tiles if kernel == "decode" else list(CUDA_TILES[kernel])
+
     monkeypatch.setattr(_triton_smoke, "check_case", check_case)
     monkeypatch.setattr(_triton_smoke, "check_far_offsets", lambda device: "")
-    monkeypatch.setattr(_triton_smoke, "_candidates", lambda case, kernel: list(CUDA_TILES[kernel]))
+    monkeypatch.setattr(_triton_smoke, "_candidates", candidates)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert _triton_smoke.main() == 1
-    cases = _triton_smoke.SMOKE_CASES  # the backward kernels' tiles on the backward cases only
+    cases = _triton_smoke.SMOKE_CASES  # the backward kernels' tiles on the backward cases only; decode steps
+    decode = [case for case in cases if _triton_smoke.decodes(case)]  # (≤ 8 rows, forward) in the decode kernels
     assert forced == [(kernel, tile) for kernel, tiles in CUDA_TILES.items() for tile in tiles for case in cases
-                      if kernel == "fwd" or case.pass_ != "fwd"]  # fmt: skip
+                      if (kernel == "fwd" and case not in decode) or case.pass_ != "fwd"] + [
+                      ("decode", tile) for case in decode for tile in decode_tiles]  # fmt: skip
     backward = sum(case.pass_ != "fwd" for case in cases)
-    assert 0 < backward < len(cases)
+    assert 0 < backward < len(cases) and len(decode) >= 5
     out = capsys.readouterr().out
     assert f"FAILED dq {bad} on " in out and f"gpu_smoke: {backward} failure(s)" in out

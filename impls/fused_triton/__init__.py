@@ -20,12 +20,18 @@ their gradient included: the runner's fourth leaf), a KV cache stored as bf16 or
 (``kv_dtype``, forward only: converted and scaled after the load, never dequantized into a copy), an MLA
 ``latent`` cache (v the view of k's first Dv channels, read through k's pointer and strides — the key tile
 itself when as wide; MLA's 576-wide head dim split 512 + 64 in the forward, ``WIDE_LATENT_BACKWARD`` says why
-not backward), and a ``shared_prefix`` as cascade attention (forward: a prefix kernel reads the prefix's one
-copy, ``inputs.prefix_kv``, for the rows of every sequence at once; the forward kernel continues each row from
-that state over its own suffix — the log-sum-exp merge; ``SHARED_PREFIX_BACKWARD`` and ``SHARED_PREFIX_FP8``
-say what it does not run). A paged KV cache is not read natively: the
-harness gathers the pages back into contiguous k and v at the start of the timed call (``paged="gather"``;
-an fp8 cache's per-page scales are read per key).
+not backward), and a ``shared_prefix`` as cascade attention (forward: the prefix's one copy,
+``inputs.prefix_kv``, is read for the rows of every sequence at once — by the decode kernel's splits for a
+decode step, by a prefix kernel for longer query blocks, whose state the forward kernel continues over each
+row's own suffix — and the levels merged by log-sum-exp; ``SHARED_PREFIX_BACKWARD`` and ``SHARED_PREFIX_FP8``
+say what it does not run).
+
+A forward of at most ``decode.DECODE_MAX_QUERIES`` query rows per sequence (a decode step, speculative
+decoding's 2–8) runs the split-KV decode kernels (``decode.py``, ``decode_kernels.py``): a kv head's whole
+group of query rows in one tile, the keys split across the SMs, the splits merged by log-sum-exp. They read
+a paged KV cache in place, through its page table (``reads_pages``: the harness gathers nothing, the
+contiguous k and v are not read); other paged workloads — prefill-sized query blocks, a shared prefix in
+pages — are gathered back into contiguous k and v by the harness at the start of the timed call.
 
 Without a GPU, ``TRITON_INTERPRET=1`` (set before Triton defines the kernel, i.e. in the environment of
 the process) runs the same kernel in Triton's CPU interpreter; the contender then also accepts CPU
@@ -46,6 +52,8 @@ import torch
 
 from attnbench import errors
 from attnbench.contenders.contract import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
+from attnbench.impls.fused_triton.decode import DECODE_MAX_QUERIES
+from attnbench.impls.fused_triton.decode import partial_bytes as decode_partial_bytes
 from attnbench.impls.fused_triton.tiles import head_dim_blocks
 from attnbench.workload import Workload, kv_cache
 from attnbench.workload.inputs import AttentionInputs
@@ -161,7 +169,8 @@ class FusedTriton(Contender):
     description = (
         "our Triton FlashAttention-2 kernels, forward and backward (CUDA; tiles tuned once, masked blocks skipped; "
         "windows, documents, chunks, ragged and mixed batches, softcap, ALiBi, sinks, Dv ≠ D, MLA latent and "
-        "bf16/fp8 caches in the kernel; a paged cache is gathered inside the timed call)"
+        "bf16/fp8 caches in the kernel; decode (Sq ≤ 8) split across the SMs with a kv group's rows in one tile, "
+        "paged caches read in place)"
     )
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
@@ -170,7 +179,7 @@ class FusedTriton(Contender):
         max_head_dim=256,
         masks=ALL_MASKS,
         score_mods=ALL_SCORE_MODS,
-        paged="gather",
+        paged="native",  # the decode kernels read pages in place (reads_pages); the harness gathers the others
         gqa=True,
         cross=True,
         backward=True,
@@ -220,11 +229,19 @@ class FusedTriton(Contender):
             return SHARED_PREFIX_FP8
         return None
 
+    def reads_pages(self, workload: Workload) -> bool:
+        """A paged cache is read in place by the decode kernels: a forward of few query rows, no shared prefix."""
+        w = workload
+        return bool(w.page_size) and w.pass_ == "fwd" and w.seq_q <= DECODE_MAX_QUERIES and not w.shared_prefix
+
     def predicted_extra_bytes(self, workload: Workload) -> float:
         """fp32 softmax statistics per query row; a shared prefix adds its level's fp32 output and log-sum-exp
-        per row (the state the suffix level starts from)."""
+        per row (the state the suffix level starts from). The decode kernels instead keep each split's fp32
+        partial output and log-sum-exp per row (``decode.partial_bytes``)."""
         w = workload
         rows = w.batch * w.heads * w.seq_q
+        if w.pass_ == "fwd" and w.seq_q <= DECODE_MAX_QUERIES:
+            return decode_partial_bytes(w, _interpreted())
         return 8.0 * rows + (4.0 * rows * (w.head_dim_v + 1) if w.shared_prefix else 0.0)
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
@@ -235,14 +252,21 @@ class FusedTriton(Contender):
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         kernels = _kernels()
         q, k, v = inputs.q, inputs.k, inputs.v
-        plan = kernels.make_plan(q, k, v, **plan_options(inputs, workload))
+        paged = inputs.paged if self.reads_pages(workload) else None
+        pages = None
+        options = plan_options(inputs, workload)
+        if paged is not None:  # read in place: the pool, its table and its per-page scales
+            pages = kernels.Pages(paged.k_pages, paged.v_pages, paged.page_table, paged.page_size, paged.k_scale,
+                                  paged.v_scale)  # fmt: skip
+            options["page_size"] = paged.page_size
+        plan = kernels.make_plan(q, k, v, **options)
         sinks = inputs.sinks
         plan.tune(q.detach(), k.detach(), v.detach(), backward=workload.pass_ != "fwd",
-                  sinks=None if sinks is None else sinks.detach())  # once, untimed  # fmt: skip
+                  sinks=None if sinks is None else sinks.detach(), pages=pages)  # once, untimed  # fmt: skip
         attend = kernels.attend
 
         def run() -> torch.Tensor:  # a shared prefix: its one copy, inputs.prefix_kv (views of sequence 0's)
-            return attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks, inputs.prefix_kv)
+            return attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks, inputs.prefix_kv, pages)
 
         run.plan = plan  # type: ignore[attr-defined]  # the tiles it launches, for tests and reports
         return run

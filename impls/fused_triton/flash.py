@@ -38,6 +38,7 @@ by ``KERNEL_SOURCE``, the hash of ``kernels``' source: editing a kernel tunes it
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import Any
@@ -45,7 +46,8 @@ from typing import Any
 import torch
 import triton
 
-from attnbench.impls.fused_triton import kernels
+from attnbench.impls.fused_triton import decode, decode_kernels, kernels
+from attnbench.impls.fused_triton.decode import DECODE_MAX_QUERIES, Pages, is_view_of
 from attnbench.impls.fused_triton.tile_cache import source_hash
 from attnbench.impls.fused_triton.tiles import (
     CUDA_TILES,
@@ -81,8 +83,10 @@ def _interpreting() -> bool:
 
 INTERPRETED = _interpreting()
 KERNELS = ("fwd", "dkdv", "dq")
-# The source of every kernel launched here (fwd, prefix, dkdv, dq: one file), part of each tuning key
+# The source of the kernels launched here (fwd, prefix, dkdv, dq: one file; decode and its merge: another,
+# which uses the first's helpers), part of each tuning key
 KERNEL_SOURCE = source_hash(kernels)
+DECODE_SOURCE = source_hash(kernels, decode_kernels)
 
 
 def causal_offset(mask: str, seq_q: int, seq_k: int) -> int | None:
@@ -205,7 +209,9 @@ class Plan:
     v_scale: torch.Tensor | None = None
     scale_block: int = 1  # positions per scale
     prefix: int = 0  # a shared prefix: every sequence's first P positions are the same (read once: cascade)
+    page_size: int = 0  # a paged cache's positions per page (read in place by the decode kernel)
     tiles: dict[str, Tile] = dataclasses.field(default_factory=dict)
+    splits: int = 0  # the decode kernel's key splits at its last launch
 
     def __post_init__(self) -> None:
         self.head_dim_v = self.head_dim_v or self.head_dim
@@ -230,6 +236,24 @@ class Plan:
         return self.row_lo is not None
 
     @property
+    def decode(self) -> bool:
+        """Whether a forward without log-sum-exp takes the split-KV decode kernels (few query rows)."""
+        return self.seq_q <= DECODE_MAX_QUERIES
+
+    @functools.cached_property
+    def decode_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode kernel's per-row key ranges (``decode.row_bounds``), built once."""
+        return decode.row_bounds(self)
+
+    @functools.cached_property
+    def decode_offsets(self) -> torch.Tensor:
+        return decode.seq_offsets(self)
+
+    def key_shape(self) -> torch.Tensor:
+        """A (B, Hkv, Sk, D) stand-in for k (no memory) where the keys are a page pool: tuning keys read shapes."""
+        return torch.empty(self.batch, self.kv_heads, self.seq_k, self.head_dim, device="meta")
+
+    @property
     def narrowed(self) -> bool:
         """Whether k and v are stored in another type than q (then forward only)."""
         return self.kv_dtype != self.dtype
@@ -238,7 +262,8 @@ class Plan:
         """The mask family, score modifiers, value width and cache type: part of the tuning key."""
         return (self.causal_offset is not None, self.window > 0, self.lengths is not None,
                 self.doc_start is not None, self.ranges, self.softcap > 0, self.slopes is not None, self.sinks,
-                self.head_dim_v, str(self.kv_dtype), self.k_scale is not None, self.prefix > 0)  # fmt: skip
+                self.head_dim_v, str(self.kv_dtype), self.k_scale is not None, self.prefix > 0,
+                self.page_size)  # fmt: skip
 
     def constants(self) -> dict[str, Any]:
         """The constexpr arguments every kernel shares."""
@@ -282,6 +307,8 @@ class Plan:
         """The tiles to choose from (fewer for the forward on a Hopper GPU, ``tiles.hopper_forward``); the
         prefix kernel's are the forward's (rows × keys, the same operands)."""
         kernel = "fwd" if kernel == "prefix" else kernel
+        if kernel == "decode":
+            return decode.candidates(self, INTERPRETED)
         if INTERPRETED:
             return [INTERPRETER_TILES[kernel]]
         return prune(kernel, CUDA_TILES[kernel], seq_q=self.seq_q, seq_k=self.seq_k, head_dim=self.head_dim,
@@ -290,7 +317,7 @@ class Plan:
 
     def key(self, kernel: str, q: torch.Tensor, k: torch.Tensor) -> TuningKey:
         """The tuning key of ``kernel`` on q (B, Hq, Sq, D) against k (B, Hkv, Sk, D)."""
-        return tuning_key(kernel, q, k, self.features(), KERNEL_SOURCE)
+        return tuning_key(kernel, q, k, self.features(), DECODE_SOURCE if kernel == "decode" else KERNEL_SOURCE)
 
     def tile(self, kernel: str, q: torch.Tensor, k: torch.Tensor, launch: Any) -> Tile:
         """The tile of ``kernel``: the one chosen already, or chosen now (timed once per tuning key)."""
@@ -300,22 +327,23 @@ class Plan:
 
     def tune(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool = False,
-        sinks: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None, pages: Pages | None = None,
     ) -> None:  # fmt: skip
         """Choose every tile now (outside any timed region). Tiles known already (one candidate, as in the
         interpreter, or tuned before in this process or, kept on disk, by another) are taken without launching
         anything; only when some kernel has a choice left to time do the kernels run once, timing it."""
-        kernels = (KERNELS if backward else ("fwd",)) + (("prefix",) if self.prefix else ())
+        first = "decode" if self.decode and not backward else "fwd"
+        kernels = (KERNELS if backward else (first,)) + (("prefix",) if self.prefix and first == "fwd" else ())
         for kernel in kernels:
             if kernel not in self.tiles:  # the prefix kernel's keys: the prefix, (1, Hkv, P, D) as prefix_level's
-                keys = k[:1, :, : self.prefix] if kernel == "prefix" else k
+                keys = {"prefix": k[:1, :, : self.prefix], "decode": self.key_shape()}.get(kernel, k)
                 found = cached(self.key(kernel, q, keys), self.candidates(kernel))
                 if found is not None:
                     self.tiles[kernel] = found
         if all(kernel in self.tiles for kernel in kernels):
             return
         with torch.no_grad():
-            out, lse = forward(q, k, v, self, store_lse=backward, sinks=sinks)
+            out, lse = forward(q, k, v, self, store_lse=backward, sinks=sinks, pages=pages)
         if backward:
             assert lse is not None
             backward_grads(q, k, v, out, lse, torch.ones_like(out), self, sinks=sinks)
@@ -342,6 +370,7 @@ def make_plan(
     v_scale: torch.Tensor | None = None,
     scale_block: int | None = None,
     shared_prefix: int = 0,
+    page_size: int = 0,
 ) -> Plan:
     """Validate a call's arguments and build its plan (tables on q's device). ``sinks`` is only looked at
     here (its shape; that calls will pass sinks): each call passes the tensor itself."""
@@ -409,6 +438,13 @@ def make_plan(
         if k_scale is not None:
             raise ValueError("shared_prefix with an fp8 cache: each sequence's copy of the prefix has its own scale")
         plan.prefix = shared_prefix
+    if page_size:
+        if page_size < 1 or Sq > DECODE_MAX_QUERIES:
+            raise ValueError(f"a paged cache is read by the decode kernels: page_size ≥ 1 and Sq ≤ "
+                             f"{DECODE_MAX_QUERIES}, got page_size {page_size}, Sq {Sq}")  # fmt: skip
+        if shared_prefix:
+            raise ValueError("shared_prefix with a paged cache not supported: give the cache contiguous")
+        plan.page_size = page_size
     return plan
 
 
@@ -425,11 +461,6 @@ def _row_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int, int
     return heads * plan.batch, triton.cdiv(length, block)  # batch·heads on axis 0: axis 1 caps at 65535
 
 
-def _is_view_of(v: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether v is k's first channels (an MLA latent cache's values): same memory, same strides."""
-    return v.data_ptr() == k.data_ptr() and v.stride() == k.stride() and v.dtype == k.dtype
-
-
 def prefix_level(
     q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor, plan: Plan
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -441,7 +472,7 @@ def prefix_level(
     group = plan.heads // plan.kv_heads
     rows = plan.batch * group * plan.seq_q
     constants = plan.constants()
-    v_from_k = _is_view_of(v_prefix, k_prefix) and plan.block_dv == plan.block_d
+    v_from_k = is_view_of(v_prefix, k_prefix) and plan.block_dv == plan.block_d
 
     def launch(tile: Tile) -> None:
         kernels._prefix_kernel[(plan.kv_heads, triton.cdiv(rows, tile.block_m))](
@@ -464,19 +495,29 @@ def forward(
     visited: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    pages: Pages | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """O (B, Hq, Sq, Dv) and, with ``store_lse``, the row log-sum-exp (B, Hq, Sq) fp32 in log2 units (the
     sink's term included). ``visited`` (tests): an int32 (B·Hq, row tiles, 2) tensor that receives, per
     program, the number of key blocks it visits and how many of them are unmasked. With a shared prefix the
     prefix is read once for the batch from ``prefix_kv`` (its one copy, k (Hkv, P, D) and v (Hkv, P, Dv);
     default: sequence 0's first P positions, attnbench's ``inputs.prefix_kv``), each sequence's own keys after
-    it by the forward kernel, which starts from the prefix level's state (the log-sum-exp merge)."""
+    it by the forward kernel, which starts from the prefix level's state (the log-sum-exp merge).
+
+    Without ``store_lse`` or ``visited``, a plan of few query rows (``Plan.decode``) takes the split-KV decode
+    kernels (``decode``); ``pages`` (a paged cache, read in place: k and v are then not read) only there."""
     if (sinks is not None) != plan.sinks:
         raise ValueError("the plan was made " + ("with" if plan.sinks else "without") + " sinks; pass them alike")
+    to_decode = plan.decode and not store_lse and visited is None
+    if (pages is not None) != (plan.page_size > 0) or (pages is not None and not to_decode):
+        raise ValueError("a paged cache: a plan made with its page_size, and a forward without log-sum-exp")
     prev = prev_lse = None
     if plan.prefix:
-        k_prefix, v_prefix = prefix_kv or (k[0, :, : plan.prefix], v[0, :, : plan.prefix])
-        prev, prev_lse = prefix_level(q, k_prefix, v_prefix, plan)
+        prefix_kv = prefix_kv or (k[0, :, : plan.prefix], v[0, :, : plan.prefix])
+    if to_decode:  # a shared prefix's one copy read by the decode kernels too, for every sequence's rows
+        return decode.decode_forward(q, k, v, plan, sinks, prefix_kv, pages, INTERPRETED), None
+    if prefix_kv is not None:
+        prev, prev_lse = prefix_level(q, *prefix_kv, plan)
     out = q.new_empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim_v)
     lse = torch.empty(plan.batch, plan.heads, plan.seq_q, dtype=torch.float32, device=q.device) if store_lse else None
     scaled = plan.k_scale is not None
@@ -486,7 +527,7 @@ def forward(
         scale_strides = (*k_scale.stride()[:2], *v_scale.stride()[:2])
 
     # v is k's first Dv channels (an MLA latent cache, passed as the view): reuse the key tile when it is as wide
-    v_from_k = _is_view_of(v, k) and plan.block_dv == plan.block_d
+    v_from_k = is_view_of(v, k) and plan.block_dv == plan.block_d
 
     def launch(tile: Tile) -> None:
         kernels._forward_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
@@ -571,21 +612,21 @@ class _FlashAttention(torch.autograd.Function):
 
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, sinks: torch.Tensor | None = None,
-    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None, pages: Pages | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Attention with a ready plan: through autograd when a gradient is wanted, else the forward alone
-    (``prefix_kv``: a shared prefix's one copy, see :func:`forward`)."""
+    (``prefix_kv``: a shared prefix's one copy; ``pages``: a paged cache read in place; see :func:`forward`)."""
     wanted = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
     if torch.is_grad_enabled() and wanted:
         if plan.narrowed:  # refused before any launch
             raise ValueError(f"a KV cache stored as {plan.kv_dtype} is a serving cache: forward only")
         if plan.block_dt:
             raise ValueError(f"head_dim {plan.head_dim} (split past 256): forward only")
-        if plan.prefix:
-            raise ValueError("a shared prefix (cascade) is a serving-time layout: forward only")
+        if plan.prefix or pages is not None:
+            raise ValueError("a shared prefix (cascade) and a paged cache are serving-time layouts: forward only")
         out: torch.Tensor = _FlashAttention.apply(q, k, v, sinks, plan)
         return out
-    return forward(q, k, v, plan, sinks=sinks, prefix_kv=prefix_kv)[0]
+    return forward(q, k, v, plan, sinks=sinks, prefix_kv=prefix_kv, pages=pages)[0]
 
 
 def flash_attention(
@@ -600,6 +641,7 @@ def flash_attention(
 __all__ = [
     "INTERPRETED",
     "INTERPRETER_TILES",
+    "Pages",
     "Plan",
     "alibi_slopes",
     "attend",

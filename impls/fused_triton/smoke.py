@@ -10,9 +10,12 @@ chunked attention, fp8 KV caches with per-sequence and per-page scales, forward 
 prefix kernel runs the forward's forced tile), checks the output
 and the gradients (the sinks' among them) with the harness's own gates (``check_output``,
 ``check_grads``), and runs one case whose q, k, v rows lie past 2^31 elements (64-bit offsets). The
-backward kernels' tiles skip the forward-only cases. Tiles the tuner would not consider on this device (its
-shared memory, or on a Hopper GPU the forward's shorter list) are listed as pruned, tiles that fail to
-compile as unfit (the tuner skips those); a wrong result makes the exit status 1.
+backward kernels' tiles skip the forward-only cases, and the forward kernel's the cases of ≤ 8 query rows,
+which the decode kernels take: each of those (``DECODE_CASES`` and the feature cases' decode steps) is run
+with every decode tile the tuner would consider for it (its rows set the tile's height). Tiles the tuner
+would not consider on this device (its shared memory, or on a Hopper GPU the forward's shorter list) are
+listed as pruned, tiles that fail to compile as unfit (the tuner skips those); a wrong result makes the exit
+status 1.
 
 Without CUDA (and without ``TRITON_INTERPRET=1``) it says so and exits 0.
 """
@@ -25,6 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
+from attnbench.impls.fused_triton.decode import INTERPRETER_TILE
 from attnbench.impls.fused_triton.tiles import CUDA_TILES, Tile
 from attnbench.workload import Workload
 from attnbench.workload.check import check_grads, check_output
@@ -51,27 +55,53 @@ FEATURE_CASES = (
     Workload(4, 8, 2, 1, 600, 128, dtype="bfloat16", mask="causal_bottom_right", shared_prefix=400),
     Workload(3, 4, 2, 64, 300, 64, dtype="float16", mask="causal", shared_prefix=200, sinks="learned"),
 )
+# The decode kernels (≤ 8 query rows): a GQA group in one tile, a paged fp8 cache with speculative rows and sinks,
+# a window with ALiBi, a shared prefix whose level holds 64 rows (its taller tiles among the candidates)
+DECODE_CASES = (
+    Workload(3, 32, 8, 1, 3000, 128, dtype="bfloat16", mask="causal_bottom_right"),
+    Workload(2, 32, 8, 4, 2000, 128, dtype="bfloat16", kv_dtype="float8_e4m3fn", page_size=16, sinks="learned",
+             mask="causal_bottom_right"),
+    Workload(3, 16, 2, 8, 1000, 64, dtype="float16", mask="sliding_window", window=300, score_mod="alibi"),
+    Workload(16, 8, 2, 1, 1200, 128, dtype="bfloat16", mask="causal_bottom_right", shared_prefix=1000),
+)
 # fmt: on
-SMOKE_CASES = BASIC_CASES + FEATURE_CASES
+SMOKE_CASES = BASIC_CASES + FEATURE_CASES + DECODE_CASES
+
+
+def decodes(case: Workload) -> bool:
+    """Whether fused_triton runs ``case`` in its decode kernels (a forward of few query rows)."""
+    from attnbench.impls.fused_triton.decode import DECODE_MAX_QUERIES
+
+    return case.pass_ == "fwd" and case.seq_q <= DECODE_MAX_QUERIES
 
 
 def runs(kernel: str, case: Workload) -> bool:
-    """Whether ``case`` exercises ``kernel``: the backward kernels only backward cases."""
-    return kernel == "fwd" or case.pass_ != "fwd"
+    """Whether ``case`` exercises ``kernel``: the backward kernels only backward cases, the forward kernel the
+    cases the decode kernels don't take (``decodes``), and those only the decode kernel."""
+    if kernel == "decode":
+        return decodes(case)
+    return (kernel == "fwd" and not decodes(case)) or case.pass_ != "fwd"
 
 
 def check_case(w: Workload, forced: dict[str, Tile]) -> str:
     """'' when fused_triton with the ``forced`` tiles passes both gates on ``w`` (the output; the gradients,
     the sink logits' among them, for a backward case), else the reason."""
-    from attnbench.impls.fused_triton import flash, plan_options
+    from attnbench.impls.fused_triton import contender, flash, plan_options
 
     backward = w.pass_ != "fwd"
     inputs = make_inputs(w, requires_grad=backward)
-    plan = flash.make_plan(inputs.q, inputs.k, inputs.v, **plan_options(inputs, w))
-    for kernel in ("fwd", "dkdv", "dq"):  # the kernels not forced take their first candidate: nothing is timed
+    options, pages = plan_options(inputs, w), None
+    paged = inputs.paged if contender.reads_pages(w) else None
+    if paged is not None:  # read in place, as the contender does
+        pages = flash.Pages(paged.k_pages, paged.v_pages, paged.page_table, paged.page_size, paged.k_scale,
+                            paged.v_scale)  # fmt: skip
+        options["page_size"] = paged.page_size
+    plan = flash.make_plan(inputs.q, inputs.k, inputs.v, **options)
+    kernels = ("fwd", "dkdv", "dq") + (("decode",) if plan.decode else ())
+    for kernel in kernels:  # the kernels not forced take their first candidate: nothing is timed
         plan.tiles[kernel] = forced.get(kernel) or plan.candidates(kernel)[0]
     plan.tiles["prefix"] = plan.tiles["fwd"]  # a shared prefix's kernel: the forward's tiles
-    out = flash.attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks, inputs.prefix_kv)
+    out = flash.attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks, inputs.prefix_kv, pages)
     output = check_output(inputs, out)
     if not backward:
         return output.reason
@@ -119,7 +149,23 @@ def _candidates(case: Workload, kernel: str) -> list[Tile] | None:
         return None
     q = torch.empty(case.batch, case.heads, case.seq_q, case.head_dim, dtype=case.torch_dtype, device=case.device)
     k = torch.empty(case.batch, case.kv_heads, case.seq_k, case.head_dim, dtype=case.torch_dtype, device=case.device)
-    return flash.make_plan(q, k, k[..., : case.head_dim_v]).candidates(kernel)
+    plan = flash.make_plan(q, k, k[..., : case.head_dim_v], shared_prefix=case.shared_prefix)
+    return plan.candidates(kernel)
+
+
+def _forced(case: Workload, kernel: str, tile: Tile, unfit: list[str], failures: list[str],
+            named: bool = False) -> str | None:  # fmt: skip
+    """``check_case`` with ``kernel``'s tile forced: its reason ('' when right), a failure appended when wrong;
+    None when the tile could not run (e.g. OutOfResources: the tuner times such a tile as inf), said in
+    ``unfit`` (with the tile when ``named``)."""
+    try:
+        reason = check_case(case, {kernel: tile})
+    except Exception as exc:
+        unfit.append(f"{f'{tile} ' if named else ''}unfit ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+        return None
+    if reason:
+        failures.append(f"{kernel} {tile} on {case.label()}: {reason}")
+    return reason
 
 
 def smoke(
@@ -127,24 +173,25 @@ def smoke(
 ) -> list[str]:
     """Force each tile of each kernel (default: all of CUDA_TILES) on every case that runs the kernel; print
     one line per tile; return the failures."""
-    failures = []
+    failures: list[str] = []
     for kernel, kernel_tiles in (tiles or CUDA_TILES).items():
         for tile in kernel_tiles:
-            ran, skipped = 0, []
+            ran, skipped = 0, list[str]()
             for case in (dataclasses.replace(w, device=device) for w in cases if runs(kernel, w)):
                 candidates = _candidates(case, kernel)
                 if candidates is not None and tile not in candidates:
                     skipped.append(f"pruned for {case.dtype} D{case.head_dim}/{case.head_dim_v}")
                     continue
-                try:
-                    reason = check_case(case, {kernel: tile})
-                except Exception as exc:  # e.g. OutOfResources: the tuner times such a tile as inf
-                    skipped.append(f"unfit ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
-                    continue
-                ran += 1
-                if reason:
-                    failures.append(f"{kernel} {tile} on {case.label()}: {reason}")
+                reason = _forced(case, kernel, tile, skipped, failures)
+                ran += reason is not None
             print(f"{kernel} {tile}: {ran} cases checked" + (f"; {', '.join(skipped)}" if skipped else ""))
+    for case in (dataclasses.replace(w, device=device) for w in cases if decodes(w)):
+        # the decode kernel's tiles depend on the case (its rows): each case's own candidates, every one forced
+        decode_tiles = (tiles or {}).get("decode") or _candidates(case, "decode") or [INTERPRETER_TILE]
+        ran, unfit = 0, list[str]()
+        for tile in decode_tiles:
+            ran += _forced(case, "decode", tile, unfit, failures, named=True) is not None
+        print(f"decode on {case.label()}: {ran} tiles checked" + (f"; {', '.join(unfit)}" if unfit else ""))
     far = check_far_offsets(device)
     print("64-bit offsets: " + (far or "ok"))
     return failures + ([far] if far else [])

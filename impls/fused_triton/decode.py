@@ -1,0 +1,262 @@
+"""fused_triton's decode path: the split-KV kernels of ``decode_kernels`` launched for few query rows.
+
+``flash.forward`` sends a forward without log-sum-exp to :func:`decode_forward` when the plan has at most
+``DECODE_MAX_QUERIES`` query rows (a decode step, or speculative decoding's 2–8): every mask, score
+modifier, sinks, Dv ≠ D, narrow caches and MLA's latent cache run there, and a shared prefix: its one copy
+split across the SMs with the rows of every sequence in each program, then each sequence's own keys, all
+merged by log-sum-exp. A paged cache is read in place (:class:`Pages`: the pool, its page table and its
+per-page scales); the contiguous k and v are not touched.
+
+Split sizing (``split_count``): the programs of one launch — sequences × kv heads × row blocks × splits —
+are made at least ``WAVES`` times the GPU's SM count, each split at least ``MIN_SPLIT_KEYS`` keys and a
+whole number of key blocks, so a batch of 8 sequences with 8 kv heads still keeps every SM streaming the
+cache; the merge reads back B·Hq·Sq·Dv fp32 values per split, small next to the cache. On an H200 (B8
+H32/8 D128 bf16, 8192 and 32768 keys) 1, 2, 4 and 8 waves came within 5 % of each other, each with its best
+tile (``.gpu``-side sweep, issue 33's note); the tile (``DECODE_TILES``) is tuned per shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import triton
+
+from attnbench.impls.fused_triton import decode_kernels
+from attnbench.impls.fused_triton.tiles import Tile, max_shared_memory, shared_bytes
+
+if TYPE_CHECKING:
+    from attnbench.impls.fused_triton.flash import Plan
+    from attnbench.workload import Workload
+
+DECODE_MAX_QUERIES = 8  # query rows per sequence up to which a forward takes the decode kernels
+WAVES = 4  # programs per SM to aim for
+MIN_SPLIT_KEYS = 256
+# The interpreter: small splits and few "SMs", so that small test cases have several splits and partial ones
+INTERPRETER_SMS = 2
+INTERPRETER_MIN_SPLIT_KEYS = 32
+MAX_ROW_BLOCK = 64  # a program's query rows at most (MLA's 128 heads take two or more programs)
+
+# (BLOCK_N, num_warps, num_stages) for the decode kernel; BLOCK_M is the group's rows (``row_blocks``).
+# fmt: off
+DECODE_TILES = ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (32, 4, 3),
+                (256, 8, 2))
+# A shared prefix's level holds the rows of every sequence: with many, these taller tiles (BLOCK_M 64) read
+# the prefix fewer times (each row block reads it once); timed among the others, which stay candidates
+PREFIX_TILES = ((64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2))
+# MLA's 576-wide latent cache: (BLOCK_M, BLOCK_N, num_warps, num_stages), fewer keys per block
+WIDE_TILES = ((16, 32, 4, 2), (32, 32, 4, 2), (32, 32, 8, 2), (64, 32, 8, 2), (64, 16, 8, 2), (64, 64, 8, 1),
+              (32, 64, 8, 2), (16, 64, 4, 2))
+# fmt: on
+INTERPRETER_TILE = Tile(16, 16, 1, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pages:
+    """A paged cache as the decode kernel reads it: k and v pools (N, Hkv, page_size, D / Dv), the page
+    table (B, pages per sequence) int32 of pool indices, and an fp8 cache's per-page scales (N, Hkv, 1, 1)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    table: torch.Tensor
+    page_size: int
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+
+def row_bounds(plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query row's visible keys [lo, hi), int32 (B or 1, Sq) each on the plan's device, from the plan's
+    mask (the same ranges as ``kernels._row_ranges``)."""
+    if plan.row_lo is not None and plan.row_hi is not None:
+        lo, hi = plan.row_lo.long(), plan.row_hi.long()
+    else:
+        rows = torch.arange(plan.seq_q, device=plan.device).view(1, -1)
+        lo, hi = torch.zeros_like(rows), torch.full_like(rows, plan.seq_k)
+        if plan.causal_offset is not None:
+            hi = torch.minimum(hi, rows + 1 + plan.causal_offset)
+        if plan.window:
+            lo = torch.maximum(lo, rows + 1 + (plan.causal_offset or 0) - plan.window)
+        if plan.lengths is not None:
+            hi = torch.minimum(hi, plan.lengths.long().view(-1, 1))
+        if plan.doc_start is not None and plan.doc_end is not None:
+            lo = torch.maximum(lo, plan.doc_start[:, : plan.seq_q].long())
+            hi = torch.minimum(hi, plan.doc_end[:, : plan.seq_q].long())
+    lo, hi = lo.clamp(0, plan.seq_k), hi.clamp(0, plan.seq_k)
+    lo, hi = torch.broadcast_tensors(lo, hi)
+    return lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous()
+
+
+def seq_offsets(plan: Plan) -> torch.Tensor:
+    """(B,) int32: each sequence's diagonal, ALiBi's offset (kv_len − q_len)."""
+    if plan.seq_offsets is not None:
+        return plan.seq_offsets
+    return torch.full((plan.batch,), plan.seq_k - plan.seq_q, dtype=torch.int32, device=plan.device)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def sm_count(device: torch.device) -> int:
+    """The GPU's streaming multiprocessors (``INTERPRETER_SMS`` off CUDA)."""
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def split_count(programs: int, keys: int, block_n: int, sms: int, min_keys: int) -> tuple[int, int]:
+    """(splits, keys per split) for ``keys`` keys and ``programs`` programs per split: at least
+    ``WAVES`` × ``sms`` programs in all where the keys allow splits of ``min_keys`` or more; each split a
+    whole number of ``block_n`` key blocks."""
+    keys = max(1, keys)
+    wanted = max(1, min(triton.cdiv(WAVES * sms, max(1, programs)), keys // max(min_keys, block_n)))
+    per_split = triton.cdiv(triton.cdiv(keys, wanted), block_n) * block_n
+    return triton.cdiv(keys, per_split), per_split
+
+
+def partial_bytes(w: Workload, interpreted: bool) -> float:
+    """The decode kernels' working memory for workload ``w``: each split's fp32 partial output and log-sum-exp
+    per query row, at most as many splits as the smallest key block gives (``split_count``); a shared prefix's
+    splits besides the suffix's."""
+    sms, min_keys = (INTERPRETER_SMS, INTERPRETER_MIN_SPLIT_KEYS) if interpreted else (_current_sms(), MIN_SPLIT_KEYS)
+    group_rows = w.heads // w.kv_heads * w.seq_q
+    block_n = INTERPRETER_TILE.block_n if interpreted else min(spec[0] for spec in DECODE_TILES)
+    blocks = -(-group_rows // (INTERPRETER_TILE.block_m if interpreted else 16))
+    splits = split_count(w.batch * w.kv_heads * blocks, w.seq_k - w.shared_prefix, block_n, sms, min_keys)[0]
+    if w.shared_prefix:
+        prefix_blocks = -(-w.batch * group_rows // 16)
+        splits += split_count(w.kv_heads * prefix_blocks, w.shared_prefix, block_n, sms, min_keys)[0]
+    return 4.0 * splits * w.batch * w.heads * w.seq_q * (w.head_dim_v + 1)
+
+
+def _current_sms() -> int:
+    """The current CUDA device's SM count (a prediction is made before any tensor exists); 132 without one."""
+    if not torch.cuda.is_available():
+        return 132
+    return _sm_count(torch.cuda.current_device())
+
+
+def row_block(plan: Plan) -> int:
+    """A program's query rows when the head dim is not split: the kv group's G·Sq rows padded to a power of
+    two ≥ 16 (tl.dot's least), at most ``MAX_ROW_BLOCK``."""
+    rows = plan.heads // plan.kv_heads * plan.seq_q
+    return min(MAX_ROW_BLOCK, max(16, triton.next_power_of_2(rows)))
+
+
+def candidates(plan: Plan, interpreted: bool) -> list[Tile]:
+    """The decode kernel's tiles for this plan, those over the device's shared memory dropped (the smallest
+    kept if none fits)."""
+    if interpreted:
+        return [INTERPRETER_TILE]
+    if plan.block_dt:
+        tiles = [Tile(*spec) for spec in WIDE_TILES]
+    else:
+        block_m = row_block(plan)
+        tiles = [Tile(block_m, *spec) for spec in DECODE_TILES]
+        prefix_rows = min(MAX_ROW_BLOCK, triton.next_power_of_2(plan.batch * plan.heads // plan.kv_heads * plan.seq_q))
+        if plan.prefix and prefix_rows > block_m:  # the prefix level's rows come from every sequence: taller tiles
+            tiles += [Tile(prefix_rows, *spec) for spec in PREFIX_TILES]
+    cap = max_shared_memory(plan.device)
+    width = plan.block_d + plan.block_dt
+
+    def size(tile: Tile) -> int:
+        return shared_bytes("fwd", tile, width, plan.dtype.itemsize, plan.block_dv)
+
+    return [t for t in tiles if size(t) <= cap] or [min(tiles, key=size)]
+
+
+def decode_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, sinks: torch.Tensor | None,
+    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None, pages: Pages | None, interpreted: bool,
+) -> torch.Tensor:  # fmt: skip
+    """O (B, Hq, Sq, Dv) in q's dtype: the split kernel over each sequence's keys — with a shared prefix, first
+    over the prefix's one copy ``prefix_kv`` (k (Hkv, P, D), v (Hkv, P, Dv)) for the rows of every sequence,
+    then over each sequence's keys after it — and the merge of all the splits."""
+    group_rows = plan.heads // plan.kv_heads * plan.seq_q
+    rows = plan.batch * plan.heads * plan.seq_q
+    lo, hi = plan.decode_bounds
+    sms, min_keys = INTERPRETER_SMS, INTERPRETER_MIN_SPLIT_KEYS
+    if not interpreted:
+        sms, min_keys = sm_count(q.device), MIN_SPLIT_KEYS
+    k_src, v_src, table, page_size = k, v, None, 1
+    k_scale, v_scale, scale_block = plan.k_scale, plan.v_scale, plan.scale_block
+    if pages is not None:
+        k_src, v_src, table, page_size = pages.k, pages.v, pages.table, pages.page_size
+        k_scale, v_scale = pages.k_scale, pages.v_scale
+    scaled = k_scale is not None
+    scale_strides: tuple[int, ...] = (0,) * 4
+    if k_scale is not None and v_scale is not None:
+        scale_strides = (*k_scale.stride()[:2], *v_scale.stride()[:2])
+    fp8 = plan.kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    constants = plan.constants()
+    flags = {name: constants[name] for name in ("HEAD_DIM", "BLOCK_D", "EVEN_D", "HEAD_DIM_V", "BLOCK_DV", "EVEN_DV",
+                                                 "SOFTCAP", "ALIBI", "INPUT_PRECISION", "UPCAST")}  # fmt: skip
+    flags.update(SPLIT_D=plan.block_dt > 0, BLOCK_DT=max(16, plan.block_dt), PAGE_SIZE=page_size,
+                 FP16_DOTS=fp8 and plan.dtype == torch.bfloat16)  # fmt: skip
+    stride_rows = lo.stride(0) if lo.shape[0] > 1 else 0
+    out = q.new_empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim_v)
+    launched: dict[str, Any] = {}
+
+    def split(
+        tile: Tile,
+        keys: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+        sequences: int,
+        row_count: int,
+        key_range: tuple[int, int],
+        **kind: Any,
+    ) -> tuple[int, Callable[..., None]]:
+        """(splits, a launch of them into given partials at a split index) for one level."""
+        kk, vv, page_table = keys
+        blocks = triton.cdiv(row_count, tile.block_m)
+        programs = sequences * plan.kv_heads * blocks
+        count, per_split = split_count(programs, key_range[1] - key_range[0], tile.block_n, sms, min_keys)
+        strides = (*kk.stride(), *vv.stride()) if kk.dim() == 4 else (0, *kk.stride(), 0, *vv.stride())
+
+        def run(part_out: torch.Tensor, part_lse: torch.Tensor, base: int) -> None:
+            decode_kernels._decode_split_kernel[(programs, count)](
+                q, kk, vv, part_out, part_lse, lo, hi, plan.decode_offsets, plan.slopes, page_table, k_scale, v_scale,
+                *q.stride(), *strides, stride_rows, 0 if page_table is None else page_table.stride(0),
+                *scale_strides, scale_block, *plan.scalars(), plan.heads, plan.kv_heads, blocks, plan.seq_q, rows,
+                *key_range, per_split, base, V_FROM_K=is_view_of(vv, kk) and plan.block_dv == plan.block_d,
+                **flags, **kind, **tile.launch_kwargs(),
+            )  # fmt: skip
+
+        return count, run
+
+    def launch(tile: Tile) -> None:
+        levels = []
+        suffix_start = 0
+        if plan.prefix:
+            assert prefix_kv is not None
+            levels.append(split(tile, (*prefix_kv, None), 1, plan.batch * group_rows, (0, plan.prefix),
+                                PAGED=False, KV_SCALED=False, SCALE_ONCE=False, PREFIX=True))  # fmt: skip
+            suffix_start = plan.prefix
+        once = scaled and pages is None and scale_block >= plan.seq_k
+        levels.append(split(tile, (k_src, v_src, table), plan.batch, group_rows, (suffix_start, plan.seq_k),
+                            PAGED=pages is not None, KV_SCALED=scaled, SCALE_ONCE=once, PREFIX=False))  # fmt: skip
+        splits = sum(count for count, _ in levels)
+        part_out = torch.empty(splits * rows, plan.head_dim_v, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(splits * rows, dtype=torch.float32, device=q.device)
+        base = 0
+        for count, run in levels:
+            run(part_out, part_lse, base)
+            base += count
+        decode_kernels._decode_merge_kernel[(rows,)](
+            part_out, part_lse, sinks, out, *out.stride(), plan.heads, plan.seq_q, splits, rows,
+            HEAD_DIM_V=plan.head_dim_v, BLOCK_DV=plan.block_dv, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            SINKS=sinks is not None,
+        )  # fmt: skip
+        launched["splits"] = splits
+
+    launch(plan.tile("decode", q, plan.key_shape(), launch))
+    plan.splits = launched["splits"]
+    return out
+
+
+def is_view_of(v: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether v is k's first channels (an MLA latent cache's values): same memory, same strides."""
+    return v.data_ptr() == k.data_ptr() and v.stride() == k.stride() and v.dtype == k.dtype

@@ -1,0 +1,298 @@
+"""fused_triton's decode kernels: split-KV attention for few query rows (flash-decoding), and the merge.
+
+A decode step (Sq 1, or 2–8 for speculative decoding) has too few query rows to fill a GPU by rows, and
+per query head it would read the whole cache once per head of a GQA group. These kernels:
+
+* **Group rows in one tile.** One program takes the G·Sq query rows of a kv head (G = Hq / Hkv; MLA's 128
+  heads over its one latent cache: ``BLOCK_M`` of them per program), row r being query head kv_h·G + r // Sq
+  at position r % Sq. Each k and v byte of a split is read once per program, not once per query head.
+* **Split the keys.** Grid axis 1 splits the keys into ``keys_per_split`` runs (a multiple of ``BLOCK_N``),
+  sized on the host to fill every SM (``decode.split_count``). Each program writes its rows' normalised
+  partial output (fp32) and log-sum-exp (log2 units, −inf for a row that saw none of the split's keys).
+* **Masks** are per-row key ranges, ``RowLo``/``RowHi`` (B or 1, Sq) int32 built once per plan: every
+  attnbench mask and a ragged batch's lengths, cut to the program's split of [key_start, key_end). Blocks
+  every row sees in full run without an element mask, the others masked, blocks no row sees skipped
+  (``kernels._bounds``).
+* **Paged caches read in place** (``PAGED``): k and v are the pool (N, Hkv, PAGE_SIZE, D); key j of
+  sequence b is slot j % PAGE_SIZE of pool page ``PageTable[b, j // PAGE_SIZE]``, looked up per key, so
+  any page size and a partial last page work and nothing is gathered.
+* **Narrow caches** (``KV_SCALED``): k and v loaded as stored (bf16, fp8 e4m3 / e5m2) and converted to
+  q's type in registers; the float32 scales — per block of ``scale_block`` positions of a (sequence, kv
+  head), or per pool page of a paged cache — multiply the score columns and the probability columns, as
+  in the forward kernel (``kernels._attend``).
+* **MLA** (``SPLIT_D``, ``V_FROM_K``): the 576-wide product as 512 + 64 and the values taken from the key
+  tile's first 512 channels: the latent cache is read once per split.
+* **A shared prefix** (``PREFIX``): the same kernel over the prefix's one copy, a program's rows taken
+  from every sequence (the kv head's B·G·Sq rows, ``BLOCK_M`` at a time), the prefix's keys split across
+  the SMs like any other; each sequence's own keys after it are a second launch. Both write partials.
+* **Merge** (``_decode_merge_kernel``): per query row, every split's partial — the prefix's splits and the
+  suffix's alike — weighted by 2^(lse_s − m), m the largest log-sum-exp (and the sink's logit); the learned
+  sink joins the denominator once.
+* **fp8 under a bf16 q** (``FP16_DOTS``): the dots run in fp16 — every e4m3 / e5m2 value is exact in
+  fp16 and converts in one instruction, where bf16 takes two; q is rounded to fp16 once (exact for
+  |q| in fp16's normal range, 2^-14 … 65504), P is kept in fp16 (finer than bf16). One scale per
+  (sequence, kv head) (``SCALE_ONCE``) is read once and applied to the scores and the output, not per key.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from attnbench.impls.fused_triton.kernels import LOG2E, _bounds, _dot, _offsets, _scores
+
+
+@triton.jit
+def _key_pointers(K, b, kv_h, keys, key_ok, PageTable, stride_table, stride_kb, stride_kh, stride_kn,
+                  PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """(BLOCK_N,) pointers to the first channel of each key's row, and (paged) each key's pool page."""
+    if PAGED:
+        if MASKED:
+            page = tl.load(PageTable + _offsets(b, stride_table) + keys // PAGE_SIZE, mask=key_ok, other=0)
+        else:
+            page = tl.load(PageTable + _offsets(b, stride_table) + keys // PAGE_SIZE)
+        rows = K + _offsets(page, stride_kb) + _offsets(kv_h, stride_kh) + _offsets(keys % PAGE_SIZE, stride_kn)
+    else:
+        page = keys
+        rows = K + _offsets(b, stride_kb) + _offsets(kv_h, stride_kh) + _offsets(keys, stride_kn)
+    return rows, page
+
+
+@triton.jit
+def _tile(rows, channels, channel_ok, key_ok, stride_d, MASK_D: tl.constexpr, MASKED: tl.constexpr):
+    """The (channels, BLOCK_N) tile of the keys whose row pointers are ``rows``; zeros where masked."""
+    ptrs = rows[None, :] + channels[:, None] * stride_d
+    if MASK_D and MASKED:
+        return tl.load(ptrs, mask=channel_ok[:, None] & key_ok[None, :], other=0.0)
+    elif MASK_D:
+        return tl.load(ptrs, mask=channel_ok[:, None], other=0.0)
+    elif MASKED:
+        return tl.load(ptrs, mask=key_ok[None, :], other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _rows_tile(rows, channels, channel_ok, key_ok, stride_d, MASK_D: tl.constexpr, MASKED: tl.constexpr):
+    """The (BLOCK_N, channels) tile of the keys whose row pointers are ``rows`` (values); zeros where masked."""
+    ptrs = rows[:, None] + channels[None, :] * stride_d
+    if MASK_D and MASKED:
+        return tl.load(ptrs, mask=key_ok[:, None] & channel_ok[None, :], other=0.0)
+    elif MASK_D:
+        return tl.load(ptrs, mask=channel_ok[None, :], other=0.0)
+    elif MASKED:
+        return tl.load(ptrs, mask=key_ok[:, None], other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _scale_columns(Scale, page, key_ok, scale_block, stride_page, PAGED: tl.constexpr, MASKED: tl.constexpr):
+    """(BLOCK_N,) fp32: each key's cache scale: its pool page's (``Scale`` already at the kv head, pages
+    ``stride_page`` apart) or its block's of the sequence (``page`` is then the key)."""
+    if PAGED:  # noqa: SIM108  (Triton specialises if-blocks on a constexpr; kept as the other kernels write it)
+        at = _offsets(page, stride_page)
+    else:
+        at = page // scale_block
+    if MASKED:
+        return tl.load(Scale + at, mask=key_ok, other=0.0)
+    else:
+        return tl.load(Scale + at)
+
+
+@triton.jit
+def _decode_block(acc, m_i, l_i, q, q_tail, K, V, b, kv_h, start_n, offs_n, offs_d, offs_t, offs_dv, d_ok, t_ok,
+                  dv_ok, positions, lo, hi, key_lo, key_hi, PageTable, stride_table, k_scale, v_scale, scale_block,
+                  stride_ksb, stride_vsb, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn,
+                  stride_vd,
+                  sm_scale, qk_scale, softcap, slope, alibi_offset, k_mul, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+                  EVEN_DV: tl.constexpr, SPLIT_D: tl.constexpr, V_FROM_K: tl.constexpr, PAGED: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KV_SCALED: tl.constexpr,
+                  SCALE_ONCE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    """One block of keys into the tile's running (acc, m, l), as ``kernels._attend`` with the keys' rows
+    found through the page table when paged."""
+    keys = start_n + offs_n
+    key_ok = (keys >= key_lo) & (keys < key_hi)
+    k_rows, page = _key_pointers(K, b, kv_h, keys, key_ok, PageTable, stride_table, stride_kb, stride_kh, stride_kn,
+                                 PAGED, PAGE_SIZE, MASKED)  # fmt: skip
+    k_t = _tile(k_rows, offs_d, d_ok, key_ok, stride_kd, not EVEN_D, MASKED)
+    qk = _dot(q, k_t.to(q.dtype), None, INPUT_PRECISION, UPCAST)
+    if SPLIT_D:
+        k_tail = _tile(k_rows, offs_t, t_ok, key_ok, stride_kd, True, MASKED)
+        qk = _dot(q_tail, k_tail.to(q.dtype), qk, INPUT_PRECISION, UPCAST)
+    if SCALE_ONCE:  # one scale for the sequence's keys: q·(k·s_k)ᵀ = (q·kᵀ)·s_k
+        qk = qk * k_mul
+    elif KV_SCALED:
+        qk = qk * _scale_columns(k_scale, page, key_ok, scale_block, stride_ksb, PAGED, MASKED)[None, :]
+    s, c, _ = _scores(qk, positions[:, None], keys[None, :], sm_scale, qk_scale, softcap, slope[:, None],
+                      alibi_offset[:, None], SOFTCAP, ALIBI)  # fmt: skip
+    if MASKED:
+        s = tl.where((keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None]), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * c)
+    m_use = m_new
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s * c - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if V_FROM_K:  # a latent cache: the values are the key tile's first Dv channels
+        v = tl.trans(k_t)
+        if not EVEN_DV:
+            v = tl.where(dv_ok[None, :], v, tl.zeros_like(v))
+    else:
+        v_rows, _ = _key_pointers(V, b, kv_h, keys, key_ok, PageTable, stride_table, stride_vb, stride_vh, stride_vn,
+                                  PAGED, PAGE_SIZE, MASKED)  # fmt: skip
+        v = _rows_tile(v_rows, offs_dv, dv_ok, key_ok, stride_vd, not EVEN_DV, MASKED)
+    if KV_SCALED and not SCALE_ONCE:  # one scale for the sequence's values: applied to the output at the end
+        p = p * _scale_columns(v_scale, page, key_ok, scale_block, stride_vsb, PAGED, MASKED)[None, :]
+    acc = _dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], INPUT_PRECISION, UPCAST)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, PartOut, PartLse, RowLo, RowHi, SeqOffsets, Slopes, PageTable, KScale, VScale,
+    stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_rows, stride_table, stride_ksb, stride_ksh,
+    stride_vsb, stride_vsh, scale_block, sm_scale, qk_scale, softcap, heads, kv_heads, head_blocks, seq_q, rows,
+    key_start, key_end, keys_per_split, split_base,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr,
+    V_FROM_K: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr, KV_SCALED: tl.constexpr, SCALE_ONCE: tl.constexpr, FP16_DOTS: tl.constexpr,
+    PREFIX: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Keys [key_start, key_end) of each (sequence, kv head), split ``keys_per_split`` a program: partial
+    outputs and log-sum-exps at split index ``split_base`` + the program's split. ``PREFIX``: the keys are a
+    shared prefix's one copy (K, V of one sequence) and a program's rows come from every sequence."""
+    program = tl.program_id(0)  # (key sequence, kv head, block of rows)
+    split = tl.program_id(1)
+    block = program % head_blocks
+    seq = program // head_blocks // kv_heads  # the keys' sequence (the prefix's one copy: 0)
+    kv_h = program // head_blocks % kv_heads
+    gqa_group = heads // kv_heads
+    group_rows = gqa_group * seq_q  # a kv head's query rows in one sequence
+    index = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    if PREFIX:  # the kv head's rows of every sequence
+        all_rows = rows // heads * group_rows
+        row_ok = index < all_rows
+        index = tl.minimum(index, all_rows - 1)
+        b = index // group_rows
+        local = index % group_rows
+    else:
+        row_ok = index < group_rows
+        local = tl.minimum(index, group_rows - 1)
+        b = seq + local * 0
+    h = kv_h * gqa_group + local // seq_q  # the query head
+    positions = local % seq_q  # the query position
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_t = BLOCK_D + tl.arange(0, BLOCK_DT)
+    d_ok = offs_d < HEAD_DIM
+    t_ok = offs_t < HEAD_DIM
+    dv_ok = offs_dv < HEAD_DIM_V
+
+    at = _offsets(b, stride_rows) + positions
+    split_lo = key_start + split * keys_per_split
+    split_hi = tl.minimum(split_lo + keys_per_split, key_end)
+    lo = tl.maximum(tl.load(RowLo + at), split_lo)
+    hi = tl.minimum(tl.load(RowHi + at), split_hi)
+    start, full_start, full_end, end, key_lo, key_hi = _bounds(lo, hi, row_ok, key_end, BLOCK_N)
+    slope = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if ALIBI:
+        slope = tl.load(Slopes + h)
+    alibi_offset = tl.load(SeqOffsets + b)
+
+    q_rows = (Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + _offsets(positions, stride_qm))[:, None]
+    q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q_tail = q
+    if SPLIT_D:
+        q_tail = tl.load(q_rows + offs_t[None, :] * stride_qd, mask=row_ok[:, None] & t_ok[None, :], other=0.0)
+    if FP16_DOTS:  # an fp8 cache under a bf16 q: fp8 converts to fp16 in one instruction, exactly
+        q = q.to(tl.float16)
+        q_tail = q_tail.to(tl.float16)
+    k_scale = KScale
+    v_scale = VScale
+    k_mul = 1.0
+    v_mul = 1.0
+    if KV_SCALED:
+        if PAGED:  # one scale per pool page: the page's row, this kv head
+            k_scale = KScale + _offsets(kv_h, stride_ksh)
+            v_scale = VScale + _offsets(kv_h, stride_vsh)
+        else:
+            k_scale = KScale + _offsets(seq, stride_ksb) + _offsets(kv_h, stride_ksh)
+            v_scale = VScale + _offsets(seq, stride_vsb) + _offsets(kv_h, stride_vsh)
+        if SCALE_ONCE:  # one scale per (sequence, kv head): read once
+            k_mul = tl.load(k_scale)
+            v_mul = tl.load(v_scale)
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for start_n in range(start, full_start, BLOCK_N):
+        acc, m_i, l_i = _decode_block(
+            acc, m_i, l_i, q, q_tail, K, V, seq, kv_h, start_n, offs_n, offs_d, offs_t, offs_dv, d_ok, t_ok, dv_ok,
+            positions, lo, hi, key_lo, key_hi, PageTable, stride_table, k_scale, v_scale, scale_block, stride_ksb,
+            stride_vsb, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
+            sm_scale, qk_scale, softcap, slope, alibi_offset, k_mul, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, PAGED,
+            PAGE_SIZE, SOFTCAP, ALIBI, KV_SCALED, SCALE_ONCE, INPUT_PRECISION, UPCAST,
+        )  # fmt: skip
+    for start_n in range(full_start, full_end, BLOCK_N):
+        acc, m_i, l_i = _decode_block(
+            acc, m_i, l_i, q, q_tail, K, V, seq, kv_h, start_n, offs_n, offs_d, offs_t, offs_dv, d_ok, t_ok, dv_ok,
+            positions, lo, hi, key_lo, key_hi, PageTable, stride_table, k_scale, v_scale, scale_block, stride_ksb,
+            stride_vsb, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
+            sm_scale, qk_scale, softcap, slope, alibi_offset, k_mul, False, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, PAGED,
+            PAGE_SIZE, SOFTCAP, ALIBI, KV_SCALED, SCALE_ONCE, INPUT_PRECISION, UPCAST,
+        )  # fmt: skip
+    for start_n in range(full_end, end, BLOCK_N):
+        acc, m_i, l_i = _decode_block(
+            acc, m_i, l_i, q, q_tail, K, V, seq, kv_h, start_n, offs_n, offs_d, offs_t, offs_dv, d_ok, t_ok, dv_ok,
+            positions, lo, hi, key_lo, key_hi, PageTable, stride_table, k_scale, v_scale, scale_block, stride_ksb,
+            stride_vsb, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
+            sm_scale, qk_scale, softcap, slope, alibi_offset, k_mul, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, PAGED,
+            PAGE_SIZE, SOFTCAP, ALIBI, KV_SCALED, SCALE_ONCE, INPUT_PRECISION, UPCAST,
+        )  # fmt: skip
+
+    seen = l_i > 0.0
+    out = acc * (v_mul / tl.where(seen, l_i, 1.0))[:, None]
+    lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    row = _offsets(split_base + split, rows) + (b * heads + h) * seq_q + positions  # (split, b, h, i)
+    tl.store(PartLse + row, lse, mask=row_ok)
+    tl.store(PartOut + (row * HEAD_DIM_V)[:, None] + offs_dv[None, :], out, mask=row_ok[:, None] & dv_ok[None, :])
+
+
+@triton.jit
+def _decode_merge_kernel(
+    PartOut, PartLse, Sinks, Out, stride_ob, stride_oh, stride_om, stride_od, heads, seq_q, splits, rows,
+    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, SINKS: tl.constexpr,
+):  # fmt: skip
+    """One program per query row (b, h, i): O = Σ_s 2^(lse_s − m)·O_s / (Σ_s 2^(lse_s − m) [+ 2^(sink − m)])
+    over the splits (a shared prefix's among them), m the largest of their log-sum-exps and the sink."""
+    row = tl.program_id(0)  # b·Hq·Sq + h·Sq + i
+    i = row % seq_q
+    h = row // seq_q % heads
+    b = row // seq_q // heads
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < HEAD_DIM_V
+    s_ok = offs_s < splits
+    lse = tl.load(PartLse + _offsets(offs_s, rows) + row, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    sink = float("-inf")
+    if SINKS:
+        sink = tl.load(Sinks + h).to(tl.float32) * LOG2E
+        m = tl.maximum(m, sink)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    weights = tl.math.exp2(lse - m_use)  # 0 for splits that saw no key
+    parts = tl.load(PartOut + (_offsets(offs_s, rows) + row)[:, None] * HEAD_DIM_V + offs_dv[None, :],
+                    mask=s_ok[:, None] & dv_ok[None, :], other=0.0)  # fmt: skip
+    acc = tl.sum(parts * weights[:, None], 0)
+    total = tl.sum(weights, 0)
+    if SINKS:
+        total += tl.math.exp2(sink - m_use)
+    out = acc / tl.where(total > 0.0, total, 1.0)
+    o_ptrs = Out + _offsets(b, stride_ob) + _offsets(h, stride_oh) + _offsets(i, stride_om) + offs_dv * stride_od
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=dv_ok)
