@@ -1,6 +1,7 @@
-"""fused_triton's Triton kernels: a FlashAttention-2 forward and its backward (preprocess, dK/dV, dQ).
+"""fused_triton's Triton kernels: a FlashAttention-2 forward, cascade attention's shared-prefix level before it
+(``_prefix_kernel``) and the backward (preprocess, dK/dV, dQ).
 
-Definitions (shared by all four kernels):
+Definitions (shared by all five kernels, and by decode_kernels.py's):
 
 * **Key ranges.** Every mask gives query row i a contiguous range of visible keys [lo(i), hi(i)):
   ``none`` [0, Sk); causal hi = i + 1 + offset (offset 0 top-left, Sk − Sq bottom-right); a sliding window
