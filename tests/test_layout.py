@@ -3,7 +3,8 @@
 README's module map (the Layout section) is generated from the tree by :func:`module_map`; a module or room
 added, moved or removed without the map fails here with the block to paste (or run
 ``ATTNBENCH_WRITE_MAP=1 pytest tests/test_layout.py`` to write it). The rooms' order is pyproject's
-import-linter contract (``nox -s lint`` checks the imports against it); the packages pyproject installs, the
+import-linter contract (``nox -s lint`` checks the imports against it, and so does
+:func:`test_every_import_runs_down_the_rooms`, for the direct imports); the packages pyproject installs, the
 ``attnbench`` command's docstring and ``attnbench.reports``' docstring are checked against the tree too.
 """
 
@@ -111,3 +112,49 @@ def test_the_reports_docstring_names_every_reports_module():
     doc = ast.get_docstring(ast.parse((ROOT / "reports" / "__init__.py").read_text())) or ""
     named = set(re.findall(r"``(\w+)``", doc))
     assert set(modules(ROOT / "reports")) <= named, sorted(set(modules(ROOT / "reports")) - named)
+
+
+def _room_of(module: str, rooms: list[str]) -> str | None:
+    """The room of a dotted ``attnbench.…`` name, or None outside the order (impls, suites, the root)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in rooms else None
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """Every attnbench module ``path`` imports, at its top or inside a function, relative imports resolved."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("attnbench.")}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    [*package.split(".")[: len(package.split(".")) - node.level + 1], *filter(None, [base])]
+                )
+            if base == "attnbench":  # `from attnbench import errors`: a module of the root, or a root name
+                found |= {f"attnbench.{alias.name}" for alias in node.names}
+            elif base.startswith("attnbench."):
+                found.add(base)
+    return found
+
+
+def test_every_import_runs_down_the_rooms():
+    """The layers contract, read from the source as `lint-imports` reads it (direct imports; lint-imports, in
+    `nox -s lint`, also follows chains): no module imports a room above its own."""
+    rooms = rooms_top_down()
+    rank = {room: index for index, room in enumerate(rooms)}
+    sources = [(p, "attnbench." + ".".join(p.relative_to(CORE).with_suffix("").parts)) for p in CORE.rglob("*.py")]
+    sources += [(p, f"attnbench.reports.{p.stem}") for p in (ROOT / "reports").glob("*.py")]
+    upward = []
+    for path, name in sources:
+        own = _room_of(name, rooms)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for target in _imports(path, package):
+            room = _room_of(target, rooms)
+            if own is not None and room is not None and rank[room] < rank[own]:
+                upward.append(f"{name} -> {target}")
+    assert not upward, upward
+    (contract,) = pyproject()["tool"]["importlinter"]["contracts"]
+    assert contract["type"] == "layers" and contract["exhaustive"] is True  # a room left out fails lint-imports
+    assert 'session.run("lint-imports"' in (ROOT / "noxfile.py").read_text()
