@@ -65,9 +65,11 @@ class Torch(NamedTuple):
 def gpu_pair(environ: Mapping[str, str] = os.environ) -> Torch:
     """bench_gpu's torch and xformers, a pair whose C++/CUDA extension loads (see the module docstring)."""
     xformers = environ.get("ATTNBENCH_XFORMERS", "xformers==0.0.35").strip()
-    return Torch(environ.get("ATTNBENCH_GPU_TORCH", "torch==2.10.0"),
-                 environ.get("ATTNBENCH_GPU_TORCH_INDEX", "https://download.pytorch.org/whl/cu128").strip(),
-                 (xformers,) if xformers else ())  # fmt: skip
+    return Torch(
+        environ.get("ATTNBENCH_GPU_TORCH", "torch==2.10.0"),
+        environ.get("ATTNBENCH_GPU_TORCH_INDEX", "https://download.pytorch.org/whl/cu128").strip(),
+        (xformers,) if xformers else (),
+    )
 
 
 def install_steps(
@@ -106,8 +108,10 @@ def dev(session: nox.Session) -> None:
     for args in install_steps(Path(session.create_tmp()), ("test",), editable=True):
         session.run(str(python), "-m", "pip", "install", *args, external=True)
     bin_dir = python.parent.relative_to(ROOT)
-    session.log(f"ready: `source {bin_dir}/activate` puts attnbench on PATH (or call {bin_dir}/attnbench); "
-                "edits to this folder take effect without reinstalling")  # fmt: skip
+    session.log(
+        f"ready: `source {bin_dir}/activate` puts attnbench on PATH (or call {bin_dir}/attnbench); "
+        "edits to this folder take effect without reinstalling"
+    )
 
 
 @nox.session
@@ -244,8 +248,16 @@ def bench_fused(session: nox.Session) -> None:
     install(session, "triton", "gpu")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     cpu, gpu, serving = f"runs/fused-cpu-{stamp}", f"runs/fused-gpu-{stamp}", f"runs/fused-gpu-serving-{stamp}"
-    suites = ("fused_cpu", "fused_cpu_train", "fused_cpu_bf16", "fused_cpu_decode", "fused_cpu_mla", "fused_cpu_prefix",
-              "fused_cpu_sinks", "fused_cpu_kv")  # fmt: skip
+    suites = (
+        "fused_cpu",
+        "fused_cpu_train",
+        "fused_cpu_bf16",
+        "fused_cpu_decode",
+        "fused_cpu_mla",
+        "fused_cpu_prefix",
+        "fused_cpu_sinks",
+        "fused_cpu_kv",
+    )
     runs = {suite: f"{cpu}/{suite}" for suite in suites}
     # the sinks gate compares two workloads timed apart, not in the same rounds: the median of 3 repeats, so one
     # disturbed sample (a fwd_bwd row read 1.08x with an IQR of 7.7 ms, 1.017x on the re-run) doesn't decide it
@@ -261,51 +273,184 @@ def bench_fused(session: nox.Session) -> None:
         session.run("attnbench", "report", gpu, serving, "--out", f"{gpu}/report")
     gates = [
         (runs["fused_cpu"], "--vs", "sdpa_flash", "--max-time-ratio", "1.0"),
-        (runs["fused_cpu"], "--vs", "sdpa_flash", "--where", "seq_q=4096", "--where", "mask=none",
-         "--min-pct-of-peak", "85"),
+        (
+            runs["fused_cpu"],
+            "--vs",
+            "sdpa_flash",
+            "--where",
+            "seq_q=4096",
+            "--where",
+            "mask=none",
+            "--min-pct-of-peak",
+            "85",
+        ),
         (runs["fused_cpu_train"], "--vs", "sdpa_flash", "--max-time-ratio", "1.0"),
         (runs["fused_cpu_bf16"], "--vs", "sdpa_flash", "--where", "dtype=bfloat16", "--max-time-ratio", "1.0"),
-        (runs["fused_cpu_bf16"], "--vs", "fused_cpu", "--where", "dtype=bfloat16", "--peer-where", "dtype=float32",
-         "--min-speedup", "1.6"),
+        (
+            runs["fused_cpu_bf16"],
+            "--vs",
+            "fused_cpu",
+            "--where",
+            "dtype=bfloat16",
+            "--peer-where",
+            "dtype=float32",
+            "--min-speedup",
+            "1.6",
+        ),
         (runs["fused_cpu_decode"], "--vs", "sdpa_flash", "--max-time-ratio", "1.0", "--min-pct-of-peak", "70"),
         # issue 23: bf16 prefill near its dot-product roof; MLA decode compute-bound; a shared prefix read once;
         # sinks at the price of the case without them
         (runs["fused_cpu_bf16"], "--vs", "sdpa_flash", "--where", "dtype=bfloat16", "--min-pct-of-peak", "88"),
-        (runs["fused_cpu_mla"], "--vs", "bmm,einsum,sdpa_flash", "--best", "--max-time-ratio", "0.5",
-         "--min-pct-of-peak", "70"),
-        (runs["fused_cpu_prefix"], "--vs", "sdpa_flash", "--where", "shared_prefix=16384", "--max-time-ratio", "0.2",
-         "--min-pct-of-peak", "70"),
-        (runs["fused_cpu_prefix"], "--vs", "fused_cpu", "--where", "shared_prefix=16384", "--peer-where",
-         "shared_prefix=0", "--max-time-ratio", "0.25"),
-        (runs["fused_cpu_sinks"], "--vs", "fused_cpu", "--where", "sinks=learned", "--peer-where", "sinks=none",
-         "--max-time-ratio", "1.05"),
+        (
+            runs["fused_cpu_mla"],
+            "--vs",
+            "bmm,einsum,sdpa_flash",
+            "--best",
+            "--max-time-ratio",
+            "0.5",
+            "--min-pct-of-peak",
+            "70",
+        ),
+        (
+            runs["fused_cpu_prefix"],
+            "--vs",
+            "sdpa_flash",
+            "--where",
+            "shared_prefix=16384",
+            "--max-time-ratio",
+            "0.2",
+            "--min-pct-of-peak",
+            "70",
+        ),
+        (
+            runs["fused_cpu_prefix"],
+            "--vs",
+            "fused_cpu",
+            "--where",
+            "shared_prefix=16384",
+            "--peer-where",
+            "shared_prefix=0",
+            "--max-time-ratio",
+            "0.25",
+        ),
+        (
+            runs["fused_cpu_sinks"],
+            "--vs",
+            "fused_cpu",
+            "--where",
+            "sinks=learned",
+            "--peer-where",
+            "sinks=none",
+            "--max-time-ratio",
+            "1.05",
+        ),
         # narrow caches against the float32 cache: a float32 q, and (fp8) a bfloat16 model's q
-        (runs["fused_cpu_kv"], "--vs", "fused_cpu", "--where", "dtype=float32", "--where", "kv_dtype=float8_e4m3fn",
-         "--peer-where", "kv_dtype=float32", "--max-time-ratio", "0.35"),
-        (runs["fused_cpu_kv"], "--vs", "fused_cpu", "--where", "dtype=bfloat16", "--where", "kv_dtype=float8_e4m3fn",
-         "--peer-where", "dtype=float32", "--peer-where", "kv_dtype=float32", "--max-time-ratio", "0.35"),
-        (runs["fused_cpu_kv"], "--vs", "fused_cpu", "--where", "dtype=float32", "--where", "kv_dtype=bfloat16",
-         "--peer-where", "kv_dtype=float32", "--max-time-ratio", "0.6"),
-    ]  # fmt: skip
+        (
+            runs["fused_cpu_kv"],
+            "--vs",
+            "fused_cpu",
+            "--where",
+            "dtype=float32",
+            "--where",
+            "kv_dtype=float8_e4m3fn",
+            "--peer-where",
+            "kv_dtype=float32",
+            "--max-time-ratio",
+            "0.35",
+        ),
+        (
+            runs["fused_cpu_kv"],
+            "--vs",
+            "fused_cpu",
+            "--where",
+            "dtype=bfloat16",
+            "--where",
+            "kv_dtype=float8_e4m3fn",
+            "--peer-where",
+            "dtype=float32",
+            "--peer-where",
+            "kv_dtype=float32",
+            "--max-time-ratio",
+            "0.35",
+        ),
+        (
+            runs["fused_cpu_kv"],
+            "--vs",
+            "fused_cpu",
+            "--where",
+            "dtype=float32",
+            "--where",
+            "kv_dtype=bfloat16",
+            "--peer-where",
+            "kv_dtype=float32",
+            "--max-time-ratio",
+            "0.6",
+        ),
+    ]
     _gates(session, "fused_cpu", gates)
     if not has_cuda:
         session.log("no CUDA device: fused_triton's GPU comparison skipped")
         return
     contiguous = ("--where", "page_size=0", "--where", "kv_dtype=bfloat16", "--where", "kv_layout=separate")
     gpu_gates = [
-        (gpu, "--vs", "sdpa_flash,sdpa_efficient,sdpa_cudnn", "--best", "--min-speedup", "1.0", "--min-pct-of-matmul",
-         "70"),
-        (serving, "--vs", "sdpa_cudnn", "--where", "batch=8", *contiguous, "--max-time-ratio", "1.0",
-         "--min-pct-of-matmul", "85"),
-        (serving, "--vs", "fused_triton", "--where", "page_size=16", "--peer-where", "page_size=0",
-         "--max-time-ratio", "1.1"),
-        (serving, "--vs", "fused_triton", "--where", "kv_dtype=float8_e4m3fn", "--peer-where", "kv_dtype=bfloat16",
-         "--max-time-ratio", "0.6"),
+        (
+            gpu,
+            "--vs",
+            "sdpa_flash,sdpa_efficient,sdpa_cudnn",
+            "--best",
+            "--min-speedup",
+            "1.0",
+            "--min-pct-of-matmul",
+            "70",
+        ),
+        (
+            serving,
+            "--vs",
+            "sdpa_cudnn",
+            "--where",
+            "batch=8",
+            *contiguous,
+            "--max-time-ratio",
+            "1.0",
+            "--min-pct-of-matmul",
+            "85",
+        ),
+        (
+            serving,
+            "--vs",
+            "fused_triton",
+            "--where",
+            "page_size=16",
+            "--peer-where",
+            "page_size=0",
+            "--max-time-ratio",
+            "1.1",
+        ),
+        (
+            serving,
+            "--vs",
+            "fused_triton",
+            "--where",
+            "kv_dtype=float8_e4m3fn",
+            "--peer-where",
+            "kv_dtype=bfloat16",
+            "--max-time-ratio",
+            "0.6",
+        ),
         (serving, "--vs", "bmm", "--where", "kv_layout=latent", "--max-time-ratio", "0.5", "--min-pct-of-peak", "50"),
-        (serving, "--vs", "fused_triton", "--where", "shared_prefix=16384", "--peer-where", "shared_prefix=0",
-         "--max-time-ratio", "0.2"),
+        (
+            serving,
+            "--vs",
+            "fused_triton",
+            "--where",
+            "shared_prefix=16384",
+            "--peer-where",
+            "shared_prefix=0",
+            "--max-time-ratio",
+            "0.2",
+        ),
         (serving, "--vs", "sdpa_cudnn,cascade", "--best", "--where", "shared_prefix=16384", "--max-time-ratio", "0.2"),
-    ]  # fmt: skip
+    ]
     _gates(session, "fused_triton", gpu_gates)
 
 

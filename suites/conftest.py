@@ -19,9 +19,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("attnbench")
     group.addoption("--attnbench-suite", default="quick", help="suite name or .toml path (default quick)")
     group.addoption(
-        "--attnbench-set", action="append", default=[], metavar="AXIS=LIST",
+        "--attnbench-set",
+        action="append",
+        default=[],
+        metavar="AXIS=LIST",
         help="override an axis, as the CLI's --AXIS flags: --attnbench-set seq=512,1024 (repeatable)",
-    )  # fmt: skip
+    )
 
 
 CASES = pytest.StashKey[list[Any]]()

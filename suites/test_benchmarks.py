@@ -33,10 +33,16 @@ def test_attention(benchmark: Any, attnbench_case: tuple[str, Workload]) -> None
         pytest.skip(f"unsupported: {exc}")
     check = prepared.check
     benchmark.extra_info.update(
-        impl=impl, **workload.as_row(), flops=contender.flops(workload),
-        max_abs_err=check.max_abs_err, atol=check.atol, rtol=check.rtol,
-        correct=check.ok, first_call_ms=prepared.first_call_ms, threads=torch.get_num_threads(),
-    )  # fmt: skip
+        impl=impl,
+        **workload.as_row(),
+        flops=contender.flops(workload),
+        max_abs_err=check.max_abs_err,
+        atol=check.atol,
+        rtol=check.rtol,
+        correct=check.ok,
+        first_call_ms=prepared.first_call_ms,
+        threads=torch.get_num_threads(),
+    )
     assert check.ok, f"{impl} is incorrect: {check.reason}"
     fn = prepared.fn
     if workload.device == "cuda":

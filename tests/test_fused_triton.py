@@ -273,9 +273,36 @@ def test_attnbench_run_checks_forward_and_backward_on_cpu(tmp_path):
     pytest.importorskip("triton")
     out = tmp_path / "run"
     # float32: its CPU ceilings are the ones the other CLI tests measure (float16's take minutes on CPU)
-    args = ["run", "--impl", "fused_triton", "--device", "cpu", "--batch", "2", "--heads", "4", "--kv-heads", "2",
-            "--seq", "48", "--seq-kv", "40", "--head-dim", "50", "--mask", "causal_bottom_right,padding",
-            "--pass", "fwd,bwd", "--budget-s", "0.05", "--threads", "1", "--no-memory", "--out", str(out)]  # fmt: skip
+    args = [
+        "run",
+        "--impl",
+        "fused_triton",
+        "--device",
+        "cpu",
+        "--batch",
+        "2",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--seq",
+        "48",
+        "--seq-kv",
+        "40",
+        "--head-dim",
+        "50",
+        "--mask",
+        "causal_bottom_right,padding",
+        "--pass",
+        "fwd,bwd",
+        "--budget-s",
+        "0.05",
+        "--threads",
+        "1",
+        "--no-memory",
+        "--out",
+        str(out),
+    ]
     result = run_subprocess(*attnbench_cmd(*args), env=INTERPRETER)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = pd.read_parquet(out / "results.parquet")

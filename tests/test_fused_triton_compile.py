@@ -27,8 +27,14 @@ from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E40
 from attnbench.impls.fused_triton.tiles import Tile, shared_bytes  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
-_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
-          torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}  # fmt: skip
+_TYPES = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    torch.int32: "i32",
+    torch.float8_e4m3fn: "fp8e4nv",
+    torch.float8_e5m2: "fp8e5",
+}
 
 
 def _compile(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -85,8 +85,16 @@ print(json.dumps(results))
 
 
 def _case(**spec: Any) -> dict[str, Any]:
-    base = {"batch": 3, "heads": 8, "kv_heads": 2, "seq_q": 1, "seq_k": 150, "head_dim": 40, "dtype": "float32",
-            "mask": "causal_bottom_right"}  # fmt: skip
+    base = {
+        "batch": 3,
+        "heads": 8,
+        "kv_heads": 2,
+        "seq_q": 1,
+        "seq_k": 150,
+        "head_dim": 40,
+        "dtype": "float32",
+        "mask": "causal_bottom_right",
+    }
     return {**base, "device": "cpu", **spec}
 
 
@@ -246,8 +254,9 @@ def test_decode_tiles_fit_the_device_and_take_the_group_rows():
     many = torch.empty(16, 32, 1, 128, dtype=torch.bfloat16)
     prefix = flash.make_plan(many, *(torch.empty(16, 8, 64, 128, dtype=torch.bfloat16),) * 2, shared_prefix=32)
     assert {t.block_m for t in decode.candidates(prefix, interpreted=False)} == {16, 64}
-    wide = flash.make_plan(torch.empty(2, 128, 1, 576, dtype=torch.bfloat16),
-                           *(torch.empty(2, 1, 64, 576, dtype=torch.bfloat16),) * 2)  # fmt: skip
+    wide = flash.make_plan(
+        torch.empty(2, 128, 1, 576, dtype=torch.bfloat16), *(torch.empty(2, 1, 64, 576, dtype=torch.bfloat16),) * 2
+    )
     assert {t.block_m for t in decode.candidates(wide, interpreted=False)} <= {16, 32, 64}
     spec8 = flash.make_plan(torch.empty(2, 32, 8, 128), torch.empty(2, 8, 64, 128), torch.empty(2, 8, 64, 128))
     assert decode.row_block(spec8) == 32 and spec8.decode
@@ -257,8 +266,17 @@ def test_decode_tiles_fit_the_device_and_take_the_group_rows():
 def test_which_workloads_read_pages_and_what_they_keep():
     from attnbench.impls.fused_triton import contender
 
-    base = {"batch": 8, "heads": 32, "kv_heads": 8, "seq_k": 4096, "head_dim": 128, "device": "cuda",
-            "dtype": "bfloat16", "mask": "causal_bottom_right", "page_size": 16}  # fmt: skip
+    base = {
+        "batch": 8,
+        "heads": 32,
+        "kv_heads": 8,
+        "seq_k": 4096,
+        "head_dim": 128,
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "mask": "causal_bottom_right",
+        "page_size": 16,
+    }
     assert contender.reads_pages(Workload(**base, seq_q=1))
     assert contender.reads_pages(Workload(**base, seq_q=8))
     assert not contender.reads_pages(Workload(**base, seq_q=9))  # prefill-sized: the harness gathers

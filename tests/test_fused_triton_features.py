@@ -391,8 +391,16 @@ def test_declared_features_and_the_reasons_for_the_rest(monkeypatch):
     assert contender.unsupported_reason(fp8_bwd) == (
         "kv_dtype float8_e4m3fn is a serving cache's storage, not trained: forward only"
     )
-    runs = Workload(**{**cpu, "seq_q": 8}, head_dim=40, head_dim_v=72, sinks="learned", pass_="bwd", mask="mixed",
-                    decode_share=0.5, lengths="longtail")  # fmt: skip
+    runs = Workload(
+        **{**cpu, "seq_q": 8},
+        head_dim=40,
+        head_dim_v=72,
+        sinks="learned",
+        pass_="bwd",
+        mask="mixed",
+        decode_share=0.5,
+        lengths="longtail",
+    )
     assert contender.unsupported_reason(runs) is None
     chunked = Workload(**cpu, head_dim=40, mask="chunked", chunk=16, kv_dtype="float8_e5m2")
     assert contender.unsupported_reason(chunked) is None
@@ -433,8 +441,10 @@ def test_key_side_ranges_are_the_rows_that_see_each_key():
     pytest.importorskip("triton")
     from attnbench.impls.fused_triton.flash import chunked_ranges, range_tables
 
-    cases = [chunked_ranges(7, 11, 3), (torch.tensor([[0, 0, 0, 0, 0], [0, 1, 1, 1, 2]]),
-                                        torch.tensor([[3, 4, 4, 0, 0], [0, 2, 5, 5, 6]]))]  # fmt: skip
+    cases = [
+        chunked_ranges(7, 11, 3),
+        (torch.tensor([[0, 0, 0, 0, 0], [0, 1, 1, 1, 2]]), torch.tensor([[3, 4, 4, 0, 0], [0, 2, 5, 5, 6]])),
+    ]
     for lo, hi in cases:
         batch, seq_q = lo.shape
         seq_k = 11 if seq_q == 7 else 6
@@ -507,8 +517,9 @@ def test_the_mla_forward_compiles_for_sm90(sm90):
     scales = torch.ones(4, 1, 16, 1)
     for rows in (2, 16):  # a decode step (the decode kernels), a prefill chunk (the forward kernel)
         q = torch.empty(4, 16, rows, 576, dtype=torch.bfloat16)
-        plan = flash.make_plan(q, cache, cache[..., :512], mask="causal_bottom_right", k_scale=scales, v_scale=scales,
-                               scale_block=64)  # fmt: skip
+        plan = flash.make_plan(
+            q, cache, cache[..., :512], mask="causal_bottom_right", k_scale=scales, v_scale=scales, scale_block=64
+        )
         kernel = "decode" if plan.decode else "fwd"
         assert plan.candidates(kernel) and {t.block_m for t in plan.candidates(kernel)} <= {16, 32, 64}
         plan.tiles[kernel] = plan.candidates(kernel)[0]

@@ -30,8 +30,11 @@ H100_SHARED, A100_SHARED = 227 * 1024, 163 * 1024
 
 
 def _fwd(seq: int, head_dim: int, cap: int, dtype: torch.dtype = torch.bfloat16) -> set[Tile]:
-    return set(prune("fwd", CUDA_TILES["fwd"], seq_q=seq, seq_k=seq, head_dim=head_dim,
-                     itemsize=dtype.itemsize, shared_cap=cap))  # fmt: skip
+    return set(
+        prune(
+            "fwd", CUDA_TILES["fwd"], seq_q=seq, seq_k=seq, head_dim=head_dim, itemsize=dtype.itemsize, shared_cap=cap
+        )
+    )
 
 
 def test_pruning_follows_the_devices_shared_memory():
@@ -134,7 +137,11 @@ def test_prepare_tunes_once_and_the_timed_call_launches_the_chosen_tile(mocked_g
         _, kwargs = launched[name]
         tile = plan.tiles[kernel]
         assert (kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["num_warps"], kwargs["num_stages"]) == (
-            tile.block_m, tile.block_n, tile.num_warps, tile.num_stages)  # fmt: skip
+            tile.block_m,
+            tile.block_n,
+            tile.num_warps,
+            tile.num_stages,
+        )
         assert kwargs["EVEN_D"] is True and kwargs["BLOCK_D"] == 64 and kwargs["CAUSAL"] is True
     # batch·heads on grid axis 0 (axis 1 is capped at 65535); dK/dV per kv head and key block
     assert launched["_forward_kernel"][0] == (2 * 4, triton.cdiv(1000, 128))
@@ -231,9 +238,13 @@ def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsy
     assert _triton_smoke.main() == 1
     cases = _triton_smoke.SMOKE_CASES  # the backward kernels' tiles on the backward cases only; decode steps
     decode = [case for case in cases if _triton_smoke.decodes(case)]  # (≤ 8 rows, forward) in the decode kernels
-    assert forced == [(kernel, tile) for kernel, tiles in CUDA_TILES.items() for tile in tiles for case in cases
-                      if (kernel == "fwd" and case not in decode) or case.pass_ != "fwd"] + [
-                      ("decode", tile) for case in decode for tile in decode_tiles]  # fmt: skip
+    assert forced == [
+        (kernel, tile)
+        for kernel, tiles in CUDA_TILES.items()
+        for tile in tiles
+        for case in cases
+        if (kernel == "fwd" and case not in decode) or case.pass_ != "fwd"
+    ] + [("decode", tile) for case in decode for tile in decode_tiles]
     backward = sum(case.pass_ != "fwd" for case in cases)
     assert 0 < backward < len(cases) and len(decode) >= 5
     out = capsys.readouterr().out

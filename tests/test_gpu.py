@@ -116,11 +116,16 @@ def test_ab_on_cuda_reads_an_aa_run_as_same_and_five_percent_more_work_as_slower
     workload = Workload(8, 16, 16, 4096, 4096, 128, dtype="bfloat16", device="cuda")
     options = AbOptions(budget_s=3.0)
     start = time.perf_counter()
-    same = run_case(Version("sdpa_flash", flash, "registered"), Version("sdpa_flash (b)", flash, "registered"),
-                    workload, options)  # fmt: skip
+    same = run_case(
+        Version("sdpa_flash", flash, "registered"), Version("sdpa_flash (b)", flash, "registered"), workload, options
+    )
     assert same.verdict == "same", (same.verdict, same.paired)
-    slower = run_case(Version("sdpa_flash", flash, "registered"),
-                      Version("sdpa_flash+5%", _MoreWork(flash, 0.05), "planted"), workload, options)  # fmt: skip
+    slower = run_case(
+        Version("sdpa_flash", flash, "registered"),
+        Version("sdpa_flash+5%", _MoreWork(flash, 0.05), "planted"),
+        workload,
+        options,
+    )
     assert slower.verdict == "slower", (slower.verdict, slower.paired)
     assert slower.paired is not None and 1.03 < slower.paired.ratio < 1.08
     assert statistics.median(slower.samples_b_ms) > statistics.median(slower.samples_a_ms)
@@ -133,9 +138,25 @@ def test_a_model_preset_decodes_in_bf16_with_torchs_backends_ok(cli, tmp_path):
     import pandas as pd
 
     out = tmp_path / "decode"
-    code, _, err = cli("run", "--model", "llama3.1-8b", "--phase", "decode", "--device", "cuda", "--impl",
-                       "sdpa_flash,sdpa_efficient,sdpa_cudnn", "--seq-kv", "1024", "--batch", "1", "--budget-s", "0.2",
-                       "--out", str(out))  # fmt: skip
+    code, _, err = cli(
+        "run",
+        "--model",
+        "llama3.1-8b",
+        "--phase",
+        "decode",
+        "--device",
+        "cuda",
+        "--impl",
+        "sdpa_flash,sdpa_efficient,sdpa_cudnn",
+        "--seq-kv",
+        "1024",
+        "--batch",
+        "1",
+        "--budget-s",
+        "0.2",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     frame = pd.read_parquet(out / "results.parquet")
     assert set(frame["dtype"]) == {"bfloat16"}
@@ -174,8 +195,9 @@ def test_fused_triton_decodes_in_its_split_kv_kernels_faster_than_its_forward_ke
     plan = run.plan
     forward = time_cuda(lambda: flash.forward(inputs.q, inputs.k, inputs.v, plan, store_lse=True), budget_s=0.5)
     assert decode < 0.6 * forward.median_ms, (decode, forward.median_ms)
-    paged_w = Workload(8, 32, 8, 1, 32768, 128, dtype="bfloat16", device="cuda", mask="causal_bottom_right",
-                       page_size=16)  # fmt: skip
+    paged_w = Workload(
+        8, 32, 8, 1, 32768, 128, dtype="bfloat16", device="cuda", mask="causal_bottom_right", page_size=16
+    )
     paged_inputs = make_inputs(paged_w)
     paged_run = contender.prepare(paged_inputs, paged_w)
     out = paged_run()

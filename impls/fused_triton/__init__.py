@@ -157,8 +157,12 @@ def plan_options(inputs: AttentionInputs, w: Workload) -> dict[str, Any]:
     """Every keyword argument of ``flash.make_plan`` for this case: scale, mask and score modifier
     (``_mask_options``), the sinks (looked at for their shape), an fp8 cache's scales with the positions
     each covers (a sequence, or a page)."""
-    options = {"scale": inputs.scale, "sinks": inputs.sinks, "shared_prefix": w.shared_prefix,
-               **_mask_options(inputs, w)}  # fmt: skip
+    options = {
+        "scale": inputs.scale,
+        "sinks": inputs.sinks,
+        "shared_prefix": w.shared_prefix,
+        **_mask_options(inputs, w),
+    }
     if inputs.k_scale is not None:
         options.update(k_scale=inputs.k_scale, v_scale=inputs.v_scale, scale_block=kv_cache.scale_block(w))
     return options
@@ -256,13 +260,20 @@ class FusedTriton(Contender):
         pages = None
         options = plan_options(inputs, workload)
         if paged is not None:  # read in place: the pool, its table and its per-page scales
-            pages = kernels.Pages(paged.k_pages, paged.v_pages, paged.page_table, paged.page_size, paged.k_scale,
-                                  paged.v_scale)  # fmt: skip
+            pages = kernels.Pages(
+                paged.k_pages, paged.v_pages, paged.page_table, paged.page_size, paged.k_scale, paged.v_scale
+            )
             options["page_size"] = paged.page_size
         plan = kernels.make_plan(q, k, v, **options)
         sinks = inputs.sinks
-        plan.tune(q.detach(), k.detach(), v.detach(), backward=workload.pass_ != "fwd",
-                  sinks=None if sinks is None else sinks.detach(), pages=pages)  # once, untimed  # fmt: skip
+        plan.tune(
+            q.detach(),
+            k.detach(),
+            v.detach(),
+            backward=workload.pass_ != "fwd",
+            sinks=None if sinks is None else sinks.detach(),
+            pages=pages,
+        )  # once, untimed
         attend = kernels.attend
 
         def run() -> torch.Tensor:  # a shared prefix: its one copy, inputs.prefix_kv (views of sequence 0's)

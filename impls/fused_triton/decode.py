@@ -170,9 +170,15 @@ def candidates(plan: Plan, interpreted: bool) -> list[Tile]:
 
 
 def decode_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, sinks: torch.Tensor | None,
-    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None, pages: Pages | None, interpreted: bool,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: Plan,
+    sinks: torch.Tensor | None,
+    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None,
+    pages: Pages | None,
+    interpreted: bool,
+) -> torch.Tensor:
     """O (B, Hq, Sq, Dv) in q's dtype: the split kernel over each sequence's keys — with a shared prefix, first
     over the prefix's one copy ``prefix_kv`` (k (Hkv, P, D), v (Hkv, P, Dv)) for the rows of every sequence,
     then over each sequence's keys after it — and the merge of all the splits."""
@@ -193,10 +199,27 @@ def decode_forward(
         scale_strides = (*k_scale.stride()[:2], *v_scale.stride()[:2])
     fp8 = plan.kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     constants = plan.constants()
-    flags = {name: constants[name] for name in ("HEAD_DIM", "BLOCK_D", "EVEN_D", "HEAD_DIM_V", "BLOCK_DV", "EVEN_DV",
-                                                 "SOFTCAP", "ALIBI", "INPUT_PRECISION", "UPCAST")}  # fmt: skip
-    flags.update(SPLIT_D=plan.block_dt > 0, BLOCK_DT=max(16, plan.block_dt), PAGE_SIZE=page_size,
-                 FP16_DOTS=fp8 and plan.dtype == torch.bfloat16)  # fmt: skip
+    flags = {
+        name: constants[name]
+        for name in (
+            "HEAD_DIM",
+            "BLOCK_D",
+            "EVEN_D",
+            "HEAD_DIM_V",
+            "BLOCK_DV",
+            "EVEN_DV",
+            "SOFTCAP",
+            "ALIBI",
+            "INPUT_PRECISION",
+            "UPCAST",
+        )
+    }
+    flags.update(
+        SPLIT_D=plan.block_dt > 0,
+        BLOCK_DT=max(16, plan.block_dt),
+        PAGE_SIZE=page_size,
+        FP16_DOTS=fp8 and plan.dtype == torch.bfloat16,
+    )
     stride_rows = lo.stride(0) if lo.shape[0] > 1 else 0
     out = q.new_empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim_v)
     launched: dict[str, Any] = {}
@@ -218,12 +241,38 @@ def decode_forward(
 
         def run(part_out: torch.Tensor, part_lse: torch.Tensor, base: int) -> None:
             decode_kernels._decode_split_kernel[(programs, count)](
-                q, kk, vv, part_out, part_lse, lo, hi, plan.decode_offsets, plan.slopes, page_table, k_scale, v_scale,
-                *q.stride(), *strides, stride_rows, 0 if page_table is None else page_table.stride(0),
-                *scale_strides, scale_block, *plan.scalars(), plan.heads, plan.kv_heads, blocks, plan.seq_q, rows,
-                *key_range, per_split, base, V_FROM_K=is_view_of(vv, kk) and plan.block_dv == plan.block_d,
-                **flags, **kind, **tile.launch_kwargs(),
-            )  # fmt: skip
+                q,
+                kk,
+                vv,
+                part_out,
+                part_lse,
+                lo,
+                hi,
+                plan.decode_offsets,
+                plan.slopes,
+                page_table,
+                k_scale,
+                v_scale,
+                *q.stride(),
+                *strides,
+                stride_rows,
+                0 if page_table is None else page_table.stride(0),
+                *scale_strides,
+                scale_block,
+                *plan.scalars(),
+                plan.heads,
+                plan.kv_heads,
+                blocks,
+                plan.seq_q,
+                rows,
+                *key_range,
+                per_split,
+                base,
+                V_FROM_K=is_view_of(vv, kk) and plan.block_dv == plan.block_d,
+                **flags,
+                **kind,
+                **tile.launch_kwargs(),
+            )
 
         return count, run
 
@@ -232,12 +281,34 @@ def decode_forward(
         suffix_start = 0
         if plan.prefix:
             assert prefix_kv is not None
-            levels.append(split(tile, (*prefix_kv, None), 1, plan.batch * group_rows, (0, plan.prefix),
-                                PAGED=False, KV_SCALED=False, SCALE_ONCE=False, PREFIX=True))  # fmt: skip
+            levels.append(
+                split(
+                    tile,
+                    (*prefix_kv, None),
+                    1,
+                    plan.batch * group_rows,
+                    (0, plan.prefix),
+                    PAGED=False,
+                    KV_SCALED=False,
+                    SCALE_ONCE=False,
+                    PREFIX=True,
+                )
+            )
             suffix_start = plan.prefix
         once = scaled and pages is None and scale_block >= plan.seq_k
-        levels.append(split(tile, (k_src, v_src, table), plan.batch, group_rows, (suffix_start, plan.seq_k),
-                            PAGED=pages is not None, KV_SCALED=scaled, SCALE_ONCE=once, PREFIX=False))  # fmt: skip
+        levels.append(
+            split(
+                tile,
+                (k_src, v_src, table),
+                plan.batch,
+                group_rows,
+                (suffix_start, plan.seq_k),
+                PAGED=pages is not None,
+                KV_SCALED=scaled,
+                SCALE_ONCE=once,
+                PREFIX=False,
+            )
+        )
         splits = sum(count for count, _ in levels)
         part_out = torch.empty(splits * rows, plan.head_dim_v, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(splits * rows, dtype=torch.float32, device=q.device)
@@ -246,10 +317,20 @@ def decode_forward(
             run(part_out, part_lse, base)
             base += count
         decode_kernels._decode_merge_kernel[(rows,)](
-            part_out, part_lse, sinks, out, *out.stride(), plan.heads, plan.seq_q, splits, rows,
-            HEAD_DIM_V=plan.head_dim_v, BLOCK_DV=plan.block_dv, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            part_out,
+            part_lse,
+            sinks,
+            out,
+            *out.stride(),
+            plan.heads,
+            plan.seq_q,
+            splits,
+            rows,
+            HEAD_DIM_V=plan.head_dim_v,
+            BLOCK_DV=plan.block_dv,
+            BLOCK_S=max(2, triton.next_power_of_2(splits)),
             SINKS=sinks is not None,
-        )  # fmt: skip
+        )
         launched["splits"] = splits
 
     launch(plan.tile("decode", q, plan.key_shape(), launch))

@@ -43,8 +43,21 @@ from attnbench.impls.fused_triton.kernels import LOG2E, _bounds, _dot, _offsets,
 
 
 @triton.jit
-def _key_pointers(K, b, kv_h, keys, key_ok, PageTable, stride_table, stride_kb, stride_kh, stride_kn,
-                  PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+def _key_pointers(
+    K,
+    b,
+    kv_h,
+    keys,
+    key_ok,
+    PageTable,
+    stride_table,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """(BLOCK_N,) pointers to the first channel of each key's row, and (paged) each key's pool page."""
     if PAGED:
         if MASKED:
@@ -101,20 +114,71 @@ def _scale_columns(Scale, page, key_ok, scale_block, stride_page, PAGED: tl.cons
 
 
 @triton.jit
-def _decode_block(acc, m_i, l_i, q, q_tail, K, V, b, kv_h, start_n, offs_n, offs_d, offs_t, offs_dv, d_ok, t_ok,
-                  dv_ok, positions, lo, hi, key_lo, key_hi, PageTable, stride_table, k_scale, v_scale, scale_block,
-                  stride_ksb, stride_vsb, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn,
-                  stride_vd,
-                  sm_scale, qk_scale, softcap, slope, alibi_offset, k_mul, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
-                  EVEN_DV: tl.constexpr, SPLIT_D: tl.constexpr, V_FROM_K: tl.constexpr, PAGED: tl.constexpr,
-                  PAGE_SIZE: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KV_SCALED: tl.constexpr,
-                  SCALE_ONCE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+def _decode_block(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_tail,
+    K,
+    V,
+    b,
+    kv_h,
+    start_n,
+    offs_n,
+    offs_d,
+    offs_t,
+    offs_dv,
+    d_ok,
+    t_ok,
+    dv_ok,
+    positions,
+    lo,
+    hi,
+    key_lo,
+    key_hi,
+    PageTable,
+    stride_table,
+    k_scale,
+    v_scale,
+    scale_block,
+    stride_ksb,
+    stride_vsb,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    sm_scale,
+    qk_scale,
+    softcap,
+    slope,
+    alibi_offset,
+    k_mul,
+    MASKED: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    SPLIT_D: tl.constexpr,
+    V_FROM_K: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    KV_SCALED: tl.constexpr,
+    SCALE_ONCE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """One block of keys into the tile's running (acc, m, l), as ``kernels._attend`` with the keys' rows
     found through the page table when paged."""
     keys = start_n + offs_n
     key_ok = (keys >= key_lo) & (keys < key_hi)
-    k_rows, page = _key_pointers(K, b, kv_h, keys, key_ok, PageTable, stride_table, stride_kb, stride_kh, stride_kn,
-                                 PAGED, PAGE_SIZE, MASKED)  # fmt: skip
+    k_rows, page = _key_pointers(
+        K, b, kv_h, keys, key_ok, PageTable, stride_table, stride_kb, stride_kh, stride_kn, PAGED, PAGE_SIZE, MASKED
+    )
     k_t = _tile(k_rows, offs_d, d_ok, key_ok, stride_kd, not EVEN_D, MASKED)
     qk = _dot(q, k_t.to(q.dtype), None, INPUT_PRECISION, UPCAST)
     if SPLIT_D:
@@ -124,8 +188,18 @@ def _decode_block(acc, m_i, l_i, q, q_tail, K, V, b, kv_h, start_n, offs_n, offs
         qk = qk * k_mul
     elif KV_SCALED:
         qk = qk * _scale_columns(k_scale, page, key_ok, scale_block, stride_ksb, PAGED, MASKED)[None, :]
-    s, c, _ = _scores(qk, positions[:, None], keys[None, :], sm_scale, qk_scale, softcap, slope[:, None],
-                      alibi_offset[:, None], SOFTCAP, ALIBI)  # fmt: skip
+    s, c, _ = _scores(
+        qk,
+        positions[:, None],
+        keys[None, :],
+        sm_scale,
+        qk_scale,
+        softcap,
+        slope[:, None],
+        alibi_offset[:, None],
+        SOFTCAP,
+        ALIBI,
+    )
     if MASKED:
         s = tl.where((keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None]), s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1) * c)
@@ -140,8 +214,9 @@ def _decode_block(acc, m_i, l_i, q, q_tail, K, V, b, kv_h, start_n, offs_n, offs
         if not EVEN_DV:
             v = tl.where(dv_ok[None, :], v, tl.zeros_like(v))
     else:
-        v_rows, _ = _key_pointers(V, b, kv_h, keys, key_ok, PageTable, stride_table, stride_vb, stride_vh, stride_vn,
-                                  PAGED, PAGE_SIZE, MASKED)  # fmt: skip
+        v_rows, _ = _key_pointers(
+            V, b, kv_h, keys, key_ok, PageTable, stride_table, stride_vb, stride_vh, stride_vn, PAGED, PAGE_SIZE, MASKED
+        )
         v = _rows_tile(v_rows, offs_dv, dv_ok, key_ok, stride_vd, not EVEN_DV, MASKED)
     if KV_SCALED and not SCALE_ONCE:  # one scale for the sequence's values: applied to the output at the end
         p = p * _scale_columns(v_scale, page, key_ok, scale_block, stride_vsb, PAGED, MASKED)[None, :]
@@ -151,18 +226,71 @@ def _decode_block(acc, m_i, l_i, q, q_tail, K, V, b, kv_h, start_n, offs_n, offs
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, PartOut, PartLse, RowLo, RowHi, SeqOffsets, Slopes, PageTable, KScale, VScale,
-    stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_rows, stride_table, stride_ksb, stride_ksh,
-    stride_vsb, stride_vsh, scale_block, sm_scale, qk_scale, softcap, heads, kv_heads, head_blocks, seq_q, rows,
-    key_start, key_end, keys_per_split, split_base,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr,
-    V_FROM_K: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr, KV_SCALED: tl.constexpr, SCALE_ONCE: tl.constexpr, FP16_DOTS: tl.constexpr,
-    PREFIX: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+    Q,
+    K,
+    V,
+    PartOut,
+    PartLse,
+    RowLo,
+    RowHi,
+    SeqOffsets,
+    Slopes,
+    PageTable,
+    KScale,
+    VScale,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_rows,
+    stride_table,
+    stride_ksb,
+    stride_ksh,
+    stride_vsb,
+    stride_vsh,
+    scale_block,
+    sm_scale,
+    qk_scale,
+    softcap,
+    heads,
+    kv_heads,
+    head_blocks,
+    seq_q,
+    rows,
+    key_start,
+    key_end,
+    keys_per_split,
+    split_base,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    SPLIT_D: tl.constexpr,
+    BLOCK_DT: tl.constexpr,
+    V_FROM_K: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    KV_SCALED: tl.constexpr,
+    SCALE_ONCE: tl.constexpr,
+    FP16_DOTS: tl.constexpr,
+    PREFIX: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-):  # fmt: skip
+):
     """Keys [key_start, key_end) of each (sequence, kv head), split ``keys_per_split`` a program: partial
     outputs and log-sum-exps at split index ``split_base`` + the program's split. ``PREFIX``: the keys are a
     shared prefix's one copy (K, V of one sequence) and a program's rows come from every sequence."""
@@ -233,28 +361,181 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     for start_n in range(start, full_start, BLOCK_N):
         acc, m_i, l_i = _decode_block(
-            acc, m_i, l_i, q, q_tail, K, V, seq, kv_h, start_n, offs_n, offs_d, offs_t, offs_dv, d_ok, t_ok, dv_ok,
-            positions, lo, hi, key_lo, key_hi, PageTable, stride_table, k_scale, v_scale, scale_block, stride_ksb,
-            stride_vsb, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-            sm_scale, qk_scale, softcap, slope, alibi_offset, k_mul, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, PAGED,
-            PAGE_SIZE, SOFTCAP, ALIBI, KV_SCALED, SCALE_ONCE, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_tail,
+            K,
+            V,
+            seq,
+            kv_h,
+            start_n,
+            offs_n,
+            offs_d,
+            offs_t,
+            offs_dv,
+            d_ok,
+            t_ok,
+            dv_ok,
+            positions,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            PageTable,
+            stride_table,
+            k_scale,
+            v_scale,
+            scale_block,
+            stride_ksb,
+            stride_vsb,
+            stride_kb,
+            stride_kh,
+            stride_kn,
+            stride_kd,
+            stride_vb,
+            stride_vh,
+            stride_vn,
+            stride_vd,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            k_mul,
+            True,
+            EVEN_D,
+            EVEN_DV,
+            SPLIT_D,
+            V_FROM_K,
+            PAGED,
+            PAGE_SIZE,
+            SOFTCAP,
+            ALIBI,
+            KV_SCALED,
+            SCALE_ONCE,
+            INPUT_PRECISION,
+            UPCAST,
+        )
     for start_n in range(full_start, full_end, BLOCK_N):
         acc, m_i, l_i = _decode_block(
-            acc, m_i, l_i, q, q_tail, K, V, seq, kv_h, start_n, offs_n, offs_d, offs_t, offs_dv, d_ok, t_ok, dv_ok,
-            positions, lo, hi, key_lo, key_hi, PageTable, stride_table, k_scale, v_scale, scale_block, stride_ksb,
-            stride_vsb, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-            sm_scale, qk_scale, softcap, slope, alibi_offset, k_mul, False, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, PAGED,
-            PAGE_SIZE, SOFTCAP, ALIBI, KV_SCALED, SCALE_ONCE, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_tail,
+            K,
+            V,
+            seq,
+            kv_h,
+            start_n,
+            offs_n,
+            offs_d,
+            offs_t,
+            offs_dv,
+            d_ok,
+            t_ok,
+            dv_ok,
+            positions,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            PageTable,
+            stride_table,
+            k_scale,
+            v_scale,
+            scale_block,
+            stride_ksb,
+            stride_vsb,
+            stride_kb,
+            stride_kh,
+            stride_kn,
+            stride_kd,
+            stride_vb,
+            stride_vh,
+            stride_vn,
+            stride_vd,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            k_mul,
+            False,
+            EVEN_D,
+            EVEN_DV,
+            SPLIT_D,
+            V_FROM_K,
+            PAGED,
+            PAGE_SIZE,
+            SOFTCAP,
+            ALIBI,
+            KV_SCALED,
+            SCALE_ONCE,
+            INPUT_PRECISION,
+            UPCAST,
+        )
     for start_n in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = _decode_block(
-            acc, m_i, l_i, q, q_tail, K, V, seq, kv_h, start_n, offs_n, offs_d, offs_t, offs_dv, d_ok, t_ok, dv_ok,
-            positions, lo, hi, key_lo, key_hi, PageTable, stride_table, k_scale, v_scale, scale_block, stride_ksb,
-            stride_vsb, stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-            sm_scale, qk_scale, softcap, slope, alibi_offset, k_mul, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, PAGED,
-            PAGE_SIZE, SOFTCAP, ALIBI, KV_SCALED, SCALE_ONCE, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_tail,
+            K,
+            V,
+            seq,
+            kv_h,
+            start_n,
+            offs_n,
+            offs_d,
+            offs_t,
+            offs_dv,
+            d_ok,
+            t_ok,
+            dv_ok,
+            positions,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            PageTable,
+            stride_table,
+            k_scale,
+            v_scale,
+            scale_block,
+            stride_ksb,
+            stride_vsb,
+            stride_kb,
+            stride_kh,
+            stride_kn,
+            stride_kd,
+            stride_vb,
+            stride_vh,
+            stride_vn,
+            stride_vd,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            k_mul,
+            True,
+            EVEN_D,
+            EVEN_DV,
+            SPLIT_D,
+            V_FROM_K,
+            PAGED,
+            PAGE_SIZE,
+            SOFTCAP,
+            ALIBI,
+            KV_SCALED,
+            SCALE_ONCE,
+            INPUT_PRECISION,
+            UPCAST,
+        )
 
     seen = l_i > 0.0
     out = acc * (v_mul / tl.where(seen, l_i, 1.0))[:, None]
@@ -266,9 +547,23 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    PartOut, PartLse, Sinks, Out, stride_ob, stride_oh, stride_om, stride_od, heads, seq_q, splits, rows,
-    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, SINKS: tl.constexpr,
-):  # fmt: skip
+    PartOut,
+    PartLse,
+    Sinks,
+    Out,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    heads,
+    seq_q,
+    splits,
+    rows,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    SINKS: tl.constexpr,
+):
     """One program per query row (b, h, i): O = Σ_s 2^(lse_s − m)·O_s / (Σ_s 2^(lse_s − m) [+ 2^(sink − m)])
     over the splits (a shared prefix's among them), m the largest of their log-sum-exps and the sink."""
     row = tl.program_id(0)  # b·Hq·Sq + h·Sq + i
@@ -287,8 +582,11 @@ def _decode_merge_kernel(
         m = tl.maximum(m, sink)
     m_use = tl.where(m == float("-inf"), 0.0, m)
     weights = tl.math.exp2(lse - m_use)  # 0 for splits that saw no key
-    parts = tl.load(PartOut + (_offsets(offs_s, rows) + row)[:, None] * HEAD_DIM_V + offs_dv[None, :],
-                    mask=s_ok[:, None] & dv_ok[None, :], other=0.0)  # fmt: skip
+    parts = tl.load(
+        PartOut + (_offsets(offs_s, rows) + row)[:, None] * HEAD_DIM_V + offs_dv[None, :],
+        mask=s_ok[:, None] & dv_ok[None, :],
+        other=0.0,
+    )
     acc = tl.sum(parts * weights[:, None], 0)
     total = tl.sum(weights, 0)
     if SINKS:

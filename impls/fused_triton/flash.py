@@ -138,7 +138,7 @@ def chunked_ranges(seq_q: int, seq_k: int, chunk: int) -> tuple[torch.Tensor, to
 
 def range_tables(
     lo: torch.Tensor, hi: torch.Tensor, batch: int, seq_q: int, seq_k: int, device: torch.device
-) -> tuple[torch.Tensor, ...]:  # fmt: skip
+) -> tuple[torch.Tensor, ...]:
     """The kernels' tables for explicit per-row key ranges: rows' [lo, hi) and keys' [rlo, rhi) (the rows that
     see each key), int32 (B or 1, Sq) and (B or 1, Sk), contiguous, on ``device``; a row or key that sees
     nothing gets [0, 0). O(B·(Sq + Sk)·log Sq) on the host, once per plan.
@@ -260,10 +260,21 @@ class Plan:
 
     def features(self) -> tuple[Any, ...]:
         """The mask family, score modifiers, value width and cache type: part of the tuning key."""
-        return (self.causal_offset is not None, self.window > 0, self.lengths is not None,
-                self.doc_start is not None, self.ranges, self.softcap > 0, self.slopes is not None, self.sinks,
-                self.head_dim_v, str(self.kv_dtype), self.k_scale is not None, self.prefix > 0,
-                self.page_size)  # fmt: skip
+        return (
+            self.causal_offset is not None,
+            self.window > 0,
+            self.lengths is not None,
+            self.doc_start is not None,
+            self.ranges,
+            self.softcap > 0,
+            self.slopes is not None,
+            self.sinks,
+            self.head_dim_v,
+            str(self.kv_dtype),
+            self.k_scale is not None,
+            self.prefix > 0,
+            self.page_size,
+        )
 
     def constants(self) -> dict[str, Any]:
         """The constexpr arguments every kernel shares."""
@@ -311,9 +322,17 @@ class Plan:
             return decode.candidates(self, INTERPRETED)
         if INTERPRETED:
             return [INTERPRETER_TILES[kernel]]
-        return prune(kernel, CUDA_TILES[kernel], seq_q=self.seq_q, seq_k=self.seq_k, head_dim=self.head_dim,
-                     itemsize=self.dtype.itemsize, shared_cap=max_shared_memory(self.device),
-                     head_dim_v=self.head_dim_v, hopper=is_hopper(self.device))  # fmt: skip
+        return prune(
+            kernel,
+            CUDA_TILES[kernel],
+            seq_q=self.seq_q,
+            seq_k=self.seq_k,
+            head_dim=self.head_dim,
+            itemsize=self.dtype.itemsize,
+            shared_cap=max_shared_memory(self.device),
+            head_dim_v=self.head_dim_v,
+            hopper=is_hopper(self.device),
+        )
 
     def key(self, kernel: str, q: torch.Tensor, k: torch.Tensor) -> TuningKey:
         """The tuning key of ``kernel`` on q (B, Hq, Sq, D) against k (B, Hkv, Sk, D)."""
@@ -326,9 +345,14 @@ class Plan:
         return self.tiles[kernel]
 
     def tune(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool = False,
-        sinks: torch.Tensor | None = None, pages: Pages | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        backward: bool = False,
+        sinks: torch.Tensor | None = None,
+        pages: Pages | None = None,
+    ) -> None:
         """Choose every tile now (outside any timed region). Tiles known already (one candidate, as in the
         interpreter, or tuned before in this process or, kept on disk, by another) are taken without launching
         anything; only when some kernel has a choice left to time do the kernels run once, timing it."""
@@ -395,8 +419,19 @@ def make_plan(
         raise ValueError(f"mask 'chunked' needs chunk ≥ 1, got {chunk}")
     if mask == "mixed" and row_ranges is None:
         raise ValueError("mask 'mixed' needs row_ranges: each row's key range (attnbench.workload.masks.key_ranges)")
-    plan = Plan(B, Hq, Hkv, Sq, Sk, D, q.dtype, q.device, 1.0 / math.sqrt(D) if scale is None else scale,
-                head_dim_v=Dv, kv_dtype=k.dtype)  # fmt: skip
+    plan = Plan(
+        B,
+        Hq,
+        Hkv,
+        Sq,
+        Sk,
+        D,
+        q.dtype,
+        q.device,
+        1.0 / math.sqrt(D) if scale is None else scale,
+        head_dim_v=Dv,
+        kv_dtype=k.dtype,
+    )
     plan.causal_offset = causal_offset(mask, Sq, Sk)
     plan.lengths = lengths if mask == "padding" else None
     if window is not None:
@@ -440,8 +475,10 @@ def make_plan(
         plan.prefix = shared_prefix
     if page_size:
         if page_size < 1 or Sq > DECODE_MAX_QUERIES:
-            raise ValueError(f"a paged cache is read by the decode kernels: page_size ≥ 1 and Sq ≤ "
-                             f"{DECODE_MAX_QUERIES}, got page_size {page_size}, Sq {Sq}")  # fmt: skip
+            raise ValueError(
+                f"a paged cache is read by the decode kernels: page_size ≥ 1 and Sq ≤ "
+                f"{DECODE_MAX_QUERIES}, got page_size {page_size}, Sq {Sq}"
+            )
         if shared_prefix:
             raise ValueError("shared_prefix with a paged cache not supported: give the cache contiguous")
         plan.page_size = page_size
@@ -463,7 +500,7 @@ def _row_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int, int
 
 def prefix_level(
     q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor, plan: Plan
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cascade's first level: every row of the batch against the shared prefix's one copy, k_prefix (Hkv, P, D)
     and v_prefix (Hkv, P, Dv) — one program per (kv head, BLOCK_M rows of all B·G·Sq) — as each row's
     normalised output (B, Hq, Sq, Dv) fp32 and log-sum-exp (B, Hq, Sq) (log2 units, −inf: no prefix key)."""
@@ -476,11 +513,32 @@ def prefix_level(
 
     def launch(tile: Tile) -> None:
         kernels._prefix_kernel[(plan.kv_heads, triton.cdiv(rows, tile.block_m))](
-            q, k_prefix, v_prefix, prev, prev_lse, *plan.row_tables(), plan.seq_offsets, *q.stride(),
-            *k_prefix.stride(), *v_prefix.stride(), *plan.table_strides(), *plan.scalars(), plan.heads, group,
-            plan.batch, plan.seq_q, plan.seq_k, plan.prefix, plan.causal_offset or 0, plan.window, **constants,
-            SPLIT_D=plan.block_dt > 0, BLOCK_DT=max(16, plan.block_dt), V_FROM_K=v_from_k, **tile.launch_kwargs(),
-        )  # fmt: skip
+            q,
+            k_prefix,
+            v_prefix,
+            prev,
+            prev_lse,
+            *plan.row_tables(),
+            plan.seq_offsets,
+            *q.stride(),
+            *k_prefix.stride(),
+            *v_prefix.stride(),
+            *plan.table_strides(),
+            *plan.scalars(),
+            plan.heads,
+            group,
+            plan.batch,
+            plan.seq_q,
+            plan.seq_k,
+            plan.prefix,
+            plan.causal_offset or 0,
+            plan.window,
+            **constants,
+            SPLIT_D=plan.block_dt > 0,
+            BLOCK_DT=max(16, plan.block_dt),
+            V_FROM_K=v_from_k,
+            **tile.launch_kwargs(),
+        )
 
     launch(plan.tile("prefix", q, k_prefix.unsqueeze(0), launch))  # keyed as (1, Hkv, P, D), as in Plan.tune
     return prev, prev_lse
@@ -531,22 +589,60 @@ def forward(
 
     def launch(tile: Tile) -> None:
         kernels._forward_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
-            q, k, v, out, lse, *plan.row_tables(), plan.seq_offsets, sinks, k_scale, v_scale, visited,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *plan.table_strides(), *scale_strides,
-            plan.scale_block, prev, prev_lse, plan.prefix, *plan.scalars(), plan.heads, plan.heads // plan.kv_heads,
-            plan.seq_q, plan.seq_k, plan.causal_offset or 0, plan.window, **plan.constants(), SINKS=sinks is not None,
-            KV_SCALED=scaled, SPLIT_D=plan.block_dt > 0, BLOCK_DT=max(16, plan.block_dt), V_FROM_K=v_from_k,
-            MERGE=plan.prefix > 0, STORE_LSE=store_lse, COUNT_BLOCKS=visited is not None, **tile.launch_kwargs(),
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            out,
+            lse,
+            *plan.row_tables(),
+            plan.seq_offsets,
+            sinks,
+            k_scale,
+            v_scale,
+            visited,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *out.stride(),
+            *plan.table_strides(),
+            *scale_strides,
+            plan.scale_block,
+            prev,
+            prev_lse,
+            plan.prefix,
+            *plan.scalars(),
+            plan.heads,
+            plan.heads // plan.kv_heads,
+            plan.seq_q,
+            plan.seq_k,
+            plan.causal_offset or 0,
+            plan.window,
+            **plan.constants(),
+            SINKS=sinks is not None,
+            KV_SCALED=scaled,
+            SPLIT_D=plan.block_dt > 0,
+            BLOCK_DT=max(16, plan.block_dt),
+            V_FROM_K=v_from_k,
+            MERGE=plan.prefix > 0,
+            STORE_LSE=store_lse,
+            COUNT_BLOCKS=visited is not None,
+            **tile.launch_kwargs(),
+        )
 
     launch(plan.tile("fwd", q, k, launch))
     return out, lse
 
 
 def backward_grads(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
-    plan: Plan, sinks: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    plan: Plan,
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) for upstream gradient ``grad_out``, from the forward's output and log-sum-exp; with
     ``sinks``, the sink logits' gradient (Hq,) fp32 as a fourth."""
     if plan.narrowed:
@@ -561,9 +657,21 @@ def backward_grads(
     if sinks is not None:
         partials = torch.empty(plan.batch * plan.heads, blocks, dtype=torch.float32, device=q.device)
     kernels._preprocess_kernel[_row_grid(plan, plan.heads, PREPROCESS_BLOCK_M, plan.seq_q)](
-        out, grad_out, delta, lse, sinks, partials, *out.stride(), *grad_out.stride(), plan.heads, plan.seq_q,
-        HEAD_DIM=plan.head_dim_v, BLOCK_D=plan.block_dv, SINKS=sinks is not None, BLOCK_M=PREPROCESS_BLOCK_M,
-    )  # fmt: skip
+        out,
+        grad_out,
+        delta,
+        lse,
+        sinks,
+        partials,
+        *out.stride(),
+        *grad_out.stride(),
+        plan.heads,
+        plan.seq_q,
+        HEAD_DIM=plan.head_dim_v,
+        BLOCK_D=plan.block_dv,
+        SINKS=sinks is not None,
+        BLOCK_M=PREPROCESS_BLOCK_M,
+    )
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     doc_stride, rows_stride = plan.table_strides()
     shared = (*plan.scalars(),)
@@ -571,18 +679,67 @@ def backward_grads(
 
     def launch_dkdv(tile: Tile) -> None:
         kernels._dkdv_kernel[_row_grid(plan, plan.kv_heads, tile.block_n, plan.seq_k)](
-            q, k, v, grad_out, lse, delta, dk, dv, *plan.row_tables(), plan.key_lo, plan.key_hi, plan.seq_offsets,
-            *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(), doc_stride,
-            rows_stride, plan.key_stride(), *shared, plan.heads, plan.kv_heads, group, plan.seq_q, plan.seq_k,
-            plan.causal_offset or 0, plan.window, **plan.constants(), **tile.launch_kwargs(),
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            grad_out,
+            lse,
+            delta,
+            dk,
+            dv,
+            *plan.row_tables(),
+            plan.key_lo,
+            plan.key_hi,
+            plan.seq_offsets,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *grad_out.stride(),
+            *dk.stride(),
+            *dv.stride(),
+            doc_stride,
+            rows_stride,
+            plan.key_stride(),
+            *shared,
+            plan.heads,
+            plan.kv_heads,
+            group,
+            plan.seq_q,
+            plan.seq_k,
+            plan.causal_offset or 0,
+            plan.window,
+            **plan.constants(),
+            **tile.launch_kwargs(),
+        )
 
     def launch_dq(tile: Tile) -> None:
         kernels._dq_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
-            q, k, v, grad_out, lse, delta, dq, *plan.row_tables(), plan.seq_offsets, *q.stride(), *k.stride(),
-            *v.stride(), *grad_out.stride(), *dq.stride(), doc_stride, rows_stride, *shared, plan.heads, group,
-            plan.seq_q, plan.seq_k, plan.causal_offset or 0, plan.window, **plan.constants(), **tile.launch_kwargs(),
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            grad_out,
+            lse,
+            delta,
+            dq,
+            *plan.row_tables(),
+            plan.seq_offsets,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *grad_out.stride(),
+            *dq.stride(),
+            doc_stride,
+            rows_stride,
+            *shared,
+            plan.heads,
+            group,
+            plan.seq_q,
+            plan.seq_k,
+            plan.causal_offset or 0,
+            plan.window,
+            **plan.constants(),
+            **tile.launch_kwargs(),
+        )
 
     launch_dkdv(plan.tile("dkdv", q, k, launch_dkdv))
     launch_dq(plan.tile("dq", q, k, launch_dq))
@@ -597,7 +754,7 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, plan: Plan
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         out, lse = forward(q, k, v, plan, store_lse=True, sinks=sinks)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.plan = plan
@@ -611,9 +768,14 @@ class _FlashAttention(torch.autograd.Function):
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, sinks: torch.Tensor | None = None,
-    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None, pages: Pages | None = None,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: Plan,
+    sinks: torch.Tensor | None = None,
+    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    pages: Pages | None = None,
+) -> torch.Tensor:
     """Attention with a ready plan: through autograd when a gradient is wanted, else the forward alone
     (``prefix_kv``: a shared prefix's one copy; ``pages``: a paged cache read in place; see :func:`forward`)."""
     wanted = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
@@ -631,7 +793,7 @@ def attend(
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None, **options: Any
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """softmax(q·kᵀ·scale + mask)·v for q (B, Hq, Sq, D), k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv), any
     strides; a new (B, Hq, Sq, Dv) tensor in q's dtype, differentiable (in the sinks too). ``options``: see
     the module docstring."""

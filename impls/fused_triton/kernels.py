@@ -87,9 +87,25 @@ def _load(ptrs, first_ok, second_ok, MASK_FIRST: tl.constexpr, MASK_SECOND: tl.c
 
 
 @triton.jit
-def _row_ranges(rows, b, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi,
-                stride_rows, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, PADDED: tl.constexpr, DOCS: tl.constexpr,
-                RANGES: tl.constexpr):  # fmt: skip
+def _row_ranges(
+    rows,
+    b,
+    seq_k,
+    causal_offset,
+    window,
+    length,
+    DocStart,
+    DocEnd,
+    stride_doc,
+    RowLo,
+    RowHi,
+    stride_rows,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    PADDED: tl.constexpr,
+    DOCS: tl.constexpr,
+    RANGES: tl.constexpr,
+):
     """Keys [lo, hi) that query row(s) ``rows`` see (rows may be a scalar or a vector, below Sq)."""
     if RANGES:  # the per-row tables: they are the whole mask
         at = _offsets(b, stride_rows) + rows
@@ -112,8 +128,23 @@ def _row_ranges(rows, b, seq_k, causal_offset, window, length, DocStart, DocEnd,
 
 
 @triton.jit
-def _key_ranges(keys, b, seq_q, causal_offset, window, DocStart, DocEnd, stride_doc, KeyLo, KeyHi, stride_keys,
-                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr):  # fmt: skip
+def _key_ranges(
+    keys,
+    b,
+    seq_q,
+    causal_offset,
+    window,
+    DocStart,
+    DocEnd,
+    stride_doc,
+    KeyLo,
+    KeyHi,
+    stride_keys,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+    RANGES: tl.constexpr,
+):
     """Query rows [lo, hi) that see key(s) ``keys`` (below Sk and the padding length: callers see to it)."""
     if RANGES:
         at = _offsets(b, stride_keys) + keys
@@ -163,8 +194,9 @@ def _tanh(x):
 
 
 @triton.jit
-def _scores(qk, rows, keys, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):  # fmt: skip
+def _scores(
+    qk, rows, keys, sm_scale, qk_scale, softcap, slope, alibi_offset, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr
+):
     """(s, c, dmod): the log2-unit scores are s·c; dmod = d(modified score)/d(scaled score) (softcap).
     One return at the end: the compiler wants a single return type per specialisation."""
     if SOFTCAP or ALIBI:
@@ -195,11 +227,46 @@ def _kv_scales(Scale, keys, key_ok, scale_block, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
-            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
-            alibi_offset, MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SPLIT_D: tl.constexpr,
-            V_FROM_K: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, KV_SCALED: tl.constexpr,
-            INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+def _attend(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_tail,
+    k_base,
+    k_tail_base,
+    v_base,
+    k_scale,
+    v_scale,
+    scale_block,
+    start_n,
+    offs_n,
+    rows,
+    lo,
+    hi,
+    key_lo,
+    key_hi,
+    d_ok,
+    t_ok,
+    dv_ok,
+    stride_kn,
+    stride_vn,
+    sm_scale,
+    qk_scale,
+    softcap,
+    slope,
+    alibi_offset,
+    MASKED: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    SPLIT_D: tl.constexpr,
+    V_FROM_K: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    KV_SCALED: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """One block of keys into a forward tile's running (acc, m, l). Masked blocks load only keys in
     [key_lo, key_hi) (some row of the tile sees them) and hide keys outside each row's [lo, hi)."""
     keys = start_n + offs_n  # (BLOCK_N,)
@@ -211,8 +278,9 @@ def _attend(acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_sc
         qk = _dot(q_tail, k_tail.to(q.dtype), qk, INPUT_PRECISION, UPCAST)
     if KV_SCALED:  # q·(k·s_k)ᵀ: each key's scale on its score column
         qk = qk * _kv_scales(k_scale, keys, key_ok, scale_block, MASKED)[None, :]
-    s, c, _ = _scores(qk, rows[:, None], keys[None, :], sm_scale, qk_scale, softcap, slope, alibi_offset,
-                      SOFTCAP, ALIBI)  # fmt: skip
+    s, c, _ = _scores(
+        qk, rows[:, None], keys[None, :], sm_scale, qk_scale, softcap, slope, alibi_offset, SOFTCAP, ALIBI
+    )
     if MASKED:
         s = tl.where((keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None]), s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1) * c)
@@ -236,18 +304,83 @@ def _attend(acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_sc
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, Out, Lse, Lengths, DocStart, DocEnd, Slopes, RowLo, RowHi, SeqOffsets, Sinks, KScale, VScale, Visited,
-    stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od, stride_doc,
-    stride_rows, stride_ksb, stride_ksh, stride_vsb, stride_vsh, scale_block, Prev, PrevLse, key_start,
-    sm_scale, qk_scale, softcap, heads, gqa_group, seq_q, seq_k, causal_offset, window,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    SINKS: tl.constexpr, KV_SCALED: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr,
-    V_FROM_K: tl.constexpr, MERGE: tl.constexpr, STORE_LSE: tl.constexpr, COUNT_BLOCKS: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    Q,
+    K,
+    V,
+    Out,
+    Lse,
+    Lengths,
+    DocStart,
+    DocEnd,
+    Slopes,
+    RowLo,
+    RowHi,
+    SeqOffsets,
+    Sinks,
+    KScale,
+    VScale,
+    Visited,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    stride_doc,
+    stride_rows,
+    stride_ksb,
+    stride_ksh,
+    stride_vsb,
+    stride_vsh,
+    scale_block,
+    Prev,
+    PrevLse,
+    key_start,
+    sm_scale,
+    qk_scale,
+    softcap,
+    heads,
+    gqa_group,
+    seq_q,
+    seq_k,
+    causal_offset,
+    window,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    PADDED: tl.constexpr,
+    DOCS: tl.constexpr,
+    RANGES: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    SINKS: tl.constexpr,
+    KV_SCALED: tl.constexpr,
+    SPLIT_D: tl.constexpr,
+    BLOCK_DT: tl.constexpr,
+    V_FROM_K: tl.constexpr,
+    MERGE: tl.constexpr,
+    STORE_LSE: tl.constexpr,
+    COUNT_BLOCKS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     batch_head = tl.program_id(0)
     tile = tl.program_id(1)
     if CAUSAL:  # the last row tiles see the most keys: start them first, so the short ones fill the tail
@@ -273,8 +406,25 @@ def _forward_kernel(
     if RANGES:
         alibi_offset = tl.load(SeqOffsets + b)  # the sequence's own diagonal
 
-    lo, hi = _row_ranges(tl.minimum(rows, seq_q - 1), b, seq_k, causal_offset, window, length, DocStart, DocEnd,
-                         stride_doc, RowLo, RowHi, stride_rows, CAUSAL, WINDOW, PADDED, DOCS, RANGES)  # fmt: skip
+    lo, hi = _row_ranges(
+        tl.minimum(rows, seq_q - 1),
+        b,
+        seq_k,
+        causal_offset,
+        window,
+        length,
+        DocStart,
+        DocEnd,
+        stride_doc,
+        RowLo,
+        RowHi,
+        stride_rows,
+        CAUSAL,
+        WINDOW,
+        PADDED,
+        DOCS,
+        RANGES,
+    )
     if MERGE:  # the suffix level of a shared prefix: keys from key_start on (the prefix kernel did the others)
         lo = tl.maximum(lo, key_start)
     start, full_start, full_end, end, key_lo, key_hi = _bounds(lo, hi, row_ok, seq_k, BLOCK_N)
@@ -297,8 +447,13 @@ def _forward_kernel(
         t_ok = offs_t < HEAD_DIM
         q_tail = _load(q_rows + offs_t[None, :] * stride_qd, row_ok[:, None], t_ok[None, :], True, True)
         k_tail_base = k_keys + offs_t[:, None] * stride_kd
-    v_base = (V + _offsets(b, stride_vb) + _offsets(kv_h, stride_vh) + _offsets(offs_n, stride_vn)[:, None]
-              + offs_dv[None, :] * stride_vd)  # fmt: skip
+    v_base = (
+        V
+        + _offsets(b, stride_vb)
+        + _offsets(kv_h, stride_vh)
+        + _offsets(offs_n, stride_vn)[:, None]
+        + offs_dv[None, :] * stride_vd
+    )
     k_scale = KScale
     v_scale = VScale
     if KV_SCALED:  # this (sequence, kv head)'s scales, one per block of scale_block positions
@@ -312,26 +467,132 @@ def _forward_kernel(
         stats = _offsets(batch_head, seq_q) + rows
         m_i = tl.load(PrevLse + stats, mask=row_ok, other=float("-inf"))
         l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
-        acc = tl.load(Prev + (stats * HEAD_DIM_V)[:, None] + offs_dv[None, :], mask=row_ok[:, None] & dv_ok[None, :],
-                      other=0.0)  # fmt: skip
+        acc = tl.load(
+            Prev + (stats * HEAD_DIM_V)[:, None] + offs_dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0
+        )
     for start_n in range(start, full_start, BLOCK_N):  # leading boundary blocks (windows, documents, chunks)
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
-            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
-            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_tail,
+            k_base,
+            k_tail_base,
+            v_base,
+            k_scale,
+            v_scale,
+            scale_block,
+            start_n,
+            offs_n,
+            rows,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            d_ok,
+            t_ok,
+            dv_ok,
+            stride_kn,
+            stride_vn,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            True,
+            EVEN_D,
+            EVEN_DV,
+            SPLIT_D,
+            V_FROM_K,
+            SOFTCAP,
+            ALIBI,
+            KV_SCALED,
+            INPUT_PRECISION,
+            UPCAST,
+        )
     for start_n in range(full_start, full_end, BLOCK_N):  # blocks every row sees in full: no mask
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
-            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
-            alibi_offset, False, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_tail,
+            k_base,
+            k_tail_base,
+            v_base,
+            k_scale,
+            v_scale,
+            scale_block,
+            start_n,
+            offs_n,
+            rows,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            d_ok,
+            t_ok,
+            dv_ok,
+            stride_kn,
+            stride_vn,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            False,
+            EVEN_D,
+            EVEN_DV,
+            SPLIT_D,
+            V_FROM_K,
+            SOFTCAP,
+            ALIBI,
+            KV_SCALED,
+            INPUT_PRECISION,
+            UPCAST,
+        )
     for start_n in range(full_end, end, BLOCK_N):  # trailing boundary blocks; blocks past `end` skipped
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, k_scale, v_scale, scale_block, start_n, offs_n,
-            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
-            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, KV_SCALED, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_tail,
+            k_base,
+            k_tail_base,
+            v_base,
+            k_scale,
+            v_scale,
+            scale_block,
+            start_n,
+            offs_n,
+            rows,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            d_ok,
+            t_ok,
+            dv_ok,
+            stride_kn,
+            stride_vn,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            True,
+            EVEN_D,
+            EVEN_DV,
+            SPLIT_D,
+            V_FROM_K,
+            SOFTCAP,
+            ALIBI,
+            KV_SCALED,
+            INPUT_PRECISION,
+            UPCAST,
+        )
 
     seen = l_i > 0.0
     if SINKS:  # the sink's logit joins the denominator: l·2^(m − m') + 2^(sink − m'), m' = max(m, sink)
@@ -345,8 +606,13 @@ def _forward_kernel(
         out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that saw no key: acc = 0, so zeros
         # +inf where no key is seen, so that P = 2^(s − LSE) = 0 in the backward
         lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("inf"))
-    o_ptrs = (Out + _offsets(b, stride_ob) + _offsets(h, stride_oh) + _offsets(rows, stride_om)[:, None]
-              + offs_dv[None, :] * stride_od)  # fmt: skip
+    o_ptrs = (
+        Out
+        + _offsets(b, stride_ob)
+        + _offsets(h, stride_oh)
+        + _offsets(rows, stride_om)[:, None]
+        + offs_dv[None, :] * stride_od
+    )
     if EVEN_DV:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
     else:
@@ -357,16 +623,62 @@ def _forward_kernel(
 
 @triton.jit
 def _prefix_kernel(
-    Q, K, V, Prev, PrevLse, Lengths, DocStart, DocEnd, Slopes, RowLo, RowHi, SeqOffsets,
-    stride_qb, stride_qh, stride_qm, stride_qd, stride_kh, stride_kn, stride_kd, stride_vh, stride_vn, stride_vd,
-    stride_doc, stride_rows, sm_scale, qk_scale, softcap, heads, gqa_group, batch, seq_q, seq_k, prefix,
-    causal_offset, window,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr, V_FROM_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    Q,
+    K,
+    V,
+    Prev,
+    PrevLse,
+    Lengths,
+    DocStart,
+    DocEnd,
+    Slopes,
+    RowLo,
+    RowHi,
+    SeqOffsets,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_doc,
+    stride_rows,
+    sm_scale,
+    qk_scale,
+    softcap,
+    heads,
+    gqa_group,
+    batch,
+    seq_q,
+    seq_k,
+    prefix,
+    causal_offset,
+    window,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    PADDED: tl.constexpr,
+    DOCS: tl.constexpr,
+    RANGES: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    SPLIT_D: tl.constexpr,
+    BLOCK_DT: tl.constexpr,
+    V_FROM_K: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The first level of cascade attention over a shared prefix: one program per (kv head, block of rows)
     takes its rows from *every* sequence — the B·G·Sq query rows of the kv head's query heads, flattened
     as (b, g, i) — against the prefix's one copy (K, V: (Hkv, P, ·), sequence 0's first P positions), so
@@ -395,8 +707,25 @@ def _prefix_kernel(
     alibi_offset = tl.zeros([BLOCK_M, 1], dtype=tl.int32) + (seq_k - seq_q)
     if RANGES:
         alibi_offset = tl.load(SeqOffsets + b)[:, None]
-    lo, hi = _row_ranges(rows, b, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi,
-                         stride_rows, CAUSAL, WINDOW, PADDED, DOCS, RANGES)  # fmt: skip
+    lo, hi = _row_ranges(
+        rows,
+        b,
+        seq_k,
+        causal_offset,
+        window,
+        length,
+        DocStart,
+        DocEnd,
+        stride_doc,
+        RowLo,
+        RowHi,
+        stride_rows,
+        CAUSAL,
+        WINDOW,
+        PADDED,
+        DOCS,
+        RANGES,
+    )
     hi = tl.minimum(hi, prefix)
     start, full_start, full_end, end, key_lo, key_hi = _bounds(lo, hi, row_ok, prefix, BLOCK_N)
 
@@ -419,22 +748,127 @@ def _prefix_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     for start_n in range(start, full_start, BLOCK_N):
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, K, V, 1, start_n, offs_n,
-            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
-            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, False, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_tail,
+            k_base,
+            k_tail_base,
+            v_base,
+            K,
+            V,
+            1,
+            start_n,
+            offs_n,
+            rows,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            d_ok,
+            t_ok,
+            dv_ok,
+            stride_kn,
+            stride_vn,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            True,
+            EVEN_D,
+            EVEN_DV,
+            SPLIT_D,
+            V_FROM_K,
+            SOFTCAP,
+            ALIBI,
+            False,
+            INPUT_PRECISION,
+            UPCAST,
+        )
     for start_n in range(full_start, full_end, BLOCK_N):
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, K, V, 1, start_n, offs_n,
-            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
-            alibi_offset, False, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, False, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_tail,
+            k_base,
+            k_tail_base,
+            v_base,
+            K,
+            V,
+            1,
+            start_n,
+            offs_n,
+            rows,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            d_ok,
+            t_ok,
+            dv_ok,
+            stride_kn,
+            stride_vn,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            False,
+            EVEN_D,
+            EVEN_DV,
+            SPLIT_D,
+            V_FROM_K,
+            SOFTCAP,
+            ALIBI,
+            False,
+            INPUT_PRECISION,
+            UPCAST,
+        )
     for start_n in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, q_tail, k_base, k_tail_base, v_base, K, V, 1, start_n, offs_n,
-            rows, lo, hi, key_lo, key_hi, d_ok, t_ok, dv_ok, stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope,
-            alibi_offset, True, EVEN_D, EVEN_DV, SPLIT_D, V_FROM_K, SOFTCAP, ALIBI, False, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_tail,
+            k_base,
+            k_tail_base,
+            v_base,
+            K,
+            V,
+            1,
+            start_n,
+            offs_n,
+            rows,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            d_ok,
+            t_ok,
+            dv_ok,
+            stride_kn,
+            stride_vn,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            True,
+            EVEN_D,
+            EVEN_DV,
+            SPLIT_D,
+            V_FROM_K,
+            SOFTCAP,
+            ALIBI,
+            False,
+            INPUT_PRECISION,
+            UPCAST,
+        )
 
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -446,10 +880,27 @@ def _prefix_kernel(
 
 @triton.jit
 def _preprocess_kernel(
-    Out, DOut, Delta, Lse, Sinks, DSinks, stride_ob, stride_oh, stride_om, stride_od,
-    stride_gb, stride_gh, stride_gm, stride_gd, heads, seq_q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr, BLOCK_M: tl.constexpr,
-):  # fmt: skip
+    Out,
+    DOut,
+    Delta,
+    Lse,
+    Sinks,
+    DSinks,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    stride_gb,
+    stride_gh,
+    stride_gm,
+    stride_gd,
+    heads,
+    seq_q,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SINKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
     """Δ_i = Σ_d dO[i, d]·O[i, d] in fp32, per (batch·head, row block) (HEAD_DIM: the values' Dv). With
     sinks, also this block's part of the sink logit's gradient, −Σ_i 2^(sink·log2 e − LSE_i)·Δ_i, into
     DSinks[batch·head, row block] (fp32; the host sums the partials)."""
@@ -459,10 +910,24 @@ def _preprocess_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = rows < seq_q
     ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    o = tl.load(Out + _offsets(b, stride_ob) + _offsets(h, stride_oh) + _offsets(rows, stride_om)[:, None]
-                + offs_d[None, :] * stride_od, mask=ok, other=0.0)  # fmt: skip
-    do = tl.load(DOut + _offsets(b, stride_gb) + _offsets(h, stride_gh) + _offsets(rows, stride_gm)[:, None]
-                 + offs_d[None, :] * stride_gd, mask=ok, other=0.0)  # fmt: skip
+    o = tl.load(
+        Out
+        + _offsets(b, stride_ob)
+        + _offsets(h, stride_oh)
+        + _offsets(rows, stride_om)[:, None]
+        + offs_d[None, :] * stride_od,
+        mask=ok,
+        other=0.0,
+    )
+    do = tl.load(
+        DOut
+        + _offsets(b, stride_gb)
+        + _offsets(h, stride_gh)
+        + _offsets(rows, stride_gm)[:, None]
+        + offs_d[None, :] * stride_gd,
+        mask=ok,
+        other=0.0,
+    )
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(Delta + _offsets(batch_head, seq_q) + rows, delta, mask=row_ok)
     if SINKS:  # the sink's probability 2^(sink − LSE) times (0 − Δ): it has no value
@@ -473,13 +938,52 @@ def _preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_block(dk, dv, k, v, q_base, do_base, Lse, Delta, start_m, offs_m, keys, d_ok, dv_ok, b, seq_q, seq_k,
-                causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi, stride_rows,
-                stride_qm, stride_gm, sm_scale, qk_scale, softcap, slope, alibi_offset,
-                MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr,
-                WINDOW: tl.constexpr, PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr,
-                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                UPCAST: tl.constexpr):  # fmt: skip
+def _dkdv_block(
+    dk,
+    dv,
+    k,
+    v,
+    q_base,
+    do_base,
+    Lse,
+    Delta,
+    start_m,
+    offs_m,
+    keys,
+    d_ok,
+    dv_ok,
+    b,
+    seq_q,
+    seq_k,
+    causal_offset,
+    window,
+    length,
+    DocStart,
+    DocEnd,
+    stride_doc,
+    RowLo,
+    RowHi,
+    stride_rows,
+    stride_qm,
+    stride_gm,
+    sm_scale,
+    qk_scale,
+    softcap,
+    slope,
+    alibi_offset,
+    MASKED: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    PADDED: tl.constexpr,
+    DOCS: tl.constexpr,
+    RANGES: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """One block of query rows into a key block's dK, dV (tiles transposed: keys × rows)."""
     rows = start_m + offs_m  # (BLOCK_M,)
     row_ok = rows < seq_q
@@ -492,13 +996,30 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, Lse, Delta, start_m, offs_m, keys
         lse = tl.load(Lse + rows)
         delta = tl.load(Delta + rows)
     qk_t = _dot(k, q_t, None, INPUT_PRECISION, UPCAST)  # (BLOCK_N, BLOCK_M)
-    s_t, c, dmod = _scores(qk_t, rows[None, :], keys[:, None], sm_scale, qk_scale, softcap, slope, alibi_offset,
-                           SOFTCAP, ALIBI)  # fmt: skip
+    s_t, c, dmod = _scores(
+        qk_t, rows[None, :], keys[:, None], sm_scale, qk_scale, softcap, slope, alibi_offset, SOFTCAP, ALIBI
+    )
     p_t = tl.math.exp2(s_t * c - lse[None, :])
     if MASKED:
-        lo, hi = _row_ranges(tl.minimum(rows, seq_q - 1), b, seq_k, causal_offset, window, length, DocStart,
-                             DocEnd, stride_doc, RowLo, RowHi, stride_rows, CAUSAL, WINDOW, PADDED, DOCS,
-                             RANGES)  # fmt: skip
+        lo, hi = _row_ranges(
+            tl.minimum(rows, seq_q - 1),
+            b,
+            seq_k,
+            causal_offset,
+            window,
+            length,
+            DocStart,
+            DocEnd,
+            stride_doc,
+            RowLo,
+            RowHi,
+            stride_rows,
+            CAUSAL,
+            WINDOW,
+            PADDED,
+            DOCS,
+            RANGES,
+        )
         visible = (keys[:, None] >= lo[None, :]) & (keys[:, None] < hi[None, :]) & row_ok[None, :]
         p_t = tl.where(visible, p_t, 0.0)
     dv = _dot(p_t.to(do.dtype), do, dv, INPUT_PRECISION, UPCAST)
@@ -510,17 +1031,78 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, Lse, Delta, start_m, offs_m, keys
 
 @triton.jit
 def _dkdv_kernel(
-    Q, K, V, DOut, Lse, Delta, DK, DV, Lengths, DocStart, DocEnd, Slopes, RowLo, RowHi, KeyLo, KeyHi, SeqOffsets,
-    stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_gb, stride_gh, stride_gm, stride_gd,
-    stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_doc,
-    stride_rows, stride_keys, sm_scale, qk_scale, softcap, heads, kv_heads, gqa_group, seq_q, seq_k,
-    causal_offset, window,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    Q,
+    K,
+    V,
+    DOut,
+    Lse,
+    Delta,
+    DK,
+    DV,
+    Lengths,
+    DocStart,
+    DocEnd,
+    Slopes,
+    RowLo,
+    RowHi,
+    KeyLo,
+    KeyHi,
+    SeqOffsets,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_gb,
+    stride_gh,
+    stride_gm,
+    stride_gd,
+    stride_dkb,
+    stride_dkh,
+    stride_dkn,
+    stride_dkd,
+    stride_dvb,
+    stride_dvh,
+    stride_dvn,
+    stride_dvd,
+    stride_doc,
+    stride_rows,
+    stride_keys,
+    sm_scale,
+    qk_scale,
+    softcap,
+    heads,
+    kv_heads,
+    gqa_group,
+    seq_q,
+    seq_k,
+    causal_offset,
+    window,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    PADDED: tl.constexpr,
+    DOCS: tl.constexpr,
+    RANGES: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     batch_head = tl.program_id(0)  # batch · kv head
     b = batch_head // kv_heads
     kv_h = batch_head % kv_heads
@@ -542,15 +1124,40 @@ def _dkdv_kernel(
 
     # rows that see each key; a key past the length (or the tensor) is seen by none, so a block holding one
     # has no unmasked row block
-    row_lo, row_hi = _key_ranges(tl.minimum(keys, seq_k - 1), b, seq_q, causal_offset, window, DocStart, DocEnd,
-                                 stride_doc, KeyLo, KeyHi, stride_keys, CAUSAL, WINDOW, DOCS, RANGES)  # fmt: skip
+    row_lo, row_hi = _key_ranges(
+        tl.minimum(keys, seq_k - 1),
+        b,
+        seq_q,
+        causal_offset,
+        window,
+        DocStart,
+        DocEnd,
+        stride_doc,
+        KeyLo,
+        KeyHi,
+        stride_keys,
+        CAUSAL,
+        WINDOW,
+        DOCS,
+        RANGES,
+    )
     row_hi = tl.where(key_ok, row_hi, row_lo)
     start, full_start, full_end, end, _, _ = _bounds(row_lo, row_hi, keys >= 0, seq_q, BLOCK_M)
 
-    k_ptrs = (K + _offsets(b, stride_kb) + _offsets(kv_h, stride_kh) + _offsets(keys, stride_kn)[:, None]
-              + offs_d[None, :] * stride_kd)  # fmt: skip
-    v_ptrs = (V + _offsets(b, stride_vb) + _offsets(kv_h, stride_vh) + _offsets(keys, stride_vn)[:, None]
-              + offs_dv[None, :] * stride_vd)  # fmt: skip
+    k_ptrs = (
+        K
+        + _offsets(b, stride_kb)
+        + _offsets(kv_h, stride_kh)
+        + _offsets(keys, stride_kn)[:, None]
+        + offs_d[None, :] * stride_kd
+    )
+    v_ptrs = (
+        V
+        + _offsets(b, stride_vb)
+        + _offsets(kv_h, stride_vh)
+        + _offsets(keys, stride_vn)[:, None]
+        + offs_dv[None, :] * stride_vd
+    )
     k = _load(k_ptrs, key_ok[:, None], d_ok[None, :], True, not EVEN_D)  # (BLOCK_N, BLOCK_D)
     v = _load(v_ptrs, key_ok[:, None], dv_ok[None, :], True, not EVEN_DV)  # (BLOCK_N, BLOCK_DV)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -565,49 +1172,207 @@ def _dkdv_kernel(
         row_stats = _offsets(b * heads + h, seq_q)
         for start_m in range(start, full_start, BLOCK_M):
             dk, dv = _dkdv_block(
-                dk, dv, k, v, q_base, do_base, Lse + row_stats, Delta + row_stats, start_m, offs_m, keys, d_ok,
-                dv_ok, b, seq_q, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi,
-                stride_rows, stride_qm, stride_gm, sm_scale, qk_scale, softcap, slope, alibi_offset,
-                True, EVEN_D, EVEN_DV, CAUSAL, WINDOW, PADDED, DOCS, RANGES, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
-            )  # fmt: skip
+                dk,
+                dv,
+                k,
+                v,
+                q_base,
+                do_base,
+                Lse + row_stats,
+                Delta + row_stats,
+                start_m,
+                offs_m,
+                keys,
+                d_ok,
+                dv_ok,
+                b,
+                seq_q,
+                seq_k,
+                causal_offset,
+                window,
+                length,
+                DocStart,
+                DocEnd,
+                stride_doc,
+                RowLo,
+                RowHi,
+                stride_rows,
+                stride_qm,
+                stride_gm,
+                sm_scale,
+                qk_scale,
+                softcap,
+                slope,
+                alibi_offset,
+                True,
+                EVEN_D,
+                EVEN_DV,
+                CAUSAL,
+                WINDOW,
+                PADDED,
+                DOCS,
+                RANGES,
+                SOFTCAP,
+                ALIBI,
+                INPUT_PRECISION,
+                UPCAST,
+            )
         for start_m in range(full_start, full_end, BLOCK_M):
             dk, dv = _dkdv_block(
-                dk, dv, k, v, q_base, do_base, Lse + row_stats, Delta + row_stats, start_m, offs_m, keys, d_ok,
-                dv_ok, b, seq_q, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi,
-                stride_rows, stride_qm, stride_gm, sm_scale, qk_scale, softcap, slope, alibi_offset,
-                False, EVEN_D, EVEN_DV, CAUSAL, WINDOW, PADDED, DOCS, RANGES, SOFTCAP, ALIBI, INPUT_PRECISION,
+                dk,
+                dv,
+                k,
+                v,
+                q_base,
+                do_base,
+                Lse + row_stats,
+                Delta + row_stats,
+                start_m,
+                offs_m,
+                keys,
+                d_ok,
+                dv_ok,
+                b,
+                seq_q,
+                seq_k,
+                causal_offset,
+                window,
+                length,
+                DocStart,
+                DocEnd,
+                stride_doc,
+                RowLo,
+                RowHi,
+                stride_rows,
+                stride_qm,
+                stride_gm,
+                sm_scale,
+                qk_scale,
+                softcap,
+                slope,
+                alibi_offset,
+                False,
+                EVEN_D,
+                EVEN_DV,
+                CAUSAL,
+                WINDOW,
+                PADDED,
+                DOCS,
+                RANGES,
+                SOFTCAP,
+                ALIBI,
+                INPUT_PRECISION,
                 UPCAST,
-            )  # fmt: skip
+            )
         for start_m in range(full_end, end, BLOCK_M):
             dk, dv = _dkdv_block(
-                dk, dv, k, v, q_base, do_base, Lse + row_stats, Delta + row_stats, start_m, offs_m, keys, d_ok,
-                dv_ok, b, seq_q, seq_k, causal_offset, window, length, DocStart, DocEnd, stride_doc, RowLo, RowHi,
-                stride_rows, stride_qm, stride_gm, sm_scale, qk_scale, softcap, slope, alibi_offset,
-                True, EVEN_D, EVEN_DV, CAUSAL, WINDOW, PADDED, DOCS, RANGES, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
-            )  # fmt: skip
+                dk,
+                dv,
+                k,
+                v,
+                q_base,
+                do_base,
+                Lse + row_stats,
+                Delta + row_stats,
+                start_m,
+                offs_m,
+                keys,
+                d_ok,
+                dv_ok,
+                b,
+                seq_q,
+                seq_k,
+                causal_offset,
+                window,
+                length,
+                DocStart,
+                DocEnd,
+                stride_doc,
+                RowLo,
+                RowHi,
+                stride_rows,
+                stride_qm,
+                stride_gm,
+                sm_scale,
+                qk_scale,
+                softcap,
+                slope,
+                alibi_offset,
+                True,
+                EVEN_D,
+                EVEN_DV,
+                CAUSAL,
+                WINDOW,
+                PADDED,
+                DOCS,
+                RANGES,
+                SOFTCAP,
+                ALIBI,
+                INPUT_PRECISION,
+                UPCAST,
+            )
 
     in_range = keys < seq_k
-    dk_ptrs = (DK + _offsets(b, stride_dkb) + _offsets(kv_h, stride_dkh) + _offsets(keys, stride_dkn)[:, None]
-               + offs_d[None, :] * stride_dkd)  # fmt: skip
-    dv_ptrs = (DV + _offsets(b, stride_dvb) + _offsets(kv_h, stride_dvh) + _offsets(keys, stride_dvn)[:, None]
-               + offs_dv[None, :] * stride_dvd)  # fmt: skip
+    dk_ptrs = (
+        DK
+        + _offsets(b, stride_dkb)
+        + _offsets(kv_h, stride_dkh)
+        + _offsets(keys, stride_dkn)[:, None]
+        + offs_d[None, :] * stride_dkd
+    )
+    dv_ptrs = (
+        DV
+        + _offsets(b, stride_dvb)
+        + _offsets(kv_h, stride_dvh)
+        + _offsets(keys, stride_dvn)[:, None]
+        + offs_dv[None, :] * stride_dvd
+    )
     tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=in_range[:, None] & d_ok[None, :])
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=in_range[:, None] & dv_ok[None, :])
 
 
 @triton.jit
-def _dq_block(dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, key_hi, d_ok, dv_ok,
-              stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-              MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, SOFTCAP: tl.constexpr,
-              ALIBI: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+def _dq_block(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    k_base,
+    v_base,
+    start_n,
+    offs_n,
+    rows,
+    lo,
+    hi,
+    key_lo,
+    key_hi,
+    d_ok,
+    dv_ok,
+    stride_kn,
+    stride_vn,
+    sm_scale,
+    qk_scale,
+    softcap,
+    slope,
+    alibi_offset,
+    MASKED: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """One block of keys into a query tile's dQ."""
     keys = start_n + offs_n
     key_ok = (keys >= key_lo) & (keys < key_hi)
     k = _load(k_base + _offsets(start_n, stride_kn), key_ok[:, None], d_ok[None, :], MASKED, not EVEN_D)
     v_t = _load(v_base + _offsets(start_n, stride_vn), dv_ok[:, None], key_ok[None, :], not EVEN_DV, MASKED)
     qk = _dot(q, tl.trans(k), None, INPUT_PRECISION, UPCAST)  # (BLOCK_M, BLOCK_N)
-    s, c, dmod = _scores(qk, rows[:, None], keys[None, :], sm_scale, qk_scale, softcap, slope, alibi_offset,
-                         SOFTCAP, ALIBI)  # fmt: skip
+    s, c, dmod = _scores(
+        qk, rows[:, None], keys[None, :], sm_scale, qk_scale, softcap, slope, alibi_offset, SOFTCAP, ALIBI
+    )
     p = tl.math.exp2(s * c - lse[:, None])
     if MASKED:
         p = tl.where((keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None]), p, 0.0)
@@ -618,16 +1383,69 @@ def _dq_block(dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, 
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, DOut, Lse, Delta, DQ, Lengths, DocStart, DocEnd, Slopes, RowLo, RowHi, SeqOffsets,
-    stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd, stride_gb, stride_gh, stride_gm, stride_gd,
-    stride_dqb, stride_dqh, stride_dqm, stride_dqd, stride_doc, stride_rows,
-    sm_scale, qk_scale, softcap, heads, gqa_group, seq_q, seq_k, causal_offset, window,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr, EVEN_DV: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    PADDED: tl.constexpr, DOCS: tl.constexpr, RANGES: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    Q,
+    K,
+    V,
+    DOut,
+    Lse,
+    Delta,
+    DQ,
+    Lengths,
+    DocStart,
+    DocEnd,
+    Slopes,
+    RowLo,
+    RowHi,
+    SeqOffsets,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_gb,
+    stride_gh,
+    stride_gm,
+    stride_gd,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
+    stride_dqd,
+    stride_doc,
+    stride_rows,
+    sm_scale,
+    qk_scale,
+    softcap,
+    heads,
+    gqa_group,
+    seq_q,
+    seq_k,
+    causal_offset,
+    window,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    PADDED: tl.constexpr,
+    DOCS: tl.constexpr,
+    RANGES: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     batch_head = tl.program_id(0)
     tile = tl.program_id(1)
     if CAUSAL:
@@ -652,42 +1470,173 @@ def _dq_kernel(
     alibi_offset = seq_k - seq_q
     if RANGES:
         alibi_offset = tl.load(SeqOffsets + b)
-    lo, hi = _row_ranges(tl.minimum(rows, seq_q - 1), b, seq_k, causal_offset, window, length, DocStart, DocEnd,
-                         stride_doc, RowLo, RowHi, stride_rows, CAUSAL, WINDOW, PADDED, DOCS, RANGES)  # fmt: skip
+    lo, hi = _row_ranges(
+        tl.minimum(rows, seq_q - 1),
+        b,
+        seq_k,
+        causal_offset,
+        window,
+        length,
+        DocStart,
+        DocEnd,
+        stride_doc,
+        RowLo,
+        RowHi,
+        stride_rows,
+        CAUSAL,
+        WINDOW,
+        PADDED,
+        DOCS,
+        RANGES,
+    )
     start, full_start, full_end, end, key_lo, key_hi = _bounds(lo, hi, row_ok, seq_k, BLOCK_N)
 
-    q = _load(Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + _offsets(rows, stride_qm)[:, None]
-              + offs_d[None, :] * stride_qd, row_ok[:, None], d_ok[None, :], True, not EVEN_D)  # fmt: skip
-    do = _load(DOut + _offsets(b, stride_gb) + _offsets(h, stride_gh) + _offsets(rows, stride_gm)[:, None]
-               + offs_dv[None, :] * stride_gd, row_ok[:, None], dv_ok[None, :], True, not EVEN_DV)  # fmt: skip
+    q = _load(
+        Q
+        + _offsets(b, stride_qb)
+        + _offsets(h, stride_qh)
+        + _offsets(rows, stride_qm)[:, None]
+        + offs_d[None, :] * stride_qd,
+        row_ok[:, None],
+        d_ok[None, :],
+        True,
+        not EVEN_D,
+    )
+    do = _load(
+        DOut
+        + _offsets(b, stride_gb)
+        + _offsets(h, stride_gh)
+        + _offsets(rows, stride_gm)[:, None]
+        + offs_dv[None, :] * stride_gd,
+        row_ok[:, None],
+        dv_ok[None, :],
+        True,
+        not EVEN_DV,
+    )
     row_stats = _offsets(batch_head, seq_q) + rows
     lse = tl.load(Lse + row_stats, mask=row_ok, other=float("inf"))
     delta = tl.load(Delta + row_stats, mask=row_ok, other=0.0)
-    k_base = (K + _offsets(b, stride_kb) + _offsets(kv_h, stride_kh) + _offsets(offs_n, stride_kn)[:, None]
-              + offs_d[None, :] * stride_kd)  # fmt: skip
-    v_base = (V + _offsets(b, stride_vb) + _offsets(kv_h, stride_vh) + _offsets(offs_n, stride_vn)[None, :]
-              + offs_dv[:, None] * stride_vd)  # fmt: skip
+    k_base = (
+        K
+        + _offsets(b, stride_kb)
+        + _offsets(kv_h, stride_kh)
+        + _offsets(offs_n, stride_kn)[:, None]
+        + offs_d[None, :] * stride_kd
+    )
+    v_base = (
+        V
+        + _offsets(b, stride_vb)
+        + _offsets(kv_h, stride_vh)
+        + _offsets(offs_n, stride_vn)[None, :]
+        + offs_dv[:, None] * stride_vd
+    )
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start_n in range(start, full_start, BLOCK_N):
         dq = _dq_block(
-            dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, key_hi, d_ok, dv_ok,
-            stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            True, EVEN_D, EVEN_DV, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_base,
+            v_base,
+            start_n,
+            offs_n,
+            rows,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            d_ok,
+            dv_ok,
+            stride_kn,
+            stride_vn,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            True,
+            EVEN_D,
+            EVEN_DV,
+            SOFTCAP,
+            ALIBI,
+            INPUT_PRECISION,
+            UPCAST,
+        )
     for start_n in range(full_start, full_end, BLOCK_N):
         dq = _dq_block(
-            dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, key_hi, d_ok, dv_ok,
-            stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            False, EVEN_D, EVEN_DV, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_base,
+            v_base,
+            start_n,
+            offs_n,
+            rows,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            d_ok,
+            dv_ok,
+            stride_kn,
+            stride_vn,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            False,
+            EVEN_D,
+            EVEN_DV,
+            SOFTCAP,
+            ALIBI,
+            INPUT_PRECISION,
+            UPCAST,
+        )
     for start_n in range(full_end, end, BLOCK_N):
         dq = _dq_block(
-            dq, q, do, lse, delta, k_base, v_base, start_n, offs_n, rows, lo, hi, key_lo, key_hi, d_ok, dv_ok,
-            stride_kn, stride_vn, sm_scale, qk_scale, softcap, slope, alibi_offset,
-            True, EVEN_D, EVEN_DV, SOFTCAP, ALIBI, INPUT_PRECISION, UPCAST,
-        )  # fmt: skip
-    dq_ptrs = (DQ + _offsets(b, stride_dqb) + _offsets(h, stride_dqh) + _offsets(rows, stride_dqm)[:, None]
-               + offs_d[None, :] * stride_dqd)  # fmt: skip
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_base,
+            v_base,
+            start_n,
+            offs_n,
+            rows,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            d_ok,
+            dv_ok,
+            stride_kn,
+            stride_vn,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            True,
+            EVEN_D,
+            EVEN_DV,
+            SOFTCAP,
+            ALIBI,
+            INPUT_PRECISION,
+            UPCAST,
+        )
+    dq_ptrs = (
+        DQ
+        + _offsets(b, stride_dqb)
+        + _offsets(h, stride_dqh)
+        + _offsets(rows, stride_dqm)[:, None]
+        + offs_d[None, :] * stride_dqd
+    )
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 

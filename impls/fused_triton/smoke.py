@@ -93,8 +93,9 @@ def check_case(w: Workload, forced: dict[str, Tile]) -> str:
     options, pages = plan_options(inputs, w), None
     paged = inputs.paged if contender.reads_pages(w) else None
     if paged is not None:  # read in place, as the contender does
-        pages = flash.Pages(paged.k_pages, paged.v_pages, paged.page_table, paged.page_size, paged.k_scale,
-                            paged.v_scale)  # fmt: skip
+        pages = flash.Pages(
+            paged.k_pages, paged.v_pages, paged.page_table, paged.page_size, paged.k_scale, paged.v_scale
+        )
         options["page_size"] = paged.page_size
     plan = flash.make_plan(inputs.q, inputs.k, inputs.v, **options)
     kernels = ("fwd", "dkdv", "dq") + (("decode",) if plan.decode else ())
@@ -153,8 +154,9 @@ def _candidates(case: Workload, kernel: str) -> list[Tile] | None:
     return plan.candidates(kernel)
 
 
-def _forced(case: Workload, kernel: str, tile: Tile, unfit: list[str], failures: list[str],
-            named: bool = False) -> str | None:  # fmt: skip
+def _forced(
+    case: Workload, kernel: str, tile: Tile, unfit: list[str], failures: list[str], named: bool = False
+) -> str | None:
     """``check_case`` with ``kernel``'s tile forced: its reason ('' when right), a failure appended when wrong;
     None when the tile could not run (e.g. OutOfResources: the tuner times such a tile as inf), said in
     ``unfit`` (with the tile when ``named``)."""

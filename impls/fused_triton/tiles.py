@@ -59,8 +59,12 @@ class Tile:
     num_stages: int
 
     def launch_kwargs(self) -> dict[str, int]:
-        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "num_warps": self.num_warps,
-                "num_stages": self.num_stages}  # fmt: skip
+        return {
+            "BLOCK_M": self.block_m,
+            "BLOCK_N": self.block_n,
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+        }
 
 
 def _tiles(*specs: tuple[int, int, int, int]) -> tuple[Tile, ...]:
@@ -147,9 +151,17 @@ def max_shared_memory(device: torch.device) -> int:
 
 
 def prune(
-    kernel: str, tiles: Sequence[Tile], *, seq_q: int, seq_k: int, head_dim: int, itemsize: int, shared_cap: int,
-    head_dim_v: int | None = None, hopper: bool = False,
-) -> list[Tile]:  # fmt: skip
+    kernel: str,
+    tiles: Sequence[Tile],
+    *,
+    seq_q: int,
+    seq_k: int,
+    head_dim: int,
+    itemsize: int,
+    shared_cap: int,
+    head_dim_v: int | None = None,
+    hopper: bool = False,
+) -> list[Tile]:
     """Drop tiles that can't win or can't run before timing them: blocks far longer than their sequence
     (only masked-out rows or keys), 128-wide streamed blocks at head dims (D or Dv) over 128 (registers
     spill), and tiles over the shared-memory cap; with ``hopper``, the forward's tiles Hopper makes no use
@@ -191,9 +203,10 @@ def hopper_forward(tiles: Sequence[Tile], bytes_of: Callable[[Tile], int], share
     def dominated(t: Tile) -> bool:
         return any(
             (o.block_m, o.block_n, o.num_warps) == (t.block_m, t.block_n, t.num_warps)
-            and o.num_stages > t.num_stages and programs(o) == programs(t)
+            and o.num_stages > t.num_stages
+            and programs(o) == programs(t)
             for o in tiles
-        )  # fmt: skip
+        )
 
     return [t for t in tiles if not (t.num_warps == 8 and t.block_m * t.block_n < 128 * 128) and not dominated(t)]
 
@@ -238,8 +251,17 @@ def tuning_key(kernel: str, q: torch.Tensor, k: torch.Tensor, features: Hashable
     """What a tuned tile is reused for: kernel, bucketed lengths, exact head dim, GQA group, dtype, mask
     family and score modifiers (``features``), the GPU's name and the kernels' ``source`` hash. q is
     (B, Hq, Sq, D) and k (B, Hkv, Sk, D)."""
-    return TuningKey(kernel, length_bucket(q.shape[2]), length_bucket(k.shape[2]), q.shape[3],
-                     q.shape[1] // k.shape[1], str(q.dtype), features, device_name(q.device), source)  # fmt: skip
+    return TuningKey(
+        kernel,
+        length_bucket(q.shape[2]),
+        length_bucket(k.shape[2]),
+        q.shape[3],
+        q.shape[1] // k.shape[1],
+        str(q.dtype),
+        features,
+        device_name(q.device),
+        source,
+    )
 
 
 _CHOSEN: dict[str, Tile] = {}  # in front of the disk: canonical stored key → tile
@@ -306,8 +328,9 @@ def choose(key: TuningKey, candidates: Sequence[Tile], launch: Callable[[Tile], 
     stored = stored_key(key, candidates)
     _CHOSEN[tile_cache.canonical(stored)] = best
     if key.source and math.isfinite(timings[best]):
-        times = {",".join(map(str, dataclasses.astuple(t))): ms if math.isfinite(ms) else None
-                 for t, ms in timings.items()}  # fmt: skip
+        times = {
+            ",".join(map(str, dataclasses.astuple(t))): ms if math.isfinite(ms) else None for t, ms in timings.items()
+        }
         record = {"tile": dataclasses.astuple(best), "timings_ms": times}  # for a reader: what each tile took
         tile_cache.write(stored, key.kernel, record)
     return best
