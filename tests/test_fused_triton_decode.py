@@ -11,7 +11,8 @@ and 8, partial last pages), and the cases show what the kernels promise:
 * a paged cache is read in place: the contiguous k and v filled with NaN after ``prepare`` change nothing,
   and the harness does not gather (``reads_pages``); bf16 and fp8 pools with per-page scales;
 * fp8 and bf16 caches in their stored type (one scale per sequence read once, fp16 dots under a bf16 q);
-* MLA's 576/512 latent cache split 512 + 64 with the values from the key tile;
+* MLA's 576/512 latent cache split 512 + 64 with the values from the key tile (its decode cases, a paged fp8
+  one among them, are in tests/test_fused_triton_features.py, which runs them through these kernels);
 * a shared prefix read once for the batch: a ``PREFIX`` launch over the prefix's one copy whose programs hold
   the rows of several sequences, NaN in the other sequences' copies changing nothing.
 
@@ -113,20 +114,6 @@ CASES: dict[str, dict[str, Any]] = {
     "paged16-e5m2-spec4-float16": _case(seq_q=4, dtype="float16", kv_dtype="float8_e5m2", page_size=16),
     "kv-e4m3-bf16q": _case(dtype="bfloat16", kv_dtype="float8_e4m3fn", seq_k=200),
     "kv-bf16-float32q-ragged": _case(kv_dtype="bfloat16", lengths="longtail"),
-    "latent-576-512": _case(
-        heads=16, kv_heads=1, head_dim=576, head_dim_v=512, dtype="bfloat16", seq_k=100, kv_layout="latent"
-    ),
-    "latent-576-500-paged-e4m3": _case(
-        heads=16,
-        kv_heads=1,
-        head_dim=576,
-        head_dim_v=500,
-        dtype="bfloat16",
-        kv_dtype="float8_e4m3fn",
-        page_size=16,
-        seq_k=70,
-        kv_layout="latent",
-    ),
     "prefix-40": _case(seq_k=130, shared_prefix=40),
     "prefix-30-spec4-sinks-alibi": _case(seq_q=4, seq_k=110, shared_prefix=30, sinks="learned", score_mod="alibi"),
 }
@@ -178,8 +165,7 @@ def test_narrow_caches_take_their_specialisations(interpreted):
     assert flags["KV_SCALED"] and flags["SCALE_ONCE"] and flags["FP16_DOTS"]  # one scale per sequence, fp16 dots
     flags = interpreted["kv-bf16-float32q-ragged"]["launches"][0]
     assert not flags["KV_SCALED"] and not flags["FP16_DOTS"]
-    latent = interpreted["latent-576-512"]["launches"][0]
-    assert latent["SPLIT_D"] and latent["V_FROM_K"]
+    # MLA's 576/512 decode (SPLIT_D, V_FROM_K; bf16 and a paged fp8 cache): tests/test_fused_triton_features.py
 
 
 def test_a_shared_prefix_is_read_once_for_the_batch(interpreted):

@@ -111,9 +111,12 @@ def test_repeat_runs_each_case_in_separate_processes(tmp_path):
     result = run_subprocess(*attnbench_cmd(*args))
     assert result.returncode == 0, result.stderr
     frame = pd.read_parquet(out / "results.parquet")
-    ok = frame[frame["status"] == "ok"]
-    assert len(ok) == 4  # two contenders on the quick suite's two workloads
-    for row in ok.to_dict("records"):
+    # two contenders on the quick suite's two workloads; a repeat timed while this shared machine stalled makes
+    # its case `stalled`, saying which repeat (merge_repeats), and takes no merged medians
+    assert frame["status"].isin(["ok", "stalled"]).all() and len(frame) == 4, frame[["status", "reason"]]
+    for row in frame[frame["status"] == "stalled"].to_dict("records"):
+        assert row["reason"].startswith("repeat ") and row["repeat_medians_ms"] is None
+    for row in frame[frame["status"] == "ok"].to_dict("records"):
         assert len(row["repeat_medians_ms"]) == 2
         assert row["median_ms"] == pytest.approx(statistics.median(row["repeat_medians_ms"]))
         assert row["rounds"] >= 2
