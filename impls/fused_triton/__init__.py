@@ -52,7 +52,7 @@ import torch
 
 from attnbench import errors
 from attnbench.contenders.contract import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
-from attnbench.impls.fused_triton.decode import DECODE_MAX_QUERIES
+from attnbench.impls.fused_triton.decode import decodes
 from attnbench.impls.fused_triton.decode import partial_bytes as decode_partial_bytes
 from attnbench.impls.fused_triton.tiles import head_dim_blocks
 from attnbench.workload import Workload, kv_cache
@@ -236,7 +236,7 @@ class FusedTriton(Contender):
     def reads_pages(self, workload: Workload) -> bool:
         """A paged cache is read in place by the decode kernels: a forward of few query rows, no shared prefix."""
         w = workload
-        return bool(w.page_size) and w.pass_ == "fwd" and w.seq_q <= DECODE_MAX_QUERIES and not w.shared_prefix
+        return bool(w.page_size) and decodes(w) and not w.shared_prefix
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         """fp32 softmax statistics per query row; a shared prefix adds its level's fp32 output and log-sum-exp
@@ -244,7 +244,7 @@ class FusedTriton(Contender):
         partial output and log-sum-exp per row (``decode.partial_bytes``)."""
         w = workload
         rows = w.batch * w.heads * w.seq_q
-        if w.pass_ == "fwd" and w.seq_q <= DECODE_MAX_QUERIES:
+        if decodes(w):
             return decode_partial_bytes(w, _interpreted())
         return 8.0 * rows + (4.0 * rows * (w.head_dim_v + 1) if w.shared_prefix else 0.0)
 

@@ -10,9 +10,8 @@ per-page scales); the contiguous k and v are not touched.
 Split sizing (``split_count``): the programs of one launch — sequences × kv heads × row blocks × splits —
 are made at least ``WAVES`` times the GPU's SM count, each split at least ``MIN_SPLIT_KEYS`` keys and a
 whole number of key blocks, so a batch of 8 sequences with 8 kv heads still keeps every SM streaming the
-cache; the merge reads back B·Hq·Sq·Dv fp32 values per split, small next to the cache. On an H200 (B8
-H32/8 D128 bf16, 8192 and 32768 keys) 1, 2, 4 and 8 waves came within 5 % of each other, each with its best
-tile (``.gpu``-side sweep, issue 33's note); the tile (``DECODE_TILES``) is tuned per shape.
+cache; the merge reads back B·Hq·Sq·Dv fp32 values per split, small next to the cache. ``WAVES`` is a rule
+of thumb, not tuned; the tile (``DECODE_TILES``), which sets the splits' key blocks, is tuned per shape.
 """
 
 from __future__ import annotations
@@ -65,6 +64,12 @@ class Pages:
     page_size: int
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
+
+
+def decodes(w: Workload) -> bool:
+    """Whether fused_triton runs workload ``w`` in the decode kernels: a forward of at most
+    ``DECODE_MAX_QUERIES`` query rows per sequence (``Plan.decode`` says the same of a plan's calls)."""
+    return w.pass_ == "fwd" and w.seq_q <= DECODE_MAX_QUERIES
 
 
 def row_bounds(plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,22 +127,26 @@ def partial_bytes(w: Workload, interpreted: bool) -> float:
     """The decode kernels' working memory for workload ``w``: each split's fp32 partial output and log-sum-exp
     per query row, at most as many splits as the smallest key block gives (``split_count``); a shared prefix's
     splits besides the suffix's."""
-    sms, min_keys = (INTERPRETER_SMS, INTERPRETER_MIN_SPLIT_KEYS) if interpreted else (_current_sms(), MIN_SPLIT_KEYS)
+    sms, min_keys = split_limits(interpreted, None)
     group_rows = w.heads // w.kv_heads * w.seq_q
     block_n = INTERPRETER_TILE.block_n if interpreted else min(spec[0] for spec in DECODE_TILES)
-    blocks = -(-group_rows // (INTERPRETER_TILE.block_m if interpreted else 16))
+    block_m = INTERPRETER_TILE.block_m if interpreted else 16  # the shortest tile: the most programs, fewest splits
+    blocks = triton.cdiv(group_rows, block_m)
     splits = split_count(w.batch * w.kv_heads * blocks, w.seq_k - w.shared_prefix, block_n, sms, min_keys)[0]
     if w.shared_prefix:
-        prefix_blocks = -(-w.batch * group_rows // 16)
+        prefix_blocks = triton.cdiv(w.batch * group_rows, block_m)
         splits += split_count(w.kv_heads * prefix_blocks, w.shared_prefix, block_n, sms, min_keys)[0]
     return 4.0 * splits * w.batch * w.heads * w.seq_q * (w.head_dim_v + 1)
 
 
-def _current_sms() -> int:
-    """The current CUDA device's SM count (a prediction is made before any tensor exists); 132 without one."""
-    if not torch.cuda.is_available():
-        return 132
-    return _sm_count(torch.cuda.current_device())
+def split_limits(interpreted: bool, device: torch.device | None) -> tuple[int, int]:
+    """(SMs, least keys a split) for ``split_count``: the interpreter's small ones, or ``device``'s SM count
+    (None: the current CUDA device's, as a prediction made before any tensor exists; 132 without one)."""
+    if interpreted:
+        return INTERPRETER_SMS, INTERPRETER_MIN_SPLIT_KEYS
+    if device is not None:
+        return sm_count(device), MIN_SPLIT_KEYS
+    return (_sm_count(torch.cuda.current_device()) if torch.cuda.is_available() else 132), MIN_SPLIT_KEYS
 
 
 def row_block(plan: Plan) -> int:
@@ -185,9 +194,7 @@ def decode_forward(
     group_rows = plan.heads // plan.kv_heads * plan.seq_q
     rows = plan.batch * plan.heads * plan.seq_q
     lo, hi = plan.decode_bounds
-    sms, min_keys = INTERPRETER_SMS, INTERPRETER_MIN_SPLIT_KEYS
-    if not interpreted:
-        sms, min_keys = sm_count(q.device), MIN_SPLIT_KEYS
+    sms, min_keys = split_limits(interpreted, q.device)
     k_src, v_src, table, page_size = k, v, None, 1
     k_scale, v_scale, scale_block = plan.k_scale, plan.v_scale, plan.scale_block
     if pages is not None:
@@ -222,7 +229,6 @@ def decode_forward(
     )
     stride_rows = lo.stride(0) if lo.shape[0] > 1 else 0
     out = q.new_empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim_v)
-    launched: dict[str, Any] = {}
 
     def split(
         tile: Tile,
@@ -276,7 +282,8 @@ def decode_forward(
 
         return count, run
 
-    def launch(tile: Tile) -> None:
+    def launch(tile: Tile) -> int:
+        """Both levels' splits and the merge with ``tile``; returns the number of splits."""
         levels = []
         suffix_start = 0
         if plan.prefix:
@@ -331,10 +338,9 @@ def decode_forward(
             BLOCK_S=max(2, triton.next_power_of_2(splits)),
             SINKS=sinks is not None,
         )
-        launched["splits"] = splits
+        return splits
 
-    launch(plan.tile("decode", q, plan.key_shape(), launch))
-    plan.splits = launched["splits"]
+    plan.splits = launch(plan.tile("decode", q, plan.key_shape(), launch))
     return out
 
 

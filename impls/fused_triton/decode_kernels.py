@@ -39,7 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnbench.impls.fused_triton.kernels import LOG2E, _bounds, _dot, _offsets, _scores
+from attnbench.impls.fused_triton.kernels import LOG2E, _bounds, _dot, _kv_scales, _load, _offsets, _scores
 
 
 @triton.jit
@@ -72,45 +72,15 @@ def _key_pointers(
 
 
 @triton.jit
-def _tile(rows, channels, channel_ok, key_ok, stride_d, MASK_D: tl.constexpr, MASKED: tl.constexpr):
-    """The (channels, BLOCK_N) tile of the keys whose row pointers are ``rows``; zeros where masked."""
-    ptrs = rows[None, :] + channels[:, None] * stride_d
-    if MASK_D and MASKED:
-        return tl.load(ptrs, mask=channel_ok[:, None] & key_ok[None, :], other=0.0)
-    elif MASK_D:
-        return tl.load(ptrs, mask=channel_ok[:, None], other=0.0)
-    elif MASKED:
-        return tl.load(ptrs, mask=key_ok[None, :], other=0.0)
-    else:
-        return tl.load(ptrs)
-
-
-@triton.jit
-def _rows_tile(rows, channels, channel_ok, key_ok, stride_d, MASK_D: tl.constexpr, MASKED: tl.constexpr):
-    """The (BLOCK_N, channels) tile of the keys whose row pointers are ``rows`` (values); zeros where masked."""
-    ptrs = rows[:, None] + channels[None, :] * stride_d
-    if MASK_D and MASKED:
-        return tl.load(ptrs, mask=key_ok[:, None] & channel_ok[None, :], other=0.0)
-    elif MASK_D:
-        return tl.load(ptrs, mask=channel_ok[None, :], other=0.0)
-    elif MASKED:
-        return tl.load(ptrs, mask=key_ok[:, None], other=0.0)
-    else:
-        return tl.load(ptrs)
-
-
-@triton.jit
 def _scale_columns(Scale, page, key_ok, scale_block, stride_page, PAGED: tl.constexpr, MASKED: tl.constexpr):
     """(BLOCK_N,) fp32: each key's cache scale: its pool page's (``Scale`` already at the kv head, pages
-    ``stride_page`` apart) or its block's of the sequence (``page`` is then the key)."""
-    if PAGED:  # noqa: SIM108  (Triton specialises if-blocks on a constexpr; kept as the other kernels write it)
-        at = _offsets(page, stride_page)
+    ``stride_page`` apart), or its block's of the sequence (``page`` is then the key: ``kernels._kv_scales``)."""
+    if not PAGED:
+        return _kv_scales(Scale, page, key_ok, scale_block, MASKED)
+    elif MASKED:
+        return tl.load(Scale + _offsets(page, stride_page), mask=key_ok, other=0.0)
     else:
-        at = page // scale_block
-    if MASKED:
-        return tl.load(Scale + at, mask=key_ok, other=0.0)
-    else:
-        return tl.load(Scale + at)
+        return tl.load(Scale + _offsets(page, stride_page))
 
 
 @triton.jit
@@ -179,10 +149,10 @@ def _decode_block(
     k_rows, page = _key_pointers(
         K, b, kv_h, keys, key_ok, PageTable, stride_table, stride_kb, stride_kh, stride_kn, PAGED, PAGE_SIZE, MASKED
     )
-    k_t = _tile(k_rows, offs_d, d_ok, key_ok, stride_kd, not EVEN_D, MASKED)
+    k_t = _load(k_rows[None, :] + offs_d[:, None] * stride_kd, d_ok[:, None], key_ok[None, :], not EVEN_D, MASKED)
     qk = _dot(q, k_t.to(q.dtype), None, INPUT_PRECISION, UPCAST)
     if SPLIT_D:
-        k_tail = _tile(k_rows, offs_t, t_ok, key_ok, stride_kd, True, MASKED)
+        k_tail = _load(k_rows[None, :] + offs_t[:, None] * stride_kd, t_ok[:, None], key_ok[None, :], True, MASKED)
         qk = _dot(q_tail, k_tail.to(q.dtype), qk, INPUT_PRECISION, UPCAST)
     if SCALE_ONCE:  # one scale for the sequence's keys: q·(k·s_k)ᵀ = (q·kᵀ)·s_k
         qk = qk * k_mul
@@ -217,7 +187,7 @@ def _decode_block(
         v_rows, _ = _key_pointers(
             V, b, kv_h, keys, key_ok, PageTable, stride_table, stride_vb, stride_vh, stride_vn, PAGED, PAGE_SIZE, MASKED
         )
-        v = _rows_tile(v_rows, offs_dv, dv_ok, key_ok, stride_vd, not EVEN_DV, MASKED)
+        v = _load(v_rows[:, None] + offs_dv[None, :] * stride_vd, key_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV)
     if KV_SCALED and not SCALE_ONCE:  # one scale for the sequence's values: applied to the output at the end
         p = p * _scale_columns(v_scale, page, key_ok, scale_block, stride_vsb, PAGED, MASKED)[None, :]
     acc = _dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], INPUT_PRECISION, UPCAST)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from attnbench.impls.fused_triton.decode import INTERPRETER_TILE
+from attnbench.impls.fused_triton.decode import INTERPRETER_TILE, decodes
 from attnbench.impls.fused_triton.tiles import CUDA_TILES, Tile
 from attnbench.workload import Workload
 from attnbench.workload.check import check_grads, check_output
@@ -66,13 +66,6 @@ DECODE_CASES = (
 )
 # fmt: on
 SMOKE_CASES = BASIC_CASES + FEATURE_CASES + DECODE_CASES
-
-
-def decodes(case: Workload) -> bool:
-    """Whether fused_triton runs ``case`` in its decode kernels (a forward of few query rows)."""
-    from attnbench.impls.fused_triton.decode import DECODE_MAX_QUERIES
-
-    return case.pass_ == "fwd" and case.seq_q <= DECODE_MAX_QUERIES
 
 
 def runs(kernel: str, case: Workload) -> bool:
