@@ -142,7 +142,9 @@ def test_profile_writes_traces_and_top_operators(cli, tmp_path):
         assert any(e.get("name", "").startswith("aten::") for e in events)
     top = pd.read_csv(out / "top_ops.csv")
     assert set(top.impl) == {"bmm", "sdpa_flash"}
-    assert top[top.impl == "bmm"].op.iloc[0] in {"aten::bmm", "aten::_softmax"}
+    # the top torch op (a call's time outside torch ops has a row of its own, which on a busy VM can lead)
+    torch_ops = top[(top.impl == "bmm") & top.op.str.startswith("aten::")]
+    assert torch_ops.op.iloc[0] in {"aten::bmm", "aten::_softmax"}
     breakdown = pd.read_csv(out / "breakdown.csv")
     bmm = breakdown[breakdown.impl == "bmm"].set_index("category")
     assert bmm.loc["matmul", "pct"] > 20 and bmm.loc["softmax", "pct"] > 5
