@@ -164,7 +164,8 @@ def test_real_rows_stay_under_the_hardware_roof(quick, monkeypatch):
         row = run_case(impl, Workload(1, 4, 4, 256, 256, 64), options)
         if row["status"] == "unavailable":
             continue
-        assert row["status"] == "ok", row["reason"]
+        # a shared VM may stall a repeat ("threads waited for a core"): the row is timed all the same
+        assert row["status"] in ("ok", "stalled"), row["reason"]
         assert 0 < row["pct_of_peak"] <= 100, (impl, row["pct_of_peak"])
         assert row["pct_of_peak"] <= row["pct_of_matmul"]  # the hardware roof is at least the library's
 

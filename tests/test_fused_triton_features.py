@@ -336,7 +336,7 @@ def test_a_shared_prefix_is_read_once_for_the_batch(interpreted):
             assert result["prefix_grid"][0] == spec["kv_heads"] * -(-rows // 16), name  # 16-row blocks of all rows
         else:
             assert result["flags"]["MERGE"], name  # the suffix level starts from the prefix level's state
-            assert result["prefix_grid"] == [spec["kv_heads"], -(-rows // 32)], name
+            assert result["prefix_grid"] == [spec["kv_heads"] * -(-rows // 32)], name  # 32-row tiles per kv head
     # the decode case: 3 sequences × 2 query heads × 5 rows = 30 rows: two 16-row programs per kv head
     assert interpreted["prefix-20-decode"]["kernel"] == "decode"
     assert interpreted["prefix-20-decode"]["prefix_grid"][0] == 2 * 2

@@ -143,9 +143,9 @@ def test_prepare_tunes_once_and_the_timed_call_launches_the_chosen_tile(mocked_g
             tile.num_stages,
         )
         assert kwargs["EVEN_D"] is True and kwargs["BLOCK_D"] == 64 and kwargs["CAUSAL"] is True
-    # batch·heads on grid axis 0 (axis 1 is capped at 65535); dK/dV per kv head and key block
-    assert launched["_forward_kernel"][0] == (2 * 4, triton.cdiv(1000, 128))
-    assert launched["_dkdv_kernel"][0] == (2 * 2, triton.cdiv(1000, 128))
+    # one grid axis of batch·heads·tiles (tiles fastest: a head's tiles share its k, v in L2); dK/dV per kv head
+    assert launched["_forward_kernel"][0] == (2 * 4 * triton.cdiv(1000, 128),)
+    assert launched["_dkdv_kernel"][0] == (2 * 2 * triton.cdiv(1000, 128),)
 
     # another length in the same power-of-two bucket reuses the tiles: nothing timed
     w2 = Workload(2, 4, 2, 900, 1000, 64, dtype="bfloat16", mask="causal")

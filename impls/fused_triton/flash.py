@@ -498,6 +498,11 @@ def _row_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int, int
     return heads * plan.batch, triton.cdiv(length, block)  # batch·heads on axis 0: axis 1 caps at 65535
 
 
+def _tile_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int]:
+    """One axis of batch·heads·tiles programs, tiles fastest (``kernels._tile_program``)."""
+    return (heads * plan.batch * triton.cdiv(length, block),)
+
+
 def prefix_level(
     q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor, plan: Plan
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -512,7 +517,7 @@ def prefix_level(
     v_from_k = is_view_of(v_prefix, k_prefix) and plan.block_dv == plan.block_d
 
     def launch(tile: Tile) -> None:
-        kernels._prefix_kernel[(plan.kv_heads, triton.cdiv(rows, tile.block_m))](
+        kernels._prefix_kernel[(plan.kv_heads * triton.cdiv(rows, tile.block_m),)](
             q,
             k_prefix,
             v_prefix,
@@ -588,7 +593,7 @@ def forward(
     v_from_k = is_view_of(v, k) and plan.block_dv == plan.block_d
 
     def launch(tile: Tile) -> None:
-        kernels._forward_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
+        kernels._forward_kernel[_tile_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
             q,
             k,
             v,
@@ -678,7 +683,7 @@ def backward_grads(
     group = plan.heads // plan.kv_heads
 
     def launch_dkdv(tile: Tile) -> None:
-        kernels._dkdv_kernel[_row_grid(plan, plan.kv_heads, tile.block_n, plan.seq_k)](
+        kernels._dkdv_kernel[_tile_grid(plan, plan.kv_heads, tile.block_n, plan.seq_k)](
             q,
             k,
             v,
@@ -713,7 +718,7 @@ def backward_grads(
         )
 
     def launch_dq(tile: Tile) -> None:
-        kernels._dq_kernel[_row_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
+        kernels._dq_kernel[_tile_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
             q,
             k,
             v,

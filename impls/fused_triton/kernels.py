@@ -74,6 +74,19 @@ def _dot(a, b, acc, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _tile_program(tiles, REVERSE: tl.constexpr):
+    """This program's (batch·head, tile) in a 1-D grid of B·H·``tiles`` programs, tiles fastest: the programs
+    resident at once are one head's tiles, which stream the same k and v (q and dO for dK/dV) and so share
+    them in L2, instead of each resident program streaming another head's. ``REVERSE`` starts each head's
+    last tile first (a causal mask's last row tiles see the most keys, so the short ones fill the tail)."""
+    program = tl.program_id(0)
+    tile = program % tiles
+    if REVERSE:
+        tile = tiles - 1 - tile
+    return program // tiles, tile
+
+
+@triton.jit
 def _load(ptrs, first_ok, second_ok, MASK_FIRST: tl.constexpr, MASK_SECOND: tl.constexpr):
     """A tile load masked on neither, one or both of its (broadcast) axis masks; zeros where masked."""
     if MASK_FIRST and MASK_SECOND:
@@ -381,10 +394,8 @@ def _forward_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    batch_head = tl.program_id(0)
-    tile = tl.program_id(1)
-    if CAUSAL:  # the last row tiles see the most keys: start them first, so the short ones fill the tail
-        tile = tl.num_programs(1) - 1 - tile
+    row_tiles = tl.cdiv(seq_q, BLOCK_M)
+    batch_head, tile = _tile_program(row_tiles, CAUSAL)
     b = batch_head // heads
     h = batch_head % heads
     kv_h = h // gqa_group  # GQA: query head h reads kv head h // G
@@ -431,7 +442,7 @@ def _forward_kernel(
     if COUNT_BLOCKS:  # (tests) the key blocks this tile visits, and how many of them are unmasked
         unmasked = tl.cdiv(full_end - full_start, BLOCK_N)
         visited = tl.cdiv(full_start - start, BLOCK_N) + unmasked + tl.cdiv(tl.maximum(end - full_end, 0), BLOCK_N)
-        at = Visited + 2 * (_offsets(batch_head, tl.num_programs(1)) + tile)
+        at = Visited + 2 * (_offsets(batch_head, row_tiles) + tile)
         tl.store(at, visited)
         tl.store(at + 1, unmasked)
 
@@ -685,9 +696,9 @@ def _prefix_kernel(
     the prefix is read for the whole batch at once, not per sequence. Each row's mask range is cut to
     [0, P). It writes each row's normalised output (fp32, (B, Hq, Sq, Dv) contiguous) and log-sum-exp (log2
     units, −inf for a row that sees no prefix key) for the forward kernel's ``MERGE`` to continue from."""
-    kv_h = tl.program_id(0)
-    flat = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     total = batch * gqa_group * seq_q
+    kv_h, tile = _tile_program(tl.cdiv(total, BLOCK_M), False)
+    flat = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = flat < total
     flat = tl.minimum(flat, total - 1)
     rows = flat % seq_q  # each row's own (b, h, i)
@@ -1103,10 +1114,10 @@ def _dkdv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    batch_head = tl.program_id(0)  # batch · kv head
+    batch_head, key_tile = _tile_program(tl.cdiv(seq_k, BLOCK_N), False)  # batch · kv head
     b = batch_head // kv_heads
     kv_h = batch_head % kv_heads
-    start_n = tl.program_id(1) * BLOCK_N
+    start_n = key_tile * BLOCK_N
     keys = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -1446,10 +1457,7 @@ def _dq_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    batch_head = tl.program_id(0)
-    tile = tl.program_id(1)
-    if CAUSAL:
-        tile = tl.num_programs(1) - 1 - tile
+    batch_head, tile = _tile_program(tl.cdiv(seq_q, BLOCK_M), CAUSAL)
     b = batch_head // heads
     h = batch_head % heads
     kv_h = h // gqa_group
