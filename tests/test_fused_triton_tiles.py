@@ -249,3 +249,37 @@ def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsy
     assert 0 < backward < len(cases) and len(decode) >= 5
     out = capsys.readouterr().out
     assert f"FAILED dq {bad} on " in out and f"gpu_smoke: {backward} failure(s)" in out
+
+
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "narrow", "view", "expected"),
+    [
+        (torch.bfloat16, 64, False, "contiguous", True),
+        (torch.float16, 128, False, "strided", True),  # (B, S, H, D) memory order: strides still 16-byte
+        (torch.float32, 64, False, "contiguous", False),  # fp32 keeps the pointer loads (tf32x3 dots)
+        (torch.bfloat16, 96, False, "contiguous", False),  # a head dim that does not fill its 128-wide tile
+        (torch.bfloat16, 64, True, "contiguous", False),  # an fp8 cache converted in registers
+        (torch.bfloat16, 64, False, "odd", False),  # rows 66 elements apart: not 16-byte strides
+        (torch.bfloat16, 64, False, "latent", False),  # v read out of k's tile
+    ],
+)
+def test_hopper_reads_k_and_v_by_tensor_descriptors_where_they_can_address_them(
+    monkeypatch, dtype, head_dim, narrow, view, expected
+):
+    monkeypatch.setattr(_triton_flash, "is_hopper", lambda device: True)
+    q = torch.zeros(1, 2, 8, head_dim, dtype=dtype)
+    if view == "odd":
+        k = torch.zeros(1, 2, 8, head_dim + 2, dtype=dtype)[..., :head_dim]
+    elif view == "strided":
+        k = torch.zeros(1, 8, 2, head_dim, dtype=dtype).transpose(1, 2)
+    else:
+        k = torch.zeros(1, 2, 8, head_dim, dtype=dtype)
+    v = k[..., :head_dim] if view == "latent" else k.clone()  # latent: v is k itself, read from its tile
+    if narrow:
+        k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    scales = {"k_scale": torch.ones(1, 2, 1, 1), "v_scale": torch.ones(1, 2, 1, 1)} if narrow else {}
+    plan = _triton_flash.make_plan(q, k, v, **scales)
+    v_from_k = _triton_flash.is_view_of(v, k) and plan.block_dv == plan.block_d
+    assert _triton_flash.takes_descriptors(plan, k, v, v_from_k) is expected
+    monkeypatch.setattr(_triton_flash, "is_hopper", lambda device: False)  # an Ampere GPU: pointers throughout
+    assert not _triton_flash.takes_descriptors(plan, k, v, v_from_k)

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from attnbench.impls.fused_triton import decode, decode_kernels, kernels
 from attnbench.impls.fused_triton.decode import DECODE_MAX_QUERIES, Pages, is_view_of
@@ -494,6 +495,28 @@ def _scales(scale: torch.Tensor, batch: int, kv_heads: int, device: torch.device
     return flat if flat.stride(2) == 1 else flat.contiguous()
 
 
+def _descriptor_ready(t: torch.Tensor) -> bool:
+    """Whether a tensor descriptor can address ``t``: 16-byte aligned, unit last stride, 16-byte strides."""
+    size = t.element_size()
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in t.stride()[:-1])
+
+
+def takes_descriptors(plan: Plan, k: torch.Tensor, v: torch.Tensor, v_from_k: bool) -> bool:
+    """Whether the forward reads k and v by tensor descriptors (``kernels._box``): a Hopper GPU (or the
+    interpreter, so that the tests run this path), 16-bit q, k and v of one type, head dims that fill their
+    tiles, v not read out of k's tile, and both tensors addressable (``_descriptor_ready``)."""
+    return (
+        (INTERPRETED or is_hopper(k.device))
+        and plan.dtype in (torch.float16, torch.bfloat16)
+        and not plan.narrowed
+        and plan.block_d == plan.head_dim
+        and plan.block_dv == plan.head_dim_v
+        and not v_from_k
+        and _descriptor_ready(k)
+        and _descriptor_ready(v)
+    )
+
+
 def _row_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int, int]:
     return heads * plan.batch, triton.cdiv(length, block)  # batch·heads on axis 0: axis 1 caps at 65535
 
@@ -591,12 +614,17 @@ def forward(
 
     # v is k's first Dv channels (an MLA latent cache, passed as the view): reuse the key tile when it is as wide
     v_from_k = is_view_of(v, k) and plan.block_dv == plan.block_d
+    tma = takes_descriptors(plan, k, v, v_from_k)
 
     def launch(tile: Tile) -> None:
+        k_desc: Any = TensorDescriptor.from_tensor(k, [1, 1, tile.block_n, plan.block_d]) if tma else k
+        v_desc: Any = TensorDescriptor.from_tensor(v, [1, 1, tile.block_n, plan.block_dv]) if tma else v
         kernels._forward_kernel[_tile_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
             q,
             k,
             v,
+            k_desc,
+            v_desc,
             out,
             lse,
             *plan.row_tables(),
@@ -631,6 +659,7 @@ def forward(
             MERGE=plan.prefix > 0,
             STORE_LSE=store_lse,
             COUNT_BLOCKS=visited is not None,
+            TMA=tma,
             **tile.launch_kwargs(),
         )
 

@@ -87,6 +87,14 @@ def _tile_program(tiles, REVERSE: tl.constexpr):
 
 
 @triton.jit
+def _box(desc, b, h, start):
+    """The (rows, width) box of a (B, H, S, width) tensor at sequence b, head h, position ``start``, read by its
+    tensor descriptor (Hopper's tensor-memory accelerator); rows past S read as zeros."""
+    box = desc.load([b, h, start, 0])
+    return box.reshape(box.shape[2], box.shape[3])
+
+
+@triton.jit
 def _load(ptrs, first_ok, second_ok, MASK_FIRST: tl.constexpr, MASK_SECOND: tl.constexpr):
     """A tile load masked on neither, one or both of its (broadcast) axis masks; zeros where masked."""
     if MASK_FIRST and MASK_SECOND:
@@ -249,6 +257,10 @@ def _attend(
     k_base,
     k_tail_base,
     v_base,
+    k_desc,
+    v_desc,
+    desc_b,
+    desc_h,
     k_scale,
     v_scale,
     scale_block,
@@ -279,12 +291,18 @@ def _attend(
     KV_SCALED: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """One block of keys into a forward tile's running (acc, m, l). Masked blocks load only keys in
-    [key_lo, key_hi) (some row of the tile sees them) and hide keys outside each row's [lo, hi)."""
+    [key_lo, key_hi) (some row of the tile sees them) and hide keys outside each row's [lo, hi). With ``TMA``
+    k and v come in whole boxes through their tensor descriptors (``k_desc``, ``v_desc`` at sequence
+    ``desc_b``, kv head ``desc_h``); a masked block then zeroes the value rows of keys it must not read."""
     keys = start_n + offs_n  # (BLOCK_N,)
     key_ok = (keys >= key_lo) & (keys < key_hi)
-    k_t = _load(k_base + _offsets(start_n, stride_kn), d_ok[:, None], key_ok[None, :], not EVEN_D, MASKED)
+    if TMA:
+        k_t = tl.trans(_box(k_desc, desc_b, desc_h, start_n))
+    else:
+        k_t = _load(k_base + _offsets(start_n, stride_kn), d_ok[:, None], key_ok[None, :], not EVEN_D, MASKED)
     qk = _dot(q, k_t.to(q.dtype), None, INPUT_PRECISION, UPCAST)  # (BLOCK_M, BLOCK_N); a narrowed cache: exact
     if SPLIT_D:  # the head dim's tail channels (MLA's 64 rope channels after its 512)
         k_tail = _load(k_tail_base + _offsets(start_n, stride_kn), t_ok[:, None], key_ok[None, :], True, MASKED)
@@ -307,6 +325,10 @@ def _attend(
         v = tl.trans(k_t)
         if not EVEN_DV:
             v = tl.where(dv_ok[None, :], v, tl.zeros_like(v))
+    elif TMA:
+        v = _box(v_desc, desc_b, desc_h, start_n)
+        if MASKED:  # a key outside [key_lo, key_hi) may hold anything (NaN): p = 0 there is not enough
+            v = tl.where(key_ok[:, None], v, tl.zeros_like(v))
     else:
         v = _load(v_base + _offsets(start_n, stride_vn), key_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV)
     if KV_SCALED:  # P·(v·s_v): each key's scale on its probability column
@@ -320,6 +342,8 @@ def _forward_kernel(
     Q,
     K,
     V,
+    KDesc,
+    VDesc,
     Out,
     Lse,
     Lengths,
@@ -391,6 +415,7 @@ def _forward_kernel(
     COUNT_BLOCKS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -491,6 +516,10 @@ def _forward_kernel(
             k_base,
             k_tail_base,
             v_base,
+            KDesc,
+            VDesc,
+            b,
+            kv_h,
             k_scale,
             v_scale,
             scale_block,
@@ -521,6 +550,7 @@ def _forward_kernel(
             KV_SCALED,
             INPUT_PRECISION,
             UPCAST,
+            TMA,
         )
     for start_n in range(full_start, full_end, BLOCK_N):  # blocks every row sees in full: no mask
         acc, m_i, l_i = _attend(
@@ -532,6 +562,10 @@ def _forward_kernel(
             k_base,
             k_tail_base,
             v_base,
+            KDesc,
+            VDesc,
+            b,
+            kv_h,
             k_scale,
             v_scale,
             scale_block,
@@ -562,6 +596,7 @@ def _forward_kernel(
             KV_SCALED,
             INPUT_PRECISION,
             UPCAST,
+            TMA,
         )
     for start_n in range(full_end, end, BLOCK_N):  # trailing boundary blocks; blocks past `end` skipped
         acc, m_i, l_i = _attend(
@@ -573,6 +608,10 @@ def _forward_kernel(
             k_base,
             k_tail_base,
             v_base,
+            KDesc,
+            VDesc,
+            b,
+            kv_h,
             k_scale,
             v_scale,
             scale_block,
@@ -603,6 +642,7 @@ def _forward_kernel(
             KV_SCALED,
             INPUT_PRECISION,
             UPCAST,
+            TMA,
         )
 
     seen = l_i > 0.0
@@ -769,6 +809,10 @@ def _prefix_kernel(
             v_base,
             K,
             V,
+            0,
+            0,
+            K,
+            V,
             1,
             start_n,
             offs_n,
@@ -797,6 +841,7 @@ def _prefix_kernel(
             False,
             INPUT_PRECISION,
             UPCAST,
+            False,
         )
     for start_n in range(full_start, full_end, BLOCK_N):
         acc, m_i, l_i = _attend(
@@ -810,6 +855,10 @@ def _prefix_kernel(
             v_base,
             K,
             V,
+            0,
+            0,
+            K,
+            V,
             1,
             start_n,
             offs_n,
@@ -838,6 +887,7 @@ def _prefix_kernel(
             False,
             INPUT_PRECISION,
             UPCAST,
+            False,
         )
     for start_n in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = _attend(
@@ -849,6 +899,10 @@ def _prefix_kernel(
             k_base,
             k_tail_base,
             v_base,
+            K,
+            V,
+            0,
+            0,
             K,
             V,
             1,
@@ -879,6 +933,7 @@ def _prefix_kernel(
             False,
             INPUT_PRECISION,
             UPCAST,
+            False,
         )
 
     seen = l_i > 0.0
