@@ -234,7 +234,7 @@ def test_offsets_past_two_to_the_31_elements_are_64_bit(interpreted):
 def test_gpu_smokes_forced_tiles_pass_in_the_interpreter(interpreted):
     assert interpreted["smoke"]["failures"] == []
     checked = [line.split(": ")[1] for line in interpreted["smoke"]["lines"][:3]]
-    assert checked == ["1 cases checked"] * 3  # each forced tile ran (not pruned, not unfit)
+    assert checked == ["1 cases checked, 0 wrong"] * 3  # each forced tile ran (not pruned, not unfit)
 
 
 def test_gradients_are_exactly_zero_where_nothing_is_seen(interpreted):

@@ -273,9 +273,9 @@ def test_gpu_smokes_feature_cases_pass_in_the_interpreter(interpreted):
     # every forced tile ran (a tile that raised would read "unfit"): the fp8 and prefix cases are decode steps
     # (the decode kernels, every candidate tile of theirs), the mixed case forward and backward
     assert interpreted["smoke"]["lines"] == [
-        "fwd Tile(block_m=16, block_n=32, num_warps=1, num_stages=1): 1 cases checked",
-        "dkdv Tile(block_m=32, block_n=16, num_warps=1, num_stages=1): 1 cases checked",
-        "dq Tile(block_m=16, block_n=16, num_warps=1, num_stages=1): 1 cases checked",
+        "fwd Tile(block_m=16, block_n=32, num_warps=1, num_stages=1): 1 cases checked, 0 wrong",
+        "dkdv Tile(block_m=32, block_n=16, num_warps=1, num_stages=1): 1 cases checked, 0 wrong",
+        "dq Tile(block_m=16, block_n=16, num_warps=1, num_stages=1): 1 cases checked, 0 wrong",
         "decode on B1 H2/1 S4x40 D24 float32 cpu causal_bottom_right fwd kv-float8_e4m3fn page16: 1 tiles checked",
         "decode on B2 H2/1 S3x40 D24 float32 cpu causal_bottom_right fwd prefix17: 1 tiles checked",
         "64-bit offsets: ok",

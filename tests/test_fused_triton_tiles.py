@@ -249,6 +249,9 @@ def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsy
     assert 0 < backward < len(cases) and len(decode) >= 5
     out = capsys.readouterr().out
     assert f"FAILED dq {bad} on " in out and f"gpu_smoke: {backward} failure(s)" in out
+    # each failure said as found (before its tile's line): a run cut short by a time limit still shows it
+    assert out.index(f"FAILED dq {bad} on ") < out.index(f"dq {bad}: {backward} cases checked, {backward} wrong")
+    assert out.count("FAILED") == backward
 
 
 @pytest.mark.parametrize(

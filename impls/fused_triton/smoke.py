@@ -158,8 +158,9 @@ def _forced(
     except Exception as exc:
         unfit.append(f"{f'{tile} ' if named else ''}unfit ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
         return None
-    if reason:
+    if reason:  # said at once: a run cut short by a time limit still shows what it found wrong
         failures.append(f"{kernel} {tile} on {case.label()}: {reason}")
+        print("FAILED", failures[-1], flush=True)
     return reason
 
 
@@ -171,22 +172,23 @@ def smoke(
     failures: list[str] = []
     for kernel, kernel_tiles in (tiles or CUDA_TILES).items():
         for tile in kernel_tiles:
-            ran, skipped = 0, list[str]()
+            ran, wrong, skipped = 0, 0, list[str]()
             for case in (dataclasses.replace(w, device=device) for w in cases if runs(kernel, w)):
                 candidates = _candidates(case, kernel)
                 if candidates is not None and tile not in candidates:
                     skipped.append(f"pruned for {case.dtype} D{case.head_dim}/{case.head_dim_v}")
                     continue
                 reason = _forced(case, kernel, tile, skipped, failures)
-                ran += reason is not None
-            print(f"{kernel} {tile}: {ran} cases checked" + (f"; {', '.join(skipped)}" if skipped else ""))
+                ran, wrong = ran + (reason is not None), wrong + bool(reason)
+            said = f"{kernel} {tile}: {ran} cases checked, {wrong} wrong"
+            print(said + (f"; {', '.join(skipped)}" if skipped else ""), flush=True)
     for case in (dataclasses.replace(w, device=device) for w in cases if decodes(w)):
         # the decode kernel's tiles depend on the case (its rows): each case's own candidates, every one forced
         decode_tiles = (tiles or {}).get("decode") or _candidates(case, "decode") or [INTERPRETER_TILE]
         ran, unfit = 0, list[str]()
         for tile in decode_tiles:
             ran += _forced(case, "decode", tile, unfit, failures, named=True) is not None
-        print(f"decode on {case.label()}: {ran} tiles checked" + (f"; {', '.join(unfit)}" if unfit else ""))
+        print(f"decode on {case.label()}: {ran} tiles checked" + (f"; {', '.join(unfit)}" if unfit else ""), flush=True)
     far = check_far_offsets(device)
     print("64-bit offsets: " + (far or "ok"))
     return failures + ([far] if far else [])
@@ -198,9 +200,7 @@ def main() -> int:
     if not torch.cuda.is_available() and not flash.INTERPRETED:
         print("gpu_smoke: no CUDA device here, nothing to check (fused_triton's configs need a GPU)")
         return 0
-    failures = smoke("cuda" if torch.cuda.is_available() else "cpu")
-    for failure in failures:
-        print("FAILED", failure)
+    failures = smoke("cuda" if torch.cuda.is_available() else "cpu")  # each said (FAILED …) as it was found
     print(f"gpu_smoke: {len(failures)} failure(s)")
     return 1 if failures else 0
 
