@@ -488,7 +488,7 @@ def gpu_smoke(session: nox.Session) -> None:
     """Force every fused_triton tile once, forward and backward, against float64 on a CUDA GPU (exit 0 without one):
     the basic cases and the newest workloads' (Dv ≠ D, sinks, ragged/mixed/chunked, fp8 caches, MLA, shared prefix)."""
     install(session, "triton")
-    session.run("python", "-m", "attnbench.impls.fused_triton.smoke", *session.posargs)
+    session.run("python", "-m", "attnbench.impls.fused_triton.smoke", *(session.posargs or ["--jobs", "8"]))
 
 
 @nox.session(default=False)

@@ -9,6 +9,7 @@ GPU, by ``nox -s gpu_smoke``.
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,6 +22,7 @@ from attnbench.impls.fused_triton import contender  # noqa: E402
 from attnbench.impls.fused_triton import decode_kernels as _triton_decode_kernels  # noqa: E402
 from attnbench.impls.fused_triton import flash as _triton_flash  # noqa: E402
 from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E402
+from attnbench.impls.fused_triton import smoke as _triton_smoke  # noqa: E402
 from attnbench.impls.fused_triton import tiles as _triton_tiles  # noqa: E402
 from attnbench.impls.fused_triton.tiles import CUDA_TILES, Tile, prune, shared_bytes  # noqa: E402
 from attnbench.workload import Workload  # noqa: E402
@@ -210,7 +212,7 @@ def test_gpu_smoke_without_cuda_says_so_and_exits_0(monkeypatch, capsys):
 
     monkeypatch.setattr(_triton_flash, "INTERPRETED", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert _triton_smoke.main() == 0
+    assert _triton_smoke.main([]) == 0
     assert capsys.readouterr().out == (
         "gpu_smoke: no CUDA device here, nothing to check (fused_triton's configs need a GPU)\n"
     )
@@ -235,7 +237,7 @@ def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsy
     monkeypatch.setattr(_triton_smoke, "check_far_offsets", lambda device: "")
     monkeypatch.setattr(_triton_smoke, "_candidates", candidates)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert _triton_smoke.main() == 1
+    assert _triton_smoke.main([]) == 1
     cases = _triton_smoke.SMOKE_CASES  # the backward kernels' tiles on the backward cases only; decode steps
     decode = [case for case in cases if _triton_smoke.decodes(case)]  # (≤ 8 rows, forward) in the decode kernels
     assert forced == [
@@ -286,3 +288,40 @@ def test_hopper_reads_k_and_v_by_tensor_descriptors_where_they_can_address_them(
     assert _triton_flash.takes_descriptors(plan, k, v, v_from_k) is expected
     monkeypatch.setattr(_triton_flash, "is_hopper", lambda device: False)  # an Ampere GPU: pointers throughout
     assert not _triton_flash.takes_descriptors(plan, k, v, v_from_k)
+
+
+def test_gpu_smoke_in_parallel_echoes_each_shard_and_counts_its_failures(capsys):
+    said = {  # what each shard's process prints and its exit status
+        0: ("print('fwd T: 2 cases checked, 0 wrong'); print('gpu_smoke: 0 failure(s)')", 0),
+        1: ("print('FAILED dq T on B1: wrong'); print('dq T: 1 cases checked, 1 wrong')", 1),
+        2: ("import sys; print('decode on B2: 1 tiles checked'); sys.exit(3)", 3),  # died without saying why
+    }
+
+    def command(i, jobs):
+        assert jobs == 3
+        code, status = said[i]
+        return [sys.executable, "-c", f"{code}; raise SystemExit({status})"]
+
+    assert _triton_smoke._in_parallel(3, command) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(lines[:-2]) == sorted(
+        [
+            "fwd T: 2 cases checked, 0 wrong",
+            "FAILED dq T on B1: wrong",
+            "dq T: 1 cases checked, 1 wrong",
+            "decode on B2: 1 tiles checked",
+        ]
+    )
+    assert lines[-2:] == ["FAILED shard 2/3 exited with status 3", "gpu_smoke: 2 failure(s)"]
+
+
+def test_gpu_smoke_shards_deal_out_every_unit_of_work_once():
+    items = _triton_smoke._items(_triton_smoke.SMOKE_CASES, None)
+    dealt = [item for i in range(3) for item in items[i::3]]
+    assert sorted(map(repr, dealt)) == sorted(map(repr, items)) and len(items) > 3
+    assert _triton_smoke._parse(["--jobs", "8"]).shard == (0, 1)
+    assert _triton_smoke._parse(["--shard", "2/3"]).shard == (2, 3)
+    for bad in (["--shard", "3/3"], ["--shard", "x"], ["--jobs", "0"]):
+        with pytest.raises(SystemExit) as exited:
+            _triton_smoke._parse(bad)
+        assert exited.value.code == 2

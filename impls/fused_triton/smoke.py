@@ -17,14 +17,22 @@ would not consider on this device (its shared memory, or on a Hopper GPU the for
 listed as pruned, tiles that fail to compile as unfit (the tuner skips those); a wrong result makes the exit
 status 1.
 
+``--jobs N`` runs it as N processes side by side, each a shard of the work (``--shard i/N``): nearly all of
+its time is compiling, one process a core; ``nox -s gpu_smoke`` asks for 8. Each wrong result is said as it
+is found (``FAILED …``), so a run cut short by a time limit still shows what it found.
+
 Without CUDA (and without ``TRITON_INTERPRET=1``) it says so and exits 0.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -164,14 +172,26 @@ def _forced(
     return reason
 
 
+def _items(cases: Sequence[Workload], tiles: dict[str, Sequence[Tile]] | None) -> list[tuple[Any, ...]]:
+    """The smoke's units of work, in order: each (kernel, tile) forced on the cases that run the kernel, each
+    decode case with its decode tiles, and the 64-bit-offsets case (``--shard`` deals them out)."""
+    forced = [("tile", kernel, tile) for kernel, kernel_tiles in (tiles or CUDA_TILES).items() for tile in kernel_tiles]
+    return forced + [("decode", case) for case in cases if decodes(case)] + [("far",)]
+
+
 def smoke(
-    device: str, cases: Sequence[Workload] = SMOKE_CASES, tiles: dict[str, Sequence[Tile]] | None = None
+    device: str,
+    cases: Sequence[Workload] = SMOKE_CASES,
+    tiles: dict[str, Sequence[Tile]] | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> list[str]:
     """Force each tile of each kernel (default: all of CUDA_TILES) on every case that runs the kernel; print
-    one line per tile; return the failures."""
+    one line per tile; return the failures. ``shard`` (i, n): only the units of work i, i + n, … (``_items``)."""
     failures: list[str] = []
-    for kernel, kernel_tiles in (tiles or CUDA_TILES).items():
-        for tile in kernel_tiles:
+    index, count = shard
+    for item in _items(cases, tiles)[index::count]:
+        if item[0] == "tile":
+            _, kernel, tile = item
             ran, wrong, skipped = 0, 0, list[str]()
             for case in (dataclasses.replace(w, device=device) for w in cases if runs(kernel, w)):
                 candidates = _candidates(case, kernel)
@@ -182,25 +202,87 @@ def smoke(
                 ran, wrong = ran + (reason is not None), wrong + bool(reason)
             said = f"{kernel} {tile}: {ran} cases checked, {wrong} wrong"
             print(said + (f"; {', '.join(skipped)}" if skipped else ""), flush=True)
-    for case in (dataclasses.replace(w, device=device) for w in cases if decodes(w)):
-        # the decode kernel's tiles depend on the case (its rows): each case's own candidates, every one forced
-        decode_tiles = (tiles or {}).get("decode") or _candidates(case, "decode") or [INTERPRETER_TILE]
-        ran, unfit = 0, list[str]()
-        for tile in decode_tiles:
-            ran += _forced(case, "decode", tile, unfit, failures, named=True) is not None
-        print(f"decode on {case.label()}: {ran} tiles checked" + (f"; {', '.join(unfit)}" if unfit else ""), flush=True)
-    far = check_far_offsets(device)
-    print("64-bit offsets: " + (far or "ok"))
-    return failures + ([far] if far else [])
+        elif item[0] == "decode":
+            # the decode kernel's tiles depend on the case (its rows): each case's own candidates, every one forced
+            case = dataclasses.replace(item[1], device=device)
+            decode_tiles = (tiles or {}).get("decode") or _candidates(case, "decode") or [INTERPRETER_TILE]
+            ran, unfit = 0, list[str]()
+            for tile in decode_tiles:
+                ran += _forced(case, "decode", tile, unfit, failures, named=True) is not None
+            print(
+                f"decode on {case.label()}: {ran} tiles checked" + (f"; {', '.join(unfit)}" if unfit else ""),
+                flush=True,
+            )
+        else:
+            far = check_far_offsets(device)
+            print("64-bit offsets: " + (far or "ok"), flush=True)
+            failures += [far] if far else []
+    return failures
 
 
-def main() -> int:
+def _shard_command(i: int, jobs: int) -> list[str]:
+    return [sys.executable, "-m", "attnbench.impls.fused_triton.smoke", "--shard", f"{i}/{jobs}"]
+
+
+def _in_parallel(jobs: int, command: Callable[[int, int], list[str]] = _shard_command) -> int:
+    """Run the smoke as ``jobs`` processes, one shard each (the compiles, most of its time, run side by side),
+    echoing their lines as they come; the failures counted from their FAILED lines and exit codes."""
+    children = [
+        subprocess.Popen(
+            command(i, jobs),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(jobs)
+    ]
+    lock, failed = threading.Lock(), [0] * jobs
+
+    def echo(i: int) -> None:
+        stdout = children[i].stdout
+        assert stdout is not None
+        for line in stdout:
+            if line.startswith("gpu_smoke: "):
+                continue  # the shard's own total: the sum is said once below
+            failed[i] += line.startswith("FAILED ")
+            with lock:
+                print(line, end="", flush=True)
+
+    readers = [threading.Thread(target=echo, args=(i,)) for i in range(jobs)]
+    for reader in readers:
+        reader.start()
+    for i, (child, reader) in enumerate(zip(children, readers, strict=True)):
+        reader.join()
+        if child.wait() != 0 and failed[i] == 0:  # a shard that died before saying why
+            failed[i] = 1
+            print(f"FAILED shard {i}/{jobs} exited with status {child.returncode}", flush=True)
+    print(f"gpu_smoke: {sum(failed)} failure(s)")
+    return 1 if any(failed) else 0
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpu_smoke", description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=1, help="processes side by side, each a shard (default 1)")
+    parser.add_argument("--shard", default="0/1", help="i/n: only this shard of the work (what --jobs runs)")
+    args = parser.parse_args(argv)
+    index, _, count = args.shard.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)) or args.jobs < 1:
+        parser.error(f"--shard takes i/n with 0 ≤ i < n (got {args.shard}); --jobs a count ≥ 1 (got {args.jobs})")
+    args.shard = (int(index), int(count))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     from attnbench.impls.fused_triton import flash
 
+    args = _parse(sys.argv[1:] if argv is None else argv)
     if not torch.cuda.is_available() and not flash.INTERPRETED:
         print("gpu_smoke: no CUDA device here, nothing to check (fused_triton's configs need a GPU)")
         return 0
-    failures = smoke("cuda" if torch.cuda.is_available() else "cpu")  # each said (FAILED …) as it was found
+    if args.jobs > 1:
+        return _in_parallel(args.jobs)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    failures = smoke(device, shard=args.shard)  # each said (FAILED …) as it was found
     print(f"gpu_smoke: {len(failures)} failure(s)")
     return 1 if failures else 0
 
