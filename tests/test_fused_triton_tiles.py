@@ -325,3 +325,15 @@ def test_gpu_smoke_shards_deal_out_every_unit_of_work_once():
         with pytest.raises(SystemExit) as exited:
             _triton_smoke._parse(bad)
         assert exited.value.code == 2
+
+
+def test_tile_times_without_cuda_says_so_and_refuses_bad_flags(capsys):
+    from attnbench.impls.fused_triton import tile_times
+
+    assert tile_times.main(["--seq", "64"]) == 0
+    assert capsys.readouterr().out == "tile_times: no CUDA device here, nothing to time\n"
+    assert tile_times._parse(["--mask", "causal"]).mask == ["causal"]
+    for bad in (["--mask", "window"], ["--seq", "0"]):
+        with pytest.raises(SystemExit) as exited:
+            tile_times._parse(bad)
+        assert exited.value.code == 2
