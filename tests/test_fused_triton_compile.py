@@ -21,6 +21,8 @@ triton = pytest.importorskip("triton")
 
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.runtime.jit import mangle_type  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from attnbench.impls.fused_triton import flash as _triton_flash  # noqa: E402
 from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E402
@@ -48,6 +50,8 @@ def _compile(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         value = values[name]
         if name in kwargs or value is None or (isinstance(value, int) and value == 1):
             signature[name], constants[name] = "constexpr", value
+        elif isinstance(value, TensorDescriptor):  # as the launcher names it: its dtype and block shape
+            signature[name] = mangle_type(value)
         elif isinstance(value, torch.Tensor):
             signature[name] = "*" + _TYPES[value.dtype]
             attrs[(index,)] = [["tt.divisibility", 16]]
@@ -102,6 +106,32 @@ def test_the_forward_compiles_for_sm90_with_the_estimated_shared_memory(compiled
     _triton_flash.forward(q, k, v, plan, store_lse=True)
     kernel = compiled["_forward_kernel"]
     assert kernel.metadata.shared == shared_bytes("fwd", tile, head_dim, dtype.itemsize)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mask", "options", "tile"),
+    [
+        ("none", {}, Tile(128, 128, 8, 3)),
+        ("causal_bottom_right", {"window": 300}, Tile(128, 64, 4, 3)),
+        ("padding", {}, Tile(64, 128, 4, 2)),
+    ],
+)
+def test_the_descriptor_forward_compiles_for_sm90_with_the_estimated_shared_memory(
+    compiled, monkeypatch, mask, options, tile
+):
+    """On a Hopper GPU a 16-bit forward reads k and v by tensor descriptors (``flash.takes_descriptors``): the
+    boxes compile for sm_90, unmasked and masked blocks alike, in the shared memory estimated (their barriers
+    counted)."""
+    monkeypatch.setattr(_triton_flash, "is_hopper", lambda device: True)
+    q, k = _tensors(torch.bfloat16, 128)
+    v = torch.empty_like(k)
+    lengths = {"lengths": torch.tensor([1000, 700], dtype=torch.int32)} if mask == "padding" else {}
+    plan = _triton_flash.make_plan(q, k, v, mask=mask, **options, **lengths)
+    plan.tiles["fwd"] = tile
+    assert _triton_flash.takes_descriptors(plan, k, v, False)
+    _triton_flash.forward(q, k, v, plan)
+    assert compiled["_forward_kernel"].metadata.shared == shared_bytes("fwd", tile, 128, 2, descriptors=True)
 
 
 @pytest.mark.slow

@@ -125,15 +125,23 @@ def head_dim_blocks(head_dim: int) -> tuple[int, int]:
     return main, max(16, 1 << (head_dim - main - 1).bit_length())
 
 
-def shared_bytes(kernel: str, tile: Tile, block_d: int, itemsize: int, block_dv: int | None = None) -> int:
+# A forward reading k and v by tensor descriptors also keeps its copies' barriers: one 1 KiB-aligned slot
+# (sm_90 compiles, Triton 3.9: tests/test_fused_triton_compile.py).
+DESCRIPTOR_BARRIERS = 1024
+
+
+def shared_bytes(
+    kernel: str, tile: Tile, block_d: int, itemsize: int, block_dv: int | None = None, descriptors: bool = False
+) -> int:
     """Shared memory one program of ``kernel`` needs with ``tile``, roughly (see the module docstring);
-    ``block_dv``: the values' padded head dim when it differs from ``block_d``."""
+    ``block_dv``: the values' padded head dim when it differs from ``block_d``; ``descriptors``: a forward
+    that reads k and v by tensor descriptors (``flash.takes_descriptors``)."""
     widths = {"d": block_d, "dv": block_dv or block_d}
     total = 0
     for rows, width, resident in _OPERANDS[kernel]:
         copies = (2 if itemsize == 4 else 1) if resident else max(1, tile.num_stages)
         total += (tile.block_m if rows == "m" else tile.block_n) * widths[width] * copies
-    return itemsize * total
+    return itemsize * total + (DESCRIPTOR_BARRIERS if descriptors else 0)
 
 
 def max_shared_memory(device: torch.device) -> int:
@@ -171,6 +179,8 @@ def prune(
     block_dv = max(16, 1 << (head_dim_v - 1).bit_length())
     rows, keys = max(16, 1 << (seq_q - 1).bit_length()), max(16, 1 << (seq_k - 1).bit_length())
     wide = 64 if max(head_dim, head_dim_v) > 128 else 128
+    # on Hopper a 16-bit forward may read k and v by tensor descriptors: count their barriers
+    descriptors = hopper and kernel == "fwd" and itemsize == 2
 
     split = head_dim_blocks(head_dim)[1] > 0
 
@@ -182,12 +192,14 @@ def prune(
             t.block_m <= max(32, rows)
             and t.block_n <= max(32, keys)
             and streamed <= wide
-            and shared_bytes(kernel, t, block_d, itemsize, block_dv) <= shared_cap
+            and shared_bytes(kernel, t, block_d, itemsize, block_dv, descriptors) <= shared_cap
         )
 
     kept = [t for t in tiles if fits(t)]
     if hopper and kernel == "fwd":
-        kept = hopper_forward(kept, lambda t: shared_bytes(kernel, t, block_d, itemsize, block_dv), shared_cap)
+        kept = hopper_forward(
+            kept, lambda t: shared_bytes(kernel, t, block_d, itemsize, block_dv, descriptors), shared_cap
+        )
     suited = [t for t in tiles if split == (t.block_m == 16 and kernel == "fwd")] or list(tiles)
     return kept or [min(suited, key=lambda t: shared_bytes(kernel, t, block_d, itemsize, block_dv))]
 
