@@ -265,6 +265,7 @@ def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsy
         (torch.bfloat16, 96, False, "contiguous", False),  # a head dim that does not fill its 128-wide tile
         (torch.bfloat16, 64, True, "contiguous", False),  # an fp8 cache converted in registers
         (torch.bfloat16, 64, False, "odd", False),  # rows 66 elements apart: not 16-byte strides
+        (torch.bfloat16, 64, False, "expanded", False),  # one kv head expanded over two: a stride of 0
         (torch.bfloat16, 64, False, "latent", False),  # v read out of k's tile
     ],
 )
@@ -275,6 +276,8 @@ def test_hopper_reads_k_and_v_by_tensor_descriptors_where_they_can_address_them(
     q = torch.zeros(1, 2, 8, head_dim, dtype=dtype)
     if view == "odd":
         k = torch.zeros(1, 2, 8, head_dim + 2, dtype=dtype)[..., :head_dim]
+    elif view == "expanded":
+        k = torch.zeros(1, 1, 8, head_dim, dtype=dtype).expand(1, 2, 8, head_dim)
     elif view == "strided":
         k = torch.zeros(1, 8, 2, head_dim, dtype=dtype).transpose(1, 2)
     else:

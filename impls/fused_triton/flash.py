@@ -496,9 +496,11 @@ def _scales(scale: torch.Tensor, batch: int, kv_heads: int, device: torch.device
 
 
 def _descriptor_ready(t: torch.Tensor) -> bool:
-    """Whether a tensor descriptor can address ``t``: 16-byte aligned, unit last stride, 16-byte strides."""
+    """Whether a tensor descriptor can address ``t``: 16-byte aligned, unit last stride, the others positive
+    multiples of 16 bytes (an expanded, stride-0 dimension is not one)."""
     size = t.element_size()
-    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in t.stride()[:-1])
+    leading = t.stride()[:-1]
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s > 0 and s * size % 16 == 0 for s in leading)
 
 
 def takes_descriptors(plan: Plan, k: torch.Tensor, v: torch.Tensor, v_from_k: bool) -> bool:
