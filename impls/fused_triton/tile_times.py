@@ -1,10 +1,11 @@
 """``python -m attnbench.impls.fused_triton.tile_times``: the forward's time with each tile, k and v read by
 pointers and by tensor descriptors, beside cuDNN — what the tuner chooses from, for a kernel author.
 
-The tuner keeps only the fastest tile (``tiles.choose``); this prints all of them, for both ways of reading
-k and v (``flash.takes_descriptors``: forced off for "pointers"; "descriptors" only where they can address
-the inputs, on a Hopper GPU), each checked against SDPA's cuDNN backend once (max |error| on the output) and
-timed with ``triton.testing.do_bench`` as the tuner times its candidates. bf16, random inputs; TFLOP/s
+The tuner keeps only the fastest of its candidate tiles (``tiles.choose``); this prints every candidate (for
+this case on this GPU: ``Plan.candidates``), for both ways of reading k and v (``flash.takes_descriptors``:
+forced off for "pointers"; "descriptors" only where they can address the inputs, on a Hopper GPU), each
+checked against SDPA's cuDNN backend once (max |error| on the output) and timed with
+``triton.testing.do_bench`` (warm-up 50 ms, 300 ms of repeats). bf16, random inputs; TFLOP/s
 count 4·B·H·Sq·Sk·D (halved for causal). Needs CUDA: without it, it says so and exits 0.
 
     python -m attnbench.impls.fused_triton.tile_times --seq 8192 --head-dim 128 --mask none,causal
@@ -19,8 +20,6 @@ from collections.abc import Sequence
 import torch
 
 from attnbench.impls.fused_triton.tiles import Tile
-
-TILES = (Tile(128, 128, 8, 2), Tile(128, 128, 8, 3), Tile(128, 64, 4, 3), Tile(128, 64, 8, 3), Tile(64, 128, 4, 3))
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -37,8 +36,11 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def tile_times(batch: int, heads: int, seq: int, head_dim: int, mask: str, tiles: Sequence[Tile] = TILES) -> list[str]:
-    """One line for cuDNN, then one per (way, tile): ms, TFLOP/s, ratio to cuDNN, max |error|."""
+def tile_times(
+    batch: int, heads: int, seq: int, head_dim: int, mask: str, tiles: Sequence[Tile] | None = None
+) -> list[str]:
+    """One line for cuDNN, then one per (way, tile): ms, TFLOP/s, ratio to cuDNN, max |error|. ``tiles``:
+    default the tuner's own candidates for this case on this GPU (``Plan.candidates``)."""
     from triton.testing import do_bench
 
     from attnbench.impls.fused_triton import flash
@@ -57,7 +59,7 @@ def tile_times(batch: int, heads: int, seq: int, head_dim: int, mask: str, tiles
         for way, takes in ways:
             flash.takes_descriptors = takes
             plan = flash.make_plan(q, k, v, mask=mask)
-            for tile in tiles:
+            for tile in tiles or plan.candidates("fwd"):
                 plan.tiles["fwd"] = tile
                 name = f"  {way:11s} {tile.block_m}x{tile.block_n} {tile.num_warps} warps {tile.num_stages} stages"
                 try:
