@@ -80,7 +80,9 @@ def _column(browser, name):
 
 
 def _pick(browser, pane, value):
-    """Click ``value`` in the filter pane of column ``pane`` (panes redraw asynchronously: wait for it)."""
+    """Click ``value`` in the filter pane of column ``pane`` (panes redraw asynchronously: wait for it, and look
+    again when a redraw replaced the element between finding and using it)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
     def entry(_):
@@ -92,9 +94,16 @@ def _pick(browser, pane, value):
                         return name
         return False
 
-    name = WebDriverWait(browser, 10).until(entry, f"no {value!r} in the {pane} pane")
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", name)
-    name.click()
+    stale = (StaleElementReferenceException,)
+    for attempt in range(3):
+        name = WebDriverWait(browser, 10, ignored_exceptions=stale).until(entry, f"no {value!r} in the {pane} pane")
+        try:
+            browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", name)
+            name.click()
+            return
+        except StaleElementReferenceException:
+            if attempt == 2:
+                raise
 
 
 def test_report_loads_without_errors_offline_and_every_row_is_in_the_table(browser, report):
