@@ -713,12 +713,20 @@ def backward_grads(
     shared = (*plan.scalars(),)
     group = plan.heads // plan.kv_heads
 
+    # k, v, q and dO read by tensor descriptors where they can be (the forward's rule, ``takes_descriptors``)
+    tma = takes_descriptors(plan, k, v, False)
+    tma = tma and _descriptor_ready(q) and _descriptor_ready(grad_out)
+
     def launch_dkdv(tile: Tile) -> None:
+        q_desc: Any = TensorDescriptor.from_tensor(q, [1, 1, tile.block_m, plan.block_d]) if tma else q
+        do_desc: Any = TensorDescriptor.from_tensor(grad_out, [1, 1, tile.block_m, plan.block_dv]) if tma else grad_out
         kernels._dkdv_kernel[_tile_grid(plan, plan.kv_heads, tile.block_n, plan.seq_k)](
             q,
             k,
             v,
             grad_out,
+            q_desc,
+            do_desc,
             lse,
             delta,
             dk,
@@ -745,14 +753,19 @@ def backward_grads(
             plan.causal_offset or 0,
             plan.window,
             **plan.constants(),
+            TMA=tma,
             **tile.launch_kwargs(),
         )
 
     def launch_dq(tile: Tile) -> None:
+        k_desc: Any = TensorDescriptor.from_tensor(k, [1, 1, tile.block_n, plan.block_d]) if tma else k
+        v_desc: Any = TensorDescriptor.from_tensor(v, [1, 1, tile.block_n, plan.block_dv]) if tma else v
         kernels._dq_kernel[_tile_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
             q,
             k,
             v,
+            k_desc,
+            v_desc,
             grad_out,
             lse,
             delta,
@@ -774,6 +787,7 @@ def backward_grads(
             plan.causal_offset or 0,
             plan.window,
             **plan.constants(),
+            TMA=tma,
             **tile.launch_kwargs(),
         )
 

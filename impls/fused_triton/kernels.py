@@ -1011,6 +1011,10 @@ def _dkdv_block(
     v,
     q_base,
     do_base,
+    q_desc,
+    do_desc,
+    desc_b,
+    desc_h,
     Lse,
     Delta,
     start_m,
@@ -1049,12 +1053,18 @@ def _dkdv_block(
     ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    """One block of query rows into a key block's dK, dV (tiles transposed: keys × rows)."""
+    """One block of query rows into a key block's dK, dV (tiles transposed: keys × rows). With ``TMA``, q and dO
+    come in boxes through their tensor descriptors (rows past Sq read as zeros)."""
     rows = start_m + offs_m  # (BLOCK_M,)
     row_ok = rows < seq_q
-    q_t = _load(q_base + _offsets(rows, stride_qm)[None, :], d_ok[:, None], row_ok[None, :], not EVEN_D, MASKED)
-    do = _load(do_base + _offsets(rows, stride_gm)[:, None], row_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV)
+    if TMA:
+        q_t = tl.trans(_box(q_desc, desc_b, desc_h, start_m))
+        do = _box(do_desc, desc_b, desc_h, start_m)
+    else:
+        q_t = _load(q_base + _offsets(rows, stride_qm)[None, :], d_ok[:, None], row_ok[None, :], not EVEN_D, MASKED)
+        do = _load(do_base + _offsets(rows, stride_gm)[:, None], row_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV)
     if MASKED:
         lse = tl.load(Lse + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(Delta + rows, mask=row_ok, other=0.0)
@@ -1101,6 +1111,8 @@ def _dkdv_kernel(
     K,
     V,
     DOut,
+    QDesc,
+    DODesc,
     Lse,
     Delta,
     DK,
@@ -1166,6 +1178,7 @@ def _dkdv_kernel(
     ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -1244,6 +1257,10 @@ def _dkdv_kernel(
                 v,
                 q_base,
                 do_base,
+                QDesc,
+                DODesc,
+                b,
+                h,
                 Lse + row_stats,
                 Delta + row_stats,
                 start_m,
@@ -1282,6 +1299,7 @@ def _dkdv_kernel(
                 ALIBI,
                 INPUT_PRECISION,
                 UPCAST,
+                TMA,
             )
         for start_m in range(full_start, full_end, BLOCK_M):
             dk, dv = _dkdv_block(
@@ -1291,6 +1309,10 @@ def _dkdv_kernel(
                 v,
                 q_base,
                 do_base,
+                QDesc,
+                DODesc,
+                b,
+                h,
                 Lse + row_stats,
                 Delta + row_stats,
                 start_m,
@@ -1329,6 +1351,7 @@ def _dkdv_kernel(
                 ALIBI,
                 INPUT_PRECISION,
                 UPCAST,
+                TMA,
             )
         for start_m in range(full_end, end, BLOCK_M):
             dk, dv = _dkdv_block(
@@ -1338,6 +1361,10 @@ def _dkdv_kernel(
                 v,
                 q_base,
                 do_base,
+                QDesc,
+                DODesc,
+                b,
+                h,
                 Lse + row_stats,
                 Delta + row_stats,
                 start_m,
@@ -1376,6 +1403,7 @@ def _dkdv_kernel(
                 ALIBI,
                 INPUT_PRECISION,
                 UPCAST,
+                TMA,
             )
 
     in_range = keys < seq_k
@@ -1406,6 +1434,10 @@ def _dq_block(
     delta,
     k_base,
     v_base,
+    k_desc,
+    v_desc,
+    desc_b,
+    desc_h,
     start_n,
     offs_n,
     rows,
@@ -1429,12 +1461,22 @@ def _dq_block(
     ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    """One block of keys into a query tile's dQ."""
+    """One block of keys into a query tile's dQ. With ``TMA``, k and v come in boxes through their tensor
+    descriptors; a masked block zeroes the keys it must not read (they may hold anything: NaN)."""
     keys = start_n + offs_n
     key_ok = (keys >= key_lo) & (keys < key_hi)
-    k = _load(k_base + _offsets(start_n, stride_kn), key_ok[:, None], d_ok[None, :], MASKED, not EVEN_D)
-    v_t = _load(v_base + _offsets(start_n, stride_vn), dv_ok[:, None], key_ok[None, :], not EVEN_DV, MASKED)
+    if TMA:
+        k = _box(k_desc, desc_b, desc_h, start_n)
+        v = _box(v_desc, desc_b, desc_h, start_n)
+        if MASKED:
+            k = tl.where(key_ok[:, None], k, tl.zeros_like(k))
+            v = tl.where(key_ok[:, None], v, tl.zeros_like(v))
+        v_t = tl.trans(v)
+    else:
+        k = _load(k_base + _offsets(start_n, stride_kn), key_ok[:, None], d_ok[None, :], MASKED, not EVEN_D)
+        v_t = _load(v_base + _offsets(start_n, stride_vn), dv_ok[:, None], key_ok[None, :], not EVEN_DV, MASKED)
     qk = _dot(q, tl.trans(k), None, INPUT_PRECISION, UPCAST)  # (BLOCK_M, BLOCK_N)
     s, c, dmod = _scores(
         qk, rows[:, None], keys[None, :], sm_scale, qk_scale, softcap, slope, alibi_offset, SOFTCAP, ALIBI
@@ -1452,6 +1494,8 @@ def _dq_kernel(
     Q,
     K,
     V,
+    KDesc,
+    VDesc,
     DOut,
     Lse,
     Delta,
@@ -1509,6 +1553,7 @@ def _dq_kernel(
     ALIBI: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -1603,6 +1648,10 @@ def _dq_kernel(
             delta,
             k_base,
             v_base,
+            KDesc,
+            VDesc,
+            b,
+            kv_h,
             start_n,
             offs_n,
             rows,
@@ -1626,6 +1675,7 @@ def _dq_kernel(
             ALIBI,
             INPUT_PRECISION,
             UPCAST,
+            TMA,
         )
     for start_n in range(full_start, full_end, BLOCK_N):
         dq = _dq_block(
@@ -1636,6 +1686,10 @@ def _dq_kernel(
             delta,
             k_base,
             v_base,
+            KDesc,
+            VDesc,
+            b,
+            kv_h,
             start_n,
             offs_n,
             rows,
@@ -1659,6 +1713,7 @@ def _dq_kernel(
             ALIBI,
             INPUT_PRECISION,
             UPCAST,
+            TMA,
         )
     for start_n in range(full_end, end, BLOCK_N):
         dq = _dq_block(
@@ -1669,6 +1724,10 @@ def _dq_kernel(
             delta,
             k_base,
             v_base,
+            KDesc,
+            VDesc,
+            b,
+            kv_h,
             start_n,
             offs_n,
             rows,
@@ -1692,6 +1751,7 @@ def _dq_kernel(
             ALIBI,
             INPUT_PRECISION,
             UPCAST,
+            TMA,
         )
     dq_ptrs = (
         DQ
