@@ -4,9 +4,9 @@ Every mask comes as a dense boolean mask (a ragged or mixed batch's per sequence
 modifiers act on the materialised scores (softcap's tanh, alibi's bias added), learned sinks as gpt-oss's
 reference has them (a column of sink logits concatenated to the scores before the softmax, dropped after); a
 paged KV cache is gathered into k and v by the harness inside the timed call (``paged="gather"``); a cache in
-another kv_dtype is dequantized to the dtype first, in the call. v may have its own head dim Dv; with
-kv_layout latent (MLA) v is the view of the cache's first Dv channels, which the second bmm reads in place
-with its row stride (no copy).
+another kv_dtype is dequantized to the dtype first, in the call, and so is an fp8 forward's q (q_dtype). v may
+have its own head dim Dv; with kv_layout latent (MLA) v is the view of the cache's first Dv channels, which the
+second bmm reads in place with its row stride (no copy).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class BatchedMatmul(Contender):
         score_mods=ALL_SCORE_MODS,
         paged="gather",
         backward=True,
-        features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "lengths", "shared_prefix"}),
+        features=frozenset({"sinks", "head_dim_v", "kv_layout", "kv_dtype", "q_dtype", "lengths", "shared_prefix"}),
     )
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
@@ -43,13 +43,14 @@ class BatchedMatmul(Contender):
     def prepare(self, inputs: AttentionInputs, workload: Workload) -> Callable[[], torch.Tensor]:
         w = workload
         B, Hkv, G, Sq, Sk, D, Dv = w.batch, w.kv_heads, w.gqa_group, w.seq_q, w.seq_k, w.head_dim, w.head_dim_v
-        q = inputs.q.reshape(B * Hkv, G * Sq, D)  # head h = kv_head·G + g, so this is a view
+        query = inputs.query_loader()  # q itself, or an fp8 forward's q dequantized in the call
         hidden, empty = grouped_masks(inputs)
         bias, sinks = grouped_bias(inputs), inputs.sinks
         scale, load = inputs.scale, inputs.kv_loader()  # k (B, Hkv, Sk, D), v (…, Dv), dequantized in the call
 
         def run() -> torch.Tensor:
             k, v = load()
+            q = query().reshape(B * Hkv, G * Sq, D)  # head h = kv_head·G + g, so this is a view
             k_t = k.reshape(B * Hkv, Sk, D).transpose(1, 2)  # (B·Hkv, D, Sk)
             scores = torch.bmm(q, k_t).mul_(scale).view(B, Hkv, G, Sq, Sk)
             scores = modify_scores(scores, w, bias)

@@ -76,6 +76,10 @@ WIDE_LATENT_BACKWARD = (
 SHARED_PREFIX_BACKWARD = (
     "shared_prefix: forward only (cascade attention is a serving-time layout; FlashInfer's cascade is forward only)"
 )
+FP8_FORWARD_LAYOUT = (
+    "q_dtype float8_e4m3fn (an fp8 forward) reads a contiguous cache with one scale per (sequence, head): no pages, "
+    "no shared prefix"
+)
 SHARED_PREFIX_FP8 = (
     "shared_prefix with an fp8 kv_dtype not supported: the prefix kernel reads no scales (and a contiguous fp8 cache "
     "scales each sequence's copy of the prefix on its own, so no one copy stands for the batch)"
@@ -165,6 +169,8 @@ def plan_options(inputs: AttentionInputs, w: Workload) -> dict[str, Any]:
     }
     if inputs.k_scale is not None:
         options.update(k_scale=inputs.k_scale, v_scale=inputs.v_scale, scale_block=kv_cache.scale_block(w))
+    if inputs.q_scale is not None:  # an fp8 forward: q in e4m3 too, the output in the dtype
+        options.update(q_scale=inputs.q_scale, out_dtype=w.torch_dtype)
     return options
 
 
@@ -173,8 +179,8 @@ class FusedTriton(Contender):
     description = (
         "our Triton FlashAttention-2 kernels, forward and backward (CUDA; tiles tuned once, masked blocks skipped; "
         "windows, documents, chunks, ragged and mixed batches, softcap, ALiBi, sinks, Dv ≠ D, MLA latent and "
-        "bf16/fp8 caches in the kernel; decode (Sq ≤ 8) split across the SMs with a kv group's rows in one tile, "
-        "paged caches read in place)"
+        "bf16/fp8 caches in the kernel; an fp8 forward (q, k, v in e4m3, fp8 dots); decode (Sq ≤ 8) split across "
+        "the SMs with a kv group's rows in one tile, paged caches read in place)"
     )
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
@@ -194,7 +200,8 @@ class FusedTriton(Contender):
         # key tile itself when as wide); head dims past 256 (up to MLA's 576) split in the forward.
         # shared_prefix (forward): cascade in the kernels — the prefix's one copy read for the whole batch by
         # a kernel whose programs take rows from every sequence, each suffix after it, merged by log-sum-exp.
-        features=frozenset({"head_dim_v", "sinks", "lengths", "kv_dtype", "kv_layout", "shared_prefix"}),
+        # q_dtype float8_e4m3fn: an fp8 forward, both dots in e4m3 (the forward kernel, decode steps too).
+        features=frozenset({"head_dim_v", "sinks", "lengths", "kv_dtype", "q_dtype", "kv_layout", "shared_prefix"}),
     )
     # What Triton's CPU interpreter can run: the same, on CPU tensors too.
     interpreter_capabilities = dataclasses.replace(capabilities, devices=frozenset({"cpu", "cuda"}))
@@ -231,6 +238,8 @@ class FusedTriton(Contender):
             return SHARED_PREFIX_BACKWARD
         if w.shared_prefix and kv_cache.is_scaled(w):
             return SHARED_PREFIX_FP8
+        if w.q_dtype != w.dtype and w.page_size:
+            return FP8_FORWARD_LAYOUT
         return None
 
     def reads_pages(self, workload: Workload) -> bool:

@@ -68,8 +68,9 @@ class Pages:
 
 def decodes(w: Workload) -> bool:
     """Whether fused_triton runs workload ``w`` in the decode kernels: a forward of at most
-    ``DECODE_MAX_QUERIES`` query rows per sequence (``Plan.decode`` says the same of a plan's calls)."""
-    return w.pass_ == "fwd" and w.seq_q <= DECODE_MAX_QUERIES
+    ``DECODE_MAX_QUERIES`` query rows per sequence, not an fp8 forward (``Plan.decode`` says the same of a
+    plan's calls)."""
+    return w.pass_ == "fwd" and w.seq_q <= DECODE_MAX_QUERIES and w.q_dtype == w.dtype
 
 
 def row_bounds(plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:

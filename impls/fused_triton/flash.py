@@ -72,6 +72,9 @@ PREPROCESS_BLOCK_M = 32
 COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # A KV cache may be stored narrower than q: bf16, or fp8 with float32 scales (converted in the kernel).
 CACHE_DTYPES = (*COMPUTE_DTYPES, torch.float8_e4m3fn, torch.float8_e5m2)
+# An fp8 forward (FlashAttention-3's, cuDNN's): q, k and v in e4m3, each with one float32 scale per (sequence,
+# head); both dots in fp8 (P rounded to e4m3 for P·V), the output in ``out_dtype``.
+FP8_FORWARD = torch.float8_e4m3fn
 
 
 def _interpreting() -> bool:
@@ -209,6 +212,8 @@ class Plan:
     k_scale: torch.Tensor | None = None  # fp32 (B, Hkv, blocks): an fp8 cache's scales
     v_scale: torch.Tensor | None = None
     scale_block: int = 1  # positions per scale
+    q_scale: torch.Tensor | None = None  # fp32 (B, Hq): an fp8 forward's q scales (q, k and v in e4m3)
+    out_dtype: torch.dtype | None = None  # the output's type (None: dtype; an fp8 forward's: bf16, fp16 or fp32)
     prefix: int = 0  # a shared prefix: every sequence's first P positions are the same (read once: cascade)
     page_size: int = 0  # a paged cache's positions per page (read in place by the decode kernel)
     tiles: dict[str, Tile] = dataclasses.field(default_factory=dict)
@@ -217,6 +222,7 @@ class Plan:
     def __post_init__(self) -> None:
         self.head_dim_v = self.head_dim_v or self.head_dim
         self.kv_dtype = self.kv_dtype or self.dtype
+        self.out_dtype = self.out_dtype or self.dtype
 
     @property
     def block_d(self) -> int:
@@ -238,8 +244,9 @@ class Plan:
 
     @property
     def decode(self) -> bool:
-        """Whether a forward without log-sum-exp takes the split-KV decode kernels (few query rows)."""
-        return self.seq_q <= DECODE_MAX_QUERIES
+        """Whether a forward without log-sum-exp takes the split-KV decode kernels (few query rows; not an fp8
+        forward, which only the forward kernel runs)."""
+        return self.seq_q <= DECODE_MAX_QUERIES and self.q_scale is None
 
     @functools.cached_property
     def decode_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,13 +280,14 @@ class Plan:
             self.head_dim_v,
             str(self.kv_dtype),
             self.k_scale is not None,
+            self.q_scale is not None,
             self.prefix > 0,
             self.page_size,
         )
 
     def constants(self) -> dict[str, Any]:
         """The constexpr arguments every kernel shares."""
-        interpreted_bf16 = INTERPRETED and self.dtype == torch.bfloat16
+        interpreted_bf16 = INTERPRETED and self.dtype in (torch.bfloat16, FP8_FORWARD)  # fp8 dots likewise
         fp32 = "ieee" if INTERPRETED else FP32_CUDA_PRECISION
         return {
             "HEAD_DIM": self.head_dim,
@@ -396,15 +404,22 @@ def make_plan(
     scale_block: int | None = None,
     shared_prefix: int = 0,
     page_size: int = 0,
+    q_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> Plan:
     """Validate a call's arguments and build its plan (tables on q's device). ``sinks`` is only looked at
-    here (its shape; that calls will pass sinks): each call passes the tensor itself."""
+    here (its shape; that calls will pass sinks): each call passes the tensor itself. An fp8 forward: q, k and
+    v in e4m3 with ``q_scale`` (B, Hq[, 1, 1]) and the cache's scales, one per sequence; ``out_dtype``."""
     B, Hq, Sq, D = q.shape
     _, Hkv, Sk, _ = k.shape
     Dv = v.shape[3]
     if v.shape[:3] != k.shape[:3] or k.shape[0] != B or k.shape[3] != D or Hq % Hkv:
         raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if q.dtype not in COMPUTE_DTYPES or k.dtype != v.dtype or k.dtype not in CACHE_DTYPES:
+    if q.dtype == FP8_FORWARD:
+        _check_fp8_forward(q, k, q_scale, k_scale, scale_block, out_dtype, shared_prefix, page_size)
+    elif q_scale is not None or out_dtype not in (None, q.dtype):
+        raise ValueError(f"q_scale and out_dtype are an fp8 forward's (q in {FP8_FORWARD}); q is {q.dtype}")
+    if q.dtype not in (*COMPUTE_DTYPES, FP8_FORWARD) or k.dtype != v.dtype or k.dtype not in CACHE_DTYPES:
         raise ValueError(f"q must be fp16, bf16 or fp32, k, v one cache type; got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.dtype != q.dtype and k.dtype.itemsize >= q.dtype.itemsize:
         raise ValueError(f"a KV cache in another type than q must be narrower: q {q.dtype}, k and v {k.dtype}")
@@ -432,7 +447,10 @@ def make_plan(
         1.0 / math.sqrt(D) if scale is None else scale,
         head_dim_v=Dv,
         kv_dtype=k.dtype,
+        out_dtype=out_dtype,
     )
+    if q_scale is not None:
+        plan.q_scale = q_scale.reshape(B, Hq).to(q.device, torch.float32).contiguous()
     plan.causal_offset = causal_offset(mask, Sq, Sk)
     plan.lengths = lengths if mask == "padding" else None
     if window is not None:
@@ -495,6 +513,28 @@ def _scales(scale: torch.Tensor, batch: int, kv_heads: int, device: torch.device
     return flat if flat.stride(2) == 1 else flat.contiguous()
 
 
+def _check_fp8_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_scale: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    scale_block: int | None,
+    out_dtype: torch.dtype | None,
+    shared_prefix: int,
+    page_size: int,
+) -> None:
+    """An fp8 forward's arguments: k and v in e4m3 too, every scale one per (sequence, head), an output type."""
+    B, Hq, _, _ = q.shape
+    if k.dtype != FP8_FORWARD or k_scale is None or q_scale is None or q_scale.numel() != B * Hq:
+        raise ValueError(f"an fp8 forward needs k and v in {FP8_FORWARD} with k_scale, v_scale, and q_scale (B, Hq)")
+    if (scale_block or k.shape[2]) < k.shape[2] or k_scale.numel() != B * k.shape[1]:
+        raise ValueError("an fp8 forward takes one k and one v scale per (sequence, kv head), not per page")
+    if out_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"an fp8 forward needs out_dtype: fp16, bf16 or fp32 (got {out_dtype})")
+    if shared_prefix or page_size:
+        raise ValueError("an fp8 forward reads a contiguous cache without a shared prefix")
+
+
 def _descriptor_ready(t: torch.Tensor) -> bool:
     """Whether a tensor descriptor can address ``t``: 16-byte aligned, unit last stride, the others positive
     multiples of 16 bytes (an expanded, stride-0 dimension is not one)."""
@@ -505,11 +545,12 @@ def _descriptor_ready(t: torch.Tensor) -> bool:
 
 def takes_descriptors(plan: Plan, k: torch.Tensor, v: torch.Tensor, v_from_k: bool) -> bool:
     """Whether the forward reads k and v by tensor descriptors (``kernels._box``): a Hopper GPU (or the
-    interpreter, so that the tests run this path), 16-bit q, k and v of one type, head dims that fill their
-    tiles, v not read out of k's tile, and both tensors addressable (``_descriptor_ready``)."""
+    interpreter, so that the tests run this path), 16-bit q, k and v of one type (or an fp8 forward's e4m3),
+    head dims that fill their tiles, v not read out of k's tile, and both tensors addressable
+    (``_descriptor_ready``)."""
     return (
         (INTERPRETED or is_hopper(k.device))
-        and plan.dtype in (torch.float16, torch.bfloat16)
+        and plan.dtype in (torch.float16, torch.bfloat16, FP8_FORWARD)
         and not plan.narrowed
         and plan.block_d == plan.head_dim
         and plan.block_dv == plan.head_dim_v
@@ -606,9 +647,10 @@ def forward(
         return decode.decode_forward(q, k, v, plan, sinks, prefix_kv, pages, INTERPRETED), None
     if prefix_kv is not None:
         prev, prev_lse = prefix_level(q, *prefix_kv, plan)
-    out = q.new_empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim_v)
+    out = torch.empty(plan.batch, plan.heads, plan.seq_q, plan.head_dim_v, dtype=plan.out_dtype, device=q.device)
     lse = torch.empty(plan.batch, plan.heads, plan.seq_q, dtype=torch.float32, device=q.device) if store_lse else None
-    scaled = plan.k_scale is not None
+    fp8 = plan.q_scale is not None  # its scales fold into the score scale and the output: no per-key scaling
+    scaled = plan.k_scale is not None and not fp8
     k_scale, v_scale = plan.k_scale, plan.v_scale
     scale_strides: tuple[int, ...] = (0,) * 4
     if k_scale is not None and v_scale is not None:
@@ -634,6 +676,7 @@ def forward(
             sinks,
             k_scale,
             v_scale,
+            plan.q_scale,
             visited,
             *q.stride(),
             *k.stride(),
@@ -641,6 +684,7 @@ def forward(
             *out.stride(),
             *plan.table_strides(),
             *scale_strides,
+            *(plan.q_scale.stride() if plan.q_scale is not None else (0, 0)),
             plan.scale_block,
             prev,
             prev_lse,
@@ -655,6 +699,7 @@ def forward(
             **plan.constants(),
             SINKS=sinks is not None,
             KV_SCALED=scaled,
+            FP8=fp8,
             SPLIT_D=plan.block_dt > 0,
             BLOCK_DT=max(16, plan.block_dt),
             V_FROM_K=v_from_k,
@@ -830,7 +875,7 @@ def attend(
     (``prefix_kv``: a shared prefix's one copy; ``pages``: a paged cache read in place; see :func:`forward`)."""
     wanted = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
     if torch.is_grad_enabled() and wanted:
-        if plan.narrowed:  # refused before any launch
+        if plan.narrowed or plan.q_scale is not None:  # refused before any launch
             raise ValueError(f"a KV cache stored as {plan.kv_dtype} is a serving cache: forward only")
         if plan.block_dt:
             raise ValueError(f"head_dim {plan.head_dim} (split past 256): forward only")

@@ -32,6 +32,10 @@ Definitions (shared by all five kernels, and by decode_kernels.py's):
   sequence, or a page), are applied to the fp32 tiles right after the dots — the keys' to the score
   columns, the values' to the probability columns before P·V — which is q·(k·s_k)ᵀ and P·(v·s_v) without
   rounding the dequantized k or v to the dtype.
+* **An fp8 forward** (``FP8``): q, k and v in e4m3, each with one float32 scale per (sequence, head), as
+  FlashAttention-3 and cuDNN take them. Both dots run in fp8 (fp32 accumulators): q's and k's scales fold
+  into the score scale, P is rounded to e4m3 for P·V (it lies in [0, 1]), v's scale multiplies the
+  accumulator once at the end; the output in its own type (bf16).
 * **Forward** (online softmax): running row max m, denominator l, fp32 accumulator; writes O and the
   row log-sum-exp LSE = m + log2(l) (fp32, log2 units; +inf for a row that sees no key, whose O is 0).
   Learned sinks (``SINKS``): the head's logit joins the denominator at the end, l ← l + 2^(sink·log2 e − m)
@@ -248,6 +252,16 @@ def _kv_scales(Scale, keys, key_ok, scale_block, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _round_e4m3(p):
+    """p ≥ 0 (probabilities) rounded to e4m3's grid, in fp32: 3 mantissa bits, subnormals 2^-9 apart (halves
+    round up). For the interpreter, whose fp32 → e4m3 conversion drops the carry into the exponent (0.499 → 0.25);
+    a GPU converts in hardware."""
+    exponent = tl.maximum(tl.floor(tl.log2(tl.maximum(p, 1e-30))), -6.0)
+    ulp = tl.exp2(exponent - 3.0)
+    return tl.floor(p / ulp + 0.5) * ulp
+
+
+@triton.jit
 def _attend(
     acc,
     m_i,
@@ -333,7 +347,10 @@ def _attend(
         v = _load(v_base + _offsets(start_n, stride_vn), key_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV)
     if KV_SCALED:  # P·(v·s_v): each key's scale on its probability column
         p = p * _kv_scales(v_scale, keys, key_ok, scale_block, MASKED)[None, :]
-    acc = _dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], INPUT_PRECISION, UPCAST)
+    p_in = p.to(q.dtype)
+    if UPCAST and q.dtype.is_fp8():  # an fp8 forward in the interpreter, whose own rounding to e4m3 is wrong
+        p_in = _round_e4m3(p)
+    acc = _dot(p_in, v.to(q.dtype), acc * alpha[:, None], INPUT_PRECISION, UPCAST)
     return acc, m_new, l_i
 
 
@@ -356,6 +373,7 @@ def _forward_kernel(
     Sinks,
     KScale,
     VScale,
+    QScale,
     Visited,
     stride_qb,
     stride_qh,
@@ -379,6 +397,8 @@ def _forward_kernel(
     stride_ksh,
     stride_vsb,
     stride_vsh,
+    stride_qsb,
+    stride_qsh,
     scale_block,
     Prev,
     PrevLse,
@@ -407,6 +427,7 @@ def _forward_kernel(
     ALIBI: tl.constexpr,
     SINKS: tl.constexpr,
     KV_SCALED: tl.constexpr,
+    FP8: tl.constexpr,
     SPLIT_D: tl.constexpr,
     BLOCK_DT: tl.constexpr,
     V_FROM_K: tl.constexpr,
@@ -495,6 +516,11 @@ def _forward_kernel(
     if KV_SCALED:  # this (sequence, kv head)'s scales, one per block of scale_block positions
         k_scale = KScale + _offsets(b, stride_ksb) + _offsets(kv_h, stride_ksh)
         v_scale = VScale + _offsets(b, stride_vsb) + _offsets(kv_h, stride_vsh)
+    if FP8:  # q, k, v in e4m3, a scale each per (sequence, head): q's and k's scale the scores (v's: the output)
+        qk_s = tl.load(QScale + _offsets(b, stride_qsb) + _offsets(h, stride_qsh))
+        qk_s = qk_s * tl.load(KScale + _offsets(b, stride_ksb) + _offsets(kv_h, stride_ksh))
+        sm_scale = sm_scale * qk_s
+        qk_scale = qk_scale * qk_s
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -646,6 +672,8 @@ def _forward_kernel(
         )
 
     seen = l_i > 0.0
+    if FP8:  # P·(v·s_v) = (P·v)·s_v
+        acc = acc * tl.load(VScale + _offsets(b, stride_vsb) + _offsets(kv_h, stride_vsh))
     if SINKS:  # the sink's logit joins the denominator: l·2^(m − m') + 2^(sink − m'), m' = max(m, sink)
         sink = tl.load(Sinks + h).to(tl.float32) * LOG2E
         m_all = tl.maximum(m_i, sink)

@@ -40,7 +40,7 @@ def input_bytes(w: Workload) -> int:
     pool (a second copy of k and v, whole pages, and scales)."""
     element, cached = w.torch_dtype.itemsize, w.kv_torch_dtype.itemsize
     scale_sets = (1 if w.kv_layout == "latent" else 2) * (2 if w.page_size else 1)
-    queries = w.batch * w.heads * w.seq_q * (w.head_dim + w.head_dim_v)
+    queries = w.batch * w.heads * w.seq_q * (w.head_dim * w.q_torch_dtype.itemsize / element + w.head_dim_v)
     kv = w.batch * w.kv_heads * w.seq_k * kv_channels(w) * cached
     return int(element * queries + kv + SCALE_BYTES * scale_count(w) * scale_sets + pool_bytes(w))
 

@@ -73,6 +73,7 @@ class Workload:
     chunk: int = 0  # chunked: keys per chunk, a query sees its own chunk up to itself (0 for other masks)
     decode_share: float = 0.0  # mixed: share of the batch's sequences that are decode steps (0 for other masks)
     layer: str = ""  # which kind of layer of a two-kind preset: sliding, full or chunked ("" otherwise)
+    q_dtype: str = ""  # q's element type; "" (or None): dtype (also float8_e4m3fn with that kv_dtype: fp8 forward)
 
     def __post_init__(self) -> None:
         """Every field checked by its axis' rule (see attnbench.workload.axes); a feature that does not apply to the
@@ -132,6 +133,12 @@ class Workload:
                 f"kv_dtype {self.kv_dtype} with dtype {self.dtype} is not allowed; allowed: "
                 f"{', '.join(dict.fromkeys(allowed_kv))} (a cache is the dtype or narrower)"
             )
+        if self.q_dtype not in (self.dtype, self.kv_dtype):
+            raise UsageError(
+                f"q_dtype {self.q_dtype} with kv_dtype {self.kv_dtype} and dtype {self.dtype} is not allowed; "
+                f"allowed: the dtype, or {self.q_dtype} with kv_dtype {self.q_dtype} (an fp8 forward: q, k and v in "
+                "fp8, the output in the dtype)"
+            )
         if self.kv_layout == "latent":
             if self.kv_heads != 1:
                 raise UsageError(
@@ -172,6 +179,11 @@ class Workload:
     def kv_torch_dtype(self) -> torch.dtype:
         """The KV cache's element type (the dtype unless kv_dtype narrows it)."""
         return axes.KV_DTYPES[self.kv_dtype]
+
+    @property
+    def q_torch_dtype(self) -> torch.dtype:
+        """q's stored element type (the dtype unless q_dtype makes the forward an fp8 one)."""
+        return axes.Q_DTYPES[self.q_dtype]
 
     @property
     def softmax_scale(self) -> float:

@@ -54,6 +54,9 @@ KV_DTYPE_ALIASES = {
     "fp8_e5m2": "float8_e5m2",
     "e5m2": "float8_e5m2",
 }
+# An fp8 forward (FlashAttention-3's and cuDNN's): q stored in e4m3 too, with one float32 scale per (sequence,
+# head), beside an e4m3 cache; the output stays in the dtype.
+Q_DTYPES: dict[str, torch.dtype] = {**DTYPES, "float8_e4m3fn": torch.float8_e4m3fn}
 KV_LAYOUTS = ("separate", "latent")  # latent: MLA's one cache per token shared by all heads, keys and values in it
 SINKS = ("none", "learned")  # learned: one logit per query head joins every row's softmax denominator
 LENGTH_DISTRIBUTIONS = ("equal", "uniform", "longtail", "bimodal")  # per-sequence lengths of a ragged batch
@@ -80,6 +83,15 @@ def canonical_kv_dtype(name: str) -> str:
         raise UsageError(
             f"kv_dtype {name!r} is not known; allowed: the dtype, bfloat16, {', '.join(FP8_DTYPES)} (or fp8, e5m2)"
         )
+    return canonical
+
+
+def canonical_q_dtype(name: str) -> str:
+    """'fp8' -> 'float8_e4m3fn'; unknown names raise a UsageError listing what is allowed (with which kv_dtype:
+    Workload's joined rules)."""
+    canonical = KV_DTYPE_ALIASES.get(name, name)
+    if canonical not in Q_DTYPES:
+        raise UsageError(f"q_dtype {name!r} is not known; allowed: the dtype, or float8_e4m3fn (or fp8, e4m3)")
     return canonical
 
 
@@ -185,6 +197,9 @@ AXES: tuple[Axis, ...] = (
     Axis("kv_dtype", str, "KV cache element type: the dtype, bfloat16 or fp8 (scaled); default: dtype",
          choices=tuple(KV_DTYPES), parse=canonical_kv_dtype, follows="dtype", declared=True,
          tag=lambda v: f"kv-{v}", asks=lambda v: f"kv_dtype {v}"),
+    Axis("q_dtype", str, "query element type: the dtype, or float8_e4m3fn (scaled) with that kv_dtype: an fp8 "
+         "forward; default: dtype", choices=tuple(Q_DTYPES), parse=canonical_q_dtype, follows="dtype",
+         declared=True, tag=lambda v: f"q-{v}", asks=lambda v: f"q_dtype {v}"),
     Axis("device", str, "cpu or cuda", choices=DEVICES, default="cpu",
          unknown="{label} {value!r} is not known; allowed: {allowed}"),
     Axis("mask", str, "which (query, key) pairs are visible", choices=MASKS, default="none",

@@ -46,7 +46,9 @@ def attention_bytes(w: Workload) -> float:
     q = query_rows(w) * w.heads * w.head_dim  # also dq (a ragged batch: its sequences' own rows)
     o = query_rows(w) * w.heads * w.head_dim_v  # also dO
     kv = cached_tokens(w) * w.kv_heads * kv_channels(w)  # k and v (latent: the one cache), also dk and dv
-    forward = q + kv_read_elements(w) * cached + o + (page_table_bytes(w) + kv_scale_bytes(w)) / element
+    narrow_q = w.q_torch_dtype.itemsize / element  # an fp8 forward reads q in fp8 (and its scales)
+    scale_bytes = page_table_bytes(w) + kv_scale_bytes(w) + (4 * w.batch * w.heads if narrow_q != 1 else 0)
+    forward = q * narrow_q + kv_read_elements(w) * cached + o + scale_bytes / element
     backward = 2 * q + 2 * o + kv * cached + kv  # read q, o, dO, k, v; write dq, dk, dv
     if w.module == "mha":  # reads x (and the keys' input), the four weight matrices; writes the output
         forward += 4 * w.d_model**2 + 2 * w.batch * w.seq_q * w.d_model + w.batch * w.seq_k * w.d_model

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,7 @@ class AttentionInputs:
     grad_out: torch.Tensor  # (B, Hq, Sq, Dv), the fixed upstream gradient for backward passes
     k_scale: torch.Tensor | None = None  # fp8 cache: (B, Hkv, blocks, 1) float32, a block per sequence or page
     v_scale: torch.Tensor | None = None
+    q_scale: torch.Tensor | None = None  # an fp8 forward's q (q_dtype): (B, Hq, 1, 1) float32, one per (sequence, head)
 
     @property
     def scale(self) -> float:
@@ -96,6 +98,11 @@ class AttentionInputs:
             for s in (self.k_scale, self.v_scale)
         )
         return kv_cache.kv_loader(self.k, self.v, k_scale, v_scale, w.torch_dtype)
+
+    def query_loader(self) -> Callable[[], torch.Tensor]:
+        """What a contender calls in its timed callable to read q in the dtype: q, or an fp8 forward's q
+        dequantized (``attnbench.workload.kv_cache.query_loader``)."""
+        return kv_cache.query_loader(self.q, self.q_scale, self.workload.torch_dtype)
 
     @functools.cached_property
     def empty_rows(self) -> torch.Tensor | None:
@@ -166,10 +173,14 @@ def _make_inputs(workload: Workload, seed: int, requires_grad: bool) -> Attentio
             return values.to(w.torch_dtype).requires_grad_(requires_grad), None
         return kv_cache.quantize(values, w)
 
-    q = randn(w.batch, w.heads, w.seq_q, w.head_dim)
+    q_scale = None
+    if w.q_dtype == w.dtype:
+        q = randn(w.batch, w.heads, w.seq_q, w.head_dim)
+    else:  # an fp8 forward: the same draw, stored in fp8 with its scales (not trained)
+        q, q_scale = kv_cache.quantize_query(draw(w.batch, w.heads, w.seq_q, w.head_dim), w)
     k, k_scale = cache(w.batch, w.kv_heads, w.seq_k, w.head_dim)
     # latent (MLA): values are the first Dv channels of the one cache — a view, no second tensor, k's scales
     latent = w.kv_layout == "latent"
     v, v_scale = (k[..., : w.head_dim_v], k_scale) if latent else cache(w.batch, w.kv_heads, w.seq_k, w.head_dim_v)
     grad_out = randn(w.batch, w.heads, w.seq_q, w.head_dim_v).detach()
-    return AttentionInputs(w, q, k, v, grad_out, k_scale=k_scale, v_scale=v_scale)
+    return AttentionInputs(w, q, k, v, grad_out, k_scale=k_scale, v_scale=v_scale, q_scale=q_scale)

@@ -15,6 +15,9 @@ Dequantized, a stored value reads x̂ = float32(stored)·scale, rounded to the d
 where their users would, inside the timed call, on the tensors they were prepared with (a paged cache's
 gather writes the fp8 pages into them first): :func:`kv_loader`. The float64 reference re-derives x̂ on its
 own (``attnbench.workload.reference``), so fp8's rounding of k and v is in the data both sides see.
+
+An fp8 forward (``q_dtype`` float8_e4m3fn beside an e4m3 cache, as FlashAttention-3 and cuDNN take it) stores q
+the same way, one scale per (sequence, head) over its Sq positions: :func:`quantize_query`, :func:`query_loader`.
 """
 
 from __future__ import annotations
@@ -56,16 +59,25 @@ def scale_count(w: Workload) -> int:
 
 def quantize(x: torch.Tensor, w: Workload) -> tuple[torch.Tensor, torch.Tensor | None]:
     """float32 (B, Hkv, Sk, D) → (the cache in kv_dtype, its (B, Hkv, blocks, 1) float32 scales or None)."""
-    stored_dtype = w.kv_torch_dtype
     if not is_scaled(w):
-        return x.to(stored_dtype), None
-    batch, kv_heads, seq_k, head_dim = x.shape
-    block, blocks = scale_block(w), scale_blocks(w)
-    padded = x.new_zeros(batch, kv_heads, blocks * block, head_dim)
-    padded[:, :, :seq_k] = x
-    amax = padded.view(batch, kv_heads, blocks, block * head_dim).abs().amax(dim=-1, keepdim=True)
-    scale = (amax / torch.finfo(stored_dtype).max).clamp_min(torch.finfo(torch.float32).tiny)  # (B, Hkv, n, 1)
-    per_position = scale.repeat_interleave(block, dim=2)[:, :, :seq_k]  # (B, Hkv, Sk, 1)
+        return x.to(w.kv_torch_dtype), None
+    return _scaled(x, w.kv_torch_dtype, scale_block(w))
+
+
+def quantize_query(x: torch.Tensor, w: Workload) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 q (B, Hq, Sq, D) → (q in q_dtype, its (B, Hq, 1, 1) float32 scales): one per (sequence, head)."""
+    return _scaled(x, w.q_torch_dtype, x.shape[2])
+
+
+def _scaled(x: torch.Tensor, stored_dtype: torch.dtype, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, H, S, D) → (stored in ``stored_dtype``, (B, H, blocks, 1) float32 scales of ``block`` positions each)."""
+    batch, heads, seq, head_dim = x.shape
+    blocks = -(-seq // block)
+    padded = x.new_zeros(batch, heads, blocks * block, head_dim)
+    padded[:, :, :seq] = x
+    amax = padded.view(batch, heads, blocks, block * head_dim).abs().amax(dim=-1, keepdim=True)
+    scale = (amax / torch.finfo(stored_dtype).max).clamp_min(torch.finfo(torch.float32).tiny)  # (B, H, n, 1)
+    per_position = scale.repeat_interleave(block, dim=2)[:, :, :seq]  # (B, H, S, 1)
     return (x / per_position).to(stored_dtype), scale
 
 
@@ -102,6 +114,14 @@ def kv_loader(
     if k.dtype == dtype:
         return lambda: (k, v)
     return lambda: (dequantize(k.detach(), k_scale, dtype), dequantize(v.detach(), v_scale, dtype))
+
+
+def query_loader(q: torch.Tensor, q_scale: torch.Tensor | None, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+    """What a contender calls in its timed callable to read q in ``dtype``: q itself, or an fp8 forward's q
+    dequantized (its (B, Hq, 1, 1) scales)."""
+    if q_scale is None:
+        return lambda: q
+    return lambda: dequantize(q.detach(), q_scale, dtype)
 
 
 def dequantized_bytes(w: Workload) -> float:

@@ -167,6 +167,8 @@ def reference_output(inputs: AttentionInputs, rows: torch.Tensor, score: Score |
     product (for the scoring suite's functions); the mask, softmax and weighting stay this module's."""
     rows = rows.to(inputs.q.device)
     q = inputs.q.detach()[:, :, rows].double()
+    if inputs.q_scale is not None:  # an fp8 forward's q: its stored values times their (sequence, head) scales
+        q = q * inputs.q_scale.double()
     k = inputs.k.detach()
     return reference_attention(inputs, q, k, values_of(inputs.workload, k, inputs.v.detach()), rows, score)
 
