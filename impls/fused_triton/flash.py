@@ -545,12 +545,12 @@ def _descriptor_ready(t: torch.Tensor) -> bool:
 
 def takes_descriptors(plan: Plan, k: torch.Tensor, v: torch.Tensor, v_from_k: bool) -> bool:
     """Whether the forward reads k and v by tensor descriptors (``kernels._box``): a Hopper GPU (or the
-    interpreter, so that the tests run this path), 16-bit q, k and v of one type (or an fp8 forward's e4m3),
-    head dims that fill their tiles, v not read out of k's tile, and both tensors addressable
-    (``_descriptor_ready``)."""
+    interpreter, so that the tests run this path), 16-bit q, k and v of one type (not an fp8 forward, whose v is
+    read keys-contiguous), head dims that fill their tiles, v not read out of k's tile, and both tensors
+    addressable (``_descriptor_ready``)."""
     return (
         (INTERPRETED or is_hopper(k.device))
-        and plan.dtype in (torch.float16, torch.bfloat16, FP8_FORWARD)
+        and plan.dtype in (torch.float16, torch.bfloat16)
         and not plan.narrowed
         and plan.block_d == plan.head_dim
         and plan.block_dv == plan.head_dim_v
@@ -658,6 +658,11 @@ def forward(
 
     # v is k's first Dv channels (an MLA latent cache, passed as the view): reuse the key tile when it is as wide
     v_from_k = is_view_of(v, k) and plan.block_dv == plan.block_d
+    if fp8 and not v_from_k and v.stride(2) != 1:
+        # Hopper's fp8 wgmma reads its B operand K-major only: P·V wants v with the keys contiguous. Transposed
+        # here, in the call (a read and a write of v: about 1 % of an S16384 forward); read as rows, Triton 3.6's
+        # P·V made the whole forward 2.6× slower (H200, B8 H16 S16384 D128: 62.6 ms against 24.1).
+        v = v.transpose(2, 3).contiguous().transpose(2, 3)
     tma = takes_descriptors(plan, k, v, v_from_k)
 
     def launch(tile: Tile) -> None:

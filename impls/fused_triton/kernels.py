@@ -35,7 +35,8 @@ Definitions (shared by all five kernels, and by decode_kernels.py's):
 * **An fp8 forward** (``FP8``): q, k and v in e4m3, each with one float32 scale per (sequence, head), as
   FlashAttention-3 and cuDNN take them. Both dots run in fp8 (fp32 accumulators): q's and k's scales fold
   into the score scale, P is rounded to e4m3 for P·V (it lies in [0, 1]), v's scale multiplies the
-  accumulator once at the end; the output in its own type (bf16).
+  accumulator once at the end; the output in its own type (bf16). v comes keys-contiguous (``flash.forward``
+  transposes it): Hopper's fp8 wgmma reads its B operand K-major only.
 * **Forward** (online softmax): running row max m, denominator l, fp32 accumulator; writes O and the
   row log-sum-exp LSE = m + log2(l) (fp32, log2 units; +inf for a row that sees no key, whose O is 0).
   Learned sinks (``SINKS``): the head's logit joins the denominator at the end, l ← l + 2^(sink·log2 e − m)

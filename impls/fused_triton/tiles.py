@@ -135,7 +135,7 @@ def shared_bytes(
 ) -> int:
     """Shared memory one program of ``kernel`` needs with ``tile``, roughly (see the module docstring);
     ``block_dv``: the values' padded head dim when it differs from ``block_d``; ``descriptors``: a forward
-    that reads k and v by tensor descriptors (``flash.takes_descriptors``; ``itemsize`` 1: an fp8 forward)."""
+    that reads k and v by tensor descriptors (``flash.takes_descriptors``)."""
     widths = {"d": block_d, "dv": block_dv or block_d}
     total = 0
     for rows, width, resident in _OPERANDS[kernel]:
@@ -179,8 +179,8 @@ def prune(
     block_dv = max(16, 1 << (head_dim_v - 1).bit_length())
     rows, keys = max(16, 1 << (seq_q - 1).bit_length()), max(16, 1 << (seq_k - 1).bit_length())
     wide = 64 if max(head_dim, head_dim_v) > 128 else 128
-    # on Hopper a 16-bit forward (or an fp8 one) may read k and v by tensor descriptors: count their barriers
-    descriptors = hopper and kernel == "fwd" and itemsize <= 2
+    # on Hopper a 16-bit forward may read k and v by tensor descriptors: count their barriers
+    descriptors = hopper and kernel == "fwd" and itemsize == 2
 
     split = head_dim_blocks(head_dim)[1] > 0
 

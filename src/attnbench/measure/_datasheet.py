@@ -5,7 +5,8 @@ dtype's figure is the fastest the hardware runs on inputs of that dtype, because
 kernel: float32 is the TF32 tensor-core rate where there is one (a kernel may run float32 inputs on it:
 Triton's ``tl.dot`` does by default), float64 the FP64 tensor-core rate where there is one, float16 and
 bfloat16 the tensor-core rate with FP32 accumulation (what attention kernels use; GeForce cards run FP16
-accumulation twice as fast). A dtype a card has no figure for falls back to the measured matmul rate.
+accumulation twice as fast), float8_e4m3fn the FP8 tensor-core rate (Hopper; an fp8 forward's dots). A dtype a
+card has no figure for falls back to the measured matmul rate.
 
 A device matches the first entry whose pattern is found in ``torch.cuda.get_device_name()``
 (case-insensitive, so the more specific variants come first).
@@ -25,19 +26,23 @@ class Datasheet:
     gbps: float  # memory bandwidth, GB/s
 
 
-def _peaks(fp64: float, fp32: float, half: float, bf16: float | None = None) -> dict[str, float]:
+def _peaks(
+    fp64: float, fp32: float, half: float, bf16: float | None = None, fp8: float | None = None
+) -> dict[str, float]:
     peaks = {"float64": fp64, "float32": fp32, "float16": half}
     if bf16 is not None:
         peaks["bfloat16"] = bf16
+    if fp8 is not None:
+        peaks["float8_e4m3fn"] = fp8
     return peaks
 
 
 SHEETS = (
-    Datasheet("H100 NVL", r"\bH100\b.*\bNVL\b", _peaks(60, 417.5, 835.5, 835.5), 3900),
-    Datasheet("H100 PCIe", r"\bH100\b.*\bPCIe\b", _peaks(51.2, 378, 756, 756), 2000),
-    Datasheet("H100 SXM", r"\bH100\b", _peaks(67, 494.7, 989.4, 989.4), 3350),  # "NVIDIA H100 80GB HBM3"
-    Datasheet("H200 NVL", r"\bH200\b.*\bNVL\b", _peaks(60, 417.5, 835.5, 835.5), 4800),
-    Datasheet("H200 SXM", r"\bH200\b", _peaks(67, 494.7, 989.4, 989.4), 4800),
+    Datasheet("H100 NVL", r"\bH100\b.*\bNVL\b", _peaks(60, 417.5, 835.5, 835.5, 1670.5), 3900),
+    Datasheet("H100 PCIe", r"\bH100\b.*\bPCIe\b", _peaks(51.2, 378, 756, 756, 1513), 2000),
+    Datasheet("H100 SXM", r"\bH100\b", _peaks(67, 494.7, 989.4, 989.4, 1978.9), 3350),  # "NVIDIA H100 80GB HBM3"
+    Datasheet("H200 NVL", r"\bH200\b.*\bNVL\b", _peaks(60, 417.5, 835.5, 835.5, 1670.5), 4800),
+    Datasheet("H200 SXM", r"\bH200\b", _peaks(67, 494.7, 989.4, 989.4, 1978.9), 4800),
     Datasheet("A100 PCIe 80GB", r"\bA100\b.*(80GB.*PCIe|PCIe.*80GB)", _peaks(19.5, 156, 312, 312), 1935),
     Datasheet("A100 PCIe 40GB", r"\bA100\b.*PCIe", _peaks(19.5, 156, 312, 312), 1555),
     Datasheet("A100 SXM 40GB", r"\bA100\b.*40GB", _peaks(19.5, 156, 312, 312), 1555),

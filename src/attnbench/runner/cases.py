@@ -332,9 +332,10 @@ def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready,
         **{column: timing.gpu_state.get(column) for column in gpu_state.COLUMNS},
     )
     ceilings = options.ceilings.get(workload.device)
-    roof = ceilings.roofline_tflops(workload.dtype, metrics["intensity"]) if ceilings else None
+    dots = workload.compute_dtype  # an fp8 forward: the fp8 roofs (none on a CPU)
+    roof = ceilings.roofline_tflops(dots, metrics["intensity"]) if ceilings else None
     metrics["pct_of_peak"] = 100 * metrics["tflops"] / roof if roof else None  # of the hardware roof
-    matmul = ceilings.matmul_roofline_tflops(workload.dtype, metrics["intensity"]) if ceilings else None
+    matmul = ceilings.matmul_roofline_tflops(dots, metrics["intensity"]) if ceilings else None
     metrics["pct_of_matmul"] = 100 * metrics["tflops"] / matmul if matmul else None
     if not prepared.ok:
         return make_row(impl, workload, "incorrect", prepared.reason, **metrics)

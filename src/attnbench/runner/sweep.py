@@ -54,9 +54,16 @@ def now() -> str:
 def _measure_ceilings(cases: list[tuple[str, Workload]], threads: int, remeasure: bool) -> dict[str, Ceilings]:
     runnable = [w for impl, w in cases if not_runnable(impl, w) is None]
     return {
-        device: load_ceilings(device, sorted({w.dtype for w in runnable if w.device == device}), threads, remeasure)
+        device: load_ceilings(
+            device, sorted({d for w in runnable if w.device == device for d in _dots(w)}), threads, remeasure
+        )
         for device in sorted({w.device for w in runnable})
     }
+
+
+def _dots(w: Workload) -> set[str]:
+    """The types whose rates a case's row reads: its dtype, and on a GPU an fp8 forward's (its dots' type)."""
+    return {w.dtype, w.compute_dtype} if w.device == "cuda" else {w.dtype}
 
 
 def plan_cases(request: RunRequest, left_out: dict[str, str] | None = None) -> tuple[Suite, list[tuple[str, Workload]]]:

@@ -186,6 +186,11 @@ class Workload:
         return axes.Q_DTYPES[self.q_dtype]
 
     @property
+    def compute_dtype(self) -> str:
+        """The type the dots run in, whose roofs a row is measured against: the dtype, or an fp8 forward's q_dtype."""
+        return self.q_dtype
+
+    @property
     def softmax_scale(self) -> float:
         return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
 
