@@ -660,8 +660,9 @@ def forward(
     v_from_k = is_view_of(v, k) and plan.block_dv == plan.block_d
     if fp8 and not v_from_k and v.stride(2) != 1:
         # Hopper's fp8 wgmma reads its B operand K-major only: P·V wants v with the keys contiguous. Transposed
-        # here, in the call (a read and a write of v: about 1 % of an S16384 forward); read as rows, Triton 3.6's
-        # P·V made the whole forward 2.6× slower (H200, B8 H16 S16384 D128: 62.6 ms against 24.1).
+        # here, in the call, by torch's copy; read as rows, Triton 3.6's P·V made the whole forward 2.6× slower
+        # (H200, B8 H16 S16384 D128: 62.6 ms against 24.1 for the kernel on a transposed v; the call with this
+        # copy took 25.6 ms in a run of the fused_gpu_fp8 suite).
         v = v.transpose(2, 3).contiguous().transpose(2, 3)
     tma = takes_descriptors(plan, k, v, v_from_k)
 
