@@ -24,7 +24,9 @@ not backward), and a ``shared_prefix`` as cascade attention (forward: the prefix
 ``inputs.prefix_kv``, is read for the rows of every sequence at once — by the decode kernel's splits for a
 decode step, by a prefix kernel for longer query blocks, whose state the forward kernel continues over each
 row's own suffix — and the levels merged by log-sum-exp; ``SHARED_PREFIX_BACKWARD`` and ``SHARED_PREFIX_FP8``
-say what it does not run).
+say what it does not run). An fp8 forward (``q_dtype`` float8_e4m3fn beside an e4m3 cache: q, k and v in
+e4m3 with per-(sequence, head) scales) runs the forward kernel with both dots in e4m3, decode-sized steps too
+(``FP8_FORWARD_LAYOUT`` says what it does not run).
 
 A forward of at most ``decode.DECODE_MAX_QUERIES`` query rows per sequence (a decode step, speculative
 decoding's 2–8) runs the split-KV decode kernels (``decode.py``, ``decode_kernels.py``): a kv head's whole

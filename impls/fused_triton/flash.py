@@ -24,6 +24,8 @@ channels: read in place through k's memory). Its keyword arguments:
 * ``k_scale``, ``v_scale`` (B, Hkv, blocks, 1) float32 with ``scale_block`` positions per block: a KV cache
   stored narrower than q (bf16, or fp8 e4m3 / e5m2 with these scales, ``attnbench.workload.kv_cache``), read as
   stored·scale; forward only;
+* ``q_scale`` (B, Hq[, 1, 1]) float32 and ``out_dtype``, with q, k and v all in e4m3 and one k and v scale per
+  (sequence, kv head): an fp8 forward (both dots in e4m3, the output in ``out_dtype``); forward only;
 * ``shared_prefix=P``: every sequence's first P keys and values are the same (a cached system prompt):
   cascade attention, forward only — the prefix read once for the whole batch (one program per kv head and
   block of rows taken from every sequence), each sequence's own keys after it, merged by log-sum-exp.
