@@ -7,7 +7,8 @@ every mask, bf16 and fp32, the latter with the tf32x3 dots) and on the newest wo
 (``FEATURE_CASES``: a value head dim of its own with learned sinks, a mixed batch with ragged lengths,
 chunked attention, fp8 KV caches with per-sequence and per-page scales, forward only; MLA's latent cache,
 576 wide, forward, and a narrower latent cache forward and backward; shared prefixes, forward: the
-prefix kernel runs the forward's forced tile), checks the output
+prefix kernel runs the forward's forced tile; the fp8 forward, a prefill and a decode-sized step, both in the
+forward kernel), checks the output
 and the gradients (the sinks' among them) with the harness's own gates (``check_output``,
 ``check_grads``), and runs one case whose q, k, v rows lie past 2^31 elements (64-bit offsets). The
 backward kernels' tiles skip the forward-only cases, and the forward kernel's the cases of ≤ 8 query rows,
@@ -62,6 +63,10 @@ FEATURE_CASES = (
     Workload(2, 4, 1, 70, 130, 96, head_dim_v=64, dtype="float16", kv_layout="latent", mask="causal", pass_="fwd_bwd"),
     Workload(4, 8, 2, 1, 600, 128, dtype="bfloat16", mask="causal_bottom_right", shared_prefix=400),
     Workload(3, 4, 2, 64, 300, 64, dtype="float16", mask="causal", shared_prefix=200, sinks="learned"),
+    Workload(2, 8, 2, 190, 257, 128, dtype="bfloat16", kv_dtype="float8_e4m3fn", q_dtype="float8_e4m3fn",
+             mask="causal_bottom_right", sinks="learned"),
+    Workload(3, 4, 2, 3, 300, 64, dtype="float16", kv_dtype="float8_e4m3fn", q_dtype="float8_e4m3fn",
+             mask="sliding_window", window=100),
 )
 # The decode kernels (≤ 8 query rows): a GQA group in one tile, a paged fp8 cache with speculative rows and sinks,
 # a window with ALiBi, a shared prefix whose level holds 64 rows (its taller tiles among the candidates)
