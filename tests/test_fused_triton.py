@@ -346,7 +346,7 @@ def test_declared_capabilities():
     assert caps.devices == {"cuda"} and caps.dtypes == {"float16", "bfloat16", "float32"}
     assert (caps.min_head_dim, caps.max_head_dim, caps.gqa, caps.cross, caps.backward) == (16, 256, True, True, True)
     assert caps.masks == set(MASKS) and caps.score_mods == {"none", "softcap", "alibi"} and caps.paged == "native"
-    assert caps.features == {"head_dim_v", "sinks", "lengths", "kv_dtype", "kv_layout", "shared_prefix"}
+    assert caps.features == {"head_dim_v", "sinks", "lengths", "kv_dtype", "q_dtype", "kv_layout", "shared_prefix"}
     assert "paged caches read in place" in contender.description
     assert contender.interpreter_capabilities.devices == {"cpu", "cuda"}
     too_wide = Workload(1, 2, 2, 64, 64, 300, device="cuda")

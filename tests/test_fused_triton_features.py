@@ -361,7 +361,7 @@ def test_declared_features_and_the_reasons_for_the_rest(monkeypatch):
     from attnbench.impls import fused_triton
 
     caps = contender.capabilities
-    assert caps.features == {"head_dim_v", "sinks", "lengths", "kv_dtype", "kv_layout", "shared_prefix"}
+    assert caps.features == {"head_dim_v", "sinks", "lengths", "kv_dtype", "q_dtype", "kv_layout", "shared_prefix"}
     assert {"mixed", "chunked"} <= caps.masks and caps.max_head_dim == 256
     assert contender.interpreter_capabilities.features == caps.features
     monkeypatch.setattr(fused_triton, "_interpreted", lambda: True)  # judged as CPU rows in the interpreter
