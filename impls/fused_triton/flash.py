@@ -265,8 +265,9 @@ class Plan:
 
     @property
     def narrowed(self) -> bool:
-        """Whether k and v are stored in another type than q (then forward only)."""
-        return self.kv_dtype != self.dtype
+        """Whether k and v are stored in another type than the output (a narrowed cache, an fp8 forward's e4m3):
+        then forward only."""
+        return self.kv_dtype != self.out_dtype
 
     def features(self) -> tuple[Any, ...]:
         """The mask family, score modifiers, value width and cache type: part of the tuning key."""
@@ -883,7 +884,7 @@ def attend(
     (``prefix_kv``: a shared prefix's one copy; ``pages``: a paged cache read in place; see :func:`forward`)."""
     wanted = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
     if torch.is_grad_enabled() and wanted:
-        if plan.narrowed or plan.q_scale is not None:  # refused before any launch
+        if plan.narrowed:  # refused before any launch
             raise ValueError(f"a KV cache stored as {plan.kv_dtype} is a serving cache: forward only")
         if plan.block_dt:
             raise ValueError(f"head_dim {plan.head_dim} (split past 256): forward only")

@@ -6,7 +6,8 @@ this case on this GPU: ``Plan.candidates``), for both ways of reading k and v (`
 forced off for "pointers"; "descriptors" only where they can address the inputs, on a Hopper GPU), each
 checked against SDPA's cuDNN backend once (max |error| on the output) and timed with
 ``triton.testing.do_bench`` (warm-up 50 ms, 300 ms of repeats). bf16, random inputs (``--fp8``: also the fp8
-forward on the same inputs in e4m3 with per-(sequence, head) scales, against cuDNN's bf16 time); TFLOP/s
+forward on the same inputs in e4m3 with per-(sequence, head) scales, against cuDNN's bf16 time: "fp8" with v as
+stored, transposed in the call, "fp8 vT" with v keys-contiguous already, the kernel alone); TFLOP/s
 count 4·B·H·Sq·Sk·D (halved for causal). Needs CUDA: without it, it says so and exits 0.
 
     python -m attnbench.impls.fused_triton.tile_times --seq 8192 --head-dim 128 --mask none,causal
@@ -70,15 +71,21 @@ def tile_times(
         cudnn = do_bench(lambda: sdpa(q, k, v, is_causal=causal), warmup=50, rep=300)
     lines = [f"B{batch} H{heads} S{seq} D{head_dim} {mask}: cudnn {cudnn:.3f} ms, {flops / cudnn / 1e9:.0f} TFLOP/s"]
     real = flash.takes_descriptors
-    ways = [("pointers", lambda *args: False, False), ("descriptors", real, False)]  # pointers: descriptors refused
-    if fp8:
-        ways += [("fp8", real, True)]  # k and v by pointers (``flash.takes_descriptors``)
+    # (name, flash.takes_descriptors, an fp8 forward's (q, k, v) or None); pointers: descriptors refused
+    ways: list[tuple[str, Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]] = [
+        ("pointers", lambda *args: False, None),
+        ("descriptors", real, None),
+    ]
     (q8, q_scale), (k8, k_scale), (v8, v_scale) = (_e4m3(x) for x in (q, k, v)) if fp8 else ((q, None),) * 3
+    if fp8:  # k and v by pointers (``flash.takes_descriptors``); v as stored (the forward transposes it in the
+        # call), and v already keys-contiguous: the kernel alone
+        v8t = v8.transpose(2, 3).contiguous().transpose(2, 3)
+        ways += [("fp8", real, (q8, k8, v8)), ("fp8 vT", real, (q8, k8, v8t))]
     scales: dict[str, Any] = {"q_scale": q_scale, "k_scale": k_scale, "v_scale": v_scale, "out_dtype": torch.bfloat16}
     try:
         for way, takes, narrow in ways:
             flash.takes_descriptors = takes
-            args = (q8, k8, v8) if narrow else (q, k, v)
+            args = narrow or (q, k, v)
             plan = flash.make_plan(*args, mask=mask, **(scales if narrow else {}))
             for tile in tiles or plan.candidates("fwd"):
                 plan.tiles["fwd"] = tile

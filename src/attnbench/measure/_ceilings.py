@@ -98,34 +98,27 @@ def _seconds(fn: Any, device: str, threads: int) -> float:
 
 
 def measure_matmul_tflops(device: str, dtype: str, threads: int) -> float:
-    """torch's matmul rate for ``dtype`` on ``device``, TFLOP/s (an fp8 type: ``torch._scaled_mm``, CUDA)."""
-    if dtype.startswith("float8"):
-        return _fp8_matmul_tflops(device, dtype, threads)
+    """torch's matmul rate for ``dtype`` on ``device``, TFLOP/s. An fp8 type: ``torch._scaled_mm`` (bf16 out,
+    unit scales), or 0.0 (no rate, so no roof from it) where there is none: a CPU, a GPU without fp8 tensor
+    cores, a torch without the call."""
+    fp8 = dtype.startswith("float8")
+    if fp8 and device != "cuda":
+        return 0.0
     n = MATMUL_N[device]
     generator = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, generator=generator).to(_torch_dtype(dtype))
     b = torch.randn(n, n, device=device, generator=generator).to(_torch_dtype(dtype))
-    out = torch.empty(n, n, device=device, dtype=_torch_dtype(dtype))
-    seconds = _seconds(lambda: torch.matmul(a, b, out=out), device, threads)
-    return 2 * n**3 / seconds / 1e12
-
-
-def _fp8_matmul_tflops(device: str, dtype: str, threads: int) -> float:
-    """torch's fp8 matmul (``torch._scaled_mm``, bf16 out, unit scales) in TFLOP/s, or 0.0 (no rate, so no
-    roof from it) where there is none: a CPU, a GPU without fp8 tensor cores, a torch without the call."""
-    n = MATMUL_N[device]
-    if device != "cuda":
-        return 0.0
-    try:
-        generator = torch.Generator(device=device).manual_seed(0)
-        a = torch.randn(n, n, device=device, generator=generator).to(_torch_dtype(dtype))
-        b = torch.randn(n, n, device=device, generator=generator).to(_torch_dtype(dtype))
+    if fp8:
         one = torch.ones((), device=device)
-        seconds = _seconds(
-            lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), device, threads
-        )
-    except (RuntimeError, TypeError, AttributeError):
-        return 0.0
+        try:
+            seconds = _seconds(
+                lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), device, threads
+            )
+        except (RuntimeError, TypeError, AttributeError):
+            return 0.0
+    else:
+        out = torch.empty(n, n, device=device, dtype=_torch_dtype(dtype))
+        seconds = _seconds(lambda: torch.matmul(a, b, out=out), device, threads)
     return 2 * n**3 / seconds / 1e12
 
 

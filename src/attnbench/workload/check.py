@@ -28,8 +28,9 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 }
 # An fp8 forward (q_dtype float8_e4m3fn: q, k and v in e4m3 with their scales, read by the reference as stored)
 # rounds the probabilities to e4m3 for P·V, as FlashAttention-3 and cuDNN do: up to 2^-4 of each p. Emulated in
-# float32 on random normals (S 16–2048, D 64/128, none and causal) that costs up to 1.8× bf16's tolerance, in
-# rows that see few keys; this one is 2.5× bf16's (a wrong scale or mask still errs by 0.1–1 at |out| ≈ 1).
+# float32 on random normals (S 16–1024, D 64/128, none and causal, tests/test_fp8_forward.py) that costs up to
+# 1.8× bf16's tolerance, in rows that see few keys; this one is 2.5× bf16's (a wrong scale or mask still errs by
+# 0.1–1 at |out| ≈ 1).
 FP8_FORWARD_TOLERANCE = (6e-2, 6e-2)
 
 
