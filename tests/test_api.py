@@ -12,7 +12,7 @@ import torch
 import attnbench
 from attnbench.runner.results import COLUMNS
 
-from conftest import REPO
+from conftest import CHECKED, REPO
 
 FAST = {"budget_s": 0.02, "memory": False}
 
@@ -60,7 +60,7 @@ def test_readme_example_returns_the_results_frame_and_writes_nothing(scratch, ca
         ("sdpa_flash", 256),
         ("sdpa_flash", 512),
     ]
-    assert set(frame.status) == {"ok"} and (frame.median_ms > 0).all()
+    assert set(frame.status) <= set(CHECKED) and (frame.median_ms > 0).all()
     assert (frame.batch == 1).all() and (frame.heads == 8).all() and (frame.head_dim == 64).all()
     printed = capsys.readouterr().out
     assert "sdpa_flash" in printed and "median_ms" in printed

@@ -5,7 +5,7 @@ import pytest
 
 from attnbench.runner.results import COLUMNS
 
-from conftest import attnbench_cmd, run_subprocess
+from conftest import CHECKED, attnbench_cmd, run_subprocess
 
 BAD_INPUTS = [
     (["run", "--suite", "nosuch"], "suite 'nosuch' is not known; known:"),
@@ -159,7 +159,7 @@ def test_run_writes_results_meta_and_summary(cli, tmp_path):
     assert list(parquet.columns) == COLUMNS
     assert not parquet.duplicated(["impl", "seq_q", "seq_k", "kv_heads", "mask", "pass"]).any()
     fwd = parquet[(parquet["pass"] == "fwd") & parquet.impl.isin(["bmm", "sdpa_math"])]
-    assert (fwd.status == "ok").all() and (fwd.max_abs_err <= fwd.atol).all() and (fwd.threads == 1).all()
+    assert fwd.status.isin(CHECKED).all() and (fwd.max_abs_err <= fwd.atol).all() and (fwd.threads == 1).all()
     assert set(parquet[parquet.impl == "xformers"].status) == {"unavailable"}
     assert (parquet[parquet.status != "ok"].reason.str.len() > 0).all()
     assert json.loads(csv.samples_ms.dropna().iloc[0]) == list(parquet.samples_ms.dropna().iloc[0])

@@ -27,6 +27,8 @@ from attnbench.workload import paged as paged_module
 from attnbench.workload.check import check_output
 from attnbench.workload.inputs import make_inputs
 
+from conftest import CHECKED
+
 pytestmark = pytest.mark.skipif(bindings.unavailable_reason() is not None, reason="no C++ compiler here")
 
 E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
@@ -133,7 +135,7 @@ def test_cache_workloads_match_float64_through_the_decode_kernel(case, calls):
 def test_a_run_of_the_harness_says_ok(features):
     w = Workload(3, 8, 2, 1, 200, 72, mask="causal_bottom_right", **features)
     row = run_case("fused_cpu", w, RunOptions(budget_s=0.02))
-    assert row["status"] == "ok", row.get("reason")
+    assert row["status"] in CHECKED, row.get("reason")
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from attnbench.workload import MASKS, Workload
 from attnbench.workload.check import GRAD_TOLERANCES, TOLERANCES
 from attnbench.workload.masks import document_lengths
 
-from conftest import attnbench_cmd, run_cases_split, run_subprocess
+from conftest import CHECKED, attnbench_cmd, run_cases_split, run_subprocess
 
 INTERPRETER = {"TRITON_INTERPRET": "1"}
 
@@ -308,8 +308,8 @@ def test_attnbench_run_checks_forward_and_backward_on_cpu(tmp_path):
     rows = pd.read_parquet(out / "results.parquet")
     assert len(rows) == 4 and set(rows.impl) == {"fused_triton"}
     fwd, bwd = rows[rows["pass"] == "fwd"], rows[rows["pass"] == "bwd"]
-    assert (fwd.status == "ok").all() and (fwd.max_abs_err <= fwd.atol).all(), fwd[["status", "reason"]]
-    assert (bwd.status == "ok").all() and (bwd.grad_err <= bwd.grad_tol).all(), bwd[["status", "reason"]]
+    assert fwd.status.isin(CHECKED).all() and (fwd.max_abs_err <= fwd.atol).all(), fwd[["status", "reason"]]
+    assert bwd.status.isin(CHECKED).all() and (bwd.grad_err <= bwd.grad_tol).all(), bwd[["status", "reason"]]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

@@ -16,6 +16,8 @@ from attnbench.runner.cases import RunOptions, prepare_checked, run_case
 from attnbench.workload import Workload
 from attnbench.workload.flops import attention_bytes, attention_flops
 
+from conftest import CHECKED
+
 
 @pytest.fixture(scope="module")
 def cpu_ceilings():
@@ -25,7 +27,7 @@ def cpu_ceilings():
 def test_causal_cross_row_uses_exact_pairs_and_roofline(cpu_ceilings):
     w = Workload(1, 8, 8, 1024, 4096, 64, mask="causal")
     row = run_case("sdpa_flash", w, RunOptions(budget_s=0.05, threads=2, ceilings={"cpu": cpu_ceilings}))
-    assert row["status"] == "ok"
+    assert row["status"] in CHECKED
     assert row["flops"] == 2 * 8 * 128 * (1024 * 1025 // 2)
     assert row["tflops"] == pytest.approx(row["flops"] / (row["median_ms"] * 1e-3) / 1e12)
     # q and o, and only the keys and values some row sees: top-left causal with Sq < Sk never reads past key Sq
@@ -169,7 +171,7 @@ def test_run_records_ceilings_memory_and_predictions(cli, tmp_path):
     code, _, _ = cli("run", *args)
     assert code == 0
     frame = pd.read_parquet(out / "results.parquet")
-    ok = frame[frame.status == "ok"]
+    ok = frame[frame.status.isin(CHECKED)]
     assert len(ok) == 4
     for column in ("pct_of_peak", "pct_of_matmul", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "gbps"):
         assert ok[column].notna().all() and (ok[column] > 0).all(), column

@@ -19,6 +19,8 @@ from attnbench.runner.cases import RunOptions, run_case
 from attnbench.runner.results import make_row, rows_to_frame
 from attnbench.workload import Workload
 
+from conftest import CHECKED
+
 IMPLS = ("bmm", "einsum", "sdpa_flash")
 WORKLOADS = [Workload(1, 8, 8, s, s, 64, mask=m) for s in (512, 1024) for m in ("none", "causal")]
 MACHINE = "test machine"
@@ -33,7 +35,7 @@ def test_the_yardsticks_measure_positive_rates_and_every_row_keeps_them():
         pytest.skip("the hardware kernels can't be built here")
     assert sticks.fma_gflops() > 0 and sticks.stream_gbps() > 0
     row = run_case("bmm", Workload(1, 2, 2, 32, 32, 16), RunOptions(budget_s=0.02, measure_memory=False))
-    assert row["status"] == "ok"
+    assert row["status"] in CHECKED
     assert row["yardstick_fma_gflops"] > 0 and row["yardstick_stream_gbps"] > 0
     off = run_case(
         "bmm", Workload(1, 2, 2, 32, 32, 16), RunOptions(budget_s=0.02, measure_memory=False, yardsticks=False)

@@ -5,7 +5,7 @@ import sys
 
 import pandas as pd
 
-from conftest import REPO, attnbench_cmd, run_subprocess
+from conftest import CHECKED, REPO, attnbench_cmd, run_subprocess
 
 EXAMPLE = REPO / "examples" / "attnbench-chunked"
 
@@ -58,7 +58,7 @@ def test_installed_example_appears_in_list_and_runs(tmp_path):
     ran = run_subprocess(*attnbench_cmd(*args), env=env)
     assert ran.returncode == 0, ran.stderr
     frame = pd.read_parquet(out / "results.parquet").set_index(["impl", "mask", "seq_q", "seq_k"])
-    assert frame.loc[("chunked", "none", 300, 300), "status"] == "ok"
-    assert frame.loc[("chunked", "causal", 300, 300), "status"] == "ok"
+    assert frame.loc[("chunked", "none", 300, 300), "status"] in CHECKED
+    assert frame.loc[("chunked", "causal", 300, 300), "status"] in CHECKED
     padding = frame.loc[("chunked", "padding", 300, 256)]
     assert padding["status"] == "unsupported" and "mask padding not supported" in padding["reason"]

@@ -13,6 +13,8 @@ from attnbench.runner.sweep import plan_cases
 from attnbench.workload import axes, models
 from attnbench.workload.axes import reproduce_flags
 
+from conftest import CHECKED
+
 SMALL = ["--seq", "1", "--seq-kv", "96", "--batch", "1"]  # decode sizes small enough to plan and run anywhere
 
 
@@ -225,8 +227,8 @@ def test_run_and_report_name_the_new_features_and_layers(cli, tmp_path):
     assert sorted(zip(frame["model"], frame["layer"], strict=True)) == sorted(
         [("deepseek-v3", "")] * 3 + [("gpt-oss-20b", "sliding")] * 3 + [("gpt-oss-20b", "full")] * 3
     )
-    assert set(frame[frame["impl"] == "fused_cpu"]["status"]) == {"ok"}
-    assert (frame[frame["status"] != "ok"]["reason"].str.len() > 0).all()  # unsupported says why
+    assert set(frame[frame["impl"] == "fused_cpu"]["status"]) <= set(CHECKED)
+    assert (frame[~frame["status"].isin(CHECKED)]["reason"].str.len() > 0).all()  # unsupported says why
     code, _, _ = cli("report", str(out), "--out", str(tmp_path / "report"))
     assert code == 0
     html = (tmp_path / "report" / "report.html").read_text()

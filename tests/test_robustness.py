@@ -10,7 +10,7 @@ import pytest
 
 from attnbench.runner.results import case_key
 
-from conftest import attnbench_cmd, fake_distribution, run_subprocess
+from conftest import CHECKED, attnbench_cmd, fake_distribution, run_subprocess
 
 PLANTED = """
 import time
@@ -82,7 +82,7 @@ def test_sweep_survives_raising_wrong_and_hung_contenders(planted_site, tmp_path
     by_impl = frame.groupby("impl")["status"].agg(set)
     assert by_impl["planted_raises"] == {"error"} and by_impl["planted_wrong"] == {"incorrect"}
     assert by_impl["planted_sleeper"] == {"timeout"}
-    assert by_impl["bmm"] == {"ok"} and by_impl["sdpa_math"] == {"ok"}
+    assert by_impl["bmm"] <= set(CHECKED) and by_impl["sdpa_math"] <= set(CHECKED)
     reasons = frame.set_index("impl")["reason"]
     assert (reasons["planted_raises"] == "RuntimeError: planted failure").all()
     assert reasons["planted_sleeper"].str.contains("no result within --timeout-s 4 s").all()
@@ -136,7 +136,7 @@ def test_interrupt_then_resume_gives_the_full_case_set_once(tmp_path):
     assert f"{len(partial)} of {len(plan)} cases done" in resumed.stderr
     final = pd.read_parquet(out / "results.parquet")
     assert len(final) == len(plan) and len(_key_set(final)) == len(final)
-    assert (final.status == "ok").all()
+    assert final.status.isin(CHECKED).all(), final[["status", "reason"]]
     meta = json.loads((out / "meta.json").read_text())
     assert meta["finished"] is True and len(meta["resumed"]) == 1
 
@@ -222,11 +222,11 @@ def test_worker_reports_how_it_died(tmp_path):
     worker = CaseWorker(RunOptions(budget_s=0.02), "system", timeout_s=60)
     try:
         row = worker.run("bmm", Workload(1, 2, 2, 16, 16, 8))
-        assert row["status"] == "ok"
+        assert row["status"] in CHECKED
         worker._process.kill()  # simulate a crash between cases
         time.sleep(0.2)
         row = worker.run("bmm", Workload(1, 2, 2, 16, 16, 8))
         assert row["status"] == "error" and "worker process died" in row["reason"]
-        assert worker.run("bmm", Workload(1, 2, 2, 16, 16, 8))["status"] == "ok"  # a fresh worker took over
+        assert worker.run("bmm", Workload(1, 2, 2, 16, 16, 8))["status"] in CHECKED  # a fresh worker took over
     finally:
         worker.close()

@@ -10,6 +10,8 @@ from attnbench.contenders import registry
 from attnbench.runner.cases import RunOptions, prepare_checked, run_case
 from attnbench.workload.mha import module_inputs, reference_module_output
 
+from conftest import CHECKED
+
 SCORING = ["score_dot", "score_scaled_dot", "score_bilinear", "score_additive"]
 
 
@@ -98,7 +100,7 @@ def test_scoring_and_mha_suites_finish_with_ok_or_skipped_rows(cli, tmp_path):
         assert code == 0
         frame = pd.read_parquet(out / "results.parquet")
         # every core that can run the module does (cascade runs shared prefixes only, which mha has none of)
-        other = frame[~frame.status.isin(["ok", "skipped"])]
+        other = frame[~frame.status.isin([*CHECKED, "skipped"])]
         assert set(other.impl) <= {"cascade"} and other.reason.str.contains("shared_prefix").all(), other
         assert (frame[frame.status != "ok"].reason.str.len() > 0).all()
-        assert (frame.status == "ok").sum() >= 8
+        assert frame.status.isin(CHECKED).sum() >= 8

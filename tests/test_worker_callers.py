@@ -13,7 +13,7 @@ import pytest
 
 import attnbench
 
-from conftest import run_subprocess
+from conftest import CHECKED, run_subprocess
 
 FAST = {"impl": "bmm", "seq": [64], "mask": "none", "budget_s": 0.02, "memory": False, "progress": "off"}
 # What a new user writes first: no `if __name__ == "__main__":` guard.
@@ -89,5 +89,5 @@ def test_an_embedding_host(tmp_path, script, host):
 
 def test_from_pytest_itself():
     frame = attnbench.run(**FAST)
-    assert len(frame) >= 1 and (frame.status == "ok").all()
+    assert len(frame) >= 1 and frame.status.isin(CHECKED).all()
     assert (frame.impl == "bmm").all() and (frame.seq_q == 64).all()
