@@ -149,7 +149,7 @@ def throughput(ok: pd.DataFrame, colours: dict[str, Any], peaks: dict[tuple[str,
 
     def peak_line(panel: Facet, axis: Any) -> list[tuple[float, str]]:
         row = panel.rows.iloc[0]
-        peak = peaks.get((row["machine"], row["device"], row["dtype"]))
+        peak = peaks.get(roof_key(row))
         return [(peak, f"measured matmul peak {peak:.3g} TFLOP/s")] if peak else []
 
     return _facet_figure(facets(ok), "tflops", "TFLOP/s", colours, peak_line)
@@ -215,6 +215,13 @@ def speedup(ok: pd.DataFrame, colours: dict[str, Any], baseline: str | None) -> 
     return finish(figure)
 
 
+def roof_key(row: Any) -> tuple[str, str, str]:
+    """The (machine, device, dtype) whose ceilings a row is measured against: the type its dots run in, i.e. an
+    fp8 forward's q_dtype (its rows have the model's dtype, their roofs are fp8's), else the row's dtype."""
+    dots = row.get("q_dtype")
+    return row["machine"], row["device"], dots if isinstance(dots, str) and dots else row["dtype"]
+
+
 class Roofs(NamedTuple):
     """One (machine, device, dtype)'s ceilings from meta.json: TFLOP/s and GB/s."""
 
@@ -228,14 +235,15 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
     """Achieved TFLOP/s against arithmetic intensity, under the hardware roofline (solid) and the library's
     (dashed: torch's matmul and copy rates); their figures in each panel's title, one legend to the right."""
     points = ok[ok["intensity"].notna() & ok["tflops"].notna()]
-    keys = sorted(set(zip(points["machine"], points["device"], points["dtype"], strict=True)) & set(ceilings))
+    point_keys = [roof_key(row) for row in points.to_dict("records")]
+    keys = sorted(set(point_keys) & set(ceilings))
     if not keys:
         return None
     figure, axes = panel_grid(len(keys), size=(5.2, 4.2))
     for axis, key in zip(axes, keys, strict=True):
         roofs = ceilings[key]
         peak, bandwidth_gbps = roofs.roof_tflops, roofs.roof_gbps
-        rows = points[(points["machine"] == key[0]) & (points["device"] == key[1]) & (points["dtype"] == key[2])]
+        rows = points[[k == key for k in point_keys]]
         low, high = rows["intensity"].min() / 4, rows["intensity"].max() * 4
         x = np.geomspace(low, high, 200)
         axis.plot(
@@ -302,7 +310,7 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
 
     def bandwidth_line(panel: Facet, axis: Any) -> list[tuple[float, str]]:
         row = panel.rows.iloc[0]
-        roofs = ceilings.get((row["machine"], row["device"], row["dtype"]))
+        roofs = ceilings.get(roof_key(row))
         bandwidth = roofs.roof_gbps if roofs is not None else 0.0
         if not bandwidth:
             return []

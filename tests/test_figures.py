@@ -250,3 +250,31 @@ def test_model_layers_and_features_get_panels_of_their_own_named_in_the_title():
         "cpu float32 B1 H8 D64 causal fwd sinks [gpt-oss-20b full]",
         "cpu float32 B1 H8 D64 sliding_window fwd w128 sinks [gpt-oss-20b sliding]",
     ]
+
+
+def test_an_fp8_forward_is_drawn_under_the_fp8_roofs_not_its_dtype_s():
+    """An fp8 forward's rows carry the model's dtype (bf16 out) and q_dtype float8_e4m3fn: its dots run in fp8,
+    so the roofline puts it in a panel of its own under the fp8 roof, and the throughput panel's peak is fp8's."""
+    from attnbench.reports.plots import roofline, throughput
+
+    bf16 = fabricate(seq_q=[4096, 8192]).assign(dtype="bfloat16", device="cuda", q_dtype="bfloat16")
+    fp8 = bf16.assign(q_dtype="float8_e4m3fn", kv_dtype="float8_e4m3fn", tflops=bf16["tflops"] * 1.5)
+    ok = plottable(pd.concat([bf16, fp8], ignore_index=True))
+    roofs = {
+        ("test cpu", "cuda", "bfloat16"): Roofs(989.0, 3350.0, 700.0, 3000.0),
+        ("test cpu", "cuda", "float8_e4m3fn"): Roofs(1979.0, 3350.0, 1300.0, 3000.0),
+    }
+    colours = palette(sorted(set(ok["impl"])))
+    figure = roofline(ok, colours, roofs)
+    titles = [axis.get_title() for axis in figure.axes if axis.get_title()]
+    assert len(titles) == 2, titles
+    (fp8_title,) = [t for t in titles if "float8_e4m3fn" in t]
+    assert "hardware roof 1.98e+03 TFLOP/s" in fp8_title
+    fp8_axis = next(axis for axis in figure.axes if axis.get_title() == fp8_title)
+    drawn = sorted(y for c in fp8_axis.collections for _, y in c.get_offsets())
+    assert drawn == sorted(fp8["tflops"])  # the fp8 points, none of the bf16 ones
+    plt.close(figure)
+    figure = throughput(ok, colours, {key: r.matmul_tflops for key, r in roofs.items()})
+    peaks = {text.get_text() for axis in figure.axes for text in axis.texts}
+    assert peaks == {"measured matmul peak 700 TFLOP/s", "measured matmul peak 1.3e+03 TFLOP/s"}, peaks
+    plt.close(figure)
