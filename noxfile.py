@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -93,7 +94,9 @@ def install_steps(
 def install(session: nox.Session, *extras: str, plugins: bool = True, torch: Torch | None = None) -> None:
     """torch first (exact build), then attnbench with the given extras and the user's plugins (see
     plugin_requirements), never letting pip swap torch. The test and lint sessions leave plugins out: they
-    check attnbench itself."""
+    check attnbench itself. setuptools' build/ folder goes first: it keeps modules since deleted from the source
+    and would put them in the wheel (a test of a removed module then finds it installed)."""
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
     for args in install_steps(Path(session.create_tmp()), extras, plugins=plugins, torch=torch):
         session.install(*args)
 

@@ -58,12 +58,14 @@ def _storage_bytes(output: object) -> int:
 
 
 def _cpu_peak_bytes(fn: Callable[[], object]) -> tuple[int, int]:
-    from torch.profiler import ProfilerActivity, profile
+    # The autograd profiler that torch.profiler.profile wraps: the wrapper's first start imports torch._inductor
+    # (1.1–1.7 s on the 2-core Zen 4 VM, once per worker process) to read a CUDA-graphs setting; this one doesn't.
+    from torch.autograd.profiler import profile
 
     # uncached: the profiler's own buffers, between the call's blocks in the cache, would fragment it
-    with uncached(), quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with uncached(), quiet_native_stderr(), profile(use_cpu=True, profile_memory=True, use_kineto=True) as prof:
         output = fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events = [e for e in prof.kineto_results.events() if e.name() == "[memory]"]
     current = peak = 0
     for event in sorted(events, key=lambda e: e.start_ns()):
         if getattr(event.device_type(), "name", "") == "CPU":
