@@ -13,7 +13,7 @@ from attnbench.runner._repeats import merge_repeats
 from attnbench.runner.cases import RunOptions, run_group
 from attnbench.workload import Workload
 
-from conftest import Raising, attnbench_cmd, run_subprocess
+from conftest import CHECKED, Raising, attnbench_cmd, run_subprocess
 
 FAST = RunOptions(budget_s=0.05, threads=1)
 SMALL = Workload(1, 2, 2, 32, 32, 16)
@@ -54,7 +54,7 @@ def test_group_rows_come_in_order_and_share_their_rounds(planted):
     planted.append(Raising.name)
     rows = run_group(["bmm", Raising.name, "sdpa_math"], SMALL, FAST)
     assert [row["impl"] for row in rows] == ["bmm", Raising.name, "sdpa_math"]
-    assert [row["status"] for row in rows] == ["ok", "error", "ok"]
+    assert [row["status"] in CHECKED for row in rows] == [True, False, True] and rows[1]["status"] == "error"
     assert rows[0]["rounds"] == rows[2]["rounds"] >= max(rows[0]["n_samples"], rows[2]["n_samples"])
 
 
@@ -199,4 +199,5 @@ def test_a_contender_that_kills_its_process_is_an_error_every_time(tmp_path):
     result = run_subprocess(*attnbench_cmd(*args), env={"PYTHONPATH": str(site)})
     assert result.returncode == 0, result.stderr
     statuses = pd.read_parquet(mixed / "results.parquet").set_index("impl")["status"]
-    assert statuses.to_dict() == {"bmm": "ok", "planted_abort": "error", "sdpa_math": "ok"}
+    assert statuses["planted_abort"] == "error" and {statuses["bmm"], statuses["sdpa_math"]} <= set(CHECKED)
+    assert sorted(statuses.index) == ["bmm", "planted_abort", "sdpa_math"]
