@@ -198,6 +198,6 @@ def test_a_contender_that_kills_its_process_is_an_error_every_time(tmp_path):
     ]
     result = run_subprocess(*attnbench_cmd(*args), env={"PYTHONPATH": str(site)})
     assert result.returncode == 0, result.stderr
-    statuses = pd.read_parquet(mixed / "results.parquet").set_index("impl")["status"]
-    assert statuses["planted_abort"] == "error" and {statuses["bmm"], statuses["sdpa_math"]} <= set(CHECKED)
-    assert sorted(statuses.index) == ["bmm", "planted_abort", "sdpa_math"]
+    statuses = pd.read_parquet(mixed / "results.parquet").groupby("impl")["status"].agg(set)  # quick's 2 sweeps
+    assert sorted(statuses.index) == ["bmm", "planted_abort", "sdpa_math"] and statuses["planted_abort"] == {"error"}
+    assert statuses["bmm"] | statuses["sdpa_math"] <= set(CHECKED)
