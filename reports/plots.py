@@ -236,7 +236,7 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
     (dashed: torch's matmul and copy rates); their figures in each panel's title, one legend to the right."""
     points = ok[ok["intensity"].notna() & ok["tflops"].notna()]
     point_keys = [roof_key(row) for row in points.to_dict("records")]
-    keys = sorted(set(point_keys) & set(ceilings))
+    keys = sorted(key for key in set(point_keys) & set(ceilings) if ceilings[key].roof_tflops > 0)  # a roof to draw
     if not keys:
         return None
     figure, axes = panel_grid(len(keys), size=(5.2, 4.2))
@@ -253,14 +253,18 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
             linewidth=1.2,
             label=f"hardware roof ({peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s)",
         )
-        axis.plot(
-            x,
-            np.minimum(roofs.matmul_tflops, x * roofs.copy_gbps / 1e3),
-            color="black",
-            linewidth=1,
-            linestyle="--",
-            label=f"torch matmul ({roofs.matmul_tflops:.3g} TFLOP/s) and copy",
-        )
+        library = f"torch matmul {roofs.matmul_tflops:.3g} TFLOP/s, copy {roofs.copy_gbps:.3g} GB/s"
+        if roofs.matmul_tflops > 0:
+            axis.plot(
+                x,
+                np.minimum(roofs.matmul_tflops, x * roofs.copy_gbps / 1e3),
+                color="black",
+                linewidth=1,
+                linestyle="--",
+                label=f"torch matmul ({roofs.matmul_tflops:.3g} TFLOP/s) and copy",
+            )
+        else:  # e.g. fp8 where torch has no fp8 matmul on this GPU (measure_matmul_tflops gives 0)
+            library = f"no torch matmul rate in {key[2]}"
         sns.scatterplot(
             data=rows,
             x="intensity",
@@ -277,8 +281,7 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
         axis.set_xlabel("arithmetic intensity (FLOP/byte)")
         axis.set_ylabel("achieved TFLOP/s")
         axis.set_title(
-            f"{key[0]}, {key[1]} {key[2]}: hardware roof {peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s; "
-            f"torch matmul {roofs.matmul_tflops:.3g} TFLOP/s, copy {roofs.copy_gbps:.3g} GB/s",
+            f"{key[0]}, {key[1]} {key[2]}: hardware roof {peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s; {library}",
             size=TITLE_SIZE,
         )
         axis.grid(True, which="both", alpha=0.25)

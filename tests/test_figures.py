@@ -278,3 +278,21 @@ def test_an_fp8_forward_is_drawn_under_the_fp8_roofs_not_its_dtype_s():
     peaks = {text.get_text() for axis in figure.axes for text in axis.texts}
     assert peaks == {"measured matmul peak 700 TFLOP/s", "measured matmul peak 1.3e+03 TFLOP/s"}, peaks
     plt.close(figure)
+
+
+def test_a_roof_torch_cannot_measure_is_named_not_drawn_at_zero():
+    """fp8 on a GPU where torch has no fp8 matmul: its matmul rate is 0 — the panel keeps the datasheet roof and
+    says there is no matmul rate (no dashed line at 0); a dtype with no roof at all gets no roofline panel."""
+    from attnbench.reports.plots import roofline
+
+    rows = fabricate(seq_q=[4096]).assign(dtype="bfloat16", device="cuda", q_dtype="float8_e4m3fn")
+    rows = pd.concat([rows, rows.assign(q_dtype="bfloat16")], ignore_index=True)
+    roofs = {
+        ("test cpu", "cuda", "float8_e4m3fn"): Roofs(1979.0, 3350.0, 0.0, 3000.0),
+        ("test cpu", "cuda", "bfloat16"): Roofs(0.0, 3350.0, 0.0, 3000.0),
+    }
+    figure = roofline(plottable(rows), palette(["bmm", "sdpa_flash"]), roofs)
+    (axis,) = [axis for axis in figure.axes if axis.get_title()]
+    assert "float8_e4m3fn" in axis.get_title() and "no torch matmul rate in float8_e4m3fn" in axis.get_title()
+    assert [line.get_linestyle() for line in axis.get_lines()] == ["-"]  # the hardware roof alone
+    plt.close(figure)
