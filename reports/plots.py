@@ -253,7 +253,6 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
             linewidth=1.2,
             label=f"hardware roof ({peak:.3g} TFLOP/s, {bandwidth_gbps:.3g} GB/s)",
         )
-        library = f"torch matmul {roofs.matmul_tflops:.3g} TFLOP/s, copy {roofs.copy_gbps:.3g} GB/s"
         if roofs.matmul_tflops > 0:
             axis.plot(
                 x,
@@ -263,6 +262,7 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
                 linestyle="--",
                 label=f"torch matmul ({roofs.matmul_tflops:.3g} TFLOP/s) and copy",
             )
+            library = f"torch matmul {roofs.matmul_tflops:.3g} TFLOP/s, copy {roofs.copy_gbps:.3g} GB/s"
         else:  # e.g. fp8 where torch has no fp8 matmul on this GPU (measure_matmul_tflops gives 0)
             library = f"no torch matmul rate in {key[2]}"
         sns.scatterplot(

@@ -59,7 +59,7 @@ def _storage_bytes(output: object) -> int:
 
 def _cpu_peak_bytes(fn: Callable[[], object]) -> tuple[int, int]:
     # The autograd profiler that torch.profiler.profile wraps: the wrapper's first start imports torch._inductor
-    # (1.1–1.7 s on the 2-core Zen 4 VM, once per worker process) to read a CUDA-graphs setting; this one doesn't.
+    # (1.13 s on the 2-core Zen 4 VM, once per worker process) to read a CUDA-graphs setting; this one doesn't.
     from torch.autograd.profiler import profile
 
     # uncached: the profiler's own buffers, between the call's blocks in the cache, would fragment it
