@@ -82,6 +82,8 @@ def compiled(monkeypatch):
 
     for name in ("_forward_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"):
         monkeypatch.setattr(_triton_kernels, name, Capture(getattr(_triton_kernels, name)))
+    layout = _triton_flash.layout_kernels
+    monkeypatch.setattr(layout, "_transpose_kernel", Capture(layout._transpose_kernel))
     monkeypatch.setattr(_triton_flash, "INTERPRETED", False)
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said out loud
     return kernels
@@ -184,6 +186,7 @@ def test_the_fp8_forward_compiles_for_sm90_to_e4m3_tensor_core_dots(compiled, mo
     plan.tiles["fwd"] = tile
     out, _ = _triton_flash.forward(q, k, v, plan)
     assert out.dtype == torch.bfloat16
+    assert "_transpose_kernel" in compiled  # v made keys-contiguous by our own kernel
     kernel = compiled["_forward_kernel"]
     dots = set(re.findall(r"wgmma\.mma_async\.\S+", kernel.asm["ptx"]))
     assert dots and all(".e4m3.e4m3" in dot for dot in dots), dots

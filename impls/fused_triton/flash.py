@@ -49,7 +49,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from attnbench.impls.fused_triton import decode, decode_kernels, kernels
+from attnbench.impls.fused_triton import decode, decode_kernels, kernels, layout_kernels
 from attnbench.impls.fused_triton.decode import DECODE_MAX_QUERIES, Pages, is_view_of
 from attnbench.impls.fused_triton.tile_cache import source_hash
 from attnbench.impls.fused_triton.tiles import (
@@ -666,7 +666,7 @@ def forward(
         # here, in the call, by torch's copy; read as rows, Triton 3.6's P·V made the whole forward 2.6× slower
         # (H200, B8 H16 S16384 D128: 62.6 ms against 24.1 for the kernel on a transposed v; the call with this
         # copy took 25.6 ms in a run of the fused_gpu_fp8 suite).
-        v = v.transpose(2, 3).contiguous().transpose(2, 3)
+        v = layout_kernels.keys_contiguous(v)
     tma = takes_descriptors(plan, k, v, v_from_k)
 
     def launch(tile: Tile) -> None:
