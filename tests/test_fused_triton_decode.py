@@ -23,6 +23,7 @@ tests/test_fused_triton_compile.py.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -192,6 +193,9 @@ def test_split_count_fills_the_gpu_with_whole_key_blocks():
     assert split_count(4096, 8192, 32, 132, 256) == (1, 8192)  # the batch fills the GPU on its own
     splits, per_split = split_count(2, 1000, 16, 2, 32)
     assert splits == 4 and per_split == 256
+    # MLA's B8 × 2 row blocks: one wave is 9 splits of 960 keys (8192 / 9 → 911 → 15 blocks of 64), four waves 32 of 256
+    assert split_count(16, 8192, 64, 132, 256, waves=1) == (9, 960)
+    assert split_count(16, 8192, 64, 132, 256, waves=4) == (32, 256)
 
 
 @pytest.mark.parametrize(
@@ -234,6 +238,10 @@ def test_decode_tiles_fit_the_device_and_take_the_group_rows():
     tiles = decode.candidates(plan, interpreted=False)
     assert {t.block_m for t in tiles} == {16} and tiles  # a kv head's 4 rows: 16, tl.dot's least
     assert {(t.block_n, t.num_warps, t.num_stages) for t in tiles} <= set(decode.DECODE_TILES)
+    kernels = {dataclasses.replace(t, waves=0) for t in tiles}  # each compiled tile at every tuned split count
+    assert {t.waves for t in tiles} == set(decode.WAVE_CHOICES) and len(tiles) == len(kernels) * len(
+        decode.WAVE_CHOICES
+    )
     assert all(shared_bytes("fwd", t, 128, 2) <= decode.max_shared_memory(q.device) for t in tiles)
     prefix = flash.make_plan(q, k, k, shared_prefix=32)  # the prefix level's 2 × 4 rows: no taller tile
     assert {t.block_m for t in decode.candidates(prefix, interpreted=False)} == {16}

@@ -9,6 +9,7 @@ GPU, by ``nox -s gpu_smoke``.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -223,7 +224,10 @@ def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsy
 
     forced: list[tuple[str, Tile]] = []
     bad = CUDA_TILES["dq"][2]
-    decode_tiles = [Tile(16, 64, 4, 2), Tile(64, 32, 8, 2)]  # the decode kernel's: each case's own candidates
+    # the decode kernel's: each case's own candidates, each compiled tile at several split counts (waves),
+    # forced once per compiled tile at its most splits
+    decode_tiles = [Tile(16, 64, 4, 2), Tile(64, 32, 8, 2)]
+    decode_waves = [dataclasses.replace(t, waves=w) for t in decode_tiles for w in (8, 1, 2)]
 
     def check_case(case: Workload, tiles: dict[str, Tile]) -> str:
         ((kernel, tile),) = tiles.items()
@@ -231,7 +235,7 @@ def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsy
         return "dq error 0.5 of its scale, over 0.06" if tile == bad else ""
 
     def candidates(case: Workload, kernel: str) -> list[Tile]:
-        return decode_tiles if kernel == "decode" else list(CUDA_TILES[kernel])
+        return decode_waves if kernel == "decode" else list(CUDA_TILES[kernel])
 
     monkeypatch.setattr(_triton_smoke, "check_case", check_case)
     monkeypatch.setattr(_triton_smoke, "check_far_offsets", lambda device: "")
@@ -246,7 +250,7 @@ def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsy
         for tile in tiles
         for case in cases
         if (kernel == "fwd" and case not in decode) or case.pass_ != "fwd"
-    ] + [("decode", tile) for case in decode for tile in decode_tiles]
+    ] + [("decode", dataclasses.replace(tile, waves=8)) for case in decode for tile in decode_tiles]
     backward = sum(case.pass_ != "fwd" for case in cases)
     assert 0 < backward < len(cases) and len(decode) >= 5
     out = capsys.readouterr().out

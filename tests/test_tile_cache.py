@@ -271,3 +271,18 @@ def test_the_plan_asks_for_hopper_tiles_on_a_hopper(monkeypatch):
     assert seen and seen[0] == plan.device
     assert set(hopper["fwd"]) < set(full["fwd"]) and hopper["prefix"] == hopper["fwd"]
     assert hopper["dkdv"] == full["dkdv"]
+
+
+def test_a_decode_tile_keeps_its_waves_on_disk(timed, monkeypatch):
+    """A decode candidate's split count (``Tile.waves``) is stored with it and read back; other kernels' tiles
+    are stored as four numbers, as before it existed."""
+    candidates = [Tile(16, 64, 4, 2, waves=w) for w in (1, 2, 4, 8)]
+    best = candidates[2]
+    monkeypatch.setattr(_tiles, "time_tile", lambda launch, tile: 1.0 if tile == best else 2.0)
+    assert _tiles.choose(key(), candidates, launch) == best
+    (path,) = stored_files()
+    value = json.loads(path.read_text())["value"]
+    assert value["tile"] == [16, 64, 4, 2, 4] and set(value["timings_ms"]) == {f"16,64,4,2,{w}" for w in (1, 2, 4, 8)}
+    new_process()
+    assert _tiles.cached(key(), candidates) == best
+    assert Tile(64, 64, 4, 3).fields() == (64, 64, 4, 3)

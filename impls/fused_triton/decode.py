@@ -8,10 +8,13 @@ merged by log-sum-exp. A paged cache is read in place (:class:`Pages`: the pool,
 per-page scales); the contiguous k and v are not touched.
 
 Split sizing (``split_count``): the programs of one launch — sequences × kv heads × row blocks × splits —
-are made at least ``WAVES`` times the GPU's SM count, each split at least ``MIN_SPLIT_KEYS`` keys and a
+are made at least ``waves`` times the GPU's SM count, each split at least ``MIN_SPLIT_KEYS`` keys and a
 whole number of key blocks, so a batch of 8 sequences with 8 kv heads still keeps every SM streaming the
-cache; the merge reads back B·Hq·Sq·Dv fp32 values per split, small next to the cache. ``WAVES`` is a rule
-of thumb, not tuned; the tile (``DECODE_TILES``), which sets the splits' key blocks, is tuned per shape.
+cache. More splits fill the SMs sooner but each writes B·Hq·Sq·Dv fp32 partials that the merge reads back
+(for MLA's 128 heads × 512 channels as many bytes as the latent cache itself at 32 splits), and a short
+split spends more of its time starting and storing: ``waves`` is tuned with the tile, each candidate of
+``DECODE_TILES`` / ``WIDE_TILES`` timed at every ``WAVE_CHOICES`` value (one compiled kernel per tile, the
+split count being a launch argument).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ if TYPE_CHECKING:
     from attnbench.workload import Workload
 
 DECODE_MAX_QUERIES = 8  # query rows per sequence up to which a forward takes the decode kernels
-WAVES = 4  # programs per SM to aim for
+WAVES = 4  # programs per SM to aim for, where a tile does not say (``Tile.waves``)
+WAVE_CHOICES = (1, 2, 4, 8)  # the tuned values of ``Tile.waves``
 MIN_SPLIT_KEYS = 256
 # The interpreter: small splits and few "SMs", so that small test cases have several splits and partial ones
 INTERPRETER_SMS = 2
@@ -114,29 +118,30 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def split_count(programs: int, keys: int, block_n: int, sms: int, min_keys: int) -> tuple[int, int]:
+def split_count(programs: int, keys: int, block_n: int, sms: int, min_keys: int, waves: int = WAVES) -> tuple[int, int]:
     """(splits, keys per split) for ``keys`` keys and ``programs`` programs per split: at least
-    ``WAVES`` × ``sms`` programs in all where the keys allow splits of ``min_keys`` or more; each split a
+    ``waves`` × ``sms`` programs in all where the keys allow splits of ``min_keys`` or more; each split a
     whole number of ``block_n`` key blocks."""
     keys = max(1, keys)
-    wanted = max(1, min(triton.cdiv(WAVES * sms, max(1, programs)), keys // max(min_keys, block_n)))
+    wanted = max(1, min(triton.cdiv(waves * sms, max(1, programs)), keys // max(min_keys, block_n)))
     per_split = triton.cdiv(triton.cdiv(keys, wanted), block_n) * block_n
     return triton.cdiv(keys, per_split), per_split
 
 
 def partial_bytes(w: Workload, interpreted: bool) -> float:
     """The decode kernels' working memory for workload ``w``: each split's fp32 partial output and log-sum-exp
-    per query row, at most as many splits as the smallest key block gives (``split_count``); a shared prefix's
-    splits besides the suffix's."""
+    per query row, at most as many splits as the smallest key block and the most waves give (``split_count``);
+    a shared prefix's splits besides the suffix's."""
     sms, min_keys = split_limits(interpreted, None)
     group_rows = w.heads // w.kv_heads * w.seq_q
     block_n = INTERPRETER_TILE.block_n if interpreted else min(spec[0] for spec in DECODE_TILES)
     block_m = INTERPRETER_TILE.block_m if interpreted else 16  # the shortest tile: the most programs, fewest splits
     blocks = triton.cdiv(group_rows, block_m)
-    splits = split_count(w.batch * w.kv_heads * blocks, w.seq_k - w.shared_prefix, block_n, sms, min_keys)[0]
+    waves = WAVES if interpreted else max(WAVE_CHOICES)
+    splits = split_count(w.batch * w.kv_heads * blocks, w.seq_k - w.shared_prefix, block_n, sms, min_keys, waves)[0]
     if w.shared_prefix:
         prefix_blocks = triton.cdiv(w.batch * group_rows, block_m)
-        splits += split_count(w.kv_heads * prefix_blocks, w.shared_prefix, block_n, sms, min_keys)[0]
+        splits += split_count(w.kv_heads * prefix_blocks, w.shared_prefix, block_n, sms, min_keys, waves)[0]
     return 4.0 * splits * w.batch * w.heads * w.seq_q * (w.head_dim_v + 1)
 
 
@@ -158,8 +163,8 @@ def row_block(plan: Plan) -> int:
 
 
 def candidates(plan: Plan, interpreted: bool) -> list[Tile]:
-    """The decode kernel's tiles for this plan, those over the device's shared memory dropped (the smallest
-    kept if none fits)."""
+    """The decode kernel's tiles for this plan, each at every ``WAVE_CHOICES`` value, those over the device's
+    shared memory dropped (the smallest kept if none fits)."""
     if interpreted:
         return [INTERPRETER_TILE]
     if plan.block_dt:
@@ -176,7 +181,8 @@ def candidates(plan: Plan, interpreted: bool) -> list[Tile]:
     def size(tile: Tile) -> int:
         return shared_bytes("fwd", tile, width, plan.dtype.itemsize, plan.block_dv)
 
-    return [t for t in tiles if size(t) <= cap] or [min(tiles, key=size)]
+    fitting = [t for t in tiles if size(t) <= cap] or [min(tiles, key=size)]
+    return [dataclasses.replace(t, waves=waves) for t in fitting for waves in WAVE_CHOICES]
 
 
 def decode_forward(
@@ -243,7 +249,9 @@ def decode_forward(
         kk, vv, page_table = keys
         blocks = triton.cdiv(row_count, tile.block_m)
         programs = sequences * plan.kv_heads * blocks
-        count, per_split = split_count(programs, key_range[1] - key_range[0], tile.block_n, sms, min_keys)
+        count, per_split = split_count(
+            programs, key_range[1] - key_range[0], tile.block_n, sms, min_keys, tile.waves or WAVES
+        )
         strides = (*kk.stride(), *vv.stride()) if kk.dim() == 4 else (0, *kk.stride(), 0, *vv.stride())
 
         def run(part_out: torch.Tensor, part_lse: torch.Tensor, base: int) -> None:

@@ -160,6 +160,17 @@ def _candidates(case: Workload, kernel: str) -> list[Tile] | None:
     return plan.candidates(kernel)
 
 
+def _compiled(tiles: Sequence[Tile]) -> list[Tile]:
+    """One tile per compiled kernel (tiles that differ only in ``waves`` launch the same one), each at its
+    most waves: the most splits, the most partials merged."""
+    kept: dict[Tile, Tile] = {}
+    for tile in tiles:
+        kernel = dataclasses.replace(tile, waves=0)
+        if kernel not in kept or tile.waves > kept[kernel].waves:
+            kept[kernel] = tile
+    return list(kept.values())
+
+
 def _forced(
     case: Workload, kernel: str, tile: Tile, unfit: list[str], failures: list[str], named: bool = False
 ) -> str | None:
@@ -210,7 +221,7 @@ def smoke(
         elif item[0] == "decode":
             # the decode kernel's tiles depend on the case (its rows): each case's own candidates, every one forced
             case = dataclasses.replace(item[1], device=device)
-            decode_tiles = (tiles or {}).get("decode") or _candidates(case, "decode") or [INTERPRETER_TILE]
+            decode_tiles = _compiled((tiles or {}).get("decode") or _candidates(case, "decode") or [INTERPRETER_TILE])
             ran, unfit = 0, list[str]()
             for tile in decode_tiles:
                 ran += _forced(case, "decode", tile, unfit, failures, named=True) is not None

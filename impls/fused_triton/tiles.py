@@ -57,6 +57,14 @@ class Tile:
     block_n: int
     num_warps: int
     num_stages: int
+    # the decode kernels only: programs per SM their keys are split for (0: ``decode.WAVES``); a launch
+    # parameter, not a compiled one, so tiles differing only here share one kernel
+    waves: int = 0
+
+    def fields(self) -> tuple[int, ...]:
+        """The tile as stored: its numbers, ``waves`` only where set (so other kernels' files read as before)."""
+        numbers = dataclasses.astuple(self)
+        return numbers if self.waves else numbers[:-1]
 
     def launch_kwargs(self) -> dict[str, int]:
         return {
@@ -294,7 +302,7 @@ def _versions() -> dict[str, str]:
 def stored_key(key: TuningKey, candidates: Sequence[Tile]) -> dict[str, Any]:
     """The key a tuned tile is kept under, in memory and on disk: the tuning key, the candidates timed and
     the torch and Triton versions."""
-    return {"tuning": key._asdict(), "candidates": [dataclasses.astuple(t) for t in candidates], **_versions()}
+    return {"tuning": key._asdict(), "candidates": [t.fields() for t in candidates], **_versions()}
 
 
 def time_tile(launch: Callable[[Tile], object], tile: Tile) -> float:
@@ -340,10 +348,8 @@ def choose(key: TuningKey, candidates: Sequence[Tile], launch: Callable[[Tile], 
     stored = stored_key(key, candidates)
     _CHOSEN[tile_cache.canonical(stored)] = best
     if key.source and math.isfinite(timings[best]):
-        times = {
-            ",".join(map(str, dataclasses.astuple(t))): ms if math.isfinite(ms) else None for t, ms in timings.items()
-        }
-        record = {"tile": dataclasses.astuple(best), "timings_ms": times}  # for a reader: what each tile took
+        times = {",".join(map(str, t.fields())): ms if math.isfinite(ms) else None for t, ms in timings.items()}
+        record = {"tile": best.fields(), "timings_ms": times}  # for a reader: what each tile took
         tile_cache.write(stored, key.kernel, record)
     return best
 
