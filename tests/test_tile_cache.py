@@ -286,3 +286,5 @@ def test_a_decode_tile_keeps_its_waves_on_disk(timed, monkeypatch):
     new_process()
     assert _tiles.cached(key(), candidates) == best
     assert Tile(64, 64, 4, 3).fields() == (64, 64, 4, 3)
+    assert repr(Tile(64, 64, 4, 3)) == "Tile(block_m=64, block_n=64, num_warps=4, num_stages=3)"  # as gpu_smoke says
+    assert repr(best) == "Tile(block_m=16, block_n=64, num_warps=4, num_stages=2, waves=4)"

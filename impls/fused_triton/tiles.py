@@ -61,6 +61,10 @@ class Tile:
     # parameter, not a compiled one, so tiles differing only here share one kernel
     waves: int = 0
 
+    def __repr__(self) -> str:  # as the dataclass's, ``waves`` only where set
+        names = ("block_m", "block_n", "num_warps", "num_stages") + (("waves",) if self.waves else ())
+        return f"Tile({', '.join(f'{name}={getattr(self, name)}' for name in names)})"
+
     def fields(self) -> tuple[int, ...]:
         """The tile as stored: its numbers, ``waves`` only where set (so other kernels' files read as before)."""
         numbers = dataclasses.astuple(self)
