@@ -20,49 +20,10 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton.runtime.jit import mangle_type  # noqa: E402
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
-
 from attnbench.impls.fused_triton import flash as _triton_flash  # noqa: E402
 from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E402
+from attnbench.impls.fused_triton.compile_report import compile_for as _compile  # noqa: E402
 from attnbench.impls.fused_triton.tiles import Tile, shared_bytes  # noqa: E402
-
-HOPPER = GPUTarget("cuda", 90, 32)
-_TYPES = {
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.float32: "fp32",
-    torch.int32: "i32",
-    torch.float8_e4m3fn: "fp8e4nv",
-    torch.float8_e5m2: "fp8e5",
-}
-
-
-def _compile(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Compile ``fn`` for sm_90 specialised like Triton's launcher would for these arguments."""
-    options = {"num_warps": kwargs.pop("num_warps", 4), "num_stages": kwargs.pop("num_stages", 3)}
-    values = {**dict(zip(fn.arg_names, args, strict=False)), **kwargs}
-    signature: dict[str, str] = {}
-    constants: dict[str, Any] = {}
-    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-    for index, name in enumerate(fn.arg_names):
-        value = values[name]
-        if name in kwargs or value is None or (isinstance(value, int) and value == 1):
-            signature[name], constants[name] = "constexpr", value
-        elif isinstance(value, TensorDescriptor):  # as the launcher names it: its dtype and block shape
-            signature[name] = mangle_type(value)
-        elif isinstance(value, torch.Tensor):
-            signature[name] = "*" + _TYPES[value.dtype]
-            attrs[(index,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if value % 16 == 0:
-                attrs[(index,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(fn, signature, constants, attrs), target=HOPPER, options=options)
 
 
 @pytest.fixture()

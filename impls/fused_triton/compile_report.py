@@ -1,0 +1,281 @@
+"""What Triton's compiler makes of fused_triton's kernels for a Hopper GPU (sm_90), on a machine without one.
+
+``python -m attnbench.impls.fused_triton.compile_report --case mla`` compiles the kernel a case launches with
+each tile forced (default: the tiles the tuner would time on an H100) and prints, per tile, what decides its
+speed before any GPU runs it:
+
+* registers per thread and stack bytes (register spills), read from the cubin by ``cuobjdump -res-usage``
+  (shipped with Triton's NVIDIA backend);
+* the shared memory the compiler allots (the tuner prunes by ``tiles.shared_bytes``, an estimate);
+* the tensor-core instructions: Hopper's ``wgmma`` by shape (m64nNk16: N is the product's width per
+  warpgroup) and where its first operand comes from (``reg``: registers, ``smem``: a shared-memory
+  descriptor), or Ampere's ``mma.sync`` where a tile is below wgmma's 64 rows;
+* the ``wgmma.wait_group`` depths: 0 means each product is waited for as soon as it is issued, so no MMA
+  runs beside the softmax (FlashAttention-3 keeps one in flight).
+
+The figures are the installed Triton's; the GPU may run another version (this project's GPU machine: Triton
+3.6.0). To compile with that one on a CPU machine: ``pip install --target DIR triton==X --no-deps`` and run
+with ``PYTHONPATH=DIR``. ``compile_for`` is also what ``tests/test_fused_triton_compile.py`` compiles with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from attnbench.impls.fused_triton.tiles import Tile
+
+HOPPER_SHARED = 232448  # an H100's / H200's opt-in shared memory per block (227 KiB)
+_TYPES = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    torch.int32: "i32",
+    torch.float8_e4m3fn: "fp8e4nv",
+    torch.float8_e5m2: "fp8e5",
+}
+CASES = ("forward", "decode", "mla")
+
+
+def compile_for(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], capability: int = 90) -> Any:
+    """Compile the jitted ``fn`` for a CUDA GPU of ``capability`` (default sm_90), specialised as Triton's
+    launcher would for these arguments: 16-byte aligned pointers, integers of 1 and None as constants,
+    multiples of 16 marked divisible."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    options = {"num_warps": kwargs.pop("num_warps", 4), "num_stages": kwargs.pop("num_stages", 3)}
+    values = {**dict(zip(fn.arg_names, args, strict=False)), **kwargs}
+    signature: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for index, name in enumerate(fn.arg_names):
+        value = values[name]
+        if name in kwargs or value is None or (isinstance(value, int) and value == 1):
+            signature[name], constants[name] = "constexpr", value
+        elif isinstance(value, TensorDescriptor):  # as the launcher names it: its dtype and block shape
+            signature[name] = mangle_type(value)
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TYPES[value.dtype]
+            attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn, signature, constants, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+
+
+@contextlib.contextmanager
+def compiling(targets: Sequence[tuple[Any, str]]) -> Iterator[dict[str, Any]]:
+    """Within it, launches of the kernels ``(module, name)`` become sm_90 compiles, collected by kernel name;
+    fused_triton's launchers take the CUDA path (not the interpreter's), as on a Hopper GPU of 132 SMs."""
+    from attnbench.impls.fused_triton import decode, flash
+
+    compiled: dict[str, Any] = {}
+
+    class Capture:
+        def __init__(self, fn: Any) -> None:
+            self.fn = fn
+
+        def __getitem__(self, grid: Any) -> Callable[..., None]:
+            def launch(*args: Any, **kwargs: Any) -> None:
+                compiled[self.fn.__name__] = compile_for(self.fn, args, dict(kwargs))
+
+            return launch
+
+    patches: list[tuple[Any, str, Any]] = [(module, name, Capture(getattr(module, name))) for module, name in targets]
+    patches += [(flash, "INTERPRETED", False), (flash, "is_hopper", lambda device: True)]
+    patches += [(decode, "sm_count", lambda device: 132), (decode, "max_shared_memory", lambda device: HOPPER_SHARED)]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    try:
+        for module, name, value in patches:
+            setattr(module, name, value)
+        yield compiled
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What one compiled kernel holds (``inspect``)."""
+
+    registers: int | None  # per thread; None without cuobjdump
+    stack_bytes: int | None  # register spills land here
+    shared_bytes: int
+    wgmma: dict[str, int]  # "m64n128k16 smem" → count
+    mma_sync: int
+    waits: dict[int, int]  # wgmma.wait_group depth → count
+
+    def line(self) -> str:
+        products = ", ".join(f"{count}× {shape}" for shape, count in sorted(self.wgmma.items()))
+        if self.mma_sync:
+            products = ", ".join(filter(None, [products, f"{self.mma_sync}× mma.sync"]))
+        waits = ", ".join(f"{depth}: {count}" for depth, count in sorted(self.waits.items())) or "none"
+        regs = "?" if self.registers is None else self.registers
+        stack = "?" if self.stack_bytes is None else self.stack_bytes
+        return f"regs {regs}, stack {stack} B, shared {self.shared_bytes} B | {products} | wait_group {waits}"
+
+
+def inspect(kernel: Any) -> Report:
+    """The ``Report`` of a kernel compiled by ``compile_for``."""
+    ptx = kernel.asm["ptx"]
+    wgmma: collections.Counter[str] = collections.Counter()
+    for match in re.finditer(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\S*\s+\{[^}]*\},\s*(\{|%rd)", ptx):
+        wgmma[f"{match.group(1)} {'reg' if match.group(2) == '{' else 'smem'}"] += 1
+    waits = collections.Counter(int(d) for d in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))
+    registers, stack = _resources(kernel.asm.get("cubin"))
+    return Report(
+        registers,
+        stack,
+        int(kernel.metadata.shared),
+        dict(wgmma),
+        len(re.findall(r"mma\.sync\.aligned", ptx)),
+        dict(waits),
+    )
+
+
+def _resources(cubin: bytes | None) -> tuple[int | None, int | None]:
+    """(registers, stack bytes) of the cubin's kernel from ``cuobjdump -res-usage``; (None, None) without it."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not cubin or not os.path.exists(tool):
+        return None, None
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "kernel.cubin")
+        with open(path, "wb") as handle:
+            handle.write(cubin)
+        usage = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True, check=False).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    return (int(found.group(1)), int(found.group(2))) if found else (None, None)
+
+
+def _case(case: str, head_dim: int, mask: str, kv_dtype: torch.dtype) -> tuple[Callable[[Tile], None], Any, str]:
+    """(launch with a tile forced, the plan, the kernel's name) for one of ``CASES``: the shapes the suites time
+    (forward: B8 H16 S8192 bf16; decode: Llama-3.1-8B's B8 H32/8 D128 over 8192 keys; mla: DeepSeek-V3's 128
+    heads over a 576/512 latent cache of 8192 keys, B8). Tensors are empty: nothing runs."""
+    from attnbench.impls.fused_triton import flash
+
+    if case == "forward":
+        q = torch.empty(8, 16, 8192, head_dim, dtype=torch.bfloat16)
+        k, v = torch.empty_like(q), torch.empty_like(q)
+        plan, kernel, name = flash.make_plan(q, k, v, mask=mask), "fwd", "_forward_kernel"
+    elif case == "decode":
+        q = torch.empty(8, 32, 1, 128, dtype=torch.bfloat16)
+        k, v = (torch.empty(8, 8, 8192, 128, dtype=torch.bfloat16).to(kv_dtype) for _ in range(2))
+        scales: dict[str, Any] = {}
+        if kv_dtype != q.dtype:
+            scales = {"k_scale": torch.ones(8, 8, 1, 1), "v_scale": torch.ones(8, 8, 1, 1)}
+        plan, kernel, name = (
+            flash.make_plan(q, k, v, mask="causal_bottom_right", **scales),
+            "decode",
+            "_decode_split_kernel",
+        )
+    else:
+        q = torch.empty(8, 128, 1, 576, dtype=torch.bfloat16)
+        k = torch.empty(8, 1, 8192, 576, dtype=torch.bfloat16)
+        v = k[..., :512]
+        plan, kernel, name = flash.make_plan(q, k, v, mask="causal_bottom_right"), "decode", "_decode_split_kernel"
+
+    def launch(tile: Tile) -> None:
+        plan.tiles[kernel] = tile
+        flash.forward(q, k, v, plan)
+
+    return launch, plan.candidates(kernel), name
+
+
+def report(
+    case: str,
+    tiles: Sequence[Tile] | None,
+    head_dim: int = 128,
+    mask: str = "none",
+    kv_dtype: torch.dtype = torch.bfloat16,
+) -> list[tuple[Tile, Report | str]]:
+    """Each tile (default: the tuner's candidates on a Hopper GPU, one per compiled kernel) and its ``Report``,
+    or why it did not compile."""
+    from attnbench.impls.fused_triton import decode_kernels, kernels
+
+    targets = [
+        (kernels, "_forward_kernel"),
+        (decode_kernels, "_decode_split_kernel"),
+        (decode_kernels, "_decode_merge_kernel"),
+    ]
+    results: list[tuple[Tile, Report | str]] = []
+    with compiling(targets) as compiled:
+        launch, candidates, name = _case(case, head_dim, mask, kv_dtype)
+        chosen = list(tiles) if tiles else list(dict.fromkeys(dataclasses.replace(t, waves=0) for t in candidates))
+        for tile in chosen:
+            try:
+                launch(tile)
+                results.append((tile, inspect(compiled.pop(name))))
+            except Exception as exc:  # a tile the compiler rejects: said, not raised
+                results.append((tile, f"does not compile ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"))
+    return results
+
+
+def _tile(text: str) -> Tile:
+    try:
+        numbers = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(repr(text)) from None
+    if len(numbers) not in (4, 5) or min(numbers) < 1:
+        raise ValueError(repr(text))
+    return Tile(*numbers)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attnbench.impls.fused_triton.compile_report", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--case", choices=CASES, default="forward", help="the kernel and shape to compile (default forward)"
+    )
+    parser.add_argument(
+        "--tiles", help='tiles "BLOCK_M,BLOCK_N,WARPS,STAGES[,WAVES] …" (default: the tuner\'s candidates)'
+    )
+    parser.add_argument("--head-dim", type=int, choices=(64, 128), default=128, help="forward only (default 128)")
+    parser.add_argument("--mask", choices=("none", "causal"), default="none", help="forward only (default none)")
+    parser.add_argument(
+        "--kv-dtype",
+        choices=("bfloat16", "float8_e4m3fn", "float8_e5m2"),
+        default="bfloat16",
+        help="decode only: the cache's type (default bfloat16)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        tiles = [_tile(text) for text in args.tiles.split()] if args.tiles else None
+    except ValueError as exc:
+        parser.error(f"--tiles: {exc} is not a tile; allowed: BLOCK_M,BLOCK_N,WARPS,STAGES[,WAVES] (positive integers)")
+    try:
+        import triton
+    except ImportError:
+        print("compile_report: needs Triton (pip install 'attnbench[triton]')", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said out loud (as the tests do)
+    print(f"sm_90 compiles by Triton {triton.__version__}: {args.case}", flush=True)
+    for tile, result in report(args.case, tiles, args.head_dim, args.mask, getattr(torch, args.kv_dtype)):
+        shown = ",".join(map(str, tile.fields()))
+        print(f"{shown:>14}  {result if isinstance(result, str) else result.line()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

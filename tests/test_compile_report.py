@@ -1,0 +1,35 @@
+"""`python -m attnbench.impls.fused_triton.compile_report`: fused_triton's kernels compiled for sm_90 on a machine
+without a GPU, and what each tile compiled to."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from attnbench.impls.fused_triton import compile_report
+from attnbench.impls.fused_triton.tiles import Tile
+
+
+@pytest.mark.slow
+def test_the_mla_decode_tile_is_reported_with_its_products_and_resources(capsys):
+    """MLA's 64-row tile over 8 warps: q·kᵀ as wgmma from shared memory (q and the key tile), P·V with P in
+    registers, each product waited for at once; the forward's registers and stack come from the cubin."""
+    assert compile_report.main(["--case", "mla", "--tiles", "64,32,8,2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("sm_90 compiles by Triton ") and lines[0].endswith(": mla")
+    (line,) = lines[1:]
+    assert line.split()[0] == "64,32,8,2" and " smem" in line and " reg" in line and "wait_group 0: " in line
+    ((tile, report),) = compile_report.report("mla", [Tile(64, 32, 8, 2)])
+    assert isinstance(report, compile_report.Report) and tile == Tile(64, 32, 8, 2)
+    assert report.mma_sync == 0 and set(report.waits) == {0} and report.shared_bytes > 64 * 576 * 2
+    assert report.registers is None or 0 < report.registers <= 255
+
+
+@pytest.mark.parametrize("bad", [["--tiles", "64,32,x,2"], ["--tiles", "64,32,8"], ["--case", "prefill"]])
+def test_bad_input_is_one_line_and_exit_2(bad, capsys):
+    with pytest.raises(SystemExit) as raised:
+        compile_report.main(bad)
+    assert raised.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("python -m attnbench.impls.fused_triton.compile_report: error: ")
