@@ -33,3 +33,21 @@ def test_bad_input_is_one_line_and_exit_2(bad, capsys):
     assert raised.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("python -m attnbench.impls.fused_triton.compile_report: error: ")
+
+
+def test_the_default_tiles_are_the_tuners_on_a_hopper_gpu():
+    """Without --tiles, the candidates the tuner times on an H100/H200 (227 KiB of shared memory: Hopper's
+    128×128 three-stage forward tile among them), found without compiling anything; afterwards the module is
+    as before (the CPU's fallback limit)."""
+    import torch
+
+    from attnbench.impls.fused_triton import flash
+
+    with compile_report.compiling([]):
+        _, forward, name = compile_report._case("forward", 128, "none", torch.bfloat16)
+        _, mla, _ = compile_report._case("mla", 128, "none", torch.bfloat16)
+    assert name == "_forward_kernel" and Tile(128, 128, 8, 3) in forward and len(forward) == 9
+    assert {t.block_m for t in mla} <= {16, 32, 64} and {t.waves for t in mla} == {1, 2, 4, 8}
+    assert flash.max_shared_memory(torch.device("cpu")) < compile_report.HOPPER_SHARED and not flash.is_hopper(
+        torch.device("cpu")
+    )

@@ -85,7 +85,8 @@ def compile_for(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], capabili
 @contextlib.contextmanager
 def compiling(targets: Sequence[tuple[Any, str]]) -> Iterator[dict[str, Any]]:
     """Within it, launches of the kernels ``(module, name)`` become sm_90 compiles, collected by kernel name;
-    fused_triton's launchers take the CUDA path (not the interpreter's), as on a Hopper GPU of 132 SMs."""
+    fused_triton's launchers take the CUDA path (not the interpreter's), as on a Hopper GPU: 132 SMs, 227 KiB of
+    shared memory per block (the tuner's candidates as there)."""
     from attnbench.impls.fused_triton import decode, flash
 
     compiled: dict[str, Any] = {}
@@ -102,7 +103,8 @@ def compiling(targets: Sequence[tuple[Any, str]]) -> Iterator[dict[str, Any]]:
 
     patches: list[tuple[Any, str, Any]] = [(module, name, Capture(getattr(module, name))) for module, name in targets]
     patches += [(flash, "INTERPRETED", False), (flash, "is_hopper", lambda device: True)]
-    patches += [(decode, "sm_count", lambda device: 132), (decode, "max_shared_memory", lambda device: HOPPER_SHARED)]
+    patches += [(decode, "sm_count", lambda device: 132)]
+    patches += [(module, "max_shared_memory", lambda device: HOPPER_SHARED) for module in (flash, decode)]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
     try:
         for module, name, value in patches:
