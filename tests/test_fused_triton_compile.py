@@ -22,7 +22,7 @@ triton = pytest.importorskip("triton")
 
 from attnbench.impls.fused_triton import flash as _triton_flash  # noqa: E402
 from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E402
-from attnbench.impls.fused_triton.compile_report import compile_for as _compile  # noqa: E402
+from attnbench.impls.fused_triton.compile_report import CompiledLaunch  # noqa: E402
 from attnbench.impls.fused_triton.tiles import Tile, shared_bytes  # noqa: E402
 
 
@@ -30,21 +30,10 @@ from attnbench.impls.fused_triton.tiles import Tile, shared_bytes  # noqa: E402
 def compiled(monkeypatch):
     """Launches become sm_90 compiles: {kernel name: compiled kernel}, filled as fused_triton launches."""
     kernels: dict[str, Any] = {}
-
-    class Capture:
-        def __init__(self, fn: Any) -> None:
-            self.fn = fn
-
-        def __getitem__(self, grid: Any) -> Any:
-            def launch(*args: Any, **kwargs: Any) -> None:
-                kernels[self.fn.__name__] = _compile(self.fn, args, dict(kwargs))
-
-            return launch
-
     for name in ("_forward_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"):
-        monkeypatch.setattr(_triton_kernels, name, Capture(getattr(_triton_kernels, name)))
+        monkeypatch.setattr(_triton_kernels, name, CompiledLaunch(getattr(_triton_kernels, name), kernels))
     layout = _triton_flash.layout_kernels
-    monkeypatch.setattr(layout, "_transpose_kernel", Capture(layout._transpose_kernel))
+    monkeypatch.setattr(layout, "_transpose_kernel", CompiledLaunch(layout._transpose_kernel, kernels))
     monkeypatch.setattr(_triton_flash, "INTERPRETED", False)
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said out loud
     return kernels

@@ -239,9 +239,8 @@ def test_decode_tiles_fit_the_device_and_take_the_group_rows():
     assert {t.block_m for t in tiles} == {16} and tiles  # a kv head's 4 rows: 16, tl.dot's least
     assert {(t.block_n, t.num_warps, t.num_stages) for t in tiles} <= set(decode.DECODE_TILES)
     kernels = {dataclasses.replace(t, waves=0) for t in tiles}  # each compiled tile at every tuned split count
-    assert {t.waves for t in tiles} == set(decode.WAVE_CHOICES) and len(tiles) == len(kernels) * len(
-        decode.WAVE_CHOICES
-    )
+    assert {t.waves for t in tiles} == set(decode.WAVE_CHOICES)
+    assert len(tiles) == len(kernels) * len(decode.WAVE_CHOICES)
     assert all(shared_bytes("fwd", t, 128, 2) <= decode.max_shared_memory(q.device) for t in tiles)
     prefix = flash.make_plan(q, k, k, shared_prefix=32)  # the prefix level's 2 × 4 rows: no taller tile
     assert {t.block_m for t in decode.candidates(prefix, interpreted=False)} == {16}

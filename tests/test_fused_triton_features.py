@@ -459,28 +459,16 @@ def test_key_side_ranges_are_the_rows_that_see_each_key():
 
 @pytest.fixture()
 def sm90(monkeypatch):
-    """Launches become sm_90 compiles (tests/test_fused_triton_compile.py's): {kernel name: compiled kernel}."""
+    """Launches become sm_90 compiles (``compile_report.CompiledLaunch``): {kernel name: compiled kernel}."""
     pytest.importorskip("triton")
-    from test_fused_triton_compile import _compile
-
     from attnbench.impls.fused_triton import decode_kernels, flash, kernels
+    from attnbench.impls.fused_triton.compile_report import CompiledLaunch
 
     compiled: dict[str, Any] = {}
-
-    class Capture:
-        def __init__(self, fn: Any) -> None:
-            self.fn = fn
-
-        def __getitem__(self, grid: Any) -> Any:
-            def launch(*args: Any, **kwargs: Any) -> None:
-                compiled[self.fn.__name__] = _compile(self.fn, args, dict(kwargs))
-
-            return launch
-
     for name in ("_forward_kernel", "_prefix_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"):
-        monkeypatch.setattr(kernels, name, Capture(getattr(kernels, name)))
+        monkeypatch.setattr(kernels, name, CompiledLaunch(getattr(kernels, name), compiled))
     for name in ("_decode_split_kernel", "_decode_merge_kernel"):
-        monkeypatch.setattr(decode_kernels, name, Capture(getattr(decode_kernels, name)))
+        monkeypatch.setattr(decode_kernels, name, CompiledLaunch(getattr(decode_kernels, name), compiled))
     monkeypatch.setattr(flash, "INTERPRETED", False)
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said out loud
     return compiled

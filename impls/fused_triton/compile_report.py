@@ -82,6 +82,21 @@ def compile_for(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], capabili
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
+class CompiledLaunch:
+    """Stands in for a jitted kernel: each launch (``kernel[grid](...)``) compiles it for sm_90 instead of
+    running it, into ``into`` under the kernel's name (what the tests and ``compiling`` patch in)."""
+
+    def __init__(self, fn: Any, into: dict[str, Any]) -> None:
+        self.fn = fn
+        self.into = into
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.into[self.fn.__name__] = compile_for(self.fn, args, dict(kwargs))
+
+        return launch
+
+
 @contextlib.contextmanager
 def compiling(targets: Sequence[tuple[Any, str]]) -> Iterator[dict[str, Any]]:
     """Within it, launches of the kernels ``(module, name)`` become sm_90 compiles, collected by kernel name;
@@ -90,18 +105,9 @@ def compiling(targets: Sequence[tuple[Any, str]]) -> Iterator[dict[str, Any]]:
     from attnbench.impls.fused_triton import decode, flash
 
     compiled: dict[str, Any] = {}
-
-    class Capture:
-        def __init__(self, fn: Any) -> None:
-            self.fn = fn
-
-        def __getitem__(self, grid: Any) -> Callable[..., None]:
-            def launch(*args: Any, **kwargs: Any) -> None:
-                compiled[self.fn.__name__] = compile_for(self.fn, args, dict(kwargs))
-
-            return launch
-
-    patches: list[tuple[Any, str, Any]] = [(module, name, Capture(getattr(module, name))) for module, name in targets]
+    patches: list[tuple[Any, str, Any]] = [
+        (module, name, CompiledLaunch(getattr(module, name), compiled)) for module, name in targets
+    ]
     patches += [(flash, "INTERPRETED", False), (flash, "is_hopper", lambda device: True)]
     patches += [(decode, "sm_count", lambda device: 132)]
     patches += [(module, "max_shared_memory", lambda device: HOPPER_SHARED) for module in (flash, decode)]
