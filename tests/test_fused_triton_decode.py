@@ -244,7 +244,6 @@ def test_decode_tiles_fit_the_device_and_take_the_group_rows():
     assert all(shared_bytes("fwd", t, 128, 2) <= decode.max_shared_memory(q.device) for t in tiles)
     prefix = flash.make_plan(q, k, k, shared_prefix=32)  # the prefix level's 2 × 4 rows: no taller tile
     assert {t.block_m for t in decode.candidates(prefix, interpreted=False)} == {16}
-    assert {t.waves for t in decode.candidates(prefix, interpreted=False)} == {0}  # the fixed rule, WAVES
     many = torch.empty(16, 32, 1, 128, dtype=torch.bfloat16)
     prefix = flash.make_plan(many, *(torch.empty(16, 8, 64, 128, dtype=torch.bfloat16),) * 2, shared_prefix=32)
     assert {t.block_m for t in decode.candidates(prefix, interpreted=False)} == {16, 64}

@@ -14,7 +14,7 @@ cache. More splits fill the SMs sooner but each writes B·Hq·Sq·Dv fp32 partia
 (for MLA's 128 heads × 512 channels as many bytes as the latent cache itself at 32 splits), and a short
 split spends more of its time starting and storing: ``waves`` is tuned with the tile, each candidate of
 ``DECODE_TILES`` / ``WIDE_TILES`` timed at every ``WAVE_CHOICES`` value (one compiled kernel per tile, the
-split count being a launch argument); a shared prefix's levels keep ``WAVES``.
+split count being a launch argument).
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ if TYPE_CHECKING:
 
 DECODE_MAX_QUERIES = 8  # query rows per sequence up to which a forward takes the decode kernels
 WAVES = 4  # programs per SM to aim for, where a tile does not say (``Tile.waves``)
-# The tuned values of ``Tile.waves``: judged by ``attnbench ab`` on an H200 over decode (8192 and 32768 keys, bf16 and
-# fp8 caches) and MLA decode (B8, B64), 0.84–0.97× the fixed 4; not yet on a shared prefix, which keeps 4
-WAVE_CHOICES = (1, 2, 4, 8)
+WAVE_CHOICES = (1, 2, 4, 8)  # the tuned values of ``Tile.waves``
 MIN_SPLIT_KEYS = 256
 # The interpreter: small splits and few "SMs", so that small test cases have several splits and partial ones
 INTERPRETER_SMS = 2
@@ -165,8 +163,8 @@ def row_block(plan: Plan) -> int:
 
 
 def candidates(plan: Plan, interpreted: bool) -> list[Tile]:
-    """The decode kernel's tiles for this plan, each at every ``WAVE_CHOICES`` value (a shared prefix's: at
-    ``WAVES``), those over the device's shared memory dropped (the smallest kept if none fits)."""
+    """The decode kernel's tiles for this plan, each at every ``WAVE_CHOICES`` value, those over the device's
+    shared memory dropped (the smallest kept if none fits)."""
     if interpreted:
         return [INTERPRETER_TILE]
     if plan.block_dt:
@@ -184,9 +182,7 @@ def candidates(plan: Plan, interpreted: bool) -> list[Tile]:
         return shared_bytes("fwd", tile, width, plan.dtype.itemsize, plan.block_dv)
 
     fitting = [t for t in tiles if size(t) <= cap] or [min(tiles, key=size)]
-    # a shared prefix's two levels keep the fixed split rule: tuned waves were not judged on them (see WAVE_CHOICES)
-    choices = (0,) if plan.prefix else WAVE_CHOICES
-    return [dataclasses.replace(t, waves=waves) for t in fitting for waves in choices]
+    return [dataclasses.replace(t, waves=waves) for t in fitting for waves in WAVE_CHOICES]
 
 
 def decode_forward(
