@@ -13,8 +13,9 @@ from attnbench.impls.fused_triton.tiles import Tile
 
 @pytest.mark.slow
 def test_the_mla_decode_tile_is_reported_with_its_products_and_resources(capsys):
-    """MLA's 64-row tile over 8 warps: q·kᵀ as wgmma from shared memory (q and the key tile), P·V with P in
-    registers, each product waited for at once; the forward's registers and stack come from the cubin."""
+    """MLA's 64-row tile over 8 warps, keys-major (``_decode_block_keys_major``): Sᵀ = k·qᵀ over 32 keys is below
+    wgmma's 64 rows (mma.sync), Oᵀ += vᵀ·Pᵀ over the 512 value channels is wgmma, each product waited for at once;
+    registers and stack come from the cubin, and nothing spills (rows-major, this tile spilled)."""
     assert compile_report.main(["--case", "mla", "--tiles", "64,32,8,2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("sm_90 compiles by Triton ") and lines[0].endswith(": mla")
@@ -22,8 +23,10 @@ def test_the_mla_decode_tile_is_reported_with_its_products_and_resources(capsys)
     assert line.split()[0] == "64,32,8,2" and " smem" in line and " reg" in line and "wait_group 0: " in line
     ((tile, report),) = compile_report.report("mla", [Tile(64, 32, 8, 2)])
     assert isinstance(report, compile_report.Report) and tile == Tile(64, 32, 8, 2)
-    assert report.mma_sync == 0 and set(report.waits) == {0} and report.shared_bytes > 64 * 576 * 2
+    assert report.mma_sync > 0 and set(report.wgmma) == {"m64n64k16 smem"} and set(report.waits) == {0}
+    assert report.shared_bytes > 64 * 576 * 2
     assert report.registers is None or 0 < report.registers <= 255
+    assert report.stack_bytes in (None, 0)
 
 
 @pytest.mark.parametrize("bad", [["--tiles", "64,32,x,2"], ["--tiles", "64,32,8"], ["--case", "prefill"]])

@@ -52,7 +52,7 @@ class Recorded:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            flags = ("PAGED", "KV_SCALED", "SCALE_ONCE", "FP16_DOTS", "PREFIX", "SPLIT_D", "V_FROM_K")
+            flags = ("PAGED", "KV_SCALED", "SCALE_ONCE", "FP16_DOTS", "PREFIX", "SPLIT_D", "V_FROM_K", "KEYS_MAJOR")
             launches.append({"grid": list(grid), **{flag: kwargs[flag] for flag in flags}})
             return self.kernel[grid](*args, **kwargs)
         return launch
@@ -166,6 +166,10 @@ def test_narrow_caches_take_their_specialisations(interpreted):
     assert flags["KV_SCALED"] and flags["SCALE_ONCE"] and flags["FP16_DOTS"]  # one scale per sequence, fp16 dots
     flags = interpreted["kv-bf16-float32q-ragged"]["launches"][0]
     assert not flags["KV_SCALED"] and not flags["FP16_DOTS"]
+    # every cache here rows-major, the narrow ones included (keys-major measured slower over an fp8 cache): only
+    # MLA's unconverted latent cache runs keys-major (tests/test_fused_triton_features.py)
+    for name, result in interpreted.items():
+        assert not any(flags["KEYS_MAJOR"] for flags in result["launches"]), name
     # MLA's 576/512 decode (SPLIT_D, V_FROM_K; bf16 and a paged fp8 cache): tests/test_fused_triton_features.py
 
 

@@ -93,7 +93,7 @@ class Recorded:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            flags = ("SPLIT_D", "V_FROM_K", "KV_SCALED", "RANGES", "SINKS", "MERGE", "PREFIX", "PAGED")
+            flags = ("SPLIT_D", "V_FROM_K", "KV_SCALED", "RANGES", "SINKS", "MERGE", "PREFIX", "PAGED", "KEYS_MAJOR")
             launched.append({flag: kwargs[flag] for flag in flags if flag in kwargs})
             kernels_run.append(self.name)
             if kwargs.get("PREFIX"):  # the decode kernels' prefix level
@@ -353,6 +353,9 @@ def test_each_feature_takes_its_kernel_specialisation(interpreted):
     # loads v through its own (strided) view of k
     for name in ("latent-576-512-decode", "latent-576-500-e4m3-paged-sinks-bfloat16"):
         assert flags[name]["SPLIT_D"] and flags[name]["V_FROM_K"], name
+    # decode over the bf16 latent cache keys-major (measured faster on an H200); over the fp8 one not (unmeasured)
+    assert flags["latent-576-512-decode"]["KEYS_MAJOR"]
+    assert not flags["latent-576-500-e4m3-paged-sinks-bfloat16"]["KEYS_MAJOR"]
     assert flags["latent-D40-Dv36-sinks-bwd"]["V_FROM_K"] and not flags["latent-D40-Dv36-sinks-bwd"]["SPLIT_D"]
     assert not flags["latent-D72-Dv40-bwd"]["V_FROM_K"]
 

@@ -52,7 +52,7 @@ DECODE_TILES = ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (1
 PREFIX_TILES = ((64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2))
 # MLA's 576-wide latent cache: (BLOCK_M, BLOCK_N, num_warps, num_stages), fewer keys per block
 WIDE_TILES = ((16, 32, 4, 2), (32, 32, 4, 2), (32, 32, 8, 2), (64, 32, 8, 2), (64, 16, 8, 2), (64, 64, 8, 1),
-              (32, 64, 8, 2), (16, 64, 4, 2))
+              (32, 64, 8, 2), (16, 64, 4, 2), (64, 64, 8, 2), (32, 128, 8, 1), (64, 128, 8, 1))
 # fmt: on
 INTERPRETER_TILE = Tile(16, 16, 1, 1)
 
@@ -179,7 +179,10 @@ def candidates(plan: Plan, interpreted: bool) -> list[Tile]:
     width = plan.block_d + plan.block_dt
 
     def size(tile: Tile) -> int:
-        return shared_bytes("fwd", tile, width, plan.dtype.itemsize, plan.block_dv)
+        total = shared_bytes("fwd", tile, width, plan.dtype.itemsize, plan.block_dv)
+        if plan.block_dt:  # MLA's latent cache: the values are the key tile's channels, no buffer of their own
+            total -= plan.dtype.itemsize * tile.block_n * plan.block_dv * max(1, tile.num_stages)
+        return total
 
     fitting = [t for t in tiles if size(t) <= cap] or [min(tiles, key=size)]
     return [dataclasses.replace(t, waves=waves) for t in fitting for waves in WAVE_CHOICES]
@@ -308,10 +311,16 @@ def decode_forward(
                     KV_SCALED=False,
                     SCALE_ONCE=False,
                     PREFIX=True,
+                    KEYS_MAJOR=False,
                 )
             )
             suffix_start = plan.prefix
         once = scaled and pages is None and scale_block >= plan.seq_k
+        # MLA's latent cache, unconverted: keys-major (``_decode_block_keys_major``): for Triton 3.6 on sm_90 the
+        # 64×32×8×2 tile then takes 218 registers and spills nothing (rows-major: 255 and 136 B spilled), P·V as
+        # wgmma over the 512 value channels; ab on an H200, B8 and B64: 0.963× and 0.962×. A converted (fp8) cache
+        # stays rows-major: keys-major over the GQA fp8 cache measured 1.031× (slower); fp8 MLA unmeasured
+        keys_major = is_view_of(v_src, k_src) and plan.block_dt > 0 and plan.kv_dtype == plan.dtype
         levels.append(
             split(
                 tile,
@@ -323,6 +332,7 @@ def decode_forward(
                 KV_SCALED=scaled,
                 SCALE_ONCE=once,
                 PREFIX=False,
+                KEYS_MAJOR=keys_major,
             )
         )
         splits = sum(count for count, _ in levels)

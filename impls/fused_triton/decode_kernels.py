@@ -141,56 +141,249 @@ def _decode_block(
     SCALE_ONCE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    KEYS_MAJOR: tl.constexpr,
 ):
     """One block of keys into the tile's running (acc, m, l), as ``kernels._attend`` with the keys' rows
-    found through the page table when paged."""
+    found through the page table when paged; ``KEYS_MAJOR``: by ``_decode_block_keys_major`` (acc and q
+    transposed)."""
+    if KEYS_MAJOR:
+        acc, m_new, l_i = _decode_block_keys_major(
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_tail,
+            K,
+            V,
+            b,
+            kv_h,
+            start_n,
+            offs_n,
+            offs_d,
+            offs_t,
+            offs_dv,
+            d_ok,
+            t_ok,
+            dv_ok,
+            positions,
+            lo,
+            hi,
+            key_lo,
+            key_hi,
+            PageTable,
+            stride_table,
+            k_scale,
+            v_scale,
+            scale_block,
+            stride_ksb,
+            stride_vsb,
+            stride_kb,
+            stride_kh,
+            stride_kn,
+            stride_kd,
+            stride_vb,
+            stride_vh,
+            stride_vn,
+            stride_vd,
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope,
+            alibi_offset,
+            k_mul,
+            MASKED,
+            EVEN_D,
+            EVEN_DV,
+            SPLIT_D,
+            V_FROM_K,
+            PAGED,
+            PAGE_SIZE,
+            SOFTCAP,
+            ALIBI,
+            KV_SCALED,
+            SCALE_ONCE,
+            INPUT_PRECISION,
+            UPCAST,
+        )
+    else:
+        keys = start_n + offs_n
+        key_ok = (keys >= key_lo) & (keys < key_hi)
+        k_rows, page = _key_pointers(
+            K, b, kv_h, keys, key_ok, PageTable, stride_table, stride_kb, stride_kh, stride_kn, PAGED, PAGE_SIZE, MASKED
+        )
+        k_t = _load(k_rows[None, :] + offs_d[:, None] * stride_kd, d_ok[:, None], key_ok[None, :], not EVEN_D, MASKED)
+        qk = _dot(q, k_t.to(q.dtype), None, INPUT_PRECISION, UPCAST)
+        if SPLIT_D:
+            k_tail = _load(k_rows[None, :] + offs_t[:, None] * stride_kd, t_ok[:, None], key_ok[None, :], True, MASKED)
+            qk = _dot(q_tail, k_tail.to(q.dtype), qk, INPUT_PRECISION, UPCAST)
+        if SCALE_ONCE:  # one scale for the sequence's keys: q·(k·s_k)ᵀ = (q·kᵀ)·s_k
+            qk = qk * k_mul
+        elif KV_SCALED:
+            qk = qk * _scale_columns(k_scale, page, key_ok, scale_block, stride_ksb, PAGED, MASKED)[None, :]
+        s, c, _ = _scores(
+            qk,
+            positions[:, None],
+            keys[None, :],
+            sm_scale,
+            qk_scale,
+            softcap,
+            slope[:, None],
+            alibi_offset[:, None],
+            SOFTCAP,
+            ALIBI,
+        )
+        if MASKED:
+            s = tl.where((keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * c)
+        m_use = m_new
+        if MASKED:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s * c - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if V_FROM_K:  # a latent cache: the values are the key tile's first Dv channels
+            v = tl.trans(k_t)
+            if not EVEN_DV:
+                v = tl.where(dv_ok[None, :], v, tl.zeros_like(v))
+        else:
+            v_rows, _ = _key_pointers(
+                V,
+                b,
+                kv_h,
+                keys,
+                key_ok,
+                PageTable,
+                stride_table,
+                stride_vb,
+                stride_vh,
+                stride_vn,
+                PAGED,
+                PAGE_SIZE,
+                MASKED,
+            )
+            v = _load(
+                v_rows[:, None] + offs_dv[None, :] * stride_vd, key_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV
+            )
+        if KV_SCALED and not SCALE_ONCE:  # one scale for the sequence's values: applied to the output at the end
+            p = p * _scale_columns(v_scale, page, key_ok, scale_block, stride_vsb, PAGED, MASKED)[None, :]
+        acc = _dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], INPUT_PRECISION, UPCAST)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _decode_block_keys_major(
+    acc,
+    m_i,
+    l_i,
+    q_t,
+    q_tail_t,
+    K,
+    V,
+    b,
+    kv_h,
+    start_n,
+    offs_n,
+    offs_d,
+    offs_t,
+    offs_dv,
+    d_ok,
+    t_ok,
+    dv_ok,
+    positions,
+    lo,
+    hi,
+    key_lo,
+    key_hi,
+    PageTable,
+    stride_table,
+    k_scale,
+    v_scale,
+    scale_block,
+    stride_ksb,
+    stride_vsb,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    sm_scale,
+    qk_scale,
+    softcap,
+    slope,
+    alibi_offset,
+    k_mul,
+    MASKED: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr,
+    SPLIT_D: tl.constexpr,
+    V_FROM_K: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    KV_SCALED: tl.constexpr,
+    SCALE_ONCE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """``_decode_block`` with the keys as the products' rows (``KEYS_MAJOR``): Sᵀ = k·qᵀ and Oᵀ += vᵀ·Pᵀ; the
+    tile's query rows are the products' columns. ``acc`` is (BLOCK_DV, BLOCK_M), ``q_t`` (BLOCK_D, BLOCK_M).
+    Taken for MLA's latent cache (``decode.decode_forward`` says why and what ab measured): Oᵀ's rows are the
+    512 value channels, wgmma's shape, and the tile holds fewer live registers. It handles every feature of
+    ``_decode_block`` (pages, scales, masks); over the GQA fp8 cache, where it measured slower on an H200, it
+    was checked against float64 in the interpreter too."""
     keys = start_n + offs_n
     key_ok = (keys >= key_lo) & (keys < key_hi)
     k_rows, page = _key_pointers(
         K, b, kv_h, keys, key_ok, PageTable, stride_table, stride_kb, stride_kh, stride_kn, PAGED, PAGE_SIZE, MASKED
     )
-    k_t = _load(k_rows[None, :] + offs_d[:, None] * stride_kd, d_ok[:, None], key_ok[None, :], not EVEN_D, MASKED)
-    qk = _dot(q, k_t.to(q.dtype), None, INPUT_PRECISION, UPCAST)
+    k = _load(k_rows[:, None] + offs_d[None, :] * stride_kd, key_ok[:, None], d_ok[None, :], MASKED, not EVEN_D)
+    qk = _dot(k.to(q_t.dtype), q_t, None, INPUT_PRECISION, UPCAST)  # (BLOCK_N, BLOCK_M): keys × rows
     if SPLIT_D:
-        k_tail = _load(k_rows[None, :] + offs_t[:, None] * stride_kd, t_ok[:, None], key_ok[None, :], True, MASKED)
-        qk = _dot(q_tail, k_tail.to(q.dtype), qk, INPUT_PRECISION, UPCAST)
-    if SCALE_ONCE:  # one scale for the sequence's keys: q·(k·s_k)ᵀ = (q·kᵀ)·s_k
+        k_tail = _load(k_rows[:, None] + offs_t[None, :] * stride_kd, key_ok[:, None], t_ok[None, :], MASKED, True)
+        qk = _dot(k_tail.to(q_t.dtype), q_tail_t, qk, INPUT_PRECISION, UPCAST)
+    if SCALE_ONCE:
         qk = qk * k_mul
     elif KV_SCALED:
-        qk = qk * _scale_columns(k_scale, page, key_ok, scale_block, stride_ksb, PAGED, MASKED)[None, :]
+        qk = qk * _scale_columns(k_scale, page, key_ok, scale_block, stride_ksb, PAGED, MASKED)[:, None]
     s, c, _ = _scores(
         qk,
-        positions[:, None],
-        keys[None, :],
+        positions[None, :],
+        keys[:, None],
         sm_scale,
         qk_scale,
         softcap,
-        slope[:, None],
-        alibi_offset[:, None],
+        slope[None, :],
+        alibi_offset[None, :],
         SOFTCAP,
         ALIBI,
     )
     if MASKED:
-        s = tl.where((keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None]), s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * c)
+        s = tl.where((keys[:, None] >= lo[None, :]) & (keys[:, None] < hi[None, :]), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0) * c)
     m_use = m_new
     if MASKED:
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s * c - m_use[:, None])
+    p = tl.math.exp2(s * c - m_use[None, :])
     alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    l_i = l_i * alpha + tl.sum(p, 0)
     if V_FROM_K:  # a latent cache: the values are the key tile's first Dv channels
-        v = tl.trans(k_t)
+        v_t = tl.trans(k)
         if not EVEN_DV:
-            v = tl.where(dv_ok[None, :], v, tl.zeros_like(v))
+            v_t = tl.where(dv_ok[:, None], v_t, tl.zeros_like(v_t))
     else:
         v_rows, _ = _key_pointers(
             V, b, kv_h, keys, key_ok, PageTable, stride_table, stride_vb, stride_vh, stride_vn, PAGED, PAGE_SIZE, MASKED
         )
-        v = _load(v_rows[:, None] + offs_dv[None, :] * stride_vd, key_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV)
-    if KV_SCALED and not SCALE_ONCE:  # one scale for the sequence's values: applied to the output at the end
-        p = p * _scale_columns(v_scale, page, key_ok, scale_block, stride_vsb, PAGED, MASKED)[None, :]
-    acc = _dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], INPUT_PRECISION, UPCAST)
+        v_t = _load(
+            v_rows[None, :] + offs_dv[:, None] * stride_vd, dv_ok[:, None], key_ok[None, :], not EVEN_DV, MASKED
+        )
+    if KV_SCALED and not SCALE_ONCE:
+        p = p * _scale_columns(v_scale, page, key_ok, scale_block, stride_vsb, PAGED, MASKED)[:, None]
+    acc = _dot(v_t.to(q_t.dtype), p.to(q_t.dtype), acc * alpha[None, :], INPUT_PRECISION, UPCAST)
     return acc, m_new, l_i
 
 
@@ -256,6 +449,7 @@ def _decode_split_kernel(
     SCALE_ONCE: tl.constexpr,
     FP16_DOTS: tl.constexpr,
     PREFIX: tl.constexpr,
+    KEYS_MAJOR: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -311,6 +505,9 @@ def _decode_split_kernel(
     if FP16_DOTS:  # an fp8 cache under a bf16 q: fp8 converts to fp16 in one instruction, exactly
         q = q.to(tl.float16)
         q_tail = q_tail.to(tl.float16)
+    if KEYS_MAJOR:  # the products' second operand: (BLOCK_D, BLOCK_M)
+        q = tl.trans(q)
+        q_tail = tl.trans(q_tail)
     k_scale = KScale
     v_scale = VScale
     k_mul = 1.0
@@ -328,7 +525,10 @@ def _decode_split_kernel(
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    if KEYS_MAJOR:
+        acc = tl.zeros([BLOCK_DV, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     for start_n in range(start, full_start, BLOCK_N):
         acc, m_i, l_i = _decode_block(
             acc,
@@ -387,6 +587,7 @@ def _decode_split_kernel(
             SCALE_ONCE,
             INPUT_PRECISION,
             UPCAST,
+            KEYS_MAJOR,
         )
     for start_n in range(full_start, full_end, BLOCK_N):
         acc, m_i, l_i = _decode_block(
@@ -446,6 +647,7 @@ def _decode_split_kernel(
             SCALE_ONCE,
             INPUT_PRECISION,
             UPCAST,
+            KEYS_MAJOR,
         )
     for start_n in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = _decode_block(
@@ -505,14 +707,20 @@ def _decode_split_kernel(
             SCALE_ONCE,
             INPUT_PRECISION,
             UPCAST,
+            KEYS_MAJOR,
         )
 
     seen = l_i > 0.0
-    out = acc * (v_mul / tl.where(seen, l_i, 1.0))[:, None]
+    norm = v_mul / tl.where(seen, l_i, 1.0)
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
     row = _offsets(split_base + split, rows) + (b * heads + h) * seq_q + positions  # (split, b, h, i)
     tl.store(PartLse + row, lse, mask=row_ok)
-    tl.store(PartOut + (row * HEAD_DIM_V)[:, None] + offs_dv[None, :], out, mask=row_ok[:, None] & dv_ok[None, :])
+    if KEYS_MAJOR:
+        out_ptrs = PartOut + (row * HEAD_DIM_V)[None, :] + offs_dv[:, None]
+        tl.store(out_ptrs, acc * norm[None, :], mask=row_ok[None, :] & dv_ok[:, None])
+    else:
+        out_ptrs = PartOut + (row * HEAD_DIM_V)[:, None] + offs_dv[None, :]
+        tl.store(out_ptrs, acc * norm[:, None], mask=row_ok[:, None] & dv_ok[None, :])
 
 
 @triton.jit
