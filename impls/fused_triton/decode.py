@@ -25,10 +25,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-import triton
 
 from attnbench.impls.fused_triton import decode_kernels
-from attnbench.impls.fused_triton.tiles import Tile, max_shared_memory, shared_bytes
+from attnbench.impls.fused_triton.tiles import Tile, cdiv, max_shared_memory, next_power_of_2, shared_bytes
 
 if TYPE_CHECKING:
     from attnbench.impls.fused_triton.flash import Plan
@@ -123,9 +122,9 @@ def split_count(programs: int, keys: int, block_n: int, sms: int, min_keys: int,
     ``waves`` × ``sms`` programs in all where the keys allow splits of ``min_keys`` or more; each split a
     whole number of ``block_n`` key blocks."""
     keys = max(1, keys)
-    wanted = max(1, min(triton.cdiv(waves * sms, max(1, programs)), keys // max(min_keys, block_n)))
-    per_split = triton.cdiv(triton.cdiv(keys, wanted), block_n) * block_n
-    return triton.cdiv(keys, per_split), per_split
+    wanted = max(1, min(cdiv(waves * sms, max(1, programs)), keys // max(min_keys, block_n)))
+    per_split = cdiv(cdiv(keys, wanted), block_n) * block_n
+    return cdiv(keys, per_split), per_split
 
 
 def partial_bytes(w: Workload, interpreted: bool) -> float:
@@ -136,11 +135,11 @@ def partial_bytes(w: Workload, interpreted: bool) -> float:
     group_rows = w.heads // w.kv_heads * w.seq_q
     block_n = INTERPRETER_TILE.block_n if interpreted else min(spec[0] for spec in DECODE_TILES)
     block_m = INTERPRETER_TILE.block_m if interpreted else 16  # the shortest tile: the most programs, fewest splits
-    blocks = triton.cdiv(group_rows, block_m)
+    blocks = cdiv(group_rows, block_m)
     waves = WAVES if interpreted else max(WAVE_CHOICES)
     splits = split_count(w.batch * w.kv_heads * blocks, w.seq_k - w.shared_prefix, block_n, sms, min_keys, waves)[0]
     if w.shared_prefix:
-        prefix_blocks = triton.cdiv(w.batch * group_rows, block_m)
+        prefix_blocks = cdiv(w.batch * group_rows, block_m)
         splits += split_count(w.kv_heads * prefix_blocks, w.shared_prefix, block_n, sms, min_keys, waves)[0]
     return 4.0 * splits * w.batch * w.heads * w.seq_q * (w.head_dim_v + 1)
 
@@ -159,7 +158,7 @@ def row_block(plan: Plan) -> int:
     """A program's query rows when the head dim is not split: the kv group's G·Sq rows padded to a power of
     two ≥ 16 (tl.dot's least), at most ``MAX_ROW_BLOCK``."""
     rows = plan.heads // plan.kv_heads * plan.seq_q
-    return min(MAX_ROW_BLOCK, max(16, triton.next_power_of_2(rows)))
+    return min(MAX_ROW_BLOCK, max(16, next_power_of_2(rows)))
 
 
 def candidates(plan: Plan, interpreted: bool) -> list[Tile]:
@@ -172,7 +171,7 @@ def candidates(plan: Plan, interpreted: bool) -> list[Tile]:
     else:
         block_m = row_block(plan)
         tiles = [Tile(block_m, *spec) for spec in DECODE_TILES]
-        prefix_rows = min(MAX_ROW_BLOCK, triton.next_power_of_2(plan.batch * plan.heads // plan.kv_heads * plan.seq_q))
+        prefix_rows = min(MAX_ROW_BLOCK, next_power_of_2(plan.batch * plan.heads // plan.kv_heads * plan.seq_q))
         if plan.prefix and prefix_rows > block_m:  # the prefix level's rows come from every sequence: taller tiles
             tiles += [Tile(prefix_rows, *spec) for spec in PREFIX_TILES]
     cap = max_shared_memory(plan.device)
@@ -250,7 +249,7 @@ def decode_forward(
     ) -> tuple[int, Callable[..., None]]:
         """(splits, a launch of them into given partials at a split index) for one level."""
         kk, vv, page_table = keys
-        blocks = triton.cdiv(row_count, tile.block_m)
+        blocks = cdiv(row_count, tile.block_m)
         programs = sequences * plan.kv_heads * blocks
         count, per_split = split_count(
             programs, key_range[1] - key_range[0], tile.block_n, sms, min_keys, tile.waves or WAVES
@@ -354,7 +353,7 @@ def decode_forward(
             rows,
             HEAD_DIM_V=plan.head_dim_v,
             BLOCK_DV=plan.block_dv,
-            BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            BLOCK_S=max(2, next_power_of_2(splits)),
             SINKS=sinks is not None,
         )
         return splits

@@ -58,10 +58,12 @@ from attnbench.impls.fused_triton.tiles import (
     Tile,
     TuningKey,
     cached,
+    cdiv,
     choose,
     head_dim_blocks,
     is_hopper,
     max_shared_memory,
+    next_power_of_2,
     prune,
     tuning_key,
 )
@@ -238,7 +240,7 @@ class Plan:
 
     @property
     def block_dv(self) -> int:
-        return max(16, triton.next_power_of_2(self.head_dim_v))
+        return max(16, next_power_of_2(self.head_dim_v))
 
     @property
     def ranges(self) -> bool:
@@ -564,12 +566,12 @@ def takes_descriptors(plan: Plan, k: torch.Tensor, v: torch.Tensor, v_from_k: bo
 
 
 def _row_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int, int]:
-    return heads * plan.batch, triton.cdiv(length, block)  # batch·heads on axis 0: axis 1 caps at 65535
+    return heads * plan.batch, cdiv(length, block)  # batch·heads on axis 0: axis 1 caps at 65535
 
 
 def _tile_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int]:
     """One axis of batch·heads·tiles programs, tiles fastest (``kernels._tile_program``)."""
-    return (heads * plan.batch * triton.cdiv(length, block),)
+    return (heads * plan.batch * cdiv(length, block),)
 
 
 def prefix_level(
@@ -586,7 +588,7 @@ def prefix_level(
     v_from_k = is_view_of(v_prefix, k_prefix) and plan.block_dv == plan.block_d
 
     def launch(tile: Tile) -> None:
-        kernels._prefix_kernel[(plan.kv_heads * triton.cdiv(rows, tile.block_m),)](
+        kernels._prefix_kernel[(plan.kv_heads * cdiv(rows, tile.block_m),)](
             q,
             k_prefix,
             v_prefix,
@@ -742,7 +744,7 @@ def backward_grads(
     if plan.prefix:
         raise ValueError("a shared prefix (cascade) is a serving-time layout: forward only")
     delta = torch.empty_like(lse)
-    blocks = triton.cdiv(plan.seq_q, PREPROCESS_BLOCK_M)
+    blocks = cdiv(plan.seq_q, PREPROCESS_BLOCK_M)
     partials = None  # with sinks: (B·Hq, row blocks) parts of their gradient
     if sinks is not None:
         partials = torch.empty(plan.batch * plan.heads, blocks, dtype=torch.float32, device=q.device)

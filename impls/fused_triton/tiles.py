@@ -126,6 +126,17 @@ FALLBACK_SHARED_MEMORY = 160 * 1024  # only when no device can be asked (tests, 
 SPLIT_HEAD_DIM = 256  # past it a head dim that is no power of two is split: a power-of-two part and a tail
 
 
+def cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉ for the launchers: ``triton.cdiv`` is a jit function, a few µs a host call (a decode step
+    made nine)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two ≥ n (0 for 0), as ``triton.next_power_of_2`` without its host call's cost."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def head_dim_blocks(head_dim: int) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_DT): the head dim's padded main tile and the tail tile after it (0: none). A head dim
     up to 256 (or a power of two) is one tile padded to a power of two ≥ 16; a wider one (MLA's 576) is its
