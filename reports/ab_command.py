@@ -46,8 +46,11 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_ou
     out = Path(args.out) if args.out else default_out
     RunWriter.check_target(out)
     workloads = ab.sweep_workloads(args.suite, overrides)
+    if args.cold and any(w.device != "cuda" for w in workloads):
+        devices = ",".join(sorted({w.device for w in workloads}))
+        raise UsageError(f"--cold: L2-flushed samples are taken on a GPU only; the workloads' device is {devices}")
     threads = args.threads or torch.get_num_threads()
-    options = ab.AbOptions(args.threshold, args.budget_s, threads, args.seed)
+    options = ab.AbOptions(args.threshold, args.budget_s, threads, args.seed, args.cold)
     with tempfile.TemporaryDirectory(prefix="attnbench-ab-") as workdir:  # the base revision's files
         if args.a is not None:
             a, b = ab.registered_versions(args.a, args.b)
@@ -67,7 +70,12 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_ou
 
         cases = ab.run_ab(a, b, workloads, options, report)
     records = [case.record(a, b, args.threshold) for case in cases]
-    settings = {"threshold": args.threshold, "budget_s": args.budget_s, "seed": args.seed}
+    settings = {
+        "threshold": args.threshold,
+        "budget_s": args.budget_s,
+        "seed": args.seed,
+        "samples": "cold (L2 flushed before each call)" if args.cold else "warm (back-to-back calls)",
+    }
     meta = {
         "command_line": args.command_line,
         "versions": [ab.describe(a), ab.describe(b)],

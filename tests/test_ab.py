@@ -309,6 +309,7 @@ def loose_contender(tmp_path, planted, monkeypatch):
         ([], "give --a A --b B, or --impl NAME [--base REV]"),
         (["--a", "bmm", "--b", "bmm", "--impl", "bmm"], "give either --a A --b B, or --impl NAME"),
         (["--a", "bmm", "--b", "bmm", "--threshold", "0"], "--threshold 0.0: must be a fraction"),
+        (["--a", "bmm", "--b", "bmm", "--cold"], "--cold: L2-flushed samples are taken on a GPU only"),
         pytest.param(
             ["--a", "bmm", "--b", "bmm", "--device", "cuda"],
             "device cuda: torch.cuda.is_available()",

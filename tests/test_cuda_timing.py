@@ -153,6 +153,25 @@ def test_paired_rounds_give_every_contender_one_warm_sample_per_round_and_no_col
     assert b.median_ms / a.median_ms == pytest.approx(2.0)
 
 
+def test_ab_cold_judges_the_flushed_samples_one_pair_a_round(gpu):
+    """``attnbench ab --cold``: paired rounds take a warm and a cold sample of each version every round; the verdict
+    reads the cold ones (``judged_samples``), A's i-th and B's i-th from round i."""
+    from attnbench.runner.ab import judged_samples
+
+    timings = measure_cuda.time_cuda_rounds(
+        {"a": kernel(gpu), "b": kernel(gpu, gpu_ms=0.4)}, budget_s=0.05, paired=True, cold=True
+    )
+    a, b = timings["a"], timings["b"]
+    assert not isinstance(a, SampleError) and not isinstance(b, SampleError)
+    assert len(a.cold_samples_ms) == len(b.cold_samples_ms) == a.rounds == a.n_samples >= 10
+    assert judged_samples(a, cold=True) == a.cold_samples_ms == pytest.approx([KERNEL_MS + COLD_EXTRA_MS] * a.rounds)
+    assert judged_samples(b, cold=False) == b.samples_ms == pytest.approx([0.4] * b.rounds)
+    warm_only = measure_cuda.time_cuda_rounds({"a": kernel(gpu)}, budget_s=0.02, paired=True, cold=False)["a"]
+    assert not isinstance(warm_only, SampleError)
+    with pytest.raises(ValueError, match="cold samples asked for, none taken"):
+        judged_samples(warm_only, cold=True)
+
+
 def test_a_contender_that_raises_drops_out_the_others_go_on(gpu):
     calls = {"n": 0}
 

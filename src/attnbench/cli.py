@@ -530,6 +530,12 @@ def _add_ab_command(commands: Any) -> None:
     p_ab.add_argument(
         "--budget-s", type=float, default=3.0, help="timing seconds per case, shared by A and B (default 3)"
     )
+    p_ab.add_argument(
+        "--cold",
+        action="store_true",
+        help="GPU: judge the samples taken with L2 flushed before each call (as a layer's step finds it in a model), "
+        "not back-to-back calls",
+    )
     p_ab.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
     p_ab.add_argument("--seed", type=int, default=0, help="input and bootstrap seed (default 0)")
     p_ab.add_argument("--json", action="store_true", help="one JSON object per case per line")

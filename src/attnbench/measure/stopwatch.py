@@ -58,6 +58,7 @@ class Timing:
     waited: float | None = None  # CPU: median share of a sample's thread time spent waiting for a core (cpu_wait)
     stalled: str | None = None  # why its rounds ran on a stalled machine (the runner's check), else None
     gpu_state: dict[str, Any] = field(default_factory=dict)  # GPU: clocks, power, throttling while sampled (gpu_state)
+    cold_samples_ms: list[float] = field(default_factory=list)  # GPU: the cold samples, one a round (cold_median_ms's)
 
     @property
     def yardsticks(self) -> dict[str, float]:

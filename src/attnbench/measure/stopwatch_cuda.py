@@ -227,6 +227,7 @@ class _Series:
             rounds=rounds,
             host_overhead_us=statistics.median(self.inside_ms) * 1e3 if self.inside_ms else None,
             gpu_state=gpu_state.summary(self.readings, max_sm_mhz),
+            cold_samples_ms=list(self.cold),
         )
 
 

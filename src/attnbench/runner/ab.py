@@ -51,7 +51,7 @@ from attnbench.contenders import _revision as revision
 from attnbench.contenders import registry
 from attnbench.contenders.contract import Contender, Unsupported
 from attnbench.errors import UsageError, one_line
-from attnbench.measure.stopwatch import SampleError, synchronize, time_cpu_rounds, warm_up
+from attnbench.measure.stopwatch import SampleError, Timing, synchronize, time_cpu_rounds, warm_up
 from attnbench.measure.stopwatch_cuda import time_cuda_rounds
 from attnbench.runner.cases import prepare_checked
 from attnbench.workload import Workload
@@ -83,6 +83,7 @@ class AbOptions:
     budget_s: float = DEFAULT_BUDGET_S
     threads: int = 1
     seed: int = 0
+    cold: bool = False  # GPU: judge the L2-flushed samples (each call after a flush), not back-to-back calls
 
 
 def _available(name: str, flag: str) -> Contender:
@@ -272,16 +273,29 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
         fns[key] = prepared.fn
     if workload.device == "cuda":
         graphs = workload.pass_ == "fwd"  # autograd's streams don't capture
-        timings = time_cuda_rounds(fns, options.budget_s / 2, options.seed, paired=True, cold=False, graphs=graphs)
+        timings = time_cuda_rounds(
+            fns, options.budget_s / 2, options.seed, paired=True, cold=options.cold, graphs=graphs
+        )
     else:
         timings = time_cpu_rounds(fns, options.threads, options.budget_s / 2, estimates, options.seed, paired=True)
     for key, version in (("a", a), ("b", b)):
         timing = timings[key]
         if isinstance(timing, SampleError):
             return AbCase(workload, "error", f"{version.name}: {_reason(timing.cause)}")
-    samples_a, samples_b = (timings[key].samples_ms for key in ("a", "b"))  # type: ignore[union-attr]
+    samples_a, samples_b = (judged_samples(timings[key], options.cold) for key in ("a", "b"))  # type: ignore[arg-type]
     paired = paired_ratio(samples_a, samples_b, options.seed)
     return AbCase(workload, verdict(paired, options.threshold), "", paired, samples_a, samples_b)
+
+
+def judged_samples(timing: Timing, cold: bool) -> list[float]:
+    """The samples a verdict reads: the warm ones (back-to-back calls, L2 holding what the last call left), or
+    with ``cold`` the L2-flushed ones — in paired rounds one of each a round, so A's i-th and B's i-th come
+    from the same round either way."""
+    if not cold:
+        return timing.samples_ms
+    if not timing.cold_samples_ms:
+        raise ValueError("cold samples asked for, none taken (a CPU timing, or cold=False)")
+    return timing.cold_samples_ms
 
 
 def run_ab(
