@@ -51,14 +51,18 @@ class Timing:
     calls_per_sample: int
     samples_ms: list[float]
     method: str  # how the samples were taken: torch.utils.benchmark, cuda_events+sleep or cuda_graph
-    cold_median_ms: float | None = None  # GPU: L2 flushed before each call
+    cold_samples_ms: list[float] = field(default_factory=list)  # GPU: L2 flushed before each call, one a round
     rounds: int = 1  # rounds of the interleaved loop the workload's contenders were sampled in
     host_overhead_us: float | None = None  # GPU: the host's own time to issue one call (measure_cuda)
     yardstick_rounds: dict[str, list[float]] = field(default_factory=dict)  # CPU: each yardstick rate of its rounds
     waited: float | None = None  # CPU: median share of a sample's thread time spent waiting for a core (cpu_wait)
     stalled: str | None = None  # why its rounds ran on a stalled machine (the runner's check), else None
     gpu_state: dict[str, Any] = field(default_factory=dict)  # GPU: clocks, power, throttling while sampled (gpu_state)
-    cold_samples_ms: list[float] = field(default_factory=list)  # GPU: the cold samples, one a round (cold_median_ms's)
+
+    @property
+    def cold_median_ms(self) -> float | None:
+        """GPU: the median of the cold samples (None where none were taken)."""
+        return statistics.median(self.cold_samples_ms) if self.cold_samples_ms else None
 
     @property
     def yardsticks(self) -> dict[str, float]:

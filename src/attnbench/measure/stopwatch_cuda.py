@@ -223,7 +223,6 @@ class _Series:
             self.warm_calls * self.per_call,
             self.warm,
             self.method,
-            cold_median_ms=statistics.median(self.cold) if self.cold else None,
             rounds=rounds,
             host_overhead_us=statistics.median(self.inside_ms) * 1e3 if self.inside_ms else None,
             gpu_state=gpu_state.summary(self.readings, max_sm_mhz),
