@@ -86,6 +86,19 @@ def test_lengths_share_a_tuned_tile_within_a_power_of_two_bucket():
     assert key(100, 1000) != key(100, 1000, head_dim=80)  # the head dim stays exact
 
 
+def test_a_decode_tile_is_tuned_per_bucket_of_sequences_times_kv_heads():
+    """MLA decode at B8 and B64 (one kv head) split their keys differently: each tunes its own tile; the
+    forward's grid grows with the batch, so its key does not hold it."""
+
+    def key(kernel: str, batch: int, kv_heads: int = 1) -> tuple[Any, ...]:
+        q, k = torch.empty(batch, 128, 1, 576), torch.empty(batch, kv_heads, 8192, 576)
+        return _triton_tiles.tuning_key(kernel, q, k, ("causal",), "source")
+
+    assert key("decode", 8) != key("decode", 64) == key("decode", 40)
+    assert key("decode", 5).streams_bucket == 8 and key("decode", 8, kv_heads=8).streams_bucket == 64
+    assert key("fwd", 8) == key("fwd", 64) and key("fwd", 8).streams_bucket == 0
+
+
 class _Recorder:
     """Stands in for a @triton.jit kernel: ``kernel[grid](*args, **kwargs)`` is logged, nothing runs."""
 

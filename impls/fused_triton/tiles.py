@@ -273,6 +273,9 @@ class TuningKey(NamedTuple):
     features: Hashable  # mask family, score modifiers, the values' head dim, the cache's type
     gpu: str  # torch.cuda.get_device_name, or the device type off CUDA
     source: str  # hash of the kernels' source file (tile_cache.source_hash); '' keeps the tile off disk
+    # the decode kernels only: sequences × kv heads, bucketed (the programs a launch has before its keys are
+    # split, which decide how many splits fill the GPU); 0 for the others, whose grid grows with the rows
+    streams_bucket: int = 0
 
 
 def device_name(device: torch.device) -> str:
@@ -284,7 +287,8 @@ def device_name(device: torch.device) -> str:
 
 def tuning_key(kernel: str, q: torch.Tensor, k: torch.Tensor, features: Hashable, source: str) -> TuningKey:
     """What a tuned tile is reused for: kernel, bucketed lengths, exact head dim, GQA group, dtype, mask
-    family and score modifiers (``features``), the GPU's name and the kernels' ``source`` hash. q is
+    family and score modifiers (``features``), the GPU's name and the kernels' ``source`` hash; for the decode
+    kernels also the bucketed sequences × kv heads (MLA at B8 and B64 fill the GPU differently). q is
     (B, Hq, Sq, D) and k (B, Hkv, Sk, D)."""
     return TuningKey(
         kernel,
@@ -296,6 +300,7 @@ def tuning_key(kernel: str, q: torch.Tensor, k: torch.Tensor, features: Hashable
         features,
         device_name(q.device),
         source,
+        length_bucket(k.shape[0] * k.shape[1]) if kernel == "decode" else 0,
     )
 
 
