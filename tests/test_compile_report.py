@@ -13,9 +13,10 @@ from attnbench.impls.fused_triton.tiles import Tile
 
 @pytest.mark.slow
 def test_the_mla_decode_tile_is_reported_with_its_products_and_resources(capsys):
-    """MLA's 64-row tile over 8 warps, keys-major (``_decode_block_keys_major``): Sᵀ = k·qᵀ over 32 keys is below
-    wgmma's 64 rows (mma.sync), Oᵀ += vᵀ·Pᵀ over the 512 value channels is wgmma, each product waited for at once;
-    registers and stack come from the cubin, and nothing spills (rows-major, this tile spilled)."""
+    """MLA's 64-row tile over 8 warps, keys-major (``decode_kernels._decode_block``'s ``KEYS_MAJOR``): Sᵀ =
+    k·qᵀ over 32 keys is below wgmma's 64 rows (mma.sync), Oᵀ += vᵀ·Pᵀ over the 512 value channels is wgmma,
+    each product waited for at once; registers and stack come from the cubin, and nothing spills (rows-major,
+    this tile spilled)."""
     assert compile_report.main(["--case", "mla", "--tiles", "64,32,8,2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("sm_90 compiles by Triton ") and lines[0].endswith(": mla")

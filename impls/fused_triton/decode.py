@@ -293,10 +293,11 @@ def decode_forward(
 
         return count, run
 
-    # MLA's latent cache, unconverted: keys-major (``_decode_block_keys_major``): for Triton 3.6 on sm_90 the
-    # 64×32×8×2 tile then takes 218 registers and spills nothing (rows-major: 255 and 136 B spilled), P·V as
-    # wgmma over the 512 value channels; ab on an H200, B8 and B64: 0.963× and 0.962×. A converted (fp8) cache
-    # stays rows-major: keys-major over the GQA fp8 cache measured 1.031× (slower); fp8 MLA unmeasured
+    # MLA's latent cache, unconverted: keys-major (``decode_kernels._decode_block``'s ``KEYS_MAJOR``): for
+    # Triton 3.6 on sm_90 the 64×32×8×2 tile then takes 218 registers and spills nothing (rows-major: 255 and
+    # 136 B spilled), P·V as wgmma over the 512 value channels; ab on an H200, B8 and B64: 0.963× and 0.962×.
+    # A converted (fp8) cache stays rows-major: keys-major over the GQA fp8 cache measured 1.031× (slower);
+    # fp8 MLA unmeasured (its 64×32×8×2 tile: 243 registers, none spilled, against 255 and 1072 B rows-major)
     keys_major = is_view_of(v_src, k_src) and plan.block_dt > 0 and plan.kv_dtype == plan.dtype
 
     def launch(tile: Tile) -> int:

@@ -84,6 +84,64 @@ def _scale_columns(Scale, page, key_ok, scale_block, stride_page, PAGED: tl.cons
 
 
 @triton.jit
+def _by_key(x, KEYS_MAJOR: tl.constexpr):
+    """A vector over the block's keys laid along the score tile's key axis: its rows keys-major, else its
+    columns (the value tile is the other way round: its channels lie along this axis)."""
+    if KEYS_MAJOR:
+        return x[:, None]
+    else:
+        return x[None, :]
+
+
+@triton.jit
+def _by_row(x, KEYS_MAJOR: tl.constexpr):
+    """A vector over the tile's query rows laid along the score tile's row axis (``_by_key``'s other one)."""
+    if KEYS_MAJOR:
+        return x[None, :]
+    else:
+        return x[:, None]
+
+
+@triton.jit
+def _keys_tile(
+    rows,
+    channels,
+    stride,
+    key_ok,
+    channel_ok,
+    MASK_KEYS: tl.constexpr,
+    MASK_CHANNELS: tl.constexpr,
+    KEYS_FIRST: tl.constexpr,
+):
+    """A (keys × channels) tile of k or v from each key's row pointer, or its transpose (``KEYS_FIRST``
+    False); masked on the keys and on the channels as asked, zeros there."""
+    if KEYS_FIRST:
+        ptrs = rows[:, None] + channels[None, :] * stride
+        return _load(ptrs, key_ok[:, None], channel_ok[None, :], MASK_KEYS, MASK_CHANNELS)
+    else:
+        ptrs = rows[None, :] + channels[:, None] * stride
+        return _load(ptrs, channel_ok[:, None], key_ok[None, :], MASK_CHANNELS, MASK_KEYS)
+
+
+@triton.jit
+def _score_dot(q, k, acc, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, KEYS_MAJOR: tl.constexpr):
+    """acc + q·kᵀ (k (D, BLOCK_N) as loaded), or keys-major its transpose k·qᵀ (k (BLOCK_N, D), q (D, rows))."""
+    if KEYS_MAJOR:
+        return _dot(k.to(q.dtype), q, acc, INPUT_PRECISION, UPCAST)
+    else:
+        return _dot(q, k.to(q.dtype), acc, INPUT_PRECISION, UPCAST)
+
+
+@triton.jit
+def _value_dot(p, v, acc, alpha, dtype, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, KEYS_MAJOR: tl.constexpr):
+    """The output rescaled by ``alpha`` plus P·V, or keys-major its transpose Oᵀ·α + vᵀ·Pᵀ."""
+    if KEYS_MAJOR:
+        return _dot(v.to(dtype), p.to(dtype), acc * alpha[None, :], INPUT_PRECISION, UPCAST)
+    else:
+        return _dot(p.to(dtype), v.to(dtype), acc * alpha[:, None], INPUT_PRECISION, UPCAST)
+
+
+@triton.jit
 def _decode_block(
     acc,
     m_i,
@@ -144,246 +202,62 @@ def _decode_block(
     KEYS_MAJOR: tl.constexpr,
 ):
     """One block of keys into the tile's running (acc, m, l), as ``kernels._attend`` with the keys' rows
-    found through the page table when paged; ``KEYS_MAJOR``: by ``_decode_block_keys_major`` (acc and q
-    transposed)."""
-    if KEYS_MAJOR:
-        acc, m_new, l_i = _decode_block_keys_major(
-            acc,
-            m_i,
-            l_i,
-            q,
-            q_tail,
-            K,
-            V,
-            b,
-            kv_h,
-            start_n,
-            offs_n,
-            offs_d,
-            offs_t,
-            offs_dv,
-            d_ok,
-            t_ok,
-            dv_ok,
-            positions,
-            lo,
-            hi,
-            key_lo,
-            key_hi,
-            PageTable,
-            stride_table,
-            k_scale,
-            v_scale,
-            scale_block,
-            stride_ksb,
-            stride_vsb,
-            stride_kb,
-            stride_kh,
-            stride_kn,
-            stride_kd,
-            stride_vb,
-            stride_vh,
-            stride_vn,
-            stride_vd,
-            sm_scale,
-            qk_scale,
-            softcap,
-            slope,
-            alibi_offset,
-            k_mul,
-            MASKED,
-            EVEN_D,
-            EVEN_DV,
-            SPLIT_D,
-            V_FROM_K,
-            PAGED,
-            PAGE_SIZE,
-            SOFTCAP,
-            ALIBI,
-            KV_SCALED,
-            SCALE_ONCE,
-            INPUT_PRECISION,
-            UPCAST,
-        )
-    else:
-        keys = start_n + offs_n
-        key_ok = (keys >= key_lo) & (keys < key_hi)
-        k_rows, page = _key_pointers(
-            K, b, kv_h, keys, key_ok, PageTable, stride_table, stride_kb, stride_kh, stride_kn, PAGED, PAGE_SIZE, MASKED
-        )
-        k_t = _load(k_rows[None, :] + offs_d[:, None] * stride_kd, d_ok[:, None], key_ok[None, :], not EVEN_D, MASKED)
-        qk = _dot(q, k_t.to(q.dtype), None, INPUT_PRECISION, UPCAST)
-        if SPLIT_D:
-            k_tail = _load(k_rows[None, :] + offs_t[:, None] * stride_kd, t_ok[:, None], key_ok[None, :], True, MASKED)
-            qk = _dot(q_tail, k_tail.to(q.dtype), qk, INPUT_PRECISION, UPCAST)
-        if SCALE_ONCE:  # one scale for the sequence's keys: q·(k·s_k)ᵀ = (q·kᵀ)·s_k
-            qk = qk * k_mul
-        elif KV_SCALED:
-            qk = qk * _scale_columns(k_scale, page, key_ok, scale_block, stride_ksb, PAGED, MASKED)[None, :]
-        s, c, _ = _scores(
-            qk,
-            positions[:, None],
-            keys[None, :],
-            sm_scale,
-            qk_scale,
-            softcap,
-            slope[:, None],
-            alibi_offset[:, None],
-            SOFTCAP,
-            ALIBI,
-        )
-        if MASKED:
-            s = tl.where((keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * c)
-        m_use = m_new
-        if MASKED:
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s * c - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if V_FROM_K:  # a latent cache: the values are the key tile's first Dv channels
-            v = tl.trans(k_t)
-            if not EVEN_DV:
-                v = tl.where(dv_ok[None, :], v, tl.zeros_like(v))
-        else:
-            v_rows, _ = _key_pointers(
-                V,
-                b,
-                kv_h,
-                keys,
-                key_ok,
-                PageTable,
-                stride_table,
-                stride_vb,
-                stride_vh,
-                stride_vn,
-                PAGED,
-                PAGE_SIZE,
-                MASKED,
-            )
-            v = _load(
-                v_rows[:, None] + offs_dv[None, :] * stride_vd, key_ok[:, None], dv_ok[None, :], MASKED, not EVEN_DV
-            )
-        if KV_SCALED and not SCALE_ONCE:  # one scale for the sequence's values: applied to the output at the end
-            p = p * _scale_columns(v_scale, page, key_ok, scale_block, stride_vsb, PAGED, MASKED)[None, :]
-        acc = _dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], INPUT_PRECISION, UPCAST)
-    return acc, m_new, l_i
-
-
-@triton.jit
-def _decode_block_keys_major(
-    acc,
-    m_i,
-    l_i,
-    q_t,
-    q_tail_t,
-    K,
-    V,
-    b,
-    kv_h,
-    start_n,
-    offs_n,
-    offs_d,
-    offs_t,
-    offs_dv,
-    d_ok,
-    t_ok,
-    dv_ok,
-    positions,
-    lo,
-    hi,
-    key_lo,
-    key_hi,
-    PageTable,
-    stride_table,
-    k_scale,
-    v_scale,
-    scale_block,
-    stride_ksb,
-    stride_vsb,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    sm_scale,
-    qk_scale,
-    softcap,
-    slope,
-    alibi_offset,
-    k_mul,
-    MASKED: tl.constexpr,
-    EVEN_D: tl.constexpr,
-    EVEN_DV: tl.constexpr,
-    SPLIT_D: tl.constexpr,
-    V_FROM_K: tl.constexpr,
-    PAGED: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr,
-    KV_SCALED: tl.constexpr,
-    SCALE_ONCE: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    """``_decode_block`` with the keys as the products' rows (``KEYS_MAJOR``): Sᵀ = k·qᵀ and Oᵀ += vᵀ·Pᵀ; the
-    tile's query rows are the products' columns. ``acc`` is (BLOCK_DV, BLOCK_M), ``q_t`` (BLOCK_D, BLOCK_M).
-    Taken for MLA's latent cache (``decode.decode_forward`` says why and what ab measured): Oᵀ's rows are the
-    512 value channels, wgmma's shape, and the tile holds fewer live registers. It handles every feature of
-    ``_decode_block`` (pages, scales, masks); over the GQA fp8 cache, where it measured slower on an H200, it
-    was checked against float64 in the interpreter too."""
+    found through the page table when paged. Rows-major the products are S = q·kᵀ (rows × keys) and
+    O += P·V; ``KEYS_MAJOR`` makes the keys the products' rows: Sᵀ = k·qᵀ and Oᵀ += vᵀ·Pᵀ, with ``acc``
+    (BLOCK_DV, BLOCK_M) and ``q`` (BLOCK_D, BLOCK_M) transposed by the caller. Keys-major is taken for MLA's
+    latent cache (``decode.decode_forward`` says why and what ab measured): Oᵀ's rows are the 512 value
+    channels, wgmma's shape, and the tile holds fewer live registers; both ways handle every feature here
+    (pages, scales, masks) and are checked against float64 in the interpreter."""
     keys = start_n + offs_n
     key_ok = (keys >= key_lo) & (keys < key_hi)
     k_rows, page = _key_pointers(
         K, b, kv_h, keys, key_ok, PageTable, stride_table, stride_kb, stride_kh, stride_kn, PAGED, PAGE_SIZE, MASKED
     )
-    k = _load(k_rows[:, None] + offs_d[None, :] * stride_kd, key_ok[:, None], d_ok[None, :], MASKED, not EVEN_D)
-    qk = _dot(k.to(q_t.dtype), q_t, None, INPUT_PRECISION, UPCAST)  # (BLOCK_N, BLOCK_M): keys × rows
-    if SPLIT_D:
-        k_tail = _load(k_rows[:, None] + offs_t[None, :] * stride_kd, key_ok[:, None], t_ok[None, :], MASKED, True)
-        qk = _dot(k_tail.to(q_t.dtype), q_tail_t, qk, INPUT_PRECISION, UPCAST)
-    if SCALE_ONCE:
+    k = _keys_tile(k_rows, offs_d, stride_kd, key_ok, d_ok, MASKED, not EVEN_D, KEYS_MAJOR)
+    qk = _score_dot(q, k, None, INPUT_PRECISION, UPCAST, KEYS_MAJOR)  # rows × keys, or keys × rows
+    if SPLIT_D:  # the head dim's tail channels (MLA's 64 rope channels after its 512)
+        k_tail = _keys_tile(k_rows, offs_t, stride_kd, key_ok, t_ok, MASKED, True, KEYS_MAJOR)
+        qk = _score_dot(q_tail, k_tail, qk, INPUT_PRECISION, UPCAST, KEYS_MAJOR)
+    if SCALE_ONCE:  # one scale for the sequence's keys: q·(k·s_k)ᵀ = (q·kᵀ)·s_k
         qk = qk * k_mul
     elif KV_SCALED:
-        qk = qk * _scale_columns(k_scale, page, key_ok, scale_block, stride_ksb, PAGED, MASKED)[:, None]
+        qk = qk * _by_key(_scale_columns(k_scale, page, key_ok, scale_block, stride_ksb, PAGED, MASKED), KEYS_MAJOR)
     s, c, _ = _scores(
         qk,
-        positions[None, :],
-        keys[:, None],
+        _by_row(positions, KEYS_MAJOR),
+        _by_key(keys, KEYS_MAJOR),
         sm_scale,
         qk_scale,
         softcap,
-        slope[None, :],
-        alibi_offset[None, :],
+        _by_row(slope, KEYS_MAJOR),
+        _by_row(alibi_offset, KEYS_MAJOR),
         SOFTCAP,
         ALIBI,
     )
     if MASKED:
-        s = tl.where((keys[:, None] >= lo[None, :]) & (keys[:, None] < hi[None, :]), s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 0) * c)
+        in_range = (_by_key(keys, KEYS_MAJOR) >= _by_row(lo, KEYS_MAJOR)) & (
+            _by_key(keys, KEYS_MAJOR) < _by_row(hi, KEYS_MAJOR)
+        )
+        s = tl.where(in_range, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0 if KEYS_MAJOR else 1) * c)
     m_use = m_new
     if MASKED:
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s * c - m_use[None, :])
+    p = tl.math.exp2(s * c - _by_row(m_use, KEYS_MAJOR))
     alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 0)
+    l_i = l_i * alpha + tl.sum(p, 0 if KEYS_MAJOR else 1)
     if V_FROM_K:  # a latent cache: the values are the key tile's first Dv channels
-        v_t = tl.trans(k)
+        v = tl.trans(k)
         if not EVEN_DV:
-            v_t = tl.where(dv_ok[:, None], v_t, tl.zeros_like(v_t))
+            v = tl.where(_by_key(dv_ok, KEYS_MAJOR), v, tl.zeros_like(v))
     else:
         v_rows, _ = _key_pointers(
             V, b, kv_h, keys, key_ok, PageTable, stride_table, stride_vb, stride_vh, stride_vn, PAGED, PAGE_SIZE, MASKED
         )
-        v_t = _load(
-            v_rows[None, :] + offs_dv[:, None] * stride_vd, dv_ok[:, None], key_ok[None, :], not EVEN_DV, MASKED
-        )
-    if KV_SCALED and not SCALE_ONCE:
-        p = p * _scale_columns(v_scale, page, key_ok, scale_block, stride_vsb, PAGED, MASKED)[:, None]
-    acc = _dot(v_t.to(q_t.dtype), p.to(q_t.dtype), acc * alpha[None, :], INPUT_PRECISION, UPCAST)
+        v = _keys_tile(v_rows, offs_dv, stride_vd, key_ok, dv_ok, MASKED, not EVEN_DV, not KEYS_MAJOR)
+    if KV_SCALED and not SCALE_ONCE:  # one scale for the sequence's values: applied to the output at the end
+        p = p * _by_key(_scale_columns(v_scale, page, key_ok, scale_block, stride_vsb, PAGED, MASKED), KEYS_MAJOR)
+    acc = _value_dot(p, v, acc, alpha, q.dtype, INPUT_PRECISION, UPCAST, KEYS_MAJOR)
     return acc, m_new, l_i
 
 
