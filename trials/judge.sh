@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Judge the queued kernel trials on a GPU machine: each trials/NAME.patch applied over HEAD, the commands of its
+# `run:` lines run (attnbench ab --impl fused_triton --base HEAD …: the patched working tree against HEAD), the
+# patch taken back. What each printed goes to OUT/NAME/log.txt, and a summary to OUT/summary.txt.
+#
+#   bash trials/judge.sh [--out DIR] [--commit-tree] [--dry-run] [--list] [NAME …]
+#
+# --out DIR      where the results go (default runs/trials); each run line sees it as $TRIAL_OUT (OUT/NAME)
+# --commit-tree  commit the working tree first (a GPU machine's copied tree, whose .git may lag its files):
+#                without it a tree with changes is refused, since `ab --base HEAD` would judge them too
+# --dry-run      apply and take back each patch, print its run lines, run nothing
+# --list         the queued trials, one line each
+# NAME …         only these trials (default: all, in name order)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+die() {
+    echo "judge.sh: $*" >&2
+    exit 2
+}
+
+out=runs/trials
+commit_tree=0
+dry_run=0
+list=0
+names=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --out)
+        [ $# -ge 2 ] || die "--out needs a folder"
+        out=$2
+        shift 2
+        ;;
+    --commit-tree) commit_tree=1 && shift ;;
+    --dry-run) dry_run=1 && shift ;;
+    --list) list=1 && shift ;;
+    -h | --help)
+        sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+        exit 0
+        ;;
+    -*) die "unknown option $1; allowed: --out DIR, --commit-tree, --dry-run, --list, trial names" ;;
+    *) names+=("$1") && shift ;;
+    esac
+done
+
+queued=()
+for patch in trials/*.patch; do
+    [ -e "$patch" ] && queued+=("$(basename "$patch" .patch)")
+done
+if [ "$list" = 1 ]; then
+    for name in "${queued[@]}"; do
+        printf '%-28s %s\n' "$name" "$(sed -n 's/^Trial: //p' "trials/$name.patch" | head -1)"
+    done
+    exit 0
+fi
+if [ ${#names[@]} -eq 0 ]; then
+    names=("${queued[@]}")
+fi
+for name in "${names[@]}"; do
+    [ -f "trials/$name.patch" ] || die "no trial '$name'; queued: ${queued[*]:-none}"
+done
+[ ${#names[@]} -gt 0 ] || die "no trials queued (trials/*.patch)"
+
+if [ -n "$(git status --porcelain)" ]; then
+    if [ "$commit_tree" = 1 ]; then
+        git add -A && git -c user.name=judge -c user.email=judge@localhost commit -qm "judge.sh: the tree as found" ||
+            die "could not commit the tree"
+    elif [ "$dry_run" = 0 ]; then
+        die "the working tree has changes: ab --base HEAD would judge them too; commit them, or pass --commit-tree"
+    fi
+fi
+
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+failed=0
+for name in "${names[@]}"; do
+    patch="trials/$name.patch"
+    if ! git apply --check "$patch" 2>"$out/$name.apply.txt"; then
+        echo "$name: does not apply to $(git rev-parse --short HEAD) ($(head -1 "$out/$name.apply.txt"))" | tee -a "$summary"
+        failed=1
+        continue
+    fi
+    rm -f "$out/$name.apply.txt"
+    git apply "$patch"
+    export TRIAL_OUT="$out/$name"
+    mkdir -p "$TRIAL_OUT"
+    status=()
+    while IFS= read -r line; do
+        command=${line#run: }
+        if [ "$dry_run" = 1 ]; then
+            echo "$name: would run: $command"
+            continue
+        fi
+        echo "$name: $command" | tee -a "$TRIAL_OUT/log.txt"
+        bash -c "$command" >>"$TRIAL_OUT/log.txt" 2>&1
+        code=$?
+        status+=("$code")
+        [ "$code" = 0 ] || failed=1
+    done < <(grep '^run: ' "$patch")
+    git apply -R "$patch" || die "could not take $name back: the tree holds it still"
+    if [ "$dry_run" = 0 ]; then
+        echo "$name: run lines exited ${status[*]:-(none)}; log $TRIAL_OUT/log.txt" | tee -a "$summary"
+    fi
+done
+exit "$failed"
