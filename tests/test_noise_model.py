@@ -43,6 +43,19 @@ def test_the_yardsticks_measure_positive_rates_and_every_row_keeps_them():
     assert off["yardstick_fma_gflops"] is None and off["yardstick_stream_gbps"] is None
 
 
+def test_yardsticks_whose_array_does_not_fit_are_left_out(monkeypatch):
+    """Their stream array is 4× the last-level cache (1.9 GiB on a VM reporting a 480 MiB L3): past a memory
+    cap the case runs without yardsticks instead of its worker dying."""
+    if yardsticks.for_threads(1, array_bytes=16 * 2**20) is None:
+        pytest.skip("the hardware kernels can't be built here")
+
+    def no_room(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(yardsticks.torch, "full", no_room)
+    assert yardsticks.for_threads(1, array_bytes=32 * 2**20) is None
+
+
 def test_each_contender_keeps_the_median_rate_of_the_rounds_it_sampled_in():
     """A yardstick whose rate is the round's number: a contender sampled in rounds 1..n keeps median(1..n);
     a yardstick that raises is dropped and the contenders still get their timing."""

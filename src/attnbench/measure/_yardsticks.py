@@ -133,7 +133,8 @@ def _fma_iters(library: ctypes.CDLL, code: int, threads: int) -> int:
 
 @functools.cache
 def for_threads(threads: int, array_bytes: int | None = None) -> Yardsticks | None:
-    """This process's yardsticks on ``threads`` threads (built once), or None where the kernels can't be built."""
+    """This process's yardsticks on ``threads`` threads (built once), or None where the kernels can't be built or
+    their array does not fit (a memory cap)."""
     try:
         built = hardware.load()
     except BuildError:
@@ -144,7 +145,10 @@ def for_threads(threads: int, array_bytes: int | None = None) -> Yardsticks | No
     code = hardware.KERNELS[name].code
     elements = (array_bytes or hardware.triad_array_bytes()) // 4
     chunk = min(STREAM_CHUNK_BYTES // 4, elements)
-    array = torch.full((elements,), 0.5)  # every page touched before timing
+    try:
+        array = torch.full((elements,), 0.5)  # every page touched before timing
+    except (RuntimeError, MemoryError):  # 4× a large last-level cache past a memory cap: the case runs without
+        return None
     sticks = Yardsticks(library, code, _fma_iters(library, code, threads), threads, array, chunk)
     sticks.saw({"fma_gflops": max(sticks.fma_gflops() for _ in range(3))})
     return sticks
