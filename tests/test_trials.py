@@ -88,3 +88,27 @@ def test_a_tree_with_changes_is_refused_without_commit_tree(tmp_path):
     done = _judge("--out", str(tmp_path / "out"), cwd=clone)
     assert done.returncode == 2 and "the working tree has changes" in done.stderr
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_an_interrupted_trial_is_taken_back(tmp_path):
+    """A judge stopped while a trial's run line runs (a time limit's TERM) leaves the tree as it found it."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    shutil.copytree(ROOT / "trials", clone / "trials", dirs_exist_ok=True)
+    for patch in (clone / "trials").glob("*.patch"):
+        patch.unlink()
+    (clone / "README.md").write_text((clone / "README.md").read_text() + "\na trial's change\n")
+    diff = subprocess.run(
+        ["git", "diff", "--", "README.md"], cwd=clone, capture_output=True, text=True, check=True
+    ).stdout
+    subprocess.run(["git", "checkout", "-q", "README.md"], cwd=clone, check=True)
+    preamble = "Trial: stopped\nrun: echo before; kill -TERM $PPID; sleep 5; echo after\n\n"
+    (clone / "trials" / "stopped.patch").write_text(preamble + diff)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "add", "-A"], cwd=clone, check=True)
+    subprocess.run([*git, "commit", "-qm", "t"], cwd=clone, check=True)
+    done = _judge("--out", str(tmp_path / "out"), "stopped", cwd=clone)
+    assert done.returncode == 130 and "took trials/stopped.patch back" in done.stderr
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
+    assert status == ""
+    assert (tmp_path / "out" / "stopped" / "log.txt").read_text().splitlines()[-1] == "before"

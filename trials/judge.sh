@@ -70,6 +70,24 @@ if [ -n "$(git status --porcelain)" ]; then
     fi
 fi
 
+applied=
+running=
+take_back() {
+    if [ -n "$running" ]; then # the run line's command first (so it starts nothing more), then what it started
+        kids=$(pgrep -P "$running" 2>/dev/null)
+        kill -TERM "$running" 2>/dev/null
+        [ -z "$kids" ] || kill -TERM $kids 2>/dev/null
+        wait "$running" 2>/dev/null
+        running=
+    fi
+    if [ -n "$applied" ]; then
+        git apply -R "$applied" && echo "judge.sh: took $applied back" >&2
+        applied=
+    fi
+}
+trap take_back EXIT
+trap 'take_back; exit 130' INT TERM
+
 mkdir -p "$out"
 summary="$out/summary.txt"
 : >"$summary"
@@ -83,6 +101,7 @@ for name in "${names[@]}"; do
     fi
     rm -f "$out/$name.apply.txt"
     git apply "$patch"
+    applied=$patch # taken back on the way out too (an interrupt, a failed run line's set -e in a caller)
     export TRIAL_OUT="$out/$name"
     mkdir -p "$TRIAL_OUT"
     status=()
@@ -93,11 +112,15 @@ for name in "${names[@]}"; do
             continue
         fi
         echo "$name: $command" | tee -a "$TRIAL_OUT/log.txt"
-        bash -c "$command" >>"$TRIAL_OUT/log.txt" 2>&1
+        bash -c "$command" >>"$TRIAL_OUT/log.txt" 2>&1 &
+        running=$! # waited for in the background, so that a signal stops it at once
+        wait "$running"
         code=$?
+        running=
         status+=("$code")
         [ "$code" = 0 ] || failed=1
     done < <(grep '^run: ' "$patch")
+    applied=
     git apply -R "$patch" || die "could not take $name back: the tree holds it still"
     if [ "$dry_run" = 0 ]; then
         echo "$name: run lines exited ${status[*]:-(none)}; log $TRIAL_OUT/log.txt" | tee -a "$summary"
