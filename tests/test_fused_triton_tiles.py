@@ -97,6 +97,9 @@ def test_a_decode_tile_is_tuned_per_bucket_of_sequences_times_kv_heads():
     assert key("decode", 8) != key("decode", 64) == key("decode", 40)
     assert key("decode", 5).streams_bucket == 8 and key("decode", 8, kv_heads=8).streams_bucket == 64
     assert key("fwd", 8) == key("fwd", 64) and key("fwd", 8).streams_bucket == 0
+    # stored as before the field where it is 0: the other kernels' tiles on disk are still found
+    assert "streams_bucket" not in _triton_tiles.stored_key(key("fwd", 8), [])["tuning"]
+    assert _triton_tiles.stored_key(key("decode", 8), [])["tuning"]["streams_bucket"] == 8
 
 
 class _Recorder:

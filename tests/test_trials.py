@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# git as the tests need it whatever the user's settings: an identity, no signing, plain diffs
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", "-c", "color.ui=never"]
+GIT += ["-c", "diff.noprefix=false"]
 TRIALS = sorted((ROOT / "trials").glob("*.patch"))
 
 pytestmark = pytest.mark.skipif(
@@ -47,11 +50,16 @@ def test_a_dry_run_applies_and_takes_back_every_trial_in_a_clone(tmp_path):
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     shutil.copytree(ROOT / "trials", clone / "trials", dirs_exist_ok=True)  # as in this tree, committed or not
     subprocess.run(["git", "add", "-A"], cwd=clone, check=True)
-    subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "t", "--allow-empty"], cwd=clone
+    subprocess.run([*GIT, "commit", "-qm", "t", "--allow-empty"], cwd=clone, check=True)
+    done = subprocess.run(  # from another folder: a relative --out is taken from there
+        ["bash", str(clone / "trials" / "judge.sh"), "--dry-run", "--out", "out"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    done = _judge("--dry-run", "--out", str(tmp_path / "out"), cwd=clone)
     assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out").is_dir() and not (clone / "out").exists()
     said = done.stdout.splitlines()
     assert {line.split(":")[0] for line in said} == {p.stem for p in TRIALS}
     assert all(": would run: " in line for line in said)
@@ -99,16 +107,15 @@ def test_an_interrupted_trial_is_taken_back(tmp_path):
         patch.unlink()
     (clone / "README.md").write_text((clone / "README.md").read_text() + "\na trial's change\n")
     diff = subprocess.run(
-        ["git", "diff", "--", "README.md"], cwd=clone, capture_output=True, text=True, check=True
+        [*GIT, "diff", "--no-ext-diff", "--", "README.md"], cwd=clone, capture_output=True, text=True, check=True
     ).stdout
     subprocess.run(["git", "checkout", "-q", "README.md"], cwd=clone, check=True)
     preamble = "Trial: stopped\nrun: echo before; kill -TERM $PPID; sleep 5; echo after\n\n"
     (clone / "trials" / "stopped.patch").write_text(preamble + diff)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "add", "-A"], cwd=clone, check=True)
-    subprocess.run([*git, "commit", "-qm", "t"], cwd=clone, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "t"], cwd=clone, check=True)
     done = _judge("--out", str(tmp_path / "out"), "stopped", cwd=clone)
-    assert done.returncode == 130 and "took trials/stopped.patch back" in done.stderr
+    assert done.returncode == 143 and "took trials/stopped.patch back" in done.stderr
     status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
     assert status == ""
     assert (tmp_path / "out" / "stopped" / "log.txt").read_text().splitlines()[-1] == "before"

@@ -5,13 +5,16 @@
 #
 #   bash trials/judge.sh [--out DIR] [--commit-tree] [--dry-run] [--list] [NAME …]
 #
-# --out DIR      where the results go (default runs/trials); each run line sees it as $TRIAL_OUT (OUT/NAME)
+# --out DIR      where the results go (default runs/trials under the repository; a relative DIR is taken from
+#                where you are); each run line sees OUT/NAME as $TRIAL_OUT
 # --commit-tree  commit the working tree first (a GPU machine's copied tree, whose .git may lag its files):
 #                without it a tree with changes is refused, since `ab --base HEAD` would judge them too
 # --dry-run      apply and take back each patch, print its run lines, run nothing
 # --list         the queued trials, one line each
 # NAME …         only these trials (default: all, in name order)
 set -uo pipefail
+export LC_ALL=C # the trials in byte order, as `--list` says them
+here=$PWD
 cd "$(dirname "$0")/.."
 
 die() {
@@ -28,14 +31,14 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --out)
         [ $# -ge 2 ] || die "--out needs a folder"
-        out=$2
+        case "$2" in /*) out=$2 ;; *) out=$here/$2 ;; esac
         shift 2
         ;;
     --commit-tree) commit_tree=1 && shift ;;
     --dry-run) dry_run=1 && shift ;;
     --list) list=1 && shift ;;
     -h | --help)
-        sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     -*) die "unknown option $1; allowed: --out DIR, --commit-tree, --dry-run, --list, trial names" ;;
@@ -47,6 +50,7 @@ queued=()
 for patch in trials/*.patch; do
     [ -e "$patch" ] && queued+=("$(basename "$patch" .patch)")
 done
+[ ${#queued[@]} -gt 0 ] || die "no trials queued (trials/*.patch)"
 if [ "$list" = 1 ]; then
     for name in "${queued[@]}"; do
         printf '%-28s %s\n' "$name" "$(sed -n 's/^Trial: //p' "trials/$name.patch" | head -1)"
@@ -57,13 +61,12 @@ if [ ${#names[@]} -eq 0 ]; then
     names=("${queued[@]}")
 fi
 for name in "${names[@]}"; do
-    [ -f "trials/$name.patch" ] || die "no trial '$name'; queued: ${queued[*]:-none}"
+    [ -f "trials/$name.patch" ] || die "no trial '$name'; queued: ${queued[*]}"
 done
-[ ${#names[@]} -gt 0 ] || die "no trials queued (trials/*.patch)"
 
 if [ -n "$(git status --porcelain)" ]; then
     if [ "$commit_tree" = 1 ]; then
-        git add -A && git -c user.name=judge -c user.email=judge@localhost commit -qm "judge.sh: the tree as found" ||
+        git add -A && git -c user.name=judge -c user.email=judge@localhost -c commit.gpgsign=false commit -qm "judge.sh: the tree as found" ||
             die "could not commit the tree"
     elif [ "$dry_run" = 0 ]; then
         die "the working tree has changes: ab --base HEAD would judge them too; commit them, or pass --commit-tree"
@@ -73,10 +76,8 @@ fi
 applied=
 running=
 take_back() {
-    if [ -n "$running" ]; then # the run line's command first (so it starts nothing more), then what it started
-        kids=$(pgrep -P "$running" 2>/dev/null)
-        kill -TERM "$running" 2>/dev/null
-        [ -z "$kids" ] || kill -TERM $kids 2>/dev/null
+    if [ -n "$running" ]; then # the run line's whole process group: the command and all it started
+        kill -TERM -- -"$running" 2>/dev/null
         wait "$running" 2>/dev/null
         running=
     fi
@@ -86,7 +87,8 @@ take_back() {
     fi
 }
 trap take_back EXIT
-trap 'take_back; exit 130' INT TERM
+trap 'take_back; exit 130' INT
+trap 'take_back; exit 143' TERM
 
 mkdir -p "$out"
 summary="$out/summary.txt"
@@ -100,8 +102,8 @@ for name in "${names[@]}"; do
         continue
     fi
     rm -f "$out/$name.apply.txt"
+    applied=$patch # taken back on the way out too (an interrupt); set first, so no moment goes unguarded
     git apply "$patch"
-    applied=$patch # taken back on the way out too (an interrupt, a failed run line's set -e in a caller)
     export TRIAL_OUT="$out/$name"
     mkdir -p "$TRIAL_OUT"
     status=()
@@ -112,16 +114,16 @@ for name in "${names[@]}"; do
             continue
         fi
         echo "$name: $command" | tee -a "$TRIAL_OUT/log.txt"
-        bash -c "$command" >>"$TRIAL_OUT/log.txt" 2>&1 &
-        running=$! # waited for in the background, so that a signal stops it at once
+        setsid bash -c "$command" >>"$TRIAL_OUT/log.txt" 2>&1 &
+        running=$! # a process group of its own, waited for in the background: a signal stops all of it at once
         wait "$running"
         code=$?
         running=
         status+=("$code")
         [ "$code" = 0 ] || failed=1
     done < <(grep '^run: ' "$patch")
-    applied=
     git apply -R "$patch" || die "could not take $name back: the tree holds it still"
+    applied=
     if [ "$dry_run" = 0 ]; then
         echo "$name: run lines exited ${status[*]:-(none)}; log $TRIAL_OUT/log.txt" | tee -a "$summary"
     fi

@@ -249,7 +249,7 @@ def _decode_block(
     if V_FROM_K:  # a latent cache: the values are the key tile's first Dv channels
         v = tl.trans(k)
         if not EVEN_DV:
-            v = tl.where(_by_key(dv_ok, KEYS_MAJOR), v, tl.zeros_like(v))
+            v = tl.where(_by_key(dv_ok, KEYS_MAJOR), v, tl.zeros_like(v))  # value channels: on the key axis
     else:
         v_rows, _ = _key_pointers(
             V, b, kv_h, keys, key_ok, PageTable, stride_table, stride_vb, stride_vh, stride_vn, PAGED, PAGE_SIZE, MASKED

@@ -322,7 +322,10 @@ def _versions() -> dict[str, str]:
 def stored_key(key: TuningKey, candidates: Sequence[Tile]) -> dict[str, Any]:
     """The key a tuned tile is kept under, in memory and on disk: the tuning key, the candidates timed and
     the torch and Triton versions."""
-    return {"tuning": key._asdict(), "candidates": [t.fields() for t in candidates], **_versions()}
+    tuning = key._asdict()
+    if not tuning["streams_bucket"]:  # not a decode kernel's: stored as before the field, its tiles still found
+        del tuning["streams_bucket"]
+    return {"tuning": tuning, "candidates": [t.fields() for t in candidates], **_versions()}
 
 
 def time_tile(launch: Callable[[Tile], object], tile: Tile) -> float:

@@ -147,8 +147,8 @@ def for_threads(threads: int, array_bytes: int | None = None) -> Yardsticks | No
     chunk = min(STREAM_CHUNK_BYTES // 4, elements)
     try:
         array = torch.full((elements,), 0.5)  # every page touched before timing
-    except (RuntimeError, MemoryError):  # 4× a large last-level cache past a memory cap: the case runs without
-        return None
+    except (RuntimeError, MemoryError):  # 4× a large last-level cache past an address-space cap (RLIMIT_AS): the
+        return None  # case runs without yardsticks (a cgroup's cap kills the process on touching pages instead)
     sticks = Yardsticks(library, code, _fma_iters(library, code, threads), threads, array, chunk)
     sticks.saw({"fma_gflops": max(sticks.fma_gflops() for _ in range(3))})
     return sticks
