@@ -12,22 +12,27 @@ from attnbench.impls.fused_triton.tiles import Tile
 
 
 @pytest.mark.slow
-def test_the_mla_decode_tile_is_reported_with_its_products_and_resources(capsys):
+def test_the_mla_decode_tile_is_reported_with_its_products_resources_and_copies(capsys):
     """MLA's 64-row tile over 8 warps, keys-major (``decode_kernels._decode_block``'s ``KEYS_MAJOR``): Sᵀ =
     k·qᵀ over 32 keys is below wgmma's 64 rows (mma.sync), Oᵀ += vᵀ·Pᵀ over the 512 value channels is wgmma,
     each product waited for at once; registers and stack come from the cubin, and nothing spills (rows-major,
-    this tile spilled)."""
+    this tile spilled). With 2 stages every copy of a key block is waited for with none in flight (one
+    buffer); with 3 the next block's copy stays in flight while this one is computed."""
     assert compile_report.main(["--case", "mla", "--tiles", "64,32,8,2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("sm_90 compiles by Triton ") and lines[0].endswith(": mla")
     (line,) = lines[1:]
     assert line.split()[0] == "64,32,8,2" and " smem" in line and " reg" in line and "wait_group 0: " in line
-    ((tile, report),) = compile_report.report("mla", [Tile(64, 32, 8, 2)])
+    assert line.endswith(" | cp.async wait_group 0: 6")
+    (tile, report), (_, deeper) = compile_report.report("mla", [Tile(64, 32, 8, 2), Tile(64, 32, 8, 3)])
     assert isinstance(report, compile_report.Report) and tile == Tile(64, 32, 8, 2)
     assert report.mma_sync > 0 and set(report.wgmma) == {"m64n64k16 smem"} and set(report.waits) == {0}
     assert report.shared_bytes > 64 * 576 * 2
     assert report.registers is None or 0 < report.registers <= 255
     assert report.stack_bytes in (None, 0)
+    assert set(report.copy_waits) == {0}  # each loop's block waited for with no copy under way
+    assert isinstance(deeper, compile_report.Report) and max(deeper.copy_waits) > 0
+    assert deeper.shared_bytes - report.shared_bytes == 32 * 576 * 2  # the second buffer of a 32-key block
 
 
 @pytest.mark.parametrize("bad", [["--tiles", "64,32,x,2"], ["--tiles", "64,32,8"], ["--case", "prefill"]])

@@ -11,7 +11,12 @@ speed before any GPU runs it:
   warpgroup) and where its first operand comes from (``reg``: registers, ``smem``: a shared-memory
   descriptor), or Ampere's ``mma.sync`` where a tile is below wgmma's 64 rows;
 * the ``wgmma.wait_group`` depths: 0 means each product is waited for as soon as it is issued, so no MMA
-  runs beside the softmax (FlashAttention-3 keeps one in flight).
+  runs beside the softmax (FlashAttention-3 keeps one in flight);
+* the ``cp.async.wait_group`` depths, where k and v are copied by ``cp.async`` (not by tensor descriptors):
+  how many groups of copies stay in flight while a block's copy is waited for. Only 0 means the next block's
+  copy is not under way while this one is computed: with ``num_stages`` 2 Triton keeps one buffer, whose
+  next copy it issues after the products that read it and waits for at the top of the next iteration, so a
+  program alone on its SM (MLA's) waits out the memory's latency every block.
 
 The figures are the installed Triton's; the GPU may run another version (this project's GPU machine: Triton
 3.6.0). To compile with that one on a CPU machine: ``pip install --target DIR triton==X --no-deps`` and run
@@ -131,15 +136,18 @@ class Report:
     wgmma: dict[str, int]  # "m64n128k16 smem" → count
     mma_sync: int
     waits: dict[int, int]  # wgmma.wait_group depth → count
+    copy_waits: dict[int, int]  # cp.async.wait_group depth (copy groups left in flight) → count
 
     def line(self) -> str:
         products = ", ".join(f"{count}× {shape}" for shape, count in sorted(self.wgmma.items()))
         if self.mma_sync:
             products = ", ".join(filter(None, [products, f"{self.mma_sync}× mma.sync"]))
         waits = ", ".join(f"{depth}: {count}" for depth, count in sorted(self.waits.items())) or "none"
+        copies = ", ".join(f"{depth}: {count}" for depth, count in sorted(self.copy_waits.items())) or "none"
         regs = "?" if self.registers is None else self.registers
         stack = "?" if self.stack_bytes is None else self.stack_bytes
-        return f"regs {regs}, stack {stack} B, shared {self.shared_bytes} B | {products} | wait_group {waits}"
+        resources = f"regs {regs}, stack {stack} B, shared {self.shared_bytes} B"
+        return f"{resources} | {products} | wait_group {waits} | cp.async wait_group {copies}"
 
 
 def inspect(kernel: Any) -> Report:
@@ -149,6 +157,7 @@ def inspect(kernel: Any) -> Report:
     for match in re.finditer(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\S*\s+\{[^}]*\},\s*(\{|%rd)", ptx):
         wgmma[f"{match.group(1)} {'reg' if match.group(2) == '{' else 'smem'}"] += 1
     waits = collections.Counter(int(d) for d in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))
+    copy_waits = collections.Counter(int(d) for d in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx))
     registers, stack = _resources(kernel.asm.get("cubin"))
     return Report(
         registers,
@@ -157,6 +166,7 @@ def inspect(kernel: Any) -> Report:
         dict(wgmma),
         len(re.findall(r"mma\.sync\.aligned", ptx)),
         dict(waits),
+        dict(copy_waits),
     )
 
 
