@@ -92,14 +92,13 @@ def test_a_decode_tile_is_tuned_per_bucket_of_sequences_times_kv_heads():
 
     def key(kernel: str, batch: int, kv_heads: int = 1) -> tuple[Any, ...]:
         q, k = torch.empty(batch, 128, 1, 576), torch.empty(batch, kv_heads, 8192, 576)
-        return _triton_tiles.tuning_key(kernel, q, k, ("causal",), "source")
+        return _triton_flash.make_plan(q, k, k[..., :512]).key(kernel, q, k)
 
     assert key("decode", 8) != key("decode", 64) == key("decode", 40)
-    assert key("decode", 5).streams_bucket == 8 and key("decode", 8, kv_heads=8).streams_bucket == 64
-    assert key("fwd", 8) == key("fwd", 64) and key("fwd", 8).streams_bucket == 0
-    # stored as before the field where it is 0: the other kernels' tiles on disk are still found
-    assert "streams_bucket" not in _triton_tiles.stored_key(key("fwd", 8), [])["tuning"]
-    assert _triton_tiles.stored_key(key("decode", 8), [])["tuning"]["streams_bucket"] == 8
+    assert key("decode", 5).features[-1] == 8 and key("decode", 8, kv_heads=8).features[-1] == 64
+    assert key("fwd", 8) == key("fwd", 64)
+    stored = _triton_tiles.stored_key(key("decode", 8), [])["tuning"]
+    assert stored["features"][-1] == 8 and set(stored) == set(_triton_tiles.TuningKey._fields)
 
 
 class _Recorder:

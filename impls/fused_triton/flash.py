@@ -62,6 +62,7 @@ from attnbench.impls.fused_triton.tiles import (
     choose,
     head_dim_blocks,
     is_hopper,
+    length_bucket,
     max_shared_memory,
     next_power_of_2,
     prune,
@@ -349,8 +350,14 @@ class Plan:
         )
 
     def key(self, kernel: str, q: torch.Tensor, k: torch.Tensor) -> TuningKey:
-        """The tuning key of ``kernel`` on q (B, Hq, Sq, D) against k (B, Hkv, Sk, D)."""
-        return tuning_key(kernel, q, k, self.features(), DECODE_SOURCE if kernel == "decode" else KERNEL_SOURCE)
+        """The tuning key of ``kernel`` on q (B, Hq, Sq, D) against k (B, Hkv, Sk, D). The decode kernel's
+        features add the sequences × kv heads, bucketed: the programs a launch has before its keys are split,
+        which decide how many splits fill the GPU (MLA at B8 and B64 differ); the other kernels' grids grow
+        with the rows, so their keys leave the batch out."""
+        if kernel == "decode":
+            features = (*self.features(), length_bucket(k.shape[0] * k.shape[1]))
+            return tuning_key(kernel, q, k, features, DECODE_SOURCE)
+        return tuning_key(kernel, q, k, self.features(), KERNEL_SOURCE)
 
     def tile(self, kernel: str, q: torch.Tensor, k: torch.Tensor, launch: Any) -> Tile:
         """The tile of ``kernel``: the one chosen already, or chosen now (timed once per tuning key)."""

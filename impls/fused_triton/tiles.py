@@ -273,9 +273,6 @@ class TuningKey(NamedTuple):
     features: Hashable  # mask family, score modifiers, the values' head dim, the cache's type
     gpu: str  # torch.cuda.get_device_name, or the device type off CUDA
     source: str  # hash of the kernels' source file (tile_cache.source_hash); '' keeps the tile off disk
-    # the decode kernels only: sequences × kv heads, bucketed (the programs a launch has before its keys are
-    # split, which decide how many splits fill the GPU); 0 for the others, whose grid grows with the rows
-    streams_bucket: int = 0
 
 
 def device_name(device: torch.device) -> str:
@@ -287,9 +284,8 @@ def device_name(device: torch.device) -> str:
 
 def tuning_key(kernel: str, q: torch.Tensor, k: torch.Tensor, features: Hashable, source: str) -> TuningKey:
     """What a tuned tile is reused for: kernel, bucketed lengths, exact head dim, GQA group, dtype, mask
-    family and score modifiers (``features``), the GPU's name and the kernels' ``source`` hash; for the decode
-    kernels also the bucketed sequences × kv heads (MLA at B8 and B64 fill the GPU differently). q is
-    (B, Hq, Sq, D) and k (B, Hkv, Sk, D)."""
+    family and score modifiers (``features``, the decode kernel's with its bucketed sequences × kv heads:
+    ``Plan.key``), the GPU's name and the kernels' ``source`` hash. q is (B, Hq, Sq, D) and k (B, Hkv, Sk, D)."""
     return TuningKey(
         kernel,
         length_bucket(q.shape[2]),
@@ -300,7 +296,6 @@ def tuning_key(kernel: str, q: torch.Tensor, k: torch.Tensor, features: Hashable
         features,
         device_name(q.device),
         source,
-        length_bucket(k.shape[0] * k.shape[1]) if kernel == "decode" else 0,
     )
 
 
@@ -322,10 +317,7 @@ def _versions() -> dict[str, str]:
 def stored_key(key: TuningKey, candidates: Sequence[Tile]) -> dict[str, Any]:
     """The key a tuned tile is kept under, in memory and on disk: the tuning key, the candidates timed and
     the torch and Triton versions."""
-    tuning = key._asdict()
-    if not tuning["streams_bucket"]:  # not a decode kernel's: stored as before the field, its tiles still found
-        del tuning["streams_bucket"]
-    return {"tuning": tuning, "candidates": [t.fields() for t in candidates], **_versions()}
+    return {"tuning": key._asdict(), "candidates": [t.fields() for t in candidates], **_versions()}
 
 
 def time_tile(launch: Callable[[Tile], object], tile: Tile) -> float:
