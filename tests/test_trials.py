@@ -98,8 +98,9 @@ def test_a_tree_with_changes_is_refused_without_commit_tree(tmp_path):
     assert not (tmp_path / "out").exists()  # nothing written
 
 
-def test_an_interrupted_trial_is_taken_back(tmp_path):
-    """A judge stopped while a trial's run line runs (a time limit's TERM) leaves the tree as it found it."""
+def _clone_with_trials(tmp_path: Path, trials: dict[str, str]) -> Path:
+    """A clone of this tree whose only queued trials are ``trials`` (name → run lines), each a change to
+    README.md."""
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     shutil.copytree(ROOT / "trials", clone / "trials", dirs_exist_ok=True)
@@ -110,12 +111,53 @@ def test_an_interrupted_trial_is_taken_back(tmp_path):
         [*GIT, "diff", "--no-ext-diff", "--", "README.md"], cwd=clone, capture_output=True, text=True, check=True
     ).stdout
     subprocess.run(["git", "checkout", "-q", "README.md"], cwd=clone, check=True)
-    preamble = "Trial: stopped\nrun: echo before; kill -TERM $PPID; sleep 5; echo after\n\n"
-    (clone / "trials" / "stopped.patch").write_text(preamble + diff)
+    for name, runs in trials.items():
+        (clone / "trials" / f"{name}.patch").write_text(f"Trial: {name}\n{runs}\n\n{diff}")
     subprocess.run(["git", "add", "-A"], cwd=clone, check=True)
     subprocess.run([*GIT, "commit", "-qm", "t"], cwd=clone, check=True)
+    return clone
+
+
+def test_an_interrupted_trial_is_taken_back(tmp_path):
+    """A judge stopped while a trial's run line runs (a time limit's TERM) leaves the tree as it found it."""
+    clone = _clone_with_trials(tmp_path, {"stopped": "run: echo before; kill -TERM $PPID; sleep 5; echo after"})
     done = _judge("--out", str(tmp_path / "out"), "stopped", cwd=clone)
     assert done.returncode == 143 and "took trials/stopped.patch back" in done.stderr
     status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
     assert status == ""
     assert (tmp_path / "out" / "stopped" / "log.txt").read_text().splitlines()[-1] == "before"
+
+
+def test_a_deadline_stops_the_run_line_past_it_and_the_tarball_holds_what_was_judged(tmp_path):
+    """--deadline-s: a run line still running then is stopped (124), the trials after it are not started, every
+    patch is taken back; --tar packs OUT after each trial, and each run line's last output is on stdout."""
+    import tarfile
+    import time
+
+    clone = _clone_with_trials(
+        tmp_path,
+        {
+            "a-quick": "run: echo verdict 0.9x",
+            "b-slow": "run: echo started; sleep 60 & wait; echo never",
+            "c-late": "run: echo never",
+        },
+    )
+    began = time.monotonic()
+    done = _judge("--out", str(tmp_path / "out"), "--tar", str(tmp_path / "t.tgz"), "--deadline-s", "3", cwd=clone)
+    assert time.monotonic() - began < 30 and done.returncode == 1, done.stderr
+    assert "a-quick| verdict 0.9x" in done.stdout and "b-slow: stopped at the deadline (3 s)" in done.stdout
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("a-quick: run lines exited 0;")
+    assert summary[1].startswith("b-slow: run lines exited 124;")
+    assert summary[2] == "c-late: not run: the deadline (3 s) has passed"
+    assert "never" not in (tmp_path / "out" / "b-slow" / "log.txt").read_text().splitlines()  # stopped
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
+    assert status == ""
+    with tarfile.open(tmp_path / "t.tgz") as packed:
+        names = packed.getnames()
+    assert {"out/summary.txt", "out/a-quick/log.txt", "out/b-slow/log.txt"} <= set(names)
+
+
+def test_the_tarball_must_lie_outside_out(tmp_path):
+    done = _judge("--out", str(tmp_path / "out"), "--tar", str(tmp_path / "out" / "t.tgz"))
+    assert done.returncode == 2 and done.stderr.startswith("judge.sh: --tar ") and "outside --out" in done.stderr

@@ -3,10 +3,15 @@
 # `run:` lines run (attnbench ab --impl fused_triton --base HEAD …: the patched working tree against HEAD), the
 # patch taken back. What each printed goes to OUT/NAME/log.txt, and a summary to OUT/summary.txt.
 #
-#   bash trials/judge.sh [--out DIR] [--commit-tree] [--dry-run] [--list] [NAME …]
+#   bash trials/judge.sh [--out DIR] [--tar FILE] [--deadline-s S] [--commit-tree] [--dry-run] [--list] [NAME …]
 #
 # --out DIR      where the results go (default runs/trials under the repository; a relative DIR is taken from
 #                where you are); each run line sees OUT/NAME as $TRIAL_OUT
+# --tar FILE     after each trial, OUT packed into FILE (.tar.gz, outside OUT): what a machine that returns few
+#                files needs, and it holds every trial judged so far if the call is cut short
+# --deadline-s S no run line starts once S seconds have passed, and one still running then is stopped (exit
+#                124, its trial taken back); the trials after it are said as not run: the call ends in time
+#                to return what it has
 # --commit-tree  commit the working tree first (a GPU machine's copied tree, whose .git may lag its files):
 #                without it a tree with changes is refused, since `ab --base HEAD` would judge them too
 # --dry-run      apply and take back each patch, print its run lines, run nothing
@@ -22,7 +27,9 @@ die() {
     exit 2
 }
 
-out=runs/trials
+out=$PWD/runs/trials
+tarball=
+deadline=0
 commit_tree=0
 dry_run=0
 list=0
@@ -34,17 +41,30 @@ while [ $# -gt 0 ]; do
         case "$2" in /*) out=$2 ;; *) out=$here/$2 ;; esac
         shift 2
         ;;
+    --tar)
+        [ $# -ge 2 ] || die "--tar needs a file"
+        case "$2" in /*) tarball=$2 ;; *) tarball=$here/$2 ;; esac
+        shift 2
+        ;;
+    --deadline-s)
+        [ $# -ge 2 ] && [[ $2 =~ ^[1-9][0-9]{0,5}$ ]] || die "--deadline-s needs a whole number of seconds, 1 or more"
+        deadline=$2
+        shift 2
+        ;;
     --commit-tree) commit_tree=1 && shift ;;
     --dry-run) dry_run=1 && shift ;;
     --list) list=1 && shift ;;
     -h | --help)
-        sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+        awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
         exit 0
         ;;
-    -*) die "unknown option $1; allowed: --out DIR, --commit-tree, --dry-run, --list, trial names" ;;
+    -*) die "unknown option $1; allowed: --out DIR, --tar FILE, --deadline-s S, --commit-tree, --dry-run, --list, trial names" ;;
     *) names+=("$1") && shift ;;
     esac
 done
+
+case "$tarball/" in "$out"/*) die "--tar $tarball: the file must lie outside --out $out" ;; esac
+started=$SECONDS
 
 queued=()
 for patch in trials/*.patch; do
@@ -73,6 +93,11 @@ if [ -n "$(git status --porcelain)" ]; then
     fi
 fi
 
+pack() { # OUT into the tarball, replaced whole (a cut-short call leaves the last one complete)
+    [ -n "$tarball" ] && [ -d "$out" ] || return 0
+    tar -czf "$tarball.part" -C "$(dirname "$out")" "$(basename "$out")" && mv -f "$tarball.part" "$tarball"
+}
+
 applied=
 running=
 take_back() {
@@ -85,6 +110,7 @@ take_back() {
         git apply -R "$applied" && echo "judge.sh: took $applied back" >&2
         applied=
     fi
+    pack
 }
 trap take_back EXIT
 trap 'take_back; exit 130' INT
@@ -96,6 +122,11 @@ summary="$out/summary.txt"
 failed=0
 for name in "${names[@]}"; do
     patch="trials/$name.patch"
+    if [ "$deadline" -gt 0 ] && [ $((SECONDS - started)) -ge "$deadline" ] && [ "$dry_run" = 0 ]; then
+        echo "$name: not run: the deadline (${deadline} s) has passed" | tee -a "$summary"
+        failed=1
+        continue
+    fi
     if ! git apply --check "$patch" 2>"$out/$name.apply.txt"; then
         echo "$name: does not apply to $(git rev-parse --short HEAD) ($(head -1 "$out/$name.apply.txt"))" | tee -a "$summary"
         failed=1
@@ -113,19 +144,36 @@ for name in "${names[@]}"; do
             echo "$name: would run: $command"
             continue
         fi
+        limit=()
+        if [ "$deadline" -gt 0 ]; then
+            left=$((deadline - (SECONDS - started)))
+            if [ "$left" -le 0 ]; then
+                echo "$name: not run: the deadline (${deadline} s) has passed: $command" | tee -a "$TRIAL_OUT/log.txt"
+                status+=(deadline)
+                failed=1
+                continue
+            fi
+            limit=(timeout --kill-after=10 "$left")
+        fi
         echo "$name: $command" | tee -a "$TRIAL_OUT/log.txt"
-        setsid bash -c "$command" >>"$TRIAL_OUT/log.txt" 2>&1 &
+        before=$(wc -c <"$TRIAL_OUT/log.txt")
+        setsid ${limit[@]+"${limit[@]}"} bash -c "$command" >>"$TRIAL_OUT/log.txt" 2>&1 &
         running=$! # a process group of its own, waited for in the background: a signal stops all of it at once
         wait "$running"
         code=$?
+        kill -TERM -- -"$running" 2>/dev/null # what it left running (a timed-out line's children)
         running=
         status+=("$code")
         [ "$code" = 0 ] || failed=1
+        # what it printed last (ab's verdicts), on the terminal too: a call that returns little still shows it
+        tail -c +$((before + 1)) "$TRIAL_OUT/log.txt" | tail -n 40 | sed "s/^/$name| /"
+        [ "$code" = 124 ] && [ ${#limit[@]} -gt 0 ] && echo "$name: stopped at the deadline (${deadline} s)" | tee -a "$TRIAL_OUT/log.txt"
     done < <(grep '^run: ' "$patch")
     git apply -R "$patch" || die "could not take $name back: the tree holds it still"
     applied=
     if [ "$dry_run" = 0 ]; then
         echo "$name: run lines exited ${status[*]:-(none)}; log $TRIAL_OUT/log.txt" | tee -a "$summary"
+        pack
     fi
 done
 exit "$failed"
