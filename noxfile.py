@@ -135,8 +135,8 @@ def timing_checks(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """Check style with ruff, types with mypy and the core's import order (its rooms) with import-linter."""
     install(session, "lint", plugins=False)
-    session.run("ruff", "check", *PACKAGES, "tests", "noxfile.py", "examples")
-    session.run("ruff", "format", "--check", *PACKAGES, "tests", "noxfile.py", "examples")
+    session.run("ruff", "check", *PACKAGES, "tests", "noxfile.py", "examples", "trials")
+    session.run("ruff", "format", "--check", *PACKAGES, "tests", "noxfile.py", "examples", "trials")
     # mypy cannot follow setuptools' package-dir mapping, so check a symlinked view of the import layout.
     view = Path(session.create_tmp()) / "typecheck"
     _import_layout(view)
