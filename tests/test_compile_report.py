@@ -60,3 +60,15 @@ def test_the_default_tiles_are_the_tuners_on_a_hopper_gpu():
     assert flash.max_shared_memory(torch.device("cpu")) < compile_report.HOPPER_SHARED and not flash.is_hopper(
         torch.device("cpu")
     )
+
+
+@pytest.mark.slow
+def test_a_shared_prefixs_level_is_compiled_on_its_own(capsys):
+    """--case prefix reports the split kernel as launched for a shared prefix's level (``PREFIX``: a kv head's rows of
+    every sequence in 64-row tiles), not the sequences' own level launched after it."""
+    assert compile_report.main(["--case", "prefix", "--tiles", "64,64,4,2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(": prefix") and lines[1].split()[0] == "64,64,4,2"
+    ((_, report),) = compile_report.report("prefix", [Tile(64, 64, 4, 2)])
+    assert isinstance(report, compile_report.Report) and set(report.copy_waits) == {0}  # one buffer: none in flight
+    assert report.shared_bytes >= 64 * 128 * 2 + 64 * 256 * 2  # q and one block of k and v

@@ -161,3 +161,30 @@ def test_a_deadline_stops_the_run_line_past_it_and_the_tarball_holds_what_was_ju
 def test_the_tarball_must_lie_outside_out(tmp_path):
     done = _judge("--out", str(tmp_path / "out"), "--tar", str(tmp_path / "out" / "t.tgz"))
     assert done.returncode == 2 and done.stderr.startswith("judge.sh: --tar ") and "outside --out" in done.stderr
+
+
+@pytest.mark.parametrize("spelling", ["{out}/", "{out}/./", "{out}/../out"])
+def test_the_tarball_is_refused_inside_out_however_out_is_spelled(tmp_path, spelling):
+    out = str(tmp_path / "out")
+    done = _judge("--out", spelling.format(out=out), "--tar", f"{out}/t.tgz")
+    assert done.returncode == 2 and "outside --out" in done.stderr
+
+
+def test_a_tarball_needs_its_folder(tmp_path):
+    done = _judge("--out", str(tmp_path / "out"), "--tar", str(tmp_path / "no" / "t.tgz"))
+    assert done.returncode == 2 and done.stderr.startswith("judge.sh: --tar ") and ": no folder " in done.stderr
+
+
+def test_an_earlier_calls_results_are_not_packed_again(tmp_path):
+    """A warm machine keeps OUT between calls: a trial not judged this time leaves nothing of the last call's in
+    the tarball, and the summary is said again at the end of the output."""
+    import tarfile
+
+    clone = _clone_with_trials(tmp_path, {"a-first": "run: echo one", "b-second": "run: echo two"})
+    out, packed = str(tmp_path / "out"), str(tmp_path / "t.tgz")
+    assert _judge("--out", out, "--tar", packed, cwd=clone).returncode == 0
+    done = _judge("--out", out, "--tar", packed, "b-second", cwd=clone)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1].startswith("b-second: run lines exited 0;")
+    with tarfile.open(packed) as archive:
+        names = set(archive.getnames())
+    assert "out/b-second/log.txt" in names and not any(name.startswith("out/a-first") for name in names)

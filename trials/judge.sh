@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Judge the queued kernel trials on a GPU machine: each trials/NAME.patch applied over HEAD, the commands of its
 # `run:` lines run (attnbench ab --impl fused_triton --base HEAD …: the patched working tree against HEAD), the
-# patch taken back. What each printed goes to OUT/NAME/log.txt, and a summary to OUT/summary.txt.
+# patch taken back. What each printed goes to OUT/NAME/log.txt (its last 25 lines echoed as "NAME| …"), and a
+# summary to OUT/summary.txt, said again at the end.
 #
 #   bash trials/judge.sh [--out DIR] [--tar FILE] [--deadline-s S] [--commit-tree] [--dry-run] [--list] [NAME …]
 #
 # --out DIR      where the results go (default runs/trials under the repository; a relative DIR is taken from
 #                where you are); each run line sees OUT/NAME as $TRIAL_OUT
 # --tar FILE     after each trial, OUT packed into FILE (.tar.gz, outside OUT): what a machine that returns few
-#                files needs, and it holds every trial judged so far if the call is cut short
-# --deadline-s S no run line starts once S seconds have passed, and one still running then is stopped (exit
-#                124, its trial taken back); the trials after it are said as not run: the call ends in time
-#                to return what it has
+#                files needs, and it holds every trial judged so far if the call is cut short; an earlier
+#                call's results for the queued trials are cleared from OUT first
+# --deadline-s S no run line starts once S seconds have passed, and one still running then is stopped (TERM,
+#                KILL 5 s later; exit 124 or 137, its trial taken back); the trials after it are said as not
+#                run: the call ends in time to return what it has
 # --commit-tree  commit the working tree first (a GPU machine's copied tree, whose .git may lag its files):
 #                without it a tree with changes is refused, since `ab --base HEAD` would judge them too
 # --dry-run      apply and take back each patch, print its run lines, run nothing
@@ -63,7 +65,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-case "$tarball/" in "$out"/*) die "--tar $tarball: the file must lie outside --out $out" ;; esac
+out=$(realpath -m "$out") # one spelling of each path: a trailing /, ./ or .. can't hide the tarball inside OUT
+if [ -n "$tarball" ]; then
+    tarball=$(realpath -m "$tarball")
+    case "$tarball/" in "$out"/*) die "--tar $tarball: the file must lie outside --out $out" ;; esac
+    [ -d "$(dirname "$tarball")" ] || die "--tar $tarball: no folder $(dirname "$tarball")"
+fi
 started=$SECONDS
 
 queued=()
@@ -117,6 +124,9 @@ trap 'take_back; exit 130' INT
 trap 'take_back; exit 143' TERM
 
 mkdir -p "$out"
+for name in "${queued[@]}"; do # an earlier call's results (a warm machine): only this call's go in the tarball
+    rm -rf "${out:?}/$name" "${out:?}/$name.apply.txt"
+done
 summary="$out/summary.txt"
 : >"$summary"
 failed=0
@@ -153,7 +163,7 @@ for name in "${names[@]}"; do
                 failed=1
                 continue
             fi
-            limit=(timeout --kill-after=10 "$left")
+            limit=(timeout --kill-after=5 "$left")
         fi
         echo "$name: $command" | tee -a "$TRIAL_OUT/log.txt"
         before=$(wc -c <"$TRIAL_OUT/log.txt")
@@ -166,8 +176,10 @@ for name in "${names[@]}"; do
         status+=("$code")
         [ "$code" = 0 ] || failed=1
         # what it printed last (ab's verdicts), on the terminal too: a call that returns little still shows it
-        tail -c +$((before + 1)) "$TRIAL_OUT/log.txt" | tail -n 40 | sed "s/^/$name| /"
-        [ "$code" = 124 ] && [ ${#limit[@]} -gt 0 ] && echo "$name: stopped at the deadline (${deadline} s)" | tee -a "$TRIAL_OUT/log.txt"
+        tail -c +$((before + 1)) "$TRIAL_OUT/log.txt" | tail -n 25 | sed "s/^/$name| /"
+        if [ ${#limit[@]} -gt 0 ] && [ $((SECONDS - started)) -ge "$deadline" ] && { [ "$code" = 124 ] || [ "$code" = 137 ]; }; then
+            echo "$name: stopped at the deadline (${deadline} s)" | tee -a "$TRIAL_OUT/log.txt"
+        fi
     done < <(grep '^run: ' "$patch")
     git apply -R "$patch" || die "could not take $name back: the tree holds it still"
     applied=
@@ -176,4 +188,8 @@ for name in "${names[@]}"; do
         pack
     fi
 done
+if [ "$dry_run" = 0 ]; then # the verdicts' places once more at the end, where a call's output is kept
+    echo "judge.sh: summary ($summary)"
+    cat "$summary"
+fi
 exit "$failed"

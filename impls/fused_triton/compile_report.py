@@ -50,7 +50,8 @@ _TYPES = {
     torch.float8_e4m3fn: "fp8e4nv",
     torch.float8_e5m2: "fp8e5",
 }
-CASES = ("forward", "decode", "mla")
+CASES = ("forward", "decode", "mla", "prefix")
+PREFIX_LEVEL = "[PREFIX]"  # after the split kernel's name: its compile for a shared prefix's level
 
 
 def compile_for(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], capability: int = 90) -> Any:
@@ -89,7 +90,8 @@ def compile_for(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], capabili
 
 class CompiledLaunch:
     """Stands in for a jitted kernel: each launch (``kernel[grid](...)``) compiles it for sm_90 instead of
-    running it, into ``into`` under the kernel's name (what the tests and ``compiling`` patch in)."""
+    running it, into ``into`` under the kernel's name (what the tests and ``compiling`` patch in); the decode
+    split kernel's launch for a shared prefix's level under its name and ``PREFIX_LEVEL``."""
 
     def __init__(self, fn: Any, into: dict[str, Any]) -> None:
         self.fn = fn
@@ -97,7 +99,8 @@ class CompiledLaunch:
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
         def launch(*args: Any, **kwargs: Any) -> None:
-            self.into[self.fn.__name__] = compile_for(self.fn, args, dict(kwargs))
+            name = self.fn.__name__ + (PREFIX_LEVEL if kwargs.get("PREFIX") else "")
+            self.into[name] = compile_for(self.fn, args, dict(kwargs))
 
         return launch
 
@@ -189,7 +192,9 @@ def _resources(cubin: bytes | None) -> tuple[int | None, int | None]:
 def _case(case: str, head_dim: int, mask: str, kv_dtype: torch.dtype) -> tuple[Callable[[Tile], None], Any, str]:
     """(launch with a tile forced, the plan, the kernel's name) for one of ``CASES``: the shapes the suites time
     (forward: B8 H16 S8192 bf16; decode: Llama-3.1-8B's B8 H32/8 D128 over 8192 keys; mla: DeepSeek-V3's 128
-    heads over a 576/512 latent cache of 8192 keys, B8). Tensors are empty: nothing runs."""
+    heads over a 576/512 latent cache of 8192 keys, B8; prefix: the serving suite's shared prefix, B32 H32/8
+    D128 over 16384 + 256 keys, the prefix's level: a kv head's rows of every sequence). Tensors are empty:
+    nothing runs."""
     from attnbench.impls.fused_triton import flash
 
     if case == "forward":
@@ -207,6 +212,11 @@ def _case(case: str, head_dim: int, mask: str, kv_dtype: torch.dtype) -> tuple[C
             "decode",
             "_decode_split_kernel",
         )
+    elif case == "prefix":
+        q = torch.empty(32, 32, 1, 128, dtype=torch.bfloat16)
+        k, v = (torch.empty(32, 8, 16640, 128, dtype=torch.bfloat16) for _ in range(2))
+        plan = flash.make_plan(q, k, v, mask="causal_bottom_right", shared_prefix=16384)
+        kernel, name = "decode", "_decode_split_kernel" + PREFIX_LEVEL
     else:
         q = torch.empty(8, 128, 1, 576, dtype=torch.bfloat16)
         k = torch.empty(8, 1, 8192, 576, dtype=torch.bfloat16)
@@ -215,6 +225,8 @@ def _case(case: str, head_dim: int, mask: str, kv_dtype: torch.dtype) -> tuple[C
 
     def launch(tile: Tile) -> None:
         plan.tiles[kernel] = tile
+        if case == "prefix":  # the prefix's level, should it be tuned on its own
+            plan.tiles["decode_prefix"] = tile
         flash.forward(q, k, v, plan)
 
     return launch, plan.candidates(kernel), name
