@@ -23,7 +23,7 @@ def test_the_mla_decode_tile_is_reported_with_its_products_resources_and_copies(
     assert lines[0].startswith("sm_90 compiles by Triton ") and lines[0].endswith(": mla")
     (line,) = lines[1:]
     assert line.split()[0] == "64,32,8,2" and " smem" in line and " reg" in line and "wait_group 0: " in line
-    assert line.endswith(" | cp.async wait_group 0: 6")
+    assert line.endswith(" | cp.async wait_group 0: 6 | 1 an SM (registers)")
     (tile, report), (_, deeper) = compile_report.report("mla", [Tile(64, 32, 8, 2), Tile(64, 32, 8, 3)])
     assert isinstance(report, compile_report.Report) and tile == Tile(64, 32, 8, 2)
     assert report.mma_sync > 0 and set(report.wgmma) == {"m64n64k16 smem"} and set(report.waits) == {0}
@@ -33,6 +33,22 @@ def test_the_mla_decode_tile_is_reported_with_its_products_resources_and_copies(
     assert set(report.copy_waits) == {0}  # each loop's block waited for with no copy under way
     assert isinstance(deeper, compile_report.Report) and max(deeper.copy_waits) > 0
     assert deeper.shared_bytes - report.shared_bytes == 32 * 576 * 2  # the second buffer of a 32-key block
+
+
+@pytest.mark.parametrize(
+    ("registers", "warps", "shared", "held"),
+    [
+        (218, 8, 114944, (1, "registers")),  # MLA's 64×32×8×2: alone on its SM
+        (141, 4, 38912, (3, "registers")),  # the GQA decode's 16×64×4×2
+        (168, 4, 81920, (2, "shared")),  # a prefix level's 64×32×4×4
+        (40, 8, 0, (6, "registers")),
+        (16, 8, 0, (8, "warps")),
+        (16, 1, 0, (32, "blocks")),  # small programs: the block count's cap
+        (None, 4, 0, None),
+    ],
+)
+def test_programs_an_sm_holds_follow_hoppers_limits(registers, warps, shared, held):
+    assert compile_report.programs_per_sm(registers, warps, shared) == held
 
 
 @pytest.mark.parametrize("bad", [["--tiles", "64,32,x,2"], ["--tiles", "64,32,8"], ["--case", "prefill"]])

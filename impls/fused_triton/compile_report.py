@@ -16,7 +16,9 @@ speed before any GPU runs it:
   how many groups of copies stay in flight while a block's copy is waited for. Only 0 means the next block's
   copy is not under way while this one is computed: with ``num_stages`` 2 Triton keeps one buffer, whose
   next copy it issues after the products that read it and waits for at the top of the next iteration, so a
-  program alone on its SM (MLA's) waits out the memory's latency every block.
+  program alone on its SM (MLA's) waits out the memory's latency every block;
+* how many programs an SM holds at once and what bounds it (registers, shared memory or warps), from the
+  figures above and Hopper's limits (``programs_per_sm``): with one, nothing else runs while it waits.
 
 The figures are the installed Triton's; the GPU may run another version (this project's GPU machine: Triton
 3.6.0). To compile with that one on a CPU machine: ``pip install --target DIR triton==X --no-deps`` and run
@@ -42,6 +44,13 @@ import torch
 from attnbench.impls.fused_triton.tiles import Tile
 
 HOPPER_SHARED = 232448  # an H100's / H200's opt-in shared memory per block (227 KiB)
+# What an sm_90 SM holds at once (CUDA's occupancy rules): 64 K registers, given a warp 256 at a time; 228 KiB of
+# shared memory, each resident block reserving 1 KiB of it; 64 warps; 32 blocks
+SM_REGISTERS = 65536
+SM_SHARED = 233472
+BLOCK_RESERVED_SHARED = 1024
+SM_WARPS = 64
+SM_BLOCKS = 32
 _TYPES = {
     torch.float16: "fp16",
     torch.bfloat16: "bf16",
@@ -140,6 +149,7 @@ class Report:
     mma_sync: int
     waits: dict[int, int]  # wgmma.wait_group depth → count
     copy_waits: dict[int, int]  # cp.async.wait_group depth (copy groups left in flight) → count
+    warps: int = 4
 
     def line(self) -> str:
         products = ", ".join(f"{count}× {shape}" for shape, count in sorted(self.wgmma.items()))
@@ -150,7 +160,25 @@ class Report:
         regs = "?" if self.registers is None else self.registers
         stack = "?" if self.stack_bytes is None else self.stack_bytes
         resources = f"regs {regs}, stack {stack} B, shared {self.shared_bytes} B"
-        return f"{resources} | {products} | wait_group {waits} | cp.async wait_group {copies}"
+        held = programs_per_sm(self.registers, self.warps, self.shared_bytes)
+        an_sm = "? an SM" if held is None else f"{held[0]} an SM ({held[1]})"
+        return f"{resources} | {products} | wait_group {waits} | cp.async wait_group {copies} | {an_sm}"
+
+
+def programs_per_sm(registers: int | None, warps: int, shared_bytes: int) -> tuple[int, str] | None:
+    """How many programs of a kernel (``registers`` a thread, ``warps`` warps, ``shared_bytes``) an sm_90 SM holds
+    at once, and what bounds it first: 'registers', 'shared', 'warps' or 'blocks' (None without the registers)."""
+    if registers is None:
+        return None
+    per_warp = -(-registers * 32 // 256) * 256
+    limits = {
+        "registers": SM_REGISTERS // (per_warp * warps),
+        "shared": SM_SHARED // (shared_bytes + BLOCK_RESERVED_SHARED),
+        "warps": SM_WARPS // warps,
+        "blocks": SM_BLOCKS,
+    }
+    bound = min(limits, key=lambda name: limits[name])  # on a tie, the first named
+    return limits[bound], bound
 
 
 def inspect(kernel: Any) -> Report:
@@ -170,6 +198,7 @@ def inspect(kernel: Any) -> Report:
         len(re.findall(r"mma\.sync\.aligned", ptx)),
         dict(waits),
         dict(copy_waits),
+        int(kernel.metadata.num_warps),
     )
 
 
