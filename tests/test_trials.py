@@ -188,3 +188,44 @@ def test_an_earlier_calls_results_are_not_packed_again(tmp_path):
     with tarfile.open(packed) as archive:
         names = set(archive.getnames())
     assert "out/b-second/log.txt" in names and not any(name.startswith("out/a-first") for name in names)
+
+
+def _run_lines() -> list[tuple[str, str]]:
+    return [
+        (patch.stem, line[len("run: ") :])
+        for patch in TRIALS
+        for line in patch.read_text().split("\ndiff --git ", 1)[0].splitlines()
+        if line.startswith("run: ")
+    ]
+
+
+@pytest.mark.parametrize(("trial", "command"), _run_lines(), ids=[f"{t}-{i}" for i, (t, _) in enumerate(_run_lines())])
+def test_each_run_line_is_a_command_that_parses_here(trial, command, tmp_path, monkeypatch):
+    """A GPU's minutes are not spent on a typo: each `attnbench ab` line parses and builds its workloads (flags,
+    suite, axis values, as `ab` checks them before timing anything, CUDA taken as there); each `python3 -c`
+    line compiles."""
+    import shlex
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the GPU machine's answer
+
+    words = shlex.split(command.replace("$TRIAL_OUT", str(tmp_path)))
+    if words[0] == "attnbench":
+        from attnbench import cli
+        from attnbench.reports import ab_command
+        from attnbench.runner import ab
+
+        args = cli.build_parser().parse_args(words[1:])
+        assert args.func is cli.cmd_ab and args.impl == "fused_triton" and args.base == "HEAD", trial
+        ab_command.check_flags(args)
+        texts = {
+            axis.name: getattr(args, axis.name)
+            for axis in cli.SWEEP_AXES
+            if axis is not cli.IMPL and getattr(args, axis.name, None) is not None
+        }
+        workloads = ab.sweep_workloads(args.suite, cli.parse_overrides(texts))
+        assert workloads and all(w.device == "cuda" for w in workloads), trial
+    else:
+        assert words[:2] == ["python3", "-c"] and len(words) == 3, (trial, command)
+        compile(words[2], f"{trial} run line", "exec")
