@@ -71,8 +71,10 @@ def test_the_default_tiles_are_the_tuners_on_a_hopper_gpu():
     with compile_report.compiling([]):
         _, forward, name = compile_report._case("forward", 128, "none", torch.bfloat16)
         _, mla, _ = compile_report._case("mla", 128, "none", torch.bfloat16)
+        _, fp8_mla, _ = compile_report._case("mla", 128, "none", torch.float8_e4m3fn)  # with its scales
     assert name == "_forward_kernel" and Tile(128, 128, 8, 3) in forward and len(forward) == 9
     assert {t.block_m for t in mla} <= {16, 32, 64} and {t.waves for t in mla} == {1, 2, 4, 8}
+    assert fp8_mla == mla  # an fp8 latent cache: the same tiles, sized by q's bf16
     assert flash.max_shared_memory(torch.device("cpu")) < compile_report.HOPPER_SHARED and not flash.is_hopper(
         torch.device("cpu")
     )

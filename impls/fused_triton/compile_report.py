@@ -233,14 +233,8 @@ def _case(case: str, head_dim: int, mask: str, kv_dtype: torch.dtype) -> tuple[C
     elif case == "decode":
         q = torch.empty(8, 32, 1, 128, dtype=torch.bfloat16)
         k, v = (torch.empty(8, 8, 8192, 128, dtype=torch.bfloat16).to(kv_dtype) for _ in range(2))
-        scales: dict[str, Any] = {}
-        if kv_dtype != q.dtype:
-            scales = {"k_scale": torch.ones(8, 8, 1, 1), "v_scale": torch.ones(8, 8, 1, 1)}
-        plan, kernel, name = (
-            flash.make_plan(q, k, v, mask="causal_bottom_right", **scales),
-            "decode",
-            "_decode_split_kernel",
-        )
+        plan = flash.make_plan(q, k, v, mask="causal_bottom_right", **_cache_scales(q, k))
+        kernel, name = "decode", "_decode_split_kernel"
     elif case == "prefix":
         q = torch.empty(32, 32, 1, 128, dtype=torch.bfloat16)
         k, v = (torch.empty(32, 8, 16640, 128, dtype=torch.bfloat16) for _ in range(2))
@@ -248,9 +242,10 @@ def _case(case: str, head_dim: int, mask: str, kv_dtype: torch.dtype) -> tuple[C
         kernel, name = "decode", "_decode_split_kernel" + PREFIX_LEVEL
     else:
         q = torch.empty(8, 128, 1, 576, dtype=torch.bfloat16)
-        k = torch.empty(8, 1, 8192, 576, dtype=torch.bfloat16)
+        k = torch.empty(8, 1, 8192, 576, dtype=torch.bfloat16).to(kv_dtype)
         v = k[..., :512]
-        plan, kernel, name = flash.make_plan(q, k, v, mask="causal_bottom_right"), "decode", "_decode_split_kernel"
+        plan = flash.make_plan(q, k, v, mask="causal_bottom_right", **_cache_scales(q, k))
+        kernel, name = "decode", "_decode_split_kernel"
 
     def launch(tile: Tile) -> None:
         plan.tiles[kernel] = tile
@@ -259,6 +254,13 @@ def _case(case: str, head_dim: int, mask: str, kv_dtype: torch.dtype) -> tuple[C
         flash.forward(q, k, v, plan)
 
     return launch, plan.candidates(kernel), name
+
+
+def _cache_scales(q: torch.Tensor, k: torch.Tensor) -> dict[str, Any]:
+    """A narrow cache's per-(sequence, kv head) scales (ones), none for a cache of q's type."""
+    if k.dtype == q.dtype:
+        return {}
+    return {"k_scale": torch.ones(*k.shape[:2], 1, 1), "v_scale": torch.ones(*k.shape[:2], 1, 1)}
 
 
 def report(
@@ -316,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--kv-dtype",
         choices=("bfloat16", "float8_e4m3fn", "float8_e5m2"),
         default="bfloat16",
-        help="decode only: the cache's type (default bfloat16)",
+        help="decode and mla only: the cache's type (default bfloat16)",
     )
     args = parser.parse_args(argv)
     try:
