@@ -219,12 +219,7 @@ def test_each_run_line_is_a_command_that_parses_here(trial, command, tmp_path, m
         args = cli.build_parser().parse_args(words[1:])
         assert args.func is cli.cmd_ab and args.impl == "fused_triton" and args.base == "HEAD", trial
         ab_command.check_flags(args)
-        texts = {
-            axis.name: getattr(args, axis.name)
-            for axis in cli.SWEEP_AXES
-            if axis is not cli.IMPL and getattr(args, axis.name, None) is not None
-        }
-        workloads = ab.sweep_workloads(args.suite, cli.parse_overrides(texts))
+        workloads = ab.sweep_workloads(args.suite, cli.ab_overrides(args))
         assert workloads and all(w.device == "cuda" for w in workloads), trial
     else:
         assert words[:2] == ["python3", "-c"] and len(words) == 3, (trial, command)

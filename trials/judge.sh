@@ -72,6 +72,7 @@ if [ -n "$tarball" ]; then
     [ -d "$(dirname "$tarball")" ] || die "--tar $tarball: no folder $(dirname "$tarball")"
 fi
 started=$SECONDS
+past_deadline() { [ "$deadline" -gt 0 ] && [ $((SECONDS - started)) -ge "$deadline" ]; }
 
 queued=()
 for patch in trials/*.patch; do
@@ -132,7 +133,7 @@ summary="$out/summary.txt"
 failed=0
 for name in "${names[@]}"; do
     patch="trials/$name.patch"
-    if [ "$deadline" -gt 0 ] && [ $((SECONDS - started)) -ge "$deadline" ] && [ "$dry_run" = 0 ]; then
+    if [ "$dry_run" = 0 ] && past_deadline; then
         echo "$name: not run: the deadline (${deadline} s) has passed" | tee -a "$summary"
         failed=1
         continue
@@ -154,17 +155,15 @@ for name in "${names[@]}"; do
             echo "$name: would run: $command"
             continue
         fi
-        limit=()
-        if [ "$deadline" -gt 0 ]; then
-            left=$((deadline - (SECONDS - started)))
-            if [ "$left" -le 0 ]; then
-                echo "$name: not run: the deadline (${deadline} s) has passed: $command" | tee -a "$TRIAL_OUT/log.txt"
-                status+=(deadline)
-                failed=1
-                continue
-            fi
-            limit=(timeout --kill-after=5 "$left")
+        if past_deadline; then
+            echo "$name: not run: the deadline (${deadline} s) has passed: $command" | tee -a "$TRIAL_OUT/log.txt"
+            status+=(deadline)
+            failed=1
+            continue
         fi
+        limit=()
+        left=$((deadline - (SECONDS - started)))
+        [ "$deadline" -gt 0 ] && limit=(timeout --kill-after=5 $((left > 0 ? left : 1))) # 0 would mean no limit
         echo "$name: $command" | tee -a "$TRIAL_OUT/log.txt"
         before=$(wc -c <"$TRIAL_OUT/log.txt")
         setsid ${limit[@]+"${limit[@]}"} bash -c "$command" >>"$TRIAL_OUT/log.txt" 2>&1 &
@@ -177,7 +176,7 @@ for name in "${names[@]}"; do
         [ "$code" = 0 ] || failed=1
         # what it printed last (ab's verdicts), on the terminal too: a call that returns little still shows it
         tail -c +$((before + 1)) "$TRIAL_OUT/log.txt" | tail -n 25 | sed "s/^/$name| /"
-        if [ ${#limit[@]} -gt 0 ] && [ $((SECONDS - started)) -ge "$deadline" ] && { [ "$code" = 124 ] || [ "$code" = 137 ]; }; then
+        if past_deadline && { [ "$code" = 124 ] || [ "$code" = 137 ]; }; then
             echo "$name: stopped at the deadline (${deadline} s)" | tee -a "$TRIAL_OUT/log.txt"
         fi
     done < <(grep '^run: ' "$patch")

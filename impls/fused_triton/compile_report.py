@@ -249,8 +249,6 @@ def _case(case: str, head_dim: int, mask: str, kv_dtype: torch.dtype) -> tuple[C
 
     def launch(tile: Tile) -> None:
         plan.tiles[kernel] = tile
-        if case == "prefix":  # the prefix's level, should it be tuned on its own
-            plan.tiles["decode_prefix"] = tile
         flash.forward(q, k, v, plan)
 
     return launch, plan.candidates(kernel), name

@@ -354,10 +354,10 @@ class Plan:
         features add the sequences × kv heads, bucketed: the programs a launch has before its keys are split,
         which decide how many splits fill the GPU (MLA at B8 and B64 differ); the other kernels' grids grow
         with the rows, so their keys leave the batch out."""
+        features = self.features()
         if kernel == "decode":
-            features = (*self.features(), length_bucket(k.shape[0] * k.shape[1]))
-            return tuning_key(kernel, q, k, features, DECODE_SOURCE)
-        return tuning_key(kernel, q, k, self.features(), KERNEL_SOURCE)
+            features = (*features, length_bucket(k.shape[0] * k.shape[1]))
+        return tuning_key(kernel, q, k, features, DECODE_SOURCE if kernel == "decode" else KERNEL_SOURCE)
 
     def tile(self, kernel: str, q: torch.Tensor, k: torch.Tensor, launch: Any) -> Tile:
         """The tile of ``kernel``: the one chosen already, or chosen now (timed once per tuning key)."""

@@ -502,16 +502,20 @@ def _add_history_commands(commands: Any) -> None:
     p_history.set_defaults(func=cmd_history)
 
 
-def cmd_ab(args: argparse.Namespace) -> int:
-    from attnbench.reports import ab_command
-
-    # --impl names ab's contender here, not the sweep's impl axis
+def ab_overrides(args: argparse.Namespace) -> dict[str, list[Any]]:
+    """The sweep axes `ab`'s flags set (--impl names ab's contender there, not the sweep's impl axis)."""
     texts = {
         axis.name: getattr(args, axis.name)
         for axis in SWEEP_AXES
         if axis is not IMPL and getattr(args, axis.name, None) is not None
     }
-    return ab_command.cmd_ab(args, parse_overrides(texts), _default_out("ab"))
+    return parse_overrides(texts)
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    from attnbench.reports import ab_command
+
+    return ab_command.cmd_ab(args, ab_overrides(args), _default_out("ab"))
 
 
 def _add_ab_command(commands: Any) -> None:
