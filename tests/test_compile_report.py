@@ -90,3 +90,15 @@ def test_a_shared_prefixs_level_is_compiled_on_its_own(capsys):
     ((_, report),) = compile_report.report("prefix", [Tile(64, 64, 4, 2)])
     assert isinstance(report, compile_report.Report) and set(report.copy_waits) == {0}  # one buffer: none in flight
     assert report.shared_bytes >= 64 * 128 * 2 + 64 * 256 * 2  # q and one block of k and v
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "tile"), [("dkdv", "64,128,8,2"), ("dq", "128,64,8,2")])
+def test_each_backward_kernel_is_compiled_alone(case, tile, capsys):
+    """--case dkdv / dq compile the backward's kernel of that name with the tile forced, the preprocess and the
+    other kernel skipped (launched as no-ops): one report line, wgmma products waited for, q·kᵀ from shared memory."""
+    assert compile_report.main(["--case", case, "--tiles", tile]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(f": {case}") and len(lines) == 2 and lines[1].split()[0] == tile
+    assert "m64n128k16" in lines[1] and " smem" in lines[1] and "wait_group 0: " in lines[1]
+    assert lines[1].endswith(" an SM (registers)")

@@ -59,7 +59,8 @@ _TYPES = {
     torch.float8_e4m3fn: "fp8e4nv",
     torch.float8_e5m2: "fp8e5",
 }
-CASES = ("forward", "decode", "mla", "prefix")
+CASES = ("forward", "dkdv", "dq", "decode", "mla", "prefix")
+BACKWARD = {"dkdv": "_dkdv_kernel", "dq": "_dq_kernel"}  # the backward's cases and their kernels
 PREFIX_LEVEL = "[PREFIX]"  # after the split kernel's name: its compile for a shared prefix's level
 
 
@@ -97,6 +98,13 @@ def compile_for(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], capabili
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
+class SkippedLaunch:
+    """Stands in for a jitted kernel whose launches do nothing (a kernel before or beside the one compiled)."""
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
 class CompiledLaunch:
     """Stands in for a jitted kernel: each launch (``kernel[grid](...)``) compiles it for sm_90 instead of
     running it, into ``into`` under the kernel's name (what the tests and ``compiling`` patch in); the decode
@@ -115,16 +123,18 @@ class CompiledLaunch:
 
 
 @contextlib.contextmanager
-def compiling(targets: Sequence[tuple[Any, str]]) -> Iterator[dict[str, Any]]:
-    """Within it, launches of the kernels ``(module, name)`` become sm_90 compiles, collected by kernel name;
-    fused_triton's launchers take the CUDA path (not the interpreter's), as on a Hopper GPU: 132 SMs, 227 KiB of
-    shared memory per block (the tuner's candidates as there)."""
+def compiling(targets: Sequence[tuple[Any, str]], skipped: Sequence[tuple[Any, str]] = ()) -> Iterator[dict[str, Any]]:
+    """Within it, launches of the kernels ``(module, name)`` become sm_90 compiles, collected by kernel name, and
+    launches of the ``skipped`` ones do nothing; fused_triton's launchers take the CUDA path (not the
+    interpreter's), as on a Hopper GPU: 132 SMs, 227 KiB of shared memory per block (the tuner's candidates as
+    there)."""
     from attnbench.impls.fused_triton import decode, flash
 
     compiled: dict[str, Any] = {}
     patches: list[tuple[Any, str, Any]] = [
         (module, name, CompiledLaunch(getattr(module, name), compiled)) for module, name in targets
     ]
+    patches += [(module, name, SkippedLaunch()) for module, name in skipped]
     patches += [(flash, "INTERPRETED", False), (flash, "is_hopper", lambda device: True)]
     patches += [(decode, "sm_count", lambda device: 132)]
     patches += [(module, "max_shared_memory", lambda device: HOPPER_SHARED) for module in (flash, decode)]
@@ -220,16 +230,28 @@ def _resources(cubin: bytes | None) -> tuple[int | None, int | None]:
 
 def _case(case: str, head_dim: int, mask: str, kv_dtype: torch.dtype) -> tuple[Callable[[Tile], None], Any, str]:
     """(launch with a tile forced, the plan, the kernel's name) for one of ``CASES``: the shapes the suites time
-    (forward: B8 H16 S8192 bf16; decode: Llama-3.1-8B's B8 H32/8 D128 over 8192 keys; mla: DeepSeek-V3's 128
-    heads over a 576/512 latent cache of 8192 keys, B8; prefix: the serving suite's shared prefix, B32 H32/8
-    D128 over 16384 + 256 keys, the prefix's level: a kv head's rows of every sequence). Tensors are empty:
-    nothing runs."""
+    (forward, and the backward's dkdv and dq: B8 H16 S8192 bf16; decode: Llama-3.1-8B's B8 H32/8 D128 over 8192
+    keys; mla: DeepSeek-V3's 128 heads over a 576/512 latent cache of 8192 keys, B8; prefix: the serving suite's
+    shared prefix, B32 H32/8 D128 over 16384 + 256 keys, the prefix's level: a kv head's rows of every
+    sequence). Tensors are empty: nothing runs."""
     from attnbench.impls.fused_triton import flash
 
     if case == "forward":
         q = torch.empty(8, 16, 8192, head_dim, dtype=torch.bfloat16)
         k, v = torch.empty_like(q), torch.empty_like(q)
         plan, kernel, name = flash.make_plan(q, k, v, mask=mask), "fwd", "_forward_kernel"
+    elif case in BACKWARD:
+        q = torch.empty(8, 16, 8192, head_dim, dtype=torch.bfloat16)
+        k, v = torch.empty_like(q), torch.empty_like(q)
+        plan, kernel, name = flash.make_plan(q, k, v, mask=mask), case, BACKWARD[case]
+        lse = torch.empty(8, 16, 8192, dtype=torch.float32)
+        other = "dq" if case == "dkdv" else "dkdv"
+
+        def backward(tile: Tile) -> None:  # the other kernel's launch is skipped: any tile of its
+            plan.tiles[kernel], plan.tiles[other] = tile, plan.candidates(other)[0]
+            flash.backward_grads(q, k, v, q, lse, q, plan)
+
+        return backward, plan.candidates(kernel), name
     elif case == "decode":
         q = torch.empty(8, 32, 1, 128, dtype=torch.bfloat16)
         k, v = (torch.empty(8, 8, 8192, 128, dtype=torch.bfloat16).to(kv_dtype) for _ in range(2))
@@ -277,8 +299,12 @@ def report(
         (decode_kernels, "_decode_split_kernel"),
         (decode_kernels, "_decode_merge_kernel"),
     ]
+    skipped = [(kernels, "_preprocess_kernel")]  # the backward's Δ = rowsum(dO∘O): no product, no tile
+    if case in BACKWARD:
+        targets.append((kernels, BACKWARD[case]))
+        skipped.append((kernels, BACKWARD["dq" if case == "dkdv" else "dkdv"]))
     results: list[tuple[Tile, Report | str]] = []
-    with compiling(targets) as compiled:
+    with compiling(targets, skipped) as compiled:
         launch, candidates, name = _case(case, head_dim, mask, kv_dtype)
         chosen = list(tiles) if tiles else list(dict.fromkeys(dataclasses.replace(t, waves=0) for t in candidates))
         for tile in chosen:
@@ -310,8 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--tiles", help='tiles "BLOCK_M,BLOCK_N,WARPS,STAGES[,WAVES] …" (default: the tuner\'s candidates)'
     )
-    parser.add_argument("--head-dim", type=int, choices=(64, 128), default=128, help="forward only (default 128)")
-    parser.add_argument("--mask", choices=("none", "causal"), default="none", help="forward only (default none)")
+    parser.add_argument("--head-dim", type=int, choices=(64, 128), default=128, help="forward, dkdv, dq (default 128)")
+    parser.add_argument("--mask", choices=("none", "causal"), default="none", help="forward, dkdv, dq (default none)")
     parser.add_argument(
         "--kv-dtype",
         choices=("bfloat16", "float8_e4m3fn", "float8_e5m2"),
