@@ -96,9 +96,11 @@ def test_a_shared_prefixs_level_is_compiled_on_its_own(capsys):
 @pytest.mark.parametrize(("case", "tile"), [("dkdv", "64,128,8,2"), ("dq", "128,64,8,2")])
 def test_each_backward_kernel_is_compiled_alone(case, tile, capsys):
     """--case dkdv / dq compile the backward's kernel of that name with the tile forced, the preprocess and the
-    other kernel skipped (launched as no-ops): one report line, wgmma products waited for, q·kᵀ from shared memory."""
+    other kernel skipped (launched as no-ops): one report line, wgmma products waited for; the scores (dK/dV's
+    k·qᵀ over 128 keys, dQ's q·kᵀ over 64) as m64n64k16 from shared memory, the gradients' m64n128k16 with their
+    first operand (P, dS) in registers."""
     assert compile_report.main(["--case", case, "--tiles", tile]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith(f": {case}") and len(lines) == 2 and lines[1].split()[0] == tile
-    assert "m64n128k16" in lines[1] and " smem" in lines[1] and "wait_group 0: " in lines[1]
+    assert "m64n64k16 smem" in lines[1] and "m64n128k16 reg" in lines[1] and "wait_group 0: " in lines[1]
     assert lines[1].endswith(" an SM (registers)")

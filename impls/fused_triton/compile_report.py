@@ -247,7 +247,7 @@ def _case(case: str, head_dim: int, mask: str, kv_dtype: torch.dtype) -> tuple[C
         lse = torch.empty(8, 16, 8192, dtype=torch.float32)
         other = "dq" if case == "dkdv" else "dkdv"
 
-        def backward(tile: Tile) -> None:  # the other kernel's launch is skipped: any tile of its
+        def backward(tile: Tile) -> None:  # the other kernel's launch is skipped: any of its tiles will do
             plan.tiles[kernel], plan.tiles[other] = tile, plan.candidates(other)[0]
             flash.backward_grads(q, k, v, q, lse, q, plan)
 
