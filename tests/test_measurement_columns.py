@@ -142,6 +142,8 @@ def test_profile_writes_traces_and_top_operators(cli, tmp_path):
     for trace in traces:
         events = json.loads(trace.read_text())["traceEvents"]
         assert any(e.get("name", "").startswith("aten::") for e in events)
+        # the calls kept (the CLI's default, 5), not the warm-up call that takes the profiler's start-up
+        assert sum(e.get("name", "").startswith("attnbench.call:") for e in events) == 5
     top = pd.read_csv(out / "top_ops.csv")
     assert set(top.impl) == {"bmm", "sdpa_flash"}
     # the top torch op (a call's time outside torch ops has a row of its own, which on a busy VM can lead)

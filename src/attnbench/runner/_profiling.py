@@ -2,7 +2,8 @@
 
 For each case: prepare and check as a run does, warm up, time it with the run's median method
 (:func:`attnbench.measure.timing.time_callable`), then record a few calls with torch.profiler, each call under its
-own ``record_function`` range named ``attnbench.call:<impl>``. Writes a Chrome/Perfetto trace per case, a
+own ``record_function`` range named ``attnbench.call:<impl>`` (after one call the profiler records and discards,
+which takes the profiler's own start-up). Writes a Chrome/Perfetto trace per case, a
 table of the top operators (or kernels, on CUDA) by self time, and a breakdown of each call into categories.
 
 Definitions (per call, from the profiled calls):
@@ -51,6 +52,7 @@ CATEGORIES = [
     ("copies", re.compile(r"copy|clone|contiguous|::to$|::cat$|repeat|expand$|masked_fill|fill_", re.I)),
 ]
 PROFILE_SECONDS = 0.1  # record at most about this much run time (a Python-loop trace grows fast)
+PROFILER_WARMUP_CALLS = 1  # calls recorded and discarded first: a fresh profiler's start-up lands in them
 RANGE_PREFIX = "attnbench.call:"  # each profiled call runs under the range RANGE_PREFIX + impl
 OUTSIDE_OPS = "kernel (outside torch ops)"
 OVERHEAD = "python / dispatch overhead between ops"
@@ -88,7 +90,7 @@ def profile_case(
     impl: str, workload: Workload, out_dir: Path, calls: int = 5, seed: int = 0, budget_s: float = 1.0
 ) -> CaseProfile:
     """Time, then profile ``calls`` calls of a checked case; write its trace into ``out_dir``."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     prepared = prepare_checked(impl, workload, seed)
     if not prepared.check.ok:
@@ -101,14 +103,20 @@ def profile_case(
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if workload.device == "cuda" else [])
     name = RANGE_PREFIX + impl
     wall_s = 0.0
-    with quiet_native_stderr(), profile(activities=activities) as prof:
-        for _ in range(calls):
+    # The first call under a fresh profiler pays its start-up (measured on CPU at S 256: a stretch of about
+    # 0.85 ms before the first operator, longer than the call) — so one call is recorded as the schedule's
+    # warm-up step, which the profiler discards, and the next ``calls`` are kept.
+    steps = schedule(wait=0, warmup=PROFILER_WARMUP_CALLS, active=calls, repeat=1)
+    with quiet_native_stderr(), profile(activities=activities, schedule=steps) as prof:
+        for step in range(PROFILER_WARMUP_CALLS + calls):
             synchronize(workload.device)
             start = time.perf_counter()
             with record_function(name):
                 prepared.fn()
             synchronize(workload.device)
-            wall_s += time.perf_counter() - start
+            if step >= PROFILER_WARMUP_CALLS:
+                wall_s += time.perf_counter() - start
+            prof.step()
     trace_path = out_dir / f"{_slug(impl)}__{_slug(workload.label())}.trace.json"
     prof.export_chrome_trace(str(trace_path))
     profiled_ms = wall_s * 1e3 / calls
