@@ -103,9 +103,11 @@ def profile_case(
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if workload.device == "cuda" else [])
     name = RANGE_PREFIX + impl
     wall_s = 0.0
-    # The first call under a fresh profiler pays its start-up (measured on CPU at S 256: a stretch of about
-    # 0.85 ms before the first operator, longer than the call) — so one call is recorded as the schedule's
-    # warm-up step, which the profiler discards, and the next ``calls`` are kept.
+    # The first call under a fresh profiler pays its start-up: a stretch before its first operator that the
+    # breakdown would name a kernel outside torch (with PROFILER_WARMUP_CALLS = 0, `attnbench profile --impl
+    # sdpa_flash --seq 256` gave that category 15-16 % of the call in three runs on a 2-vCPU Intel Xeon with
+    # nothing else running). So one call is recorded as the schedule's warm-up step, which the profiler
+    # discards, and the next ``calls`` are kept.
     steps = schedule(wait=0, warmup=PROFILER_WARMUP_CALLS, active=calls, repeat=1)
     with quiet_native_stderr(), profile(activities=activities, schedule=steps) as prof:
         for step in range(PROFILER_WARMUP_CALLS + calls):
