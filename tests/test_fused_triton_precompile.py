@@ -40,6 +40,11 @@ def test_the_worker_count_is_the_setting_else_the_cpus(monkeypatch, setting, wor
     assert precompile.compile_ahead(lambda tile: pytest.fail("launched"), [Tile(16, 64, 4, 2)] * 4) == 0
 
 
+def test_a_worker_compiles_only_what_a_fresh_process_can_import():
+    assert precompile.importable("attnbench.impls.fused_triton.kernels")
+    assert not precompile.importable("_attnbench_base_1.impls.fused_triton.kernels")  # ab --base's copy
+
+
 def test_the_tuner_compiles_ahead_then_times_each_candidate(monkeypatch):
     order: list[Any] = []
     monkeypatch.setattr(precompile, "compile_ahead", lambda launch, tiles: order.append(("ahead", list(tiles))))

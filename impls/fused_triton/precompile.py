@@ -34,6 +34,7 @@ the CPUs this process may use, at most ``MAX_WORKERS``, or ``ATTNBENCH_COMPILE_W
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import json
 import os
 import subprocess
@@ -73,16 +74,25 @@ def worker_count() -> int:
     return min(cpus, MAX_WORKERS)
 
 
+def importable(module: str) -> bool:
+    """Whether a fresh Python process finds ``module``'s package on its path: not so for a package that only
+    this process's own importers know (``attnbench ab --base``'s copy of a contender at another revision)."""
+    return importlib.machinery.PathFinder.find_spec(module.partition(".")[0]) is not None
+
+
 def record(launch: Callable[[Any], object], tiles: Sequence[Any]) -> list[dict[str, str]]:
     """The kernels launching each of ``tiles`` would compile (``{"module", "name", "data"}``, data: Triton's
     serialised specialisation), each once; none of them is compiled or run. A tile whose launch raises is
-    skipped: the tuning meets it as before."""
+    skipped, and a kernel of a module a worker can't import (``importable``) is compiled and launched as
+    usual: the tuning meets both as before."""
     from triton import knobs
 
     found: dict[str, dict[str, str]] = {}
 
-    def hook(*, fn: Any, compile: dict[str, Any], **_: Any) -> bool:
+    def hook(*, fn: Any, compile: dict[str, Any], **_: Any) -> bool | None:
         kernel = fn.jit_function.fn  # the Python function under @triton.jit: where the worker finds it
+        if not importable(kernel.__module__):
+            return None  # compiled by the tuning itself, as without workers
         data = compile["specialization_data"]
         found.setdefault(data, {"module": kernel.__module__, "name": kernel.__name__, "data": data})
         return True  # no compile, no launch
