@@ -34,7 +34,6 @@ the CPUs this process may use, at most ``MAX_WORKERS``, or ``ATTNBENCH_COMPILE_W
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 import json
 import os
 import subprocess
@@ -48,6 +47,7 @@ ENV_WORKERS = "ATTNBENCH_COMPILE_WORKERS"
 MAX_WORKERS = 16
 MIN_KERNELS = 3
 TIMEOUT_S = 600.0
+STANDARD_LOADERS = ("_frozen_importlib_external", "_frozen_importlib", "importlib.machinery")
 
 
 def settle_hashes(*modules: ModuleType) -> None:
@@ -75,9 +75,11 @@ def worker_count() -> int:
 
 
 def importable(module: str) -> bool:
-    """Whether a fresh Python process finds ``module``'s package on its path: not so for a package that only
-    this process's own importers know (``attnbench ab --base``'s copy of a contender at another revision)."""
-    return importlib.machinery.PathFinder.find_spec(module.partition(".")[0]) is not None
+    """Whether a fresh Python process imports ``module`` as this one did: its package loaded by Python's own
+    file loaders (an editable install's too), not by an importer only this process has (``attnbench ab
+    --base``'s copy of a contender at another revision)."""
+    loader = getattr(getattr(sys.modules.get(module.partition(".")[0]), "__spec__", None), "loader", None)
+    return type(loader).__module__ in STANDARD_LOADERS
 
 
 def record(launch: Callable[[Any], object], tiles: Sequence[Any]) -> list[dict[str, str]]:
