@@ -25,10 +25,9 @@ REPO = Path(__file__).resolve().parent.parent
 # shared VM stalled (its time kept, not ranked). A test of anything but stall detection accepts both.
 CHECKED = ("ok", "stalled")
 os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager reach for the network
-# fused_triton's tuner compiles its candidates in worker processes first (impls/fused_triton/precompile.py); the
-# tests that tune replace the kernels and the timing with fakes, so none: tests/test_fused_triton_precompile.py
-# checks the workers on their own.
-os.environ.setdefault("ATTNBENCH_COMPILE_WORKERS", "0")
+# fused_triton's tuner compiles its candidates in threads first (impls/fused_triton/precompile.py); the tests that
+# tune replace the kernels and the timing with fakes, so none: tests/test_fused_triton_precompile.py checks it.
+os.environ.setdefault("ATTNBENCH_COMPILE_THREADS", "0")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 NEEDS_CHROMIUM = pytest.mark.skipif(

@@ -1,15 +1,10 @@
-"""fused_triton's tuner compiles its candidate tiles side by side in worker processes before timing them
-(``precompile``): checked on a machine without a GPU by compiling for sm_90 behind a stand-in Triton driver."""
+"""fused_triton's tuner compiles its candidate tiles side by side in threads before timing them (``precompile``):
+checked on a machine without a GPU by compiling for sm_90 behind a stand-in Triton driver."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.machinery
-import subprocess
-import sys
-import types
-from pathlib import Path
+import os
 from typing import Any
 
 import pytest
@@ -20,40 +15,31 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from attnbench.impls.fused_triton import compile_report, precompile  # noqa: E402
+from attnbench.impls.fused_triton import decode_kernels as _decode_kernels  # noqa: E402
 from attnbench.impls.fused_triton import tiles as _tiles  # noqa: E402
 from attnbench.impls.fused_triton.tiles import Tile  # noqa: E402
 
-HERE = Path(__file__).parent
-SM90 = {"backend": "cuda", "arch": 90, "warp_size": 32}
 
+class _Driver:
+    """What a launch asks of Triton's driver, as on a Hopper GPU: device 0, a stream, sm_90."""
 
-class _Driver(precompile._StandInDriver):
-    """The tuner's process on a Hopper GPU, as far as a launch asks: device 0, a stream, sm_90."""
+    def get_current_device(self) -> int:
+        return 0
 
     def get_current_stream(self, device: Any = None) -> int:
         return 0
 
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget("cuda", 90, 32)
 
-@pytest.mark.parametrize(("setting", "workers"), [("0", 0), ("5", 5), ("many", None)])
-def test_the_worker_count_is_the_setting_else_the_cpus(monkeypatch, setting, workers):
-    monkeypatch.setenv(precompile.ENV_WORKERS, setting)
-    expected = workers if workers is not None else min(len(__import__("os").sched_getaffinity(0)), 16)
-    assert precompile.worker_count() == expected
-    monkeypatch.setenv(precompile.ENV_WORKERS, "0")
+
+@pytest.mark.parametrize(("setting", "threads"), [("0", 0), ("5", 5), ("many", None)])
+def test_the_thread_count_is_the_setting_else_the_cpus(monkeypatch, setting, threads):
+    monkeypatch.setenv(precompile.ENV_THREADS, setting)
+    expected = threads if threads is not None else min(len(os.sched_getaffinity(0)), precompile.MAX_THREADS)
+    assert precompile.thread_count() == expected
+    monkeypatch.setenv(precompile.ENV_THREADS, "1")
     assert precompile.compile_ahead(lambda tile: pytest.fail("launched"), [Tile(16, 64, 4, 2)] * 4) == 0
-
-
-def test_a_worker_compiles_only_what_a_fresh_process_can_import(monkeypatch):
-    assert precompile.importable("attnbench.impls.fused_triton.kernels")  # editable or not
-    copy = types.ModuleType("_attnbench_base_1")  # ab --base's copy of a contender: its own importer
-    copy.__spec__ = importlib.machinery.ModuleSpec("_attnbench_base_1", loader=_OwnImporter())
-    monkeypatch.setitem(sys.modules, "_attnbench_base_1", copy)
-    assert not precompile.importable("_attnbench_base_1.impls.fused_triton.kernels")
-    assert not precompile.importable("not_imported_here.kernels")
-
-
-class _OwnImporter:
-    """An importer only this process has."""
 
 
 def test_the_tuner_compiles_ahead_then_times_each_candidate(monkeypatch):
@@ -69,53 +55,34 @@ def test_the_tuner_compiles_ahead_then_times_each_candidate(monkeypatch):
 
 
 @pytest.mark.slow
-def test_workers_compile_what_the_tuners_launches_would_and_the_tuner_finds_it_cached(monkeypatch, tmp_path):
-    """The decode tuning's candidates (Llama-3.1-8B's decode step): their launches recorded, not run; two
-    workers compile the kernels for sm_90 into Triton's disk cache; the tuner's own compile of each then names
-    the same entry (no new one is written: nothing compiled twice)."""
+def test_threads_compile_what_the_tuners_launches_would_and_its_launches_find_them(monkeypatch, tmp_path):
+    """Llama-3.1-8B's decode step, three of its candidate tiles and one that fails to launch: their launches
+    recorded, not run (4 kernels: a split kernel each and the merge); two threads compile them for sm_90; each
+    launch's own compile then finds its kernel compiled (nothing new in Triton's disk cache)."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    monkeypatch.setattr(triton.runtime.driver, "_active", _Driver(GPUTarget(**SM90)))
-    with compile_report.compiling([]):
-        launch, candidates, _ = compile_report._case("decode", 128, "none", torch.bfloat16)
-        every = list(dict.fromkeys(candidates))
-        assert len(precompile.record(launch, every)) < len(every)  # tiles differing only in waves share a kernel
-        tiles = list({dataclasses.replace(tile, waves=0): tile for tile in every}.values())[:3]  # 3 kernels + merge
-        kernels = precompile.record(launch, tiles)
-        try:
-            names = {kernel["name"] for kernel in kernels}
-            assert names == {"_decode_split_kernel", "_decode_merge_kernel"} and len(kernels) == 4
-            assert precompile.compile_ahead(launch, tiles, workers=2, target=SM90) == len(kernels)
+    monkeypatch.setattr(triton.runtime.driver, "_active", _Driver())
+    try:
+        with compile_report.compiling([]):
+            launch, candidates, _ = compile_report._case("decode", 128, "none", torch.bfloat16)
+            every = list(dict.fromkeys(candidates))
+            assert len(precompile.record(launch, every)) < len(every)  # tiles differing in waves share a kernel
+            tiles = list({dataclasses.replace(tile, waves=0): tile for tile in every}.values())[:3]
+
+            def launch_or_fail(tile: Tile) -> None:
+                if tile.block_m == 0:
+                    raise RuntimeError("out of resources")
+                launch(tile)
+
+            tiles.append(Tile(0, 64, 4, 2))
+            wanted = precompile.record(launch_or_fail, tiles)
+            names = [specialisation.kernel.__name__ for specialisation in wanted]
+            assert sorted(names) == ["_decode_merge_kernel"] + ["_decode_split_kernel"] * 3
+            assert precompile.compile_ahead(launch_or_fail, tiles, threads=2) == 4
             entries = sorted(path.name for path in (tmp_path / "triton").iterdir())
-            assert len(entries) == len(kernels)
-            for kernel in kernels:  # what the tuner's first launch of each tile does: compile, from the cache
-                getattr(importlib.import_module(kernel["module"]), kernel["name"]).preload(kernel["data"])
+            assert len(entries) == 4
+            for specialisation in wanted:  # what the tuner's first launch of each tile compiles
+                specialisation.kernel.preload(specialisation.data)
             assert sorted(path.name for path in (tmp_path / "triton").iterdir()) == entries
-        finally:
-            for name in ("_decode_split_kernel", "_decode_merge_kernel"):
-                getattr(
-                    importlib.import_module("attnbench.impls.fused_triton.decode_kernels"), name
-                ).device_caches.clear()
-
-
-@pytest.mark.slow
-def test_a_kernel_has_one_cache_name_whatever_was_compiled_before_it():
-    """Triton 3.6 took a helper's constants into its caller's hash only if the helper had been hashed first, so
-    a kernel's name in the disk cache followed what its process compiled before; ``flash`` settles every hash
-    at import, and a worker imports it first."""
-    script = (
-        "import sys\n"
-        "from attnbench.impls.fused_triton import flash, kernels\n"
-        "for name in sys.argv[1:]: getattr(kernels, name).cache_key\n"
-        "print(kernels._dq_kernel.cache_key)\n"
-    )
-    keys = {
-        subprocess.run(
-            [sys.executable, "-c", script, *first],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
-        ).stdout
-        for first in ([], ["_dkdv_kernel"])
-    }
-    assert len(keys) == 1 and keys != {""}
+    finally:
+        for name in ("_decode_split_kernel", "_decode_merge_kernel"):  # forget the stand-in's sm_90
+            getattr(_decode_kernels, name).device_caches.clear()

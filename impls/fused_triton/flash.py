@@ -49,7 +49,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from attnbench.impls.fused_triton import decode, decode_kernels, kernels, layout_kernels, precompile
+from attnbench.impls.fused_triton import decode, decode_kernels, kernels, layout_kernels
 from attnbench.impls.fused_triton.decode import DECODE_MAX_QUERIES, Pages, is_view_of
 from attnbench.impls.fused_triton.tile_cache import source_hash
 from attnbench.impls.fused_triton.tiles import (
@@ -69,8 +69,6 @@ from attnbench.impls.fused_triton.tiles import (
     tuning_key,
 )
 from attnbench.workload import MASKS
-
-precompile.settle_hashes(kernels, decode_kernels, layout_kernels)  # one kernel, one cache name in every process
 
 LOG2_E = 1.4426950408889634
 # fp32 dots on CUDA: three TF32 passes give fp32-level products (plain TF32 misses attnbench's 1e-4).

@@ -1,102 +1,68 @@
-"""Compile a tuning's candidate tiles side by side, in worker processes, before they are timed.
+"""Compile a tuning's candidate tiles side by side, in threads, before they are timed.
 
 On a fresh machine nearly all of fused_triton's tuning is Triton compiling each candidate tile (issue 37's H100 run:
-``setup_ms`` up to 30 s a case; an sm_90 compile of the forward kernel is 1.2 s on a 2-core Intel Xeon, half of it
-in LLVM), one after another, while the GPU machine's other cores idle. Threads don't help much: Triton's compile
-holds Python's lock for about a third of its time (two threads on 2 cores: 1.5×, not 2×). So:
+``setup_ms`` up to 30 s a case; an sm_90 compile of the forward kernel is about 1 s on a 2-core Intel Xeon), one
+after another, while the GPU machine's other cores idle. Triton's compile leaves Python's lock free for nearly
+all of its time (LLVM, ptxas), so threads compile side by side: nine forward tiles in 4.8–5.2 s on two threads
+against 9.5–10.1 s on one (``trials/probes/compile_ahead.py``, that machine, Triton 3.6). So:
 
 1. **Record** what each candidate would compile: ``launch(tile)`` under Triton's ``jit_cache_hook``, which is
    handed each kernel's specialisation (signature, constants, attributes, options — exactly as the launcher
    made them) before it is compiled; the hook answers True, so that launch compiles nothing and runs nothing.
    A kernel this process already holds compiled skips the hook and launches as usual (a tuning's launches are
    thrown away).
-2. **Compile** those in ``workers`` fresh processes (``python -m attnbench.impls.fused_triton.precompile``, the
-   specialisations on stdin as JSON): each hands them to ``JITFunction.preload`` for this GPU's target, which
-   compiles them into Triton's on-disk cache. The workers need no GPU: ``preload`` asks the driver only for a
-   device number and the target, which a stand-in gives.
-3. **Time** as before: the tuning's first launch of each tile finds its kernel in that cache and loads it.
+2. **Compile** those in ``threads`` threads: ``JITFunction.preload`` of each specialisation, which compiles it
+   into the kernel's own cache (and Triton's on-disk one), as the launch would have.
+3. **Time** as before: the tuning's first launch of each tile finds its kernel compiled.
 
-**The same name in every process.** Triton 3.6 names a compiled kernel in its disk cache by a hash of its source
-and of the functions it calls, and a caller's hash takes in the global constants a helper uses only if that
-helper was hashed before it (3.9 hashes the helper first): the name of a kernel depended on which kernels the
-process had compiled before (a worker given the dK/dV tiles named 4 of 10 kernels differently from the tuner,
-which then compiled them again). ``settle_hashes``, called where ``flash`` imports the kernels, hashes every
-function of the kernel modules once, in one order, before anything is compiled — in the tuner and in each
-worker alike.
-
-Nothing here changes which tile is chosen, or fails a tuning: a specialisation that does not compile, a worker that
-fails or takes longer than ``TIMEOUT_S``, a cache that can't be written — each leaves that kernel to be compiled (or
-to fail) in the tuning itself, as without this. Fewer than ``MIN_KERNELS`` kernels to compile, or fewer than two
-CPUs, compile in the tuning too (a worker takes a few seconds to import torch and Triton). The number of workers is
-the CPUs this process may use, at most ``MAX_WORKERS``, or ``ATTNBENCH_COMPILE_WORKERS`` (0 or 1: none).
+Nothing here changes which tile is chosen, or fails a tuning: a specialisation that does not compile is left for the
+tuning to compile (and fail) again, as without this. Fewer than ``MIN_KERNELS`` kernels, or fewer than two threads,
+compile in the tuning itself. The threads are the CPUs this process may use, at most ``MAX_THREADS``, or
+``ATTNBENCH_COMPILE_THREADS`` (0 or 1: none).
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Sequence
-from types import ModuleType
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
-ENV_WORKERS = "ATTNBENCH_COMPILE_WORKERS"
-MAX_WORKERS = 16
-MIN_KERNELS = 3
-TIMEOUT_S = 600.0
-STANDARD_LOADERS = ("_frozen_importlib_external", "_frozen_importlib", "importlib.machinery")
+ENV_THREADS = "ATTNBENCH_COMPILE_THREADS"
+MAX_THREADS = 16
+MIN_KERNELS = 2
 
 
-def settle_hashes(*modules: ModuleType) -> None:
-    """Hash each Triton function of ``modules`` now, in the order given and, within a module, defined (see the
-    module docstring); functions run by Triton's interpreter have no such hash and are left alone."""
-    from triton.runtime.jit import JITFunction
+class Specialisation(NamedTuple):
+    """One compile a launch asked for: the kernel and Triton's serialised specialisation of it."""
 
-    for module in modules:
-        for value in list(vars(module).values()):
-            if isinstance(value, JITFunction):
-                _ = value.cache_key
+    kernel: Any  # the JITFunction
+    data: str
 
 
-def worker_count() -> int:
-    """The worker processes to compile in: ``ATTNBENCH_COMPILE_WORKERS``, else the CPUs this process may use,
-    at most ``MAX_WORKERS``. An unreadable setting counts as unset."""
-    setting = os.environ.get(ENV_WORKERS, "").strip()
+def thread_count() -> int:
+    """The threads to compile in: ``ATTNBENCH_COMPILE_THREADS``, else the CPUs this process may use, at most
+    ``MAX_THREADS``. An unreadable setting counts as unset."""
+    setting = os.environ.get(ENV_THREADS, "").strip()
     if setting.isdigit():
         return int(setting)
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return min(cpus, MAX_WORKERS)
+    return min(cpus, MAX_THREADS)
 
 
-def importable(module: str) -> bool:
-    """Whether a fresh Python process imports ``module`` as this one did: its package loaded by Python's own
-    file loaders (an editable install's too), not by an importer only this process has (``attnbench ab
-    --base``'s copy of a contender at another revision)."""
-    loader = getattr(getattr(sys.modules.get(module.partition(".")[0]), "__spec__", None), "loader", None)
-    return type(loader).__module__ in STANDARD_LOADERS
-
-
-def record(launch: Callable[[Any], object], tiles: Sequence[Any]) -> list[dict[str, str]]:
-    """The kernels launching each of ``tiles`` would compile (``{"module", "name", "data"}``, data: Triton's
-    serialised specialisation), each once; none of them is compiled or run. A tile whose launch raises is
-    skipped, and a kernel of a module a worker can't import (``importable``) is compiled and launched as
-    usual: the tuning meets both as before."""
+def record(launch: Callable[[Any], object], tiles: Sequence[Any]) -> list[Specialisation]:
+    """The compiles launching each of ``tiles`` would start, each once; none of them is compiled or run. A tile
+    whose launch raises is skipped: the tuning meets it as before."""
     from triton import knobs
 
-    found: dict[str, dict[str, str]] = {}
+    found: dict[tuple[int, str], Specialisation] = {}
 
-    def hook(*, fn: Any, compile: dict[str, Any], **_: Any) -> bool | None:
-        kernel = fn.jit_function.fn  # the Python function under @triton.jit: where the worker finds it
-        if not importable(kernel.__module__):
-            return None  # compiled by the tuning itself, as without workers
+    def hook(*, fn: Any, compile: dict[str, Any], **_: Any) -> bool:
         data = compile["specialization_data"]
-        found.setdefault(data, {"module": kernel.__module__, "name": kernel.__name__, "data": data})
+        found.setdefault((id(fn.jit_function), data), Specialisation(fn.jit_function, data))
         return True  # no compile, no launch
 
     saved = knobs.runtime.jit_cache_hook
@@ -105,104 +71,47 @@ def record(launch: Callable[[Any], object], tiles: Sequence[Any]) -> list[dict[s
         for tile in tiles:
             try:
                 launch(tile)
-            except Exception:
+            except Exception:  # any failure here is the tuning's to meet, not ours
                 continue
     finally:
         knobs.runtime.jit_cache_hook = saved
     return list(found.values())
 
 
-def current_target() -> dict[str, Any]:
-    """This process's GPU target (backend, arch, warp size), as a worker rebuilds it."""
-    from triton.runtime import driver
-
-    target = driver.active.get_current_target()
-    return {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size}
-
-
-def compile_ahead(
-    launch: Callable[[Any], object],
-    tiles: Sequence[Any],
-    workers: int | None = None,
-    target: dict[str, Any] | None = None,
-) -> int:
-    """Compile what launching ``tiles`` needs into Triton's disk cache, in worker processes side by side (the
-    module docstring says how); the kernels compiled ahead, 0 when it would not pay or could not be done."""
-    workers = worker_count() if workers is None else workers
-    if workers < 2:
+def compile_ahead(launch: Callable[[Any], object], tiles: Sequence[Any], threads: int | None = None) -> int:
+    """Compile what launching ``tiles`` needs, in threads side by side (the module docstring says how); the
+    kernels compiled, 0 when it would not pay or could not be done."""
+    threads = thread_count() if threads is None else threads
+    if threads < 2:
         return 0
     try:
-        kernels = record(launch, tiles)
-        if len(kernels) < MIN_KERNELS:
-            return 0
-        target = target or current_target()
-    except Exception:
+        wanted = record(launch, tiles)
+        device = _current_device()
+    except Exception:  # a Triton without the hook, no driver: compile in the tuning
         return 0
-    count = min(workers, len(kernels))
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    started = []
-    for part in (kernels[index::count] for index in range(count)):
-        try:  # each worker reads its whole request first, so writing it can't wait on another worker
-            process = subprocess.Popen(
-                [sys.executable, "-m", __name__],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=env,
-            )
-            assert process.stdin is not None
-            with process.stdin:
-                process.stdin.write(json.dumps({"target": target, "kernels": part}).encode())
-        except OSError:
-            continue
-        started.append((process, len(part)))
-    deadline = time.monotonic() + TIMEOUT_S
-    done = 0
-    for process, size in started:
+    if len(wanted) < MIN_KERNELS:
+        return 0
+
+    def compile_one(specialisation: Specialisation) -> bool:
         try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            done += size if process.returncode == 0 else 0  # a worker that crashed: its kernels not counted
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return done
+            _use_device(device)  # a new thread's current device is the first; the tuning's may be another
+            specialisation.kernel.preload(specialisation.data)
+            return True
+        except Exception:  # a tile that does not compile: the tuning meets it
+            return False
+
+    with ThreadPoolExecutor(min(threads, len(wanted)), thread_name_prefix="attnbench-compile") as pool:
+        return sum(pool.map(compile_one, wanted))
 
 
-class _StandInDriver:
-    """What ``JITFunction.preload`` asks of Triton's driver, in a process without a GPU: a device number and
-    the target to compile for."""
-
-    def __init__(self, target: Any) -> None:
-        self.target = target
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_target(self) -> Any:
-        return self.target
-
-
-def compile_in_this_process(request: dict[str, Any]) -> int:
-    """Compile each of ``request["kernels"]`` for ``request["target"]`` into Triton's disk cache; the number
-    that failed (each said on stderr)."""
-    from triton.backends.compiler import GPUTarget
+def _current_device() -> int:
     from triton.runtime import driver
 
-    from attnbench.impls.fused_triton import flash  # noqa: F401 (its import settles the hashes, as in the tuner)
-
-    driver.set_active(_StandInDriver(GPUTarget(**request["target"])))
-    failed = 0
-    for kernel in request["kernels"]:
-        try:
-            getattr(importlib.import_module(kernel["module"]), kernel["name"]).preload(kernel["data"])
-        except Exception as exc:
-            failed += 1
-            print(
-                f"{kernel['name']}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                file=sys.stderr,
-            )
-    return failed
+    return int(driver.active.get_current_device())
 
 
-if __name__ == "__main__":
-    compile_in_this_process(json.load(sys.stdin))  # a kernel that failed is said, and met again by the tuning
+def _use_device(device: int) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(device)

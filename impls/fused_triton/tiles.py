@@ -22,7 +22,7 @@ Definitions:
   key under ``$ATTNBENCH_CACHE_DIR/tiles/``, shared by worker processes and runs). The stored key adds the
   candidate list and the torch and Triton versions to the tuning key, so a new tile table, compiler or
   kernel source tunes afresh instead of reusing a stale choice. Before the timing, the candidates' kernels are
-  compiled side by side in worker processes (``precompile``), so a fresh machine's tuning is not one compile
+  compiled side by side in threads (``precompile``), so a fresh machine's tuning is not one compile
   after another. fused_triton tunes in ``prepare``, so the
   time lands in the ``setup_ms`` of the case that paid for it; ``cached`` is the look-up without timing
   (``Plan.tune`` launches nothing when every tile is known), and the timed callable launches the chosen

@@ -1,18 +1,17 @@
-"""A compile probe: the tuner's compiles of one case's candidate tiles for sm_90, one after another or in worker
-processes first (``impls/fused_triton/precompile.py``), on a machine without a GPU (a stand-in Triton driver):
+"""A compile probe: the tuner's compiles of one case's candidate tiles for sm_90, one after another or side by
+side in threads first (``impls/fused_triton/precompile.py``), on a machine without a GPU (a stand-in driver):
 
     TRITON_CACHE_DIR=$(mktemp -d) PYTHONPATH=DIR python trials/probes/compile_ahead.py forward 0   # one by one
-    TRITON_CACHE_DIR=$(mktemp -d) PYTHONPATH=DIR python trials/probes/compile_ahead.py forward 2   # 2 workers
+    TRITON_CACHE_DIR=$(mktemp -d) PYTHONPATH=DIR python trials/probes/compile_ahead.py forward 2   # 2 threads
 
 (DIR: ``pip install --target DIR triton==3.6.0 --no-deps``, the GPU machine's Triton; a fresh cache each run.)
-Arguments: a ``compile_report`` case (forward, dkdv, dq, decode, mla, prefix) and the workers (0: none). It prints
-the seconds the workers took and then the tuner's own compiles (each kernel's ``preload``, what its first launch
-does), and how many of those compiled instead of loading from the cache (0 when the workers named each alike).
+Arguments: a ``compile_report`` case (forward, dkdv, dq, decode, mla, prefix) and the threads (0: none). It prints
+the seconds ``compile_ahead`` took, then those of the tuner's own compiles (each kernel's ``preload``, what its
+first launch does) and how many of those compiled rather than finding the kernel compiled.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 from typing import Any
@@ -24,32 +23,38 @@ from triton.runtime import driver
 
 from attnbench.impls.fused_triton import compile_report, precompile
 
-SM90 = {"backend": "cuda", "arch": 90, "warp_size": 32}
 
+class Driver:
+    """What a launch asks of Triton's driver, as on a Hopper GPU: device 0, a stream, sm_90."""
 
-class Driver(precompile._StandInDriver):
+    def get_current_device(self) -> int:
+        return 0
+
     def get_current_stream(self, device: Any = None) -> int:
         return 0
 
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget("cuda", 90, 32)
 
-def main(case: str, workers: int) -> int:
-    driver.set_active(Driver(GPUTarget(**SM90)))
+
+def main(case: str, threads: int) -> int:
+    driver.set_active(Driver())
     with compile_report.compiling([]):
         launch, candidates, _ = compile_report._case(case, 128, "none", torch.bfloat16)
         tiles = list(dict.fromkeys(candidates))
-        kernels = precompile.record(launch, tiles)
-        print(f"{case}: {len(tiles)} tiles, {len(kernels)} kernels", flush=True)
+        wanted = precompile.record(launch, tiles)
+        print(f"{case}: {len(tiles)} tiles, {len(wanted)} kernels", flush=True)
         start = time.perf_counter()
-        if workers:
-            done = precompile.compile_ahead(launch, tiles, workers=workers, target=SM90)
-            print(f"{done} compiled by {workers} workers in {time.perf_counter() - start:.2f} s", flush=True)
+        if threads:
+            done = precompile.compile_ahead(launch, tiles, threads=threads)
+            print(f"{done} compiled ahead by {threads} threads in {time.perf_counter() - start:.2f} s", flush=True)
         compiled = []
         make_ttir = nvidia.CUDABackend.make_ttir  # the first stage: run only by a compile, not by a cache hit
         nvidia.CUDABackend.make_ttir = staticmethod(lambda *a, **k: compiled.append(1) or make_ttir(*a, **k))
         start = time.perf_counter()
-        for kernel in kernels:
-            getattr(importlib.import_module(kernel["module"]), kernel["name"]).preload(kernel["data"])
-        print(f"the tuner's compiles: {time.perf_counter() - start:.2f} s, {len(compiled)} not from the cache")
+        for specialisation in wanted:
+            specialisation.kernel.preload(specialisation.data)
+        print(f"the tuner's compiles: {time.perf_counter() - start:.2f} s, {len(compiled)} compiled there")
     return 0
 
 
