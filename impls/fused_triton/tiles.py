@@ -21,13 +21,12 @@ Definitions:
   first time a key is seen and keeps the fastest in memory and on disk (``tile_cache``: one JSON file per
   key under ``$ATTNBENCH_CACHE_DIR/tiles/``, shared by worker processes and runs). The stored key adds the
   candidate list and the torch and Triton versions to the tuning key, so a new tile table, compiler or
-  kernel source tunes afresh instead of reusing a stale choice. Before the timing, the candidates' kernels are
-  compiled side by side in threads (``precompile``), so a fresh machine's tuning is not one compile
-  after another. fused_triton tunes in ``prepare``, so the
-  time lands in the ``setup_ms`` of the case that paid for it; ``cached`` is the look-up without timing
-  (``Plan.tune`` launches nothing when every tile is known), and the timed callable launches the chosen
-  tile directly: no autotuner dispatch per call. Under ``TRITON_INTERPRET=1`` there is one small tile per
-  kernel, nothing is timed and nothing is written.
+  kernel source tunes afresh instead of reusing a stale choice. Before the timing, the candidates' kernels
+  are compiled side by side in threads (``precompile``), so a fresh machine's tuning is not one compile
+  after another. fused_triton tunes in ``prepare``, so the time lands in the ``setup_ms`` of the case that
+  paid for it; ``cached`` is the look-up without timing (``Plan.tune`` launches nothing when every tile is
+  known), and the timed callable launches the chosen tile directly: no autotuner dispatch per call. Under
+  ``TRITON_INTERPRET=1`` there is one small tile per kernel, nothing is timed and nothing is written.
 * **Fewer candidates where the GPU is known** (``is_hopper``: compute capability 9.x, H100/H200/H800/GH200).
   The full table stays for every other GPU. On Hopper the forward's candidates (the prefix kernel's too)
   drop two kinds of tile not expected to win, so a fresh machine compiles and times fewer: 8 warps on a
