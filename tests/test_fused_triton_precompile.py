@@ -12,25 +12,10 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from triton.backends.compiler import GPUTarget  # noqa: E402
-
 from attnbench.impls.fused_triton import compile_report, precompile  # noqa: E402
 from attnbench.impls.fused_triton import decode_kernels as _decode_kernels  # noqa: E402
 from attnbench.impls.fused_triton import tiles as _tiles  # noqa: E402
 from attnbench.impls.fused_triton.tiles import Tile  # noqa: E402
-
-
-class _Driver:
-    """What a launch asks of Triton's driver, as on a Hopper GPU: device 0, a stream, sm_90."""
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: Any = None) -> int:
-        return 0
-
-    def get_current_target(self) -> GPUTarget:
-        return GPUTarget("cuda", 90, 32)
 
 
 @pytest.mark.parametrize(("setting", "threads"), [("0", 0), ("5", 5), ("many", None)])
@@ -60,7 +45,7 @@ def test_threads_compile_what_the_tuners_launches_would_and_its_launches_find_th
     recorded, not run (4 kernels: a split kernel each and the merge); two threads compile them for sm_90; each
     launch's own compile then finds its kernel compiled (nothing new in Triton's disk cache)."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    monkeypatch.setattr(triton.runtime.driver, "_active", _Driver())
+    monkeypatch.setattr(triton.runtime.driver, "_active", compile_report.HopperDriver())
     try:
         with compile_report.compiling([]):
             launch, candidates, _ = compile_report._case("decode", 128, "none", torch.bfloat16)

@@ -148,6 +148,23 @@ def compiling(targets: Sequence[tuple[Any, str]], skipped: Sequence[tuple[Any, s
             setattr(module, name, value)
 
 
+class HopperDriver:
+    """What a launch asks of Triton's driver, as on a Hopper GPU: device 0, a stream, the sm_90 target. Set as
+    the active driver (``triton.runtime.driver.set_active``), launches of the real kernels go through Triton's
+    launcher up to the compile on a machine without a GPU (``precompile.record`` and its checks)."""
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
     """What one compiled kernel holds (``inspect``)."""

@@ -14,31 +14,16 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
 
 import torch
-from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia import compiler as nvidia
 from triton.runtime import driver
 
 from attnbench.impls.fused_triton import compile_report, precompile
 
 
-class Driver:
-    """What a launch asks of Triton's driver, as on a Hopper GPU: device 0, a stream, sm_90."""
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: Any = None) -> int:
-        return 0
-
-    def get_current_target(self) -> GPUTarget:
-        return GPUTarget("cuda", 90, 32)
-
-
 def main(case: str, threads: int) -> int:
-    driver.set_active(Driver())
+    driver.set_active(compile_report.HopperDriver())
     with compile_report.compiling([]):
         launch, candidates, _ = compile_report._case(case, 128, "none", torch.bfloat16)
         tiles = list(dict.fromkeys(candidates))
