@@ -3,8 +3,8 @@
 On a fresh machine nearly all of fused_triton's tuning is Triton compiling each candidate tile (issue 37's H100 run:
 ``setup_ms`` up to 30 s a case; an sm_90 compile of the forward kernel is about 1 s on a 2-core Intel Xeon), one
 after another, while the GPU machine's other cores idle. Triton's compile leaves Python's lock free for nearly
-all of its time (LLVM, ptxas), so threads compile side by side: nine forward tiles in 4.8–5.2 s on two threads
-against 9.5–10.1 s on one (``trials/probes/compile_ahead.py``, that machine, Triton 3.6). So:
+all of its time (LLVM, ptxas), so threads compile side by side: nine forward tiles in 4.6–5.0 s on two threads
+against 8.9–9.6 s on one (``trials/probes/compile_ahead.py``, that machine, Triton 3.6). So:
 
 1. **Record** what each candidate would compile: ``launch(tile)`` under Triton's ``jit_cache_hook``, which is
    handed each kernel's specialisation (signature, constants, attributes, options — exactly as the launcher

@@ -5,7 +5,8 @@ side in threads first (``impls/fused_triton/precompile.py``), on a machine witho
     TRITON_CACHE_DIR=$(mktemp -d) PYTHONPATH=DIR python trials/probes/compile_ahead.py forward 2   # 2 threads
 
 (DIR: ``pip install --target DIR triton==3.6.0 --no-deps``, the GPU machine's Triton; a fresh cache each run.)
-Arguments: a ``compile_report`` case (forward, dkdv, dq, decode, mla, prefix) and the threads (0: none). It prints
+Arguments: a ``compile_report`` case (forward, dkdv, dq, decode, mla, prefix) and the threads (0: none); case
+``all`` runs ``compile_ahead`` over every case in one process, one line each (a test of the threads' safety). It prints
 the seconds ``compile_ahead`` took, then those of the tuner's own compiles (each kernel's ``preload``, what its
 first launch does) and how many of those compiled rather than finding the kernel compiled.
 """
@@ -22,8 +23,22 @@ from triton.runtime import driver
 from attnbench.impls.fused_triton import compile_report, precompile
 
 
+def every_case(threads: int) -> int:
+    with compile_report.compiling([]):
+        for case in compile_report.CASES:
+            launch, candidates, _ = compile_report._case(case, 128, "none", torch.bfloat16)
+            tiles = list(dict.fromkeys(candidates))
+            start = time.perf_counter()
+            wanted = len(precompile.record(launch, tiles))  # in memory already (an earlier case's): none
+            done = precompile.compile_ahead(launch, tiles, threads=threads)
+            print(f"{case}: {wanted} kernels, {done} compiled in {time.perf_counter() - start:.1f} s", flush=True)
+    return 0
+
+
 def main(case: str, threads: int) -> int:
     driver.set_active(compile_report.HopperDriver())
+    if case == "all":
+        return every_case(threads)
     with compile_report.compiling([]):
         launch, candidates, _ = compile_report._case(case, 128, "none", torch.bfloat16)
         tiles = list(dict.fromkeys(candidates))
