@@ -1,10 +1,12 @@
 """Compile a tuning's candidate tiles side by side, in threads, before they are timed.
 
-On a fresh machine nearly all of fused_triton's tuning is Triton compiling each candidate tile (issue 37's H100 run:
-``setup_ms`` up to 30 s a case; an sm_90 compile of the forward kernel is about 1 s on a 2-core Intel Xeon), one
-after another, while the GPU machine's other cores idle. Triton's compile leaves Python's lock free for nearly
-all of its time (LLVM, ptxas), so threads compile side by side: nine forward tiles in 4.6–5.0 s on two threads
-against 8.9–9.6 s on one (``trials/probes/compile_ahead.py``, that machine, Triton 3.6). So:
+On a fresh machine nearly all of fused_triton's tuning is Triton compiling each candidate tile, one after another,
+while the GPU machine's other cores idle: a candidate's timing is ~25 ms of calls (``time_tile``), its compile
+about 1 s (an sm_90 compile of the forward kernel on a 2-vCPU Intel Xeon; issue 37's run, H100 SXM, torch
+2.11.0+cu130, Triton 3.6.0, had ``setup_ms`` up to 30 s a case). Triton's compile leaves Python's lock free for
+nearly all of its time (LLVM, ptxas), so threads compile side by side: nine forward tiles in 4.6–5.2 s on two
+threads against 8.9–10.1 s on one (``trials/probes/compile_ahead.py``, that machine, Triton 3.6, nothing else
+running). So:
 
 1. **Record** what each candidate would compile: ``launch(tile)`` under Triton's ``jit_cache_hook``, which is
    handed each kernel's specialisation (signature, constants, attributes, options — exactly as the launcher
