@@ -51,7 +51,16 @@ def test_programs_an_sm_holds_follow_hoppers_limits(registers, warps, shared, he
     assert compile_report.programs_per_sm(registers, warps, shared) == held
 
 
-@pytest.mark.parametrize("bad", [["--tiles", "64,32,x,2"], ["--tiles", "64,32,8"], ["--case", "prefill"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--tiles", "64,32,x,2"],
+        ["--tiles", "64,32,8"],
+        ["--tiles", "64,32,4,3,0,3"],
+        ["--case", "dkdv", "--tiles", "64,128,8,2,0,2"],
+        ["--case", "prefill"],
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(bad, capsys):
     with pytest.raises(SystemExit) as raised:
         compile_report.main(bad)
@@ -104,3 +113,17 @@ def test_each_backward_kernel_is_compiled_alone(case, tile, capsys):
     assert lines[0].endswith(f": {case}") and len(lines) == 2 and lines[1].split()[0] == tile
     assert "m64n64k16 smem" in lines[1] and "m64n128k16 reg" in lines[1] and "wait_group 0: " in lines[1]
     assert lines[1].endswith(" an SM (registers)")
+
+
+@pytest.mark.slow
+def test_mlas_value_halves_compile_rows_major_on_one_warp_group(capsys):
+    """A tile of ``parts`` 2 (``decode.HALF_TILES``): each program's 64 rows in one warp group (wgmma's height),
+    q·kᵀ over all 576 channels and P·V over its 256 value channels both wgmma (no mma.sync, no 16-key slices
+    between two groups), in the shared memory estimated: q's 576 channels and two 16-key blocks, no value buffer."""
+    assert compile_report.main(["--case", "mla", "--tiles", "64,16,4,2,0,2"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.split()[0] == "64,16,4,2,0,2" and "mma.sync" not in line
+    ((_, report),) = compile_report.report("mla", [Tile(64, 16, 4, 2, parts=2)])
+    assert isinstance(report, compile_report.Report) and report.mma_sync == 0
+    assert set(report.wgmma) == {"m64n16k16 smem", "m64n256k16 reg"}
+    assert report.shared_bytes == 64 * 576 * 2 + 2 * 16 * 576 * 2

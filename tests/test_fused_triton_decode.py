@@ -235,7 +235,7 @@ def test_row_bounds_are_the_harness_key_ranges(spec):
 def test_decode_tiles_fit_the_device_and_take_the_group_rows():
     pytest.importorskip("triton")
     from attnbench.impls.fused_triton import decode, flash
-    from attnbench.impls.fused_triton.tiles import shared_bytes
+    from attnbench.impls.fused_triton.tiles import Tile, shared_bytes
 
     q, k = torch.empty(2, 32, 1, 128, dtype=torch.bfloat16), torch.empty(2, 8, 64, 128, dtype=torch.bfloat16)
     plan = flash.make_plan(q, k, k)
@@ -254,7 +254,10 @@ def test_decode_tiles_fit_the_device_and_take_the_group_rows():
     wide = flash.make_plan(
         torch.empty(2, 128, 1, 576, dtype=torch.bfloat16), *(torch.empty(2, 1, 64, 576, dtype=torch.bfloat16),) * 2
     )
-    assert {t.block_m for t in decode.candidates(wide, interpreted=False)} <= {16, 32, 64}
+    wide_tiles = decode.candidates(wide, interpreted=False)
+    assert {t.block_m for t in wide_tiles} <= {16, 32, 64}
+    halves = {dataclasses.replace(t, waves=0) for t in wide_tiles if t.parts == 2}  # MLA's value halves too
+    assert halves and halves <= {Tile(*spec, parts=2) for spec in decode.HALF_TILES}  # those in 160 KiB here
     spec8 = flash.make_plan(torch.empty(2, 32, 8, 128), torch.empty(2, 8, 64, 128), torch.empty(2, 8, 64, 128))
     assert decode.row_block(spec8) == 32 and spec8.decode
     assert not flash.make_plan(torch.empty(2, 4, 9, 16), torch.empty(2, 4, 9, 16), torch.empty(2, 4, 9, 16)).decode

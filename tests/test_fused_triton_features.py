@@ -93,7 +93,8 @@ class Recorded:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            flags = ("SPLIT_D", "V_FROM_K", "KV_SCALED", "RANGES", "SINKS", "MERGE", "PREFIX", "PAGED", "KEYS_MAJOR")
+            flags = ("SPLIT_D", "V_FROM_K", "KV_SCALED", "RANGES", "SINKS", "MERGE", "PREFIX", "PAGED", "KEYS_MAJOR",
+                     "VALUE_PARTS")
             launched.append({flag: kwargs[flag] for flag in flags if flag in kwargs})
             kernels_run.append(self.name)
             if kwargs.get("PREFIX"):  # the decode kernels' prefix level
@@ -142,6 +143,14 @@ for name, spec in json.loads(sys.argv[1]).items():
             result["unchanged_by_nan"] = torch.equal(contender.prepare(poisoned, w)(), out)
         if w.mask in ("mixed", "chunked") or w.lengths != "equal":
             result["visited"], result["expected_visited"] = visited_blocks(w, run, inputs)
+        if w.head_dim > 256:  # a split head dim: its value halves (a tile of parts 2) forced, against float64 too
+            from attnbench.impls.fused_triton.tiles import Tile
+            halves = contender.prepare(inputs, w)
+            halves.plan.tiles["decode"] = Tile(16, 16, 1, 1, parts=2)
+            launched.clear()
+            check = check_output(inputs, halves())
+            result["halves"] = {"ok": check.ok, "err": check.max_abs_err, "splits": halves.plan.splits,
+                                "flags": list(launched)}
         if w.shared_prefix:  # only the one copy (sequence 0's) of the prefix is read: NaN in the others' is not
             result["prefix_grid"] = prefix_grids[0]
             P = w.shared_prefix
@@ -214,6 +223,16 @@ CASES: dict[str, dict[str, Any]] = {
     ),
     # 5. MLA's latent cache: v the view of k's first Dv channels (576 / 512 split 512 + 64, forward)
     "latent-576-512-decode": _case(**LATENT, seq_q=3, head_dim=576, head_dim_v=512, mask="causal_bottom_right"),
+    "latent-576-512-bfloat16-decode": _case(
+        **LATENT,
+        batch=2,
+        seq_q=1,
+        seq_k=100,
+        head_dim=576,
+        head_dim_v=512,
+        dtype="bfloat16",
+        mask="causal_bottom_right",
+    ),
     "latent-576-500-e4m3-paged-sinks-bfloat16": _case(
         **LATENT,
         batch=2,
@@ -356,8 +375,33 @@ def test_each_feature_takes_its_kernel_specialisation(interpreted):
     # decode over the bf16 latent cache keys-major (measured faster on an H200); over the fp8 one not (unmeasured)
     assert flags["latent-576-512-decode"]["KEYS_MAJOR"]
     assert not flags["latent-576-500-e4m3-paged-sinks-bfloat16"]["KEYS_MAJOR"]
+    assert flags["latent-576-512-decode"]["VALUE_PARTS"] == 1  # the interpreter's tile: the values whole
     assert flags["latent-D40-Dv36-sinks-bwd"]["V_FROM_K"] and not flags["latent-D40-Dv36-sinks-bwd"]["SPLIT_D"]
     assert not flags["latent-D72-Dv40-bwd"]["V_FROM_K"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "latent-576-512-decode",
+        "latent-576-512-bfloat16-decode",
+        "latent-576-500-e4m3-paged-sinks-bfloat16",
+        "prefix-24-latent-576",
+    ],
+)
+def test_mlas_value_halves_match_the_float64_reference(interpreted, name):
+    """A tile of ``parts`` 2 (decode.HALF_TILES): two programs a block of rows, each the scores over all 576
+    channels and the output over half the values, rows-major (keys-major is for whole values); fp32 and bf16
+    latent caches (the bf16 one over 100 keys: several splits merged), a paged fp8 one under bf16 q with sinks and
+    Dv 500 (the second half's last 12 channels masked), a shared prefix's two levels (several splits merged)."""
+    spec, halves = CASES[name], interpreted[name]["halves"]
+    assert halves["ok"] and halves["err"] <= TOLERANCES[spec["dtype"]][0]
+    assert halves["flags"] and {flags["VALUE_PARTS"] for flags in halves["flags"]} == {2}
+    assert not any(flags["KEYS_MAJOR"] for flags in halves["flags"])
+    if spec.get("shared_prefix"):
+        assert halves["splits"] > 1 and [flags["PREFIX"] for flags in halves["flags"]] == [True, False]
+    if spec["dtype"] == "bfloat16" and "kv_dtype" not in spec:
+        assert halves["splits"] > 1
 
 
 def test_declared_features_and_the_reasons_for_the_rest(monkeypatch):

@@ -288,3 +288,6 @@ def test_a_decode_tile_keeps_its_waves_on_disk(timed, monkeypatch):
     assert Tile(64, 64, 4, 3).fields() == (64, 64, 4, 3)
     assert repr(Tile(64, 64, 4, 3)) == "Tile(block_m=64, block_n=64, num_warps=4, num_stages=3)"  # as gpu_smoke says
     assert repr(best) == "Tile(block_m=16, block_n=64, num_warps=4, num_stages=2, waves=4)"
+    halves = Tile(64, 32, 4, 3, waves=2, parts=2)  # MLA's value halves: all six numbers, read back as stored
+    assert halves.fields() == (64, 32, 4, 3, 2, 2) and Tile(*halves.fields()) == halves
+    assert repr(halves) == "Tile(block_m=64, block_n=32, num_warps=4, num_stages=3, waves=2, parts=2)"

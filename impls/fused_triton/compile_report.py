@@ -338,7 +338,8 @@ def _tile(text: str) -> Tile:
         numbers = [int(part) for part in text.split(",")]
     except ValueError:
         raise ValueError(repr(text)) from None
-    if len(numbers) not in (4, 5) or min(numbers) < 1:
+    sizes, waves, parts = numbers[:4], numbers[4:5], numbers[5:]
+    if len(numbers) not in (4, 5, 6) or min(sizes) < 1 or min(waves, default=0) < 0 or parts not in ([], [1], [2]):
         raise ValueError(repr(text))
     return Tile(*numbers)
 
@@ -351,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--case", choices=CASES, default="forward", help="the kernel and shape to compile (default forward)"
     )
     parser.add_argument(
-        "--tiles", help='tiles "BLOCK_M,BLOCK_N,WARPS,STAGES[,WAVES] …" (default: the tuner\'s candidates)'
+        "--tiles", help='tiles "BLOCK_M,BLOCK_N,WARPS,STAGES[,WAVES[,PARTS]] …" (default: the tuner\'s candidates)'
     )
     parser.add_argument("--head-dim", type=int, choices=(64, 128), default=128, help="forward, dkdv, dq (default 128)")
     parser.add_argument("--mask", choices=("none", "causal"), default="none", help="forward, dkdv, dq (default none)")
@@ -365,7 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         tiles = [_tile(text) for text in args.tiles.split()] if args.tiles else None
     except ValueError as exc:
-        parser.error(f"--tiles: {exc} is not a tile; allowed: BLOCK_M,BLOCK_N,WARPS,STAGES[,WAVES] (positive integers)")
+        parser.error(
+            f"--tiles: {exc} is not a tile; allowed: BLOCK_M,BLOCK_N,WARPS,STAGES[,WAVES[,PARTS]] (positive integers;"
+            " WAVES 0 for the default, PARTS 1 or 2)"
+        )
+    if tiles and args.case not in ("decode", "mla", "prefix") and any(tile.parts != 1 for tile in tiles):
+        parser.error(f"--tiles: PARTS is the decode kernel's (--case decode, mla or prefix), not {args.case}'s")
     try:
         import triton
     except ImportError:

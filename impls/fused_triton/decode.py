@@ -13,7 +13,8 @@ whole number of key blocks, so a batch of 8 sequences with 8 kv heads still keep
 cache. More splits fill the SMs sooner but each writes B·Hq·Sq·Dv fp32 partials that the merge reads back
 (for MLA's 128 heads × 512 channels as many bytes as the latent cache itself at 32 splits), and a short
 split spends more of its time starting and storing: ``waves`` is tuned with the tile, each candidate of
-``DECODE_TILES`` / ``WIDE_TILES`` timed at every ``WAVE_CHOICES`` value (one compiled kernel per tile, the
+``DECODE_TILES`` / ``WIDE_TILES`` (and ``HALF_TILES``, MLA's value halves: two programs a block of rows and
+split, the split count sized for both) timed at every ``WAVE_CHOICES`` value (one compiled kernel per tile, the
 split count being a launch argument).
 """
 
@@ -52,6 +53,10 @@ PREFIX_TILES = ((64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2))
 # MLA's 576-wide latent cache: (BLOCK_M, BLOCK_N, num_warps, num_stages), fewer keys per block
 WIDE_TILES = ((16, 32, 4, 2), (32, 32, 4, 2), (32, 32, 8, 2), (64, 32, 8, 2), (64, 16, 8, 2), (64, 64, 8, 1),
               (32, 64, 8, 2), (16, 64, 4, 2), (64, 64, 8, 2), (32, 128, 8, 1), (64, 128, 8, 1))
+# The same with the value channels in two halves, a program each (``Tile.parts`` 2): 64 rows in one warp group
+# (wgmma's height: each program's 64 × 256 fp32 output 128 registers a thread) or two; 2–4 stages, the next key
+# blocks' copies in flight; 64×16×4×2 fits two programs an SM
+HALF_TILES = ((64, 16, 4, 2), (64, 16, 4, 4), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 2), (32, 32, 4, 3))
 # fmt: on
 INTERPRETER_TILE = Tile(16, 16, 1, 1)
 
@@ -167,7 +172,7 @@ def candidates(plan: Plan, interpreted: bool) -> list[Tile]:
     if interpreted:
         return [INTERPRETER_TILE]
     if plan.block_dt:
-        tiles = [Tile(*spec) for spec in WIDE_TILES]
+        tiles = [Tile(*spec) for spec in WIDE_TILES] + [Tile(*spec, parts=2) for spec in HALF_TILES]
     else:
         block_m = row_block(plan)
         tiles = [Tile(block_m, *spec) for spec in DECODE_TILES]
@@ -250,7 +255,7 @@ def decode_forward(
         """(splits, a launch of them into given partials at a split index) for one level."""
         kk, vv, page_table = keys
         blocks = cdiv(row_count, tile.block_m)
-        programs = sequences * plan.kv_heads * blocks
+        programs = sequences * plan.kv_heads * blocks * tile.parts
         count, per_split = split_count(
             programs, key_range[1] - key_range[0], tile.block_n, sms, min_keys, tile.waves or WAVES
         )
@@ -286,6 +291,7 @@ def decode_forward(
                 per_split,
                 base,
                 V_FROM_K=is_view_of(vv, kk) and plan.block_dv == plan.block_d,
+                VALUE_PARTS=tile.parts,
                 **flags,
                 **kind,
                 **tile.launch_kwargs(),
@@ -297,7 +303,8 @@ def decode_forward(
     # Triton 3.6 on sm_90 the 64×32×8×2 tile then takes 218 registers and spills nothing (rows-major: 255 and
     # 136 B spilled), P·V as wgmma over the 512 value channels; ab on an H200, B8 and B64: 0.963× and 0.962×.
     # A converted (fp8) cache stays rows-major: keys-major over the GQA fp8 cache measured 1.031× (slower);
-    # fp8 MLA unmeasured (its 64×32×8×2 tile: 243 registers, none spilled, against 255 and 1072 B rows-major)
+    # fp8 MLA unmeasured (its 64×32×8×2 tile: 243 registers, none spilled, against 255 and 1072 B rows-major).
+    # A tile of value halves (``Tile.parts`` 2) runs rows-major: its 64 rows are wgmma's height in one warp group
     keys_major = is_view_of(v_src, k_src) and plan.block_dt > 0 and plan.kv_dtype == plan.dtype
 
     def launch(tile: Tile) -> int:
@@ -333,7 +340,7 @@ def decode_forward(
                 KV_SCALED=scaled,
                 SCALE_ONCE=once,
                 PREFIX=False,
-                KEYS_MAJOR=keys_major,
+                KEYS_MAJOR=keys_major and tile.parts == 1,
             )
         )
         splits = sum(count for count, _ in levels)

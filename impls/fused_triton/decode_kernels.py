@@ -22,6 +22,10 @@ per query head it would read the whole cache once per head of a GQA group. These
   in the forward kernel (``kernels._attend``).
 * **MLA** (``SPLIT_D``, ``V_FROM_K``): the 576-wide product as 512 + 64 and the values taken from the key
   tile's first 512 channels: the latent cache is read once per split.
+* **Value halves** (``VALUE_PARTS`` 2, a tile's ``parts``): MLA's 64 × 512 fp32 output is 256 registers a thread
+  over one warp group, so each of two programs keeps half the value channels (128 a thread at 4 warps), computing
+  the scores over all 576 channels itself (the q·kᵀ products twice, the key tile read by both from L2): a
+  64-row tile in one warp group, the products on wgmma with 32–64 keys a block, no 16-key slices per group.
 * **A shared prefix** (``PREFIX``): the same kernel over the prefix's one copy, a program's rows taken
   from every sequence (the kv head's B·G·Sq rows, ``BLOCK_M`` at a time), the prefix's keys split across
   the SMs like any other; each sequence's own keys after it are a second launch. Both write partials.
@@ -148,6 +152,7 @@ def _decode_block(
     l_i,
     q,
     q_tail,
+    q_other,
     K,
     V,
     b,
@@ -156,9 +161,11 @@ def _decode_block(
     offs_n,
     offs_d,
     offs_t,
+    offs_o,
     offs_dv,
     d_ok,
     t_ok,
+    o_ok,
     dv_ok,
     positions,
     lo,
@@ -200,6 +207,7 @@ def _decode_block(
     INPUT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     KEYS_MAJOR: tl.constexpr,
+    VALUE_PARTS: tl.constexpr,
 ):
     """One block of keys into the tile's running (acc, m, l), as ``kernels._attend`` with the keys' rows
     found through the page table when paged. Rows-major the products are S = q·kᵀ (rows × keys) and
@@ -207,7 +215,10 @@ def _decode_block(
     (BLOCK_DV, BLOCK_M) and ``q`` (BLOCK_D, BLOCK_M) transposed by the caller. Keys-major is taken for MLA's
     latent cache (``decode.decode_forward`` says why and what ab measured): Oᵀ's rows are the 512 value
     channels, wgmma's shape, and the tile holds fewer live registers; both ways handle every feature here
-    (pages, scales, masks) and are checked against float64 in the interpreter."""
+    (pages, scales, masks) and are checked against float64 in the interpreter. With ``VALUE_PARTS`` 2 the head
+    dim's first BLOCK_D channels come in two halves, this program's own (``offs_d``: its values' channels too,
+    ``offs_dv``) and the other's (``offs_o``, with ``q_other``): the scores over all of them, the output over its
+    own half only."""
     keys = start_n + offs_n
     key_ok = (keys >= key_lo) & (keys < key_hi)
     k_rows, page = _key_pointers(
@@ -215,6 +226,9 @@ def _decode_block(
     )
     k = _keys_tile(k_rows, offs_d, stride_kd, key_ok, d_ok, MASKED, not EVEN_D, KEYS_MAJOR)
     qk = _score_dot(q, k, None, INPUT_PRECISION, UPCAST, KEYS_MAJOR)  # rows × keys, or keys × rows
+    if VALUE_PARTS == 2:  # the other program's half of the channels: scores only
+        k_other = _keys_tile(k_rows, offs_o, stride_kd, key_ok, o_ok, MASKED, not EVEN_D, KEYS_MAJOR)
+        qk = _score_dot(q_other, k_other, qk, INPUT_PRECISION, UPCAST, KEYS_MAJOR)
     if SPLIT_D:  # the head dim's tail channels (MLA's 64 rope channels after its 512)
         k_tail = _keys_tile(k_rows, offs_t, stride_kd, key_ok, t_ok, MASKED, True, KEYS_MAJOR)
         qk = _score_dot(q_tail, k_tail, qk, INPUT_PRECISION, UPCAST, KEYS_MAJOR)
@@ -324,6 +338,7 @@ def _decode_split_kernel(
     FP16_DOTS: tl.constexpr,
     PREFIX: tl.constexpr,
     KEYS_MAJOR: tl.constexpr,
+    VALUE_PARTS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -331,8 +346,11 @@ def _decode_split_kernel(
 ):
     """Keys [key_start, key_end) of each (sequence, kv head), split ``keys_per_split`` a program: partial
     outputs and log-sum-exps at split index ``split_base`` + the program's split. ``PREFIX``: the keys are a
-    shared prefix's one copy (K, V of one sequence) and a program's rows come from every sequence."""
-    program = tl.program_id(0)  # (key sequence, kv head, block of rows)
+    shared prefix's one copy (K, V of one sequence) and a program's rows come from every sequence.
+    ``VALUE_PARTS`` 2 (a head dim split past 256, values in its first BLOCK_D channels: MLA's): two programs a
+    block of rows and split, each the scores over every channel and the output over its half of the values."""
+    program = tl.program_id(0) // VALUE_PARTS  # (key sequence, kv head, block of rows)
+    part = tl.program_id(0) % VALUE_PARTS  # which half of the value channels (VALUE_PARTS 2)
     split = tl.program_id(1)
     block = program % head_blocks
     seq = program // head_blocks // kv_heads  # the keys' sequence (the prefix's one copy: 0)
@@ -353,10 +371,12 @@ def _decode_split_kernel(
     h = kv_h * gqa_group + local // seq_q  # the query head
     positions = local % seq_q  # the query position
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_d = part * (BLOCK_D // VALUE_PARTS) + tl.arange(0, BLOCK_D // VALUE_PARTS)
+    offs_o = (1 - part) * (BLOCK_D // VALUE_PARTS) + tl.arange(0, BLOCK_D // VALUE_PARTS)  # the other half's
+    offs_dv = part * (BLOCK_DV // VALUE_PARTS) + tl.arange(0, BLOCK_DV // VALUE_PARTS)
     offs_t = BLOCK_D + tl.arange(0, BLOCK_DT)
     d_ok = offs_d < HEAD_DIM
+    o_ok = offs_o < HEAD_DIM
     t_ok = offs_t < HEAD_DIM
     dv_ok = offs_dv < HEAD_DIM_V
 
@@ -374,14 +394,19 @@ def _decode_split_kernel(
     q_rows = (Q + _offsets(b, stride_qb) + _offsets(h, stride_qh) + _offsets(positions, stride_qm))[:, None]
     q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     q_tail = q
+    q_other = q
     if SPLIT_D:
         q_tail = tl.load(q_rows + offs_t[None, :] * stride_qd, mask=row_ok[:, None] & t_ok[None, :], other=0.0)
+    if VALUE_PARTS == 2:
+        q_other = tl.load(q_rows + offs_o[None, :] * stride_qd, mask=row_ok[:, None] & o_ok[None, :], other=0.0)
     if FP16_DOTS:  # an fp8 cache under a bf16 q: fp8 converts to fp16 in one instruction, exactly
         q = q.to(tl.float16)
         q_tail = q_tail.to(tl.float16)
+        q_other = q_other.to(tl.float16)
     if KEYS_MAJOR:  # the products' second operand: (BLOCK_D, BLOCK_M)
         q = tl.trans(q)
         q_tail = tl.trans(q_tail)
+        q_other = tl.trans(q_other)
     k_scale = KScale
     v_scale = VScale
     k_mul = 1.0
@@ -400,9 +425,9 @@ def _decode_split_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     if KEYS_MAJOR:
-        acc = tl.zeros([BLOCK_DV, BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_DV // VALUE_PARTS, BLOCK_M], dtype=tl.float32)
     else:
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV // VALUE_PARTS], dtype=tl.float32)
     for start_n in range(start, full_start, BLOCK_N):
         acc, m_i, l_i = _decode_block(
             acc,
@@ -410,6 +435,7 @@ def _decode_split_kernel(
             l_i,
             q,
             q_tail,
+            q_other,
             K,
             V,
             seq,
@@ -418,9 +444,11 @@ def _decode_split_kernel(
             offs_n,
             offs_d,
             offs_t,
+            offs_o,
             offs_dv,
             d_ok,
             t_ok,
+            o_ok,
             dv_ok,
             positions,
             lo,
@@ -462,6 +490,7 @@ def _decode_split_kernel(
             INPUT_PRECISION,
             UPCAST,
             KEYS_MAJOR,
+            VALUE_PARTS,
         )
     for start_n in range(full_start, full_end, BLOCK_N):
         acc, m_i, l_i = _decode_block(
@@ -470,6 +499,7 @@ def _decode_split_kernel(
             l_i,
             q,
             q_tail,
+            q_other,
             K,
             V,
             seq,
@@ -478,9 +508,11 @@ def _decode_split_kernel(
             offs_n,
             offs_d,
             offs_t,
+            offs_o,
             offs_dv,
             d_ok,
             t_ok,
+            o_ok,
             dv_ok,
             positions,
             lo,
@@ -522,6 +554,7 @@ def _decode_split_kernel(
             INPUT_PRECISION,
             UPCAST,
             KEYS_MAJOR,
+            VALUE_PARTS,
         )
     for start_n in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = _decode_block(
@@ -530,6 +563,7 @@ def _decode_split_kernel(
             l_i,
             q,
             q_tail,
+            q_other,
             K,
             V,
             seq,
@@ -538,9 +572,11 @@ def _decode_split_kernel(
             offs_n,
             offs_d,
             offs_t,
+            offs_o,
             offs_dv,
             d_ok,
             t_ok,
+            o_ok,
             dv_ok,
             positions,
             lo,
@@ -582,13 +618,15 @@ def _decode_split_kernel(
             INPUT_PRECISION,
             UPCAST,
             KEYS_MAJOR,
+            VALUE_PARTS,
         )
 
     seen = l_i > 0.0
     norm = v_mul / tl.where(seen, l_i, 1.0)
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
     row = _offsets(split_base + split, rows) + (b * heads + h) * seq_q + positions  # (split, b, h, i)
-    tl.store(PartLse + row, lse, mask=row_ok)
+    if part == 0:  # both halves' (up to rounding): the first's
+        tl.store(PartLse + row, lse, mask=row_ok)
     if KEYS_MAJOR:
         out_ptrs = PartOut + (row * HEAD_DIM_V)[None, :] + offs_dv[:, None]
         tl.store(out_ptrs, acc * norm[None, :], mask=row_ok[None, :] & dv_ok[:, None])

@@ -61,15 +61,21 @@ class Tile:
     # the decode kernels only: programs per SM their keys are split for (0: ``decode.WAVES``); a launch
     # parameter, not a compiled one, so tiles differing only here share one kernel
     waves: int = 0
+    # the decode kernel only: programs a block of rows and split, each with its share of the value channels
+    # (``decode_kernels``' ``VALUE_PARTS``: 2 for a head dim split past 256, MLA's)
+    parts: int = 1
 
-    def __repr__(self) -> str:  # as the dataclass's, ``waves`` only where set
-        names = ("block_m", "block_n", "num_warps", "num_stages") + (("waves",) if self.waves else ())
+    def __repr__(self) -> str:  # as the dataclass's, ``waves`` and ``parts`` only where set
+        names = ("block_m", "block_n", "num_warps", "num_stages", "waves", "parts")[: len(self.fields())]
         return f"Tile({', '.join(f'{name}={getattr(self, name)}' for name in names)})"
 
     def fields(self) -> tuple[int, ...]:
-        """The tile as stored: its numbers, ``waves`` only where set (so other kernels' files read as before)."""
+        """The tile as stored: its numbers, ``waves`` and ``parts`` only where set (so other kernels' files read
+        as before)."""
         numbers = dataclasses.astuple(self)
-        return numbers if self.waves else numbers[:-1]
+        if self.parts != 1:
+            return numbers
+        return numbers[:5] if self.waves else numbers[:4]
 
     def launch_kwargs(self) -> dict[str, int]:
         return {
