@@ -7,6 +7,7 @@ clean; bad arguments get one line and exit status 2.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -116,6 +117,44 @@ def _clone_with_trials(tmp_path: Path, trials: dict[str, str]) -> Path:
     subprocess.run(["git", "add", "-A"], cwd=clone, check=True)
     subprocess.run([*GIT, "commit", "-qm", "t"], cwd=clone, check=True)
     return clone
+
+
+def test_editable_installs_this_clone_where_attnbench_is_imported_from_elsewhere(tmp_path):
+    """--editable: python3 (here a stand-in on PATH that logs its arguments) says attnbench lies elsewhere, so
+    this clone is installed editable before any trial runs; once it says this clone, nothing is installed."""
+    clone = _clone_with_trials(tmp_path, {"quick": "run: echo judged"})
+    bin_dir, log = tmp_path / "bin", tmp_path / "python3.log"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "python3"
+    stand_in.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {log}\n'
+        'case "$*" in *"pip install"*) touch "$PWD/.installed"; exit 0 ;; esac\n'
+        'if [ -e "$PWD/.installed" ]; then echo "$PWD"; else echo /usr/lib/python3/site-packages; fi\n'
+    )
+    stand_in.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def judge() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "trials/judge.sh", "--editable", "--out", str(tmp_path / "out"), "--commit-tree", "quick"],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    done = judge()
+    assert done.returncode == 0, done.stderr
+    assert "installing it editable" in done.stderr and "quick| judged" in done.stdout
+    pips = [line for line in log.read_text().splitlines() if "pip install" in line]
+    assert pips == ["-m pip install -q --no-deps --no-build-isolation --no-index -e ."]
+    log.unlink()
+    done = judge()  # now imported from the clone: no install
+    assert done.returncode == 0 and "installing" not in done.stderr
+    assert "pip install" not in log.read_text()
 
 
 def test_an_interrupted_trial_is_taken_back(tmp_path):

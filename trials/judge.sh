@@ -4,7 +4,7 @@
 # patch taken back. What each printed goes to OUT/NAME/log.txt (its last 25 lines echoed as "NAME| …"), and a
 # summary to OUT/summary.txt, said again at the end.
 #
-#   bash trials/judge.sh [--out DIR] [--tar FILE] [--deadline-s S] [--commit-tree] [--dry-run] [--list] [NAME …]
+#   bash trials/judge.sh [--out DIR] [--tar FILE] [--deadline-s S] [--commit-tree] [--editable] [--dry-run] [--list] [NAME …]
 #
 # --out DIR      where the results go (default runs/trials under the repository; a relative DIR is taken from
 #                where you are); each run line sees OUT/NAME as $TRIAL_OUT
@@ -16,6 +16,8 @@
 #                run: the call ends in time to return what it has
 # --commit-tree  commit the working tree first (a GPU machine's copied tree, whose .git may lag its files):
 #                without it a tree with changes is refused, since `ab --base HEAD` would judge them too
+# --editable     where attnbench is imported from elsewhere (the GPU machine's setup.sh installs a copy), first
+#                install this clone editable (pip, no index): `ab --base` needs the working tree's attnbench
 # --dry-run      apply and take back each patch, print its run lines, run nothing
 # --list         the queued trials, one line each
 # NAME …         only these trials (default: all, in name order)
@@ -33,6 +35,7 @@ out=$PWD/runs/trials
 tarball=
 deadline=0
 commit_tree=0
+editable=0
 dry_run=0
 list=0
 names=()
@@ -54,13 +57,14 @@ while [ $# -gt 0 ]; do
         shift 2
         ;;
     --commit-tree) commit_tree=1 && shift ;;
+    --editable) editable=1 && shift ;;
     --dry-run) dry_run=1 && shift ;;
     --list) list=1 && shift ;;
     -h | --help)
         awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
         exit 0
         ;;
-    -*) die "unknown option $1; allowed: --out DIR, --tar FILE, --deadline-s S, --commit-tree, --dry-run, --list, trial names" ;;
+    -*) die "unknown option $1; allowed: --out DIR, --tar FILE, --deadline-s S, --commit-tree, --editable, --dry-run, --list, trial names" ;;
     *) names+=("$1") && shift ;;
     esac
 done
@@ -98,6 +102,22 @@ if [ -n "$(git status --porcelain)" ]; then
             die "could not commit the tree"
     elif [ "$dry_run" = 0 ]; then
         die "the working tree has changes: ab --base HEAD would judge them too; commit them, or pass --commit-tree"
+    fi
+fi
+
+# `ab --base HEAD` imports the working tree's attnbench from this clone: the GPU machine's setup.sh installs a
+# copy into site-packages instead, and then every `ab` stops at "not in a git repository" (session 26's first call).
+if [ "$editable" = 1 ] && [ "$dry_run" = 0 ]; then
+    imported_from() {
+        python3 -c "import pathlib, attnbench.impls.fused_triton as m; print(pathlib.Path(m.__file__).resolve().parents[2])" \
+            2>/dev/null
+    }
+    if [ "$(imported_from)" != "$(realpath .)" ]; then
+        echo "judge.sh: attnbench is imported from '$(imported_from)', not this clone: installing it editable" >&2
+        log=$(mktemp)
+        python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$log" 2>&1 ||
+            die "pip install -e . failed: $(tail -3 "$log" | tr '\n' ' ')"
+        [ "$(imported_from)" = "$(realpath .)" ] || die "attnbench is still imported from '$(imported_from)'"
     fi
 fi
 
