@@ -41,6 +41,15 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--threads {args.threads}: must be a positive integer")
 
 
+def progress_line(index: int, total: int, case: ab.AbCase, label: str) -> str:
+    """A case's line as it is judged: its verdict and ratio (or why it has none), and where the two sides chose
+    differently (a tuned contender's tiles), what each chose."""
+    shown = f"{case.paired.ratio:.3f}" if case.paired else case.reason
+    if case.choice_a != case.choice_b:
+        shown += f" (A chose {case.choice_a or '-'}; B chose {case.choice_b or '-'})"
+    return f"[{index + 1}/{total}] {label}: {case.verdict} {shown}"
+
+
 def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out: Path) -> int:
     check_flags(args)
     out = Path(args.out) if args.out else default_out
@@ -65,8 +74,7 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_ou
             if args.json:
                 print(json.dumps(record), flush=True)
             else:
-                shown = f"{case.paired.ratio:.3f}" if case.paired else case.reason
-                print(f"[{index + 1}/{len(workloads)}] {record['workload']}: {case.verdict} {shown}", file=sys.stderr)
+                print(progress_line(index, len(workloads), case, record["workload"]), file=sys.stderr)
 
         cases = ab.run_ab(a, b, workloads, options, report)
     records = [case.record(a, b, args.threshold) for case in cases]

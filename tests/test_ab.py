@@ -1,6 +1,7 @@
 """`attnbench ab`: the verdict on fabricated paired rounds, the command end to end (A/A of bmm, and one
 plugin at two git revisions), its figure, and bad input (one line, exit 2, nothing written)."""
 
+import dataclasses
 import json
 import math
 import os
@@ -489,3 +490,45 @@ def test_both_versions_read_the_same_inputs_not_a_copy_each():
     )
     assert case.verdict in ("same", "unclear") and case.paired is not None
     assert len(a.seen) == len(b.seen) == 1 and a.seen[0] is b.seen[0]
+
+
+class Choosing(Contender):
+    """The registered bmm, saying a choice it makes on its first call (as a tuned kernel picks a tile)."""
+
+    name = "choosing"
+    capabilities = Capabilities(devices=frozenset({"cpu"}), masks=frozenset({"none"}))
+
+    def __init__(self, tile: str) -> None:
+        self.tile = tile
+
+    def prepare(self, inputs, workload):
+        inner = registry.get("bmm").contender.prepare(inputs, workload)
+        chosen: list[str] = []
+
+        def run():
+            chosen[:] = [self.tile]  # chosen at the first call, as fused_triton's prefix level is
+            return inner()
+
+        run.choice = lambda: " ".join(chosen)
+        return run
+
+
+def test_each_side_says_the_tile_it_ran_in_the_record_and_the_progress_line(capsys):
+    """A tuned contender's sides may choose differently (session 26: a re-tuned side 4-5 % off a kept one): the
+    record keeps each side's choice, read after the first call, and the progress line says it where they differ."""
+    from attnbench.reports.ab_command import progress_line
+    from attnbench.runner.ab import AbOptions, Version, run_case, sweep_workloads
+    from attnbench.runner.cases import prepare_checked
+
+    (workload,) = sweep_workloads(None, {"heads": [2], "seq": [64], "head_dim": [16]})
+    a, b = Version("a", Choosing("fwd 64,64,4,2"), "registered"), Version("b", Choosing("fwd 128,64,8,3"), "registered")
+    case = run_case(a, b, workload, AbOptions(threshold=0.5, budget_s=0.05))
+    record = case.record(a, b, 0.5)
+    assert (record["choice_a"], record["choice_b"]) == ("fwd 64,64,4,2", "fwd 128,64,8,3")
+    line = progress_line(0, 3, case, record["workload"])
+    assert line.startswith(f"[1/3] {record['workload']}: {case.verdict} ")
+    assert line.endswith(" (A chose fwd 64,64,4,2; B chose fwd 128,64,8,3)")
+    same = dataclasses.replace(case, choice_b=case.choice_a)
+    assert "chose" not in progress_line(0, 3, same, "w")  # the same choice: nothing to say
+    assert prepare_checked("bmm", workload, contender=Choosing("x")).choice == "x"
+    assert prepare_checked("bmm", workload).choice == ""  # a contender that says nothing

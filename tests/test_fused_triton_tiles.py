@@ -367,3 +367,11 @@ def test_the_launchers_integer_helpers_are_tritons_without_a_jit_call():
     for a in range(0, 600):
         assert _triton_tiles.next_power_of_2(a) == triton.next_power_of_2(a), a
         assert all(_triton_tiles.cdiv(a, b) == triton.cdiv(a, b) for b in (1, 2, 3, 16, 64, 128, 1000)), a
+
+
+def test_the_run_says_the_tiles_it_chose(mocked_gpu):
+    """run.choice, what a results row's ``choice`` column and ``ab``'s choice_a/choice_b say: each kernel's tile."""
+    w = Workload(2, 4, 2, 1000, 1000, 64, dtype="bfloat16", mask="causal", pass_="fwd_bwd")
+    run = contender.prepare(make_inputs(w, requires_grad=True), w)
+    said = dict(part.split(" ") for part in run.choice().split("; "))
+    assert said == {"fwd": "128,64,8,3", "dkdv": "64,128,8,2", "dq": "128,64,8,2"}

@@ -298,3 +298,14 @@ def test_history_finds_the_real_step_at_its_run_and_none_in_the_steady_series():
         assert found["aa_series"] == 12 and found["aa_steps"] == 0
         assert found["step_series"] == 4 and found["step_found"] == 4 and found["step_elsewhere"] == 0
         assert found["step_change_pct"] == pytest.approx(10, abs=2)
+
+
+def test_repeats_keep_every_choice_their_processes_made():
+    """A tuned contender's processes may choose different tiles: the merged row names each once, in order."""
+    w = WORKLOADS[0]
+    rows = [
+        make_row("bmm", w, "ok", median_ms=m, iqr_ms=0.1, n_samples=10, samples_ms=[m], choice=c)
+        for m, c in ((1.0, "fwd 64,64,4,2"), (1.2, "fwd 128,64,8,3"), (1.1, "fwd 64,64,4,2"))
+    ]
+    assert merge_repeats(rows)["choice"] == "fwd 64,64,4,2 | fwd 128,64,8,3"
+    assert merge_repeats([{**row, "choice": None} for row in rows])["choice"] is None

@@ -291,6 +291,7 @@ class FusedTriton(Contender):
             return attend(inputs.q, inputs.k, inputs.v, plan, inputs.sinks, inputs.prefix_kv, pages)
 
         run.plan = plan  # type: ignore[attr-defined]  # the tiles it launches, for tests and reports
+        run.choice = plan.chosen_tiles  # type: ignore[attr-defined]  # read after the first call (contract.choice_of)
         return run
 
 

@@ -229,6 +229,11 @@ class Plan:
         self.kv_dtype = self.kv_dtype or self.dtype
         self.out_dtype = self.out_dtype or self.dtype
 
+    def chosen_tiles(self) -> str:
+        """The tiles this plan launches, by kernel, spelled as ``compile_report --tiles`` takes them
+        (``BLOCK_M,BLOCK_N,WARPS,STAGES[,WAVES[,PARTS]]``): "fwd 128,64,8,3; dkdv 64,128,8,2"."""
+        return "; ".join(f"{kernel} {','.join(map(str, tile.fields()))}" for kernel, tile in self.tiles.items())
+
     @property
     def block_d(self) -> int:
         """The head dim's (main) tile: padded to a power of two, or a wide head dim's power-of-two part."""

@@ -172,7 +172,19 @@ class Contender(abc.ABC):
         """Do all set-up, then return the zero-argument callable that computes the (B, Hq, Sq, Dv) output.
         The callable reads ``inputs.k`` and ``inputs.v`` (those tensors, not copies made here): for a paged
         workload this contender does not read natively, the harness writes the gathered pages into them
-        before each call."""
+        before each call.
+
+        The callable may carry a ``choice``: a string, or a zero-argument callable giving one, saying what the
+        contender chose for this workload (a tuned tile, a backend), read after its first call
+        (``choice_of``); results keep it in their ``choice`` column and ``ab`` beside each side's time."""
+
+
+def choice_of(fn: Callable[[], object]) -> str:
+    """What a prepared callable says it chose (its ``choice``, called if callable); '' where it says nothing."""
+    choice = getattr(fn, "choice", None)
+    if callable(choice):
+        choice = choice()
+    return "" if choice is None else str(choice)
 
 
 __all__ = [
@@ -185,6 +197,7 @@ __all__ = [
     "Capabilities",
     "Contender",
     "Unsupported",
+    "choice_of",
     "output_bytes",
     "score_matrix_bytes",
 ]

@@ -48,6 +48,7 @@ def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
         unstable=any(bool(row.get("unstable")) for row in rows),
         first_call_ms=rows[0].get("first_call_ms"),
         setup_ms=rows[0].get("setup_ms"),
+        choice=" | ".join(dict.fromkeys(str(row["choice"]) for row in rows if row.get("choice"))) or None,
     )
     merged.update(_repeat_yardsticks(rows))
     for column in ("max_abs_err", "grad_err", "peak_mem_mb"):

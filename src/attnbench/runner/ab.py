@@ -200,6 +200,8 @@ class AbCase:
     paired: PairedRatio | None = None
     samples_a_ms: list[float] = field(default_factory=list)
     samples_b_ms: list[float] = field(default_factory=list)
+    choice_a: str = ""  # what each side chose (contract.choice_of: a tuned tile, a backend), '' if it says nothing
+    choice_b: str = ""
 
     def record(self, a: Version, b: Version, threshold: float) -> dict[str, Any]:
         """The case as the JSON line, the CSV row and the figure read it."""
@@ -219,6 +221,8 @@ class AbCase:
             "median_a_ms": float(np.median(self.samples_a_ms[:n])) if n else None,
             "median_b_ms": float(np.median(self.samples_b_ms[:n])) if n else None,
             "reason": self.reason,
+            "choice_a": self.choice_a,
+            "choice_b": self.choice_b,
             **self.workload.as_row(),
         }
 
@@ -259,6 +263,7 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
         return AbCase(workload, "error", f"inputs: {_reason(exc)}")
     fns: dict[str, Callable[[], object]] = {}
     estimates: dict[str, float] = {}
+    choices: dict[str, str] = {}
     for key, version in (("a", a), ("b", b)):
         try:
             prepared = prepare_checked(version.name, workload, options.seed, inputs, version.contender)
@@ -271,6 +276,7 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
         except Exception as exc:  # a contender may fail in any way; the sweep goes on
             return AbCase(workload, "error", f"{version.name}: {_reason(exc)}")
         fns[key] = prepared.fn
+        choices[key] = prepared.choice
     if workload.device == "cuda":
         graphs = workload.pass_ == "fwd"  # autograd's streams don't capture
         timings = time_cuda_rounds(
@@ -284,7 +290,9 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
             return AbCase(workload, "error", f"{version.name}: {_reason(timing.cause)}")
     samples_a, samples_b = (judged_samples(timings[key], options.cold) for key in ("a", "b"))  # type: ignore[arg-type]
     paired = paired_ratio(samples_a, samples_b, options.seed)
-    return AbCase(workload, verdict(paired, options.threshold), "", paired, samples_a, samples_b)
+    return AbCase(
+        workload, verdict(paired, options.threshold), "", paired, samples_a, samples_b, choices["a"], choices["b"]
+    )
 
 
 def judged_samples(timing: Timing, cold: bool) -> list[float]:

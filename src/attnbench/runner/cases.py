@@ -19,7 +19,7 @@ import torch
 
 from attnbench import errors
 from attnbench.contenders import registry
-from attnbench.contenders.contract import Contender, Unsupported
+from attnbench.contenders.contract import Contender, Unsupported, choice_of
 from attnbench.measure import _gpu_state as gpu_state
 from attnbench.measure import _yardsticks as yardsticks
 from attnbench.measure._ceilings import Ceilings
@@ -71,6 +71,7 @@ class Prepared:
     setup_ms: float
     first_call_ms: float
     grad_check: GradCheck | None = None
+    choice: str = ""  # what the contender chose for this workload (contract.choice_of), after its first call
 
     @property
     def ok(self) -> bool:
@@ -117,24 +118,26 @@ def prepare_checked(
         inputs = make_inputs(workload, seed=seed, requires_grad=workload.pass_ != "fwd")
     paged = inputs.paged  # the page pool is part of the inputs, built before set-up is timed
     start = time.perf_counter()
-    forward = contender.prepare(inputs, workload)
+    forward = own = contender.prepare(inputs, workload)  # own: the contender's callable, which says its choice
     if paged is not None and not contender.reads_pages(workload):  # the harness gathers, in the timed call
         forward = gathered(paged, inputs.k, inputs.v, forward)
     if workload.module == "mha":
         module = forward if contender.kind == "module" else wrap_core(forward, inputs)
         setup_ms = (time.perf_counter() - start) * 1e3
         first_call_ms, result = call_once_ms(module, workload.device)
-        return Prepared(module, check_module_output(inputs, result), setup_ms, first_call_ms)
+        check = check_module_output(inputs, result)
+        return Prepared(module, check, setup_ms, first_call_ms, choice=choice_of(own))
     fn: Callable[[], object] = _passes(inputs, forward)
     setup_ms = (time.perf_counter() - start) * 1e3
     first_call_ms, result = call_once_ms(fn, workload.device)  # compilation, autotuning, lazy init
     reference = contender.reference_output
+    choice = choice_of(own)  # after the first call: a tile may be chosen there
     if workload.pass_ == "fwd":
-        return Prepared(fn, check_output(inputs, result, reference), setup_ms, first_call_ms)
+        return Prepared(fn, check_output(inputs, result, reference), setup_ms, first_call_ms, choice=choice)
     with torch.no_grad():
         output = forward()
     grad_check = check_grads(inputs, result)
-    return Prepared(fn, check_output(inputs, output, reference), setup_ms, first_call_ms, grad_check)
+    return Prepared(fn, check_output(inputs, output, reference), setup_ms, first_call_ms, grad_check, choice)
 
 
 def run_case(impl: str, workload: Workload, options: RunOptions) -> dict[str, Any]:
@@ -327,6 +330,7 @@ def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready,
         grad_tol=grad_check.grad_tol if grad_check else None,
         setup_ms=prepared.setup_ms,
         first_call_ms=prepared.first_call_ms,
+        choice=prepared.choice or None,
         threads=options.threads,
         **{column: timing.yardsticks.get(name) for name, column in YARDSTICK_COLUMNS.items()},
         **{column: timing.gpu_state.get(column) for column in gpu_state.COLUMNS},

@@ -66,6 +66,7 @@ COLUMNS = [
     "grad_tol",
     "setup_ms",
     "first_call_ms",
+    "choice",
     "threads",
     "reproduce",
     "samples_ms",
