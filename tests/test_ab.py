@@ -514,7 +514,7 @@ class Choosing(Contender):
 
 
 def test_each_side_says_the_tile_it_ran_in_the_record_and_the_progress_line(capsys):
-    """A tuned contender's sides may choose differently (session 26: a re-tuned side 4-5 % off a kept one): the
+    """A tuned contender's sides may choose differently (a side that re-tunes beside one that reuses a kept tile): the
     record keeps each side's choice, read after the first call, and the progress line says it where they differ."""
     from attnbench.reports.ab_command import progress_line
     from attnbench.runner.ab import AbOptions, Version, run_case, sweep_workloads

@@ -54,8 +54,8 @@ PREFIX_TILES = ((64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2))
 WIDE_TILES = ((16, 32, 4, 2), (32, 32, 4, 2), (32, 32, 8, 2), (64, 32, 8, 2), (64, 16, 8, 2), (64, 64, 8, 1),
               (32, 64, 8, 2), (16, 64, 4, 2), (64, 64, 8, 2), (32, 128, 8, 1), (64, 128, 8, 1))
 # The same with the value channels in two halves, a program each (``Tile.parts`` 2): 64 rows in one warp group
-# (wgmma's height: each program's 64 × 256 fp32 output 128 registers a thread) or two; 2–4 stages, the next key
-# blocks' copies in flight; 64×16×4×2 fits two programs an SM
+# (wgmma's height: each program's 64 × 256 fp32 output 128 registers a thread) or two, one of 32 rows; 2–4
+# stages, the next key blocks' copies in flight; 64×16×4×2 fits two programs an SM
 HALF_TILES = ((64, 16, 4, 2), (64, 16, 4, 4), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 2), (32, 32, 4, 3))
 # fmt: on
 INTERPRETER_TILE = Tile(16, 16, 1, 1)
