@@ -532,3 +532,6 @@ def test_each_side_says_the_tile_it_ran_in_the_record_and_the_progress_line(caps
     assert "chose" not in progress_line(0, 3, same, "w")  # the same choice: nothing to say
     assert prepare_checked("bmm", workload, contender=Choosing("x")).choice == "x"
     assert prepare_checked("bmm", workload).choice == ""  # a contender that says nothing
+    broken = Choosing("x")
+    broken.tile = None  # its choice() raises (" ".join of [None]): the case still runs, its choice is ''
+    assert prepare_checked("bmm", workload, contender=broken).choice == ""

@@ -108,9 +108,9 @@ fi
 # `ab --base HEAD` imports the working tree's attnbench from this clone: the GPU machine's setup.sh installs a
 # copy into site-packages instead, and then every `ab` stops at "not in a git repository" (session 26's first call).
 if [ "$editable" = 1 ] && [ "$dry_run" = 0 ]; then
-    imported_from() {
-        python3 -c "import pathlib, attnbench.impls.fused_triton as m; print(pathlib.Path(m.__file__).resolve().parents[2])" \
-            2>/dev/null
+    imported_from() { # the folder attnbench.impls comes from: this clone's root, or a copy's site-packages
+        python3 -c "import pathlib, attnbench.impls as m; print(pathlib.Path(m.__file__).resolve().parents[1])" \
+            2>/dev/null || echo "(attnbench does not import)"
     }
     if [ "$(imported_from)" != "$(realpath .)" ]; then
         echo "judge.sh: attnbench is imported from '$(imported_from)', not this clone: installing it editable" >&2

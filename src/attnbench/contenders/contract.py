@@ -180,11 +180,15 @@ class Contender(abc.ABC):
 
 
 def choice_of(fn: Callable[[], object]) -> str:
-    """What a prepared callable says it chose (its ``choice``, called if callable); '' where it says nothing."""
-    choice = getattr(fn, "choice", None)
-    if callable(choice):
-        choice = choice()
-    return "" if choice is None else str(choice)
+    """What a prepared callable says it chose (its ``choice``, called if callable); '' where it says nothing.
+    A ``choice`` that raises says nothing either: the column informs, it never fails a case."""
+    try:
+        choice = getattr(fn, "choice", None)
+        if callable(choice):
+            choice = choice()
+        return "" if choice is None else str(choice)
+    except Exception:
+        return ""
 
 
 __all__ = [
