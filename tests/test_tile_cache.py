@@ -291,3 +291,13 @@ def test_a_decode_tile_keeps_its_waves_on_disk(timed, monkeypatch):
     halves = Tile(64, 32, 4, 3, waves=2, parts=2)  # MLA's value halves: all six numbers, read back as stored
     assert halves.fields() == (64, 32, 4, 3, 2, 2) and Tile(*halves.fields()) == halves
     assert repr(halves) == "Tile(block_m=64, block_n=32, num_warps=4, num_stages=3, waves=2, parts=2)"
+
+
+def test_the_tuning_keys_cover_the_launchers_too():
+    """A tile is tuned for a kernel as launched: the decode key hashes its launcher (split sizing, candidates) and
+    the prefill keys flash's, so a change to either tunes afresh instead of reusing a tile tuned under the old."""
+    from attnbench.impls.fused_triton import decode, decode_kernels, flash, kernels
+
+    assert flash.KERNEL_SOURCE == tile_cache.source_hash(kernels, flash) != tile_cache.source_hash(kernels)
+    assert flash.DECODE_SOURCE == tile_cache.source_hash(kernels, decode_kernels, decode, flash)
+    assert flash.DECODE_SOURCE != tile_cache.source_hash(kernels, decode_kernels, flash)

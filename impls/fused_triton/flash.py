@@ -34,7 +34,7 @@ A :class:`Plan` holds everything about a call that does not change between calls
 the device, flags, scale) and the tile chosen for each kernel; fused_triton builds it and tunes it in
 ``prepare`` (``plan.tune``), so each timed call launches ``kernel[grid](..., BLOCK_M=…, num_warps=…)``
 directly. Tile choice, pruning and the tuning cache are in ``tiles`` (kept on disk by ``tile_cache``, keyed
-by ``KERNEL_SOURCE``, the hash of ``kernels``' source: editing a kernel tunes its tiles afresh).
+by ``KERNEL_SOURCE``, the hash of ``kernels``' source and this launcher's: editing either tunes afresh).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import dataclasses
 import functools
 import math
 import os
+import sys
 from typing import Any
 
 import torch
@@ -92,10 +93,12 @@ def _interpreting() -> bool:
 
 INTERPRETED = _interpreting()
 KERNELS = ("fwd", "dkdv", "dq")
-# The source of the kernels launched here (fwd, prefix, dkdv, dq: one file; decode and its merge: another,
-# which uses the first's helpers), part of each tuning key
-KERNEL_SOURCE = source_hash(kernels)
-DECODE_SOURCE = source_hash(kernels, decode_kernels)
+# The sources that decide what a tile's launch does, part of each tuning key: the kernels launched here (fwd,
+# prefix, dkdv, dq: one file) and this launcher (grids, layouts, flags); the decode kernel and its merge add their
+# own file and its launcher, ``decode`` (split sizing, candidates). An edit to any of them tunes afresh: session 26's
+# split-rounding trial, a change to ``decode`` alone, ran main's tiles tuned under main's split rule.
+KERNEL_SOURCE = source_hash(kernels, sys.modules[__name__])
+DECODE_SOURCE = source_hash(kernels, decode_kernels, decode, sys.modules[__name__])
 
 
 def causal_offset(mask: str, seq_q: int, seq_k: int) -> int | None:
