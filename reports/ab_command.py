@@ -59,7 +59,7 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_ou
         devices = ",".join(sorted({w.device for w in workloads}))
         raise UsageError(f"--cold: L2-flushed samples are taken on a GPU only; the workloads' device is {devices}")
     threads = args.threads or torch.get_num_threads()
-    options = ab.AbOptions(args.threshold, args.budget_s, threads, args.seed, args.cold)
+    options = ab.AbOptions(args.threshold, args.budget_s, threads, args.seed, args.cold, args.keep_tuning)
     with tempfile.TemporaryDirectory(prefix="attnbench-ab-") as workdir:  # the base revision's files
         if args.a is not None:
             a, b = ab.registered_versions(args.a, args.b)
@@ -83,6 +83,7 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_ou
         "budget_s": args.budget_s,
         "seed": args.seed,
         "samples": "cold (L2 flushed before each call)" if args.cold else "warm (back-to-back calls)",
+        "tuning": "kept (choices tuned by earlier processes reused)" if args.keep_tuning else "fresh (both tuned here)",
     }
     meta = {
         "command_line": args.command_line,

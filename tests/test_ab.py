@@ -535,3 +535,42 @@ def test_each_side_says_the_tile_it_ran_in_the_record_and_the_progress_line(caps
     broken = Choosing("x")
     broken.tile = None  # its choice() raises (" ".join of [None]): the case still runs, its choice is ''
     assert prepare_checked("bmm", workload, contender=broken).choice == ""
+
+
+class Tuning(Contender):
+    """The registered bmm, remembering where tuned choices would be kept while it prepares."""
+
+    name = "tuning"
+    capabilities = Capabilities(devices=frozenset({"cpu"}), masks=frozenset({"none"}))
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str | None, bool]] = []
+
+    def prepare(self, inputs, workload):
+        from attnbench.measure.native_build import tuning_dir
+
+        folder = os.environ.get("ATTNBENCH_TUNING_DIR")
+        self.seen.append((folder, folder is not None and tuning_dir() == Path(folder) and Path(folder).is_dir()))
+        return registry.get("bmm").contender.prepare(inputs, workload)
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["fresh", "kept"])
+def test_both_sides_tune_in_one_folder_of_the_runs_own_unless_kept(keep, monkeypatch):
+    """A choice one side kept from an earlier process beside one the other tunes now puts the tuning's luck in the
+    ratio: by default both tune here, in one empty folder (removed after, the variable as it was); --keep-tuning
+    reuses what is kept."""
+    from attnbench.runner.ab import AbOptions, Version, run_ab, sweep_workloads
+
+    monkeypatch.delenv("ATTNBENCH_TUNING_DIR", raising=False)
+    a, b = Tuning(), Tuning()
+    workloads = sweep_workloads(None, {"heads": [2], "seq": [64, 96], "head_dim": [16]})
+    options = AbOptions(threshold=0.5, budget_s=0.05, keep_tuning=keep)
+    run_ab(Version("a", a, "registered"), Version("b", b, "registered"), workloads, options)
+    seen = a.seen + b.seen
+    assert len(seen) == 4 and "ATTNBENCH_TUNING_DIR" not in os.environ
+    if keep:
+        assert seen == [(None, False)] * 4
+    else:
+        folders = {folder for folder, _ in seen}
+        assert len(folders) == 1 and all(ok for _, ok in seen)  # one folder, both sides, every case
+        assert not Path(folders.pop()).exists()  # removed after

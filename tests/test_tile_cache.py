@@ -301,3 +301,12 @@ def test_the_tuning_keys_cover_the_launchers_too():
     assert flash.KERNEL_SOURCE == tile_cache.source_hash(kernels, flash) != tile_cache.source_hash(kernels)
     assert tile_cache.source_hash(kernels, decode_kernels, decode, flash) == flash.DECODE_SOURCE
     assert tile_cache.source_hash(kernels, decode_kernels, flash) != flash.DECODE_SOURCE
+
+
+def test_the_tiles_live_under_the_tuning_folder_where_one_is_set(monkeypatch, tmp_path):
+    """$ATTNBENCH_TUNING_DIR (what `attnbench ab` sets, a folder of its own) before $ATTNBENCH_CACHE_DIR."""
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ATTNBENCH_TUNING_DIR", raising=False)
+    assert tile_cache.folder() == tmp_path / "cache" / "tiles"
+    monkeypatch.setenv("ATTNBENCH_TUNING_DIR", str(tmp_path / "ab"))
+    assert tile_cache.folder() == tmp_path / "ab" / "tiles"

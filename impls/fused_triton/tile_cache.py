@@ -5,8 +5,8 @@ kept only in memory is tuned again by every process and every run (issue 37's ru
 2.11.0+cu130, triton 3.6.0: fused_triton's ``setup_ms`` was 0.4–30 s per case). This module is the store under
 ``tiles``' in-memory dictionary; what goes into a key, and when to tune, is ``tiles``' business.
 
-* **Where**: ``$ATTNBENCH_CACHE_DIR/tiles/`` (default ``~/.cache/attnbench/tiles/``, the folder
-  ``attnbench.measure.native_build.cache_dir`` names for every cache of attnbench), one file per key,
+* **Where**: ``$ATTNBENCH_TUNING_DIR/tiles/``, else ``$ATTNBENCH_CACHE_DIR/tiles/`` (default
+  ``~/.cache/attnbench/tiles/``; ``attnbench.measure.native_build.tuning_dir``), one file per key,
   ``<label>-<digest>.json``: the label says which kernel (``fwd-…``, ``dq-…``), the digest is the SHA-256 of
   the key's canonical JSON. The file holds the key itself (``"key"``: read back and compared, so a digest
   collision or a stale file can't hand over another key's tile) and the value (``"value"``).
@@ -30,14 +30,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from attnbench.measure.native_build import cache_dir
+from attnbench.measure.native_build import tuning_dir
 
 FOLDER = "tiles"
 
 
 def folder() -> Path:
-    """The folder the tuned tiles live in (read from the environment each time: tests point it elsewhere)."""
-    return cache_dir() / FOLDER
+    """The folder the tuned tiles live in (read from the environment each time: tests and ``ab`` point it
+    elsewhere)."""
+    return tuning_dir() / FOLDER
 
 
 def canonical(key: Any) -> str:

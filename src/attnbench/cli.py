@@ -540,6 +540,12 @@ def _add_ab_command(commands: Any) -> None:
         help="GPU: judge the samples taken with L2 flushed before each call (as a layer's step finds it in a model), "
         "not back-to-back calls",
     )
+    p_ab.add_argument(
+        "--keep-tuning",
+        action="store_true",
+        help="reuse the choices tuned contenders kept on disk (fused_triton's tiles) instead of tuning both sides "
+        "afresh in this run",
+    )
     p_ab.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
     p_ab.add_argument("--seed", type=int, default=0, help="input and bootstrap seed (default 0)")
     p_ab.add_argument("--json", action="store_true", help="one JSON object per case per line")

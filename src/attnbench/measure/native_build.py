@@ -18,6 +18,7 @@ competing for the cores.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -26,6 +27,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +59,32 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attnbench"
     )
     return Path(root)
+
+
+TUNING_DIR_ENV = "ATTNBENCH_TUNING_DIR"
+
+
+def tuning_dir() -> Path:
+    """Where contenders keep what they tuned (fused_triton's tiles, under ``tiles/``): ``$ATTNBENCH_TUNING_DIR``,
+    else ``cache_dir()``. ``attnbench ab`` points it at a folder of its own (``fresh_tuning_dir``), so both sides
+    tune in the same run instead of one reusing a choice an earlier process made."""
+    return Path(os.environ.get(TUNING_DIR_ENV) or cache_dir())
+
+
+@contextlib.contextmanager
+def fresh_tuning_dir() -> Iterator[Path]:
+    """An empty ``tuning_dir()`` for the block (``$ATTNBENCH_TUNING_DIR`` set to a temporary folder, removed
+    after, the variable as it was)."""
+    previous = os.environ.get(TUNING_DIR_ENV)
+    with tempfile.TemporaryDirectory(prefix="attnbench-tuning-") as folder:
+        os.environ[TUNING_DIR_ENV] = folder
+        try:
+            yield Path(folder)
+        finally:
+            if previous is None:
+                os.environ.pop(TUNING_DIR_ENV, None)
+            else:
+                os.environ[TUNING_DIR_ENV] = previous
 
 
 def cpu_flags_line() -> str:

@@ -37,6 +37,7 @@ run this workload), ``incorrect`` (a version's output fails the float64 check, n
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -51,6 +52,7 @@ from attnbench.contenders import _revision as revision
 from attnbench.contenders import registry
 from attnbench.contenders.contract import Contender, Unsupported
 from attnbench.errors import UsageError, one_line
+from attnbench.measure.native_build import fresh_tuning_dir
 from attnbench.measure.stopwatch import SampleError, Timing, synchronize, time_cpu_rounds, warm_up
 from attnbench.measure.stopwatch_cuda import time_cuda_rounds
 from attnbench.runner.cases import prepare_checked
@@ -84,6 +86,7 @@ class AbOptions:
     threads: int = 1
     seed: int = 0
     cold: bool = False  # GPU: judge the L2-flushed samples (each call after a flush), not back-to-back calls
+    keep_tuning: bool = False  # reuse choices tuned by earlier processes (tuning_dir) instead of tuning both afresh
 
 
 def _available(name: str, flag: str) -> Contender:
@@ -318,12 +321,17 @@ def run_ab(
     cases = []
     previous = torch.get_num_threads()
     torch.set_num_threads(options.threads)
+    # Both sides tune here, in one folder of their own: a choice kept from an earlier process (one side's, tuned
+    # under other conditions) beside one tuned now would put the tuning's luck in the ratio. Where the two ask
+    # the same key (an A/A, or a change the key does not see), the second reads the first's choice.
+    tuning = contextlib.nullcontext() if options.keep_tuning else fresh_tuning_dir()
     try:
-        for index, workload in enumerate(workloads):
-            case = run_case(a, b, workload, options)
-            if on_case is not None:
-                on_case(index, case)
-            cases.append(case)
+        with tuning:
+            for index, workload in enumerate(workloads):
+                case = run_case(a, b, workload, options)
+                if on_case is not None:
+                    on_case(index, case)
+                cases.append(case)
     finally:
         torch.set_num_threads(previous)
     return cases
