@@ -76,6 +76,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_configure(config: pytest.Config) -> None:
     # One ceilings cache for the whole session (and its subprocesses), not the user's.
+    os.environ.pop("ATTNBENCH_TUNING_DIR", None)  # tests point the tiles elsewhere through ATTNBENCH_CACHE_DIR
     if "ATTNBENCH_CACHE_DIR" not in os.environ:
         os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-test-cache-")
     # The bandwidth measured before and after each run (about a second) is left out of the many tiny test

@@ -76,7 +76,7 @@ def fresh_tuning_dir() -> Iterator[Path]:
     """An empty ``tuning_dir()`` for the block (``$ATTNBENCH_TUNING_DIR`` set to a temporary folder, removed
     after, the variable as it was)."""
     previous = os.environ.get(TUNING_DIR_ENV)
-    with tempfile.TemporaryDirectory(prefix="attnbench-tuning-") as folder:
+    with tempfile.TemporaryDirectory(prefix="attnbench-tuning-", ignore_cleanup_errors=True) as folder:
         os.environ[TUNING_DIR_ENV] = folder
         try:
             yield Path(folder)

@@ -317,7 +317,9 @@ def run_ab(
     on_case: Callable[[int, AbCase], None] | None = None,
 ) -> list[AbCase]:
     """Every workload to one :class:`AbCase`, in order; ``on_case(index, case)`` as each one finishes.
-    torch runs on ``options.threads`` threads meanwhile (prepare, checks, warm-up and timing alike)."""
+    torch runs on ``options.threads`` threads meanwhile (prepare, checks, warm-up and timing alike). Fresh
+    tuning is fresh on disk: a contender's in-memory choices from an earlier ``run_ab`` in this process stay
+    (the CLI runs one ``ab`` a process)."""
     cases = []
     previous = torch.get_num_threads()
     torch.set_num_threads(options.threads)
