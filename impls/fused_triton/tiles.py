@@ -19,7 +19,7 @@ Definitions:
   index: two of a kind share) and the hash of the kernels' source stay exact.
 * **Tuning once per machine.** ``choose`` times every pruned candidate with ``triton.testing.do_bench`` the
   first time a key is seen and keeps the fastest in memory and on disk (``tile_cache``: one JSON file per
-  key under ``$ATTNBENCH_CACHE_DIR/tiles/``, shared by worker processes and runs). The stored key adds the
+  key under ``tile_cache.folder()``, shared by worker processes and runs). The stored key adds the
   candidate list and the torch and Triton versions to the tuning key, so a new tile table, compiler or
   kernel source tunes afresh instead of reusing a stale choice. Before the timing, the candidates' kernels
   are compiled side by side in threads (``precompile``), so a fresh machine's tuning is not one compile
