@@ -53,6 +53,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnbench import AttentionInputs, Capabilities, Contender, Workload
 
+# Triton 3.6 (the GPU machine's) names the TMA load async_copy_global_to_shared; later ones async_load.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
 HEADS = 128  # deepseek-v3's query heads, all against one latent cache
 D_LATENT = 576  # the product's width: 512 value channels and a 64-wide rotary tail
 D_VALUE = 512
@@ -116,14 +119,14 @@ def _mla_split(
     kv_row = b * N + start
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + qt_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
-    tma.async_copy_global_to_shared(qt_desc, [q_row, DV], q_bar, qt_smem)
+    _tma_load(q_desc, [q_row, 0], q_bar, q_smem)
+    _tma_load(qt_desc, [q_row, DV], q_bar, qt_smem)
     for i in gl.static_range(STAGES - 1):  # the first blocks' copies, one stage left for the next
         mbarrier.expect(ready.index(i), KV_BYTES, pred=i < n_blocks)
-        tma.async_copy_global_to_shared(
+        _tma_load(
             k_desc, [kv_row + i * BLOCK_N, 0], ready.index(i), k_smem.index(i), pred=i < n_blocks
         )
-        tma.async_copy_global_to_shared(
+        _tma_load(
             kt_desc, [kv_row + i * BLOCK_N, DV], ready.index(i), kt_smem.index(i), pred=i < n_blocks
         )
     mbarrier.wait(q_bar, 0)
@@ -144,10 +147,10 @@ def _mla_split(
         ahead = j + STAGES - 1
         fill = ahead % STAGES
         mbarrier.expect(ready.index(fill), KV_BYTES, pred=ahead < n_blocks)
-        tma.async_copy_global_to_shared(
+        _tma_load(
             k_desc, [kv_row + ahead * BLOCK_N, 0], ready.index(fill), k_smem.index(fill), pred=ahead < n_blocks
         )
-        tma.async_copy_global_to_shared(
+        _tma_load(
             kt_desc, [kv_row + ahead * BLOCK_N, DV], ready.index(fill), kt_smem.index(fill), pred=ahead < n_blocks
         )
 
