@@ -241,8 +241,9 @@ def _run_lines() -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("trial", "command"), _run_lines(), ids=[f"{t}-{i}" for i, (t, _) in enumerate(_run_lines())])
 def test_each_run_line_is_a_command_that_parses_here(trial, command, tmp_path, monkeypatch):
     """A GPU's minutes are not spent on a typo: each `attnbench ab` line parses and builds its workloads (flags,
-    suite, axis values, as `ab` checks them before timing anything, CUDA taken as there); each `python3 -c`
-    line compiles."""
+    suite, axis values, as `ab` checks them before timing anything, CUDA taken as there), each `attnbench run` line
+    its checked request (fused_triton among its contenders, on CUDA, a folder of its own); each `python3 -c` line
+    compiles."""
     import shlex
 
     import torch
@@ -256,6 +257,12 @@ def test_each_run_line_is_a_command_that_parses_here(trial, command, tmp_path, m
         from attnbench.runner import ab
 
         args = cli.build_parser().parse_args(words[1:])
+        if args.func is cli.cmd_run:  # a run beside the ab (e.g. for a ratio to another contender): its request
+            args.command_line = command
+            request = cli.request_from_args(args)
+            assert request.out is not None and "fused_triton" in request.axes["impl"], trial
+            assert request.axes["device"] == ["cuda"], trial
+            return
         assert args.func is cli.cmd_ab and args.impl == "fused_triton" and args.base == "HEAD", trial
         ab_command.check_flags(args)
         workloads = ab.sweep_workloads(args.suite, cli.ab_overrides(args))
