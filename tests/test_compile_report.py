@@ -101,6 +101,54 @@ def test_a_shared_prefixs_level_is_compiled_on_its_own(capsys):
     assert report.shared_bytes >= 64 * 128 * 2 + 64 * 256 * 2  # q and one block of k and v
 
 
+def test_ptxas_advisories_are_read_from_its_log_and_said_only_where_there_are_some():
+    """ptxas -v's "Potential Performance Loss" codes, each once (C7514/C7515: the kernel's wgmma serialised, so a
+    wait depth above 0 keeps nothing in flight after all); the report's line names them, and says nothing without."""
+    log = (
+        "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non"
+        " wgmma instructions reading accumulator registers of  a wgmma between start and end of the pipeline stage"
+        " in the function '_mla_split'\nptxas info    : Used 190 registers, used 1 barriers\n"
+        "ptxas info    : (C7514) Potential Performance Loss: again\n"
+    )
+    assert compile_report.advisories(log) == ("C7514",)
+    assert compile_report.advisories("ptxas info    : Used 64 registers") == ()
+    report = compile_report.Report(190, 0, 1024, {"m64n64k16 smem": 8}, 0, {0: 1, 1: 1}, {}, 8)
+    assert "ptxas" not in report.line()
+    assert report.line().endswith(" | 1 an SM (registers)")
+    serialised = compile_report.Report(190, 0, 1024, {"m64n64k16 smem": 8}, 0, {1: 1}, {}, 8, ("C7514", "C7515"))
+    assert serialised.line().endswith(" | 1 an SM (registers) | ptxas: wgmma serialised (C7514, C7515)")
+
+
+@pytest.mark.slow
+def test_ptxas_is_asked_about_the_kernel_it_compiled():
+    """Triton's own ptxas reassembles a compiled kernel's PTX with -v for its target: its log names the kernel
+    (Triton 3.6's, the GPU machine's; 3.9's bundled ptxas is older than its PTX, and says nothing); the forward
+    has no advisory."""
+    import torch
+    import triton
+
+    ((_, report),) = compile_report.report("forward", [Tile(128, 64, 8, 3)])
+    assert isinstance(report, compile_report.Report) and report.advisories == ()
+    q = torch.empty(16, 16, dtype=torch.float16)
+    kernel = compile_report.compile_for(_scale_kernel(), (q, q, 16), {"BLOCK": 16})
+    log = compile_report._ptxas_log(kernel.asm["ptx"])
+    assert "_scale" in log or not log
+    if triton.__version__.startswith("3.6."):
+        assert "Compiling entry function '_scale'" in log
+
+
+def _scale_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _scale(x, out, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(out + offs, tl.load(x + offs, mask=offs < n) * 2, mask=offs < n)
+
+    return _scale
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("case", "tile"), [("dkdv", "64,128,8,2"), ("dq", "128,64,8,2")])
 def test_each_backward_kernel_is_compiled_alone(case, tile, capsys):

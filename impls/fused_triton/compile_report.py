@@ -20,6 +20,11 @@ speed before any GPU runs it:
 * how many programs an SM holds at once and what bounds it (registers, shared memory or warps), from the
   figures above and Hopper's limits (``programs_per_sm``): with one, nothing else runs while it waits.
 
+A line ends with ptxas's performance advisories where it gives any (``ptxas -v`` on the PTX again: Triton keeps
+none): ``C7514``/``C7515`` say it serialised the kernel's wgmma (an accumulator read or written between a product's
+issue and its wait), so a wait depth above 0 keeps no product in flight after all. Where this Triton's ptxas cannot
+assemble its own PTX (3.9's bundled one is older than its PTX), nothing is said.
+
 The figures are the installed Triton's; the GPU may run another version (this project's GPU machine: Triton
 3.6.0). To compile with that one on a CPU machine: ``pip install --target DIR triton==X --no-deps`` and run
 with ``PYTHONPATH=DIR``. ``compile_for`` is also what ``tests/test_fused_triton_compile.py`` compiles with.
@@ -177,6 +182,7 @@ class Report:
     waits: dict[int, int]  # wgmma.wait_group depth → count
     copy_waits: dict[int, int]  # cp.async.wait_group depth (copy groups left in flight) → count
     warps: int = 4
+    advisories: tuple[str, ...] = ()  # ptxas's "Potential Performance Loss" codes (C7514, …), where it gave any
 
     def line(self) -> str:
         products = ", ".join(f"{count}× {shape}" for shape, count in sorted(self.wgmma.items()))
@@ -189,7 +195,8 @@ class Report:
         resources = f"regs {regs}, stack {stack} B, shared {self.shared_bytes} B"
         held = programs_per_sm(self.registers, self.warps, self.shared_bytes)
         an_sm = "? an SM" if held is None else f"{held[0]} an SM ({held[1]})"
-        return f"{resources} | {products} | wait_group {waits} | cp.async wait_group {copies} | {an_sm}"
+        line = f"{resources} | {products} | wait_group {waits} | cp.async wait_group {copies} | {an_sm}"
+        return line + (f" | ptxas: wgmma serialised ({', '.join(self.advisories)})" if self.advisories else "")
 
 
 def programs_per_sm(registers: int | None, warps: int, shared_bytes: int) -> tuple[int, str] | None:
@@ -226,7 +233,36 @@ def inspect(kernel: Any) -> Report:
         dict(waits),
         dict(copy_waits),
         int(kernel.metadata.num_warps),
+        advisories(_ptxas_log(ptx)),
     )
+
+
+def advisories(log: str) -> tuple[str, ...]:
+    """The codes of ptxas's "Potential Performance Loss" lines in ``log`` (``ptxas -v``'s output), in order, each
+    once: ``C7514``/``C7515`` are its wgmma serialisations."""
+    found = re.findall(r"\((C\d+)\) Potential Performance Loss", log)
+    return tuple(dict.fromkeys(found))
+
+
+def _ptxas_log(ptx: str) -> str:
+    """What Triton's ptxas says of ``ptx`` with -v for its target (sm_90a), '' where it cannot assemble it."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    target = re.search(r"^\.target\s+(\S+)", ptx, flags=re.MULTILINE)
+    if not os.path.exists(tool) or target is None:
+        return ""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "kernel.ptx")
+        with open(path, "w") as handle:
+            handle.write(ptx)
+        done = subprocess.run(
+            [tool, f"-arch={target.group(1)}", "-v", path, "-o", os.path.join(folder, "kernel.cubin")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    return done.stderr if done.returncode == 0 else ""
 
 
 def _resources(cubin: bytes | None) -> tuple[int | None, int | None]:
