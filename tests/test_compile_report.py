@@ -115,7 +115,9 @@ def test_ptxas_advisories_are_read_from_its_log_and_said_only_where_there_are_so
     report = compile_report.Report(190, 0, 1024, {"m64n64k16 smem": 8}, 0, {0: 1, 1: 1}, {}, 8)
     assert "ptxas" not in report.line()
     assert report.line().endswith(" | 1 an SM (registers)")
-    serialised = compile_report.Report(190, 0, 1024, {"m64n64k16 smem": 8}, 0, {1: 1}, {}, 8, ("C7514", "C7515"))
+    serialised = compile_report.Report(
+        190, 0, 1024, {"m64n64k16 smem": 8}, 0, {1: 1}, {}, 8, advisories=("C7514", "C7515")
+    )
     assert serialised.line().endswith(" | 1 an SM (registers) | ptxas: wgmma serialised (C7514, C7515)")
 
 
