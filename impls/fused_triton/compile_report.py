@@ -246,39 +246,32 @@ def advisories(log: str) -> tuple[str, ...]:
 
 def _ptxas_log(ptx: str) -> str:
     """What Triton's ptxas says of ``ptx`` with -v for its target (sm_90a), '' where it cannot assemble it."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     target = re.search(r"^\.target\s+(\S+)", ptx, flags=re.MULTILINE)
-    if not os.path.exists(tool) or target is None:
+    if target is None:
         return ""
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "kernel.ptx")
-        with open(path, "w") as handle:
-            handle.write(ptx)
-        done = subprocess.run(
-            [tool, f"-arch={target.group(1)}", "-v", path, "-o", os.path.join(folder, "kernel.cubin")],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    return done.stderr if done.returncode == 0 else ""
+    done = _run_tool("ptxas", "kernel.ptx", ptx.encode(), [f"-arch={target.group(1)}", "-v", "-o", "kernel.cubin"])
+    return done.stderr if done is not None and done.returncode == 0 else ""
 
 
 def _resources(cubin: bytes | None) -> tuple[int | None, int | None]:
     """(registers, stack bytes) of the cubin's kernel from ``cuobjdump -res-usage``; (None, None) without it."""
+    done = _run_tool("cuobjdump", "kernel.cubin", cubin, ["-res-usage"]) if cubin else None
+    found = re.search(r"REG:(\d+) STACK:(\d+)", done.stdout) if done is not None else None
+    return (int(found.group(1)), int(found.group(2))) if found else (None, None)
+
+
+def _run_tool(name: str, file: str, content: bytes, args: list[str]) -> subprocess.CompletedProcess[str] | None:
+    """Triton's bundled NVIDIA tool ``name`` (ptxas, cuobjdump) run in a scratch folder on ``content`` written to
+    ``file`` (its path last on the command line), as text; None where Triton ships no such tool."""
     import triton
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    if not cubin or not os.path.exists(tool):
-        return None, None
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    if not os.path.exists(tool):
+        return None
     with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "kernel.cubin")
-        with open(path, "wb") as handle:
-            handle.write(cubin)
-        usage = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True, check=False).stdout
-    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    return (int(found.group(1)), int(found.group(2))) if found else (None, None)
+        with open(os.path.join(folder, file), "wb") as handle:
+            handle.write(content)
+        return subprocess.run([tool, *args, file], cwd=folder, capture_output=True, text=True, check=False)
 
 
 def _case(case: str, head_dim: int, mask: str, kv_dtype: torch.dtype) -> tuple[Callable[[Tile], None], Any, str]:
