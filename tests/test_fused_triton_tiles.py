@@ -275,6 +275,38 @@ def test_gpu_smoke_forces_every_tile_and_fails_on_a_wrong_one(monkeypatch, capsy
     assert out.count("FAILED") == backward
 
 
+def test_gpu_smoke_fails_a_named_tile_that_checks_no_case(monkeypatch, capsys):
+    """A trial forces its new kernel's tiles by name: one that raises on every case (a launch or compile
+    error) or is pruned from each must fail the smoke, not read as 0 cases checked and green. A default tile
+    that raises is only said (the tuner times it as inf)."""
+    from attnbench.impls.fused_triton import smoke as _triton_smoke
+
+    broken, fine, decode_broken = Tile(128, 128, 8, 3), Tile(64, 64, 4, 2), Tile(64, 64, 8, 2, waves=8)
+
+    def check_case(case: Workload, tiles: dict[str, Tile]) -> str:
+        if broken in tiles.values() or decode_broken in tiles.values():
+            raise RuntimeError("PassManager::run failed\nmore lines")
+        return ""
+
+    monkeypatch.setattr(_triton_smoke, "check_case", check_case)
+    monkeypatch.setattr(_triton_smoke, "check_far_offsets", lambda device: "")
+    monkeypatch.setattr(_triton_smoke, "_candidates", lambda case, kernel: None)
+    cases = [_triton_smoke.BASIC_CASES[0], _triton_smoke.DECODE_CASES[0]]
+    failures = _triton_smoke.smoke("cuda", cases=cases, tiles={"fwd": [broken, fine], "decode": [decode_broken]})
+    assert failures == [
+        f"fwd {broken}: named, but checked on no case (unfit (RuntimeError: PassManager::run failed))",
+        f"decode {decode_broken}: named, but checked on no case (on 1 decode cases)",
+    ]
+    out = capsys.readouterr().out
+    assert f"fwd {fine}: 1 cases checked, 0 wrong" in out and out.count("FAILED") == 2
+    # the default tiles (none named): a tile that raises is said as unfit, no failure
+    monkeypatch.setattr(_triton_smoke, "CUDA_TILES", {"fwd": [broken, fine]})
+    decode_only = lambda case, kernel: [decode_broken] if kernel == "decode" else None  # noqa: E731
+    monkeypatch.setattr(_triton_smoke, "_candidates", decode_only)
+    assert _triton_smoke.smoke("cuda", cases=cases) == []
+    assert f"fwd {broken}: 0 cases checked, 0 wrong; unfit (RuntimeError" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("dtype", "head_dim", "narrow", "view", "expected"),
     [

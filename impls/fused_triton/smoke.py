@@ -191,7 +191,8 @@ def _forced(
 def _items(cases: Sequence[Workload], tiles: dict[str, Sequence[Tile]] | None) -> list[tuple[Any, ...]]:
     """The smoke's units of work, in order: each (kernel, tile) forced on the cases that run the kernel, each
     decode case with its decode tiles, and the 64-bit-offsets case (``--shard`` deals them out)."""
-    forced = [("tile", kernel, tile) for kernel, kernel_tiles in (tiles or CUDA_TILES).items() for tile in kernel_tiles]
+    named = (tiles or CUDA_TILES).items()  # decode tiles are forced case by case (below), not as units of their own
+    forced = [("tile", kernel, tile) for kernel, kernel_tiles in named if kernel != "decode" for tile in kernel_tiles]
     return forced + [("decode", case) for case in cases if decodes(case)] + [("far",)]
 
 
@@ -202,9 +203,15 @@ def smoke(
     shard: tuple[int, int] = (0, 1),
 ) -> list[str]:
     """Force each tile of each kernel (default: all of CUDA_TILES) on every case that runs the kernel; print
-    one line per tile; return the failures. ``shard`` (i, n): only the units of work i, i + n, … (``_items``)."""
+    one line per tile; return the failures. ``shard`` (i, n): only the units of work i, i + n, … (``_items``).
+
+    A tile named in ``tiles`` that checks no case (each one pruned, or raising: a launch or compile error) is a
+    failure: the check asked for did not happen, and a trial's new kernel that cannot run must not read as
+    green. Of the default tiles, such a one is said (the tuner would time it as inf) but not failed."""
     failures: list[str] = []
     index, count = shard
+    named_decode = {t: 0 for t in _compiled((tiles or {}).get("decode") or [])}
+    decode_items = 0
     for item in _items(cases, tiles)[index::count]:
         if item[0] == "tile":
             _, kernel, tile = item
@@ -218,13 +225,19 @@ def smoke(
                 ran, wrong = ran + (reason is not None), wrong + bool(reason)
             said = f"{kernel} {tile}: {ran} cases checked, {wrong} wrong"
             print(said + (f"; {', '.join(skipped)}" if skipped else ""), flush=True)
+            if tiles is not None and not ran:
+                _unchecked(f"{kernel} {tile}", skipped, failures)
         elif item[0] == "decode":
             # the decode kernel's tiles depend on the case (its rows): each case's own candidates, every one forced
             case = dataclasses.replace(item[1], device=device)
             decode_tiles = _compiled((tiles or {}).get("decode") or _candidates(case, "decode") or [INTERPRETER_TILE])
             ran, unfit = 0, list[str]()
+            decode_items += 1
             for tile in decode_tiles:
-                ran += _forced(case, "decode", tile, unfit, failures, named=True) is not None
+                checked = _forced(case, "decode", tile, unfit, failures, named=True) is not None
+                ran += checked
+                if tile in named_decode:
+                    named_decode[tile] += checked
             print(
                 f"decode on {case.label()}: {ran} tiles checked" + (f"; {', '.join(unfit)}" if unfit else ""),
                 flush=True,
@@ -233,7 +246,15 @@ def smoke(
             far = check_far_offsets(device)
             print("64-bit offsets: " + (far or "ok"), flush=True)
             failures += [far] if far else []
+    for tile, checked in named_decode.items():
+        if decode_items and not checked:
+            _unchecked(f"decode {tile}", [f"on {decode_items} decode cases"], failures)
     return failures
+
+
+def _unchecked(named: str, why: Sequence[str], failures: list[str]) -> None:
+    failures.append(f"{named}: named, but checked on no case ({', '.join(why) or 'no case runs it'})")
+    print("FAILED", failures[-1], flush=True)
 
 
 def _shard_command(i: int, jobs: int) -> list[str]:
