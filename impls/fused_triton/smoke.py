@@ -191,8 +191,7 @@ def _forced(
 def _items(cases: Sequence[Workload], tiles: dict[str, Sequence[Tile]] | None) -> list[tuple[Any, ...]]:
     """The smoke's units of work, in order: each (kernel, tile) forced on the cases that run the kernel, each
     decode case with its decode tiles, and the 64-bit-offsets case (``--shard`` deals them out)."""
-    named = (tiles or CUDA_TILES).items()  # decode tiles are forced case by case (below), not as units of their own
-    forced = [("tile", kernel, tile) for kernel, kernel_tiles in named if kernel != "decode" for tile in kernel_tiles]
+    forced = [("tile", kernel, tile) for kernel, kernel_tiles in (tiles or CUDA_TILES).items() for tile in kernel_tiles]
     return forced + [("decode", case) for case in cases if decodes(case)] + [("far",)]
 
 
@@ -213,6 +212,8 @@ def smoke(
     named_decode = {t: 0 for t in _compiled((tiles or {}).get("decode") or [])}
     decode_items = 0
     for item in _items(cases, tiles)[index::count]:
+        if item[:2] == ("tile", "decode"):  # named decode tiles: forced case by case (below), not twice
+            continue
         if item[0] == "tile":
             _, kernel, tile = item
             ran, wrong, skipped = 0, 0, list[str]()
