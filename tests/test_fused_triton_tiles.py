@@ -300,7 +300,7 @@ def test_gpu_smoke_fails_a_named_tile_that_checks_no_case(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert f"fwd {fine}: 1 cases checked, 0 wrong" in out and out.count("FAILED") == 2
     # the default tiles (none named): a tile that raises is said as unfit, no failure
-    monkeypatch.setattr(_triton_smoke, "CUDA_TILES", {"fwd": [broken, fine]})
+    monkeypatch.setattr(_triton_smoke, "CUDA_TILES", {"fwd": (broken, fine)})
     decode_only = lambda case, kernel: [decode_broken] if kernel == "decode" else None  # noqa: E731
     monkeypatch.setattr(_triton_smoke, "_candidates", decode_only)
     assert _triton_smoke.smoke("cuda", cases=cases) == []
