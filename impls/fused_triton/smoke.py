@@ -247,8 +247,8 @@ def smoke(
             far = check_far_offsets(device)
             print("64-bit offsets: " + (far or "ok"), flush=True)
             failures += [far] if far else []
-    for tile, checked in named_decode.items():
-        if decode_items and not checked:
+    for tile, tile_runs in named_decode.items():
+        if decode_items and not tile_runs:
             _unchecked(f"decode {tile}", [f"on {decode_items} decode cases"], failures)
     return failures
 
