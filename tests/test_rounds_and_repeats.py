@@ -89,6 +89,9 @@ def test_merged_repeats_take_the_median_of_medians_and_keep_them():
     assert merged["tflops"] == pytest.approx(1 / 1.1) and merged["pct_of_peak"] == pytest.approx(50 / 1.1)
     failed = merge_repeats([_row(1.0), _row(1.0, status="error")])
     assert failed["status"] == "error" and failed["reason"] == "repeat 2 of 2: boom"
+    # the first of three not ok: the case ends with that one row, and its reason still says which repeat it was
+    first = merge_repeats([_row(1.0, status="stalled")], 3)
+    assert first["reason"] == "repeat 1 of 3: boom" and first["repeat_medians_ms"] is None
 
 
 def test_repeat_runs_each_case_in_separate_processes(tmp_path):

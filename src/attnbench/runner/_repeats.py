@@ -22,18 +22,20 @@ DECIDED_ONCE = ("unavailable", "unsupported", "skipped")  # no measurement: the 
 RATE_COLUMNS = ("tflops", "gbps", "pct_of_peak", "pct_of_matmul")  # ∝ 1 / median_ms
 
 
-def merge_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row from the rows of one case's repeats (in the order they ran).
+def merge_repeats(rows: list[dict[str, Any]], repeats: int | None = None) -> dict[str, Any]:
+    """One row from the rows of one case's repeats (in the order they ran), of ``repeats`` asked for (default:
+    as many as given; fewer when one was not ok and the case ended there).
 
     All ok: ``median_ms`` is the median of the repeats' medians and rates follow it; samples are pooled;
     the worst error and the largest memory are kept. Any repeat not ok: that repeat's row, its reason
-    saying which repeat it was — a case that failed once is not ``ok``."""
-    if len(rows) == 1:
+    saying which repeat it was (the first too) — a case that failed once is not ``ok``."""
+    repeats = repeats or len(rows)
+    if repeats == 1:
         ok = rows[0]["status"] == "ok"
         return {**rows[0], "repeat_medians_ms": [rows[0]["median_ms"]] if ok else None, **_repeat_yardsticks(rows)}
     for number, row in enumerate(rows, start=1):
         if row["status"] != "ok":
-            return {**row, "reason": f"repeat {number} of {len(rows)}: {row['reason']}", "repeat_medians_ms": None}
+            return {**row, "reason": f"repeat {number} of {repeats}: {row['reason']}", "repeat_medians_ms": None}
     medians = [float(row["median_ms"]) for row in rows]
     median = statistics.median(medians)
     middle = min(rows, key=lambda row: abs(float(row["median_ms"]) - median))

@@ -286,7 +286,7 @@ def run_cases(
         progress.update(1)
         if len(rows) == repeat or row["status"] != "ok":
             progress.update(repeat - len(rows))
-            writer.finish_case(merge_repeats(rows))
+            writer.finish_case(merge_repeats(rows, repeat))
             finished.add(key)
 
     references = tuple(registry.in_process_references()[0].values())  # contenders register()ed here
