@@ -79,8 +79,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("ATTNBENCH_TUNING_DIR", None)  # tests point the tiles elsewhere through ATTNBENCH_CACHE_DIR
     if "ATTNBENCH_CACHE_DIR" not in os.environ:
         os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-test-cache-")
-    # The bandwidth measured before and after each run (about a second) is left out of the many tiny test
-    # runs; tests/test_bandwidth_watch.py turns it on.
+    # The bandwidth measured before and after each run (1–4 s each, by the size of the last-level cache) is
+    # left out of the many tiny test runs; tests/test_bandwidth_watch.py turns it on.
     os.environ.setdefault("ATTNBENCH_BANDWIDTH_WATCH", "off")
 
 

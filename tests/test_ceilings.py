@@ -298,12 +298,22 @@ def test_read_stream_bandwidth_and_the_roof_bounds_both_streams(quick):
     assert "read stream" in c.bandwidth_source and "triad" in c.bandwidth_source  # the other one named beside
 
 
+@needs_compiler
+def test_both_streams_on_one_allocation_measure_what_each_does_alone(quick):
+    """The roof and the run's bandwidth watch take the triad and the read stream from one buffer (the read over
+    the triad's b and c): the same kernels, sizes and checks as each stream alone."""
+    (triad, triad_how), (read, read_how) = hardware.streams_gbps(2, array_bytes=2**22, passes=2)
+    assert triad > 0.1 and read > 0.1
+    assert triad_how.startswith("triad a = b + s·c, 3 × 4 MiB float32, 12 B/element (no write-allocate), 2 threads")
+    assert read_how.startswith("read stream Σ a, 8 MiB float32, 4 B/element, 2 threads")
+
+
 @pytest.mark.parametrize("copy_gbps", [10.0, 50.0])  # below both streams, then above both
 def test_the_bandwidth_source_names_both_streams_whichever_wins(monkeypatch, copy_gbps):
     from attnbench.measure._ceilings import Ceilings, _cpu_bandwidth_roof
 
-    monkeypatch.setattr(hardware, "triad_gbps", lambda threads: (30.0, "triad a = b + s·c"))
-    monkeypatch.setattr(hardware, "read_gbps", lambda threads: (25.0, "read stream Σ a"))
+    streams = (30.0, "triad a = b + s·c"), (25.0, "read stream Σ a")
+    monkeypatch.setattr(hardware, "streams_gbps", lambda threads: streams)
     c = Ceilings("cpu", "test cpu", 2, "0", copy_gbps=copy_gbps)
     _cpu_bandwidth_roof(c)
     assert c.roof_gbps == max(copy_gbps, 30.0)

@@ -4,8 +4,9 @@ The CPU bandwidth roof (_ceilings.py) is measured once and cached, but a shared 
 a constant: on a shared VM the STREAM triad measured 33–83 GB/s within minutes, so a decode row's
 ``% of bandwidth`` swung between 49 % and over 100 % with no change in the kernel. So every run with CPU
 cases measures the bandwidth again, right before the sweep and right after it, with the roof's own kernels
-(_hardware.py: the read stream and the triad, the same arrays, the best of ``WATCH_PASSES`` passes after a
-warm-up, on the run's threads and on one: a fraction of the roof's 20 passes), and keeps it in meta.json:
+(_hardware.py: the read stream and the triad, the same arrays in one allocation, the best of ``WATCH_PASSES``
+passes after a warm-up, on the run's threads and on one: a fraction of the roof's 20 passes), and keeps it in
+meta.json:
 
 - ``bandwidth_during_run``: one entry per measurement, ``{device, when, time, read_gbps, triad_gbps,
   passes}`` (``when``: ``before`` / ``after`` the sweep, ``before (resumed)`` for each ``--resume``);
@@ -47,8 +48,7 @@ Measure = Callable[[int], dict[str, float]]  # threads -> {"read_gbps": …, "tr
 
 def measure_streams(threads: int) -> dict[str, float]:
     """The read stream's and the triad's GB/s now, the roof's kernels and arrays, ``WATCH_PASSES`` passes."""
-    read, _ = hardware.read_gbps(threads, passes=WATCH_PASSES)
-    triad, _ = hardware.triad_gbps(threads, passes=WATCH_PASSES)
+    (triad, _), (read, _) = hardware.streams_gbps(threads, passes=WATCH_PASSES)
     return {"read_gbps": read, "triad_gbps": triad}
 
 

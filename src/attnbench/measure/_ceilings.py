@@ -156,8 +156,7 @@ def _cpu_bandwidth_roof(ceilings: Ceilings) -> None:
     """roof_gbps: the highest of the triad, the read stream and torch's copy (a roof bounds every workload:
     one that only reads, as decode does, beats the triad); triad_gbps kept on its own (STREAM's figure)."""
     try:
-        ceilings.triad_gbps, method = hardware.triad_gbps(ceilings.threads)
-        ceilings.read_gbps, read_method = hardware.read_gbps(ceilings.threads)
+        (ceilings.triad_gbps, method), (ceilings.read_gbps, read_method) = hardware.streams_gbps(ceilings.threads)
     except (BuildError, OSError, RuntimeError) as exc:
         ceilings.roof_gbps, ceilings.bandwidth_source = ceilings.copy_gbps, f"fallback: copy ({exc})"
         return
