@@ -22,7 +22,11 @@ SMALL = Workload(1, 2, 2, 32, 32, 16)
 def test_every_round_samples_each_contender_once_in_a_seeded_shuffled_order():
     seen: list[str] = []
     fns = {name: (lambda: None) for name in "abcd"}
-    results = time_cpu_rounds(fns, 1, 0.05, dict.fromkeys(fns, 1e-4), seed=3, on_sample=seen.append)
+    # estimates near a no-op's true cost (~0.1 µs), so a sample's block lasts MIN_SAMPLE_S and the budget is spent
+    # in a few dozen rounds (estimated at 1e-4 s, its samples took a thousandth of the budget's share and the rounds
+    # ran on to MAX_SAMPLES: 8–83 s)
+    estimates = dict.fromkeys(fns, 1e-7)
+    results = time_cpu_rounds(fns, 1, 0.05, estimates, seed=3, on_sample=seen.append)
     timings = list(results.values())
     assert all(isinstance(t, Timing) for t in timings)
     rounds = timings[0].rounds  # type: ignore[union-attr]
@@ -32,7 +36,7 @@ def test_every_round_samples_each_contender_once_in_a_seeded_shuffled_order():
     assert len(full) >= 3 and all(sorted(order) == list("abcd") for order in full)
     assert len({tuple(order) for order in full}) > 1  # shuffled per round
     again: list[str] = []
-    time_cpu_rounds(fns, 1, 0.05, dict.fromkeys(fns, 1e-4), seed=3, on_sample=again.append)
+    time_cpu_rounds(fns, 1, 0.05, estimates, seed=3, on_sample=again.append)
     assert again[:8] == seen[:8]  # the shuffle is seeded
 
 
