@@ -1,8 +1,10 @@
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from attnbench.errors import UsageError
 from attnbench.runner.results import COLUMNS
 
 from conftest import CHECKED, attnbench_cmd, run_subprocess
@@ -177,6 +179,29 @@ def test_default_run_folder_goes_under_runs(cli, tmp_path, monkeypatch):
     assert code == 0
     (run,) = (tmp_path / "runs").iterdir()
     assert run.name.startswith("quick-") and (run / "results.parquet").exists()
+
+
+def test_default_folders_are_made_at_once_and_a_failed_command_leaves_none(cli, tmp_path, monkeypatch):
+    from attnbench import cli as cli_module
+
+    monkeypatch.chdir(tmp_path)
+    now = cli_module.dt.datetime(2026, 11, 28, 12, 0, 0)
+    with monkeypatch.context() as patch:  # (datetime.datetime itself: matplotlib reads it too)
+        patch.setattr(cli_module.dt, "datetime", type("Frozen", (), {"now": staticmethod(lambda: now)}))
+        first, second = cli_module._default_out("quick"), cli_module._default_out("quick")  # the same second
+    assert (first.name, second.name) == ("quick-20261128-120000", "quick-20261128-120000-2")
+    assert first.is_dir() and second.is_dir()  # made, not only looked for: another command can't take them
+    cli_module._drop_empty_claims()
+    assert list(tmp_path.iterdir()) == []  # runs/ too: this test's calls made it
+    from attnbench.runner import sweep
+
+    def refused(request, default_out):  # a run refused once its folder is made (a plan no contender can run)
+        assert default_out.is_dir() and default_out.parent == Path("runs")
+        raise UsageError("planted refusal")
+
+    monkeypatch.setattr(sweep, "run_sweep", refused)
+    assert cli("run", "--impl", "bmm", "--seq", "16")[:2] == (2, "")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_suites_descriptions_start_in_one_column(cli):

@@ -180,7 +180,7 @@ def test_run_records_ceilings_memory_and_predictions(cli, tmp_path):
     assert len(ok) == 4
     for column in ("pct_of_peak", "pct_of_matmul", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "gbps"):
         assert ok[column].notna().all() and (ok[column] > 0).all(), column
-    assert set(ok.timing_method) == {"torch.utils.benchmark"} and ok.host_overhead_us.isna().all()
+    assert set(ok.timing_method) == {"timeit"} and ok.host_overhead_us.isna().all()
     meta = json.loads((out / "meta.json").read_text())
     cpu = meta["ceilings"]["cpu"]
     assert cpu["matmul_tflops"]["float32"] > 0 and cpu["copy_gbps"] > 0

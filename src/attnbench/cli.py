@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import sys
 from dataclasses import asdict
@@ -54,14 +55,32 @@ def _given_axes(args: argparse.Namespace) -> dict[str, str]:
     return {axis.name: getattr(args, axis.name) for axis in SWEEP_AXES if getattr(args, axis.name, None) is not None}
 
 
+_CLAIMED: list[Path] = []  # the default folders this command made; main() removes those it left empty
+
+
 def _default_out(suite: str) -> Path:
+    """A new folder ``runs/SUITE-STAMP[-N]``, made here: a mkdir either makes the folder or fails, so two
+    commands started in the same second take different ones (a look first and a mkdir later would let both
+    write into one). :func:`main` removes it again if the command ends without writing anything into it."""
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path("runs") / f"{suite}-{stamp}"
-    n = 1
-    while out.exists():
-        n += 1
-        out = Path("runs") / f"{suite}-{stamp}-{n}"
-    return out
+    if not Path("runs").is_dir():
+        _CLAIMED.append(Path("runs"))  # removed after the folder inside it, if that is all it holds
+    for n in itertools.count(1):
+        out = Path("runs") / (f"{suite}-{stamp}" if n == 1 else f"{suite}-{stamp}-{n}")
+        try:
+            out.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        _CLAIMED.append(out)
+        return out
+    raise AssertionError("unreachable")
+
+
+def _drop_empty_claims() -> None:
+    while _CLAIMED:
+        out = _CLAIMED.pop()
+        with contextlib.suppress(OSError):  # rmdir removes only an empty folder
+            out.rmdir()
 
 
 def request_from_args(args: argparse.Namespace) -> RunRequest:
@@ -127,7 +146,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     request = request_from_args(args)
     store_db = _store_target(request)
-    finished = sweep.run_sweep(request, _default_out(request.suite_name))
+    default = request.out or request.resume or _default_out(request.suite_name)  # made only where it is used
+    finished = sweep.run_sweep(request, default)
     with finished.stop or contextlib.nullcontext():  # signals still counted: a burst never cuts the summary
         return _summarise(finished, store_db)
 
@@ -515,7 +535,7 @@ def ab_overrides(args: argparse.Namespace) -> dict[str, list[Any]]:
 def cmd_ab(args: argparse.Namespace) -> int:
     from attnbench.reports import ab_command
 
-    return ab_command.cmd_ab(args, ab_overrides(args), _default_out("ab"))
+    return ab_command.cmd_ab(args, ab_overrides(args), Path(args.out) if args.out else _default_out("ab"))
 
 
 def _add_ab_command(commands: Any) -> None:
@@ -776,3 +796,5 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `attnbench list | head`: the reader left, nothing is wrong
         sys.stderr.close()
         return 0
+    finally:
+        _drop_empty_claims()

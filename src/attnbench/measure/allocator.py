@@ -89,6 +89,11 @@ def configure_cpu_allocator(policy: str) -> str:
     return _applied
 
 
+def keeps_freed_memory() -> bool:
+    """Whether this process runs under the ``cached`` policy (glibc keeps freed memory)."""
+    return _applied is not None and _applied.startswith("cached")
+
+
 def _keep_freed_memory() -> str:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -104,7 +109,7 @@ def _keep_freed_memory() -> str:
 def uncached() -> Iterator[None]:
     """Within the block, blocks of MMAP_ABOVE bytes or more are mmapped and given back on free, whatever
     the policy; outside it the policy in force returns (``cached``: no mmap)."""
-    mallopt = getattr(_libc(), "mallopt", None) if _applied is not None and _applied.startswith("cached") else None
+    mallopt = getattr(_libc(), "mallopt", None) if keeps_freed_memory() else None
     if mallopt is None:
         yield
         return

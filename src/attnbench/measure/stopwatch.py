@@ -1,10 +1,13 @@
 """Timing a prepared zero-argument callable, so that a figure attnbench prints can be quoted.
 
-CPU — the samples come from torch.utils.benchmark's ``Timer.timeit`` (threads pinned to the run's
-count, calls blocked into samples of at least ``MIN_SAMPLE_S`` so timer overhead is negligible). We
-drive the loop ourselves rather than calling ``adaptive_autorange`` because its only stop rule is
-IQR/median < threshold, which accepts a median that still wanders by several percent between runs; we
-stop when the 95 % confidence interval of the median is within ``TARGET_CI`` of it, or the budget is
+CPU — a sample is a block of calls timed by Python's ``timeit`` (``perf_counter``, garbage collection off
+during the block) with torch's threads pinned to the run's count, calls blocked into samples of at least
+``MIN_SAMPLE_S`` so timer overhead is negligible, after untimed calls (:func:`warm_calls`) that refill the
+caches the round's other samples left. torch.utils.benchmark's ``Timer.timeit`` would warm up with at least
+two calls: with the 2 ms+ calls of most CPU cases (one call a sample) a sample cost three calls, a third of
+them timed. We drive the loop ourselves rather than calling ``adaptive_autorange`` because its only stop
+rule is IQR/median < threshold, which accepts a median that still wanders by several percent between runs;
+we stop when the 95 % confidence interval of the median is within ``TARGET_CI`` of it, or the budget is
 spent.
 
 Interleaved rounds — the contenders of one workload are timed together (:func:`time_cpu_rounds`): each
@@ -21,18 +24,21 @@ alike (``time_callable`` here picks the timer for the device).
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping
+import timeit
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.utils.benchmark as benchmark
 
 from attnbench.measure._cpu_wait import waited_ns
+from attnbench.measure.allocator import keeps_freed_memory
 
 MIN_SAMPLE_S = 2e-3  # a CPU sample blocks calls until it lasts at least this long
 PAIRED_BLOCK_GROWTH = 10  # paired rounds: a slower contender's block grows to at most 10 × MIN_SAMPLE_S
@@ -50,7 +56,7 @@ class Timing:
     n_samples: int
     calls_per_sample: int
     samples_ms: list[float]
-    method: str  # how the samples were taken: torch.utils.benchmark, cuda_events+sleep or cuda_graph
+    method: str  # how the samples were taken: timeit, cuda_events+sleep or cuda_graph
     cold_samples_ms: list[float] = field(default_factory=list)  # GPU: L2 flushed before each call, one a round
     rounds: int = 1  # rounds of the interleaved loop the workload's contenders were sampled in
     host_overhead_us: float | None = None  # GPU: the host's own time to issue one call (measure_cuda)
@@ -111,22 +117,49 @@ def median_ci_halfwidth(samples: list[float]) -> float:
     return (ordered[high] - ordered[low]) / 2
 
 
+def warm_calls() -> int:
+    """Untimed calls before each CPU sample's block. One refills the caches the round's other contenders left
+    — under the ``cached`` allocator policy (attnbench's default) a sample after one measured what it does
+    after two. Where malloc maps and unmaps large blocks (``--cpu-allocator system``) the first call after
+    another contender's frees still finds glibc's thresholds moved: bmm at S512 measured 5–9 % slower after
+    one warm call than after two (Intel Xeon, three interleaved runs of 100 rounds), so two there."""
+    return 1 if keeps_freed_memory() else 2
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op thread count set to ``threads`` inside the block, and back after it."""
+    previous = torch.get_num_threads()
+    if previous != threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if previous != threads:
+            torch.set_num_threads(previous)
+
+
 @dataclass
 class _CpuSeries:
     """One contender's samples in the interleaved loop: its timer, block size, samples and spent time."""
 
-    timer: benchmark.Timer
+    timer: timeit.Timer
     calls: int
     threads: int = 1
+    warm_calls: int = 1
     samples_ms: list[float] = field(default_factory=list)
     waited: list[float] = field(default_factory=list)  # per sample: its share of thread time spent waiting for a core
+    ordered: list[float] = field(default_factory=list)  # samples_ms kept sorted, for the stop rule
     spent_s: float = 0.0
 
     def take(self) -> None:
-        before, start = waited_ns(), time.perf_counter_ns()
-        seconds = self.timer.timeit(self.calls).raw_times[0]  # one block of `calls` calls
-        after, wall = waited_ns(), time.perf_counter_ns() - start
+        with torch_threads(self.threads):
+            self.timer.timeit(self.warm_calls)
+            before, start = waited_ns(), time.perf_counter_ns()
+            seconds = max(self.timer.timeit(self.calls), 1e-9)  # one block of `calls` calls
+            after, wall = waited_ns(), time.perf_counter_ns() - start
         self.samples_ms.append(seconds / self.calls * 1e3)
+        bisect.insort(self.ordered, self.samples_ms[-1])
         self.spent_s += seconds
         if before is not None and after is not None and wall > 0:
             self.waited.append((after - before) / (wall * self.threads))
@@ -135,7 +168,7 @@ class _CpuSeries:
         return paired_budget_spent(self.samples_ms, self.spent_s, budget_s)
 
     def finished(self, budget_s: float) -> bool:
-        return stop_rule_met(self.samples_ms, self.spent_s, budget_s)
+        return stop_rule_met(self.ordered, self.spent_s, budget_s)
 
 
 def paired_budget_spent(samples_ms: list[float], spent_s: float, budget_s: float) -> bool:
@@ -148,7 +181,8 @@ def paired_budget_spent(samples_ms: list[float], spent_s: float, budget_s: float
 
 def stop_rule_met(samples_ms: list[float], spent_s: float, budget_s: float) -> bool:
     """The stop rule: the median's 95 % CI within TARGET_CI, or the budget spent (with enough samples to trust,
-    or ever at twice the budget)."""
+    or ever at twice the budget). It reads no order: a caller asking after every sample passes its samples kept
+    sorted (``bisect.insort``), so that the sorts here are linear passes, not a sort of the whole series each time."""
     n = len(samples_ms)
     if n >= MAX_SAMPLES:
         return True
@@ -190,7 +224,7 @@ def time_cpu_rounds(
         shared = max(calls[name] for name in fns)
         calls = {name: min(shared, PAIRED_BLOCK_GROWTH * calls[name]) for name in fns}
     series = {
-        name: _CpuSeries(benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads), calls[name], threads)
+        name: _CpuSeries(timeit.Timer(stmt="fn()", globals={"fn": fn}), calls[name], threads, warm_calls())
         for name, fn in fns.items()
     }
     failed: dict[str, SampleError] = {}
@@ -233,7 +267,7 @@ def time_cpu_rounds(
                 len(one.samples_ms),
                 one.calls,
                 one.samples_ms,
-                "torch.utils.benchmark",
+                "timeit",
                 rounds=rounds,
                 yardstick_rounds=seen,
                 waited=waited,

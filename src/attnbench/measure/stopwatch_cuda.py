@@ -31,6 +31,7 @@ while the GPU runs it (attnbench.measure._gpu_state).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import random
@@ -185,6 +186,7 @@ class _Series:
     cold_calls: int
     issue_ms: dict[bool, float]  # cold? → the host's time per call of the last group
     warm: list[float] = field(default_factory=list)
+    ordered: list[float] = field(default_factory=list)  # warm, kept sorted for the stop rule
     cold: list[float] = field(default_factory=list)
     inside_ms: list[float] = field(default_factory=list)
     readings: list[gpu_state.Reading] = field(default_factory=list)
@@ -211,8 +213,13 @@ class _Series:
         self.issue_ms[cold] = group.issue_ms
         mean_ms = statistics.fmean(group.times_ms) / (1 if cold else self.per_call)
         (self.cold if cold else self.warm).append(mean_ms)
+        if not cold:
+            bisect.insort(self.ordered, mean_ms)
         if cold or self.per_call == 1:  # calls of fn itself, not of a graph's replay
             self.inside_ms += group.inside_ms
+
+    def finished(self, budget_s: float) -> bool:
+        return stop_rule_met(self.ordered, self.spent_s, budget_s)
 
     def timing(self, rounds: int, max_sm_mhz: float | None) -> Timing:
         q1, median, q3 = quartiles(self.warm)
@@ -328,7 +335,7 @@ def time_cuda_rounds(
             if any(paired_budget_spent(series[name].warm, series[name].spent_s, budget_s) for name in active):
                 active = []
         else:
-            active = [name for name in active if not stop_rule_met(series[name].warm, series[name].spent_s, budget_s)]
+            active = [name for name in active if not series[name].finished(budget_s)]
     torch.cuda.synchronize()
     max_sm = watch.max_sm_mhz if watch is not None else None
     for name, one in series.items():
