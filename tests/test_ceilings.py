@@ -109,7 +109,7 @@ def test_unknown_isa_cap_is_a_usage_error(cli, monkeypatch):
 
 @needs_compiler
 def test_triad_bandwidth(quick):
-    gbps, method = hardware.triad_gbps(2, array_bytes=2**22)
+    (gbps, method), _ = hardware.streams_gbps(2, array_bytes=2**22)
     assert gbps > 0.1
     assert method.startswith("triad a = b + s·c, 3 × 4 MiB float32, 12 B/element (no write-allocate), 2 threads")
     assert hardware.triad_array_bytes.__name__ == "<lambda>"  # the fixture's; the real one:
@@ -291,21 +291,11 @@ def test_report_environment_block_shows_both_ceilings():
 
 
 def test_read_stream_bandwidth_and_the_roof_bounds_both_streams(quick):
-    gbps, method = hardware.read_gbps(2, array_bytes=2**22)
+    _, (gbps, method) = hardware.streams_gbps(2, array_bytes=2**22)
     assert gbps > 0 and method.startswith("read stream Σ a, 8 MiB float32, 4 B/element, 2 threads")
     c = load_ceilings("cpu", ["float32"], 2)
     assert c.read_gbps and c.triad_gbps and c.roof_gbps >= max(c.read_gbps, c.triad_gbps)
     assert "read stream" in c.bandwidth_source and "triad" in c.bandwidth_source  # the other one named beside
-
-
-@needs_compiler
-def test_both_streams_on_one_allocation_measure_what_each_does_alone(quick):
-    """The roof and the run's bandwidth watch take the triad and the read stream from one buffer (the read over
-    the triad's b and c): the same kernels, sizes and checks as each stream alone."""
-    (triad, triad_how), (read, read_how) = hardware.streams_gbps(2, array_bytes=2**22, passes=2)
-    assert triad > 0.1 and read > 0.1
-    assert triad_how.startswith("triad a = b + s·c, 3 × 4 MiB float32, 12 B/element (no write-allocate), 2 threads")
-    assert read_how.startswith("read stream Σ a, 8 MiB float32, 4 B/element, 2 threads")
 
 
 @pytest.mark.parametrize("copy_gbps", [10.0, 50.0])  # below both streams, then above both

@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
-import itertools
 import json
 import sys
 from dataclasses import asdict
@@ -65,15 +64,16 @@ def _default_out(suite: str) -> Path:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     if not Path("runs").is_dir():
         _CLAIMED.append(Path("runs"))  # removed after the folder inside it, if that is all it holds
-    for n in itertools.count(1):
+    n = 1
+    while True:
         out = Path("runs") / (f"{suite}-{stamp}" if n == 1 else f"{suite}-{stamp}-{n}")
         try:
             out.mkdir(parents=True)
         except FileExistsError:
+            n += 1
             continue
         _CLAIMED.append(out)
         return out
-    raise AssertionError("unreachable")
 
 
 def _drop_empty_claims() -> None:

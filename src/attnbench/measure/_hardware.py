@@ -22,7 +22,7 @@ Bandwidth roof (GB/s): STREAM's triad, a[i] = b[i] + s·c[i], on three float32 a
 the run's threads (or one thread, where that is faster: more threads never have less bandwidth); 12
 bytes per element (two reads, one write, no write-allocate: STREAM's convention, and
 the one attnbench's ``bytes`` column uses: minimum traffic, q, k, v read once, o written once). Also a
-read stream (``read_gbps``: the sum of one array of twice that size, 4 bytes per element): a workload that
+read stream (the sum of one array of twice that size, 4 bytes per element): a workload that
 only reads — decode reading its KV cache — can beat the triad, and the roof is the higher of the two.
 
 Each figure is the best of many timed calls after a warm-up (compute: calls of about ``CALL_S`` for
@@ -243,32 +243,14 @@ def _best_gbps(
     return max(best.values()), how + ("" if openmp else ", no OpenMP")
 
 
-def triad_gbps(threads: int, array_bytes: int | None = None, passes: int | None = None) -> tuple[float, str]:
-    """(GB/s, method) of the triad on three float32 arrays of ``array_bytes`` each, the best of ``passes``
-    (default TRIAD_REPEATS); raises BuildError."""
-    built = load()
-    array_bytes = array_bytes or triad_array_bytes()
-    return _triad(built, _stream_arrays(array_bytes // 4), threads, passes)
-
-
-def read_gbps(threads: int, array_bytes: int | None = None, passes: int | None = None) -> tuple[float, str]:
-    """(GB/s, method) of a read stream over one float32 array of 2 × ``array_bytes``, the best of ``passes``
-    (default TRIAD_REPEATS); raises BuildError."""
-    built = load()
-    array_bytes = array_bytes or triad_array_bytes()
-    n = array_bytes // 4
-    array = torch.empty(2 * n)
-    array[:n].fill_(1.0), array[n:].fill_(2.0)  # every page touched before timing
-    return _read(built, array, threads, passes)
-
-
 def streams_gbps(
     threads: int, array_bytes: int | None = None, passes: int | None = None
 ) -> tuple[tuple[float, str], tuple[float, str]]:
-    """``triad_gbps`` and then ``read_gbps``, each as on its own, on one allocation: the read stream sums the
-    triad's b and c, adjacent (2 × ``array_bytes``, as ``read_gbps`` reads). Where the last-level cache is large
-    (a server's whole L3, e.g. 260 MiB: arrays of 1 GiB), allocating and touching the arrays costs more than
-    their passes; this touches 3 arrays' worth instead of 5."""
+    """((GB/s, method) of the triad on three float32 arrays of ``array_bytes`` each, (GB/s, method) of the read
+    stream), each the best of ``passes`` (default TRIAD_REPEATS); raises BuildError. One allocation: the read
+    stream sums the triad's b and c, adjacent (2 × ``array_bytes``). Where the last-level cache is large (a
+    server's whole L3, e.g. 260 MiB: arrays of 1 GiB), allocating and touching the arrays costs more than their
+    passes; this touches 3 arrays' worth, where a buffer for each stream would touch 5."""
     built = load()
     array_bytes = array_bytes or triad_array_bytes()
     buffer = _stream_arrays(array_bytes // 4)

@@ -25,17 +25,17 @@ alike (``time_callable`` here picks the timer for the device).
 from __future__ import annotations
 
 import bisect
-import contextlib
 import math
 import random
 import statistics
 import time
 import timeit
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.benchmark.utils.common import set_torch_threads
 
 from attnbench.measure._cpu_wait import waited_ns
 from attnbench.measure.allocator import keeps_freed_memory
@@ -126,19 +126,6 @@ def warm_calls() -> int:
     return 1 if keeps_freed_memory() else 2
 
 
-@contextlib.contextmanager
-def torch_threads(threads: int) -> Iterator[None]:
-    """torch's intra-op thread count set to ``threads`` inside the block, and back after it."""
-    previous = torch.get_num_threads()
-    if previous != threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if previous != threads:
-            torch.set_num_threads(previous)
-
-
 @dataclass
 class _CpuSeries:
     """One contender's samples in the interleaved loop: its timer, block size, samples and spent time."""
@@ -153,7 +140,7 @@ class _CpuSeries:
     spent_s: float = 0.0
 
     def take(self) -> None:
-        with torch_threads(self.threads):
+        with set_torch_threads(self.threads):  # as torch's Timer does around each block
             self.timer.timeit(self.warm_calls)
             before, start = waited_ns(), time.perf_counter_ns()
             seconds = max(self.timer.timeit(self.calls), 1e-9)  # one block of `calls` calls
@@ -223,8 +210,9 @@ def time_cpu_rounds(
     if paired:  # one block size for all (the one the fastest needs), so a block's timer overhead is shared alike
         shared = max(calls[name] for name in fns)
         calls = {name: min(shared, PAIRED_BLOCK_GROWTH * calls[name]) for name in fns}
+    warm = warm_calls()
     series = {
-        name: _CpuSeries(timeit.Timer(stmt="fn()", globals={"fn": fn}), calls[name], threads, warm_calls())
+        name: _CpuSeries(timeit.Timer(stmt="fn()", globals={"fn": fn}), calls[name], threads, warm)
         for name, fn in fns.items()
     }
     failed: dict[str, SampleError] = {}
