@@ -119,9 +119,30 @@ def dev(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the tests against a plain, non-editable install of attnbench."""
+    """Run the tests against a plain, non-editable install of attnbench, in two phases (see test_phases)."""
     install(session, "test", "xformers", "triton", plugins=False)
-    session.run("pytest", "tests", *session.posargs)
+    for args in test_phases(session.posargs):
+        # with the user's own selection (`-- -k name`) one phase may find nothing to run: pytest's exit code 5
+        session.run("pytest", *args, success_codes=[0, 5] if session.posargs else [0])
+
+
+MAX_TEST_WORKERS = 8  # each worker imports torch (about 0.5 GB); more than this buys little
+
+
+def test_phases(posargs: list[str], cores: int | None = None) -> list[list[str]]:
+    """pytest's arguments for each phase of `nox -s tests`: first every test but the `serial` ones, a worker per
+    core (pytest-xdist, a test file at a time on one worker, so a file's shared fixtures are made once), then the
+    `serial` ones on their own: they keep both cores busy themselves (Triton's interpreter split over a process per
+    core) or need the machine to themselves (the README's commands, whose rows must time `ok`). Most tests use one
+    core — a sweep in one process, Python between the kernels — so on 2 cores the first phase takes about half its
+    serial time. `-- -n N` after the session's name sets another worker count."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = str(max(1, min(cores, MAX_TEST_WORKERS)))
+    return [
+        ["tests", "-n", workers, "--dist", "loadfile", "-m", "not timing and not serial", *posargs],
+        ["tests", "-m", "serial and not timing", *posargs],
+    ]
 
 
 @nox.session(default=False)

@@ -64,8 +64,18 @@ def headless_chromium(tmp_path_factory: pytest.TempPathFactory, height: int) -> 
     driver.quit()
 
 
+# The fixture name of a module's Triton-interpreter cases, run by run_cases_split in a process per core.
+SPLIT_FIXTURE = "interpreted"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own `-m` selection reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``cuda`` skip, saying why, where torch sees no CUDA device (`pytest -m cuda` on a GPU)."""
+    """Tests that use a module's interpreter cases (SPLIT_FIXTURE) are ``serial``: they keep every core busy, so
+    `nox -s tests` runs them after the tests that share the cores. Tests marked ``cuda`` skip, saying why, where
+    torch sees no CUDA device (`pytest -m cuda` on a GPU)."""
+    for item in items:
+        if SPLIT_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.serial)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False): run `pytest -m cuda` on one")
@@ -145,8 +155,10 @@ def v1_store(
 def run_subprocess(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """Run a command with this interpreter's environment (plus ``env``), capturing text output."""
-    full_env = {**os.environ, **(env or {})}
+    """Run a command with this interpreter's environment (plus ``env``), capturing text output. pytest-xdist's
+    variables stay behind: a pytest started here is not a worker (pytest-benchmark would turn itself off)."""
+    own = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST_")}
+    full_env = {**own, **(env or {})}
     return subprocess.run(args, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=600)
 
 

@@ -141,7 +141,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def interpreted() -> dict[str, dict[str, Any]]:
+def formula_checks() -> dict[str, dict[str, Any]]:  # one process, one core: not SPLIT_FIXTURE
     pytest.importorskip("triton")
     result = run_subprocess(sys.executable, "-c", _SCRIPT, json.dumps(CASES), env={"TRITON_INTERPRET": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -150,19 +150,19 @@ def interpreted() -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_output_and_gradients_match_the_float64_formula(interpreted, name):
-    dtype, result = CASES[name].get("dtype", "float32"), interpreted[name]
+def test_output_and_gradients_match_the_float64_formula(formula_checks, name):
+    dtype, result = CASES[name].get("dtype", "float32"), formula_checks[name]
     assert result["out_err"] <= TOLERANCES[dtype][0]
     assert result["grad_err"] <= GRAD_TOLERANCES[dtype]
 
 
-def test_rows_before_a_window_reaches_the_keys_are_empty(interpreted):
+def test_rows_before_a_window_reaches_the_keys_are_empty(formula_checks):
     # Sq 60 > Sk 30 bottom-right: rows 0-29 see no key (and give zeros, checked against the formula)
-    assert interpreted["window-8-S60x30-empty-rows"]["empty_rows"] == 30
+    assert formula_checks["window-8-S60x30-empty-rows"]["empty_rows"] == 30
 
 
-def test_a_window_visits_only_the_blocks_it_touches(interpreted):
-    counts = interpreted["window-20-S160"]
+def test_a_window_visits_only_the_blocks_it_touches(formula_checks):
+    counts = formula_checks["window-20-S160"]
     assert counts["visited"] == counts["expected_visited"]
     # 32-row tiles, 16-key blocks, W 20: 2 blocks for the first tile, then 4 per tile, whatever S; causal
     # without the window would visit 2, 4, 6, 8, 10
@@ -171,9 +171,9 @@ def test_a_window_visits_only_the_blocks_it_touches(interpreted):
     assert counts["unmasked"] == [0, 0, 0, 0, 0]  # every row's window edge cuts each block at W 20
 
 
-def test_documents_visit_only_their_own_blocks(interpreted):
+def test_documents_visit_only_their_own_blocks(formula_checks):
     # batch 0's documents [0, 10), [10, 45), [45, 70): the last tile (rows 64-69) starts at key 45's block
-    counts = interpreted["documents-ids-B2-mqa"]
+    counts = formula_checks["documents-ids-B2-mqa"]
     assert counts["visited"] == counts["expected_visited"] == [2, 4, 3]
     assert counts["blocks_without_window"] == [2, 4, 5]  # causal alone
 

@@ -3,13 +3,14 @@ torch is pinned before anything else, `nox -s dev` makes one durable .venv/ (iss
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, attnbench_cmd, run_subprocess
+from conftest import REPO, SPLIT_FIXTURE, attnbench_cmd, run_subprocess
 
 
 def _load_noxfile():
@@ -168,3 +169,29 @@ def test_a_plugin_named_in_plugins_txt_is_installed_and_listed(tmp_path):
     assert shown.returncode == 0, shown.stderr
     (line,) = [line for line in shown.stdout.splitlines() if line.startswith("chunked ")]
     assert "available" in line and "query chunks of 256 rows" in line
+
+
+def test_tests_runs_the_shared_phase_on_a_worker_per_core_then_the_serial_phase(tmp_path):
+    shared, serial = noxfile.test_phases(["-k", "cli"], cores=2)
+    assert shared == ["tests", "-n", "2", "--dist", "loadfile", "-m", "not timing and not serial", "-k", "cli"]
+    assert serial == ["tests", "-m", "serial and not timing", "-k", "cli"]
+    assert noxfile.test_phases([], cores=64)[0][2] == str(noxfile.MAX_TEST_WORKERS)
+    assert noxfile.test_phases([], cores=1)[0][2] == "1"
+    session = FakeSession(tmp_path / "tests")
+    noxfile.tests(session)
+    assert session.runs == [("pytest", *args) for args in noxfile.test_phases([])]
+
+
+def test_every_fixture_that_splits_interpreter_cases_over_the_cores_makes_its_tests_serial():
+    """run_cases_split keeps every core busy, so its fixture goes by the name conftest marks `serial`, and no other
+    fixture has that name (a one-process fixture so named would idle a core in the serial phase)."""
+    splitting, named = set(), set()
+    for path in (REPO / "tests").glob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any("fixture" in ast.unparse(d) for d in node.decorator_list):
+                calls = {ast.unparse(c.func) for c in ast.walk(node) if isinstance(c, ast.Call)}
+                if "run_cases_split" in calls:
+                    splitting.add(f"{path.name}::{node.name}")
+                if node.name == SPLIT_FIXTURE:
+                    named.add(f"{path.name}::{node.name}")
+    assert len(splitting) >= 4 and splitting == named

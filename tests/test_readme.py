@@ -72,6 +72,7 @@ def _run_lane(commands: list[str], cwd, niceness: int = 0) -> list[tuple[str, ob
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its second lane takes only the cores the first leaves idle: nothing else may run beside them
 def test_readme_attnbench_commands_run_in_order(tmp_path):
     """Every command as written, in README order within two lanes run at once (what a later command reads is
     in the first, after what wrote it), so the 18 commands take the time of the longer lane. The second lane
