@@ -13,7 +13,8 @@ import pytest
 from conftest import NEEDS_CHROMIUM, headless_chromium
 
 pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
-pytestmark = NEEDS_CHROMIUM
+# serial: its page is drawn from real sweeps, and a row timed `stalled` beside other tests drops a step
+pytestmark = [NEEDS_CHROMIUM, pytest.mark.serial]
 ODD = "<i>odd</i>"
 
 

@@ -17,6 +17,8 @@ from attnbench.runner.cases import RunOptions, run_group
 from attnbench.runner.results import rows_to_frame
 from attnbench.workload import Workload
 
+# serial: beside other tests the threads' real waits for a core give the stall's reason before the planted yardstick
+pytestmark = pytest.mark.serial
 WORKLOAD = Workload(1, 2, 2, 64, 64, 16)
 OPTIONS = RunOptions(budget_s=0.05, measure_memory=False)
 
