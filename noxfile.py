@@ -117,24 +117,54 @@ def dev(session: nox.Session) -> None:
     )
 
 
+# Run before the whole suite (no test selection): they build the C++ kernels and measure this machine's ceilings into
+# the suite's cache once, on a quiet machine, and say in the log what the machine is and which contenders run here.
+WARM_UP = (("attnbench", "env"), ("attnbench", "list"))
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the tests against a plain, non-editable install of attnbench, in two phases (see test_phases)."""
+    """Run the tests against a plain, non-editable install of attnbench, in two phases (see test_phases) that share
+    one cache of built kernels and measured ceilings (see test_cache)."""
     install(session, "test", "xformers", "triton", plugins=False)
+    env = test_cache(Path(session.create_tmp()))
+    for command in () if session.posargs else WARM_UP:
+        session.run(*command, env=env)
     for args in test_phases(session.posargs):
         # with the user's own selection (`-- -k name`) one phase may find nothing to run: pytest's exit code 5
-        session.run("pytest", *args, success_codes=[0, 5] if session.posargs else [0])
+        session.run("pytest", *args, env=env, success_codes=[0, 5] if session.posargs else [0])
+
+
+def test_cache(tmp: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment that gives the test run one attnbench cache (ATTNBENCH_CACHE_DIR): a fresh folder under the
+    session's tmp/, emptied first, so that each `nox -s tests` measures this machine anew and builds from the
+    current sources; nothing where the user names their own cache. Without it each pytest process made its own and
+    built the C++ kernels (16 s on 2 cores) and measured the ceilings (25 s) again."""
+    if environ.get("ATTNBENCH_CACHE_DIR", "").strip():
+        return {}
+    cache = tmp / "attnbench-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir(parents=True)
+    return {"ATTNBENCH_CACHE_DIR": str(cache)}
+
+
+def default_workers(cores: int | None = None) -> int:
+    """The first phase's pytest-xdist workers where ATTNBENCH_TEST_WORKERS is not set: 2 where there are 2 cores or
+    more, else none (pytest's own process). More workers than 2 are not the default: the suite is checked on 2."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 2 if cores >= 2 else 0
 
 
 def test_phases(posargs: list[str], environ: Mapping[str, str] = os.environ) -> list[list[str]]:
     """pytest's arguments for each phase of `nox -s tests`: first every test but the `serial` ones, then the
     `serial` ones on their own: they keep both cores busy themselves (Triton's interpreter split over a process per
-    core) or need the machine to themselves (the README's commands, whose rows must time `ok`). ATTNBENCH_TEST_WORKERS
-    (default 0: in pytest's own process) spreads the first phase over that many pytest-xdist workers, a test file
-    at a time on one worker, so a file's shared fixtures are made once. Most tests use one core, so on 2 cores two
-    workers take about half the first phase's time — but a real sweep then times rows `stalled` far more often, and
-    some tests still read a stalled row as a failure: not yet the default (see README)."""
-    workers = environ.get("ATTNBENCH_TEST_WORKERS", "").strip() or "0"
+    core) or need the machine to themselves (the README's commands, whose rows must time `ok`). The first phase runs
+    on ATTNBENCH_TEST_WORKERS pytest-xdist workers (default: default_workers; 0: in pytest's own process), a test
+    file at a time on one worker, so a file's shared fixtures are made once. Most tests use one core, so on 2 cores
+    two workers take about two thirds of the first phase's time in one process; a real sweep then times more rows
+    `stalled`, which every test of a real sweep accepts as checked."""
+    workers = environ.get("ATTNBENCH_TEST_WORKERS", "").strip() or str(default_workers())
     return [
         ["tests", "-n", workers, "--dist", "loadfile", "-m", "not timing and not serial", *posargs],
         ["tests", "-m", "serial and not timing", *posargs],

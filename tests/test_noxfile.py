@@ -31,6 +31,7 @@ class FakeSession:
         self.tmp, self.posargs = tmp, list(posargs)
         self.installs: list[tuple[str, ...]] = []
         self.runs: list[tuple[str, ...]] = []
+        self.envs: list[dict[str, str] | None] = []
         self.logs: list[str] = []
 
     def create_tmp(self) -> str:
@@ -40,8 +41,9 @@ class FakeSession:
     def install(self, *args: str) -> None:
         self.installs.append(args)
 
-    def run(self, *args: str, **_: object) -> str:
+    def run(self, *args: str, env: dict[str, str] | None = None, **_: object) -> str:
         self.runs.append(args)
+        self.envs.append(env)
         return ""
 
     def log(self, message: str) -> None:
@@ -171,14 +173,26 @@ def test_a_plugin_named_in_plugins_txt_is_installed_and_listed(tmp_path):
     assert "available" in line and "query chunks of 256 rows" in line
 
 
-def test_tests_runs_the_shared_phase_then_the_serial_phase(tmp_path):
-    shared, serial = noxfile.test_phases(["-k", "cli"], {"ATTNBENCH_TEST_WORKERS": "2"})
-    assert shared == ["tests", "-n", "2", "--dist", "loadfile", "-m", "not timing and not serial", "-k", "cli"]
+def test_tests_warms_one_cache_then_runs_the_shared_phase_then_the_serial_phase(tmp_path, monkeypatch):
+    shared, serial = noxfile.test_phases(["-k", "cli"], {"ATTNBENCH_TEST_WORKERS": "3"})
+    assert shared == ["tests", "-n", "3", "--dist", "loadfile", "-m", "not timing and not serial", "-k", "cli"]
     assert serial == ["tests", "-m", "serial and not timing", "-k", "cli"]
-    assert noxfile.test_phases([], {})[0][1:3] == ["-n", "0"]  # by default in pytest's own process
+    assert noxfile.test_phases([], {"ATTNBENCH_TEST_WORKERS": "0"})[0][1:3] == ["-n", "0"]  # in pytest's own process
+    assert [noxfile.default_workers(cores) for cores in (1, 2, 16)] == [0, 2, 2]
+    monkeypatch.delenv("ATTNBENCH_CACHE_DIR", raising=False)
     session = FakeSession(tmp_path / "tests")
+    stale = tmp_path / "tests" / "attnbench-cache" / "ceilings.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")  # a cache an earlier run left: each run measures and builds anew
     noxfile.tests(session)
-    assert session.runs == [("pytest", *args) for args in noxfile.test_phases([])]
+    phases = [("pytest", *args) for args in noxfile.test_phases([])]
+    assert session.runs == [*noxfile.WARM_UP, *phases]
+    cache = {"ATTNBENCH_CACHE_DIR": str(tmp_path / "tests" / "attnbench-cache")}
+    assert session.envs == [cache] * 4 and not stale.exists() and stale.parent.is_dir()
+    selected = FakeSession(tmp_path / "tests", ("-k", "cli"))
+    noxfile.tests(selected)  # a selection of tests does without the warm-up
+    assert selected.runs == [("pytest", *args) for args in noxfile.test_phases(["-k", "cli"])]
+    assert noxfile.test_cache(tmp_path, {"ATTNBENCH_CACHE_DIR": "/mine"}) == {}  # the user's own cache is used
 
 
 def test_every_fixture_that_splits_interpreter_cases_over_the_cores_makes_its_tests_serial():
