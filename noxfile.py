@@ -142,7 +142,7 @@ def test_cache(tmp: Path, environ: Mapping[str, str] = os.environ) -> dict[str, 
     built the C++ kernels (16 s on 2 cores) and measured the ceilings (25 s) again."""
     if environ.get("ATTNBENCH_CACHE_DIR", "").strip():
         return {}
-    cache = tmp / "attnbench-cache"
+    cache = tmp.resolve() / "attnbench-cache"  # absolute: tests run attnbench in folders of their own
     shutil.rmtree(cache, ignore_errors=True)
     cache.mkdir(parents=True)
     return {"ATTNBENCH_CACHE_DIR": str(cache)}

@@ -189,6 +189,8 @@ def test_tests_warms_one_cache_then_runs_the_shared_phase_then_the_serial_phase(
     assert session.runs == [*noxfile.WARM_UP, *phases]
     cache = {"ATTNBENCH_CACHE_DIR": str(tmp_path / "tests" / "attnbench-cache")}
     assert session.envs == [cache] * 4 and not stale.exists() and stale.parent.is_dir()
+    monkeypatch.chdir(tmp_path)  # nox's tmp folder is relative to the noxfile; the cache's path never is
+    assert noxfile.test_cache(Path("tests")) == cache
     selected = FakeSession(tmp_path / "tests", ("-k", "cli"))
     noxfile.tests(selected)  # a selection of tests does without the warm-up
     assert selected.runs == [("pytest", *args) for args in noxfile.test_phases(["-k", "cli"])]
