@@ -192,6 +192,7 @@ def test_a_slowdown_in_a_lazily_imported_module_is_slower(lazy_plugin, tmp_path,
     assert case.verdict == "slower" and case.paired is not None and case.paired.ratio > 1.2, case
 
 
+@pytest.mark.serial  # `same` needs a quiet machine: beside another test's sweep both tries came back `unclear`
 def test_a_comment_only_change_to_a_lazily_imported_module_is_same(lazy_plugin, tmp_path):
     repo, package = lazy_plugin
     work = package / "work.py"
@@ -260,6 +261,7 @@ CASCADE_WORKLOAD = Workload(4, 8, 2, 4, 1024, 64, shared_prefix=512)
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its comment-only commit must come back `same`, which needs a quiet machine
 def test_fused_cpu_cascade_at_two_revisions_each_runs_its_own(tmp_path):
     """attnbench's own kernel, in a throwaway repository holding a copy of its impls package: a sleep planted
     in the cascade (shared-prefix) path at HEAD is `slower` against HEAD~1, a comment is `same`. Both versions
