@@ -138,8 +138,8 @@ def tests(session: nox.Session) -> None:
 def test_cache(tmp: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment that gives the test run one attnbench cache (ATTNBENCH_CACHE_DIR): a fresh folder under the
     session's tmp/, emptied first, so that each `nox -s tests` measures this machine anew and builds from the
-    current sources; nothing where the user names their own cache. Without it each pytest process made its own and
-    built the C++ kernels (16 s on 2 cores) and measured the ceilings (25 s) again."""
+    current sources; nothing where the user names their own cache. Without it each pytest process made its own, and
+    built the C++ kernels and measured the ceilings again."""
     if environ.get("ATTNBENCH_CACHE_DIR", "").strip():
         return {}
     cache = tmp.resolve() / "attnbench-cache"  # absolute: tests run attnbench in folders of their own
@@ -161,9 +161,9 @@ def test_phases(posargs: list[str], environ: Mapping[str, str] = os.environ) -> 
     `serial` ones on their own: they keep both cores busy themselves (Triton's interpreter split over a process per
     core) or need the machine to themselves (the README's commands, whose rows must time `ok`). The first phase runs
     on ATTNBENCH_TEST_WORKERS pytest-xdist workers (default: default_workers; 0: in pytest's own process), a test
-    file at a time on one worker, so a file's shared fixtures are made once. Most tests use one core, so on 2 cores
-    two workers take about two thirds of the first phase's time in one process; a real sweep then times more rows
-    `stalled`, which every test of a real sweep accepts as checked."""
+    file at a time on one worker, so a file's shared fixtures are made once. Most tests use one core, so two workers
+    keep both cores busy (README: the times); a real sweep then times more rows `stalled`, which every test of a
+    real sweep accepts as checked."""
     workers = environ.get("ATTNBENCH_TEST_WORKERS", "").strip() or str(default_workers())
     return [
         ["tests", "-n", workers, "--dist", "loadfile", "-m", "not timing and not serial", *posargs],
