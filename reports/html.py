@@ -20,6 +20,7 @@ import pandas as pd
 import attnbench
 from attnbench.reports.frames import Run, labels, machine_label, workload_label
 from attnbench.reports.plots import speedup_table
+from attnbench.reports.ranking import LEGEND, TIE, Ranking, rank
 from attnbench.reports.table import results_table_html
 from attnbench.workload.axes import features_asked
 
@@ -56,10 +57,9 @@ def _headline(ok: pd.DataFrame, baseline: str | None) -> list[dict[str, str]]:
     speedups, bases = speedup_table(ok, baseline)
     rows = []
     for (machine, workload), group in ok.groupby(["machine", "workload"], sort=False):
-        ranked = group.sort_values("median_ms")
-        best = ranked.iloc[0]
+        ranking = rank(group)
+        best = group[group["impl"] == ranking.fastest].iloc[0]
         key = f"{machine} · {workload}" if ok["machine"].nunique() > 1 else workload
-        second = ranked.iloc[1] if len(ranked) > 1 else None
         speed = speedups.get(key, {}).get(best["impl"]) if key in speedups else None
         rows.append(
             {
@@ -68,13 +68,21 @@ def _headline(ok: pd.DataFrame, baseline: str | None) -> list[dict[str, str]]:
                 "fastest": best["impl"],
                 "median": _fmt(best["median_ms"]),
                 "tflops": _fmt(best["tflops"]),
-                "runner_up": "" if second is None else second["impl"],
-                "margin": "" if second is None else f"{second['median_ms'] / best['median_ms']:.2f}×",
+                "runner_up": ranking.runner_up or "",
+                "margin": _margin(ranking),
+                "within_noise": not ranking.clear,
                 "baseline": bases.get(key, ""),
                 "speedup": "" if speed is None else f"{speed:.2f}×",
             }
         )
     return rows
+
+
+def _margin(ranking: Ranking) -> str:
+    """The runner-up's time over the fastest's, and whether that lead is within the noise (ranking.py)."""
+    if ranking.margin is None:
+        return ""
+    return f"{ranking.margin:.2f}×" + ("" if ranking.clear else f", {TIE} within noise")
 
 
 def _missing(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -190,6 +198,7 @@ def write_report(
         version=attnbench.__version__,
         generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         headline=_headline(ok, baseline),
+        tie_legend=LEGEND,
         figures=[
             {
                 "title": title,

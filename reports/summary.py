@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.reports.frames import workload_label
+from attnbench.reports.ranking import LEGEND, rank
 from attnbench.runner.results import CASE_COLUMNS
 
 GROUP = CASE_COLUMNS[1:]  # the workload columns that identify a case
@@ -22,7 +23,9 @@ def _cell(row: pd.Series) -> str:
 
 def summary_table(frame: pd.DataFrame) -> str:
     """Median ms per workload (rows) and contender (columns); '!' marks an incorrect result's time, '~' a time
-    taken while the machine stalled (status ``stalled``): both shown, neither ranked in ``fastest``.
+    taken while the machine stalled (status ``stalled``): both shown, neither ranked in ``fastest``. Where the
+    runner-up is within the noise of the fastest (``ranking.py``), ``fastest`` names both, ``A ≈ B``, and a
+    line under the table says what ``≈`` means.
 
     Cells that are not times name the status; contenders unavailable on every row are left out."""
     if frame.empty:
@@ -33,15 +36,16 @@ def summary_table(frame: pd.DataFrame) -> str:
     # Contenders unavailable everywhere only add columns of "unavailable"; their reason is listed below.
     shown = [impl for impl in dict.fromkeys(frame["impl"]) if (frame[frame.impl == impl].status != "unavailable").any()]
     table = table.reindex(columns=shown)
-    ok = frame[frame["status"] == "ok"]
+    ok = cells[cells["status"] == "ok"]
+    tied = False
     if not ok.empty:
-        ok = cells[cells["status"] == "ok"]
-        fastest = ok.loc[ok.groupby(GROUP, sort=False)["median_ms"].idxmin()].set_index(GROUP)["impl"]
-        table["fastest"] = fastest.reindex(table.index)
+        rankings = {key: rank(rows) for key, rows in ok.groupby(GROUP, sort=False)}
+        tied = any(not r.clear for r in rankings.values())
+        table["fastest"] = pd.Series({key: r.label() for key, r in rankings.items()}).reindex(table.index)
     table = table.fillna("")
     table.index = [_label(key) for key in table.index]
     table.columns.name = None
-    return table.to_string()
+    return table.to_string() + (f"\n{LEGEND}" if tied else "")
 
 
 def _label(key: tuple) -> str:

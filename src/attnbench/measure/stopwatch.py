@@ -30,7 +30,7 @@ import random
 import statistics
 import time
 import timeit
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,16 +105,23 @@ def quartiles(samples: list[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
-def median_ci_halfwidth(samples: list[float]) -> float:
-    """Half-width of a distribution-free 95 % confidence interval of the median (order statistics)."""
+def median_ci(samples: Sequence[float]) -> tuple[float, float]:
+    """A distribution-free 95 % confidence interval of the median (order statistics); (-inf, inf) under 6
+    samples."""
     n = len(samples)
     if n < 6:
-        return math.inf
+        return -math.inf, math.inf
     ordered = sorted(samples)
     spread = 1.96 * math.sqrt(n) / 2
     low = max(0, math.floor(n / 2 - spread))
     high = min(n - 1, math.ceil(n / 2 + spread))
-    return (ordered[high] - ordered[low]) / 2
+    return ordered[low], ordered[high]
+
+
+def median_ci_halfwidth(samples: Sequence[float]) -> float:
+    """Half-width of :func:`median_ci`."""
+    low, high = median_ci(samples)
+    return (high - low) / 2
 
 
 def warm_calls() -> int:

@@ -1,0 +1,78 @@
+"""Who is fastest in a case, and whether the lead is beyond the noise the run measured.
+
+A run's summary and its report name a fastest contender per case. On a noisy machine the two best may be
+closer than their own samples can tell apart — on a shared 2-vCPU VM (an Intel Xeon) one `nox -s bench` gave
+a median IQR of 21 % of the median over its 42 rows, and fused_cpu led sdpa_flash by 3 % on one case. Naming a
+winner there claims more than was measured, so the ranking says when the runner-up is within the noise:
+
+- each row's median has a distribution-free 95 % confidence interval from its raw samples (``samples_ms``,
+  order statistics, as the stop rule uses: ``stopwatch.median_ci``); the lead is clear when the fastest's
+  interval ends below the runner-up's — two intervals apart, a conservative test (a row with fewer than six
+  samples has no interval, and no lead over anyone);
+- a row merged from ``--repeat`` processes also has one median per process: then every one of the fastest's
+  must be below every one of the runner-up's too, since what changes between processes does not show in
+  one process's samples.
+
+Otherwise both are named: ``fused_cpu ≈ sdpa_flash``. Neither rule needs the two rows' samples to be paired,
+so rows of different runs rank the same way. Only ``ok`` rows rank (see ``summary.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from attnbench.measure.stopwatch import median_ci
+
+TIE = "≈"
+LEGEND = (
+    f"{TIE}: the runner-up is within the noise of the fastest (their medians' 95 % confidence intervals overlap,"
+    " or their repeats' medians interleave)"
+)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The fastest row of a case, the runner-up, how much slower it is, and whether the lead is clear."""
+
+    fastest: str
+    runner_up: str | None = None
+    margin: float | None = None  # runner-up median ÷ fastest median
+    clear: bool = True  # no runner-up, or one outside the fastest's noise
+
+    def label(self) -> str:
+        """``fastest``, or ``fastest ≈ runner-up`` where the lead is within the noise."""
+        return self.fastest if self.clear else f"{self.fastest} {TIE} {self.runner_up}"
+
+
+def _values(value: Any) -> list[float]:
+    if value is None or (isinstance(value, float) and value != value):
+        return []
+    return [float(v) for v in value]
+
+
+def beyond_noise(fastest: Mapping[Any, Any], other: Mapping[Any, Any]) -> bool:
+    """Whether ``fastest`` (a row) is faster than ``other`` beyond both rows' noise (the module's rules)."""
+    _, fastest_high = median_ci(_values(fastest.get("samples_ms")))
+    other_low, _ = median_ci(_values(other.get("samples_ms")))
+    if not fastest_high < other_low:
+        return False
+    repeats: Sequence[float] = _values(fastest.get("repeat_medians_ms"))
+    others: Sequence[float] = _values(other.get("repeat_medians_ms"))
+    if len(repeats) > 1 or len(others) > 1:
+        return max(repeats or [fastest["median_ms"]]) < min(others or [other["median_ms"]])
+    return True
+
+
+def rank(rows: pd.DataFrame) -> Ranking:
+    """The ranking of one case's ``ok`` rows (at least one) by median time."""
+    ranked = rows.sort_values("median_ms", kind="stable").to_dict("records")
+    best = ranked[0]
+    if len(ranked) == 1:
+        return Ranking(best["impl"])
+    second = ranked[1]
+    margin = float(second["median_ms"]) / float(best["median_ms"])
+    return Ranking(best["impl"], second["impl"], margin, beyond_noise(best, second))

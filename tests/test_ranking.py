@@ -1,0 +1,79 @@
+"""The fastest contender of a case is named alone only when its lead is beyond the noise its samples show."""
+
+import random
+
+import pandas as pd
+
+from attnbench.reports import ranking
+from attnbench.reports.html import _headline
+from attnbench.reports.summary import summary_table
+from attnbench.runner.results import make_row, rows_to_frame
+from attnbench.workload import Workload
+
+WORKLOAD = Workload(1, 2, 2, 64, 64, 16)
+
+
+def _samples(median: float, spread: float, n: int = 60, seed: int = 0) -> list[float]:
+    """``n`` samples spread ±``spread`` (relative) around ``median``, shuffled."""
+    rng = random.Random(seed)
+    return [median * (1 + spread * (2 * rng.random() - 1)) for _ in range(n)]
+
+
+def _row(impl: str, median: float, spread: float = 0.02, n: int = 60, **extra: object) -> dict:
+    samples = _samples(median, spread, n, seed=len(impl))
+    return make_row(impl, WORKLOAD, "ok", median_ms=median, samples_ms=samples, n_samples=n, **extra)
+
+
+def test_a_lead_beyond_both_intervals_is_clear_and_one_inside_them_is_not():
+    fast, close, far = _row("fast", 1.0, 0.3), _row("close", 1.03, 0.3), _row("far", 2.0, 0.3)
+    assert ranking.beyond_noise(fast, far) and not ranking.beyond_noise(far, fast)
+    assert not ranking.beyond_noise(fast, close)  # 3 % apart in ±30 % samples: the run can't tell
+    # the same 3 % with tight samples is measured
+    assert ranking.beyond_noise(_row("fast", 1.0, 0.005), _row("close", 1.03, 0.005))
+
+
+def test_too_few_samples_is_no_lead():
+    assert not ranking.beyond_noise(_row("fast", 1.0, 0.01, n=5), _row("slow", 3.0, 0.01))
+    assert not ranking.beyond_noise(_row("fast", 1.0, 0.01), make_row("slow", WORKLOAD, "ok", median_ms=3.0))
+
+
+def test_repeats_whose_medians_interleave_are_no_lead_even_when_pooled_samples_are():
+    fast = _row("fast", 1.0, 0.005, repeat_medians_ms=[0.95, 1.0, 1.08])
+    slow = _row("slow", 1.1, 0.005, repeat_medians_ms=[1.05, 1.1, 1.12])
+    assert not ranking.beyond_noise(fast, slow)
+    apart = _row("slow", 1.1, 0.005, repeat_medians_ms=[1.09, 1.1, 1.12])
+    assert ranking.beyond_noise(fast, apart)
+
+
+def test_rank_names_the_runner_up_and_the_margin():
+    frame = rows_to_frame([_row("b", 2.0), _row("a", 1.0), _row("c", 3.0)])
+    assert ranking.rank(frame) == ranking.Ranking("a", "b", 2.0, True)
+    assert ranking.rank(frame[frame.impl == "c"]) == ranking.Ranking("c")
+    tied = ranking.rank(rows_to_frame([_row("a", 1.0, 0.3), _row("b", 1.02, 0.3)]))
+    assert not tied.clear and tied.label() == "a ≈ b" and tied.margin == 1.02
+
+
+def test_summary_table_names_both_within_noise_and_says_what_the_mark_means():
+    clear = summary_table(rows_to_frame([_row("a", 1.0), _row("b", 2.0)]))
+    assert clear.splitlines()[-1].split()[-1] == "a" and ranking.TIE not in clear
+    tied = summary_table(rows_to_frame([_row("a", 1.0, 0.3), _row("b", 1.02, 0.3)]))
+    *table, legend = tied.splitlines()
+    assert table[-1].endswith("a ≈ b") and legend == ranking.LEGEND
+
+
+def test_report_headline_marks_a_lead_within_noise():
+    frame = rows_to_frame([_row("a", 1.0, 0.3), _row("b", 1.02, 0.3)])
+    ok = frame.assign(machine="m", run="r")
+    (row,) = _headline(ok, None)
+    assert row["fastest"] == "a" and row["runner_up"] == "b" and row["within_noise"]
+    assert row["margin"] == "1.02×, ≈ within noise"
+    (clear,) = _headline(rows_to_frame([_row("a", 1.0), _row("b", 2.0)]).assign(machine="m", run="r"), None)
+    assert clear["margin"] == "2.00×" and not clear["within_noise"]
+
+
+def test_rows_read_back_from_a_run_folder_rank_alike(tmp_path):
+    frame = rows_to_frame([_row("a", 1.0), _row("b", 2.0, 0.3), _row("c", 2.05, 0.3)])
+    frame.to_parquet(tmp_path / "results.parquet")
+    again = pd.read_parquet(tmp_path / "results.parquet")
+    assert ranking.rank(again) == ranking.rank(frame) == ranking.Ranking("a", "b", 2.0, True)
+    assert not ranking.rank(again[again.impl != "a"]).clear
