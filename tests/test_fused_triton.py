@@ -323,13 +323,17 @@ def test_without_cuda_or_interpreter_it_is_unavailable_with_the_reason():
 
 
 def test_a_missing_triton_is_an_unavailable_reason(monkeypatch):
-    """The package imports its kernels once, at its own import: a copy of it imported without Triton says so."""
+    """The package imports its kernels once, at its own import: a copy of it imported without Triton says so.
+    Every submodule is imported afresh for it (one already imported would hide a module-level import of one
+    that needs Triton: `decode`'s once made the entry point fail to load instead)."""
     import importlib.util
 
     import attnbench.impls.fused_triton
 
-    monkeypatch.delitem(sys.modules, "attnbench.impls.fused_triton.flash", raising=False)
-    monkeypatch.delattr(attnbench.impls.fused_triton, "flash", raising=False)
+    package = attnbench.impls.fused_triton.__name__
+    for name in [name for name in sys.modules if name.startswith(f"{package}.")]:
+        monkeypatch.delitem(sys.modules, name)
+        monkeypatch.delattr(attnbench.impls.fused_triton, name.rpartition(".")[2], raising=False)
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now fails as if it weren't installed
     spec = importlib.util.find_spec("attnbench.impls.fused_triton")
     assert spec is not None and spec.loader is not None

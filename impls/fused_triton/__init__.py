@@ -54,8 +54,6 @@ import torch
 
 from attnbench import errors
 from attnbench.contenders.contract import ALL_MASKS, ALL_SCORE_MODS, Capabilities, Contender
-from attnbench.impls.fused_triton.decode import decodes
-from attnbench.impls.fused_triton.decode import partial_bytes as decode_partial_bytes
 from attnbench.impls.fused_triton.tiles import head_dim_blocks
 from attnbench.workload import Workload, kv_cache
 from attnbench.workload.inputs import AttentionInputs
@@ -89,10 +87,13 @@ SHARED_PREFIX_FP8 = (
 
 
 _flash: ModuleType | None
-try:  # Triton is optional. Imported here, once, so no call imports it later (and `ab --base` sees its own)
+_decode: ModuleType | None
+try:  # Triton is optional. Imported here, once, so no call imports it later (and `ab --base` sees its own);
+    # nothing at this module's top imports a module that imports Triton, or a missing Triton fails the entry point
+    from attnbench.impls.fused_triton import decode as _decode  # the decode kernels' launchers
     from attnbench.impls.fused_triton import flash as _flash  # decides from TRITON_INTERPRET: GPU or interpreter
 except Exception as exc:  # ImportError, or a Triton too old or broken to define the kernel
-    _flash, _FLASH_ERROR = None, errors.reason(exc)
+    _flash, _decode, _FLASH_ERROR = None, None, errors.reason(exc)
 
 
 def _kernels() -> ModuleType:
@@ -100,6 +101,11 @@ def _kernels() -> ModuleType:
     if _flash is None:
         raise ImportError(_FLASH_ERROR)
     return _flash
+
+
+def _decodes(w: Workload) -> bool:
+    """Whether the decode kernels run ``w`` (``decode.decodes``); never without Triton."""
+    return _decode is not None and _decode.decodes(w)
 
 
 def _interpreted() -> bool:
@@ -247,7 +253,7 @@ class FusedTriton(Contender):
     def reads_pages(self, workload: Workload) -> bool:
         """A paged cache is read in place by the decode kernels: a forward of few query rows, no shared prefix."""
         w = workload
-        return bool(w.page_size) and decodes(w) and not w.shared_prefix
+        return bool(w.page_size) and _decodes(w) and not w.shared_prefix
 
     def predicted_extra_bytes(self, workload: Workload) -> float:
         """fp32 softmax statistics per query row; a shared prefix adds its level's fp32 output and log-sum-exp
@@ -255,8 +261,8 @@ class FusedTriton(Contender):
         partial output and log-sum-exp per row (``decode.partial_bytes``)."""
         w = workload
         rows = w.batch * w.heads * w.seq_q
-        if decodes(w):
-            return decode_partial_bytes(w, _interpreted())
+        if _decode is not None and _decode.decodes(w):
+            return float(_decode.partial_bytes(w, _interpreted()))
         return 8.0 * rows + (4.0 * rows * (w.head_dim_v + 1) if w.shared_prefix else 0.0)
 
     def predicted_seconds(self, workload: Workload, flops_per_s: float, bytes_per_s: float) -> float:
