@@ -116,7 +116,6 @@ def test_draw_all_writes_every_figure_for_mixed_groups(tmp_path):
     assert all(path.stat().st_size > 10_000 for _, path in drawn)
 
 
-
 def test_the_quick_suites_heat_map_warns_nothing():
     """`attnbench report` on a quick run printed matplotlib's "constrained_layout not applied" (seaborn draws the
     heat map once before its colour bar has room): nothing a user can act on, so nothing on stderr."""
@@ -129,6 +128,7 @@ def test_the_quick_suites_heat_map_warns_nothing():
         figure = speedup(ok, palette(quick), None)
     assert figure is not None
     plt.close(figure)
+
 
 # --- text on text (issue 24 item 4): every figure kind, on frames made to crowd it ---------------------------
 
