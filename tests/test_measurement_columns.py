@@ -130,7 +130,7 @@ def test_result_warnings_flag_unstable_and_thin_cases():
     )
     warnings = result_warnings(frame)
     assert warnings[0].startswith("1 case(s) unstable") and warnings[0].endswith(": a")
-    assert warnings[1].startswith("1 case(s) with fewer than 5 samples")
+    assert warnings[1] == "1 case(s) with fewer than 5 samples, too short to trust (raise --budget-s): b"
 
 
 def test_profile_writes_traces_and_top_operators(cli, tmp_path):

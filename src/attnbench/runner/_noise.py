@@ -76,7 +76,8 @@ def result_warnings(frame: pd.DataFrame) -> list[str]:
     thin = ok[ok["n_samples"] < MIN_TRUSTED_SAMPLES]
     if len(thin):
         warnings.append(
-            f"{len(thin)} case(s) with fewer than {MIN_TRUSTED_SAMPLES} samples, too short to trust: raise --budget-s"
+            f"{len(thin)} case(s) with fewer than {MIN_TRUSTED_SAMPLES} samples, too short to trust "
+            "(raise --budget-s): " + ", ".join(sorted(set(thin["impl"])))
         )
     return warnings
 
