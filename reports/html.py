@@ -20,7 +20,7 @@ import pandas as pd
 import attnbench
 from attnbench.reports.frames import Run, labels, machine_label, workload_label
 from attnbench.reports.plots import speedup_table
-from attnbench.reports.ranking import LEGEND, TIE, Ranking, rank
+from attnbench.reports.ranking import LEGEND, TIE, Ranking, fastest_rows, rank
 from attnbench.reports.table import results_table_html
 from attnbench.workload.axes import features_asked
 
@@ -58,14 +58,14 @@ def _headline(ok: pd.DataFrame, baseline: str | None) -> list[dict[str, str]]:
     rows = []
     for (machine, workload), group in ok.groupby(["machine", "workload"], sort=False):
         ranking = rank(group)
-        best = group[group["impl"] == ranking.fastest].iloc[0]
+        best = fastest_rows(group).iloc[0]
         key = f"{machine} · {workload}" if ok["machine"].nunique() > 1 else workload
         speed = speedups.get(key, {}).get(best["impl"]) if key in speedups else None
         rows.append(
             {
                 "machine": machine,
                 "workload": workload,
-                "fastest": best["impl"],
+                "fastest": ranking.label(),
                 "median": _fmt(best["median_ms"]),
                 "tflops": _fmt(best["tflops"]),
                 "runner_up": ranking.runner_up or "",
@@ -79,10 +79,10 @@ def _headline(ok: pd.DataFrame, baseline: str | None) -> list[dict[str, str]]:
 
 
 def _margin(ranking: Ranking) -> str:
-    """The runner-up's time over the fastest's, and whether that lead is within the noise (ranking.py)."""
+    """The runner-up's time over the fastest's, and whether the runner-up is within its noise (ranking.py)."""
     if ranking.margin is None:
         return ""
-    return f"{ranking.margin:.2f}×" + ("" if ranking.clear else f", {TIE} within noise")
+    return f"{ranking.margin:.2f}×" + (f", {TIE} within noise" if ranking.runner_up in ranking.within else "")
 
 
 def _missing(frame: pd.DataFrame) -> list[dict[str, Any]]:

@@ -13,8 +13,10 @@ winner there claims more than was measured, so the ranking says when the runner-
   must be below every one of the runner-up's too, since what changes between processes does not show in
   one process's samples.
 
-Otherwise both are named: ``fused_cpu ≈ sdpa_flash``. Neither rule needs the two rows' samples to be paired,
-so rows of different runs rank the same way. Only ``ok`` rows rank (see ``summary.py``).
+Otherwise both are named: ``fused_cpu ≈ sdpa_flash`` — and every other contender within the noise of the
+fastest too (a third with wide intervals can be, where the runner-up is not). Neither rule needs the rows'
+samples to be paired, so rows of different runs rank the same way; a contender in a case twice (two runs
+of one machine) ranks by its faster row. Only ``ok`` rows rank (see ``summary.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from attnbench.measure.stopwatch import median_ci
 
 TIE = "≈"
 LEGEND = (
-    f"{TIE}: the runner-up is within the noise of the fastest (their medians' 95 % confidence intervals overlap,"
+    f"{TIE}: within the noise of the fastest (their medians' 95 % confidence intervals overlap,"
     " or their repeats' medians interleave)"
 )
 
@@ -41,11 +43,16 @@ class Ranking:
     fastest: str
     runner_up: str | None = None
     margin: float | None = None  # runner-up median ÷ fastest median
-    clear: bool = True  # no runner-up, or one outside the fastest's noise
+    within: tuple[str, ...] = ()  # the others within the fastest's noise, fastest first
+
+    @property
+    def clear(self) -> bool:
+        """Whether the fastest's lead over every other contender is beyond the noise."""
+        return not self.within
 
     def label(self) -> str:
-        """``fastest``, or ``fastest ≈ runner-up`` where the lead is within the noise."""
-        return self.fastest if self.clear else f"{self.fastest} {TIE} {self.runner_up}"
+        """``fastest``, or ``fastest ≈ other ≈ …`` naming those within its noise."""
+        return f" {TIE} ".join((self.fastest, *self.within))
 
 
 def _values(value: Any) -> list[float]:
@@ -67,12 +74,16 @@ def beyond_noise(fastest: Mapping[Any, Any], other: Mapping[Any, Any]) -> bool:
     return True
 
 
+def fastest_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """One case's rows by median time, each contender once (its fastest row)."""
+    return rows.sort_values("median_ms", kind="stable").drop_duplicates("impl")
+
+
 def rank(rows: pd.DataFrame) -> Ranking:
     """The ranking of one case's ``ok`` rows (at least one) by median time."""
-    ranked = rows.sort_values("median_ms", kind="stable").to_dict("records")
-    best = ranked[0]
-    if len(ranked) == 1:
+    best, *others = fastest_rows(rows).to_dict("records")
+    if not others:
         return Ranking(best["impl"])
-    second = ranked[1]
-    margin = float(second["median_ms"]) / float(best["median_ms"])
-    return Ranking(best["impl"], second["impl"], margin, beyond_noise(best, second))
+    margin = float(others[0]["median_ms"]) / float(best["median_ms"])
+    within = tuple(row["impl"] for row in others if not beyond_noise(best, row))
+    return Ranking(best["impl"], others[0]["impl"], margin, within)

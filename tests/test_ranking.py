@@ -47,10 +47,25 @@ def test_repeats_whose_medians_interleave_are_no_lead_even_when_pooled_samples_a
 
 def test_rank_names_the_runner_up_and_the_margin():
     frame = rows_to_frame([_row("b", 2.0), _row("a", 1.0), _row("c", 3.0)])
-    assert ranking.rank(frame) == ranking.Ranking("a", "b", 2.0, True)
+    assert ranking.rank(frame) == ranking.Ranking("a", "b", 2.0)
     assert ranking.rank(frame[frame.impl == "c"]) == ranking.Ranking("c")
     tied = ranking.rank(rows_to_frame([_row("a", 1.0, 0.3), _row("b", 1.02, 0.3)]))
     assert not tied.clear and tied.label() == "a ≈ b" and tied.margin == 1.02
+
+
+def test_every_contender_within_the_noise_is_named_not_only_the_runner_up():
+    # b is 20 % slower in tight samples (beyond), c 25 % in wide ones (within)
+    frame = rows_to_frame([_row("a", 1.0, 0.01), _row("b", 1.2, 0.01), _row("c", 1.25, 0.9)])
+    found = ranking.rank(frame)
+    assert (found.runner_up, found.within, found.label()) == ("b", ("c",), "a ≈ c")
+
+
+def test_a_contender_in_two_runs_ranks_by_its_faster_row():
+    rows = [_row("a", 1.2, 0.01), _row("a", 1.0, 0.01), _row("b", 2.0, 0.01)]
+    frame = rows_to_frame(rows).assign(machine="m", run=["one", "two", "two"])
+    assert ranking.rank(frame) == ranking.Ranking("a", "b", 2.0)
+    (row,) = _headline(frame, None)
+    assert (row["fastest"], row["median"], row["runner_up"], row["margin"]) == ("a", "1", "b", "2.00×")
 
 
 def test_summary_table_names_both_within_noise_and_says_what_the_mark_means():
@@ -65,7 +80,7 @@ def test_report_headline_marks_a_lead_within_noise():
     frame = rows_to_frame([_row("a", 1.0, 0.3), _row("b", 1.02, 0.3)])
     ok = frame.assign(machine="m", run="r")
     (row,) = _headline(ok, None)
-    assert row["fastest"] == "a" and row["runner_up"] == "b" and row["within_noise"]
+    assert row["fastest"] == "a ≈ b" and row["runner_up"] == "b" and row["within_noise"]
     assert row["margin"] == "1.02×, ≈ within noise"
     (clear,) = _headline(rows_to_frame([_row("a", 1.0), _row("b", 2.0)]).assign(machine="m", run="r"), None)
     assert clear["margin"] == "2.00×" and not clear["within_noise"]
@@ -75,5 +90,5 @@ def test_rows_read_back_from_a_run_folder_rank_alike(tmp_path):
     frame = rows_to_frame([_row("a", 1.0), _row("b", 2.0, 0.3), _row("c", 2.05, 0.3)])
     frame.to_parquet(tmp_path / "results.parquet")
     again = pd.read_parquet(tmp_path / "results.parquet")
-    assert ranking.rank(again) == ranking.rank(frame) == ranking.Ranking("a", "b", 2.0, True)
+    assert ranking.rank(again) == ranking.rank(frame) == ranking.Ranking("a", "b", 2.0)
     assert not ranking.rank(again[again.impl != "a"]).clear
