@@ -7,8 +7,10 @@ winner there claims more than was measured, so the ranking says when the runner-
 
 - each row's median has a distribution-free 95 % confidence interval from its raw samples (``samples_ms``,
   order statistics, as the stop rule uses: ``stopwatch.median_ci``); the lead is clear when the fastest's
-  interval ends below the runner-up's — two intervals apart, a conservative test (a row with fewer than six
-  samples has no interval, and no lead over anyone);
+  interval ends below the runner-up's — two intervals apart, a conservative test. Under six samples there is
+  no 95 % interval; the samples' range stands for it (it holds the median with probability 1 − 2^(1 − n):
+  94 % at five; a case that slow in a short budget — naive's few calls — is then still ranked by where its
+  samples lie, and the run's "too short to trust" warning names it). A row without samples ties with all;
 - a row merged from ``--repeat`` processes also has one median per process: then every one of the fastest's
   must be below every one of the runner-up's too, since what changes between processes does not show in
   one process's samples.
@@ -21,6 +23,7 @@ of one machine) ranks by its faster row. Only ``ok`` rows rank (see ``summary.py
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,10 +64,17 @@ def _values(value: Any) -> list[float]:
     return [float(v) for v in value]
 
 
+def _interval(samples: list[float]) -> tuple[float, float]:
+    """The 95 % interval of the median, else the samples' range (under six), else everything (none)."""
+    if len(samples) >= 6:
+        return median_ci(samples)
+    return (min(samples), max(samples)) if samples else (-math.inf, math.inf)
+
+
 def beyond_noise(fastest: Mapping[Any, Any], other: Mapping[Any, Any]) -> bool:
     """Whether ``fastest`` (a row) is faster than ``other`` beyond both rows' noise (the module's rules)."""
-    _, fastest_high = median_ci(_values(fastest.get("samples_ms")))
-    other_low, _ = median_ci(_values(other.get("samples_ms")))
+    _, fastest_high = _interval(_values(fastest.get("samples_ms")))
+    other_low, _ = _interval(_values(other.get("samples_ms")))
     if not fastest_high < other_low:
         return False
     repeats: Sequence[float] = _values(fastest.get("repeat_medians_ms"))

@@ -32,8 +32,11 @@ def test_a_lead_beyond_both_intervals_is_clear_and_one_inside_them_is_not():
     assert ranking.beyond_noise(_row("fast", 1.0, 0.005), _row("close", 1.03, 0.005))
 
 
-def test_too_few_samples_is_no_lead():
-    assert not ranking.beyond_noise(_row("fast", 1.0, 0.01, n=5), _row("slow", 3.0, 0.01))
+def test_under_six_samples_their_range_stands_for_the_interval_and_none_is_no_lead():
+    assert ranking.beyond_noise(_row("fast", 1.0, 0.01), _row("slow", 80.0, 0.1, n=3))  # naive's three calls
+    close = make_row("close", WORKLOAD, "ok", median_ms=1.05, samples_ms=[0.98, 1.05, 1.12], n_samples=3)
+    assert not ranking.beyond_noise(_row("fast", 1.0, 0.01), close)  # the fastest's interval reaches into its range
+    assert ranking.beyond_noise(_row("fast", 1.0, 0.01, n=1), _row("slow", 3.0, 0.01))
     assert not ranking.beyond_noise(_row("fast", 1.0, 0.01), make_row("slow", WORKLOAD, "ok", median_ms=3.0))
 
 
