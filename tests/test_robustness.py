@@ -86,8 +86,12 @@ def test_sweep_survives_raising_wrong_and_hung_contenders(planted_site, tmp_path
     reasons = frame.set_index("impl")["reason"]
     assert (reasons["planted_raises"] == "RuntimeError: planted failure").all()
     assert reasons["planted_sleeper"].str.contains("no result within --timeout-s 10 s").all()
-    rows = result.stdout[result.stdout.index(" fastest") :].split("\n\n")[0].splitlines()[1:]  # under the header
-    assert rows and not any("planted_wrong" in row for row in rows)  # an incorrect result never ranks, nor ties
+    # an incorrect result never ranks, nor ties (no fastest column where both sound contenders' rows stalled)
+    table = result.stdout.split("\n\n")[0].splitlines()
+    if table and table[0].rstrip().endswith(" fastest"):
+        assert not any("planted_wrong" in row for row in table[1:])
+    else:
+        assert set(by_impl["bmm"]) | set(by_impl["sdpa_math"]) == {"stalled"}, result.stdout
 
 
 def _key_set(frame: pd.DataFrame) -> set:
