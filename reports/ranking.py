@@ -1,8 +1,9 @@
 """Who is fastest in a case, and whether the lead is beyond the noise the run measured.
 
 A run's summary and its report name a fastest contender per case. On a noisy machine the two best may be
-closer than their own samples can tell apart — on a shared 2-vCPU VM (an Intel Xeon) one `nox -s bench` gave
-a median IQR of 21 % of the median over its 42 rows, and fused_cpu led sdpa_flash by 3 % on one case. Naming a
+closer than their own samples can tell apart — on a shared 2-vCPU VM (an Intel Xeon), nothing else running,
+one `nox -s bench` gave a median IQR of 21 % of the median over its 42 rows, and fused_cpu led sdpa_flash by 3 %
+on one case, a lead that runs minutes later did not repeat (README: the quick run's sample). Naming a
 winner there claims more than was measured, so the ranking says when the runner-up is within the noise:
 
 - each row's median has a distribution-free 95 % confidence interval from its raw samples (``samples_ms``,

@@ -23,8 +23,8 @@ def _cell(row: pd.Series) -> str:
 
 def summary_table(frame: pd.DataFrame) -> str:
     """Median ms per workload (rows) and contender (columns); '!' marks an incorrect result's time, '~' a time
-    taken while the machine stalled (status ``stalled``): both shown, neither ranked in ``fastest``. Where the
-    runner-up is within the noise of the fastest (``ranking.py``), ``fastest`` names both, ``A ≈ B``, and a
+    taken while the machine stalled (status ``stalled``): both shown, neither ranked in ``fastest``. Where others
+    are within the noise of the fastest (``ranking.py``), ``fastest`` names them after it, ``A ≈ B``, and a
     line under the table says what ``≈`` means.
 
     Cells that are not times name the status; contenders unavailable on every row are left out."""
