@@ -12,7 +12,15 @@ import pytest
 
 import attnbench
 from attnbench.impls.fused_cpu import bindings as _cpu_kernel
-from attnbench.runner._profiling import OUTSIDE_OPS, OVERHEAD, UNATTRIBUTED, named_share, outside_op_stretches
+from attnbench.runner._profiling import (
+    OUTSIDE_OPS,
+    OVERHEAD,
+    UNATTRIBUTED,
+    named_share,
+    nearest,
+    op_totals,
+    outside_op_stretches,
+)
 
 needs_compiler = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")
 
@@ -33,6 +41,33 @@ class NumpyKernel(attnbench.Contender):
             probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
             probs /= probs.sum(axis=-1, keepdims=True)
             return torch.from_numpy(probs @ v)
+
+        return run
+
+
+class SlowUnderAFreshTracer(attnbench.Contender):
+    """Sleeps 2 ms a call, and 40 ms more on its first three calls while a profiler records: what a tracer's
+    start-up did to bmm's first recorded calls on a 2-vCPU Xeon (18-38 ms against 11-15)."""
+
+    name = "planted_slow_under_a_fresh_tracer"
+    capabilities = attnbench.Capabilities(devices=frozenset({"cpu"}), dtypes=frozenset({"float32"}))
+
+    def prepare(self, inputs, workload):
+        import time
+
+        import torch
+
+        from attnbench.workload.reference import reference_output
+
+        out, profiled = reference_output(inputs, torch.arange(workload.seq_q)).to(torch.float32), []
+
+        def run():
+            if torch._C._autograd._profiler_enabled():
+                profiled.append(1)
+                if len(profiled) <= 3:
+                    time.sleep(0.04)
+            time.sleep(0.002)
+            return out
 
         return run
 
@@ -86,6 +121,44 @@ def test_stretches_without_a_torch_op_are_a_kernel_only_when_long():
     assert outside_op_stretches([pure_torch], "attnbench.call:t") == (0.0, 30 + 10 + 10 + 80)
     assert outside_op_stretches([native], "attnbench.call:t") == (975.0, 10 + 5)
     assert outside_op_stretches([pure_torch, native, tiny, other], "attnbench.call:t") == (975.0, 130 + 15 + 30)
+
+
+def test_the_calls_kept_are_those_nearest_the_median():
+    walls = [30.0, 11.0, 12.0, 25.0, 10.5, 11.2]
+    assert nearest(walls, 11.0, 3) == [1, 4, 5]
+    assert nearest(walls, 11.0, 10) == list(range(6))
+    assert nearest([5.0, 5.0, 5.0], 5.0, 2) == [0, 1]  # ties: the first recorded
+
+
+def test_op_totals_sum_self_times_over_the_given_calls_only():
+    def op(name, self_us, children=()):
+        return SimpleNamespace(name=name, self_cpu_time_total=self_us, cpu_children=list(children))
+
+    first = op("attnbench.call:t", 5, [op("aten::bmm", 100, [op("aten::empty", 1)]), op("aten::bmm", 80)])
+    second = op("attnbench.call:t", 7, [op("aten::softmax", 30)])
+    left_out = op("attnbench.call:t", 9, [op("aten::bmm", 1000)])
+    totals = {t.key: (t.self_cpu_time_total, t.count) for t in op_totals([first, second])}
+    assert totals == {
+        "attnbench.call:t": (12, 2),
+        "aten::bmm": (180, 2),
+        "aten::empty": (1, 1),
+        "aten::softmax": (30, 1),
+    }
+    assert op_totals([left_out])[1].self_cpu_time_total == 1000
+
+
+def test_a_tracers_slow_first_calls_stay_out_of_the_profile(cli, planted, tmp_path):
+    """The three slow calls are recorded (13 for the 5 kept), and left out: the profile reads the median."""
+    attnbench.register(SlowUnderAFreshTracer())
+    planted.append(SlowUnderAFreshTracer.name)
+    out = tmp_path / "prof"
+    shape = ["--batch", "1", "--heads", "2", "--seq", "64", "--budget-s", "0.05"]
+    code, text, _ = cli("profile", "--impl", SlowUnderAFreshTracer.name, *shape, "--out", str(out))
+    assert code == 0 and "(the 5 of 13 recorded calls nearest the median)" in text
+    rows = _breakdown(out, SlowUnderAFreshTracer.name)
+    _check_adds_up(rows)
+    median, profiled = rows["median_ms"].iloc[0], rows["profiled_ms"].iloc[0]
+    assert profiled < 1.5 * median  # the old five calls held two slow ones (the warm-up took the first): 18 ms
 
 
 def test_a_pure_torch_contender_has_overhead_between_ops_not_a_kernel(cli, tmp_path):

@@ -203,6 +203,16 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profiled_calls(profile: CaseProfile) -> str:
+    """Which calls the profile's tables are per: all recorded, or those nearest the median (CPU)."""
+    if profile.recorded > profile.calls:
+        return (
+            f"profiled {profile.profiled_ms:.4g} ms per call (the {profile.calls} of {profile.recorded} "
+            "recorded calls nearest the median)"
+        )
+    return f"profiled {profile.profiled_ms:.4g} ms per call ({profile.calls} calls recorded)"
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from attnbench.runner._ncu_csv import short_name
     from attnbench.runner._ncu_profile import annotate_breakdown, annotate_top_ops, format_table
@@ -241,14 +251,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     metrics = _ncu_metrics(ncu) if ncu is not None else ()
     for impl, workload in runnable:
         profile = profile_case(impl, workload, out, calls=args.calls, seed=args.seed, budget_s=args.budget_s)
-        shown = profile.top_ops[["op", "self_ms_per_call", "pct", "category"]].round(4)
+        shown = profile.top_ops[["op", "self_ms_per_call", "pct", "category"]].copy()
         kernels = set(profile.kernels["kernel"])  # CUDA kernels print shortened; the CSV keeps their names
         shown["op"] = [short_name(op) if op in kernels else op for op in shown["op"]]
-        print(
-            f"\n{impl}  {workload.label()}  median {profile.median_ms:.4g} ms per call, "
-            f"{profile.profiled_ms:.4g} ms profiled ({profile.calls} calls recorded)"
-        )
-        print(shown.to_string(index=False))
+        print(f"\n{impl}  {workload.label()}  median {profile.median_ms:.4g} ms per call, {_profiled_calls(profile)}")
+        print(shown.to_string(index=False, formatters={"self_ms_per_call": "{:.4g}".format, "pct": "{:.1f}".format}))
         split = ", ".join(f"{r.category} {r.ms_per_call:.3g} ms ({r.pct:.0f}%)" for r in profile.breakdown.itertuples())
         print(f"breakdown: {split}\ntrace: {profile.trace_path}", flush=True)
         result = _ncu_case(ncu, metrics, profile, args.seed) if ncu is not None else None
@@ -703,7 +710,12 @@ def build_parser() -> argparse.ArgumentParser:
     for axis in SWEEP_AXES:
         if axis is not PASS:  # profiling records the forward call
             p_profile.add_argument(axis.flag, dest=axis.name, metavar="LIST", help=f"{axis.name} (comma-separated)")
-    p_profile.add_argument("--calls", type=int, default=5, help="most calls recorded per case (default 5)")
+    p_profile.add_argument(
+        "--calls",
+        type=int,
+        default=5,
+        help="calls the tables are per, at most (default 5; on CPU 2N+3 are recorded, the N nearest the median kept)",
+    )
     p_profile.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_profile.add_argument("--budget-s", type=float, default=1.0, help="timing budget for each case's median (1)")
     p_profile.add_argument(

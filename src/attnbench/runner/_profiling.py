@@ -25,6 +25,16 @@ Definitions (per call, from the profiled calls):
 * the categories are then scaled by ``median_ms / profiled_ms`` so that a case's breakdown adds up to its
   measured median (the profiler slows calls down a little; the split is what it measures, the total is the
   run's figure). ``breakdown.csv`` keeps ``median_ms``, ``profiled_ms`` and the unscaled ``profiled_ms_per_call``.
+
+Which calls (CPU): a tracer's first recorded calls run slow — each profiler session's start-up goes on beside
+them. bmm at B1 H8 S1024 D64 (2-vCPU Intel Xeon, timed median 11–15 ms): the first two to four recorded calls
+took 18–38 ms in each of six sessions, and a noisy machine adds slow calls of its own anywhere. Averaged over five
+calls they made the profile read 16.9 ms against a median of 10.9 (its table's ms and its breakdown's then told
+two stories). So on CPU ``2 × calls + RECORD_EXTRA_CALLS`` calls are recorded and the ``calls`` whose wall time
+lies nearest the case's timed median are kept: every figure of the tables comes from those calls only (each
+operator's self time summed over the events under their ranges). The trace keeps every recorded call. On CUDA
+the tables read the device's kernel times, which the host's start-up does not stretch: ``calls`` are recorded
+and all of them kept.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ CATEGORIES = [
 ]
 PROFILE_SECONDS = 0.1  # record at most about this much run time (a Python-loop trace grows fast)
 PROFILER_WARMUP_CALLS = 1  # calls recorded and discarded first: a fresh profiler's start-up lands in them
+RECORD_EXTRA_CALLS = 3  # CPU: recorded beyond twice the calls kept (the tracer's slow start, measured 2-4 calls)
 RANGE_PREFIX = "attnbench.call:"  # each profiled call runs under the range RANGE_PREFIX + impl
 OUTSIDE_OPS = "kernel (outside torch ops)"
 OVERHEAD = "python / dispatch overhead between ops"
@@ -73,13 +84,14 @@ def category(op_name: str) -> str:
 class CaseProfile:
     impl: str
     workload: Workload
-    calls: int  # calls recorded
+    calls: int  # calls the tables are per: those kept (CPU: nearest the median), all recorded on CUDA
     median_ms: float  # the case's median per call, timed as a run times it
     profiled_ms: float  # wall time per call while the profiler recorded
     trace_path: Path
     top_ops: pd.DataFrame  # op, self_ms_per_call, count_per_call, pct (of profiled_ms), category
     breakdown: pd.DataFrame  # category, ms_per_call (scaled to median_ms), pct, profiled_ms_per_call
     kernels: pd.DataFrame  # CUDA: every device kernel (KERNEL_COLUMNS), not only the top ones; else empty
+    recorded: int = 0  # calls the profiler recorded (the trace holds them all); 0: as many as ``calls``
 
 
 def _slug(text: str) -> str:
@@ -100,33 +112,73 @@ def profile_case(
         prepared.fn, workload.device, torch.get_num_threads(), budget_s, estimate_s, graphs=workload.pass_ == "fwd"
     )
     calls = max(1, min(calls, int(PROFILE_SECONDS * 1e3 / max(timing.median_ms, 1e-3))))
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if workload.device == "cuda" else [])
+    on_gpu = workload.device == "cuda"
+    recorded = calls if on_gpu else 2 * calls + RECORD_EXTRA_CALLS
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     name = RANGE_PREFIX + impl
-    wall_s = 0.0
+    walls_ms: list[float] = []
     # The first call under a fresh profiler pays its start-up: a stretch before its first operator that the
     # breakdown would name a kernel outside torch (with PROFILER_WARMUP_CALLS = 0, `attnbench profile --impl
     # sdpa_flash --seq 256` gave that category 15-16 % of the call in three runs on a 2-vCPU Intel Xeon with
     # nothing else running). So one call is recorded as the schedule's warm-up step, which the profiler
-    # discards, and the next ``calls`` are kept.
-    steps = schedule(wait=0, warmup=PROFILER_WARMUP_CALLS, active=calls, repeat=1)
+    # discards, and the next ``recorded`` are kept.
+    steps = schedule(wait=0, warmup=PROFILER_WARMUP_CALLS, active=recorded, repeat=1)
     with quiet_native_stderr(), profile(activities=activities, schedule=steps) as prof:
-        for step in range(PROFILER_WARMUP_CALLS + calls):
+        for step in range(PROFILER_WARMUP_CALLS + recorded):
             synchronize(workload.device)
             start = time.perf_counter()
             with record_function(name):
                 prepared.fn()
             synchronize(workload.device)
             if step >= PROFILER_WARMUP_CALLS:
-                wall_s += time.perf_counter() - start
+                walls_ms.append((time.perf_counter() - start) * 1e3)
             prof.step()
     trace_path = out_dir / f"{_slug(impl)}__{_slug(workload.label())}.trace.json"
     prof.export_chrome_trace(str(trace_path))
-    profiled_ms = wall_s * 1e3 / calls
-    stretches = outside_op_stretches(prof.events(), name)
-    averages = prof.key_averages()
-    top, breakdown = _tables(averages, name, workload.device, calls, profiled_ms, timing.median_ms, stretches)
-    kernels = device_kernels(averages, calls)
-    return CaseProfile(impl, workload, calls, timing.median_ms, profiled_ms, trace_path, top, breakdown, kernels)
+    ranges = sorted((e for e in prof.events() if e.name == name), key=lambda e: e.time_range.start)
+    if on_gpu or len(ranges) != len(walls_ms):
+        kept_ranges, kept_walls, averages = ranges, walls_ms, list(prof.key_averages())
+    else:
+        keep = nearest(walls_ms, timing.median_ms, calls)
+        kept_ranges, kept_walls = [ranges[i] for i in keep], [walls_ms[i] for i in keep]
+        averages = op_totals(kept_ranges)
+    per_call = len(kept_walls)
+    profiled_ms = sum(kept_walls) / per_call
+    stretches = outside_op_stretches(kept_ranges, name)
+    top, breakdown = _tables(averages, name, workload.device, per_call, profiled_ms, timing.median_ms, stretches)
+    kernels = device_kernels(averages, per_call) if on_gpu else pd.DataFrame(columns=KERNEL_COLUMNS)
+    return CaseProfile(
+        impl, workload, per_call, timing.median_ms, profiled_ms, trace_path, top, breakdown, kernels, len(walls_ms)
+    )
+
+
+def nearest(walls_ms: list[float], median_ms: float, count: int) -> list[int]:
+    """Indices of the ``count`` calls whose wall time lies nearest ``median_ms``, in recorded order."""
+    ranked = sorted(range(len(walls_ms)), key=lambda i: (abs(walls_ms[i] - median_ms), i))
+    return sorted(ranked[:count])
+
+
+@dataclass
+class OpTotal:
+    """One operator's self time and count summed over some calls: what ``key_averages()`` gives for all."""
+
+    key: str
+    self_cpu_time_total: float = 0.0  # µs
+    count: int = 0
+
+
+def op_totals(ranges: list) -> list[OpTotal]:
+    """Per operator (by name), the self time and count of every event under the given call ranges, the ranges'
+    own included — key_averages() restricted to those calls."""
+    totals: dict[str, OpTotal] = {}
+    pending = list(ranges)
+    while pending:
+        event = pending.pop()
+        total = totals.setdefault(event.name, OpTotal(event.name))
+        total.self_cpu_time_total += event.self_cpu_time_total
+        total.count += 1
+        pending.extend(event.cpu_children)
+    return list(totals.values())
 
 
 KERNEL_COLUMNS = ["kernel", "ms_per_call", "launches_per_call", "category"]
