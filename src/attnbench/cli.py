@@ -662,7 +662,12 @@ def build_parser() -> argparse.ArgumentParser:
     for axis in SWEEP_AXES:
         p_run.add_argument(axis.flag, dest=axis.name, metavar="LIST", help=f"override {axis.name} (comma-separated)")
     p_run.add_argument("--threads", type=int, help="CPU threads (default: torch's default); recorded")
-    p_run.add_argument("--budget-s", type=float, help="timing budget per case in seconds (default: the suite's)")
+    p_run.add_argument(
+        "--budget-s",
+        type=float,
+        help="timed seconds per contender and case (default: the suite's); the untimed call before each CPU "
+        "sample adds up to as much again",
+    )
     p_run.add_argument("--case-budget-s", type=float, help="skip a case predicted to cost more (seconds)")
     p_run.add_argument("--remeasure-ceilings", action="store_true", help="measure ceilings again")
     p_run.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
