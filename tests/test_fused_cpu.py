@@ -229,12 +229,17 @@ def fresh_build(tmp_path, monkeypatch):
     _cpu_kernel._build.cache_clear()
 
 
-def test_first_use_builds_into_the_cache_then_reuses_it(fresh_build):
+def test_first_use_builds_into_the_cache_then_reuses_it(fresh_build, capsys):
     kernel = _cpu_kernel.load()
     assert kernel.path.parent == fresh_build / "cache" / "kernels" and kernel.path.exists()
+    folder = fresh_build / "cache" / "kernels"
+    compiler = os.environ.get("CXX", "g++")
+    said = f"attnbench: building fused_cpu for this CPU with {compiler}, once (cached in {folder}) …\n"
+    assert capsys.readouterr().err == said  # a first run is not silent through the build
     built = kernel.path.stat().st_mtime_ns
     _cpu_kernel._build.cache_clear()
     assert _cpu_kernel.load().path == kernel.path and kernel.path.stat().st_mtime_ns == built
+    assert capsys.readouterr().err == ""  # found in the cache: nothing to say
 
 
 def test_missing_compiler_makes_it_unavailable_with_the_reason(fresh_build, monkeypatch):

@@ -48,21 +48,25 @@ def test_backward_bytes_and_flops():
     assert attention_bytes(both) == 4 * ((2 * q + 2 * kv) + (4 * q + 4 * kv))
 
 
-def test_ceilings_are_cached_and_remeasured(tmp_path, monkeypatch):
+def test_ceilings_are_cached_and_remeasured(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr("attnbench.measure._ceilings.MATMUL_N", {"cpu": 256, "cuda": 256})
     monkeypatch.setattr("attnbench.measure._ceilings.COPY_BYTES", {"cpu": 2**22, "cuda": 2**22})
     monkeypatch.setattr("attnbench.measure._hardware.MEASURE_S", 0.02)
     monkeypatch.setattr("attnbench.measure._hardware.triad_array_bytes", lambda: 2**22)
     first = load_ceilings("cpu", ["float32"], 1)
+    said = f"attnbench: measuring this machine's cpu ceilings on 1 thread (cached in {tmp_path / 'ceilings.json'}) …\n"
+    assert capsys.readouterr().err.startswith(said)  # a first run is not silent through it (then the build's line)
     assert first.matmul_tflops["float32"] > 0 and first.copy_gbps > 0
     assert first.roof_tflops["float32"] >= first.matmul_tflops["float32"] and first.roof_gbps >= first.copy_gbps
     again = load_ceilings("cpu", ["float32"], 1)
     assert again.measured_at == first.measured_at and again.matmul_tflops == first.matmul_tflops
+    assert capsys.readouterr().err == ""  # cached: nothing measured, nothing said
     cache = json.loads((tmp_path / "ceilings.json").read_text())
     assert len(cache) == 1 and next(iter(cache)).startswith("cpu|") and next(iter(cache)).endswith(f"|v{CACHE_VERSION}")
     more = load_ceilings("cpu", ["float32", "bfloat16"], 1)
     assert set(more.matmul_tflops) == set(more.roof_tflops) == set(more.roof_source) == {"float32", "bfloat16"}
+    assert capsys.readouterr().err == said  # bfloat16 measured now
     time.sleep(0.01)
     fresh = load_ceilings("cpu", ["float32"], 1, remeasure=True)
     assert fresh.measured_at != first.measured_at

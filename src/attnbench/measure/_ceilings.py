@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -218,8 +219,12 @@ def load_ceilings(device: str, dtypes: list[str], threads: int, remeasure: bool 
     fresh = ceilings is None
     if ceilings is None:
         ceilings = Ceilings(device, _device_name(device), threads, torch.__version__)
-        ceilings.copy_gbps = measure_copy_gbps(device, threads)
     missing = [d for d in dtypes if d not in ceilings.matmul_tflops or d not in ceilings.roof_tflops]
+    if missing or fresh:  # else a first run sits silent through it (about 18 s on a 2-vCPU Xeon) before any progress
+        what = f"{device} ceilings" + (f" on {threads} thread{'s' * (threads != 1)}" if device == "cpu" else "")
+        print(f"attnbench: measuring this machine's {what} (cached in {path}) …", file=sys.stderr)
+    if fresh:
+        ceilings.copy_gbps = measure_copy_gbps(device, threads)
     for dtype in missing:
         ceilings.matmul_tflops[dtype] = measure_matmul_tflops(device, dtype, threads)
     if device == "cuda":
