@@ -1,4 +1,5 @@
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -132,6 +133,24 @@ def test_list_shows_every_contender_with_reasons(cli):
     assert records["bmm"]["backward"] is True and records["naive"]["devices"] == ["cpu"]
     code, text, _ = cli("list")
     assert code == 0 and any(line.startswith("xformers ") and "unavailable" in line for line in text.splitlines())
+
+
+def test_progress_lines_says_each_case_as_its_row_is_written(cli, tmp_path):
+    """`--progress lines`, for a batch job's log: a line per case, numbered of the run's, with its time or reason."""
+    out = tmp_path / "run"
+    flags = ["--impl", "bmm,sdpa_cudnn", "--seq", "64", "--mask", "none", "--budget-s", "0.02", "--no-memory"]
+    code, _, err = cli("run", *flags, "--progress", "lines", "--out", str(out))
+    assert code == 0
+    rows = pd.read_csv(out / "results.csv")
+    said = [line for line in err.splitlines() if re.match(r"\[\d+/\d+ \d+:\d\d:\d\d\] ", line)]
+    assert len(said) == len(rows) == 4  # the quick suite's two S64 workloads, two contenders each
+    assert [line.split()[0] for line in said] == [f"[{k}/4" for k in range(1, 5)]
+    for line in said:
+        impl, rest = line.split("] ", 1)[1].split(" ", 1)
+        if impl == "bmm":
+            assert re.search(r"float32 cpu none fwd: (ok|stalled) [0-9.e+-]+ ms", rest), line
+        else:  # a row that is not ok says why
+            assert impl == "sdpa_cudnn" and re.search(r": (unavailable|unsupported) — \S", rest), line
 
 
 def test_run_writes_results_meta_and_summary(cli, tmp_path):

@@ -705,7 +705,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --from: the row's index in RUN_DIR's results.csv and "
         "results.parquet (0 is the first row; the `case` column of the report's table)",
     )
-    p_run.add_argument("--progress", metavar=_choices(PROGRESS_BAR_MODES), default="auto", help="progress bar")
+    p_run.add_argument(
+        "--progress",
+        metavar=_choices(PROGRESS_BAR_MODES),
+        default="auto",
+        help="auto: a bar where stderr is a terminal; on/off; lines: a line per finished case (for logs)",
+    )
     p_run.add_argument("--store", action="store_true", help="add the run to the results store as it finishes")
     p_run.add_argument("--db", help="the store for --store (default runs/attnbench.duckdb)")
     p_run.set_defaults(func=cmd_run)

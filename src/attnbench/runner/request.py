@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from attnbench.workload.suite import Suite
 
 ISOLATION = ("worker", "none")
-PROGRESS_BAR_MODES = ("auto", "on", "off")
+PROGRESS_BAR_MODES = ("auto", "on", "off", "lines")
 DEFAULT_SUITE = "quick"
 
 

@@ -13,8 +13,10 @@ command then prints the summary and stores the run (reports are the command's, n
 from __future__ import annotations
 
 import datetime as dt
+import math
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -269,6 +271,7 @@ def run_cases(
     repeat = settings.repeats
     torch.set_num_threads(options.threads)
     progress = _progress(len(cases) * repeat - writer.repeats_done(), progress_mode)
+    lines = CaseLines(len(cases), {case_key(impl, w.as_row()): w.label() for impl, w in cases}, progress_mode)
     worker: CaseWorker | None = None
     finished: set[tuple[Any, ...]] = set()
     stop = stop or StopSignals(writer.out_dir, lambda: None)  # not installed: never requested
@@ -278,16 +281,18 @@ def run_cases(
             row = {**row, "reproduce": reproduce(row)}
         key = case_key(row["impl"], row)
         if repeat == 1 or (row["status"] in DECIDED_ONCE and not writer.repeats_done(key)):
-            writer.finish_case(merge_repeats([row]))
+            writer.finish_case(merged := merge_repeats([row]))
             finished.add(key)
             progress.update(repeat)
+            lines.say(key, merged)
             return
         rows = writer.append_repeat(row)
         progress.update(1)
         if len(rows) == repeat or row["status"] != "ok":
             progress.update(repeat - len(rows))
-            writer.finish_case(merge_repeats(rows, repeat))
+            writer.finish_case(merged := merge_repeats(rows, repeat))
             finished.add(key)
+            lines.say(key, merged)
 
     references = tuple(registry.in_process_references()[0].values())  # contenders register()ed here
     try:
@@ -332,10 +337,35 @@ def run_cases(
     return False  # every case has its row, even if a signal came during the last one
 
 
+class CaseLines:
+    """``--progress lines``: one stderr line as each case's row is written, for a log (a batch job's, CI's)
+    where a bar's carriage returns pile up on one line and ``auto`` shows nothing until the table:
+    ``[3/40 0:01:05] bmm B1 H8 S256 D64 float32 cpu none fwd: ok 1.02 ms`` (cases done of this run's, the time since
+    it started; a row that is not ok adds its reason's first line)."""
+
+    def __init__(self, total: int, labels: dict[tuple[Any, ...], str], mode: str) -> None:
+        self.total, self.labels, self.on = total, labels, mode == "lines"
+        self.done, self.start = 0, time.monotonic()
+
+    def say(self, key: tuple[Any, ...], row: dict[str, Any]) -> None:
+        if not self.on:
+            return
+        self.done += 1
+        elapsed = dt.timedelta(seconds=int(time.monotonic() - self.start))
+        median, reason = row.get("median_ms"), str(row.get("reason") or "").splitlines()
+        what = row["status"]
+        if isinstance(median, float) and math.isfinite(median):  # a stalled or incorrect row keeps its time too
+            what += f" {median:.4g} ms"
+        if row["status"] != "ok" and reason:
+            what += f" — {reason[0][:160]}"
+        label = self.labels.get(key, "")
+        print(f"[{self.done}/{self.total} {elapsed}] {row['impl']} {label}: {what}", file=sys.stderr, flush=True)
+
+
 def _progress(total: int, mode: str) -> Any:
     from tqdm import tqdm
 
     if not hasattr(tqdm, "_lock"):  # a thread lock: tqdm's default adds a multiprocessing semaphore, which
         tqdm.set_lock(threading.RLock())  # leaks (resource_tracker warns) when a run exits at once
-    disable = mode == "off" or (mode == "auto" and not sys.stderr.isatty())
+    disable = mode in ("off", "lines") or (mode == "auto" and not sys.stderr.isatty())
     return tqdm(total=total, unit="case", disable=disable, file=sys.stderr, dynamic_ncols=True)
