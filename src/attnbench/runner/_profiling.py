@@ -27,14 +27,14 @@ Definitions (per call, from the profiled calls):
   run's figure). ``breakdown.csv`` keeps ``median_ms``, ``profiled_ms`` and the unscaled ``profiled_ms_per_call``.
 
 Which calls (CPU): a tracer's first recorded calls run slow — each profiler session's start-up goes on beside
-them. bmm at B1 H8 S1024 D64 (2-vCPU Intel Xeon, timed median 11–15 ms): the first two to four recorded calls
-took 18–38 ms in each of six sessions, and a noisy machine adds slow calls of its own anywhere. Averaged over five
-calls they made the profile read 16.9 ms against a median of 10.9 (its table's ms and its breakdown's then told
-two stories). So on CPU ``2 × calls + RECORD_EXTRA_CALLS`` calls are recorded and the ``calls`` whose wall time
-lies nearest the case's timed median are kept: every figure of the tables comes from those calls only (each
-operator's self time summed over the events under their ranges). The trace keeps every recorded call. On CUDA
-the tables read the device's kernel times, which the host's start-up does not stretch: ``calls`` are recorded
-and all of them kept.
+them. bmm at B1 H8 S1024 D64 (2-vCPU Intel Xeon, nothing else running, calls around them 11–15 ms): the first
+two to four recorded calls took 18–38 ms in each of six sessions, and a noisy machine adds slow calls of its own
+anywhere. Averaged over five calls they made the profile read 16.9 ms against a median of 10.9 (its table's ms and
+its breakdown's then told two stories). So on CPU ``2 × calls + RECORD_EXTRA_CALLS`` calls are recorded and the
+``calls`` whose wall time lies nearest the case's timed median are kept: every figure of the tables comes from
+those calls only (each operator's self time summed over the events under their ranges). The trace keeps every
+recorded call. On CUDA the tables read the device's kernel times, which the host's start-up does not stretch:
+``calls`` are recorded and all of them kept.
 """
 
 from __future__ import annotations

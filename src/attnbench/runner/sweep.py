@@ -271,7 +271,7 @@ def run_cases(
     repeat = settings.repeats
     torch.set_num_threads(options.threads)
     progress = _progress(len(cases) * repeat - writer.repeats_done(), progress_mode)
-    lines = CaseLines(len(cases), {case_key(impl, w.as_row()): w.label() for impl, w in cases}, progress_mode)
+    lines = CaseLines(cases) if progress_mode == "lines" else None
     worker: CaseWorker | None = None
     finished: set[tuple[Any, ...]] = set()
     stop = stop or StopSignals(writer.out_dir, lambda: None)  # not installed: never requested
@@ -284,7 +284,8 @@ def run_cases(
             writer.finish_case(merged := merge_repeats([row]))
             finished.add(key)
             progress.update(repeat)
-            lines.say(key, merged)
+            if lines is not None:
+                lines.say(key, merged)
             return
         rows = writer.append_repeat(row)
         progress.update(1)
@@ -292,7 +293,8 @@ def run_cases(
             progress.update(repeat - len(rows))
             writer.finish_case(merged := merge_repeats(rows, repeat))
             finished.add(key)
-            lines.say(key, merged)
+            if lines is not None:
+                lines.say(key, merged)
 
     references = tuple(registry.in_process_references()[0].values())  # contenders register()ed here
     try:
@@ -343,13 +345,11 @@ class CaseLines:
     ``[3/40 0:01:05] bmm B1 H8 S256 D64 float32 cpu none fwd: ok 1.02 ms`` (cases done of this run's, the time since
     it started; a row that is not ok adds its reason's first line)."""
 
-    def __init__(self, total: int, labels: dict[tuple[Any, ...], str], mode: str) -> None:
-        self.total, self.labels, self.on = total, labels, mode == "lines"
-        self.done, self.start = 0, time.monotonic()
+    def __init__(self, cases: list[tuple[str, Workload]]) -> None:
+        self.total, self.done, self.start = len(cases), 0, time.monotonic()
+        self.labels = {case_key(impl, w.as_row()): w.label() for impl, w in cases}
 
     def say(self, key: tuple[Any, ...], row: dict[str, Any]) -> None:
-        if not self.on:
-            return
         self.done += 1
         elapsed = dt.timedelta(seconds=int(time.monotonic() - self.start))
         median, reason = row.get("median_ms"), str(row.get("reason") or "").splitlines()
