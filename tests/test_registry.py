@@ -7,6 +7,8 @@ import pytest
 import attnbench
 from attnbench.contenders import registry
 from attnbench.contenders.registry import RegistryError
+from attnbench.runner.request import RunRequest
+from attnbench.runner.sweep import plan_cases
 
 from conftest import Shifted, attnbench_cmd, fake_distribution, run_subprocess
 
@@ -77,3 +79,26 @@ def test_duplicate_entry_point_names_are_an_error_naming_both(tmp_path):
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert "'bmm' is registered twice" in lines[0]
     assert "attnbench.impls.bmm:contender (attnbench" in lines[0] and "twin:contender (evil-twin 1.0)" in lines[0]
+
+
+def test_a_contender_is_asked_whether_it_runs_here_only_when_a_sweep_needs_it(planted):
+    """fused_cpu's probe builds its C++ library (about 20 s on a first run): `run --impl bmm` must not wait for
+    it, nor must a bad flag's error. ``available`` asks each contender once; a named one is asked by its rows."""
+    asked: list[str] = []
+
+    class CostlyProbe(Shifted):
+        name = "planted_costly_probe"
+
+        def availability(self):
+            asked.append(self.name)
+            return "needs an hour's build"
+
+    attnbench.register(CostlyProbe)
+    planted.append("planted_costly_probe")
+    registry.load(refresh=True)
+    _, cases = plan_cases(RunRequest(suite="quick", axes={"impl": ["bmm"]}))
+    assert {impl for impl, _ in cases} == {"bmm"} and asked == []
+    _, cases = plan_cases(RunRequest(suite="quick", axes={"impl": ["available"]}))
+    assert "planted_costly_probe" not in {impl for impl, _ in cases} and "bmm" in {impl for impl, _ in cases}
+    assert registry.get("planted_costly_probe").unavailable_reason == "needs an hour's build"
+    assert asked == ["planted_costly_probe"]  # once, however often it is asked

@@ -228,7 +228,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         given.setdefault("device", "cuda")  # ncu measures CUDA kernels: --ncu alone means the GPU
     overrides = parse_overrides(given)
     known, sweep_names = sorted(registry.load()), registry.sweep_names()
-    cases = expand(profile_suite(), overrides, known, sweep_names, registry.available_sweep_names())
+    cases = expand(profile_suite(), overrides, known, sweep_names, registry.available_sweep_names)
     check_devices(cases)
     if ncu is not None and any(w.device != "cuda" for _, w in cases):
         raise UsageError(

@@ -9,6 +9,7 @@ naming both sources.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -29,12 +30,26 @@ class RegistryError(UsageError):
 
 @dataclass(frozen=True)
 class Entry:
-    """A registered contender, or the reason it could not be loaded or cannot run here."""
+    """A registered contender, or the reason it could not be loaded or cannot run here.
+
+    Whether a loaded contender can run here is asked of it (``availability()``) the first time that matters,
+    not when the registry loads: a probe can cost much (fused_cpu's builds its C++ library, about 20 s the
+    first time on a machine), and a run or an error that does not involve the contender should not wait for it.
+    """
 
     name: str
     source: str
     contender: Contender | None
-    unavailable_reason: str | None
+    load_failure: str | None = None
+
+    @functools.cached_property
+    def unavailable_reason(self) -> str | None:
+        if self.contender is None:
+            return self.load_failure or "failed to load"
+        try:
+            return self.contender.availability()
+        except Exception as exc:  # an availability probe that raises means "not available", with why
+            return f"availability check raised {errors.reason(exc)}"
 
     @property
     def available(self) -> bool:
@@ -65,16 +80,13 @@ as_contender = _as_contender  # public: the A/B command checks a contender taken
 
 
 def _make_entry(name: str, source: str, loader: Callable[[], object]) -> Entry:
-    """Build an Entry, turning any failure to load or probe into an unavailable reason."""
+    """Build an Entry, turning any failure to load into an unavailable reason (a failed probe becomes one
+    when it is first asked)."""
     try:
         contender = _as_contender(loader(), name)
     except Exception as exc:  # a plugin's import can fail in any way; it must not take the others down
         return Entry(name, source, None, f"failed to load: {errors.reason(exc)}")
-    try:
-        unavailable = contender.availability()
-    except Exception as exc:  # an availability probe that raises means "not available", with why
-        unavailable = f"availability check raised {errors.reason(exc)}"
-    return Entry(name, source, contender, unavailable)
+    return Entry(name, source, contender)
 
 
 def _source(ep: metadata.EntryPoint) -> str:

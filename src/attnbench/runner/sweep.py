@@ -99,7 +99,7 @@ def plan_cases(request: RunRequest, left_out: dict[str, str] | None = None) -> t
         overrides,
         sorted(registry.load()),
         registry.sweep_names(),
-        registry.available_sweep_names(),
+        registry.available_sweep_names,
         never_applies,
     )
     shard = request.shard_slice
