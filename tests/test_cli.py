@@ -135,11 +135,13 @@ def test_list_shows_every_contender_with_reasons(cli):
     assert code == 0 and any(line.startswith("xformers ") and "unavailable" in line for line in text.splitlines())
 
 
-def test_progress_lines_says_each_case_as_its_row_is_written(cli, tmp_path):
-    """`--progress lines`, for a batch job's log: a line per case, numbered of the run's, with its time or reason."""
+@pytest.mark.parametrize("mode", ["lines", "auto"])
+def test_progress_lines_says_each_case_as_its_row_is_written(cli, tmp_path, mode):
+    """`--progress lines`, for a batch job's log: a line per case, numbered of the run's, with its time or reason;
+    `auto` does the same where stderr is not a terminal (here: captured), where it said nothing until the table."""
     out = tmp_path / "run"
     flags = ["--impl", "bmm,sdpa_cudnn", "--seq", "64", "--mask", "none", "--budget-s", "0.02", "--no-memory"]
-    code, _, err = cli("run", *flags, "--progress", "lines", "--out", str(out))
+    code, _, err = cli("run", *flags, "--progress", mode, "--out", str(out))
     assert code == 0
     rows = pd.read_csv(out / "results.csv")
     said = [line for line in err.splitlines() if re.match(r"\[\d+/\d+ \d+:\d\d:\d\d\] ", line)]

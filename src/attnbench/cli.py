@@ -709,7 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--progress",
         metavar=_choices(PROGRESS_BAR_MODES),
         default="auto",
-        help="auto: a bar where stderr is a terminal; on/off; lines: a line per finished case (for logs)",
+        help="lines: a line per finished case (for logs); on: a bar; off; auto: a bar where stderr is a terminal, "
+        "else lines",
     )
     p_run.add_argument("--store", action="store_true", help="add the run to the results store as it finishes")
     p_run.add_argument("--db", help="the store for --store (default runs/attnbench.duckdb)")

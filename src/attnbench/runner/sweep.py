@@ -270,6 +270,7 @@ def run_cases(
 
     repeat = settings.repeats
     torch.set_num_threads(options.threads)
+    progress_mode = shown_progress(progress_mode)
     progress = _progress(len(cases) * repeat - writer.repeats_done(), progress_mode)
     lines = CaseLines(cases) if progress_mode == "lines" else None
     worker: CaseWorker | None = None
@@ -340,8 +341,8 @@ def run_cases(
 
 
 class CaseLines:
-    """``--progress lines``: one stderr line as each case's row is written, for a log (a batch job's, CI's)
-    where a bar's carriage returns pile up on one line and ``auto`` shows nothing until the table:
+    """``--progress lines`` (and ``auto`` where stderr is not a terminal): one stderr line as each case's row is
+    written, for a log (a batch job's, CI's) where a bar's carriage returns pile up on one line:
     ``[3/40 0:01:05] bmm B1 H8 S256 D64 float32 cpu none fwd: ok 1.02 ms`` (cases done of this run's, the time since
     it started; a row that is not ok adds its reason's first line)."""
 
@@ -362,10 +363,19 @@ class CaseLines:
         print(f"[{self.done}/{self.total} {elapsed}] {row['impl']} {label}: {what}", file=sys.stderr, flush=True)
 
 
+def shown_progress(mode: str) -> str:
+    """What ``--progress`` shows: ``auto`` is a bar where stderr is a terminal and a line per case anywhere
+    else (a log, a pipe, a notebook), where a bar's carriage returns would pile up and silence would leave a
+    long run looking hung."""
+    if mode != "auto":
+        return mode
+    return "on" if sys.stderr.isatty() else "lines"
+
+
 def _progress(total: int, mode: str) -> Any:
     from tqdm import tqdm
 
     if not hasattr(tqdm, "_lock"):  # a thread lock: tqdm's default adds a multiprocessing semaphore, which
         tqdm.set_lock(threading.RLock())  # leaks (resource_tracker warns) when a run exits at once
-    disable = mode in ("off", "lines") or (mode == "auto" and not sys.stderr.isatty())
+    disable = mode in ("off", "lines")
     return tqdm(total=total, unit="case", disable=disable, file=sys.stderr, dynamic_ncols=True)
