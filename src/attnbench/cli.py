@@ -147,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     store_db = _store_target(request)
     default = request.out or request.resume or _default_out(request.suite_name)  # made only where it is used
-    finished = sweep.run_sweep(request, default)
+    finished = sweep.run_sweep(request, default, say_late=False)  # _summarise says them under the table
     with finished.stop or contextlib.nullcontext():  # signals still counted: a burst never cuts the summary
         return _summarise(finished, store_db)
 

@@ -161,8 +161,10 @@ def _check_worker_can_load(cases: list[tuple[str, Workload]], isolate: str) -> N
             )
 
 
-def run_sweep(request: RunRequest, default_out: Path) -> Finished:
-    """Plan the sweep (or reopen it with --resume), run it, save the run folder; print only warnings.
+def run_sweep(request: RunRequest, default_out: Path, say_late: bool = True) -> Finished:
+    """Plan the sweep (or reopen it with --resume), run it, save the run folder; print only warnings: those
+    known before the sweep at once, and with ``say_late`` those its end raises (``attnbench run`` says every
+    warning again under its table, so it passes False rather than say one twice within a few lines).
 
     Shared by ``attnbench run`` and the Python API (:func:`attnbench.run`)."""
     resuming = request.resume is not None
@@ -202,7 +204,8 @@ def run_sweep(request: RunRequest, default_out: Path) -> Finished:
     with StopSignals(writer.out_dir, _exit_at_once) as stop:  # until the results are written
         interrupted = run_cases(todo, options, writer, settings, request.progress, stop, Reproducer.of_meta(meta))
         for warning in bandwidth.after(interrupted):
-            print(f"warning: {warning}", file=sys.stderr)
+            if say_late:
+                print(f"warning: {warning}", file=sys.stderr)
             warnings.append(warning)
         meta.update(end_time=now(), finished=not interrupted)
         frame = writer.finish(meta)
