@@ -218,7 +218,7 @@ def test_default_folders_are_made_at_once_and_a_failed_command_leaves_none(cli, 
     assert list(tmp_path.iterdir()) == []  # runs/ too: this test's calls made it
     from attnbench.runner import sweep
 
-    def refused(request, default_out):  # a run refused once its folder is made (a plan no contender can run)
+    def refused(request, default_out, say_late=True):  # refused once its folder is made (no contender can run)
         assert default_out.is_dir() and default_out.parent == Path("runs")
         raise UsageError("planted refusal")
 

@@ -33,8 +33,8 @@ class Entry:
     """A registered contender, or the reason it could not be loaded or cannot run here.
 
     Whether a loaded contender can run here is asked of it (``availability()``) the first time that matters,
-    not when the registry loads: a probe can cost much (fused_cpu's builds its C++ library, about 20 s the
-    first time on a machine), and a run or an error that does not involve the contender should not wait for it.
+    not when the registry loads: a probe can cost much (fused_cpu's probe builds its C++ library, about 20 s
+    the first time on a machine), and a run or an error that does not involve the contender should not wait for it.
     """
 
     name: str
