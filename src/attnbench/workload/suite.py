@@ -127,14 +127,14 @@ def expand(
     overrides: dict[str, list[Any]],
     known_impls: list[str],
     default_impls: list[str] | None = None,
-    available_impls: Callable[[], list[str]] | None = None,
+    available_impls: list[str] | Callable[[], list[str]] | None = None,
     never_applies: Callable[[str, list[Workload]], bool] | None = None,
 ) -> list[tuple[str, Workload]]:
     """All (contender, workload) cases, in sweep order, without duplicates; validates every value.
 
     ``impl = "all"`` stands for ``default_impls`` (default: every known contender), ``"available"`` for
-    what ``available_impls()`` returns (those of them that can run on this machine; default: all of them), called
-    only where a sweep names it, since asking a contender whether it can run may build it. A contender
+    ``available_impls`` (those of them that can run on this machine; default: all of them; a function is
+    called only where a sweep asks for them, since asking a contender whether it can run may build it). A contender
     such a keyword brings in is left out of a sweep where ``never_applies(impl, workloads)`` says it suits
     none of them (a column of `unsupported` tells nothing); one named is always planned."""
     cases: dict[tuple[str, Workload], None] = {}
@@ -209,7 +209,7 @@ def _impls(
     requested: list[str],
     known: list[str],
     default: list[str] | None,
-    available: Callable[[], list[str]] | None,
+    available: list[str] | Callable[[], list[str]] | None,
 ) -> tuple[list[str], set[str]]:
     """The contenders ``requested`` names, and those of them only a keyword (all, available) brought in."""
     every = known if default is None else default
@@ -219,7 +219,7 @@ def _impls(
         if name == "all":
             chosen.extend(every)
         elif name == "available":
-            chosen.extend(every if available is None else available())
+            chosen.extend(every if available is None else available() if callable(available) else available)
         elif name in known:
             chosen.append(name)
             named.add(name)
