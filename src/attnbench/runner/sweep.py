@@ -280,25 +280,25 @@ def run_cases(
     finished: set[tuple[Any, ...]] = set()
     stop = stop or StopSignals(writer.out_dir, lambda: None)  # not installed: never requested
 
+    def finish(key: tuple[Any, ...], merged: dict[str, Any]) -> None:
+        writer.finish_case(merged)
+        finished.add(key)
+        if lines is not None:
+            lines.say(key, merged)
+
     def keep(row: dict[str, Any]) -> None:
         if reproduce is not None:
             row = {**row, "reproduce": reproduce(row)}
         key = case_key(row["impl"], row)
         if repeat == 1 or (row["status"] in DECIDED_ONCE and not writer.repeats_done(key)):
-            writer.finish_case(merged := merge_repeats([row]))
-            finished.add(key)
             progress.update(repeat)
-            if lines is not None:
-                lines.say(key, merged)
+            finish(key, merge_repeats([row]))
             return
         rows = writer.append_repeat(row)
         progress.update(1)
         if len(rows) == repeat or row["status"] != "ok":
             progress.update(repeat - len(rows))
-            writer.finish_case(merged := merge_repeats(rows, repeat))
-            finished.add(key)
-            if lines is not None:
-                lines.say(key, merged)
+            finish(key, merge_repeats(rows, repeat))
 
     references = tuple(registry.in_process_references()[0].values())  # contenders register()ed here
     try:

@@ -219,7 +219,7 @@ def _impls(
         if name == "all":
             chosen.extend(every)
         elif name == "available":
-            chosen.extend(every if available is None else available() if callable(available) else available)
+            chosen.extend(_available(every, available))
         elif name in known:
             chosen.append(name)
             named.add(name)
@@ -227,6 +227,13 @@ def _impls(
             raise UsageError(f"impl {name!r} is not known; known: {', '.join(known)} (or all, available)")
     chosen = list(dict.fromkeys(chosen))
     return chosen, set(chosen) - named
+
+
+def _available(every: list[str], available: list[str] | Callable[[], list[str]] | None) -> list[str]:
+    """``available``'s contenders: all of ``every`` without a list; a function is asked here, and only here."""
+    if available is None:
+        return every
+    return available() if callable(available) else available
 
 
 def profile_suite(name: str = "profile", description: str = "") -> Suite:
