@@ -18,6 +18,9 @@ and the steps ``changes`` finds in it.
 A/B in one process: ``ab_command`` is the ``attnbench ab`` command (the timing itself is
 ``attnbench.runner.ab``), ``ab_report`` its table, CSV and figure.
 
+Before any run: ``masks`` is the ``attnbench masks`` command, how each workload's mask falls on a kernel's tiles
+(``attnbench.workload.tiles`` counts them), as a table and a picture.
+
 Calibration (``nox -s calibrate``): ``calibrate`` prints one table of the three answers to "is it slower?",
 from ``calibrate_ab`` (ab's false alarms and detections) and ``calibrate_runs`` (compare and history).
 """

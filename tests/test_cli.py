@@ -70,6 +70,8 @@ BAD_INPUTS = [
         "--seq value 12345678901234567890 is past the sane upper bound; allowed: 1 to 16777216",
     ),
     (["run", "--batch", "100000000"], "--batch value 100000000 is past the sane upper bound; allowed: 1 to 65536"),
+    (["masks", "--tile", "128x0"], "--tile '128x0': expected query rows x keys, positive, e.g. --tile 128x128,128x64"),
+    (["masks", "--mask", "document", "--seq", "64", "--seq-kv", "128"], "needs seq_q == seq_k; got 64 and 128"),
 ]
 
 

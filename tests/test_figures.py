@@ -181,7 +181,16 @@ def figures_of_every_kind():
         "roofline": roofline(ok, colours, ROOFS),
         "decode": decode_bandwidth(ok, colours, ROOFS),
         "compare": ratio_plot(compared.head(40), Settings()),
+        "masks": _masks_figure(),
     }
+
+
+def _masks_figure():
+    from attnbench.reports.masks import distinct_masks, draw_masks
+    from attnbench.workload.suite import expand, mask_suite
+
+    workloads = [w for _, w in expand(mask_suite(), {}, ["bmm"], None, ["bmm"])]
+    return draw_masks(distinct_masks(workloads), (64, 64))
 
 
 def _tick_texts(figure):

@@ -1,10 +1,11 @@
-"""The attnbench command: list, run, suites, models, env, profile, report, compare, ratios, ab, merge, store, history.
+"""attnbench: list, run, suites, models, env, profile, masks, report, compare, ratios, ab, merge, store, history.
 
 One ``cmd_*`` per command, parsing its flags. A command's body lives in the lowest room that can hold it: run's
 and profile's in the runner room (``runner.sweep``, ``runner._profiling``: they time cases and print tables);
 the bodies that read finished runs or draw figures in ``attnbench.reports``, imported when the command runs —
-report, compare, ratios, merge, store, history, and ab's (``reports.ab_command``: it times in the runner's
-``ab`` and then draws ``ab.png``, which the runner room may not import).
+report, compare, ratios, merge, store, history, masks (``reports.masks``: its picture), and ab's
+(``reports.ab_command``: it times in the runner's ``ab`` and then draws ``ab.png``, which the runner room may not
+import).
 
 Bad input raises UsageError anywhere below; ``main`` prints it as one line and exits with code 2, before
 anything is written.
@@ -34,7 +35,15 @@ from attnbench.runner.cases import not_runnable
 from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request
 from attnbench.runner.results import RunWriter
 from attnbench.workload.axes import IMPL, PASS, SWEEP_AXES, canonical_dtype, parse_overrides
-from attnbench.workload.suite import check_devices, expand, load_suite, profile_suite, suite_names
+from attnbench.workload.suite import (
+    check_devices,
+    expand,
+    load_suite,
+    mask_suite,
+    model_suite,
+    profile_suite,
+    suite_names,
+)
 
 if TYPE_CHECKING:
     from attnbench.runner._ncu_profile import NcuProfile
@@ -580,6 +589,42 @@ def _add_ab_command(commands: Any) -> None:
     p_ab.set_defaults(func=cmd_ab)
 
 
+def cmd_masks(args: argparse.Namespace) -> int:
+    """How each workload's mask falls on a kernel's tiles: masks.csv, masks.png and the table."""
+    from attnbench.reports.masks import format_table, parse_tiles, write_masks
+
+    tiles = parse_tiles(args.tile)
+    given = _given_axes(args)
+    if args.suite:
+        suite = load_suite(args.suite)
+    elif "model" in given:  # the presets' own sizes and layers, as `run --model` plans them
+        suite = model_suite()
+    else:  # every mask, unless the command names some
+        suite = profile_suite() if "mask" in given else mask_suite()
+    known, overrides = sorted(registry.load()), parse_overrides(given)
+    cases = []
+    for sweep in suite.sweeps:  # contenders do not change a mask: none is asked whether it runs here
+        try:
+            cases += expand(dataclasses.replace(suite, sweeps=(sweep,)), overrides, known, None, known)
+        except UsageError as error:
+            if args.suite or {"mask", "model"} & set(given):
+                raise
+            print(
+                f"masks: {sweep['mask'][0]} left out: {error}", file=sys.stderr
+            )  # a gallery's mask these sizes exclude
+    if not cases:
+        raise UsageError("masks: no mask can be drawn at these sizes (see above)")
+    out = Path(args.out) if args.out else _default_out("masks")
+    RunWriter.check_target(out)
+    table = write_masks([workload for _, workload in cases], tiles, out)
+    print(format_table(table))
+    print(
+        f"\nwork: the pairs of every tile that is not empty over the visible pairs\nwrote {out / 'masks.csv'}, "
+        f"{out / 'masks.png'} (tile {args.tile.split(',')[0].strip()})"
+    )
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     entries = registry.load()
     records: list[dict[str, Any]] = []
@@ -797,6 +842,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_history_commands(commands)
     _add_ab_command(commands)
+    p_masks = commands.add_parser("masks", help="how each mask falls on a kernel's tiles: skipped, masked, full")
+    p_masks.add_argument("--suite", help="the suite's workloads (default: every mask at S1024; with --mask: those)")
+    p_masks.add_argument("--out", help="folder for masks.csv and masks.png (default: runs/masks-TIMESTAMP)")
+    p_masks.add_argument(
+        "--tile", default="128x128,128x64", help="query rows x keys per tile, comma-separated (default 128x128,128x64)"
+    )
+    for axis in SWEEP_AXES:
+        if axis is not IMPL:
+            p_masks.add_argument(axis.flag, dest=axis.name, metavar="LIST", help=f"{axis.name} (comma-separated)")
+    p_masks.set_defaults(func=cmd_masks)
     commands.add_parser("suites", help="the shipped suites").set_defaults(func=cmd_suites)
     commands.add_parser("models", help="the model presets for --model").set_defaults(func=cmd_models)
     p_env = commands.add_parser("env", help="what this machine is and its ceilings, as recorded in meta.json")

@@ -140,7 +140,6 @@ def expand(
     cases: dict[tuple[str, Workload], None] = {}
     for sweep in suite.sweeps:
         axes = {**sweep, **overrides}
-        impls, implicit = _impls(axes[IMPL.name], known_impls, default_impls, available_impls)
         models, phases = axes.get(MODEL.name), axes.get(PHASE.name)
         for axis in (PHASE, LAYER):
             if axes.get(axis.name) and not models:
@@ -157,6 +156,8 @@ def expand(
             else [axes]
         )
         workloads = [workload for one in expanded for workload in _workloads(one)]
+        # after the workloads: a bad size is said before `available` asks a contender (which may build it)
+        impls, implicit = _impls(axes[IMPL.name], known_impls, default_impls, available_impls)
         if never_applies is not None:  # a contender no workload of the sweep suits, unless named, is left out
             impls = [impl for impl in impls if impl not in implicit or not never_applies(impl, workloads)]
         for workload in workloads:
@@ -240,6 +241,26 @@ def profile_suite(name: str = "profile", description: str = "") -> Suite:
     """One modest case per contender (B=1, H=8, S=1024, D=64, the basic defaults): what ``attnbench profile``
     and :func:`attnbench.run` without a suite start from; overrides replace its axes."""
     return Suite(name, description, 1.0, 60.0, ({**DEFAULTS, **PROFILE_WORKLOAD},))
+
+
+# every mask once, each with the feature it needs, at the profile's size (B4 where the sequences differ)
+_MASK_GALLERY: tuple[dict[str, list[Any]], ...] = (
+    {"mask": ["none"]},
+    {"mask": ["causal"]},
+    {"mask": ["causal_bottom_right"]},
+    {"mask": ["padding"], "batch": [4]},
+    {"mask": ["sliding_window"], "window": [256]},
+    {"mask": ["document"], "documents": [4], "lengths": ["bimodal"]},
+    {"mask": ["chunked"], "chunk": [256]},
+    {"mask": ["mixed"], "batch": [4], "decode_share": [0.5], "lengths": ["uniform"]},
+)
+
+
+def mask_suite(name: str = "masks", description: str = "") -> Suite:
+    """Every mask once at :func:`profile_suite`'s size, each with the feature it needs (a 256-key window, 4
+    documents, 256-key chunks, …): what ``attnbench masks`` shows when no --mask or --suite is given (bottom-right
+    causal is causal there; --seq-kv tells them apart)."""
+    return Suite(name, description, 1.0, 60.0, tuple({**DEFAULTS, **PROFILE_WORKLOAD, **s} for s in _MASK_GALLERY))
 
 
 def model_suite() -> Suite:

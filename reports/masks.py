@@ -1,0 +1,147 @@
+"""``attnbench masks``: how each workload's mask falls on a kernel's tiles, as a table (``masks.csv``) and a
+picture (``masks.png``): per mask and tile size, the tiles a block-skipping kernel skips (empty), masks
+(partial) and computes plainly (full), and its work over the visible pairs (``attnbench.workload.tiles``).
+
+A mask's shape decides what a kernel can skip, so this is the first thing to read beside a masked case's
+time: a 256-key window at 128 × 128 tiles computes 1.5× its visible pairs, a causal S4096 1.03×."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
+
+from attnbench.errors import UsageError
+from attnbench.reports.figure_layout import DPI, TITLE_SIZE, finish, legend_right, panel_grid
+from attnbench.workload import Workload
+from attnbench.workload.axes import BY_NAME, tags
+from attnbench.workload.tiles import EMPTY, FULL, PARTIAL, count_tiles, sequence_ranges, tile_states
+
+MAX_PANELS = 24  # the picture's panels, at most; the table has every mask
+STATE_COLOURS = {
+    EMPTY: ("#f2f2f2", "empty: skipped"),
+    PARTIAL: ("#e8a33d", "partial: masked"),
+    FULL: ("#2b5c8a", "full: no mask"),
+}
+_GEOMETRY = ("batch", "seq", "seq_kv", "mask", "window", "documents", "chunk", "decode_share", "lengths")
+_LABELLED = ("window", "documents", "chunk", "decode_share", "lengths", "model", "layer")
+
+
+def parse_tiles(text: str) -> list[tuple[int, int]]:
+    """``"128x128,128x64"`` → [(128, 128), (128, 64)]: query rows × keys per tile."""
+    tiles = []
+    for part in (p.strip() for p in text.split(",")):
+        rows, x, keys = part.lower().partition("x")
+        if not (x and rows.isdigit() and keys.isdigit() and int(rows) > 0 and int(keys) > 0):
+            raise UsageError(f"--tile {part!r}: expected query rows x keys, positive, e.g. --tile 128x128,128x64")
+        tiles.append((int(rows), int(keys)))
+    return tiles
+
+
+def mask_label(w: Workload) -> str:
+    """'B4 S1024x1536 sliding_window w256': what decides the mask, nothing else."""
+    seq = f"S{w.seq_q}" if w.seq_q == w.seq_k else f"S{w.seq_q}x{w.seq_k}"
+    return f"B{w.batch} {seq} {w.mask}" + tags(w, [BY_NAME[name] for name in _LABELLED])
+
+
+def distinct_masks(workloads: list[Workload]) -> list[Workload]:
+    """One workload per mask geometry (sizes, dtypes and contenders do not change a mask), in order."""
+    seen: dict[tuple[Any, ...], Workload] = {}
+    for w in workloads:
+        key = (*(BY_NAME[name].read(w) for name in _GEOMETRY), w.model, w.layer)
+        seen.setdefault(key, w)
+    return list(seen.values())
+
+
+def mask_table(workloads: list[Workload], tiles: list[tuple[int, int]]) -> pd.DataFrame:
+    """A row per mask and tile: tiles full, partial and empty, visible pairs (and their share of the batch's
+    Sq × Sk) and ``work``, the pairs a block-skipping kernel computes over the visible ones."""
+    rows = []
+    for w in workloads:
+        for block_m, block_n in tiles:
+            counts = count_tiles(w, block_m, block_n)
+            rows.append(
+                {
+                    "mask": mask_label(w),
+                    "tile": f"{block_m}x{block_n}",
+                    "full": counts.full,
+                    "partial": counts.partial,
+                    "empty": counts.empty,
+                    "visible_pairs": counts.visible_pairs,
+                    "visible_share": counts.visible_pairs / (w.batch * w.seq_q * w.seq_k),
+                    "computed_pairs": counts.computed_pairs,
+                    "work": counts.work_factor,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The table as the command prints it: the mask left-aligned, the counts right-aligned."""
+    numbers = pd.DataFrame(
+        {
+            "tile": table["tile"],
+            "visible": [f"{share:.1%}" for share in table["visible_share"]],
+            "full": table["full"],
+            "partial": table["partial"],
+            "empty": table["empty"],
+            "work": [f"{work:.2f}x" for work in table["work"]],
+        }
+    ).to_string(index=False)
+    width = max(len("mask"), *(len(mask) for mask in table["mask"]))
+    masks = ["mask", *table["mask"]]
+    return "\n".join(f"{mask:<{width}}  {line}" for mask, line in zip(masks, numbers.splitlines(), strict=True))
+
+
+def _shown_sequence(w: Workload, tile: tuple[int, int]) -> tuple[int | None, torch.Tensor]:
+    """The sequence a panel draws and its tile states: where the batch's sequences differ (padding, ragged,
+    mixed), the one with the most partial tiles, then the most empty ones (the first of equals); else None."""
+    ranges = sequence_ranges(w)
+    states = [tile_states(lo, hi, w.seq_k, *tile) for lo, hi in ranges]
+    if len(states) == 1:
+        return None, states[0]
+    index = max(
+        range(len(states)), key=lambda b: (int((states[b] == PARTIAL).sum()), int((states[b] == EMPTY).sum()), -b)
+    )
+    return index, states[index]
+
+
+def draw_masks(workloads: list[Workload], tile: tuple[int, int]) -> Any:
+    """A panel per mask (at most MAX_PANELS): its first sequence's tiles, coloured by state; query blocks
+    down, key blocks across."""
+    shown = workloads[:MAX_PANELS]
+    figure, axes = panel_grid(len(shown), size=(3.2, 3.0))
+    colours = ListedColormap([STATE_COLOURS[state][0] for state in (EMPTY, PARTIAL, FULL)])
+    for axis, w in zip(axes, shown, strict=True):
+        index, states = _shown_sequence(w, tile)
+        axis.imshow(states.numpy(), cmap=colours, vmin=EMPTY, vmax=FULL, interpolation="nearest", aspect="auto")
+        counts = count_tiles(w, *tile)
+        which = f"sequence {index + 1} of {w.batch}, " if index is not None else ""
+        axis.set_title(f"{mask_label(w)}\n{which}work {counts.work_factor:.2f}x", fontsize=TITLE_SIZE)
+        axis.set_xlabel(f"key block ({tile[1]} keys)", fontsize=TITLE_SIZE)
+        axis.set_ylabel(f"query block ({tile[0]} rows)", fontsize=TITLE_SIZE)
+        axis.tick_params(labelsize=TITLE_SIZE)
+    handles = [Patch(color=colour, label=label) for colour, label in STATE_COLOURS.values()]
+    legend_right(figure, handles, f"tile {tile[0]}x{tile[1]}")
+    return finish(figure)
+
+
+def write_masks(workloads: list[Workload], tiles: list[tuple[int, int]], out: Path) -> pd.DataFrame:
+    """``masks.csv`` (every mask and tile) and ``masks.png`` (the first tile) in ``out``; the table."""
+    masks = distinct_masks(workloads)
+    table = mask_table(masks, tiles)
+    figure = draw_masks(masks, tiles[0])
+    out.mkdir(parents=True, exist_ok=True)  # after the work: a failure above leaves no folder half-written
+    table.to_csv(out / "masks.csv", index=False)
+    figure.savefig(out / "masks.png", dpi=DPI, bbox_inches="tight")
+    plt.close(figure)
+    return table

@@ -1,0 +1,115 @@
+"""`attnbench masks` and workload/tiles.py: each mask's tiles empty, partial or full, checked tile by tile against
+the dense mask, and the command's table, CSV and picture."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from attnbench.workload import Workload
+from attnbench.workload.masks import dense_mask_of, workload_pairs
+from attnbench.workload.tiles import count_tiles
+
+MASKS = [
+    ("none", {}),
+    ("causal", {}),
+    ("causal_bottom_right", {}),
+    ("padding", {}),
+    ("sliding_window", {"window": 7}),
+    ("sliding_window", {"window": 40}),
+    ("document", {"documents": 3}),
+    ("chunked", {"chunk": 24}),
+    ("causal", {"lengths": "bimodal"}),
+    ("mixed", {"decode_share": 0.4, "lengths": "uniform"}),
+]
+SHAPES = [(50, 50), (37, 90), (90, 37), (1, 77)]
+TILES = [(16, 16), (8, 32), (64, 64), (1, 5)]
+
+
+def _by_hand(w: Workload, block_m: int, block_n: int) -> tuple[int, ...]:
+    """(full, partial, empty, visible, computed) by looking at every tile of the dense mask."""
+    dense = dense_mask_of(w, "cpu")
+    visible = torch.ones(1, w.seq_q, w.seq_k, dtype=torch.bool) if dense is None else dense[:, 0]
+    visible = visible.expand(w.batch, -1, -1)
+    full = partial = empty = computed = 0
+    for b in range(w.batch):
+        for row in range(0, w.seq_q, block_m):
+            for key in range(0, w.seq_k, block_n):
+                tile = visible[b, row : row + block_m, key : key + block_n]
+                if tile.all():
+                    full += 1
+                elif tile.any():
+                    partial += 1
+                else:
+                    empty += 1
+                computed += tile.numel() if tile.any() else 0
+    return full, partial, empty, int(visible.sum()), computed
+
+
+@pytest.mark.parametrize(("mask", "extra"), MASKS, ids=[f"{m}-{'-'.join(map(str, e.values()))}" for m, e in MASKS])
+def test_tile_counts_match_the_dense_mask_tile_by_tile(mask, extra):
+    """Every mask, square and not (Sq > Sk too, and a decode row), ragged and mixed batches, at tiles that divide
+    the matrix and that do not: the counts are the dense mask's, and the visible pairs the closed form's."""
+    for seq_q, seq_k in SHAPES:
+        if mask == "document" and seq_q != seq_k:
+            continue
+        w = Workload(batch=3, heads=2, kv_heads=2, seq_q=seq_q, seq_k=seq_k, head_dim=8, mask=mask, **extra)
+        for block_m, block_n in TILES:
+            counts = count_tiles(w, block_m, block_n)
+            found = (counts.full, counts.partial, counts.empty, counts.visible_pairs, counts.computed_pairs)
+            assert found == _by_hand(w, block_m, block_n), (seq_q, seq_k, block_m, block_n)
+            assert counts.visible_pairs == workload_pairs(w)
+
+
+def test_work_factor_of_known_shapes():
+    """Causal S4096 at 128 × 128: 32·33/2 tiles of 128² over 4096·4097/2 pairs; a 256-key window: 1.5×."""
+    causal = Workload(batch=1, heads=1, kv_heads=1, seq_q=4096, seq_k=4096, head_dim=64, mask="causal")
+    assert count_tiles(causal, 128, 128).work_factor == pytest.approx(528 * 128 * 128 / (4096 * 4097 / 2))
+    window = Workload(
+        batch=1, heads=1, kv_heads=1, seq_q=4096, seq_k=4096, head_dim=64, mask="sliding_window", window=256
+    )
+    counts = count_tiles(window, 128, 128)
+    assert (counts.full, counts.partial) == (31, 62)
+    assert counts.work_factor == pytest.approx(1.5, abs=0.01)
+
+
+def test_masks_command_draws_every_mask_and_writes_its_table(cli, tmp_path):
+    code, out, err = cli(
+        "masks", "--seq", "512", "--seq-kv", "1024", "--tile", "64x64,128x32", "--out", str(tmp_path / "m")
+    )
+    assert code == 0, err
+    assert "masks: document left out: mask document packs documents into one sequence" in err  # Sq ≠ Sk
+    table = pd.read_csv(tmp_path / "m" / "masks.csv")
+    shown = {"none", "causal", "causal_bottom_right", "padding", "sliding_window", "chunked", "mixed"}
+    assert {label.split()[2] for label in table["mask"]} == shown
+    assert len(table) == 2 * len(shown) and set(table["tile"]) == {"64x64", "128x32"}
+    assert (table["full"] + table["partial"] + table["empty"] > 0).all() and (table["work"] >= 1).all()
+    none = table[table["mask"] == "B1 S512x1024 none"].iloc[0]
+    assert (none["full"], none["partial"], none["empty"], none["work"]) == (8 * 16, 0, 0, 1.0)
+    assert "B1 S512x1024 causal_bottom_right" in out and "work" in out.splitlines()[0]
+    assert (tmp_path / "m" / "masks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_masks_command_takes_the_masks_named(cli, tmp_path):
+    code, out, err = cli(
+        "masks",
+        "--mask",
+        "sliding_window",
+        "--window",
+        "100",
+        "--seq",
+        "300",
+        "--tile",
+        "64x32",
+        "--out",
+        str(tmp_path),
+    )
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1].split()[:4] == ["B1", "S300", "sliding_window", "w100"] and len(lines) == 2 + 3
+    assert lines[1].split()[-1] == f"{count_tiles(_window_case(), 64, 32).work_factor:.2f}x"
+
+
+def _window_case() -> Workload:
+    return Workload(batch=1, heads=8, kv_heads=8, seq_q=300, seq_k=300, head_dim=64, mask="sliding_window", window=100)
