@@ -77,6 +77,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if SPLIT_FIXTURE in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.serial)
     if torch.cuda.is_available():
+        for item in items:  # on a GPU they time the device: `nox -s tests` runs them alone, not beside a worker
+            if item.get_closest_marker("cuda") is not None:
+                item.add_marker(pytest.mark.serial)
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False): run `pytest -m cuda` on one")
     for item in items:

@@ -5,6 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from attnbench.contenders import registry
 from attnbench.errors import UsageError
 from attnbench.runner.results import COLUMNS
 
@@ -141,6 +142,7 @@ def test_list_shows_every_contender_with_reasons(cli):
 def test_progress_lines_says_each_case_as_its_row_is_written(cli, tmp_path, mode):
     """`--progress lines`, for a batch job's log: a line per case, numbered of the run's, with its time or reason;
     `auto` does the same where stderr is not a terminal (here: captured), where it said nothing until the table."""
+    cudnn_here = registry.load()["sdpa_cudnn"].available  # on a CUDA machine it runs: its CPU rows are unsupported
     out = tmp_path / "run"
     flags = ["--impl", "bmm,sdpa_cudnn", "--seq", "64", "--mask", "none", "--budget-s", "0.02", "--no-memory"]
     code, _, err = cli("run", *flags, "--progress", mode, "--out", str(out))
@@ -148,7 +150,7 @@ def test_progress_lines_says_each_case_as_its_row_is_written(cli, tmp_path, mode
     rows = pd.read_csv(out / "results.csv")
     said = [line for line in err.splitlines() if re.match(r"\[\d+/\d+ \d+:\d\d:\d\d\] ", line)]
     assert len(rows) == 4  # the quick suite's two S64 workloads, two contenders each
-    assert len(said) == 3  # but sdpa_cudnn, unavailable on a CPU, is said once
+    assert len(said) == (4 if cudnn_here else 3)  # but sdpa_cudnn, unavailable on a CPU, is said once
     assert [line.split()[0][1:] for line in said] == sorted({line.split()[0][1:] for line in said})  # k/4 rising
     assert said[-1].startswith("[4/4 ")
     for line in said:
@@ -156,7 +158,8 @@ def test_progress_lines_says_each_case_as_its_row_is_written(cli, tmp_path, mode
         if impl == "bmm":
             assert re.search(r"float32 cpu none fwd: (ok|stalled) [0-9.e+-]+ ms", rest), line
         else:  # a row that is not ok says why, an unavailable contender for all its cases at once
-            assert impl == "sdpa_cudnn" and re.search(r": unavailable \(all its cases\) — \S", rest), line
+            said_as = r": unsupported — device cpu" if cudnn_here else r": unavailable \(all its cases\) — \S"
+            assert impl == "sdpa_cudnn" and re.search(said_as, rest), line
 
 
 def test_run_writes_results_meta_and_summary(cli, tmp_path):
