@@ -24,7 +24,7 @@ from attnbench.errors import UsageError
 from attnbench.reports.figure_layout import DPI, TITLE_SIZE, finish, legend_right, panel_grid
 from attnbench.workload import Workload
 from attnbench.workload.axes import BY_NAME, tags
-from attnbench.workload.tiles import EMPTY, FULL, PARTIAL, count_tiles, sequence_ranges, tile_states
+from attnbench.workload.tiles import EMPTY, FULL, PARTIAL, count_tiles, sequence_states
 
 MAX_PANELS = 24  # the picture's panels, at most; the table has every mask
 STATE_COLOURS = {
@@ -102,29 +102,28 @@ def format_table(table: pd.DataFrame) -> str:
     return "\n".join(f"{mask:<{width}}  {line}" for mask, line in zip(masks, numbers.splitlines(), strict=True))
 
 
-def _shown_sequence(w: Workload, tile: tuple[int, int]) -> tuple[int | None, torch.Tensor]:
-    """The sequence a panel draws and its tile states: where the batch's sequences differ (padding, ragged,
-    mixed), the one with the most partial tiles, then the most empty ones (the first of equals); else None."""
-    ranges = sequence_ranges(w)
-    states = [tile_states(lo, hi, w.seq_k, *tile) for lo, hi in ranges]
+def _shown_sequence(states: list[torch.Tensor]) -> int | None:
+    """The sequence a panel draws: where the batch's sequences differ (padding, ragged, mixed), the one with the
+    most partial tiles, then the most empty ones (the first of equals); None where they share one mask."""
     if len(states) == 1:
-        return None, states[0]
-    index = max(
+        return None
+    return max(
         range(len(states)), key=lambda b: (int((states[b] == PARTIAL).sum()), int((states[b] == EMPTY).sum()), -b)
     )
-    return index, states[index]
 
 
 def draw_masks(workloads: list[Workload], tile: tuple[int, int]) -> Any:
-    """A panel per mask (at most MAX_PANELS): its first sequence's tiles, coloured by state; query blocks
-    down, key blocks across."""
+    """A panel per mask (at most MAX_PANELS): its tiles (one sequence's, see _shown_sequence), coloured by state;
+    query blocks down, key blocks across."""
     shown = workloads[:MAX_PANELS]
     figure, axes = panel_grid(len(shown), size=(3.2, 3.0))
     colours = ListedColormap([STATE_COLOURS[state][0] for state in (EMPTY, PARTIAL, FULL)])
     for axis, w in zip(axes, shown, strict=True):
-        index, states = _shown_sequence(w, tile)
-        axis.imshow(states.numpy(), cmap=colours, vmin=EMPTY, vmax=FULL, interpolation="nearest", aspect="auto")
-        counts = count_tiles(w, *tile)
+        states = sequence_states(w, *tile)
+        index = _shown_sequence(states)
+        shown_states = states[index or 0]
+        axis.imshow(shown_states.numpy(), cmap=colours, vmin=EMPTY, vmax=FULL, interpolation="nearest", aspect="auto")
+        counts = count_tiles(w, *tile, states)
         which = f"sequence {index + 1} of {w.batch}, " if index is not None else ""
         axis.set_title(f"{mask_label(w)}\n{which}work {counts.work_factor:.2f}x", fontsize=TITLE_SIZE)
         axis.set_xlabel(f"key block ({tile[1]} keys)", fontsize=TITLE_SIZE)

@@ -595,23 +595,22 @@ def cmd_masks(args: argparse.Namespace) -> int:
 
     tiles = parse_tiles(args.tile)
     given = _given_axes(args)
+    gallery = not args.suite and not {"mask", "model"} & set(given)  # every mask, unless the command names some
     if args.suite:
         suite = load_suite(args.suite)
     elif "model" in given:  # the presets' own sizes and layers, as `run --model` plans them
         suite = model_suite()
-    else:  # every mask, unless the command names some
-        suite = profile_suite() if "mask" in given else mask_suite()
+    else:
+        suite = mask_suite() if gallery else profile_suite()
     known, overrides = sorted(registry.load()), parse_overrides(given)
     cases = []
     for sweep in suite.sweeps:  # contenders do not change a mask: none is asked whether it runs here
         try:
             cases += expand(dataclasses.replace(suite, sweeps=(sweep,)), overrides, known, None, known)
         except UsageError as error:
-            if args.suite or {"mask", "model"} & set(given):
+            if not gallery:
                 raise
-            print(
-                f"masks: {sweep['mask'][0]} left out: {error}", file=sys.stderr
-            )  # a gallery's mask these sizes exclude
+            print(f"masks: {sweep['mask'][0]} left out: {error}", file=sys.stderr)  # one these sizes exclude
     if not cases:
         raise UsageError("masks: no mask can be drawn at these sizes (see above)")
     out = Path(args.out) if args.out else _default_out("masks")
@@ -620,7 +619,7 @@ def cmd_masks(args: argparse.Namespace) -> int:
     print(format_table(table))
     print(
         f"\nwork: the pairs of every tile that is not empty over the visible pairs\nwrote {out / 'masks.csv'}, "
-        f"{out / 'masks.png'} (tile {args.tile.split(',')[0].strip()})"
+        f"{out / 'masks.png'} (tile {tiles[0][0]}x{tiles[0][1]})"
     )
     return 0
 

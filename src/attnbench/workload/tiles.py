@@ -38,10 +38,6 @@ class TileCounts:
     computed_pairs: int  # the pairs of every tile that is not empty, clipped to the matrix
 
     @property
-    def tiles(self) -> int:
-        return self.full + self.partial + self.empty
-
-    @property
     def work_factor(self) -> float:
         """Computed pairs over visible ones (nan where no pair is visible)."""
         return self.computed_pairs / self.visible_pairs if self.visible_pairs else float("nan")
@@ -87,22 +83,29 @@ def sequence_ranges(w: Workload) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(lo[b], hi[b]) for b in range(lo.shape[0])]
 
 
-def count_tiles(w: Workload, block_m: int, block_n: int) -> TileCounts:
-    """:class:`TileCounts` of ``w`` at ``block_m`` query rows × ``block_n`` keys."""
+def sequence_states(w: Workload, block_m: int, block_n: int) -> list[torch.Tensor]:
+    """:func:`tile_states` of each of :func:`sequence_ranges`."""
+    return [tile_states(lo, hi, w.seq_k, block_m, block_n) for lo, hi in sequence_ranges(w)]
+
+
+def count_tiles(w: Workload, block_m: int, block_n: int, states: list[torch.Tensor] | None = None) -> TileCounts:
+    """:class:`TileCounts` of ``w`` at ``block_m`` query rows × ``block_n`` keys (from ``states``, its
+    :func:`sequence_states` at that tile, where the caller has them)."""
     if block_m < 1 or block_n < 1:
         raise ValueError(f"tile {block_m}x{block_n}: both sides must be positive")
     ranges = sequence_ranges(w)
+    if states is None:
+        states = [tile_states(lo, hi, w.seq_k, block_m, block_n) for lo, hi in ranges]
     weight = w.batch // len(ranges)  # a mask shared by the batch is counted once and weighed by it
     rows, keys = _clipped_sizes(w.seq_q, block_m), _clipped_sizes(w.seq_k, block_n)
     pairs_of_tile = rows.view(-1, 1) * keys.view(1, -1)
     full = partial = empty = visible = computed = 0
-    for lo, hi in ranges:
-        states = tile_states(lo, hi, w.seq_k, block_m, block_n)
-        full += int((states == FULL).sum())
-        partial += int((states == PARTIAL).sum())
-        empty += int((states == EMPTY).sum())
+    for (lo, hi), tiles in zip(ranges, states, strict=True):
+        full += int((tiles == FULL).sum())
+        partial += int((tiles == PARTIAL).sum())
+        empty += int((tiles == EMPTY).sum())
         visible += int((hi - lo).clamp(min=0).sum())
-        computed += int(pairs_of_tile[states != EMPTY].sum())
+        computed += int(pairs_of_tile[tiles != EMPTY].sum())
     return TileCounts(
         block_m, block_n, full * weight, partial * weight, empty * weight, visible * weight, computed * weight
     )
