@@ -13,7 +13,7 @@ import pytest
 from conftest import NEEDS_CHROMIUM, headless_chromium
 
 pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
-# serial: its page is drawn from real sweeps, and a row timed `stalled` beside other tests drops a step
+# serial: its page is drawn from real sweeps (a row timed `stalled` is made clean below; the steps need times)
 pytestmark = [NEEDS_CHROMIUM, pytest.mark.serial]
 ODD = "<i>odd</i>"
 
@@ -53,6 +53,10 @@ def page(tmp_path_factory):
     ]
     assert main([*args, "--out", str(base)]) == 0
     frame = pd.read_parquet(base / "results.parquet")
+    # The rows below are derived: a real row timed `stalled` (another job on a shared CI machine, serial or not)
+    # stands as a clean one here, as its derived median does.
+    stalled = frame["status"] == "stalled"
+    frame.loc[stalled, "status"], frame.loc[stalled, "reason"] = "ok", ""
     meta = json.loads((base / "meta.json").read_text())
     folders = []
     for host in ("box-a", "box-b"):
