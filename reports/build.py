@@ -6,6 +6,7 @@ from pathlib import Path
 
 from attnbench.reports.frames import load_runs, machine_label
 from attnbench.reports.html import write_report
+from attnbench.reports.masks import report_masks
 from attnbench.reports.plots import Roofs, draw_all
 
 
@@ -26,9 +27,10 @@ def ceilings_by_key(runs: list) -> dict[tuple[str, str, str], Roofs]:
 
 
 def build_report(paths: list[Path], out_dir: Path, baseline: str | None, command: str) -> tuple[Path, list[Path]]:
-    """Write report.html and its PNGs into ``out_dir``; returns their paths."""
+    """Write report.html and its PNGs (and masks.csv where the run has masks) into ``out_dir``; returns the
+    page's path and the PNGs'."""
     frame, runs = load_runs(paths)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = draw_all(frame, out_dir, baseline, ceilings_by_key(runs))
+    figures = draw_all(frame, out_dir, baseline, ceilings_by_key(runs)) + report_masks(frame, out_dir)
     html = write_report(frame, runs, figures, out_dir, baseline, command)
     return html, [path for _, path in figures]

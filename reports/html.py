@@ -32,6 +32,10 @@ CAPTIONS = {
     "roofline.png": "achieved TFLOP/s against arithmetic intensity: the solid line is the hardware roof (own FMA "
     "and triad kernels, or the GPU's datasheet), the dashed one torch's matmul and copy rates.",
     "decode.png": "decode steps: bytes of the KV cache read per second against its length; dashed: measured bandwidth.",
+    "masks.png": "each mask of the run on 128 × 128 tiles, as a kernel that skips blocks meets it: empty tiles "
+    "skipped, partial ones computed whole and masked, full ones computed plainly; work = pairs computed over visible. "
+    "TFLOP/s count the visible pairs only, so a kernel at work 1.5× does 1.5× the credited work (masks.csv: "
+    "every mask at 128 × 128 and 128 × 64; `attnbench masks --tile` for other tiles).",
 }
 
 

@@ -1,12 +1,14 @@
 """``attnbench masks``: how each workload's mask falls on a kernel's tiles, as a table (``masks.csv``) and a
 picture (``masks.png``): per mask and tile size, the tiles a block-skipping kernel skips (empty), masks
 (partial) and computes plainly (full), and its work over the visible pairs (``attnbench.workload.tiles``).
+``attnbench report`` draws the same for a run's masks (:func:`report_masks`, read back from its rows).
 
 A mask's shape decides what a kernel can skip, so this is the first thing to read beside a masked case's
 time: a 256-key window at 128 × 128 tiles computes 1.5× its visible pairs, a causal S4096 1.03×."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +21,16 @@ import pandas as pd
 import torch
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from attnbench.errors import UsageError
 from attnbench.reports.figure_layout import DPI, TITLE_SIZE, finish, legend_right, panel_grid
 from attnbench.workload import Workload
 from attnbench.workload.axes import BY_NAME, tags
-from attnbench.workload.tiles import EMPTY, FULL, PARTIAL, count_tiles, sequence_states
+from attnbench.workload.tiles import EMPTY, FULL, PARTIAL, count_tiles, sequence_ranges, sequence_states
 
+# The report's tiles (those of `attnbench masks`' default --tile); its figure draws the first, a Hopper kernel's.
+REPORT_TILES = [(128, 128), (128, 64)]
 MAX_PANELS = 24  # the picture's panels, at most; the table has every mask
 STATE_COLOURS = {
     EMPTY: ("#f2f2f2", "empty: skipped"),
@@ -33,6 +38,7 @@ STATE_COLOURS = {
     FULL: ("#2b5c8a", "full: no mask"),
 }
 _GEOMETRY = ("batch", "seq", "seq_kv", "mask", "window", "documents", "chunk", "decode_share", "lengths")
+_SHAPE = (*_GEOMETRY, "model", "layer")  # a row's mask and the preset it came from
 _LABELLED = ("window", "documents", "chunk", "decode_share", "lengths", "model", "layer")
 
 
@@ -57,7 +63,7 @@ def distinct_masks(workloads: list[Workload]) -> list[Workload]:
     """One workload per mask geometry (sizes, dtypes and contenders do not change a mask), in order."""
     seen: dict[tuple[Any, ...], Workload] = {}
     for w in workloads:
-        key = (*(BY_NAME[name].read(w) for name in _GEOMETRY), w.model, w.layer)
+        key = tuple(BY_NAME[name].read(w) for name in _SHAPE)
         seen.setdefault(key, w)
     return list(seen.values())
 
@@ -129,9 +135,50 @@ def draw_masks(workloads: list[Workload], tile: tuple[int, int]) -> Any:
         axis.set_xlabel(f"key block ({tile[1]} keys)", fontsize=TITLE_SIZE)
         axis.set_ylabel(f"query block ({tile[0]} rows)", fontsize=TITLE_SIZE)
         axis.tick_params(labelsize=TITLE_SIZE)
+        for ticks in (axis.xaxis, axis.yaxis):  # block numbers: whole ones only, also for a 2 × 2 picture
+            ticks.set_major_locator(MaxNLocator(integer=True))
     handles = [Patch(color=colour, label=label) for colour, label in STATE_COLOURS.values()]
     legend_right(figure, handles, f"tile {tile[0]}x{tile[1]}")
     return finish(figure)
+
+
+def row_geometry(row: Any) -> Workload:
+    """The mask's shape of a results row (a dict or Series) as a Workload of one head of dimension 1: what
+    tiles.py counts, nothing else (a row of an older run without a feature column reads its neutral value)."""
+    fields = {BY_NAME[name].workload_field: BY_NAME[name].kind(BY_NAME[name].read(row)) for name in _SHAPE}
+    return Workload(heads=1, kv_heads=1, head_dim=1, **fields)
+
+
+def _one_sequence(w: Workload) -> Workload:
+    """``w`` with batch 1 where every sequence has the same mask (a B8 causal case is a B1's eight times)."""
+    return dataclasses.replace(w, batch=1) if len(sequence_ranges(w)) == 1 else w
+
+
+def run_masks(frame: pd.DataFrame, tile: tuple[int, int]) -> list[Workload]:
+    """The distinct masks of a run's rows that leave a kernel's tiles other than full at ``tile`` (a causal
+    prefill, a window, documents, a ragged batch; not a plain square or a decode row, whose tiles are all full)."""
+    rows = {tuple(BY_NAME[name].read(row) for name in _SHAPE): row for row in frame.to_dict("records")}
+    geometries = []
+    for row in rows.values():  # one per shape: a sweep repeats each for every contender and dtype
+        try:
+            geometries.append(_one_sequence(row_geometry(row)))
+        except (TypeError, ValueError):  # a row without its sizes (a hand-made or foreign one)
+            continue
+    masks = distinct_masks(geometries)
+    return [w for w in masks if (counts := count_tiles(w, *tile)).partial or counts.empty]
+
+
+def report_masks(frame: pd.DataFrame, out_dir: Path) -> list[tuple[str, Path]]:
+    """The report's figure of how the run's masks fall on the first of ``REPORT_TILES`` (``masks.png``), with
+    each at every one of them in ``masks.csv`` beside it; nothing where no mask leaves a tile other than full."""
+    masks = run_masks(frame, REPORT_TILES[0])
+    if not masks:
+        return []
+    mask_table(masks, REPORT_TILES).to_csv(out_dir / "masks.csv", index=False)
+    figure = draw_masks(masks, REPORT_TILES[0])
+    figure.savefig(out_dir / "masks.png", dpi=DPI, bbox_inches="tight")
+    plt.close(figure)
+    return [("Masks on the kernels' tiles", out_dir / "masks.png")]
 
 
 def write_masks(workloads: list[Workload], tiles: list[tuple[int, int]], out: Path) -> pd.DataFrame:

@@ -113,3 +113,48 @@ def test_masks_command_takes_the_masks_named(cli, tmp_path):
 
 def _window_case() -> Workload:
     return Workload(batch=1, heads=8, kv_heads=8, seq_q=300, seq_k=300, head_dim=64, mask="sliding_window", window=100)
+
+
+def _rows(*workloads: Workload, impls=("bmm", "naive")) -> pd.DataFrame:
+    from attnbench.runner.results import make_row
+
+    return pd.DataFrame([make_row(impl, w, "ok") for w in workloads for impl in impls])
+
+
+def test_a_report_draws_the_runs_masks_that_leave_tiles_other_than_full(tmp_path):
+    """Each shape once (every contender's row, every batch of one mask), a batch of equal sequences as one, a
+    ragged batch as itself; a plain square and a decode row (all tiles full) not at all."""
+    from attnbench.reports.masks import REPORT_TILES, report_masks, run_masks
+
+    def case(**fields):
+        return Workload(**{"batch": 2, "heads": 8, "kv_heads": 8, "seq_q": 300, "seq_k": 300, "head_dim": 64, **fields})
+
+    frame = _rows(
+        case(),
+        case(mask="causal"),
+        case(mask="causal", batch=4, head_dim=128),
+        case(mask="causal_bottom_right", seq_q=1, seq_k=1000),
+        case(mask="causal", lengths="uniform"),
+        _window_case(),
+    )
+    labels = [f"{w.batch} {w.mask} {w.lengths}" for w in run_masks(frame, REPORT_TILES[0])]
+    assert labels == ["1 causal equal", "2 causal uniform", "1 sliding_window equal"]
+    assert report_masks(frame, tmp_path) == [("Masks on the kernels' tiles", tmp_path / "masks.png")]
+    table = pd.read_csv(tmp_path / "masks.csv")
+    assert list(table["tile"]) == ["128x128", "128x64"] * 3
+    window = table[table["mask"] == "B1 S300 sliding_window w100"].set_index("tile")
+    assert window.loc["128x64", "work"] == pytest.approx(count_tiles(_window_case(), 128, 64).work_factor)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert report_masks(_rows(case(), case(mask="causal_bottom_right", seq_q=1, seq_k=1000)), plain) == []
+    assert list(plain.iterdir()) == []
+
+
+def test_a_row_of_an_older_run_or_a_foreign_one_reads_as_it_can():
+    """A row without the feature columns is read at their neutral values; one without its sizes is passed by."""
+    from attnbench.reports.masks import REPORT_TILES, run_masks
+
+    old = _rows(_window_case()).drop(columns=["chunk", "decode_share", "lengths", "layer"])
+    assert [w.window for w in run_masks(old, REPORT_TILES[0])] == [100]
+    foreign = pd.concat([old, pd.DataFrame([{"impl": "x", "mask": "causal", "seq_q": 256}])], ignore_index=True)
+    assert len(run_masks(foreign, REPORT_TILES[0])) == 1
