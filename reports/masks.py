@@ -26,7 +26,7 @@ from matplotlib.ticker import MaxNLocator
 from attnbench.errors import UsageError
 from attnbench.reports.figure_layout import DPI, TITLE_SIZE, finish, legend_right, panel_grid
 from attnbench.workload import Workload
-from attnbench.workload.axes import BY_NAME, tags
+from attnbench.workload.axes import BY_NAME, is_decode, tags
 from attnbench.workload.tiles import EMPTY, FULL, PARTIAL, count_tiles, sequence_ranges, sequence_states
 
 # The report's tiles (those of `attnbench masks`' default --tile); its figure draws the first, a Hopper kernel's.
@@ -155,9 +155,11 @@ def _one_sequence(w: Workload) -> Workload:
 
 
 def run_masks(frame: pd.DataFrame, tile: tuple[int, int]) -> list[Workload]:
-    """The distinct masks of a run's rows that leave a kernel's tiles other than full at ``tile`` (a causal
-    prefill, a window, documents, a ragged batch; not a plain square or a decode row, whose tiles are all full)."""
-    rows = {tuple(BY_NAME[name].read(row) for name in _SHAPE): row for row in frame.to_dict("records")}
+    """The distinct masks of a run's prefill rows that leave a kernel's tiles other than full at ``tile`` (a
+    causal prefill, a window, documents, a ragged batch; not a plain square, whose tiles are all full). Decode
+    rows are left out: a step's one row of tiles is full or skipped, and their bytes count only what it reads."""
+    records = [row for row in frame.to_dict("records") if not is_decode(row)]
+    rows = {tuple(BY_NAME[name].read(row) for name in _SHAPE): row for row in records}
     geometries = []
     for row in rows.values():  # one per shape: a sweep repeats each for every contender and dtype
         try:

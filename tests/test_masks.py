@@ -123,7 +123,7 @@ def _rows(*workloads: Workload, impls=("bmm", "naive")) -> pd.DataFrame:
 
 def test_a_report_draws_the_runs_masks_that_leave_tiles_other_than_full(tmp_path):
     """Each shape once (every contender's row, every batch of one mask), a batch of equal sequences as one, a
-    ragged batch as itself; a plain square and a decode row (all tiles full) not at all."""
+    ragged batch as itself; a plain square (all tiles full) and decode rows (a windowed one too) not at all."""
     from attnbench.reports.masks import REPORT_TILES, report_masks, run_masks
 
     def case(**fields):
@@ -134,6 +134,7 @@ def test_a_report_draws_the_runs_masks_that_leave_tiles_other_than_full(tmp_path
         case(mask="causal"),
         case(mask="causal", batch=4, head_dim=128),
         case(mask="causal_bottom_right", seq_q=1, seq_k=1000),
+        case(mask="sliding_window", window=64, seq_q=1, seq_k=1000),
         case(mask="causal", lengths="uniform"),
         _window_case(),
     )
