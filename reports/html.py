@@ -35,7 +35,8 @@ CAPTIONS = {
     "masks.png": "each mask of the run on 128 × 128 tiles, as a kernel that skips blocks meets it: empty tiles "
     "skipped, partial ones computed whole and masked, full ones computed plainly; work = pairs computed over visible. "
     "TFLOP/s count the visible pairs only, so a kernel at work 1.5× does 1.5× the credited work (masks.csv: "
-    "every mask at 128 × 128 and 128 × 64; `attnbench masks --tile` for other tiles).",
+    "every mask at 128 × 128, 128 × 64 and each tile a contender's `choice` names; `attnbench masks --tile` for "
+    "others).",
 }
 
 

@@ -9,6 +9,7 @@ time: a 256-key window at 128 × 128 tiles computes 1.5× its visible pairs, a c
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ STATE_COLOURS = {
     FULL: ("#2b5c8a", "full: no mask"),
 }
 _GEOMETRY = ("batch", "seq", "seq_kv", "mask", "window", "documents", "chunk", "decode_share", "lengths")
+_CHOSEN_TILE = re.compile(r"\b(?:fwd|dkdv|dq) (\d+),(\d+)")  # a kernel's tile in a row's `choice`
 _SHAPE = (*_GEOMETRY, "model", "layer")  # a row's mask and the preset it came from
 _LABELLED = ("window", "documents", "chunk", "decode_share", "lengths", "model", "layer")
 
@@ -170,13 +172,27 @@ def run_masks(frame: pd.DataFrame, tile: tuple[int, int]) -> list[Workload]:
     return [w for w in masks if (counts := count_tiles(w, *tile)).partial or counts.empty]
 
 
+def chosen_tiles(frame: pd.DataFrame) -> list[tuple[int, int]]:
+    """The (query rows, keys) tiles the run's contenders say they chose for its prefill rows, in order: the
+    ``choice`` column as fused_triton spells it, ``fwd 128,64,8,3; dkdv 64,128,8,2`` (BLOCK_M,BLOCK_N first)."""
+    found = [
+        (int(rows), int(keys))
+        for row in frame.to_dict("records")
+        if isinstance(row.get("choice"), str) and not is_decode(row)
+        for rows, keys in _CHOSEN_TILE.findall(row["choice"])
+    ]
+    return list(dict.fromkeys(found))
+
+
 def report_masks(frame: pd.DataFrame, out_dir: Path) -> list[tuple[str, Path]]:
     """The report's figure of how the run's masks fall on the first of ``REPORT_TILES`` (``masks.png``), with
-    each at every one of them in ``masks.csv`` beside it; nothing where no mask leaves a tile other than full."""
+    each in ``masks.csv`` beside it at every one of them and every tile a contender chose (:func:`chosen_tiles`);
+    nothing where no mask leaves a tile other than full."""
     masks = run_masks(frame, REPORT_TILES[0])
     if not masks:
         return []
-    mask_table(masks, REPORT_TILES).to_csv(out_dir / "masks.csv", index=False)
+    tiles = list(dict.fromkeys([*REPORT_TILES, *chosen_tiles(frame)]))
+    mask_table(masks, tiles).to_csv(out_dir / "masks.csv", index=False)
     figure = draw_masks(masks, REPORT_TILES[0])
     figure.savefig(out_dir / "masks.png", dpi=DPI, bbox_inches="tight")
     plt.close(figure)

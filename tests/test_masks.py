@@ -159,3 +159,24 @@ def test_a_row_of_an_older_run_or_a_foreign_one_reads_as_it_can():
     assert [w.window for w in run_masks(old, REPORT_TILES[0])] == [100]
     foreign = pd.concat([old, pd.DataFrame([{"impl": "x", "mask": "causal", "seq_q": 256}])], ignore_index=True)
     assert len(run_masks(foreign, REPORT_TILES[0])) == 1
+
+
+def test_the_reports_table_adds_the_tiles_the_runs_contenders_chose(tmp_path):
+    """masks.csv: every mask at 128x128, 128x64 and each prefill tile a row's `choice` names (fused_triton's
+    spelling, BLOCK_M,BLOCK_N first, every kernel), once; a decode row's choice is not a mask's tile."""
+    from attnbench.reports.masks import chosen_tiles, report_masks
+
+    frame = _rows(_window_case())
+    frame["choice"] = ["fwd 64,32,4,2; dkdv 32,64,4,2", None]
+    decode = _rows(
+        Workload(batch=1, heads=8, kv_heads=8, seq_q=1, seq_k=999, head_dim=64, mask="sliding_window", window=100),
+        impls=("fused_triton",),
+    ).assign(choice="fwd 16,16,1,1")
+    frame = pd.concat([frame, decode, frame.assign(impl="again")], ignore_index=True)
+    assert chosen_tiles(frame) == [(64, 32), (32, 64)]
+    report_masks(frame, tmp_path)
+    table = pd.read_csv(tmp_path / "masks.csv")
+    assert list(table["tile"]) == ["128x128", "128x64", "64x32", "32x64"]
+    assert table.set_index("tile").loc["64x32", "work"] == pytest.approx(
+        count_tiles(_window_case(), 64, 32).work_factor
+    )
