@@ -121,8 +121,8 @@ def _shown_sequence(states: list[torch.Tensor]) -> int | None:
 
 
 def draw_masks(workloads: list[Workload], tile: tuple[int, int]) -> Any:
-    """A panel per mask (at most MAX_PANELS): its tiles (one sequence's, see _shown_sequence), coloured by state;
-    query blocks down, key blocks across."""
+    """A panel per mask (the first MAX_PANELS; the legend says so where there are more): its tiles (one
+    sequence's, see _shown_sequence), coloured by state; query blocks down, key blocks across."""
     shown = workloads[:MAX_PANELS]
     figure, axes = panel_grid(len(shown), size=(3.2, 3.0))
     colours = ListedColormap([STATE_COLOURS[state][0] for state in (EMPTY, PARTIAL, FULL)])
@@ -140,7 +140,12 @@ def draw_masks(workloads: list[Workload], tile: tuple[int, int]) -> Any:
         for ticks in (axis.xaxis, axis.yaxis):  # block numbers: whole ones only, also for a 2 × 2 picture
             ticks.set_major_locator(MaxNLocator(integer=True))
     handles = [Patch(color=colour, label=label) for colour, label in STATE_COLOURS.values()]
-    legend_right(figure, handles, f"tile {tile[0]}x{tile[1]}")
+    left_out = (
+        f"\nthe first {MAX_PANELS} of {len(workloads)} masks\n(masks.csv has all)"
+        if len(workloads) > len(shown)
+        else ""
+    )
+    legend_right(figure, handles, f"tile {tile[0]}x{tile[1]}{left_out}")
     return finish(figure)
 
 

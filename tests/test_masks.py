@@ -180,3 +180,19 @@ def test_the_reports_table_adds_the_tiles_the_runs_contenders_chose(tmp_path):
     assert table.set_index("tile").loc["64x32", "work"] == pytest.approx(
         count_tiles(_window_case(), 64, 32).work_factor
     )
+
+
+def test_a_picture_of_more_masks_than_panels_says_how_many_it_left_out():
+    import matplotlib.pyplot as plt
+
+    from attnbench.reports.masks import MAX_PANELS, draw_masks
+
+    many = [
+        Workload(batch=1, heads=1, kv_heads=1, seq_q=256, seq_k=256, head_dim=64, mask="sliding_window", window=w)
+        for w in range(8, 8 * (MAX_PANELS + 4), 8)
+    ]
+    for workloads, said in ((many, f"the first {MAX_PANELS} of {MAX_PANELS + 3} masks"), (many[:3], None)):
+        figure = draw_masks(workloads, (64, 64))
+        title = figure.legends[0].get_title().get_text()
+        assert len(figure.axes) == min(len(workloads), MAX_PANELS) and (said in title if said else "\n" not in title)
+        plt.close(figure)
