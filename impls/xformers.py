@@ -73,7 +73,10 @@ class XformersMemoryEfficient(Contender):
             try:
                 version = importlib.metadata.version("xformers")
             except importlib.metadata.PackageNotFoundError:
-                return "xformers is not installed (pip install attnbench[xformers], on a CUDA machine)"
+                # Not `pip install xformers` alone: its wheel loads only under the torch it was built for.
+                return (
+                    f"xformers is not installed; it runs on CUDA under the torch its wheel was built for — {PAIR_HINT}"
+                )
             no_cpu = f"xformers {version} has no CPU operator for memory_efficient_attention; it needs CUDA"
             built = built_for()
             if built is None or not mismatch(built, torch.__version__):

@@ -21,6 +21,7 @@ import attnbench
 from attnbench.reports.frames import Run, labels, machine_label, workload_label
 from attnbench.reports.plots import speedup_table
 from attnbench.reports.ranking import LEGEND, TIE, Ranking, fastest_rows, rank
+from attnbench.reports.summary import merged_reasons
 from attnbench.reports.table import results_table_html
 from attnbench.workload.axes import features_asked
 
@@ -92,6 +93,7 @@ def _margin(ranking: Ranking) -> str:
 
 def _missing(frame: pd.DataFrame) -> list[dict[str, Any]]:
     bad = frame[frame["status"] != "ok"]
+    bad = bad.assign(reason=merged_reasons(bad))  # a contender's stalled rows once, their percentages a range
     rows = []
     for (status, impl, reason), group in bad.groupby(["status", "impl", "reason"], sort=False, dropna=False):
         rows.append(

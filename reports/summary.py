@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from attnbench.reports.frames import workload_label
@@ -35,6 +37,8 @@ def summary_table(frame: pd.DataFrame) -> str:
     table = cells.pivot_table(index=GROUP, columns="impl", values="cell", aggfunc="first", sort=False)
     # Contenders unavailable everywhere only add columns of "unavailable"; their reason is listed below.
     shown = [impl for impl in dict.fromkeys(frame["impl"]) if (frame[frame.impl == impl].status != "unavailable").any()]
+    if not shown:  # nothing ran: the lines under the table say why
+        return f"(no contender ran on any of the {len(table)} workloads)"
     table = table.reindex(columns=shown)
     ok = cells[cells["status"] == "ok"]
     tied = False
@@ -57,8 +61,31 @@ def status_counts(frame: pd.DataFrame) -> str:
     return ", ".join(f"{count} {status}" for status, count in counts.items())
 
 
+_PERCENT = re.compile(r"\d+(?:\.\d+)?%")
+
+
+def merged_reasons(rows: pd.DataFrame) -> pd.Series:
+    """Each row's reason on one line (a run before reasons were made one line kept its line breaks), with its
+    percentages replaced by their range over the same contender's and status' reasons that differ only there:
+    a contender's stalled rows read "waited for a core 48–50% of their time" once, not a line per percentage."""
+    flat = rows["reason"].fillna("").astype(str).map(lambda text: " ".join(text.split()))
+    shapes = flat.map(lambda text: _PERCENT.sub("%", text))
+    merged = flat.copy()
+    for _, same in flat.groupby([rows["impl"], rows["status"], shapes], sort=False):
+        found = [[float(p[:-1]) for p in _PERCENT.findall(text)] for text in same]
+        if len(set(same)) == 1 or len({len(f) for f in found}) != 1:
+            continue
+        ranges = [
+            f"{min(slot):g}%" if min(slot) == max(slot) else f"{min(slot):g}–{max(slot):g}%"
+            for slot in zip(*found, strict=True)
+        ]
+        parts = _PERCENT.split(same.iloc[0])  # the text around the percentages, one more part than them
+        merged[same.index] = "".join(part + value for part, value in zip(parts, [*ranges, ""], strict=True))
+    return merged
+
+
 def non_ok_reasons(frame: pd.DataFrame) -> str:
-    """One line per distinct (contender, status, reason) that is not ok (a reason a run before reasons were
-    made one line kept with its line breaks is shown on one line too)."""
-    bad = frame[frame["status"] != "ok"].drop_duplicates(["impl", "status", "reason"])
-    return "\n".join(f"  {r.impl}: {r.status} — {' '.join(str(r.reason).split())}" for r in bad.itertuples())
+    """One line per distinct (contender, status, reason) that is not ok (see :func:`merged_reasons`)."""
+    bad = frame[frame["status"] != "ok"]
+    bad = bad.assign(reason=merged_reasons(bad)).drop_duplicates(["impl", "status", "reason"])
+    return "\n".join(f"  {r.impl}: {r.status} — {r.reason}" for r in bad.itertuples())

@@ -93,7 +93,10 @@ def test_xformers_unavailable_without_cuda_names_the_reason(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
-    assert "xformers is not installed" in contender.availability()
+    assert (
+        contender.availability().startswith("xformers is not installed; it runs on CUDA")
+        and "matching pair" in contender.availability()
+    )
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.35")
     monkeypatch.setattr("attnbench.impls.xformers.built_for", lambda: None)  # its build's torch: test_xformers_pair
     assert contender.availability() == (

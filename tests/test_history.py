@@ -439,3 +439,23 @@ def test_history_bar_with_cpu_work_and_bmm_beside_it(tmp_path):
         *attnbench_cmd("history", "--db", str(db), "--out", str(tmp_path / "gate"), "--fail-on-regression", "10")
     )
     assert gate.returncode == 1 and "regression: slowable" in gate.stderr
+
+
+@pytest.mark.slow
+def test_history_says_how_many_stored_runs_it_left_out(history, cli, tmp_path):
+    """A stored run with no ok row (every row stalled) draws nothing, and the summary line is followed by one
+    saying how many runs that left out."""
+    repo, db, _ = history
+    copy = tmp_path / "copy.duckdb"
+    shutil.copy(db, copy)
+    stalled = tmp_path / "stalled"
+    shutil.copytree(repo / "runs" / "r01", stalled)
+    frame = pd.read_parquet(stalled / "results.parquet")
+    frame["status"], frame["reason"] = "stalled", "the machine stalled while it was timed (twice)"
+    frame.to_parquet(stalled / "results.parquet")
+    meta = json.loads((stalled / "meta.json").read_text())
+    (stalled / "meta.json").write_text(json.dumps({**meta, "start_time": "2026-11-29T00:00:00+00:00"}))
+    assert cli("store", str(stalled), "--db", str(copy))[0] == 0
+    code, out, _ = cli("history", "--db", str(copy), "--out", str(tmp_path / "page"))
+    lines = out.splitlines()
+    assert code == 0 and lines[0].startswith("10 runs, ") and "(1 of the 11 stored runs left out: no ok row" in lines[1]

@@ -466,7 +466,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     cases = history.case_histories(frame, args.alpha, args.min_change)
     changes = history.change_records(cases)
     n_machines = frame["machine"].nunique()
-    print(f"{frame['run_id'].nunique()} runs, {len(cases)} cases on {n_machines} machine(s): {len(changes)} step(s)")
+    drawn = frame["run_id"].nunique()
+    print(f"{drawn} runs, {len(cases)} cases on {n_machines} machine(s): {len(changes)} step(s)")
+    if len(runs) > drawn:  # e.g. a run whose every row stalled
+        print(f"  ({len(runs) - drawn} of the {len(runs)} stored runs left out: no ok row with the --impl and --where)")
     for row in changes.to_dict("records"):
         where = f"  [{row['machine']}]" if n_machines > 1 else ""
         commits = f"{str(row['commit_before'])[:7]} → {str(row['commit_after'])[:7]}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -343,6 +344,9 @@ def run_cases(
     return False  # every case has its row, even if a signal came during the last one
 
 
+REASON_CHARS = 200  # a progress line's reason, at most (a stalled row's is about 190)
+
+
 class CaseLines:
     """``--progress lines`` (and ``auto`` where stderr is not a terminal): one stderr line as each case's row is
     written, for a log (a batch job's, CI's) where a bar's carriage returns pile up on one line:
@@ -370,7 +374,7 @@ class CaseLines:
         if isinstance(median, float) and math.isfinite(median):  # a stalled or incorrect row keeps its time too
             what += f" {median:.4g} ms"
         if row["status"] != "ok" and reason:
-            what += f" — {reason[0][:160]}"
+            what += f" — {textwrap.shorten(reason[0], REASON_CHARS, placeholder=' …')}"  # whole words
         label = self.labels.get(key, "")
         print(f"[{self.done}/{self.total} {elapsed}] {row['impl']} {label}: {what}", file=sys.stderr, flush=True)
 

@@ -1,0 +1,46 @@
+"""What a run prints besides its table of times: a run where nothing ran, a progress line's long reason."""
+
+from attnbench.reports.summary import summary_table
+from attnbench.runner.results import case_key, make_row, rows_to_frame
+from attnbench.runner.sweep import REASON_CHARS, CaseLines
+from attnbench.workload import Workload
+
+CASES = [Workload(1, 2, 2, seq, seq, 16) for seq in (32, 64)]
+
+
+def test_a_run_where_no_contender_ran_says_so_not_an_empty_frame():
+    rows = [make_row("sdpa_efficient", w, "unavailable", "a CUDA-only backend") for w in CASES]
+    assert summary_table(rows_to_frame(rows)) == "(no contender ran on any of the 2 workloads)"
+
+
+def test_a_progress_line_cuts_a_long_reason_at_a_word_and_says_so(capsys):
+    lines = CaseLines([("bmm", w) for w in CASES])
+    stalled = (
+        "the machine stalled while it was timed (twice): its threads waited for a core 48% of their time "
+        "(median sample; another process on its cores); time kept, not ranked"
+    )
+    long = " ".join(["word"] * 60)
+    for w, reason in zip(CASES, (stalled, long), strict=True):
+        row = make_row("bmm", w, "stalled", reason, median_ms=1.5)
+        lines.say(case_key("bmm", w.as_row()), row)
+    first, second = capsys.readouterr().err.splitlines()
+    assert first.endswith(f"stalled 1.5 ms — {stalled}")  # whole: it fits
+    said = second.split(" — ", 1)[1]
+    assert said.endswith("word …") and len(said) <= REASON_CHARS
+
+
+def test_a_contenders_stalled_rows_are_one_reason_with_their_percentages_as_a_range():
+    from attnbench.reports.summary import non_ok_reasons
+
+    waited = "its threads waited for a core {}% of their time; time kept, not ranked"
+    rows = [
+        make_row(impl, w, "stalled", waited.format(share), median_ms=1.0)
+        for impl, shares in (("bmm", (48, 50)), ("einsum", (30, 30)))
+        for w, share in zip(CASES, shares, strict=True)
+    ]
+    rows.append(make_row("naive", CASES[0], "error", "out of 3% of something"))
+    assert non_ok_reasons(rows_to_frame(rows)).splitlines() == [
+        f"  bmm: stalled — {waited.format('48–50')}",
+        f"  einsum: stalled — {waited.format(30)}",
+        "  naive: error — out of 3% of something",
+    ]
