@@ -8,6 +8,7 @@ from attnbench.reports.frames import load_runs, machine_label
 from attnbench.reports.html import write_report
 from attnbench.reports.masks import report_masks
 from attnbench.reports.plots import Roofs, draw_all
+from attnbench.reports.summary import status_counts
 
 
 def ceilings_by_key(runs: list) -> dict[tuple[str, str, str], Roofs]:
@@ -26,11 +27,16 @@ def ceilings_by_key(runs: list) -> dict[tuple[str, str, str], Roofs]:
     return found
 
 
-def build_report(paths: list[Path], out_dir: Path, baseline: str | None, command: str) -> tuple[Path, list[Path]]:
+def build_report(
+    paths: list[Path], out_dir: Path, baseline: str | None, command: str
+) -> tuple[Path, list[Path], str | None]:
     """Write report.html and its PNGs (and masks.csv where the run has masks) into ``out_dir``; returns the
-    page's path and the PNGs'."""
+    page's path, the PNGs' and, where no row ran ok (so no time is drawn), a line saying so."""
     frame, runs = load_runs(paths)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = draw_all(frame, out_dir, baseline, ceilings_by_key(runs)) + report_masks(frame, out_dir)
     html = write_report(frame, runs, figures, out_dir, baseline, command)
-    return html, [path for _, path in figures]
+    empty = None
+    if not (frame["status"] == "ok").any():
+        empty = f"no row ran ok ({status_counts(frame)}), so the page draws no time; its tables say why"
+    return html, [path for _, path in figures], empty

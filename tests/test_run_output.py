@@ -1,5 +1,8 @@
 """What a run prints besides its table of times: a run where nothing ran, a progress line's long reason."""
 
+import pytest
+import torch
+
 from attnbench.reports.summary import summary_table
 from attnbench.runner.results import case_key, make_row, rows_to_frame
 from attnbench.runner.sweep import REASON_CHARS, CaseLines
@@ -44,3 +47,12 @@ def test_a_contenders_stalled_rows_are_one_reason_with_their_percentages_as_a_ra
         f"  einsum: stalled — {waited.format(30)}",
         "  naive: error — out of 3% of something",
     ]
+
+
+def test_a_report_of_a_run_where_nothing_ran_ok_says_why_it_draws_no_time(cli, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("sdpa_efficient runs here")
+    assert cli("run", "--impl", "sdpa_efficient", "--seq", "64", "--out", str(tmp_path / "run"))[0] == 0
+    code, out, err = cli("report", str(tmp_path / "run"), "--out", str(tmp_path / "report"))
+    assert code == 0 and f"report: {tmp_path / 'report' / 'report.html'}" in out
+    assert "warning: no row ran ok (" in err and "unavailable), so the page draws no time" in err

@@ -359,10 +359,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     paths = _run_paths(args.runs)
     out = Path(args.out) if args.out else _default_out("report")
-    html, pngs = build_report(paths, out, args.baseline, args.command_line)
+    html, pngs, empty = build_report(paths, out, args.baseline, args.command_line)
     print(f"report: {html}")
     for png in pngs:
         print(f"figure: {png}")
+    if empty:
+        print(f"warning: {empty}", file=sys.stderr)
     return 0
 
 
