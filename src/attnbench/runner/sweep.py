@@ -344,7 +344,7 @@ def run_cases(
     return False  # every case has its row, even if a signal came during the last one
 
 
-REASON_CHARS = 200  # a progress line's reason, at most (a stalled row's is about 190)
+REASON_CHARS = 200  # a progress line's reason, at most (a stalled row's, either kind, is about 165 characters: whole)
 
 
 class CaseLines:
