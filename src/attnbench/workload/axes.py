@@ -314,18 +314,41 @@ def _checked(axis: Axis, item: Any, label: str) -> Any:
     return item
 
 
+_EXAMPLES = {
+    "batch": "1,8",
+    "heads": "8,32",
+    "kv_heads": "1,8",
+    "documents": "1,4",
+    "head_dim": "64,128",
+    "head_dim_v": "64,128",
+    "page_size": "0,16",
+    "decode_share": "0.25,0.5",
+    "softcap": "30,50",
+}
+
+
+def _example(axis: Axis) -> str:
+    """Two values the flag takes, for a message: the axis' own, sizes, or the first two of its choices."""
+    if axis.name in _EXAMPLES:
+        return _EXAMPLES[axis.name]
+    if axis.choices:
+        return ",".join(axis.choices[:2])
+    return "512,1024" if axis.kind is int else "0.25,0.5" if axis.kind is float else "a,b"
+
+
 def parse_text(name: str, text: str, label: str | None = None) -> list[Any]:
     """A comma-separated flag value ('512,1024') as the axis' checked values."""
     axis = BY_NAME[name]
     flag = label or axis.flag
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or any(not item for item in items):
-        raise UsageError(f"{flag} {text!r}: give a comma-separated list of values, e.g. {flag} a,b")
+        gap = "no value" if not text.strip() else "an empty value (a comma at an end, or two together)"
+        raise UsageError(f"{flag} {text!r}: {gap}; give a comma-separated list, e.g. {flag} {_example(axis)}")
     try:
         values: list[Any] = [axis.kind(item) for item in items]
     except ValueError:
-        expected, example = ("positive integers", "512,1024") if axis.kind is int else ("positive numbers", "30,50")
-        raise UsageError(f"{flag} {text!r}: expected {expected}, e.g. {flag} {example}") from None
+        expected = "positive integers" if axis.kind is int else "positive numbers"
+        raise UsageError(f"{flag} {text!r}: expected {expected}, e.g. {flag} {_example(axis)}") from None
     return coerce_axis(name, values, flag)
 
 
