@@ -27,7 +27,8 @@ from attnbench.workload.axes import features_asked
 
 CAPTIONS = {
     "latency.png": "median time per call (log axis where times span 3× or more); one colour per contender throughout.",
-    "tflops.png": "achieved TFLOP/s from the shared FLOP count; the dashed line is the measured matmul peak.",
+    "tflops.png": "achieved TFLOP/s from the shared FLOP count; the solid line is the hardware roof (a CPU's FMA "
+    "kernel, a GPU's datasheet), the dashed one torch's measured matmul, which a kernel may pass.",
     "memory.png": "working memory one call needs beyond inputs and output, measured in a separate pass.",
     "speedup.png": "baseline median / contender median per workload; green is faster than the baseline.",
     "roofline.png": "achieved TFLOP/s against arithmetic intensity: the solid line is the hardware roof (own FMA "

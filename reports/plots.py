@@ -64,7 +64,26 @@ def _log2_x(axis: Any) -> None:
     axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
-Decorate = Callable[[Facet, Any], list[tuple[float, str]]]  # draws on a panel; returns its reference lines
+class Roofs(NamedTuple):
+    """One (machine, device, dtype)'s ceilings from meta.json: TFLOP/s and GB/s."""
+
+    roof_tflops: float  # the hardware's compute roof (FMA kernel or datasheet)
+    roof_gbps: float  # the hardware's bandwidth roof (triad or datasheet)
+    matmul_tflops: float  # torch's matmul rate
+    copy_gbps: float  # torch's copy rate
+
+
+class Reference(NamedTuple):
+    """A horizontal line across a panel: its value, its label, dashed or solid, the label at the panel's left or
+    right (two lines close together keep their labels apart)."""
+
+    value: float
+    text: str
+    dashed: bool = True
+    left: bool = True
+
+
+Decorate = Callable[[Facet, Any], list[Reference]]  # draws on a panel; returns its reference lines
 
 
 def _facet_figure(
@@ -81,9 +100,9 @@ def _facet_figure(
     for axis, panel in zip(axes, panels, strict=True):
         _draw_panel(axis, panel, y, colours, xlabel)
         lines = decorate(panel, axis) if decorate else []
-        value_axis(axis, panel.rows[y], extra=[value for value, _ in lines])
-        for value, text in lines:
-            _reference_line(axis, value, text)
+        value_axis(axis, panel.rows[y], extra=[line.value for line in lines])
+        for line in lines:
+            _reference_line(axis, line)
         axis.set_ylabel(ylabel)
         axis.set_title(panel.title, size=TITLE_SIZE)
         axis.grid(True, which="major", alpha=0.3)
@@ -120,19 +139,20 @@ def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any], xlabel
     axis.set_xlabel(xlabel or AXIS_LABELS[panel.x])
 
 
-def _reference_line(axis: Any, value: float, text: str) -> None:
-    """A dashed horizontal line labelled at the panel's left: below it in the panel's upper half, above it in
+def _reference_line(axis: Any, line: Reference) -> None:
+    """A horizontal line labelled at the panel's left or right: below it in the panel's upper half, above it in
     the lower half, so the label stays inside the panel (clear of the title and the tick labels)."""
-    axis.axhline(value, color="black", linestyle="--", linewidth=1)
-    height = axis.transLimits.transform((0, value))[1]  # 0 at the bottom of the panel, 1 at the top
+    axis.axhline(line.value, color="black", linestyle="--" if line.dashed else "-", linewidth=1)
+    height = axis.transLimits.transform((0, line.value))[1]  # 0 at the bottom of the panel, 1 at the top
     upper = height > 0.5
     axis.annotate(
-        text,
-        (0.02, value),
+        line.text,
+        (0.02 if line.left else 0.98, line.value),
         xycoords=("axes fraction", "data"),
         xytext=(0, -2 if upper else 2),
         textcoords="offset points",
         va="top" if upper else "bottom",
+        ha="left" if line.left else "right",
         fontsize=7,
         bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1},
     )
@@ -144,16 +164,25 @@ def latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
     return _facet_figure(facets(ok), "median_ms", "median time per call (ms)", colours)
 
 
-def throughput(ok: pd.DataFrame, colours: dict[str, Any], peaks: dict[tuple[str, str, str], float]) -> Any:
+def throughput(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str, str, str], Roofs]) -> Any:
+    """TFLOP/s per panel, under the hardware roof (solid) and torch's measured matmul (dashed): a kernel can
+    pass torch's matmul — a CPU's FMA roof is often 2× it — but not the roof."""
     if ok.empty:
         return None
 
-    def peak_line(panel: Facet, axis: Any) -> list[tuple[float, str]]:
-        row = panel.rows.iloc[0]
-        peak = peaks.get(roof_key(row))
-        return [(peak, f"measured matmul peak {peak:.3g} TFLOP/s")] if peak else []
+    def peak_lines(panel: Facet, axis: Any) -> list[Reference]:
+        roofs = ceilings.get(roof_key(panel.rows.iloc[0]))
+        if roofs is None:
+            return []
+        lines = [Reference(roofs.roof_tflops, f"hardware roof {roofs.roof_tflops:.3g} TFLOP/s", dashed=False)]
+        if roofs.matmul_tflops > 0 and roofs.matmul_tflops < roofs.roof_tflops:
+            matmul = f"torch matmul {roofs.matmul_tflops:.3g} TFLOP/s"
+            lines.append(Reference(roofs.matmul_tflops, matmul, left=False))
+        elif roofs.matmul_tflops > 0:  # torch's matmul is the roof (no FMA kernel or datasheet above it)
+            lines = [Reference(roofs.roof_tflops, f"roof: torch matmul {roofs.roof_tflops:.3g} TFLOP/s", dashed=False)]
+        return [line for line in lines if line.value > 0]
 
-    return _facet_figure(facets(ok), "tflops", "TFLOP/s", colours, peak_line)
+    return _facet_figure(facets(ok), "tflops", "TFLOP/s", colours, peak_lines)
 
 
 def memory(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
@@ -226,15 +255,6 @@ def roof_key(row: Any) -> tuple[str, str, str]:
     fp8 forward's q_dtype (its rows have the model's dtype, their roofs are fp8's), else the row's dtype."""
     dots = row.get("q_dtype")
     return row["machine"], row["device"], dots if isinstance(dots, str) and dots else row["dtype"]
-
-
-class Roofs(NamedTuple):
-    """One (machine, device, dtype)'s ceilings from meta.json: TFLOP/s and GB/s."""
-
-    roof_tflops: float  # the hardware's compute roof (FMA kernel or datasheet)
-    roof_gbps: float  # the hardware's bandwidth roof (triad or datasheet)
-    matmul_tflops: float  # torch's matmul rate
-    copy_gbps: float  # torch's copy rate
 
 
 def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str, str, str], Roofs]) -> Any:
@@ -317,7 +337,7 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
         for group, rows in decode.groupby("group", sort=False)
     ]
 
-    def bandwidth_line(panel: Facet, axis: Any) -> list[tuple[float, str]]:
+    def bandwidth_line(panel: Facet, axis: Any) -> list[Reference]:
         row = panel.rows.iloc[0]
         roofs = ceilings.get(roof_key(row))
         bandwidth = roofs.roof_gbps if roofs is not None else 0.0
@@ -329,7 +349,7 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
         percent.set_ylabel("% of bandwidth", fontsize=8)
         percent.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
         percent.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        return [(bandwidth, f"measured bandwidth {bandwidth:.3g} GB/s")]
+        return [Reference(bandwidth, f"measured bandwidth {bandwidth:.3g} GB/s")]
 
     return _facet_figure(
         panels, "gbps", "GB/s (bytes of the KV read)", colours, bandwidth_line, xlabel="KV cache length (keys)"
@@ -354,11 +374,10 @@ def draw_all(
     if ok.empty:
         return []
     colours = palette(sorted(set(ok["impl"])))
-    peaks = {key: value.matmul_tflops for key, value in ceilings.items()}
     everything, ok = ok, ok[[phase_of(r) != "decode" for r in ok.to_dict("records")]]  # decode: its own figure
     makers: list[tuple[str, str, Callable[[], Any]]] = [
         ("Latency", "latency.png", lambda: latency(ok, colours)),
-        ("Throughput", "tflops.png", lambda: throughput(ok, colours, peaks)),
+        ("Throughput", "tflops.png", lambda: throughput(ok, colours, ceilings)),
         ("Peak working memory", "memory.png", lambda: memory(ok, colours)),
         ("Speedup over the baseline", "speedup.png", lambda: speedup(everything, colours, baseline)),
         ("Roofline", "roofline.png", lambda: roofline(everything, colours, ceilings)),

@@ -175,7 +175,7 @@ def figures_of_every_kind():
     compared = compared.assign(ratio=[0.7 + 0.05 * (i % 13) for i in range(len(compared))], verdict="unclear")
     return {
         "latency": latency(not_decode, colours),
-        "tflops": throughput(not_decode, colours, {key: roofs.matmul_tflops for key, roofs in ROOFS.items()}),
+        "tflops": throughput(not_decode, colours, ROOFS),
         "memory": memory(not_decode, colours),
         "speedup": speedup(ok, colours, None),
         "roofline": roofline(ok, colours, ROOFS),
@@ -298,10 +298,39 @@ def test_an_fp8_forward_is_drawn_under_the_fp8_roofs_not_its_dtype_s():
     drawn = sorted(y for c in fp8_axis.collections for _, y in c.get_offsets())
     assert drawn == sorted(fp8["tflops"])  # the fp8 points, none of the bf16 ones
     plt.close(figure)
-    figure = throughput(ok, colours, {key: r.matmul_tflops for key, r in roofs.items()})
+    figure = throughput(ok, colours, roofs)
     peaks = {text.get_text() for axis in figure.axes for text in axis.texts}
-    assert peaks == {"measured matmul peak 700 TFLOP/s", "measured matmul peak 1.3e+03 TFLOP/s"}, peaks
+    assert peaks == {
+        "hardware roof 989 TFLOP/s",
+        "torch matmul 700 TFLOP/s",
+        "hardware roof 1.98e+03 TFLOP/s",
+        "torch matmul 1.3e+03 TFLOP/s",
+    }, peaks
     plt.close(figure)
+
+
+def test_throughput_draws_the_roof_solid_and_torch_matmul_dashed_or_one_line_where_matmul_is_the_roof():
+    """A CPU's FMA roof is often twice torch's matmul, and our kernel runs between them: the panel draws both,
+    solid and dashed, each labelled; where torch's matmul is the roof (no kernel or datasheet above it) one line
+    says so."""
+    from attnbench.reports.plots import throughput
+
+    ok = plottable(fabricate(seq_q=[256, 1024]))
+    colours = palette(sorted(set(ok["impl"])))
+    key = ("test cpu", "cpu", "float32")
+    for roofs, expected in (
+        (Roofs(0.537, 53.0, 0.209, 43.0), {("hardware roof 0.537 TFLOP/s", "-"), ("torch matmul 0.209 TFLOP/s", "--")}),
+        (Roofs(0.4, 53.0, 0.4, 43.0), {("roof: torch matmul 0.4 TFLOP/s", "-")}),
+    ):
+        figure = throughput(ok, colours, {key: roofs})
+        (axis,) = [axis for axis in figure.axes if axis.get_title()]
+        labels = {text.get_text() for text in axis.texts}
+        styles = {line.get_linestyle() for line in axis.lines if len(set(line.get_ydata())) == 1}
+        assert {(text, style) for text, style in expected} == {
+            (label, "-" if label.startswith(("hardware", "roof")) else "--") for label in labels
+        }
+        assert styles == {style for _, style in expected}
+        plt.close(figure)
 
 
 def test_a_roof_torch_cannot_measure_is_named_not_drawn_at_zero():
