@@ -138,7 +138,7 @@ def draw_masks(workloads: list[Workload], tile: tuple[int, int]) -> Any:
         axis.set_ylabel(f"query block ({tile[0]} rows)", fontsize=TITLE_SIZE)
         axis.tick_params(labelsize=TITLE_SIZE)
         for ticks in (axis.xaxis, axis.yaxis):  # block numbers: whole ones only, also for a 2 × 2 picture
-            ticks.set_major_locator(MaxNLocator(integer=True))
+            ticks.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # one block: tick 0, not ±0.5
     handles = [Patch(color=colour, label=label) for colour, label in STATE_COLOURS.values()]
     left_out = (
         f"\nthe first {MAX_PANELS} of {len(workloads)} masks\n(masks.csv has all)"

@@ -196,3 +196,26 @@ def test_a_picture_of_more_masks_than_panels_says_how_many_it_left_out():
         title = figure.legends[0].get_title().get_text()
         assert len(figure.axes) == min(len(workloads), MAX_PANELS) and (said in title if said else "\n" not in title)
         plt.close(figure)
+
+
+def test_block_ticks_are_whole_numbers_even_for_one_block():
+    """A 128-query case at 128-row tiles is one block row: its axis says 0, not -0.5 … 0.5; two blocks say 0, 1."""
+    import matplotlib.pyplot as plt
+
+    from attnbench.reports.masks import draw_masks
+
+    shapes = [(128, 256, "causal_bottom_right"), (256, 256, "causal"), (4096, 4096, "causal")]
+    cases = [Workload(batch=1, heads=1, kv_heads=1, seq_q=q, seq_k=k, head_dim=64, mask=m) for q, k, m in shapes]
+    figure = draw_masks(cases, (128, 128))
+    figure.canvas.draw()
+
+    def shown(ticks, limits):  # the ticks matplotlib draws: those inside the view
+        low, high = sorted(limits)
+        return [float(t) for t in ticks if low <= t <= high]
+
+    for axis in figure.axes:
+        for ticks in (shown(axis.get_xticks(), axis.get_xlim()), shown(axis.get_yticks(), axis.get_ylim())):
+            assert ticks and all(t.is_integer() for t in ticks), ticks
+    assert shown(figure.axes[0].get_yticks(), figure.axes[0].get_ylim()) == [0.0]
+    assert shown(figure.axes[1].get_yticks(), figure.axes[1].get_ylim()) == [0.0, 1.0]
+    plt.close(figure)
