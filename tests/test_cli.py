@@ -41,6 +41,7 @@ BAD_INPUTS = [
     (["merge", "a"], "the following arguments are required: --out"),
     (["profile", "--impl", "nosuch"], "impl 'nosuch' is not known"),
     (["profile", "--impl", "bmm", "--calls", "0"], "--calls 0: must be a positive integer"),
+    (["profile", "--impl", "bmm", "--pass", "bwd"], "--pass bwd: profile records the forward call only; allowed: fwd"),
     # workload features, model presets and absurd sizes (issues 12 and 13)
     (["run", "--mask", "sliding_window", "--window", "0"], "--window value 0 must be a positive integer"),
     (["run", "--mask", "sliding_window"], "mask sliding_window needs window ≥ 1 (--window), got 0"),

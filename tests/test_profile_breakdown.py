@@ -184,6 +184,64 @@ def test_fused_cpu_profile_shows_its_kernel(cli, tmp_path):
     assert named_share(rows.reset_index()) >= 0.8
 
 
+class Wrong(attnbench.Contender):
+    """Right shape, wrong numbers: zeros."""
+
+    name = "planted_profile_wrong"
+    capabilities = attnbench.Capabilities(devices=frozenset({"cpu"}), dtypes=frozenset({"float32"}))
+
+    def prepare(self, inputs, workload):
+        import torch
+
+        return lambda: torch.zeros_like(inputs.q)
+
+
+class Raises(attnbench.Contender):
+    name = "planted_profile_raises"
+    capabilities = attnbench.Capabilities(devices=frozenset({"cpu"}), dtypes=frozenset({"float32"}))
+
+    def prepare(self, inputs, workload):
+        def run():
+            raise RuntimeError("boom in my kernel")
+
+        return run
+
+
+def test_a_case_that_is_wrong_or_raises_is_one_line_and_the_others_are_still_profiled(cli, planted, tmp_path):
+    """As a run's rows would say it (incorrect, error), one line each, no traceback; the tables hold the cases
+    that ran, the exit status is 1; with no case profiled, nothing is left behind."""
+    for contender in (Wrong(), Raises()):
+        attnbench.register(contender)
+        planted.append(contender.name)
+    shape = ["--batch", "1", "--heads", "2", "--seq", "64", "--head-dim", "16", "--mask", "none", "--budget-s", "0.05"]
+    out = tmp_path / "prof"
+    impls = f"{Wrong.name},bmm,{Raises.name}"
+    code, _, err = cli("profile", "--impl", impls, *shape, "--out", str(out))
+    assert code == 1 and "Traceback" not in err, err
+    said = [line for line in err.splitlines() if line.endswith("not profiled")]
+    assert len(said) == 2 and f"{Wrong.name} B1 H2 S64 D16" in said[0] and ": incorrect — " in said[0], said
+    assert said[1].endswith("error — RuntimeError: boom in my kernel; not profiled"), said
+    assert "2 case(s) not profiled" in err
+    assert set(pd.read_csv(out / "breakdown.csv").impl) == {"bmm"}
+    assert [p.name for p in out.glob("*.trace.json")] == [p.name for p in out.glob("bmm__*.trace.json")]
+    code, _, err = cli("profile", "--impl", Wrong.name, *shape, "--out", str(tmp_path / "none"))
+    assert code == 1 and "nothing profiled: all 1 case(s) failed" in err and not (tmp_path / "none").exists()
+
+
+def test_a_case_timed_on_a_stalled_machine_says_so(cli, monkeypatch, tmp_path):
+    """Where a run would time the row `stalled` (its threads waited for a core), the profile says its times are a
+    busy machine's. The threshold is forced to catch every case: the warning's wording is under test, not the
+    detection (tests/test_stall.py)."""
+    import attnbench.cli
+
+    monkeypatch.setattr(attnbench.cli, "WAITED_STALL", -1.0)
+    shape = ["--batch", "1", "--heads", "2", "--seq", "64", "--head-dim", "16", "--mask", "none", "--budget-s", "0.05"]
+    code, _, err = cli("profile", "--impl", "bmm", *shape, "--out", str(tmp_path / "p"))
+    assert code == 0
+    (line,) = [line for line in err.splitlines() if "stalled" in line]
+    assert line.startswith("warning: bmm B1 H2 S64 D16") and "profile it again on a quieter one" in line
+
+
 def test_profile_rejects_a_bad_budget(cli, tmp_path):
     code, _, err = cli("profile", "--impl", "bmm", "--budget-s", "0", "--out", str(tmp_path / "p"))
     assert code == 2 and "--budget-s 0: must be a positive number of seconds" in err

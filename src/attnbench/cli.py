@@ -31,7 +31,7 @@ from attnbench.errors import UsageError
 from attnbench.measure._ceilings import load_ceilings
 from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
 from attnbench.measure.environment import command_line, environment
-from attnbench.runner.cases import not_runnable
+from attnbench.runner.cases import WAITED_STALL, not_runnable
 from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request
 from attnbench.runner.results import RunWriter
 from attnbench.workload.axes import IMPL, PASS, SWEEP_AXES, canonical_dtype, parse_overrides
@@ -225,10 +225,13 @@ def _profiled_calls(profile: CaseProfile) -> str:
 def cmd_profile(args: argparse.Namespace) -> int:
     from attnbench.runner._ncu_csv import short_name
     from attnbench.runner._ncu_profile import annotate_breakdown, annotate_top_ops, format_table
-    from attnbench.runner._profiling import profile_case, write_tables
+    from attnbench.runner._noise import environment_warnings
+    from attnbench.runner._profiling import CaseFailed, profile_case, write_tables
 
     if args.calls < 1:
         raise UsageError(f"--calls {args.calls}: must be a positive integer")
+    if args.profile_pass not in (None, "fwd"):
+        raise UsageError(f"--pass {args.profile_pass}: profile records the forward call only; allowed: fwd")
     if not args.budget_s > 0:
         raise UsageError(f"--budget-s {args.budget_s:g}: must be a positive number of seconds")
     ncu = _ncu_gate() if args.ncu else None
@@ -254,12 +257,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print(f"{impl} {workload.label()}: {verdict[0]} — {verdict[1]}", file=sys.stderr)
     if not runnable:
         raise UsageError("nothing to profile: every case is unavailable or unsupported (see above)")
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    for warning in environment_warnings():  # as a run says them: other work on the cores, the governor
+        print(f"warning: {warning}", file=sys.stderr)
     configure_cpu_allocator("cached")  # as `run` does by default, so the median is the run's
-    profiles, ncu_results = [], []
+    profiles, ncu_results, failed = [], [], 0
     metrics = _ncu_metrics(ncu) if ncu is not None else ()
     for impl, workload in runnable:
-        profile = profile_case(impl, workload, out, calls=args.calls, seed=args.seed, budget_s=args.budget_s)
+        try:
+            profile = profile_case(impl, workload, out, calls=args.calls, seed=args.seed, budget_s=args.budget_s)
+        except CaseFailed as failure:  # as a run's row would say it; the other cases go on
+            print(f"{impl} {workload.label()}: {failure.status} — {failure.reason}; not profiled", file=sys.stderr)
+            failed += 1
+            continue
         shown = profile.top_ops[["op", "self_ms_per_call", "pct", "category"]].copy()
         kernels = set(profile.kernels["kernel"])  # CUDA kernels print shortened; the CSV keeps their names
         shown["op"] = [short_name(op) if op in kernels else op for op in shown["op"]]
@@ -267,6 +278,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(shown.to_string(index=False, formatters={"self_ms_per_call": "{:.4g}".format, "pct": "{:.1f}".format}))
         split = ", ".join(f"{r.category} {r.ms_per_call:.3g} ms ({r.pct:.0f}%)" for r in profile.breakdown.itertuples())
         print(f"breakdown: {split}\ntrace: {profile.trace_path}", flush=True)
+        if profile.waited is not None and profile.waited >= WAITED_STALL:  # a run would time this row `stalled`
+            print(
+                f"warning: {impl} {workload.label()}: the machine stalled while it was timed: its threads waited for a "
+                f"core {profile.waited:.0%} of their time (median sample; another process on its cores); its times "
+                "are a busy machine's — profile it again on a quieter one",
+                file=sys.stderr,
+            )
         result = _ncu_case(ncu, metrics, profile, args.seed) if ncu is not None else None
         if result is not None:
             ncu_results.append(result)
@@ -277,9 +295,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
             )
             print(format_table(result))
         profiles.append(profile)
+    if not profiles:
+        if made and not any(out.iterdir()):
+            out.rmdir()  # nothing was written: no empty folder left behind
+        print(f"profile: nothing profiled: all {failed} case(s) failed (reasons above)", file=sys.stderr)
+        return 1
     top_path, breakdown_path = write_tables(profiles, out)
     print(f"\ntables: {top_path}, {breakdown_path}")
-    return _ncu_summary(ncu_results, len(profiles) - len(ncu_results), out) if ncu is not None else 0
+    if failed:
+        print(f"profile: {failed} case(s) not profiled (reasons above); the tables hold the others", file=sys.stderr)
+    code = _ncu_summary(ncu_results, len(profiles) - len(ncu_results), out) if ncu is not None else 0
+    return max(code, 1 if failed else 0)
 
 
 # --- profile --ncu: Nsight Compute per kernel (attnbench.runner._ncu_profile) ----------------------------------
@@ -770,6 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
     for axis in SWEEP_AXES:
         if axis is not PASS:  # profiling records the forward call
             p_profile.add_argument(axis.flag, dest=axis.name, metavar="LIST", help=f"{axis.name} (comma-separated)")
+    p_profile.add_argument("--pass", dest="profile_pass", help=argparse.SUPPRESS)  # refused below, in one line
     p_profile.add_argument(
         "--calls",
         type=int,

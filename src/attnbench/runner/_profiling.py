@@ -47,6 +47,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from attnbench import errors
+from attnbench.contenders.contract import Unsupported
 from attnbench.measure._memory import quiet_native_stderr
 from attnbench.measure.stopwatch import synchronize, warm_up
 from attnbench.measure.timing import time_callable
@@ -92,21 +94,43 @@ class CaseProfile:
     breakdown: pd.DataFrame  # category, ms_per_call (scaled to median_ms), pct, profiled_ms_per_call
     kernels: pd.DataFrame  # CUDA: every device kernel (KERNEL_COLUMNS), not only the top ones; else empty
     recorded: int = 0  # calls the profiler recorded (the trace holds them all); 0: as many as ``calls``
+    waited: float | None = None  # CPU: the median sample's share of thread time spent waiting for a core
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
 
 
+class CaseFailed(Exception):
+    """A case that could not be profiled, as a run's row would say it: its status (``incorrect``, ``unsupported``,
+    ``error``) and one-line reason."""
+
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(f"{status} — {reason}")
+        self.status, self.reason = status, reason
+
+
 def profile_case(
     impl: str, workload: Workload, out_dir: Path, calls: int = 5, seed: int = 0, budget_s: float = 1.0
 ) -> CaseProfile:
-    """Time, then profile ``calls`` calls of a checked case; write its trace into ``out_dir``."""
+    """Time, then profile ``calls`` calls of a checked case; write its trace into ``out_dir``. A case that is
+    incorrect, unsupported or raises is :class:`CaseFailed` (and writes nothing)."""
+    try:
+        return _profile(impl, workload, out_dir, calls, seed, budget_s)
+    except CaseFailed:
+        raise
+    except Unsupported as exc:
+        raise CaseFailed("unsupported", errors.one_line(str(exc))) from exc
+    except Exception as exc:  # a contender may fail in any way; the other cases are still profiled
+        raise CaseFailed("error", errors.reason(exc)) from exc
+
+
+def _profile(impl: str, workload: Workload, out_dir: Path, calls: int, seed: int, budget_s: float) -> CaseProfile:
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     prepared = prepare_checked(impl, workload, seed)
     if not prepared.check.ok:
-        raise RuntimeError(f"{impl} is incorrect on {workload.label()}: {prepared.check.reason}")
+        raise CaseFailed("incorrect", prepared.check.reason)
     estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, budget_s)
     timing = time_callable(
         prepared.fn, workload.device, torch.get_num_threads(), budget_s, estimate_s, graphs=workload.pass_ == "fwd"
@@ -148,7 +172,17 @@ def profile_case(
     top, breakdown = _tables(averages, name, workload.device, per_call, profiled_ms, timing.median_ms, stretches)
     kernels = device_kernels(averages, per_call) if on_gpu else pd.DataFrame(columns=KERNEL_COLUMNS)
     return CaseProfile(
-        impl, workload, per_call, timing.median_ms, profiled_ms, trace_path, top, breakdown, kernels, len(walls_ms)
+        impl,
+        workload,
+        per_call,
+        timing.median_ms,
+        profiled_ms,
+        trace_path,
+        top,
+        breakdown,
+        kernels,
+        len(walls_ms),
+        timing.waited,
     )
 
 
