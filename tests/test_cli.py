@@ -59,6 +59,12 @@ BAD_INPUTS = [
     ),
     (["run", "--score-mod", "tanh"], "score_mod 'tanh' is not known; allowed: none, softcap, alibi"),
     (["run", "--model", "llama9"], "model 'llama9' is not known; known: llama3.1-8b, llama3.1-70b"),
+    (
+        ["run", "--model", "llama3.1-8b", "--phase", "prefill", "--heads", "4"],
+        "--heads: the model preset (llama3.1-8b) sets heads, so it would be ignored",
+    ),
+    (["run", "--model", "llama3.1-8b", "--mask", "none"], "--mask: the model preset (llama3.1-8b) sets mask"),
+    (["run", "--suite", "models-cpu", "--window", "64"], "--window: the model preset (llama3.2-1b, llama3.1-8b"),
     (["run", "--model", "gpt2", "--phase", "train"], "--phase value 'train' is not known; allowed: prefill, decode"),
     (["run", "--phase", "decode"], "phase applies to model presets: give --model too"),
     (

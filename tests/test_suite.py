@@ -61,6 +61,17 @@ def _write(tmp_path: Path, text: str) -> str:
         ("budget_s = -1\n[[sweep]]\nbatch = 1\n", "budget_s must be a positive number"),
         ("[[sweep]\nbatch = 1\n", "not valid TOML"),
         ("colour = 1\n", "unknown top-level key 'colour'"),
+        ("[[sweep]]\nbatch = 1\nheads = 2\nseq = 8\nhead_dim = 8\nmask = 'casual'\n", r"s sweep 1: mask 'casual' is"),
+        (
+            "[[sweep]]\nbatch = 1\nheads = 8\nkv_heads = [8, 3]\nseq = 8\nhead_dim = 8\n",
+            r"s sweep 1: heads 8 is not divi",
+        ),
+        ("[defaults]\ndtype = 'fp9'\n[[sweep]]\nbatch = 1\n", r"suite s \[defaults\]: dtype 'fp9' is not known"),
+        (
+            "[[sweep]]\nmodel = 'llama3.1-8b'\nheads = 4\n",
+            r"s sweep 1: heads: the model preset \(llama3.1-8b\) sets heads",
+        ),
+        ("[defaults]\nmask = 'none'\n[[sweep]]\nmodel = 'llama3.1-8b'\n", r"s sweep 1: mask: the model preset"),
     ],
 )
 def test_bad_suite_files_name_the_problem(tmp_path, text, message):

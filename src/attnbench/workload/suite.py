@@ -41,7 +41,7 @@ from attnbench.workload.axes import (
     WORKLOAD_AXES,
     coerce_axis,
 )
-from attnbench.workload.models import DEFAULT_PHASES, preset_axes, preset_dtype
+from attnbench.workload.models import DEFAULT_PHASES, PRESET_AXES, preset_axes, preset_dtype
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -88,7 +88,31 @@ def _axes(table: Any, where: str) -> dict[str, list[Any]]:
     unknown = sorted(set(table) - set(AXES))
     if unknown:
         raise UsageError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(AXES)}")
-    return {axis: coerce_axis(axis, value, f"{where}: {axis}") for axis, value in table.items()}
+    axes = {}
+    for axis, value in table.items():
+        try:
+            axes[axis] = coerce_axis(axis, value, f"{where}: {axis}")
+        except UsageError as exc:  # a value's own message (a dtype's, a mask's) says where, as the others do
+            raise UsageError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
+    return axes
+
+
+PRESET_SET = tuple(axis for axis in PRESET_AXES if axis not in (MODEL.name, LAYER.name))  # what a preset decides
+
+
+def _check_preset_axes(models: list[Any] | None, given: dict[str, list[Any]], where: str | None) -> None:
+    """A sweep with model presets takes its shape from them: an axis a preset sets (heads, mask, window, …) given
+    beside them — ``given``, a sweep's own keys (``where`` names it) or the command's flags (``where`` None) —
+    would be dropped without a word; a UsageError instead."""
+    clash = [axis for axis in PRESET_SET if axis in given]
+    if not models or not clash:
+        return
+    axis = BY_NAME[clash[0]]
+    named = f"{where}: {axis.name}" if where else axis.flag
+    raise UsageError(
+        f"{named}: the model preset ({', '.join(models)}) sets {axis.name}, so it would be ignored; leave it out "
+        "beside a model (the presets' shapes: `attnbench models`), or leave out the model to give the shape yourself"
+    )
 
 
 def load_suite(name_or_path: str) -> Suite:
@@ -105,17 +129,25 @@ def load_suite(name_or_path: str) -> Suite:
     for key, budget in budgets.items():
         if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
             raise UsageError(f"suite {name}: {key} must be a positive number of seconds, got {budget!r}")
-    defaults = {**DEFAULTS, **_axes(data.get("defaults", {}), f"suite {name} [defaults]")}
+    given_defaults = _axes(data.get("defaults", {}), f"suite {name} [defaults]")
+    defaults = {**DEFAULTS, **given_defaults}
     raw_sweeps = data.get("sweep", [{}])
     if not isinstance(raw_sweeps, list) or not raw_sweeps:
         raise UsageError(f"suite {name}: [[sweep]] must be a non-empty array of tables")
     sweeps = []
     for index, table in enumerate(raw_sweeps, start=1):
         where = f"suite {name} sweep {index}"
-        sweep = {**defaults, **_axes(table, where)}
+        given = {**given_defaults, **_axes(table, where)}
+        _check_preset_axes(given.get(MODEL.name), given, where)
+        sweep = {**defaults, **given}
         missing = [axis for axis in REQUIRED if axis not in sweep and MODEL.name not in sweep]
         if missing:
             raise UsageError(f"{where}: missing axis {missing[0]!r}; required: {', '.join(REQUIRED)}")
+        if MODEL.name not in sweep:  # the rules between axes (kv_heads divides heads, a window's mask), said here
+            try:
+                _workloads(sweep)
+            except UsageError as exc:
+                raise UsageError(f"{where}: {exc}") from None
         sweeps.append(sweep)
     description = str(data.get("description", ""))
     budget_s, case_budget_s = float(budgets["budget_s"]), float(budgets["case_budget_s"])
@@ -139,6 +171,7 @@ def expand(
     none of them (a column of `unsupported` tells nothing); one named is always planned."""
     cases: dict[tuple[str, Workload], None] = {}
     for sweep in suite.sweeps:
+        _check_preset_axes(overrides.get(MODEL.name) or sweep.get(MODEL.name), overrides, None)
         axes = {**sweep, **overrides}
         models, phases = axes.get(MODEL.name), axes.get(PHASE.name)
         for axis in (PHASE, LAYER):
