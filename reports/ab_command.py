@@ -22,6 +22,8 @@ from attnbench.measure.allocator import configure_cpu_allocator
 from attnbench.measure.environment import environment
 from attnbench.reports.ab_report import format_table, summary_line, write_ab
 from attnbench.runner import ab
+from attnbench.runner._noise import environment_warnings
+from attnbench.runner.request import check_threads
 from attnbench.runner.results import RunWriter
 
 
@@ -37,8 +39,7 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--threshold {args.threshold}: must be a fraction between 0 and 1, e.g. 0.02")
     if not args.budget_s > 0:
         raise UsageError(f"--budget-s {args.budget_s:g}: must be a positive number of seconds")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads {args.threads}: must be a positive integer")
+    check_threads(args.threads)
 
 
 def progress_line(index: int, total: int, case: ab.AbCase, label: str) -> str:
@@ -68,6 +69,8 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_ou
             for note in a.notes:  # before anything is timed: what of the base is not the base revision's
                 print(f"ab: note: {note}", file=sys.stderr)
         configure_cpu_allocator("cached")  # as `run` does by default
+        for warning in environment_warnings():  # as a run says them: other work on the cores, the governor
+            print(f"warning: {warning}", file=sys.stderr)
 
         def report(index: int, case: ab.AbCase) -> None:
             record = case.record(a, b, args.threshold)
@@ -98,5 +101,5 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_ou
     print(f"ab: {', '.join(map(str, paths))}", file=sys.stderr if args.json else sys.stdout)
     bad = ab.failed(cases)
     if bad:
-        print(f"{len(bad)} case(s) slower beyond {args.threshold:.1%} or incorrect", file=sys.stderr)
+        print(f"{len(bad)} case(s) slower beyond {args.threshold:.1%}, incorrect or in error", file=sys.stderr)
     return 1 if bad else 0

@@ -18,7 +18,7 @@ import torch
 from attnbench import Capabilities, Contender
 from attnbench.contenders import registry
 from attnbench.reports.ab_report import draw_ratios
-from attnbench.runner.ab import MIN_PAIRS, PairedRatio, paired_ratio, verdict
+from attnbench.runner.ab import MIN_PAIRS, PairedRatio, paired_ratio, unclear_reason, verdict
 
 from conftest import attnbench_cmd, run_subprocess
 
@@ -69,6 +69,18 @@ def test_a_change_inside_the_threshold_is_not_called_and_a_wide_interval_is_uncl
     assert wide.resolution == pytest.approx(math.sqrt(1.25 / 0.97) - 1)
 
 
+def test_an_unclear_case_says_why():
+    wide = PairedRatio(1.10, 0.97, 1.25, 50)
+    said = unclear_reason(wide, 0.02)
+    assert "[0.970, 1.250] is not inside 1 ± 2.0%" in said and "waited" not in said
+    assert said.endswith("a quieter machine narrow it")
+    busy = unclear_reason(wide, 0.02, waited=0.3)
+    assert busy.endswith("its threads waited for a core 30% of their time (another process on its cores)")
+    assert "waited" not in unclear_reason(wide, 0.02, waited=0.01)
+    few = unclear_reason(PairedRatio(1.5, 1.4, 1.6, MIN_PAIRS - 1), 0.02)
+    assert few == f"only {MIN_PAIRS - 1} paired rounds, fewer than the {MIN_PAIRS} a verdict needs: raise --budget-s"
+
+
 def test_the_bootstrap_is_seeded():
     a, b = noisy_rounds(4, 100, 1.05)
     assert paired_ratio(a, b, seed=7) == paired_ratio(a, b, seed=7)
@@ -116,6 +128,30 @@ def test_the_table_names_both_rows(cli, tmp_path):
     assert "B1 H2 S64 D16 float32 cpu none fwd" in out
     assert "(B = bmm vs A = einsum, threshold 50.0%)" in out
     assert "[1/1] B1 H2 S64 D16 float32 cpu none fwd:" in err
+
+
+def test_a_version_that_raises_is_an_error_and_exits_1(cli, planted, tmp_path):
+    """A gate built on `ab` must not pass a kernel that fails on every case."""
+    import attnbench
+
+    class AbRaises(attnbench.Contender):
+        name = "planted_ab_raises"
+        capabilities = attnbench.Capabilities(devices=frozenset({"cpu"}), dtypes=frozenset({"float32"}))
+
+        def prepare(self, inputs, workload):
+            def run():
+                raise RuntimeError("boom in my kernel")
+
+            return run
+
+    attnbench.register(AbRaises())
+    planted.append(AbRaises.name)
+    code, out, err = cli(
+        "ab", "--a", "bmm", "--b", AbRaises.name, *TINY, "--budget-s", "0.2", "--out", str(tmp_path / "ab")
+    )
+    assert code == 1 and "1 case(s) slower beyond 2.0%, incorrect or in error" in err, out + err
+    (row,) = pd.read_csv(tmp_path / "ab" / "ab.csv").to_dict("records")
+    assert row["verdict"] == "error" and row["reason"].endswith("RuntimeError: boom in my kernel"), row
 
 
 def test_the_figure_has_plain_decimal_ticks_and_labels_that_do_not_overlap():

@@ -32,7 +32,7 @@ from attnbench.measure._ceilings import load_ceilings
 from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
 from attnbench.measure.environment import command_line, environment
 from attnbench.runner.cases import WAITED_STALL, not_runnable
-from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request
+from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request, check_threads
 from attnbench.runner.results import RunWriter
 from attnbench.workload.axes import IMPL, PASS, SWEEP_AXES, canonical_dtype, parse_overrides
 from attnbench.workload.suite import (
@@ -705,8 +705,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_env(args: argparse.Namespace) -> int:
     """The environment as meta.json records it, and this machine's ceilings per device (cached ones; what
     is missing is measured)."""
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads {args.threads}: must be a positive integer")
+    check_threads(args.threads)
     dtypes = [canonical_dtype(name.strip()) for name in args.dtype.split(",") if name.strip()]
     threads = args.threads or torch.get_num_threads()
     devices = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]

@@ -138,6 +138,11 @@ def choose_kernel(dtype: str, flags: frozenset[str], cap: str, compiled: set[str
     raise RuntimeError(f"no compute kernel for {dtype}")  # generic is always compiled and allowed
 
 
+def usable_cpus() -> int:
+    """The logical CPUs this process may run on (its affinity; SMT siblings each count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def physical_cores() -> int:
     """Distinct physical cores among the CPUs this process may run on (SMT siblings counted once)."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)

@@ -33,6 +33,8 @@ The verdict, with ``threshold`` t (default 2 %):
 
 A case that cannot be timed gets its status instead of a verdict: ``unsupported`` (a version does not
 run this workload), ``incorrect`` (a version's output fails the float64 check, never timed), ``error``.
+An ``unclear`` case says why in its reason (too few rounds, or an interval too wide for the threshold, and on
+CPU how long the threads waited for a core).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from attnbench.errors import UsageError, one_line
 from attnbench.measure.native_build import fresh_tuning_dir
 from attnbench.measure.stopwatch import SampleError, Timing, synchronize, time_cpu_rounds, warm_up
 from attnbench.measure.stopwatch_cuda import time_cuda_rounds
-from attnbench.runner.cases import prepare_checked
+from attnbench.runner.cases import WAITED_STALL, prepare_checked
 from attnbench.workload import Workload
 from attnbench.workload.inputs import make_inputs
 from attnbench.workload.suite import DEFAULTS, Suite, check_devices, expand, load_suite
@@ -293,8 +295,25 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
             return AbCase(workload, "error", f"{version.name}: {_reason(timing.cause)}")
     samples_a, samples_b = (judged_samples(timings[key], options.cold) for key in ("a", "b"))  # type: ignore[arg-type]
     paired = paired_ratio(samples_a, samples_b, options.seed)
-    return AbCase(
-        workload, verdict(paired, options.threshold), "", paired, samples_a, samples_b, choices["a"], choices["b"]
+    judged = verdict(paired, options.threshold)
+    waited = [t.waited for t in timings.values() if isinstance(t, Timing) and t.waited is not None]
+    why = unclear_reason(paired, options.threshold, max(waited, default=None)) if judged == "unclear" else ""
+    return AbCase(workload, judged, why, paired, samples_a, samples_b, choices["a"], choices["b"])
+
+
+def unclear_reason(paired: PairedRatio, threshold: float, waited: float | None = None) -> str:
+    """Why a case is ``unclear``, in one line: too few rounds, or an interval too wide for the threshold (and,
+    on CPU, how long the threads waited for a core: a busy machine widens it)."""
+    if paired.n_pairs < MIN_PAIRS:
+        return f"only {paired.n_pairs} paired rounds, fewer than the {MIN_PAIRS} a verdict needs: raise --budget-s"
+    busy = (
+        f"; its threads waited for a core {waited:.0%} of their time (another process on its cores)"
+        if waited is not None and waited >= WAITED_STALL
+        else ""
+    )
+    return (
+        f"the 95 % interval [{paired.ci_low:.3f}, {paired.ci_high:.3f}] is not inside 1 ± {threshold:.1%} and does "
+        f"not exclude 1 beyond it: more rounds (--budget-s) or a quieter machine narrow it{busy}"
     )
 
 
@@ -340,8 +359,9 @@ def run_ab(
 
 
 def failed(cases: list[AbCase]) -> list[AbCase]:
-    """The cases that make the command exit 1: ``slower``, or a version's output ``incorrect``."""
-    return [case for case in cases if case.verdict in ("slower", "incorrect")]
+    """The cases that make the command exit 1: ``slower``, a version's output ``incorrect``, or a version that
+    raised (``error``): a gate must not pass a kernel that fails on every case."""
+    return [case for case in cases if case.verdict in ("slower", "incorrect", "error")]
 
 
 def describe(version: Version) -> dict[str, Any]:

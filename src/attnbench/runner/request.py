@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnbench.errors import UsageError
+from attnbench.measure._hardware import usable_cpus
 from attnbench.measure.allocator import POLICIES
 from attnbench.runner._shard import parse_shard
 from attnbench.workload.axes import MODEL, SWEEP_AXES, parse_values
@@ -63,6 +64,21 @@ class RunRequest:
         return parse_shard(self.shard) if self.shard else None
 
 
+def check_threads(threads: int | None) -> None:
+    """``--threads``: a positive count no larger than the CPUs this process may run on (more would take turns on
+    them, and every CPU row would time `stalled`)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise UsageError(f"--threads {threads}: must be a positive integer")
+    cpus = usable_cpus()
+    if threads > cpus:
+        raise UsageError(
+            f"--threads {threads}: more threads than the {cpus} CPUs this process may run on (its affinity): "
+            f"they would take turns on them, and every row would time `stalled`; allowed: 1 to {cpus}"
+        )
+
+
 def build_request(
     suite: str | Suite | None = None,
     axes: Mapping[str, Any] | None = None,
@@ -95,8 +111,7 @@ def build_request(
         if value not in allowed:
             choices = ", ".join(repr(choice) for choice in allowed)
             raise UsageError(f"argument {flag}: invalid choice: {value!r} (choose from {choices})")
-    if threads is not None and threads < 1:
-        raise UsageError(f"--threads {threads}: must be a positive integer")
+    check_threads(threads)
     processes = parse_repeat(repeat, isolate) if resume is None or repeat else None
     seconds = {
         flag: _seconds(flag, value)
