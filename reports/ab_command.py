@@ -35,6 +35,10 @@ def check_flags(args: argparse.Namespace) -> None:
         raise UsageError("give either --a A --b B, or --impl NAME [--base REV]; not both")
     if args.a is None and args.impl is None:
         raise UsageError("--base needs --impl NAME" if args.base else "give --a A --b B, or --impl NAME [--base REV]")
+    if args.base is not None and not args.base.strip():
+        raise UsageError(
+            "--base '': names no revision; give a commit, branch or tag (e.g. --base HEAD~1), or leave it out"
+        )
     if not 0 < args.threshold < 1:
         raise UsageError(f"--threshold {args.threshold}: must be a fraction between 0 and 1, e.g. 0.02")
     if not args.budget_s > 0:

@@ -343,6 +343,7 @@ def loose_contender(tmp_path, planted, monkeypatch):
         (["--a", "nosuch", "--b", "bmm"], "contender 'nosuch' is not known"),
         (["--a", "bmm"], "--a and --b go together"),
         (["--base", "HEAD"], "--base needs --impl NAME"),
+        (["--impl", "bmm", "--base", ""], "--base '': names no revision"),
         ([], "give --a A --b B, or --impl NAME [--base REV]"),
         (["--a", "bmm", "--b", "bmm", "--impl", "bmm"], "give either --a A --b B, or --impl NAME"),
         (["--a", "bmm", "--b", "bmm", "--threshold", "0"], "--threshold 0.0: must be a fraction"),

@@ -86,6 +86,40 @@ def test_a_contender_no_workload_of_the_sweep_suits_is_left_out_unless_named():
     assert {impl for impl, _ in cases} == {"cascade", "bmm"} and named == {}  # asked for by name: planned
 
 
+def test_a_contender_left_out_of_one_sweep_only_says_its_other_cases_ran(planted):
+    """quick's second sweep is bottom-right causal and padding: a contender of none and causal only is left out of
+    it, runs in the first, and the line says both — with each mask's reason, not the first workload's alone."""
+    import attnbench
+    from attnbench.cli import left_out_lines
+    from attnbench.runner.request import RunRequest
+    from attnbench.runner.sweep import plan_cases
+
+    class TwoMasks(attnbench.Contender):
+        name = "planted_two_masks"
+        capabilities = attnbench.Capabilities(
+            devices=frozenset({"cpu"}), dtypes=frozenset({"float32"}), masks=frozenset({"none", "causal"})
+        )
+
+        def prepare(self, inputs, workload):
+            return lambda: inputs.q
+
+    attnbench.register(TwoMasks())
+    planted.append(TwoMasks.name)
+    left_out: dict[str, str] = {}
+    partly: list[str] = []
+    _, cases = plan_cases(RunRequest(suite="quick"), left_out, partly)
+    assert TwoMasks.name in {impl for impl, _ in cases} and partly == [TwoMasks.name]
+    said = left_out[TwoMasks.name]
+    assert "causal_bottom_right" in said and "padding" in said, said
+    assert "cascade" in left_out and "cascade" not in partly
+    lines = left_out_lines({"left_out": left_out, "left_out_partly": partly})
+    (line,) = [line for line in lines if TwoMasks.name in line]
+    assert line.strip().startswith(f"{TwoMasks.name}: left out of the sweeps where it suits no workload (")
+    assert line.endswith("; its other cases ran"), line
+    (cascade,) = [line for line in lines if "cascade" in line]
+    assert "cascade: left out — unsupported on every workload of its sweeps (" in cascade
+
+
 def test_compare_says_the_run_wide_shift_is_the_runs_not_this_workloads():
     import math
 

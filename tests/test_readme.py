@@ -246,3 +246,14 @@ def test_the_contents_list_names_every_section_and_every_link_lands():
     assert not broken, broken
     for page in re.findall(r"\]\((docs/[^)#]+)\)", README):
         assert (REPO / page).is_file(), page
+
+
+def test_the_columns_table_names_every_results_column():
+    """Every column of results.csv has a row in the README's Columns table (nine were missing once), and the
+    table names no column a run does not write."""
+    from attnbench.runner.results import COLUMNS
+
+    table = README[README.index("### Columns") : README.index("## On a GPU machine")]
+    first_cells = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    named = set(re.findall(r"`(\w+)`", "\n".join(first_cells)))
+    assert [c for c in COLUMNS if c not in named] == [] and sorted(named - set(COLUMNS)) == []

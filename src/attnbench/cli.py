@@ -161,6 +161,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _summarise(finished, store_db)
 
 
+def left_out_lines(meta: dict[str, Any]) -> list[str]:
+    """A line per contender that ``all`` brought in and a sweep left out (it suits none of its workloads):
+    of every sweep, or of some while its other cases ran."""
+    partly = set(meta.get("left_out_partly", []))
+    lines = []
+    for impl, reason in meta.get("left_out", {}).items():
+        if impl in partly:
+            lines.append(f"  {impl}: left out of the sweeps where it suits no workload ({reason}); its other cases ran")
+        else:
+            lines.append(f"  {impl}: left out — unsupported on every workload of its sweeps ({reason})")
+    return lines
+
+
 def _summarise(finished: Finished, store_db: Path | None) -> int:
     """The end of `attnbench run`: the summary table, counts, reasons, warnings, the store, the exit code."""
     from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
@@ -172,8 +185,8 @@ def _summarise(finished: Finished, store_db: Path | None) -> int:
     reasons = non_ok_reasons(frame)
     if reasons:
         print(reasons)
-    for impl, reason in finished.meta.get("left_out", {}).items():
-        print(f"  {impl}: left out — unsupported on every workload of its sweeps ({reason})")
+    for line in left_out_lines(finished.meta):
+        print(line)
     for warning in sweep.late_warnings(finished):
         print(f"warning: {warning}", file=sys.stderr)
     print(f"results: {writer.out_dir / 'results.parquet'} (also results.csv, meta.json)")

@@ -69,10 +69,15 @@ def _dots(w: Workload) -> set[str]:
     return {w.dtype, w.compute_dtype} if w.device == "cuda" else {w.dtype}
 
 
-def plan_cases(request: RunRequest, left_out: dict[str, str] | None = None) -> tuple[Suite, list[tuple[str, Workload]]]:
+LEFT_OUT_REASONS = 3  # the distinct reasons a left-out contender's line names, at most
+
+
+def plan_cases(
+    request: RunRequest, left_out: dict[str, str] | None = None, partly: list[str] | None = None
+) -> tuple[Suite, list[tuple[str, Workload]]]:
     """The suite a new run's request names and its (contender, workload) cases, this shard's only. A contender
     that ``all`` brought in and that suits none of a sweep's workloads is left out of it; ``left_out`` receives
-    its name and the reason of its first workload."""
+    its name and its workloads' distinct reasons, ``partly`` the names of those that still run in another sweep."""
     if isinstance(request.suite, Suite):
         suite = request.suite
     elif request.suite or not request.axes.get(MODEL.name):
@@ -81,6 +86,7 @@ def plan_cases(request: RunRequest, left_out: dict[str, str] | None = None) -> t
         suite = model_suite()
     overrides = dict(request.axes)
     said = {} if left_out is None else left_out
+    reasons_of: dict[str, list[str]] = {}
 
     def never_applies(impl: str, workloads: list[Workload]) -> bool:
         entry = registry.get(impl)
@@ -92,7 +98,10 @@ def plan_cases(request: RunRequest, left_out: dict[str, str] | None = None) -> t
             return False
         if not all(reasons):
             return False
-        said.setdefault(impl, str(reasons[0]))
+        known = reasons_of.setdefault(impl, [])
+        known += [str(r) for r in dict.fromkeys(reasons) if str(r) not in known]
+        shown = "; ".join(known[:LEFT_OUT_REASONS]) + ("; …" if len(known) > LEFT_OUT_REASONS else "")
+        said[impl] = shown
         return True
 
     cases = expand(
@@ -103,6 +112,9 @@ def plan_cases(request: RunRequest, left_out: dict[str, str] | None = None) -> t
         registry.available_sweep_names,
         never_applies,
     )
+    if partly is not None:  # left out of some sweeps, planned in another
+        planned = {impl for impl, _ in cases}
+        partly += [impl for impl in said if impl in planned]
     shard = request.shard_slice
     if shard:
         cases = shard_cases(cases, *shard)
@@ -112,7 +124,8 @@ def plan_cases(request: RunRequest, left_out: dict[str, str] | None = None) -> t
 def _plan(request: RunRequest, default_out: Path) -> tuple[RunWriter, dict[str, Any], list[tuple[str, Workload]]]:
     """A new run: its writer, meta and cases. Nothing is written yet."""
     left_out: dict[str, str] = {}
-    suite, cases = plan_cases(request, left_out)
+    partly: list[str] = []
+    suite, cases = plan_cases(request, left_out, partly)
     check_devices(cases)
     out = request.out or default_out
     RunWriter.check_target(out)
@@ -126,6 +139,7 @@ def _plan(request: RunRequest, default_out: Path) -> tuple[RunWriter, dict[str, 
         "settings": settings.as_meta(),
         "default_threads": DEFAULT_THREADS,
         "left_out": left_out,
+        "left_out_partly": partly,
     }
     return RunWriter(out), meta, cases
 
