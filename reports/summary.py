@@ -45,7 +45,12 @@ def summary_table(frame: pd.DataFrame) -> str:
     if not ok.empty:
         rankings = {key: rank(rows) for key, rows in ok.groupby(GROUP, sort=False)}
         tied = any(not r.clear for r in rankings.values())
-        table["fastest"] = pd.Series({key: r.label() for key, r in rankings.items()}).reindex(table.index)
+        stalled = cells[cells["status"] == "stalled"].groupby(GROUP, sort=False).size()
+        labels = {
+            key: r.label() + (f" ({stalled[key]} stalled, not ranked)" if key in stalled.index else "")
+            for key, r in rankings.items()
+        }  # the fastest of the clean rows only: where others stalled, the label says it did not beat them
+        table["fastest"] = pd.Series(labels).reindex(table.index)
     table = table.fillna("")
     table.index = [_label(key) for key in table.index]
     table.columns.name = None

@@ -79,6 +79,14 @@ def test_summary_table_names_both_within_noise_and_says_what_the_mark_means():
     assert table[-1].endswith("a ≈ b") and legend == ranking.LEGEND
 
 
+def test_a_fastest_beside_stalled_rows_says_it_was_not_ranked_against_them():
+    """A stalled row's time is shown (~) and not ranked: the fastest of the clean rows must not read as if it beat
+    it (a busy machine once left one clean contender in a row of stalled ones)."""
+    stalled = make_row("b", WORKLOAD, "stalled", "the machine stalled", median_ms=0.5, samples_ms=[0.5] * 10)
+    table = summary_table(rows_to_frame([_row("a", 1.0), stalled]))
+    assert table.splitlines()[-1].endswith("a (1 stalled, not ranked)") and "0.5~" in table, table
+
+
 def test_report_headline_marks_a_lead_within_noise():
     frame = rows_to_frame([_row("a", 1.0, 0.3), _row("b", 1.02, 0.3)])
     ok = frame.assign(machine="m", run="r")
