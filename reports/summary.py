@@ -45,9 +45,9 @@ def summary_table(frame: pd.DataFrame) -> str:
     if not ok.empty:
         rankings = {key: rank(rows) for key, rows in ok.groupby(GROUP, sort=False)}
         tied = any(not r.clear for r in rankings.values())
-        stalled = cells[cells["status"] == "stalled"].groupby(GROUP, sort=False).size()
+        stalled = cells[cells["status"] == "stalled"].groupby(GROUP, sort=False).size().to_dict()
         labels = {
-            key: r.label() + (f" ({stalled[key]} stalled, not ranked)" if key in stalled.index else "")
+            key: r.label() + (f" ({stalled[key]} stalled, not ranked)" if key in stalled else "")
             for key, r in rankings.items()
         }  # the fastest of the clean rows only: where others stalled, the label says it did not beat them
         table["fastest"] = pd.Series(labels).reindex(table.index)
