@@ -36,7 +36,7 @@ BAD_INPUTS = [
     (["run", "--isolate", "maybe"], "argument --isolate: invalid choice: 'maybe'"),
     (["run", "--cpu-allocator", "jemalloc"], "argument --cpu-allocator: invalid choice: 'jemalloc'"),
     (["run", "--suite", "missing/file.toml"], "suite file 'missing/file.toml' does not exist"),
-    (["run", "--resume", "nowhere"], "--resume nowhere: not an attnbench run folder"),
+    (["run", "--resume", "nowhere"], "--resume nowhere: no such folder"),
     (["run", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["launch"], "invalid choice: 'launch'"),
     (["report", "no/such/run"], "no/such/run: no such run folder or file"),

@@ -203,7 +203,12 @@ def test_resume_of_a_folder_that_is_not_a_run(cli, tmp_path):
     code, _, err = cli("run", "--resume", str(tmp_path))
     assert code == 2 and "not an attnbench run folder" in err
     code, _, err = cli("run", "--resume", str(tmp_path), "--seq", "64")
-    assert code == 2 and "--resume takes the sweep from the run folder; drop --seq" in err
+    assert code == 2 and "--resume takes the sweep and its settings from the run folder (meta.json); drop --seq" in err
+    # the run's settings go on: one given here would be dropped without a word, so it is refused as the axes are
+    code, _, err = cli("run", "--resume", str(tmp_path), "--budget-s", "1", "--threads", "1", "--seed", "3")
+    assert code == 2 and err.rstrip().endswith("drop --threads, --budget-s, --seed"), err
+    code, _, err = cli("run", "--resume", str(tmp_path / "nope"))
+    assert code == 2 and "no such folder" in err, err
 
 
 def test_truncated_rows_file_resumes_cleanly(tmp_path):

@@ -56,3 +56,25 @@ def test_a_report_of_a_run_where_nothing_ran_ok_says_why_it_draws_no_time(cli, t
     code, out, err = cli("report", str(tmp_path / "run"), "--out", str(tmp_path / "report"))
     assert code == 0 and f"report: {tmp_path / 'report' / 'report.html'}" in out
     assert "warning: no row ran ok (" in err and "unavailable), so the page draws no time" in err
+
+
+def test_an_interrupt_before_the_first_case_is_one_line(cli, monkeypatch, tmp_path):
+    """Ctrl-C while the run measures the machine (before its own handler, which starts with the first case): one
+    line and exit 130, no traceback; nothing written for a new run, the resume command for a folder that has one."""
+    import attnbench.runner.sweep
+
+    tiny = ["--impl", "bmm", "--seq", "64", "--head-dim", "16", "--mask", "none", "--budget-s", "0.02", "--no-memory"]
+    code, _, _ = cli("run", *tiny, "--suite", "quick", "--out", str(tmp_path / "done"))
+    assert code == 0
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attnbench.runner.sweep, "environment_warnings", interrupted)
+    code, _, err = cli("run", *tiny, "--out", str(tmp_path / "new"))
+    assert (code, err) == (130, "attnbench: interrupted; nothing was written\n") and not (tmp_path / "new").exists()
+    code, _, err = cli("run", "--resume", str(tmp_path / "done"))
+    expected = (
+        f"attnbench: interrupted; finished rows are saved; continue with: attnbench run --resume {tmp_path / 'done'}\n"
+    )
+    assert (code, err) == (130, expected)

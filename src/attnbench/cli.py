@@ -180,8 +180,11 @@ def _summarise(finished: Finished, store_db: Path | None) -> int:
     from attnbench.runner import sweep
 
     frame, writer = finished.frame, finished.writer
-    print(summary_table(frame))
-    print(f"\n{len(frame)} cases: {status_counts(frame)}")
+    if frame.empty:  # interrupted before its first case finished
+        print(f"no case finished (0 of {finished.meta.get('n_cases', 0)})")
+    else:
+        print(summary_table(frame))
+        print(f"\n{len(frame)} cases: {status_counts(frame)}")
     reasons = non_ok_reasons(frame)
     if reasons:
         print(reasons)
@@ -905,8 +908,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupted_note(args: argparse.Namespace | None) -> str:
+    """What an interrupt before a command's own handling leaves: a run folder that a resume continues (its plan
+    was written), or nothing."""
+    folders = [getattr(args, name, None) for name in ("resume", "out")] + [str(path) for path in _CLAIMED]
+    for folder in filter(None, folders):
+        if (Path(folder) / "plan.json").is_file():
+            return f"finished rows are saved; continue with: attnbench run --resume {folder}"
+    return "nothing was written"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    args = None
     try:
         args = build_parser().parse_args(argv)
         args.command_line = command_line(argv)
@@ -914,6 +928,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"attnbench: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a command's own handling starts (a run's: with its first case)
+        print(f"attnbench: interrupted; {_interrupted_note(args)}", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # e.g. `attnbench list | head`: the reader left, nothing is wrong
         sys.stderr.close()
         return 0

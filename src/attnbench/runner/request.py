@@ -125,8 +125,20 @@ def build_request(
         given = ["--suite"] if suite not in (None, DEFAULT_SUITE) else []
         given += [axis.flag for axis in SWEEP_AXES if axis.name in checked]
         given += ["--shard"] * bool(shard) + ["--out"] * (out is not None) + ["--repeat"] * bool(processes)
+        settings = (  # the run's own settings go on; a value given here would be dropped without a word
+            ("--threads", threads is not None),
+            *((flag, value is not None) for flag, value in seconds.items()),
+            ("--seed", seed != 0),
+            ("--no-memory", not memory),
+            ("--cpu-allocator", cpu_allocator != "cached"),
+            ("--isolate", isolate != "worker"),
+            ("--remeasure-ceilings", remeasure_ceilings),
+        )
+        given += [flag for flag, was_given in settings if was_given]
         if given:
-            raise UsageError(f"--resume takes the sweep from the run folder; drop {', '.join(given)}")
+            raise UsageError(
+                f"--resume takes the sweep and its settings from the run folder (meta.json); drop {', '.join(given)}"
+            )
     return RunRequest(
         suite=suite,
         axes=checked,

@@ -193,6 +193,8 @@ class RunWriter:
     def reopen(cls, out_dir: Path) -> tuple[RunWriter, dict[str, Any], list[tuple[str, Workload]]]:
         """An existing run folder for --resume: its writer (holding the finished rows), meta and plan."""
         writer = cls(out_dir)
+        if not out_dir.is_dir():
+            raise UsageError(f"--resume {out_dir}: no such folder (give the folder of the run to continue)")
         if not writer.plan_path.is_file() or not (out_dir / "meta.json").is_file():
             raise UsageError(f"--resume {out_dir}: not an attnbench run folder (no plan.json and meta.json)")
         try:
