@@ -5,7 +5,8 @@ Loading and the page: ``frames`` loads run folders and pytest-benchmark files in
 ``summary`` prints the table at the end of a run, its ``fastest`` column (and the report's headline) from
 ``ranking``, which names a winner only beyond the noise; ``plots`` draws the seaborn figures, laid out by ``facets``
 and ``figure_layout``; ``table`` is the report's table of every row; ``html`` writes the self-contained report
-page, and ``build`` ties loading, figures and page together for ``attnbench report``.
+page, and ``build`` ties loading, figures and page together for ``attnbench report`` (into a folder
+``out_folder`` claims: new, empty or an earlier report's, cleared).
 
 Comparing: ``compare`` gives a verdict per case between two runs, dividing out the machine's ``drift`` and
 judged against the ``noise_floor`` history has seen; ``normalise`` divides times by the matching yardstick;

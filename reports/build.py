@@ -10,6 +10,8 @@ from attnbench.reports.masks import report_masks
 from attnbench.reports.plots import Roofs, draw_all
 from attnbench.reports.summary import status_counts
 
+REPORT_FILES = ("report.html", "*.png", "masks.csv")  # what build_report writes: an earlier report's are cleared
+
 
 def ceilings_by_key(runs: list) -> dict[tuple[str, str, str], Roofs]:
     """(machine, device, dtype) -> the hardware roofs and the library's rates from each run's meta.json

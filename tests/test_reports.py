@@ -73,6 +73,28 @@ def test_report_has_figures_every_row_and_every_reason(cli, two_runs, tmp_path):
     assert f"report: {out / 'report.html'}" in text
 
 
+def test_report_into_an_earlier_report_replaces_it_and_refuses_other_folders_and_a_run_twice(cli, two_runs, tmp_path):
+    """A figure the new runs do not draw must not stay beside the new page (a decode figure from an earlier report
+    stayed once); a folder of other files is not a report's to clear; the same run twice is one run."""
+    run, _ = two_runs
+    earlier = tmp_path / "report"
+    earlier.mkdir()
+    for name in ("report.html", "decode.png", "masks.csv"):
+        (earlier / name).write_text("from an earlier report")
+    (earlier / "notes.txt").write_text("mine")
+    code, _, _ = cli("report", str(run), "--out", str(earlier))
+    assert code == 0 and not (earlier / "decode.png").exists() and (earlier / "notes.txt").read_text() == "mine"
+    assert "from an earlier report" not in (earlier / "report.html").read_text()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "data.csv").write_text("x")
+    code, _, err = cli("report", str(run), "--out", str(other))
+    assert code == 2 and "already holds files and no earlier report.html (e.g. data.csv)" in err
+    assert [p.name for p in other.iterdir()] == ["data.csv"]
+    code, _, err = cli("report", str(run), f"{run}/", "--out", str(tmp_path / "twice"))
+    assert code == 2 and "given twice" in err and not (tmp_path / "twice").exists()
+
+
 def test_merged_machines_never_collide(cli, two_runs, tmp_path):
     from attnbench.reports.frames import load_runs
 

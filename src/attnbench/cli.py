@@ -397,10 +397,16 @@ def _run_paths(texts: list[str]) -> list[Path]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from attnbench.reports.build import build_report
+    from attnbench.reports.build import REPORT_FILES, build_report
+    from attnbench.reports.out_folder import claim_report_folder
 
     paths = _run_paths(args.runs)
+    given = [path.resolve() for path in paths]
+    twice = next((path for index, path in enumerate(paths) if given[index] in given[:index]), None)
+    if twice is not None:
+        raise UsageError(f"{twice}: given twice; a report draws each run once (compare runs with `attnbench compare`)")
     out = Path(args.out) if args.out else _default_out("report")
+    claim_report_folder(out, "report.html", REPORT_FILES)
     html, pngs, empty = build_report(paths, out, args.baseline, args.command_line)
     print(f"report: {html}")
     for png in pngs:
@@ -412,6 +418,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from attnbench.reports.compare import Settings, compare_frames, load_for_compare, summary_line, write_compare
+    from attnbench.reports.out_folder import claim_report_folder
 
     if not 0 < args.threshold < 1:
         raise UsageError(f"--threshold {args.threshold}: must be a fraction between 0 and 1, e.g. 0.05")
@@ -425,6 +432,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     base_rows, new_rows, history = load_for_compare(base, new, args.normalise, db)
     comparison = compare_frames(base_rows, new_rows, settings, history)
     out = Path(args.out) if args.out else _default_out("compare")
+    claim_report_folder(out, "compare.html", ("compare.*",))
     table = comparison.table
     extra = ["yardstick"] if "yardstick" in table else []
     shown = table[["impl", "workload", "verdict", "ratio", "p_value", "floor", "floor_source", *extra, "note"]].copy()
