@@ -335,7 +335,25 @@ def compare_frames(
         )
     elif len(both):
         notes.append("one contender (or under 3 cases): no control for machine drift between the runs")
+    threads = {side: _thread_counts(both, side) for side in ("_base", "_new")}
+    if threads["_base"] and threads["_new"] and threads["_base"] != threads["_new"]:
+        said = {side: "/".join(map(str, counts)) for side, counts in threads.items()}
+        notes.insert(
+            0,
+            f"BASE ran its CPU cases on {said['_base']} thread(s) and NEW on {said['_new']}: every case moves with "
+            "the thread count, so these verdicts weigh the setting as much as the code (compare runs made with the "
+            "same --threads)",
+        )
     return Comparison(table, basis, shift, len(both) if estimate else 0, notes)
+
+
+def _thread_counts(rows: pd.DataFrame, side: str) -> list[int]:
+    """The thread counts one side's compared CPU rows ran on (empty where the column is missing)."""
+    column = f"threads{side}"
+    if column not in rows:
+        return []
+    counts = rows.loc[rows["device"] == "cpu", column].dropna()
+    return sorted({int(count) for count in counts})
 
 
 def _yardsticks_used(row: dict[Any, Any]) -> str | None:

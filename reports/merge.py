@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -17,7 +18,31 @@ from attnbench.reports.frames import CASE_KEY, load_runs, workload_label
 from attnbench.runner.results import write_frame, write_text
 
 
-def merge_runs(paths: list[Path], out_dir: Path, command: str) -> pd.DataFrame:
+def missing_shards(metas: list[dict[str, Any]]) -> list[str]:
+    """A line per sharded sweep some of whose shards are not among the runs merged: its suite, its flags and the
+    shards missing (a failed array task of a batch job leaves a merge that lacks its cases)."""
+    sweeps: dict[tuple[str, str, int], set[int]] = {}
+    for meta in metas:
+        shard = meta.get("shard")
+        if not isinstance(shard, str) or "/" not in shard:
+            continue
+        index, count = (int(part) for part in shard.split("/"))
+        key = (str(meta.get("suite", "")), json.dumps(meta.get("overrides") or {}, sort_keys=True), count)
+        sweeps.setdefault(key, set()).add(index)
+    lines = []
+    for (suite, overrides, count), present in sweeps.items():
+        absent = [str(i) for i in range(1, count + 1) if i not in present]
+        if absent:
+            flags = "" if overrides == "{}" else f" with {overrides}"
+            lines.append(
+                f"suite {suite}{flags} was split into {count} shards and shard(s) {', '.join(absent)} of {count} "
+                "are not among these runs: the merged set lacks their cases"
+            )
+    return lines
+
+
+def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataFrame, list[str]]:
+    """The runs' rows in one run folder at ``out_dir``; the frame, and warnings (shards missing)."""
     frame, runs = load_runs(paths)
     # As text, so that missing values (a workload without `hidden`) compare equal.
     keys = pd.Series(["|".join(map(repr, row)) for row in frame[CASE_KEY].itertuples(index=False)], index=frame.index)
@@ -37,4 +62,4 @@ def merge_runs(paths: list[Path], out_dir: Path, command: str) -> pd.DataFrame:
         "merged_from": [{"run": run.name, "path": str(run.path), "meta": run.meta} for run in runs],
     }
     write_text(out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
-    return frame
+    return frame, missing_shards([run.meta for run in runs])

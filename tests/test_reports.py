@@ -232,6 +232,22 @@ def _comparable(text: str, impls: tuple[str, ...]) -> list[str]:
     return [line for line in lines if " not comparable " not in line]
 
 
+def test_compare_of_runs_on_different_thread_counts_says_so(cli, two_runs, tmp_path):
+    run, _ = two_runs
+    other = tmp_path / "one-thread"
+    shutil.copytree(run, other)
+    frame = pd.read_parquet(other / "results.parquet")
+    frame["threads"] = 1
+    frame.to_parquet(other / "results.parquet", index=False)
+    code, text, _ = cli("compare", str(run), str(other), "--out", str(tmp_path / "cmp"))
+    assert code in (0, 1)  # 1: a case called slower (one thread against two)
+    threads = int(pd.read_parquet(run / "results.parquet")["threads"].dropna().iloc[0])
+    said = f"note: BASE ran its CPU cases on {threads} thread(s) and NEW on 1: every case moves with the thread count"
+    assert (said in text) == (threads != 1), text
+    code, text, _ = cli("compare", str(run), str(run), "--out", str(tmp_path / "same"))
+    assert code == 0 and "thread count" not in text
+
+
 def test_compare_flags_a_contender_made_slower_and_exits_1(cli, two_runs, tmp_path):
     run, _ = two_runs
     base = _slowed_copy(run, tmp_path / "base", "bmm", 1.0, repeats=True)

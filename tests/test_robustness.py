@@ -181,7 +181,9 @@ def test_shards_merge_into_exactly_the_unsharded_cases(tmp_path):
     everything = pd.read_parquet(tmp_path / "all" / "results.parquet")
     assert len(frame) == len(everything) == sum(sizes)
     assert _key_set(frame) == _key_set(everything)
-    assert set(frame["run"]) == {"shard1", "shard2", "shard3"}
+    assert set(frame["run"]) == {"shard1", "shard2", "shard3"} and "warning" not in result.stderr
+    partial = run_subprocess(*attnbench_cmd("merge", str(shards[0]), str(shards[2]), "--out", str(tmp_path / "p")))
+    assert partial.returncode == 0 and "shard(s) 2 of 3 are not among these runs" in partial.stderr, partial.stderr
     repeat = run_subprocess(*attnbench_cmd("merge", str(shards[0]), str(shards[0]), "--out", str(tmp_path / "x")))
     assert repeat.returncode == 2 and "merge shards or machines, not repeats" in repeat.stderr
 

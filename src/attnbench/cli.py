@@ -223,8 +223,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     RunWriter.check_target(out)
-    frame = merge_runs(_run_paths(args.runs), out, args.command_line)
+    frame, warnings = merge_runs(_run_paths(args.runs), out, args.command_line)
     print(f"merged {len(args.runs)} runs, {len(frame)} rows, {frame['machine'].nunique()} machine(s): {out}")
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 

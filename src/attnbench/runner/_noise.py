@@ -52,7 +52,8 @@ def result_warnings(frame: pd.DataFrame) -> list[str]:
     if len(stalled):
         warnings.append(
             f"{len(stalled)} case(s) stalled (the machine stalled while they were timed, twice; their times are "
-            "kept and not ranked: run them again on a quieter machine): " + ", ".join(sorted(set(stalled["impl"])))
+            "kept and not ranked: run them again on a quieter machine, or with --threads below the cores other work "
+            "leaves free): " + ", ".join(sorted(set(stalled["impl"])))
         )
     unstable = ok[ok["unstable"].fillna(False).astype(bool)]
     if len(unstable):
