@@ -123,7 +123,20 @@ def _migrate(con: duckdb.DuckDBPyConnection, version: int) -> None:
     con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 
 
+DUCKDB_MAGIC = b"DUCK"  # a DuckDB file's header holds these four bytes at offset 8
+
+
+def _head(path: Path) -> bytes:
+    with path.open("rb") as file:
+        return file.read(12)
+
+
 def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    if path.is_file() and path.stat().st_size >= 12 and _head(path)[8:12] != DUCKDB_MAGIC:
+        raise UsageError(
+            f"--db {path}: not a DuckDB store (a results file? `attnbench store RUN… --db FILE` makes a store from "
+            "run folders)"
+        )
     try:
         return duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:

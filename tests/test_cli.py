@@ -265,3 +265,14 @@ def test_module_entry_point_env_and_suites(tmp_path):
     names = [line.split()[0] for line in suites.stdout.splitlines()]
     assert suites.returncode == 0 and names == sorted(names)
     assert {"quick", "standard", "gpu", "scoring", "mha", "fused_cpu", "fused_gpu"} <= set(names)
+
+
+def test_a_percentage_and_a_fraction_given_the_other_way_are_said_back(cli, tmp_path):
+    """history's --fail-on-regression is in per cent, --min-change a fraction: a value that reads as the other
+    kind is said back in a warning (the command goes on; here it stops at the missing store)."""
+    code, _, err = cli(
+        "history", "--db", str(tmp_path / "none.duckdb"), "--fail-on-regression", "0.1", "--min-change", "5"
+    )
+    assert code == 2
+    assert "warning: --fail-on-regression 0.1 is 0.1 % (per cent, not a fraction: 10 is 10 %)" in err
+    assert "warning: --min-change 5 is 500% (a fraction: 0.05 is 5 %)" in err

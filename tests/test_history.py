@@ -232,10 +232,10 @@ def test_missing_and_corrupt_databases_are_one_line_exit_2(cli, tmp_path):
     corrupt.write_bytes(b"not a database\n" * 64)
     before = fingerprint(corrupt)
     code, _, err = cli("history", "--db", str(corrupt), "--out", str(tmp_path / "out"))
-    assert code == 2 and err.count("\n") == 1 and "cannot open it as a DuckDB database" in err
+    assert code == 2 and err.count("\n") == 1 and "not a DuckDB store (a results file?" in err
     run = tmp_path / "run"
     code, _, err = cli("run", "--impl", "bmm", *ONE_CASE, "--store", "--db", str(corrupt), "--out", str(run))
-    assert code == 2 and err.count("\n") == 1 and "cannot open it as a DuckDB database" in err
+    assert code == 2 and err.count("\n") == 1 and "not a DuckDB store" in err
     assert not run.exists()
     code, _, err = cli("store", str(tmp_path / "no-such-run"), "--db", str(corrupt))
     assert code == 2 and "no such run folder" in err

@@ -504,6 +504,17 @@ def cmd_history(args: argparse.Namespace) -> int:
         raise UsageError(f"--min-change {args.min_change}: must be a fraction ≥ 0, e.g. 0.05")
     if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
         raise UsageError(f"--fail-on-regression {args.fail_on_regression}: must be a percentage ≥ 0, e.g. 10")
+    if args.fail_on_regression is not None and 0 < args.fail_on_regression < 1:  # a fraction given as a percentage?
+        print(
+            f"warning: --fail-on-regression {args.fail_on_regression:g} is {args.fail_on_regression:g} % (per cent, "
+            "not a fraction: 10 is 10 %)",
+            file=sys.stderr,
+        )
+    if args.min_change >= 1:  # a percentage given as a fraction?
+        print(
+            f"warning: --min-change {args.min_change:g} is {args.min_change:.0%} (a fraction: 0.05 is 5 %)",
+            file=sys.stderr,
+        )
     impls = [name for name in (args.impl or "").split(",") if name]
     out = Path(args.out) if args.out else _default_out("history")
     if out.exists() and not out.is_dir():
