@@ -29,6 +29,7 @@ BAD_INPUTS = [
     (["run", "--threads", "4096"], "--threads 4096: more threads than the"),
     (["ab", "--a", "bmm", "--b", "einsum", "--threads", "4096"], "--threads 4096: more threads than the"),
     (["env", "--threads", "4096"], "--threads 4096: more threads than the"),
+    (["profile", "--impl", "bmm", "--threads", "4096"], "--threads 4096: more threads than the"),
     (["run", "--budget-s", "-1"], "--budget-s -1.0: must be a positive number"),
     (["run", "--timeout-s", "0"], "--timeout-s 0.0: must be a positive number"),
     (["run", "--shard", "4/3"], "--shard '4/3': I must be between 1 and N"),

@@ -252,6 +252,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UsageError(f"--pass {args.profile_pass}: profile records the forward call only; allowed: fwd")
     if not args.budget_s > 0:
         raise UsageError(f"--budget-s {args.budget_s:g}: must be a positive number of seconds")
+    check_threads(args.threads)
     ncu = _ncu_gate() if args.ncu else None
     given = _given_axes(args)
     if ncu is not None:
@@ -280,6 +281,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for warning in environment_warnings():  # as a run says them: other work on the cores, the governor
         print(f"warning: {warning}", file=sys.stderr)
     configure_cpu_allocator("cached")  # as `run` does by default, so the median is the run's
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     profiles, ncu_results, failed = [], [], 0
     metrics = _ncu_metrics(ncu) if ncu is not None else ()
     for impl, workload in runnable:
@@ -840,6 +843,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="calls the tables are per, at most (default 5; on CPU 2N+3 are recorded, the N nearest the median kept)",
     )
     p_profile.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p_profile.add_argument("--threads", type=int, help="CPU threads (default: torch's default), as run's --threads")
     p_profile.add_argument("--budget-s", type=float, default=1.0, help="timing budget for each case's median (1)")
     p_profile.add_argument(
         "--ncu",
