@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pandas as pd
 
@@ -46,8 +47,11 @@ def summary_table(frame: pd.DataFrame) -> str:
         rankings = {key: rank(rows) for key, rows in ok.groupby(GROUP, sort=False)}
         tied = any(not r.clear for r in rankings.values())
         stalled = cells[cells["status"] == "stalled"].groupby(GROUP, sort=False).size().to_dict()
+        over = _over_roof(ok)
         labels = {
-            key: r.label() + (f" ({stalled[key]} stalled, not ranked)" if key in stalled else "")
+            key: r.label()
+            + (" (above the hardware roof: a measurement defect, see the warning)" if (key, r.fastest) in over else "")
+            + (f" ({stalled[key]} stalled, not ranked)" if key in stalled else "")
             for key, r in rankings.items()
         }  # the fastest of the clean rows only: where others stalled, the label says it did not beat them
         table["fastest"] = pd.Series(labels).reindex(table.index)
@@ -55,6 +59,15 @@ def summary_table(frame: pd.DataFrame) -> str:
     table.index = [_label(key) for key in table.index]
     table.columns.name = None
     return table.to_string() + (f"\n{LEGEND}" if tied else "")
+
+
+def _over_roof(ok: pd.DataFrame) -> set[tuple[Any, str]]:
+    """(workload key, contender) of the rows above 100 % of the hardware roof: no kernel outruns the hardware, so
+    such a row's time or FLOP count is wrong, and a `fastest` it wins says so."""
+    if "pct_of_peak" not in ok:
+        return set()
+    over = ok[ok["pct_of_peak"].astype("float64") > 100]
+    return {(tuple(row[GROUP]), row["impl"]) for _, row in over.iterrows()}
 
 
 def _label(key: tuple) -> str:

@@ -87,6 +87,13 @@ def test_a_fastest_beside_stalled_rows_says_it_was_not_ranked_against_them():
     assert table.splitlines()[-1].endswith("a (1 stalled, not ranked)") and "0.5~" in table, table
 
 
+def test_a_fastest_above_the_hardware_roof_says_it_is_a_measurement_defect():
+    table = summary_table(rows_to_frame([_row("a", 1.0, pct_of_peak=103.0), _row("b", 2.0, pct_of_peak=51.0)]))
+    assert table.splitlines()[-1].endswith("a (above the hardware roof: a measurement defect, see the warning)")
+    clean = summary_table(rows_to_frame([_row("a", 1.0, pct_of_peak=99.0), _row("b", 2.0, pct_of_peak=51.0)]))
+    assert clean.splitlines()[-1].endswith(" a")
+
+
 def test_report_headline_marks_a_lead_within_noise():
     frame = rows_to_frame([_row("a", 1.0, 0.3), _row("b", 1.02, 0.3)])
     ok = frame.assign(machine="m", run="r")
