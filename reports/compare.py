@@ -197,8 +197,9 @@ def verdict(
     if abs(relative) <= limit or (relative > 0) != (change > 0):
         run = math.expm1(shift)
         note = (
-            f"this case moved {ratio - 1:+.1%}, and the whole run {run:+.1%} (the median change over its cases: "
-            "machine drift or a change everywhere); beside that, its own change is within the noise"
+            f"this case moved {ratio - 1:+.1%}, and the cases it is judged beside {run:+.1%} (the median change of "
+            "its workload's contenders, or of the run's other cases where a workload has under three: machine drift "
+            "or a change in every contender); beside that, its own change is within the noise"
         )
         return Verdict("unclear", ratio, p_value, floor, note)
     adjusted = new_ev.values * math.exp(-shift)

@@ -30,7 +30,9 @@ CAPTIONS = {
     "tflops.png": "achieved TFLOP/s from the shared FLOP count; the solid line is the hardware roof (a CPU's FMA "
     "kernel, a GPU's datasheet), the dashed one torch's measured matmul, which a kernel may pass.",
     "memory.png": "working memory one call needs beyond inputs and output, measured in a separate pass.",
-    "speedup.png": "baseline median / contender median per workload; green is faster than the baseline.",
+    "speedup.png": "baseline median / contender median per workload; green is faster than the baseline. The baseline "
+    "is --baseline where it ran, else each row's fastest torch contender (named in the row); with several runs of "
+    "one machine each contender counts its fastest, as the headline ranks them.",
     "roofline.png": "achieved TFLOP/s against arithmetic intensity: the solid line is the hardware roof (own FMA "
     "and triad kernels, or the GPU's datasheet), the dashed one torch's matmul and copy rates.",
     "decode.png": "decode steps: bytes of the KV cache read per second against its length; dashed: measured bandwidth.",
@@ -183,7 +185,9 @@ def _run_block(run: Run) -> dict[str, Any]:
         "command": meta.get("command", "(unknown)"),
         "warnings": meta.get("warnings") or [],
         "ceilings": _ceilings(meta),
-        "environment": json.dumps({k: v for k, v in details.items() if v is not None}, indent=2, default=str),
+        "environment": json.dumps(
+            {k: v for k, v in details.items() if v is not None}, indent=2, default=str, ensure_ascii=False
+        ),
     }
 
 

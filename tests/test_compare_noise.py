@@ -86,7 +86,7 @@ def test_a_change_the_whole_run_shares_is_unclear_not_slower():
     assert verdict(base, new, Settings()).outcome == "slower"
     found = verdict(base, new, Settings(), shift=float(np.log(1.11)))
     outcome, note = found.outcome, found.note
-    assert outcome == "unclear" and "and the whole run +11.0% (the median change over its cases" in note
+    assert outcome == "unclear" and "and the cases it is judged beside +11.0% (the median change of" in note
 
 
 def test_repeats_are_centred_on_the_stored_median():

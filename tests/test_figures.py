@@ -349,3 +349,20 @@ def test_a_roof_torch_cannot_measure_is_named_not_drawn_at_zero():
     assert "float8_e4m3fn" in axis.get_title() and "no torch matmul rate in float8_e4m3fn" in axis.get_title()
     assert [line.get_linestyle() for line in axis.get_lines()] == ["-"]  # the hardware roof alone
     plt.close(figure)
+
+
+def test_speedups_over_two_runs_count_each_contenders_fastest_as_the_headline_does():
+    """Two runs of one machine: the baseline's own cell is exactly 1×, and a contender's speedup is the baseline's
+    fastest median over its own fastest (once the baseline's from one run and the contender's from the other)."""
+    from attnbench.reports.plots import speedup_table
+
+    first = fabricate(impls=("bmm", "sdpa_flash"), seq_q=[256]).assign(run="a")
+    second = first.assign(run="b", median_ms=first["median_ms"] * [0.8, 1.3])  # bmm faster, sdpa_flash slower in b
+    table, bases = speedup_table(plottable(pd.concat([first, second], ignore_index=True)), "sdpa_flash")
+    (workload,) = table.columns
+    assert bases[workload] == "sdpa_flash" and table.loc["sdpa_flash", workload] == pytest.approx(1.0)
+    fastest = {
+        impl: min(first.loc[first.impl == impl, "median_ms"].min(), second.loc[second.impl == impl, "median_ms"].min())
+        for impl in ("bmm", "sdpa_flash")
+    }
+    assert table.loc["bmm", workload] == pytest.approx(fastest["sdpa_flash"] / fastest["bmm"])

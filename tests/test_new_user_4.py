@@ -130,7 +130,7 @@ def test_compare_says_the_run_wide_shift_is_the_runs_not_this_workloads():
     base = np.array([10.0, 10.1, 9.9, 10.05, 9.95])
     got, ratio, _, _, note = verdict(base, base * 1.70, Settings(), shift=math.log(1.689))
     assert got == "unclear" and ratio == 1.7
-    assert note.startswith("this case moved +70.0%, and the whole run +68.9% (the median change over its cases")
+    assert note.startswith("this case moved +70.0%, and the cases it is judged beside +68.9% (the median change of")
 
 
 def _series(medians, sigma):
