@@ -80,6 +80,7 @@ def _headline(ok: pd.DataFrame, baseline: str | None) -> list[dict[str, str]]:
                 "runner_up": ranking.runner_up or "",
                 "margin": _margin(ranking),
                 "within_noise": not ranking.clear,
+                "over_roof": bool(float(best.get("pct_of_peak") or 0) > 100),  # no kernel outruns the hardware
                 "baseline": bases.get(key, ""),
                 "speedup": "" if speed is None else f"{speed:.2f}×",
             }

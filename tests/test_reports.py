@@ -73,6 +73,23 @@ def test_report_has_figures_every_row_and_every_reason(cli, two_runs, tmp_path):
     assert f"report: {out / 'report.html'}" in text
 
 
+def test_the_runs_warnings_lead_the_page_and_a_fastest_above_the_roof_says_so(cli, two_runs, tmp_path):
+    run, _ = two_runs
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["warnings"] = ["1 row(s) above 100 % of the hardware roof (pct_of_peak), a measurement defect: planted"]
+    (copy / "meta.json").write_text(json.dumps(meta))
+    frame = pd.read_parquet(copy / "results.parquet")
+    frame["pct_of_peak"] = frame["pct_of_peak"].astype("float64").where(frame["status"] != "ok", 150.0)
+    frame.to_parquet(copy / "results.parquet", index=False)
+    code, _, _ = cli("report", str(copy), "--out", str(tmp_path / "report"))
+    html = (tmp_path / "report" / "report.html").read_text()
+    top = html[: html.index('id="figures"')]
+    assert code == 0 and "What the run(s) warned of" in top and "a measurement defect: planted" in top
+    assert "(above the hardware roof: a measurement defect)</span>" in top or "No correct result to rank" in top
+
+
 def test_report_into_an_earlier_report_replaces_it_and_refuses_other_folders_and_a_run_twice(cli, two_runs, tmp_path):
     """A figure the new runs do not draw must not stay beside the new page (a decode figure from an earlier report
     stayed once); a folder of other files is not a report's to clear; the same run twice is one run."""
