@@ -22,7 +22,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
-COLOURS = {"faster": "#1a9850", "slower": "#d73027", "same": "#4575b4", "unclear": "#999999"}
+from attnbench.reports.figure_layout import VERDICT_COLOURS
+
+COLOURS = VERDICT_COLOURS  # as compare.png's
 DPI = 110
 
 
@@ -94,7 +96,8 @@ def draw_ratios(records: list[dict[str, Any]]) -> Figure:
     first = records[0]
     ax.set_xlabel(f"time ratio B/A  (B = {first['impl_b']}, A = {first['impl_a']}; > 1: B slower)")
     ax.set_title("A/B in one process: median per-round ratio, 95% interval", fontsize=10)
-    handles = [Patch(color=c, label=v) for v, c in COLOURS.items()]
+    shown = {r["verdict"] for r in records if r["ratio"] is not None}
+    handles = [Patch(color=c, label=v) for v, c in COLOURS.items() if v in shown]  # the verdicts drawn only
     handles.append(Patch(color="#dddddd", label=f"±{threshold:.0%} threshold"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=8)
     fig.tight_layout(rect=(0, 0.06 if len(records) > 2 else 0.12, 1, 1))

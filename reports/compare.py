@@ -409,7 +409,7 @@ def ratio_figure(table: pd.DataFrame, path: Path, settings: Settings) -> Path | 
 
 
 def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
-    from attnbench.reports.figure_layout import DPI, finish, legend_right, value_axis
+    from attnbench.reports.figure_layout import DPI, VERDICT_COLOURS, finish, legend_right, value_axis
     from attnbench.reports.plots import matplotlib, plt, sns
 
     compared = table[table["ratio"].notna()]
@@ -417,7 +417,7 @@ def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
         return None
     labels = compared["impl"] + " · " + compared["workload"]
     figure, axis = plt.subplots(figsize=(8, 0.28 * len(compared) + 1.6), layout="constrained", dpi=DPI)
-    colours = {"faster": "#137333", "slower": "#b3261e", "same": "#777777", "unclear": "#e8a317"}
+    colours = VERDICT_COLOURS
     sns.scatterplot(
         x=compared["ratio"].to_numpy(),
         y=labels.to_numpy(),

@@ -36,6 +36,8 @@ TITLE_SIZE = 8
 PANEL_SIZE = (4.4, 3.4)  # inches per panel
 COLUMNS = 3
 DPI = 110  # figures are laid out, checked and saved at this resolution
+# one colour per verdict in every figure that shows them (compare.png, ab.png), as the report's status colours
+VERDICT_COLOURS = {"faster": "#137333", "slower": "#b3261e", "same": "#777777", "unclear": "#e8a317"}
 TICK_GAP_PX = 4.0  # tick labels closer than this are treated as touching
 
 
