@@ -47,6 +47,10 @@ def _y_scale(values: list[float]) -> tuple[Any, list[dict[str, Any]]]:
     return y, [{"y": y(t), "label": _fmt_ms(t)} for t in ticks]
 
 
+SPREAD_SHARE = 0.6  # the runs of one commit take at most this share of its slot …
+SPREAD_STEP_PX = 14.0  # … and at most this much apart
+
+
 def _x_key(point: Point, mode: str) -> str:
     """What shares one x: in ``commit`` mode the commit (a dirty tree apart from the clean one); a run
     without a recorded commit, and every run in ``date`` mode, stands alone."""
@@ -69,6 +73,20 @@ def _x_positions(points: list[Point], mode: str) -> tuple[dict[str, float], list
     else:
         at = {key: LEFT + span * (k / (len(keys) - 1) if len(keys) > 1 else 0.5) for k, key in enumerate(keys)}
     xs = {p.run_id: round(at[_x_key(p, mode)], 1) for p in points}
+    # Several runs of one commit: spread across part of its slot in time order, so they read as runs, not as one
+    # x with a vertical line through it (and their noise band has a width).
+    slot = span / (len(keys) - 1) if len(keys) > 1 else span
+    runs_of: dict[str, list[str]] = {}
+    for point in sorted(points, key=lambda p: (pd.Timestamp(p.started_at), p.run_id)):
+        ids = runs_of.setdefault(_x_key(point, mode), [])
+        if point.run_id not in ids:
+            ids.append(point.run_id)
+    for key, ids in runs_of.items():
+        if len(ids) > 1:
+            width = min(slot * SPREAD_SHARE, SPREAD_STEP_PX * (len(ids) - 1))
+            for k, run_id in enumerate(ids):
+                x = at[key] - width / 2 + width * k / (len(ids) - 1)
+                xs[run_id] = round(min(max(x, LEFT), LEFT + span), 1)
     every = max(1, math.ceil(len(keys) / 24))
     ticks = []
     for k, key in enumerate(keys):

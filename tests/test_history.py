@@ -459,3 +459,19 @@ def test_history_says_how_many_stored_runs_it_left_out(history, cli, tmp_path):
     code, out, _ = cli("history", "--db", str(copy), "--out", str(tmp_path / "page"))
     lines = out.splitlines()
     assert code == 0 and lines[0].startswith("10 runs, ") and "(1 of the 11 stored runs left out: no ok row" in lines[1]
+
+
+def test_runs_of_one_commit_are_spread_in_time_order_not_drawn_at_one_x():
+    """Two runs of each of two commits: the runs of a commit sit apart, earlier left, both near the commit's tick,
+    and every x stays inside the panel."""
+    from attnbench.reports.trend import LEFT, RIGHT, WIDTH, _x_positions
+
+    def point(run_id, commit, minute):
+        return Point(run_id, commit, False, pd.Timestamp(f"2026-11-29 04:{minute:02d}"), 1.0, 0.01, "samples")
+
+    points = [point("r1", "a" * 40, 1), point("r2", "a" * 40, 2), point("r3", "b" * 40, 3), point("r4", "b" * 40, 4)]
+    xs, ticks = _x_positions(points, "commit")
+    assert xs["r1"] < xs["r2"] < xs["r3"] < xs["r4"] and len(ticks) == 2
+    assert all(LEFT <= x <= WIDTH - RIGHT for x in xs.values())
+    single, _ = _x_positions([point("r5", "c" * 40, 5)], "commit")
+    assert list(single.values()) == [round(LEFT + (WIDTH - LEFT - RIGHT) / 2, 1)]
