@@ -24,7 +24,6 @@ from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
 from attnbench.reports.figure_layout import VERDICT_COLOURS
 
-COLOURS = VERDICT_COLOURS  # as compare.png's
 DPI = 110
 
 
@@ -82,7 +81,7 @@ def draw_ratios(records: list[dict[str, Any]]) -> Figure:
             labels.append(f"{r['workload']} — {r['verdict']}")
             continue
         labels.append(r["workload"])
-        colour = COLOURS.get(r["verdict"], "#999999")
+        colour = VERDICT_COLOURS.get(r["verdict"], "#999999")
         error = [[r["ratio"] - r["ci_low"]], [r["ci_high"] - r["ratio"]]]
         ax.errorbar(r["ratio"], y, xerr=error, fmt="o", color=colour, capsize=4, zorder=2)
         lows.append(r["ci_low"])
@@ -97,7 +96,7 @@ def draw_ratios(records: list[dict[str, Any]]) -> Figure:
     ax.set_xlabel(f"time ratio B/A  (B = {first['impl_b']}, A = {first['impl_a']}; > 1: B slower)")
     ax.set_title("A/B in one process: median per-round ratio, 95% interval", fontsize=10)
     shown = {r["verdict"] for r in records if r["ratio"] is not None}
-    handles = [Patch(color=c, label=v) for v, c in COLOURS.items() if v in shown]  # the verdicts drawn only
+    handles = [Patch(color=c, label=v) for v, c in VERDICT_COLOURS.items() if v in shown]  # the verdicts drawn only
     handles.append(Patch(color="#dddddd", label=f"±{threshold:.0%} threshold"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=8)
     fig.tight_layout(rect=(0, 0.06 if len(records) > 2 else 0.12, 1, 1))

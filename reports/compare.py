@@ -417,12 +417,11 @@ def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
         return None
     labels = compared["impl"] + " · " + compared["workload"]
     figure, axis = plt.subplots(figsize=(8, 0.28 * len(compared) + 1.6), layout="constrained", dpi=DPI)
-    colours = VERDICT_COLOURS
     sns.scatterplot(
         x=compared["ratio"].to_numpy(),
         y=labels.to_numpy(),
         hue=compared["verdict"].to_numpy(),
-        palette=colours,
+        palette=VERDICT_COLOURS,
         ax=axis,
         s=30,
         legend=False,
@@ -433,8 +432,10 @@ def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
     value_axis(axis, compared["ratio"], which="x", extra=band, zero=False)
     axis.set_xlabel("new / base median (< 1 is faster)")
     axis.tick_params(axis="y", labelsize=7)
-    shown = [v for v in colours if v in set(compared["verdict"])]
-    handles = [matplotlib.lines.Line2D([], [], color=colours[v], marker="o", linestyle="", label=v) for v in shown]
+    shown = [v for v in VERDICT_COLOURS if v in set(compared["verdict"])]
+    handles = [
+        matplotlib.lines.Line2D([], [], color=VERDICT_COLOURS[v], marker="o", linestyle="", label=v) for v in shown
+    ]
     legend_right(figure, handles, "verdict")
     return finish(figure)
 

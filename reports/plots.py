@@ -174,13 +174,16 @@ def throughput(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[s
         roofs = ceilings.get(roof_key(panel.rows.iloc[0]))
         if roofs is None:
             return []
-        lines = [Reference(roofs.roof_tflops, f"hardware roof {roofs.roof_tflops:.3g} TFLOP/s", dashed=False)]
-        if roofs.matmul_tflops > 0 and roofs.matmul_tflops < roofs.roof_tflops:
-            matmul = f"torch matmul {roofs.matmul_tflops:.3g} TFLOP/s"
-            lines.append(Reference(roofs.matmul_tflops, matmul, left=False))
-        elif roofs.matmul_tflops > 0:  # torch's matmul is the roof (no FMA kernel or datasheet above it)
-            lines = [Reference(roofs.roof_tflops, f"roof: torch matmul {roofs.roof_tflops:.3g} TFLOP/s", dashed=False)]
-        return [line for line in lines if line.value > 0]
+        roof, matmul = roofs.roof_tflops, roofs.matmul_tflops
+        if roof <= 0:
+            return []
+        if 0 < matmul < roof:
+            return [
+                Reference(roof, f"hardware roof {roof:.3g} TFLOP/s", dashed=False),
+                Reference(matmul, f"torch matmul {matmul:.3g} TFLOP/s", left=False),
+            ]
+        named = "roof: torch matmul" if matmul > 0 else "hardware roof"  # torch's matmul is the roof, or has no rate
+        return [Reference(roof, f"{named} {roof:.3g} TFLOP/s", dashed=False)]
 
     return _facet_figure(facets(ok), "tflops", "TFLOP/s", colours, peak_lines)
 

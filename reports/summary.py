@@ -9,6 +9,7 @@ import pandas as pd
 
 from attnbench.reports.frames import workload_label
 from attnbench.reports.ranking import LEGEND, rank
+from attnbench.runner._noise import above_roof
 from attnbench.runner.results import CASE_COLUMNS
 
 GROUP = CASE_COLUMNS[1:]  # the workload columns that identify a case
@@ -64,10 +65,7 @@ def summary_table(frame: pd.DataFrame) -> str:
 def _over_roof(ok: pd.DataFrame) -> set[tuple[Any, str]]:
     """(workload key, contender) of the rows above 100 % of the hardware roof: no kernel outruns the hardware, so
     such a row's time or FLOP count is wrong, and a `fastest` it wins says so."""
-    if "pct_of_peak" not in ok:
-        return set()
-    over = ok[ok["pct_of_peak"].astype("float64") > 100]
-    return {(tuple(row[GROUP]), row["impl"]) for _, row in over.iterrows()}
+    return {(tuple(row[GROUP]), row["impl"]) for _, row in above_roof(ok).iterrows()}
 
 
 def _label(key: tuple) -> str:

@@ -232,3 +232,22 @@ class Raising(attnbench.Contender):
             raise RuntimeError("planted failure\nsecond line")
 
         return run
+
+
+def plant_raising(planted: list[str], name: str) -> str:
+    """Register a CPU float32 contender named ``name`` whose every call raises RuntimeError("boom in my kernel");
+    ``planted`` (the fixture) takes it back after the test. Returns the name."""
+
+    class Raising(attnbench.Contender):
+        capabilities = attnbench.Capabilities(devices=frozenset({"cpu"}), dtypes=frozenset({"float32"}))
+
+        def prepare(self, inputs, workload):
+            def run():
+                raise RuntimeError("boom in my kernel")
+
+            return run
+
+    Raising.name = name
+    attnbench.register(Raising())
+    planted.append(name)
+    return name

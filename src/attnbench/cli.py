@@ -31,7 +31,7 @@ from attnbench.errors import UsageError
 from attnbench.measure._ceilings import load_ceilings
 from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
 from attnbench.measure.environment import command_line, environment
-from attnbench.runner.cases import WAITED_STALL, not_runnable
+from attnbench.runner.cases import WAITED_STALL, not_runnable, waited_text
 from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request, check_threads
 from attnbench.runner.results import RunWriter
 from attnbench.workload.axes import IMPL, PASS, SWEEP_AXES, canonical_dtype, parse_overrides
@@ -301,9 +301,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"breakdown: {split}\ntrace: {profile.trace_path}", flush=True)
         if profile.waited is not None and profile.waited >= WAITED_STALL:  # a run would time this row `stalled`
             print(
-                f"warning: {impl} {workload.label()}: the machine stalled while it was timed: its threads waited for a "
-                f"core {profile.waited:.0%} of their time (median sample; another process on its cores); its times "
-                "are a busy machine's — profile it again on a quieter one",
+                f"warning: {impl} {workload.label()}: the machine stalled while it was timed: "
+                f"{waited_text(profile.waited)}; its times are a busy machine's — profile it again on a quieter one",
                 file=sys.stderr,
             )
         result = _ncu_case(ncu, metrics, profile, args.seed) if ncu is not None else None

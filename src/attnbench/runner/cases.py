@@ -249,6 +249,11 @@ def _time_group(
 WAITED_STALL = 0.1  # a case whose threads waited for a core this share of their time (median sample) or more
 
 
+def waited_text(waited: float) -> str:
+    """How long a timing's threads waited for a core, as every stall message says it."""
+    return f"its threads waited for a core {waited:.0%} of their time (median sample; another process on its cores)"
+
+
 def _stalled(sticks: yardsticks.Yardsticks | None, timing: Timing | SampleError) -> str | None:
     """Why ``timing`` was taken on a stalled machine, or None: its threads waited for a core
     (attnbench.measure._cpu_wait) ``WAITED_STALL`` of their time or more in its median sample, or its rounds' FMA
@@ -256,10 +261,7 @@ def _stalled(sticks: yardsticks.Yardsticks | None, timing: Timing | SampleError)
     if isinstance(timing, SampleError):
         return None
     if timing.waited is not None and timing.waited >= WAITED_STALL:
-        return (
-            f"the machine stalled while it was timed (twice): its threads waited for a core {timing.waited:.0%} "
-            "of their time (median sample; another process on its cores); time kept, not ranked"
-        )
+        return f"the machine stalled while it was timed (twice): {waited_text(timing.waited)}; time kept, not ranked"
     return sticks.stalled(timing.yardstick_rounds) if sticks is not None else None
 
 
