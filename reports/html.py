@@ -27,17 +27,20 @@ from attnbench.runner._noise import above_roof
 from attnbench.workload.axes import features_asked
 
 CAPTIONS = {
-    "latency.png": "median time per call (log axis where times span 3× or more); one colour per contender throughout.",
+    "latency.png": "median time per call (log axis where times span 3× or more); one colour and marker per contender "
+    "throughout; contenders whose lines coincide are drawn nested, the first widest.",
     "tflops.png": "achieved TFLOP/s from the shared FLOP count; the solid line is the hardware roof (a CPU's FMA "
     "kernel, a GPU's datasheet), the dashed one torch's measured matmul, which a kernel may pass.",
-    "memory.png": "working memory one call needs beyond inputs and output, measured in a separate pass.",
+    "memory.png": "working memory one call needs beyond inputs and output, measured in a separate pass; contenders "
+    "that need the same are drawn nested, the first widest.",
     "speedup.png": "baseline median / contender median per workload; green is faster than the baseline. The baseline "
     "is --baseline where it ran, else each row's fastest torch contender (named in the row); with several runs of "
     "one machine each contender counts its fastest, as the headline ranks them.",
     "roofline.png": "achieved TFLOP/s against arithmetic intensity: the solid line is the hardware roof (own FMA "
     "and triad kernels, or the GPU's datasheet), the dashed one torch's matmul and copy rates.",
     "decode.png": "decode steps: bytes of the KV cache read per second against its length; dashed: measured bandwidth.",
-    "masks.png": "each mask of the run on 128 × 128 tiles, as a kernel that skips blocks meets it: empty tiles "
+    "masks.png": "each mask of the run on 128 × 128 tiles, as a kernel that skips blocks meets it (one sequence where "
+    "the batch's sequences share the mask, so its label has no batch): empty tiles "
     "skipped, partial ones computed whole and masked, full ones computed plainly; work = pairs computed over visible. "
     "TFLOP/s count the visible pairs only, so a kernel at work 1.5× does 1.5× the credited work (masks.csv: "
     "every mask at 128 × 128, 128 × 64 and each tile a contender's `choice` names; `attnbench masks --tile` for "

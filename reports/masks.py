@@ -55,10 +55,13 @@ def parse_tiles(text: str) -> list[tuple[int, int]]:
     return tiles
 
 
-def mask_label(w: Workload) -> str:
-    """'B4 S1024x1536 sliding_window w256': what decides the mask, nothing else."""
+def mask_label(w: Workload, per_sequence: bool = False) -> str:
+    """'B4 S1024x1536 sliding_window w256': what decides the mask, nothing else. ``per_sequence``: the report's
+    label, where a batch whose sequences share one mask is counted as one sequence (:func:`run_masks`) — there
+    without the batch ('S1024 causal', not 'B1 …' for a B4 run); a batch of different sequences keeps it."""
     seq = f"S{w.seq_q}" if w.seq_q == w.seq_k else f"S{w.seq_q}x{w.seq_k}"
-    return f"B{w.batch} {seq} {w.mask}" + tags(w, [BY_NAME[name] for name in _LABELLED])
+    batch = "" if per_sequence and w.batch == 1 else f"B{w.batch} "
+    return f"{batch}{seq} {w.mask}" + tags(w, [BY_NAME[name] for name in _LABELLED])
 
 
 def distinct_masks(workloads: list[Workload]) -> list[Workload]:
@@ -70,16 +73,17 @@ def distinct_masks(workloads: list[Workload]) -> list[Workload]:
     return list(seen.values())
 
 
-def mask_table(workloads: list[Workload], tiles: list[tuple[int, int]]) -> pd.DataFrame:
+def mask_table(workloads: list[Workload], tiles: list[tuple[int, int]], per_sequence: bool = False) -> pd.DataFrame:
     """A row per mask and tile: tiles full, partial and empty, visible pairs (and their share of the batch's
-    Sq × Sk) and ``work``, the pairs a block-skipping kernel computes over the visible ones."""
+    Sq × Sk) and ``work``, the pairs a block-skipping kernel computes over the visible ones (``per_sequence``:
+    :func:`mask_label`'s)."""
     rows = []
     for w in workloads:
         for block_m, block_n in tiles:
             counts = count_tiles(w, block_m, block_n)
             rows.append(
                 {
-                    "mask": mask_label(w),
+                    "mask": mask_label(w, per_sequence),
                     "tile": f"{block_m}x{block_n}",
                     "full": counts.full,
                     "partial": counts.partial,
@@ -120,9 +124,21 @@ def _shown_sequence(states: list[torch.Tensor]) -> int | None:
     )
 
 
-def draw_masks(workloads: list[Workload], tile: tuple[int, int]) -> Any:
+MAX_ASPECT = 4.0  # a picture longer than this on one side is stretched to its panel instead of drawn to scale
+
+
+def _aspect(states: torch.Tensor, tile: tuple[int, int]) -> float | str:
+    """Each tile drawn in proportion to its query rows and keys (a 128 × 64 tile twice as tall as wide, so a
+    causal diagonal runs at 45°), unless the whole picture would then be a strip (S512 against 8192 keys)."""
+    aspect = tile[0] / tile[1]
+    rows, columns = states.shape
+    return aspect if 1 / MAX_ASPECT <= rows * aspect / columns <= MAX_ASPECT else "auto"
+
+
+def draw_masks(workloads: list[Workload], tile: tuple[int, int], per_sequence: bool = False) -> Any:
     """A panel per mask (the first MAX_PANELS; the legend says so where there are more): its tiles (one
-    sequence's, see _shown_sequence), coloured by state; query blocks down, key blocks across."""
+    sequence's, see _shown_sequence), coloured by state; query blocks down, key blocks across, each tile in
+    proportion (:func:`_aspect`). ``per_sequence``: :func:`mask_label`'s."""
     shown = workloads[:MAX_PANELS]
     figure, axes = panel_grid(len(shown), size=(3.2, 3.0))
     colours = ListedColormap([STATE_COLOURS[state][0] for state in (EMPTY, PARTIAL, FULL)])
@@ -130,10 +146,17 @@ def draw_masks(workloads: list[Workload], tile: tuple[int, int]) -> Any:
         states = sequence_states(w, *tile)
         index = _shown_sequence(states)
         shown_states = states[index or 0]
-        axis.imshow(shown_states.numpy(), cmap=colours, vmin=EMPTY, vmax=FULL, interpolation="nearest", aspect="auto")
+        axis.imshow(
+            shown_states.numpy(),
+            cmap=colours,
+            vmin=EMPTY,
+            vmax=FULL,
+            interpolation="nearest",
+            aspect=_aspect(shown_states, tile),
+        )
         counts = count_tiles(w, *tile, states)
         which = f"sequence {index + 1} of {w.batch}, " if index is not None else ""
-        axis.set_title(f"{mask_label(w)}\n{which}work {counts.work_factor:.2f}x", fontsize=TITLE_SIZE)
+        axis.set_title(f"{mask_label(w, per_sequence)}\n{which}work {counts.work_factor:.2f}x", fontsize=TITLE_SIZE)
         axis.set_xlabel(f"key block ({tile[1]} keys)", fontsize=TITLE_SIZE)
         axis.set_ylabel(f"query block ({tile[0]} rows)", fontsize=TITLE_SIZE)
         axis.tick_params(labelsize=TITLE_SIZE)
@@ -197,8 +220,8 @@ def report_masks(frame: pd.DataFrame, out_dir: Path) -> list[tuple[str, Path]]:
     if not masks:
         return []
     tiles = list(dict.fromkeys([*REPORT_TILES, *chosen_tiles(frame)]))
-    mask_table(masks, tiles).to_csv(out_dir / "masks.csv", index=False)
-    figure = draw_masks(masks, REPORT_TILES[0])
+    mask_table(masks, tiles, per_sequence=True).to_csv(out_dir / "masks.csv", index=False)
+    figure = draw_masks(masks, REPORT_TILES[0], per_sequence=True)
     figure.savefig(out_dir / "masks.png", dpi=DPI, bbox_inches="tight")
     plt.close(figure)
     return [("Masks on the kernels' tiles", out_dir / "masks.png")]

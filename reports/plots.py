@@ -37,14 +37,39 @@ TORCH_CONTENDERS = {
 }
 
 
+def _fixed_order(impls: list[str]) -> list[str]:
+    """Every contender declared on this machine (built-ins and installed plugins, in the registry's order), then
+    the others in name order: what decides a contender's colour and marker, the same in every figure."""
+    declared = declared_names()
+    return declared + sorted(set(impls) - set(declared))
+
+
 def palette(impls: list[str]) -> dict[str, Any]:
-    """A fixed colour per contender: every contender declared on this machine (built-ins and installed
-    plugins, in the registry's order) keeps its colour in every figure; others follow in name order."""
+    """A fixed colour per contender (:func:`_fixed_order`)."""
     tab20 = sns.color_palette("tab20", 20)
     colours = [tab20[i] for i in range(0, 20, 2)] + [tab20[i] for i in range(1, 20, 2)]
-    declared = declared_names()
-    names = declared + sorted(set(impls) - set(declared))
-    return {name: colours[i % len(colours)] for i, name in enumerate(names) if name in impls}
+    return {name: colours[i % len(colours)] for i, name in enumerate(_fixed_order(impls)) if name in impls}
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*", "d")
+
+
+def markers(impls: list[str]) -> dict[str, str]:
+    """A fixed marker shape per contender (:func:`_fixed_order`), beside its colour: lines of equal values
+    still show each contender's shape."""
+    return {name: MARKERS[i % len(MARKERS)] for i, name in enumerate(_fixed_order(impls)) if name in impls}
+
+
+def _nesting(rows: pd.DataFrame, x: str, y: str, order: list[str]) -> dict[str, int]:
+    """How many later-drawn contenders each one's line coincides with (the same value, to three significant
+    digits, at every x): where several contenders measure alike (the peak memory of bmm, einsum and naive),
+    the first is drawn widest and the last narrowest, so every one shows around the others instead of the
+    last hiding them."""
+    drawn = {
+        impl: tuple(f"{v:.3g}" for v in rows[rows["impl"] == impl].groupby(x)[y].median().sort_index())
+        for impl in order
+    }
+    return {impl: sum(drawn[later] == drawn[impl] for later in order[order.index(impl) + 1 :]) for impl in order}
 
 
 def plottable(frame: pd.DataFrame) -> pd.DataFrame:
@@ -107,7 +132,8 @@ def _facet_figure(
         axis.set_title(panel.title, size=TITLE_SIZE)
         axis.grid(True, which="major", alpha=0.3)
     shown = [impl for impl in colours if any(impl in set(p.rows["impl"]) for p in panels)]
-    handles = [matplotlib.lines.Line2D([], [], color=colours[i], marker="o", label=i) for i in shown]
+    shapes = markers(list(colours))
+    handles = [matplotlib.lines.Line2D([], [], color=colours[i], marker=shapes[i], label=i) for i in shown]
     legend_right(figure, handles, "impl")
     return finish(figure)
 
@@ -132,9 +158,20 @@ def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any], xlabel
         axis.set_xlabel("")
         axis.tick_params(axis="x", labelsize=7)
         return
-    sns.lineplot(
-        data=panel.rows, x=panel.x, y=y, hue="impl", hue_order=order, palette=colours, marker="o", ax=axis, legend=False
-    )
+    shapes, nesting = markers(list(colours)), _nesting(panel.rows, panel.x, y, order)
+    for impl in order:
+        depth = nesting[impl]
+        sns.lineplot(
+            data=panel.rows[panel.rows["impl"] == impl],
+            x=panel.x,
+            y=y,
+            color=colours[impl],
+            marker=shapes[impl],
+            markersize=6 + 4 * depth,
+            linewidth=1.5 + 2.5 * depth,
+            ax=axis,
+            legend=False,
+        )
     _log2_x(axis)
     axis.set_xlabel(xlabel or AXIS_LABELS[panel.x])
 
@@ -271,11 +308,17 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
     if not keys:
         return None
     figure, axes = panel_grid(len(keys), size=(5.2, 4.2))
+    shapes = markers(list(colours))
     for axis, key in zip(axes, keys, strict=True):
         roofs = ceilings[key]
         peak, bandwidth_gbps = roofs.roof_tflops, roofs.roof_gbps
         rows = points[[k == key for k in point_keys]]
-        low, high = rows["intensity"].min() / 4, rows["intensity"].max() * 4
+        # the points and each roof's ridge (where it bends), so a decode-only or prefill-only panel shows both slopes
+        ridges = [peak * 1e3 / bandwidth_gbps] if bandwidth_gbps > 0 else []
+        if roofs.matmul_tflops > 0 and roofs.copy_gbps > 0:
+            ridges.append(roofs.matmul_tflops * 1e3 / roofs.copy_gbps)
+        low = min([rows["intensity"].min() / 4, *(r / 2 for r in ridges)])
+        high = max([rows["intensity"].max() * 4, *(r * 2 for r in ridges)])
         x = np.geomspace(low, high, 200)
         axis.plot(
             x,
@@ -296,13 +339,17 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
             library = f"torch matmul {roofs.matmul_tflops:.3g} TFLOP/s, copy {roofs.copy_gbps:.3g} GB/s"
         else:  # e.g. fp8 where torch has no fp8 matmul on this GPU (measure_matmul_tflops gives 0)
             library = f"no torch matmul rate in {key[2]}"
+        here = [i for i in colours if i in set(rows["impl"])]
         sns.scatterplot(
             data=rows,
             x="intensity",
             y="tflops",
             hue="impl",
-            hue_order=[i for i in colours if i in set(rows["impl"])],
+            hue_order=here,
             palette=colours,
+            style="impl",
+            style_order=here,
+            markers={i: shapes[i] for i in here},
             ax=axis,
             s=40,
             legend=False,
@@ -321,7 +368,7 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
     handles = [
         line([], [], color="black", linewidth=1.2, label="hardware roof"),
         line([], [], color="black", linewidth=1, linestyle="--", label="torch matmul and copy"),
-        *[line([], [], color=colours[i], marker="o", linestyle="", label=i) for i in shown],
+        *[line([], [], color=colours[i], marker=shapes[i], linestyle="", label=i) for i in shown],
     ]
     legend_right(figure, handles, "roofs and impl")
     return finish(figure)

@@ -43,8 +43,25 @@ def _y_scale(values: list[float]) -> tuple[Any, list[dict[str, Any]]]:
     def y(value: float) -> float:
         return round(TOP + span * (high - math.log(value)) / (high - low), 1)
 
-    ticks = [math.exp(low + (high - low) * k / 4) for k in range(5)]
-    return y, [{"y": y(t), "label": _fmt_ms(t)} for t in ticks]
+    return y, [{"y": y(t), "label": label} for t, label in nice_ticks(math.exp(low), math.exp(high))]
+
+
+def nice_ticks(low: float, high: float) -> list[tuple[float, str]]:
+    """Round values between ``low`` and ``high`` (> 0) and their labels, for a log axis: the powers of ten, or 1,
+    2 and 5 of each decade, where three or more fall in the range; else 2–6 even steps of 1, 2, 2.5 or 5 times a
+    power of ten (a narrow range on a log axis is near linear; the labels stay round, not 1.37)."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    for mantissas in ((1,), (1, 2, 5)):
+        ticks = [m * 10.0**k for k in decades for m in mantissas if low <= m * 10.0**k <= high]
+        if len(ticks) >= 3:
+            return [(t, f"{t:g}") for t in ticks]
+    raw = (high - low) / 5
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    first = math.ceil(low / step - 1e-9)
+    ticks = [k * step for k in range(first, math.floor(high / step + 1e-9) + 1)]
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9) + (1 if round(step / power, 6) == 2.5 else 0))
+    return [(t, f"{t:.{decimals}f}") for t in ticks]
 
 
 SPREAD_SHARE = 0.6  # the runs of one commit take at most this share of its slot …

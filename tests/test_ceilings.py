@@ -260,6 +260,26 @@ def test_roofline_figure_draws_the_hardware_roof_solid_and_the_library_dashed():
     assert lines["torch matmul (0.19 TFLOP/s) and copy"] == "--"
 
 
+def test_roofline_x_axis_reaches_past_the_ridge_for_decode_points():
+    """Decode's points sit near 1 FLOP/byte, far left of an H100's ridge (989 TFLOP/s over 3350 GB/s: 295); the
+    x axis used to end at 4× the points, so the roof's bend and its flat part were off the panel."""
+    from attnbench.reports.plots import Roofs, palette, roofline
+
+    ok = pd.DataFrame(
+        {
+            "machine": ["m"],
+            "device": ["cuda"],
+            "dtype": ["bfloat16"],
+            "impl": ["bmm"],
+            "intensity": [1.0],
+            "tflops": [2.0],
+        }
+    )
+    figure = roofline(ok, palette(["bmm"]), {("m", "cuda", "bfloat16"): Roofs(989.0, 3350.0, 700.0, 3000.0)})
+    low, high = figure.axes[0].get_xlim()
+    assert low <= 0.25 and high >= 2 * 989e3 / 3350
+
+
 def test_report_environment_block_shows_both_ceilings():
     from attnbench.reports.html import _ceilings
 

@@ -366,3 +366,28 @@ def test_speedups_over_two_runs_count_each_contenders_fastest_as_the_headline_do
         for impl in ("bmm", "sdpa_flash")
     }
     assert table.loc["bmm", workload] == pytest.approx(fastest["sdpa_flash"] / fastest["bmm"])
+
+
+def test_contenders_of_equal_values_are_drawn_nested_each_with_its_own_marker():
+    """bmm, einsum and naive need the same memory: their lines were drawn one over another and only the last
+    showed. Now the first of equals is widest, the last narrowest, each with its marker shape (the legend's too);
+    a line that equals no other keeps the plain width."""
+    from attnbench.reports.plots import markers, memory
+
+    frame = fabricate(impls=("bmm", "einsum", "naive", "sdpa_math"), seq_q=[256, 512, 1024])
+    frame["peak_mem_mb"] = [
+        s / 256 * (1 if impl == "sdpa_math" else 4) for impl, s in zip(frame["impl"], frame["seq_q"], strict=True)
+    ]
+    ok = plottable(frame)
+    colours = palette(sorted(set(ok["impl"])))
+    figure = memory(ok, colours)
+    drawn = [line for line in figure.axes[0].get_lines() if len(line.get_xdata())]
+    width = {impl: line.get_linewidth() for line in drawn for impl in colours if line.get_color() == colours[impl]}
+    equal = [impl for impl in colours if impl != "sdpa_math"]  # in drawing order
+    assert [width[impl] for impl in equal] == sorted((width[impl] for impl in equal), reverse=True)
+    assert len(set(width[impl] for impl in equal)) == 3 and width["sdpa_math"] == width[equal[-1]]
+    shapes = markers(list(colours))
+    assert len(set(shapes.values())) == 4
+    legend = {h.get_label(): h.get_marker() for h in figure.legends[0].legend_handles}
+    assert legend == shapes
+    plt.close(figure)

@@ -475,3 +475,22 @@ def test_runs_of_one_commit_are_spread_in_time_order_not_drawn_at_one_x():
     assert all(LEFT <= x <= WIDTH - RIGHT for x in xs.values())
     single, _ = _x_positions([point("r5", "c" * 40, 5)], "commit")
     assert list(single.values()) == [round(LEFT + (WIDTH - LEFT - RIGHT) / 2, 1)]
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "labels"),
+    [
+        (0.95, 1.05, ["0.950", "0.975", "1.000", "1.025", "1.050"]),  # a flat series' ±5 %
+        (1.2, 1.9, ["1.2", "1.4", "1.6", "1.8"]),
+        (0.0123, 0.0151, ["0.013", "0.014", "0.015"]),
+        (3, 29, ["5", "10", "20"]),  # near a decade: 1, 2, 5
+        (0.01, 1000, ["0.01", "0.1", "1", "10", "100", "1000"]),  # decades: their powers of ten
+    ],
+)
+def test_trend_value_ticks_are_round_numbers_inside_the_range(low, high, labels):
+    """The y axis is logarithmic: its ticks were exp of even steps of the log (1.37, 1.52 ms); now round values."""
+    from attnbench.reports.trend import nice_ticks
+
+    ticks = nice_ticks(low, high)
+    assert [label for _, label in ticks] == labels
+    assert all(low <= value <= high for value, _ in ticks)

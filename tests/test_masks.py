@@ -143,7 +143,8 @@ def test_a_report_draws_the_runs_masks_that_leave_tiles_other_than_full(tmp_path
     assert report_masks(frame, tmp_path) == [("Masks on the kernels' tiles", tmp_path / "masks.png")]
     table = pd.read_csv(tmp_path / "masks.csv")
     assert list(table["tile"]) == ["128x128", "128x64"] * 3
-    window = table[table["mask"] == "B1 S300 sliding_window w100"].set_index("tile")
+    assert "S300 causal" in set(table["mask"])  # the B2 and B4 rows, counted per sequence: no batch in the label
+    window = table[table["mask"] == "S300 sliding_window w100"].set_index("tile")
     assert window.loc["128x64", "work"] == pytest.approx(count_tiles(_window_case(), 128, 64).work_factor)
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -219,3 +220,23 @@ def test_block_ticks_are_whole_numbers_even_for_one_block():
     assert shown(figure.axes[0].get_yticks(), figure.axes[0].get_ylim()) == [0.0]
     assert shown(figure.axes[1].get_yticks(), figure.axes[1].get_ylim()) == [0.0, 1.0]
     plt.close(figure)
+
+
+def test_tiles_are_drawn_in_proportion_and_a_report_label_of_one_sequence_has_no_batch():
+    """A 128 × 64 tile is twice as tall as wide on the picture (a causal diagonal at 45°), a strip of S512
+    against 8192 keys is stretched to its panel; the report counts a B4 causal batch as one sequence, so its
+    label has no batch (it said B1 for a B4 run), while `attnbench masks` keeps the batch it counted."""
+    import matplotlib.pyplot as plt
+
+    from attnbench.reports.masks import draw_masks, mask_label, mask_table
+
+    def case(q, k, mask, batch=1):
+        return Workload(batch=batch, heads=1, kv_heads=1, seq_q=q, seq_k=k, head_dim=64, mask=mask)
+
+    figure = draw_masks([case(1024, 1024, "causal"), case(512, 8192, "causal_bottom_right")], (128, 64))
+    assert figure.axes[0].get_aspect() == 2.0 and figure.axes[1].get_aspect() == "auto"
+    assert figure.axes[0].get_images()[0].get_array().shape == (8, 16)  # 8 query blocks down, 16 key blocks across
+    plt.close(figure)
+    assert mask_label(case(1024, 1024, "causal", batch=4)) == "B4 S1024 causal"
+    assert mask_label(case(1024, 1024, "causal"), per_sequence=True) == "S1024 causal"
+    assert mask_table([case(256, 256, "causal", batch=4)], [(128, 128)])["mask"].tolist() == ["B4 S256 causal"]

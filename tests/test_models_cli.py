@@ -67,7 +67,7 @@ def test_models_lists_every_preset(cli):
     assert rows["llama3.2-1b"] == ["32", "8", "64", "64", *plain, "full:16"]
     assert rows["llama3.2-3b"] == ["24", "8", "128", "128", *plain, "full:28"]
     assert rows["mistral-7b"] == ["32", "8", "128", "128", "4096", *plain[1:], "sliding:32"]
-    assert rows["gemma2-9b"] == ["16", "8", "256", "256", "4096", "-", "50", "-", "-", "-"]  # its local layers only
+    assert rows["gemma2-9b"] == ["16", "8", "256", "256", "4096", "-", "50", "-", "-", "sliding:21,full:21"]
     assert rows["qwen2.5-7b"] == ["28", "4", "128", "128", *plain, "full:28"]
     assert rows["gpt2"] == ["12", "12", "64", "64", *plain, "full:12"]
 

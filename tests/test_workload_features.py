@@ -312,11 +312,16 @@ def test_model_presets_build_prefill_and_decode_sweeps():
     assert sorted({w.seq_k for w in decode}) == [1024, 2048, 4096, 8192, 16384, 32768]
     assert sorted({w.batch for w in decode}) == [1, 8, 64] and {w.mask for w in decode} == {"causal_bottom_right"}
     gemma = {
-        (w.heads, w.kv_heads, w.head_dim, w.mask, w.window, w.score_mod, w.softcap)
+        (w.layer, w.heads, w.kv_heads, w.head_dim, w.mask, w.score_mod, w.softcap)
         for w in workloads
         if w.model == "gemma2-9b"
     }
-    assert gemma == {(16, 8, 256, "sliding_window", 4096, "softcap", 50.0)}
+    assert gemma == {  # local and global layers alternate, every one softcapped
+        ("sliding", 16, 8, 256, "sliding_window", "softcap", 50.0),
+        ("full", 16, 8, 256, "causal", "softcap", 50.0),
+        ("full", 16, 8, 256, "causal_bottom_right", "softcap", 50.0),
+    }
+    assert {w.window for w in workloads if w.model == "gemma2-9b" and w.layer == "sliding"} == {4096}
     given = {"model": ["gpt2"], "phase": ["decode"], "seq": [4], "seq_kv": [512], "batch": [2], "impl": ["bmm"]}
     assert [w.label() for _, w in expand(model_suite(), given, ["bmm"])] == [
         "B2 H12 S4x512 D64 float32 cpu causal_bottom_right fwd [gpt2]"

@@ -60,7 +60,7 @@ from attnbench.measure.stopwatch_cuda import time_cuda_rounds
 from attnbench.runner.cases import WAITED_STALL, prepare_checked
 from attnbench.workload import Workload
 from attnbench.workload.inputs import make_inputs
-from attnbench.workload.suite import DEFAULTS, Suite, check_devices, expand, load_suite
+from attnbench.workload.suite import check_devices, expand, load_suite, profile_suite
 
 DEFAULT_THRESHOLD = 0.02
 DEFAULT_BUDGET_S = 3.0  # timing seconds per case, shared by A and B (preparing and checking come on top)
@@ -68,7 +68,6 @@ CONFIDENCE = 0.95
 RESAMPLES = 2000
 MIN_PAIRS = 5  # fewer rounds than this can't give an interval worth a verdict
 VERDICTS = ("faster", "slower", "same", "unclear")
-DEFAULT_WORKLOAD = {"batch": [1], "heads": [8], "seq": [1024], "head_dim": [64]}  # without --suite
 
 
 @dataclass(frozen=True)
@@ -123,8 +122,7 @@ def revision_versions(name: str, rev: str, workdir: Path) -> tuple[Version, Vers
 def sweep_workloads(suite: str | None, overrides: dict[str, list[Any]]) -> list[Workload]:
     """The workloads a suite (or the default one-workload sweep) and axis overrides expand into; the
     suite's contenders are left out, A and B take their place."""
-    default = Suite("ab", "", DEFAULT_BUDGET_S, 60.0, ({**DEFAULTS, **DEFAULT_WORKLOAD},))
-    chosen = load_suite(suite) if suite else default
+    chosen = load_suite(suite) if suite else profile_suite("ab")
     cases = expand(chosen, {**overrides, "impl": ["ab"]}, ["ab"])
     workloads = list(dict.fromkeys(workload for _, workload in cases))
     check_devices(cases)

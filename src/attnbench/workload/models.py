@@ -3,10 +3,10 @@
 A preset is the attention of one model's layers, from its published config (cited beside each): query
 heads, key/value heads (GQA), head dim, value head dim where it differs (DeepSeek's MLA), and — where the
 model has them — its sliding window, its logit softcap, its learned attention sinks (gpt-oss) and its
-attention chunk (Llama 4). A model whose layers are of two kinds (gpt-oss and Gemma-3: sliding and full;
-Llama 4: chunked and full) runs each kind as its own case, named in the ``layer`` column (``sliding``,
-``full``, ``chunked``; "" for a preset whose layers are all alike: Mistral's are all sliding, Gemma-2's
-preset runs its local ones). ``--layer`` picks kinds. DeepSeek-V3 prefills with its 128 heads expanded
+attention chunk (Llama 4). A model whose layers are of two kinds (gpt-oss, Gemma-2 and Gemma-3: sliding and
+full; Llama 4: chunked and full) runs each kind as its own case, named in the ``layer`` column (``sliding``,
+``full``, ``chunked``; "" for a preset whose layers are all alike: Mistral's are all sliding). ``--layer``
+picks kinds. DeepSeek-V3 prefills with its 128 heads expanded
 (head dim 192 for keys, 128 for values) and decodes from its latent cache, as FlashMLA does: one cache
 tensor of 512 + 64 channels shared by all heads (``kv_layout`` latent, kv_heads 1). ``attnbench run
 --model NAME --phase …`` turns presets into cases (:func:`preset_axes`):
@@ -130,7 +130,18 @@ PRESETS: dict[str, ModelConfig] = {
         ModelConfig("llama3.2-1b", 32, 8, 64, num_layers=16),
         ModelConfig("llama3.2-3b", 24, 8, 128, num_layers=28),
         ModelConfig("mistral-7b", 32, 8, 128, window=4096, num_layers=32),
-        ModelConfig("gemma2-9b", 16, 8, 256, window=4096, softcap=50.0),
+        # num_attention_heads 16, num_key_value_heads 8, head_dim 256, sliding_window 4096, attn_logit_softcapping
+        # 50 on every layer; local (sliding) and global layers alternate over num_hidden_layers 42
+        ModelConfig(
+            "gemma2-9b",
+            16,
+            8,
+            256,
+            window=4096,
+            softcap=50.0,
+            layers=(("sliding", 21), ("full", 21)),
+            source=_HF.format("google/gemma-2-9b"),
+        ),
         ModelConfig("qwen2.5-7b", 28, 4, 128, num_layers=28),
         ModelConfig("gpt2", 12, 12, 64, num_layers=12),
         # num_attention_heads 128, num_key_value_heads 128, qk_nope_head_dim 128 + qk_rope_head_dim 64,
@@ -303,9 +314,7 @@ def describe() -> str:
     rows = [header]
     for m in PRESETS.values():
         counted = m.layers or (((m.kinds[0], m.num_layers),) if m.num_layers else ())
-        layers = (
-            ",".join(f"{kind}:{count}" for kind, count in counted) or "-"
-        )  # gemma2-9b: the preset is its local layers
+        layers = ",".join(f"{kind}:{count}" for kind, count in counted) or "-"
         rows.append(
             (
                 m.name,

@@ -50,8 +50,8 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 AXES = tuple(axis.name for axis in SWEEP_AXES)  # the keys a sweep table may have
 TOP_KEYS = ("description", "budget_s", "case_budget_s", "defaults", "sweep")
-# What `attnbench profile` and attnbench.run() without a suite run: one modest case per contender.
-PROFILE_WORKLOAD: dict[str, list[Any]] = dict(batch=[1], heads=[8], seq=[1024], head_dim=[64])
+# What `attnbench profile`, `attnbench ab` and attnbench.run() without a suite run: one modest case per contender.
+ONE_CASE: dict[str, list[Any]] = dict(batch=[1], heads=[8], seq=[1024], head_dim=[64])
 
 
 @dataclass(frozen=True)
@@ -271,9 +271,10 @@ def _available(every: list[str], available: list[str] | Callable[[], list[str]] 
 
 
 def profile_suite(name: str = "profile", description: str = "") -> Suite:
-    """One modest case per contender (B=1, H=8, S=1024, D=64, the basic defaults): what ``attnbench profile``
-    and :func:`attnbench.run` without a suite start from; overrides replace its axes."""
-    return Suite(name, description, 1.0, 60.0, ({**DEFAULTS, **PROFILE_WORKLOAD},))
+    """One modest case per contender (``ONE_CASE``: B=1, H=8, S=1024, D=64, the basic defaults): what
+    ``attnbench profile``, ``attnbench ab`` and :func:`attnbench.run` without a suite start from; overrides replace
+    its axes."""
+    return Suite(name, description, 1.0, 60.0, ({**DEFAULTS, **ONE_CASE},))
 
 
 # every mask once, each with the feature it needs, at the profile's size (B4 where the sequences differ)
@@ -293,7 +294,7 @@ def mask_suite(name: str = "masks", description: str = "") -> Suite:
     """Every mask once at :func:`profile_suite`'s size, each with the feature it needs (a 256-key window, 4
     documents, 256-key chunks, …): what ``attnbench masks`` shows when no --mask or --suite is given (bottom-right
     causal is causal there; --seq-kv tells them apart)."""
-    return Suite(name, description, 1.0, 60.0, tuple({**DEFAULTS, **PROFILE_WORKLOAD, **s} for s in _MASK_GALLERY))
+    return Suite(name, description, 1.0, 60.0, tuple({**DEFAULTS, **ONE_CASE, **s} for s in _MASK_GALLERY))
 
 
 def model_suite() -> Suite:
