@@ -398,14 +398,24 @@ def load_for_compare(
 
 
 def ratio_figure(table: pd.DataFrame, path: Path, settings: Settings) -> Path | None:
-    """Dot plot of new/base ratios per case, coloured by verdict, with the floor shaded; the ratio axis is
-    logarithmic only when the ratios span a factor of 3 (figure_layout.value_axis), the legend outside."""
+    """Dot plot of new/base ratios per case, coloured by verdict, each over its floor (a grey bar); the ratio axis
+    is logarithmic only when the ratios span a factor of 3 (figure_layout.value_axis), the legend outside; the
+    cases not drawn (missing, not comparable) counted in the title."""
     figure = ratio_plot(table, settings)
     if figure is None:
         return None
     from attnbench.reports.plots import save
 
     return save(figure, path)
+
+
+def _ticks_through_one(low: float, high: float) -> list[float]:
+    """Even steps of 1, 2, 2.5 or 5 times a power of ten from 1 (the line of no change always labelled), about
+    five across ``low`` … ``high``."""
+    raw = (high - low) / 5
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    return [round(1 + k * step, 10) for k in range(math.ceil((low - 1) / step), math.floor((high - 1) / step) + 1)]
 
 
 def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
@@ -426,11 +436,17 @@ def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
         s=30,
         legend=False,
     )
-    band = (1 - settings.threshold, 1 + settings.threshold)
-    axis.axvspan(*band, color="#dddddd", alpha=0.6, zorder=0)
+    # each case's floor, the band a ratio must leave to be called faster or slower (|log ratio| > log(1 + floor))
+    floors = compared["floor"].fillna(settings.threshold).to_numpy(dtype=float)
+    axis.hlines(labels.to_numpy(), 1 / (1 + floors), 1 + floors, color="#d0d0d0", linewidth=7, zorder=0)
     axis.axvline(1, color="black", linewidth=0.8)
-    value_axis(axis, compared["ratio"], which="x", extra=band, zero=False)
-    axis.set_xlabel("new / base median (< 1 is faster)")
+    value_axis(axis, compared["ratio"], which="x", extra=[*(1 / (1 + floors)), *(1 + floors)], zero=False)
+    if axis.get_xscale() == "linear":
+        axis.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(_ticks_through_one(*axis.get_xlim())))
+    axis.set_xlabel("new / base median (< 1 is faster); grey: the case's floor")
+    left_out = len(table) - len(compared)
+    if left_out:
+        axis.set_title(f"{left_out} case(s) not drawn: missing or not comparable (the table says why)", size=8)
     axis.tick_params(axis="y", labelsize=7)
     shown = [v for v in VERDICT_COLOURS if v in set(compared["verdict"])]
     handles = [

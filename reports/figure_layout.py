@@ -69,6 +69,10 @@ def plain_ticks(axis: Any) -> None:
     whatever scale they got; categorical labels are left alone."""
     for each in [axis, *getattr(axis, "child_axes", [])]:
         for ticks in (each.xaxis, each.yaxis):
+            if isinstance(ticks.get_minor_formatter(), matplotlib.ticker.LogFormatter):
+                # a log axis' minor labels (2×10¹ beside a plain 100); a second axis gets them back when its
+                # parent turns log after it was made, so they are cleared here, once the panel is drawn
+                ticks.set_minor_formatter(NullFormatter())
             formatter = ticks.get_major_formatter()
             if not isinstance(
                 formatter, (matplotlib.ticker.ScalarFormatter, matplotlib.ticker.LogFormatter, FuncFormatter)
@@ -78,6 +82,13 @@ def plain_ticks(axis: Any) -> None:
                 _plain_log_ticks(ticks)
             elif not isinstance(formatter, FuncFormatter):
                 ticks.set_major_formatter(FuncFormatter(plain))
+
+
+def _step_below(value: float) -> float:
+    """The largest 1, 2 or 5 times a power of ten at or below ``value``: a log axis starting there has a labelled
+    tick under its lowest point (the fastest contender sat below the lowest label)."""
+    power = 10.0 ** math.floor(math.log10(value))
+    return max(m * power for m in (1, 2, 5) if m * power <= value * (1 + 1e-9))
 
 
 def value_axis(
@@ -92,7 +103,7 @@ def value_axis(
     low, high = float(seen.min()), float(seen.max())
     limits = axis.set_ylim if which == "y" else axis.set_xlim
     if high / low >= LOG_SPAN:
-        limits(low / 1.3, high * (2.0 if which == "y" else 1.3))
+        limits(_step_below(low / 1.05), high * (2.0 if which == "y" else 1.3))
         log_axis(axis, which)
         return
     pad = 0.1 * (high - low) or 0.05 * high

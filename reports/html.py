@@ -37,8 +37,10 @@ CAPTIONS = {
     "is --baseline where it ran, else each row's fastest torch contender (named in the row); with several runs of "
     "one machine each contender counts its fastest, as the headline ranks them.",
     "roofline.png": "achieved TFLOP/s against arithmetic intensity: the solid line is the hardware roof (own FMA "
-    "and triad kernels, or the GPU's datasheet), the dashed one torch's matmul and copy rates.",
-    "decode.png": "decode steps: bytes of the KV cache read per second against its length; dashed: measured bandwidth.",
+    "and bandwidth kernels — the higher of a read stream and STREAM's triad, as the ceilings table below says — or the "
+    "GPU's datasheet), the dashed one torch's matmul and copy rates.",
+    "decode.png": "decode steps: bytes of the KV cache read per second against its length; dashed: the bandwidth roof "
+    "(as the roofline's: measured on a CPU, the datasheet's on a GPU), the right axis in % of it.",
     "masks.png": "each mask of the run on 128 × 128 tiles, as a kernel that skips blocks meets it (one sequence where "
     "the batch's sequences share the mask, so its label has no batch): empty tiles "
     "skipped, partial ones computed whole and masked, full ones computed plainly; work = pairs computed over visible. "
@@ -63,13 +65,26 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _headline(ok: pd.DataFrame, baseline: str | None) -> list[dict[str, str]]:
-    if ok.empty:
+def _headline(frame: pd.DataFrame, baseline: str | None) -> list[dict[str, Any]]:
+    """A row per (machine, workload) with an ok or a stalled row: the fastest of its ok rows, as the run's summary
+    ranks them — a stalled row is not ranked, so where one stalled the row says how many (the fastest is then only
+    the fastest of those that ran clean) and a workload whose every row stalled has no fastest."""
+    ranked = frame[frame["status"].isin(["ok", "stalled"])]
+    if ranked.empty:
         return []
-    ok = ok.assign(workload=labels(ok))
-    speedups, bases = speedup_table(ok, baseline)
-    rows = []
-    for (machine, workload), group in ok.groupby(["machine", "workload"], sort=False):
+    ranked = ranked.assign(workload=labels(ranked))
+    ok = ranked[ranked["status"] == "ok"]
+    speedups, bases = speedup_table(ok, baseline) if not ok.empty else ({}, {})
+    rows: list[dict[str, Any]] = []
+    for (machine, workload), both in ranked.groupby(["machine", "workload"], sort=False):
+        group, stalled = both[both["status"] == "ok"], int((both["status"] == "stalled").sum())
+        if group.empty:
+            blank = dict.fromkeys(("fastest", "median", "tflops", "runner_up", "margin", "baseline", "speedup"), "")
+            rows.append(
+                {"machine": machine, "workload": workload, **blank, "within_noise": False, "over_roof": False}
+                | {"stalled": stalled}
+            )
+            continue
         ranking = rank(group)
         best = fastest_rows(group).iloc[0]
         key = f"{machine} · {workload}" if ok["machine"].nunique() > 1 else workload
@@ -87,6 +102,7 @@ def _headline(ok: pd.DataFrame, baseline: str | None) -> list[dict[str, str]]:
                 "over_roof": best.name in above_roof(group).index,  # no kernel outruns the hardware
                 "baseline": bases.get(key, ""),
                 "speedup": "" if speed is None else f"{speed:.2f}×",
+                "stalled": stalled,
             }
         )
     return rows
@@ -207,14 +223,14 @@ def write_report(
     template_text = resources.files("attnbench.reports").joinpath("templates/report.html.j2").read_text()
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = environment.from_string(template_text)
-    ok = frame[frame["status"] == "ok"]
     table_bundle, results_table = results_table_html(frame)
     html = template.render(
         runs=[_run_block(run) for run in runs],
         n_rows=len(frame),
         version=attnbench.__version__,
         generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        headline=_headline(ok, baseline),
+        headline=_headline(frame, baseline),
+        undrawn=int((frame["status"] == "stalled").sum()),
         tie_legend=LEGEND,
         figures=[
             {

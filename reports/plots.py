@@ -44,10 +44,25 @@ def _fixed_order(impls: list[str]) -> list[str]:
     return declared + sorted(set(impls) - set(declared))
 
 
+# After tab10's ten, ten of other hues and depths: tab20's light twins (lilac beside purple, pink beside red) made
+# the 11th to 17th contenders — sdpa_math, sdpa_flash, sdpa_cudnn, torch_mha — pairs of their rivals' colours.
+SECOND_TEN = (
+    "#ff00ff",  # fuchsia
+    "#000080",  # navy
+    "#b8860b",  # dark goldenrod
+    "#008080",  # teal
+    "#556b2f",  # dark olive green
+    "#4b0082",  # indigo
+    "#800000",  # maroon
+    "#00bfff",  # deep sky blue
+    "#9acd32",  # yellow green
+    "#d2691e",  # chocolate
+)
+
+
 def palette(impls: list[str]) -> dict[str, Any]:
-    """A fixed colour per contender (:func:`_fixed_order`)."""
-    tab20 = sns.color_palette("tab20", 20)
-    colours = [tab20[i] for i in range(0, 20, 2)] + [tab20[i] for i in range(1, 20, 2)]
+    """A fixed colour per contender (:func:`_fixed_order`): tab10's, then ``SECOND_TEN``."""
+    colours = [*sns.color_palette("tab10", 10), *(matplotlib.colors.to_rgb(c) for c in SECOND_TEN)]
     return {name: colours[i % len(colours)] for i, name in enumerate(_fixed_order(impls)) if name in impls}
 
 
@@ -93,7 +108,7 @@ class Roofs(NamedTuple):
     """One (machine, device, dtype)'s ceilings from meta.json: TFLOP/s and GB/s."""
 
     roof_tflops: float  # the hardware's compute roof (FMA kernel or datasheet)
-    roof_gbps: float  # the hardware's bandwidth roof (triad or datasheet)
+    roof_gbps: float  # the hardware's bandwidth roof (the higher of read stream and triad, or datasheet)
     matmul_tflops: float  # torch's matmul rate
     copy_gbps: float  # torch's copy rate
 
@@ -126,8 +141,9 @@ def _facet_figure(
         _draw_panel(axis, panel, y, colours, xlabel)
         lines = decorate(panel, axis) if decorate else []
         value_axis(axis, panel.rows[y], extra=[line.value for line in lines])
+        points, taken = _drawn_points(axis), []
         for line in lines:
-            _reference_line(axis, line)
+            taken.append(_reference_line(axis, line, points, taken))
         axis.set_ylabel(ylabel)
         axis.set_title(panel.title, size=TITLE_SIZE)
         axis.grid(True, which="major", alpha=0.3)
@@ -176,23 +192,55 @@ def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any], xlabel
     axis.set_xlabel(xlabel or AXIS_LABELS[panel.x])
 
 
-def _reference_line(axis: Any, line: Reference) -> None:
+def _drawn_points(axis: Any) -> np.ndarray:
+    """Every marker drawn on the panel so far (lines' points, strip plots' dots) in axes fractions (0–1)."""
+    found = [np.asarray(each.get_xydata(), float) for each in axis.lines]
+    found += [np.asarray(each.get_offsets(), float) for each in axis.collections if len(each.get_offsets())]
+    if not found:
+        return np.empty((0, 2))
+    data = np.concatenate(found)
+    data = data[np.isfinite(data).all(axis=1)]
+    return axis.transAxes.inverted().transform(axis.transData.transform(data)) if len(data) else data
+
+
+LABEL_SIZE = 7  # points: a reference line's label
+
+
+def _reference_line(axis: Any, line: Reference, points: np.ndarray, taken: list[tuple[float, ...]]) -> tuple:
     """A horizontal line labelled at the panel's left or right: below it in the panel's upper half, above it in
-    the lower half, so the label stays inside the panel (clear of the title and the tick labels)."""
+    the lower half, so the label stays inside the panel (clear of the title and the tick labels). Of the two ends,
+    the one whose label box covers fewer of the panel's points and no other label's box (``line.left`` where both
+    are clear): a roof's label once hid the fastest point under it. Returns the box taken (axes fractions)."""
     axis.axhline(line.value, color="black", linestyle="--" if line.dashed else "-", linewidth=1)
     height = axis.transLimits.transform((0, line.value))[1]  # 0 at the bottom of the panel, 1 at the top
     upper = height > 0.5
+    size = axis.get_window_extent()
+    width_pt, height_pt = size.width * 72 / axis.figure.dpi, size.height * 72 / axis.figure.dpi
+    box_w, box_h = (len(line.text) * 0.58 * LABEL_SIZE + 4) / width_pt, (LABEL_SIZE + 6) / height_pt
+    low, high = (height - box_h, height) if upper else (height, height + box_h)
+
+    def box(left: bool) -> tuple[float, float, float, float]:
+        return (0.02, 0.02 + box_w, low, high) if left else (0.98 - box_w, 0.98, low, high)
+
+    def cost(left: bool) -> tuple[int, int, bool]:
+        x0, x1, y0, y1 = box(left)
+        covered = int(((points[:, 0] >= x0) & (points[:, 0] <= x1) & (points[:, 1] >= y0) & (points[:, 1] <= y1)).sum())
+        clash = sum(x0 < b[1] and b[0] < x1 and y0 < b[3] and b[2] < y1 for b in taken)
+        return clash, covered, left != line.left
+
+    left = min((line.left, not line.left), key=cost)
     axis.annotate(
         line.text,
-        (0.02 if line.left else 0.98, line.value),
+        (0.02 if left else 0.98, line.value),
         xycoords=("axes fraction", "data"),
         xytext=(0, -2 if upper else 2),
         textcoords="offset points",
         va="top" if upper else "bottom",
-        ha="left" if line.left else "right",
-        fontsize=7,
+        ha="left" if left else "right",
+        fontsize=LABEL_SIZE,
         bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1},
     )
+    return box(left)
 
 
 def latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
@@ -255,6 +303,9 @@ def speedup_table(ok: pd.DataFrame, baseline: str | None) -> tuple[pd.DataFrame,
     return table, pd.Series({w: b[0] for w, b in base.items()}, name="baseline")
 
 
+SPEEDUP_SATURATES = 2  # log2: the speedup map's colours run from 1/4× to 4×
+
+
 def speedup(ok: pd.DataFrame, colours: dict[str, Any], baseline: str | None) -> Any:
     table, base = speedup_table(ok, baseline)
     if table.empty:
@@ -264,7 +315,8 @@ def speedup(ok: pd.DataFrame, colours: dict[str, Any], baseline: str | None) -> 
     size = (0.9 * len(table.columns) + 6.5, 0.38 * len(rows) + 1.8)
     figure, axis = plt.subplots(figsize=size, layout="constrained", dpi=DPI)
     values = np.log2(table.to_numpy(dtype=float))
-    limit = max(1.0, float(np.nanmax(np.abs(values)))) if np.isfinite(values).any() else 1.0
+    # colour from 1/4× to 4× (beyond, it saturates: naive's 0.02× would wash real 2× gains out to pale)
+    limit = min(SPEEDUP_SATURATES, max(1.0, float(np.nanmax(np.abs(values))))) if np.isfinite(values).any() else 1.0
     with warnings.catch_warnings():
         # seaborn draws the figure inside heatmap() to see whether tick labels overlap, before the colour bar's
         # room is settled: the constrained layout collapses on that one draw and warns; the figure as saved
@@ -277,13 +329,16 @@ def speedup(ok: pd.DataFrame, colours: dict[str, Any], baseline: str | None) -> 
             center=0,
             vmin=-limit,
             vmax=limit,
-            annot=table.map(lambda v: "" if pd.isna(v) else f"{v:.2g}×").to_numpy(),
+            annot=table.map(lambda v: "" if pd.isna(v) else f"{v:.3g}×").to_numpy(),
             fmt="",
             annot_kws={"size": 7},
-            cbar_kws={"label": "log2 speedup over baseline"},
+            cbar_kws={"label": "speedup over baseline", "extend": "both" if limit == SPEEDUP_SATURATES else "neither"},
             xticklabels=list(table.columns),
             yticklabels=rows,
         )
+    colour_bar = axis.collections[0].colorbar
+    steps = [k for k in range(-SPEEDUP_SATURATES, SPEEDUP_SATURATES + 1) if abs(k) <= limit]
+    colour_bar.set_ticks(steps, labels=[f"{2.0**k:g}×" for k in steps])
     axis.set_xticklabels(axis.get_xticklabels(), rotation=0, fontsize=8)
     axis.set_yticklabels(axis.get_yticklabels(), rotation=0, fontsize=7)
     axis.set_title("speedup over the baseline (> 1× is faster; the baseline is 1×)", size=10)
@@ -376,7 +431,7 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
 
 def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str, str, str], Roofs]) -> Any:
     """Decode steps (Sq ≤ 16 against a longer KV cache) are bandwidth-bound: GB/s against the KV length,
-    per model and workload group, with the hardware's measured bandwidth (triad, or the GPU's datasheet)
+    per model and workload group, with the hardware's bandwidth roof (read stream or triad, or the GPU's datasheet)
     dashed and a right axis in % of it."""
     if "gbps" not in ok:
         return None
@@ -384,8 +439,10 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
     decode = decode[[phase_of(r) == "decode" for r in decode.to_dict("records")]]
     if decode.empty:
         return None
-    panels = [
-        Facet(str(group), "seq_k" if rows["seq_k"].nunique() > 1 else None, rows)
+    panels = [  # x: the KV length where it varies; else the one the panel ran at is in its title
+        Facet(str(group), "seq_k", rows)
+        if rows["seq_k"].nunique() > 1
+        else Facet(f"{group} Sk{rows['seq_k'].iloc[0]}", None, rows)
         for group, rows in decode.groupby("group", sort=False)
     ]
 
@@ -401,7 +458,7 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
         percent.set_ylabel("% of bandwidth", fontsize=8)
         percent.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
         percent.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        return [Reference(bandwidth, f"measured bandwidth {bandwidth:.3g} GB/s")]
+        return [Reference(bandwidth, f"bandwidth roof {bandwidth:.3g} GB/s")]
 
     return _facet_figure(
         panels, "gbps", "GB/s (bytes of the KV read)", colours, bandwidth_line, xlabel="KV cache length (keys)"

@@ -83,16 +83,22 @@ def _x_positions(points: list[Point], mode: str) -> tuple[dict[str, float], list
     for point in sorted(points, key=lambda p: (pd.Timestamp(p.started_at), p.run_id)):
         first_seen.setdefault(_x_key(point, mode), (pd.Timestamp(point.started_at), point))
     keys = list(first_seen)
+    # each x key at the middle of a slot of its own (commit), or by time within the panel less half a slot each
+    # side (date): the runs of the first and last commits spread both ways, not squashed against the edge
+    slot = span / len(keys)
     if mode == "date" and len(keys) > 1:
         start, stop = first_seen[keys[0]][0], first_seen[keys[-1]][0]
         total = (stop - start).total_seconds() or 1.0
-        at = {key: LEFT + span * (stamp - start).total_seconds() / total for key, (stamp, _) in first_seen.items()}
+        inner = span - slot
+        at = {
+            key: LEFT + slot / 2 + inner * (stamp - start).total_seconds() / total
+            for key, (stamp, _) in first_seen.items()
+        }
     else:
-        at = {key: LEFT + span * (k / (len(keys) - 1) if len(keys) > 1 else 0.5) for k, key in enumerate(keys)}
+        at = {key: LEFT + slot * (k + 0.5) for k, key in enumerate(keys)}
     xs = {p.run_id: round(at[_x_key(p, mode)], 1) for p in points}
     # Several runs of one commit: spread across part of its slot in time order, so they read as runs, not as one
     # x with a vertical line through it (and their noise band has a width).
-    slot = span / (len(keys) - 1) if len(keys) > 1 else span
     runs_of: dict[str, list[str]] = {}
     for point in sorted(points, key=lambda p: (pd.Timestamp(p.started_at), p.run_id)):
         ids = runs_of.setdefault(_x_key(point, mode), [])

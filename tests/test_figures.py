@@ -172,7 +172,9 @@ def figures_of_every_kind():
     colours = palette(sorted(set(ok["impl"])))
     not_decode = ok[ok["seq_q"] > 1]
     compared = crowded().assign(workload=lambda f: f["mask"] + " " + f["seq_q"].astype(str) + " " + LONG_MODEL)
-    compared = compared.assign(ratio=[0.7 + 0.05 * (i % 13) for i in range(len(compared))], verdict="unclear")
+    compared = compared.assign(
+        ratio=[0.7 + 0.05 * (i % 13) for i in range(len(compared))], verdict="unclear", floor=0.05
+    )
     return {
         "latency": latency(not_decode, colours),
         "tflops": throughput(not_decode, colours, ROOFS),
@@ -206,7 +208,7 @@ def test_no_figure_kind_draws_text_on_text():
     assert all(figure is not None for figure in drawn.values()), [k for k, f in drawn.items() if f is None]
     for kind, figure in drawn.items():
         assert text_overlaps(figure) == [], kind
-        assert not [t for t in _tick_texts(figure) if re.search(r"\$|×|\d[eE][+-]?\d", t)], kind  # plain decimals
+        assert not [t for t in _tick_texts(figure) if re.search(r"\$|×\s*10|\d[eE][+-]?\d", t)], kind  # plain decimals
         assert len(figure.legends) <= 1 and not [a for a in figure.axes if a.get_legend()], kind
         plt.close(figure)
 
@@ -390,4 +392,95 @@ def test_contenders_of_equal_values_are_drawn_nested_each_with_its_own_marker():
     assert len(set(shapes.values())) == 4
     legend = {h.get_label(): h.get_marker() for h in figure.legends[0].legend_handles}
     assert legend == shapes
+    plt.close(figure)
+
+
+def test_the_decode_figures_percent_axis_has_no_scientific_minor_labels():
+    """Over about a decade of GB/s the right axis (% of bandwidth) showed 2×10¹, 3×10¹ … beside a plain 100: its
+    minor labels came back when the panel turned log after the second axis was made."""
+    from attnbench.reports.plots import decode_bandwidth
+
+    frame = fabricate(impls=("bmm", "fused_cpu"), seq_k=[1024, 2048, 4096, 8192]).assign(seq_q=1)
+    frame["gbps"] = [14.0, 18.0, 22.0, 26.0, 15.0, 19.0, 23.0, 27.0]
+    frame["mask"] = "causal_bottom_right"
+    ok = plottable(frame)
+    figure = decode_bandwidth(ok, palette(sorted(set(ok["impl"]))), ROOFS)
+    figure.canvas.draw()
+    texts = [
+        label.get_text()
+        for axis in figure.axes
+        for each in (axis, *axis.child_axes)
+        for ticks in (each.xaxis, each.yaxis)
+        for minor in (False, True)
+        for label in ticks.get_ticklabels(minor=minor)
+    ]
+    assert texts and not [t for t in texts if "times" in t or "^" in t], texts
+    plt.close(figure)
+
+
+def test_a_decode_panel_of_one_kv_length_names_it_in_its_title():
+    from attnbench.reports.plots import decode_bandwidth
+
+    frame = fabricate(impls=("bmm", "fused_cpu"), seq_k=[2048]).assign(seq_q=1, gbps=[10.0, 20.0])
+    frame["mask"] = "causal_bottom_right"
+    ok = plottable(frame)
+    figure = decode_bandwidth(ok, palette(sorted(set(ok["impl"]))), ROOFS)
+    assert figure.axes[0].get_title().replace("\n", " ").endswith("decode Sq1 Sk2048")
+    plt.close(figure)
+
+
+def test_the_compare_figure_labels_one_draws_each_floor_and_counts_what_it_left_out():
+    """Its ticks were 0.96, 0.99, 1.02 (the line of no change unlabelled), its grey band was --threshold though
+    the verdicts use each case's floor, and the cases it could not draw went unsaid."""
+    from attnbench.reports.compare import Settings, ratio_plot
+
+    table = pd.DataFrame(
+        {
+            "impl": ["a", "b", "c", "d"],
+            "workload": ["w"] * 4,
+            "verdict": ["same", "slower", "unclear", "not comparable"],
+            "ratio": [0.97, 1.12, 1.04, None],
+            "floor": [0.02, 0.03, 0.14, None],
+        }
+    )
+    figure = ratio_plot(table, Settings())
+    axis = figure.axes[0]
+    figure.canvas.draw()
+    low, high = axis.get_xlim()
+    assert 1.0 in [t for t in axis.get_xticks() if low <= t <= high]
+    bars = axis.collections[-1].get_segments()
+    assert [round(seg[1][0], 2) for seg in bars] == [1.02, 1.03, 1.14]  # each case's floor, not the threshold
+    assert axis.get_title().startswith("1 case(s) not drawn")
+    plt.close(figure)
+
+
+def test_a_log_value_axis_has_a_labelled_tick_under_its_lowest_point():
+    """fused_cpu at 2.6 ms sat below the lowest label (5): the axis now starts at the 1-2-5 step below it."""
+    from attnbench.reports.figure_layout import finish, value_axis
+
+    figure, axis = plt.subplots()
+    axis.plot([1, 2, 3], [2.6, 9.0, 40.0])
+    value_axis(axis, [2.6, 9.0, 40.0])
+    finish(figure)
+    low, high = axis.get_ylim()
+    shown = [t for t in axis.get_yticks() if low <= t <= high]
+    assert low == 2.0 and min(shown) <= 2.6
+    plt.close(figure)
+
+
+def test_a_reference_lines_label_moves_to_the_end_where_it_hides_no_point():
+    """A roof's label at the panel's left hid the fastest point right under the line: the label takes the end
+    whose box covers no point, and two labels do not take one box."""
+    from attnbench.reports.plots import Reference, _drawn_points, _reference_line
+
+    figure, axis = plt.subplots(figsize=(4.4, 3.4))
+    axis.plot([1, 2, 3, 4, 5, 6], [0.97, 0.5, 0.4, 0.3, 0.2, 0.1], marker="o")  # the first point under the line
+    axis.set_xlim(0.8, 6.2)
+    axis.set_ylim(0, 1.2)
+    points, taken = _drawn_points(axis), []
+    taken.append(_reference_line(axis, Reference(1.0, "hardware roof 1 TFLOP/s"), points, taken))
+    taken.append(_reference_line(axis, Reference(0.98, "torch matmul 0.98 TFLOP/s"), points, taken))
+    roof, matmul = (text for text in axis.texts)
+    assert roof.get_ha() == "right" and taken[0][0] > 0.5  # moved off the point at the left
+    assert matmul.get_ha() == "left" or taken[1][2] >= taken[0][3] or taken[1][3] <= taken[0][2]
     plt.close(figure)

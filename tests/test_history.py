@@ -472,6 +472,8 @@ def test_runs_of_one_commit_are_spread_in_time_order_not_drawn_at_one_x():
     points = [point("r1", "a" * 40, 1), point("r2", "a" * 40, 2), point("r3", "b" * 40, 3), point("r4", "b" * 40, 4)]
     xs, ticks = _x_positions(points, "commit")
     assert xs["r1"] < xs["r2"] < xs["r3"] < xs["r4"] and len(ticks) == 2
+    # the first and last commits' runs spread both ways round their tick (they were clamped against the edge)
+    assert xs["r1"] < ticks[0]["x"] < xs["r2"] and xs["r3"] < ticks[1]["x"] < xs["r4"]
     assert all(LEFT <= x <= WIDTH - RIGHT for x in xs.values())
     single, _ = _x_positions([point("r5", "c" * 40, 5)], "commit")
     assert list(single.values()) == [round(LEFT + (WIDTH - LEFT - RIGHT) / 2, 1)]

@@ -87,6 +87,18 @@ def test_a_fastest_beside_stalled_rows_says_it_was_not_ranked_against_them():
     assert table.splitlines()[-1].endswith("a (1 stalled, not ranked)") and "0.5~" in table, table
 
 
+def test_the_report_headline_says_where_rows_stalled_and_names_no_fastest_where_all_did():
+    """The page named naive fastest at S1024 (173 ms) where fused_cpu ran in 11 ms but stalled, and left out the
+    workloads whose every row stalled: now as the run's table, and the fastest beside stalled rows is not bold."""
+    stalled = make_row("b", WORKLOAD, "stalled", "the machine stalled", median_ms=0.5, samples_ms=[0.5] * 10)
+    other = Workload(1, 2, 2, 128, 128, 16)
+    alone = make_row("a", other, "stalled", "the machine stalled", median_ms=2.0, samples_ms=[2.0] * 10)
+    frame = rows_to_frame([_row("a", 1.0), stalled, alone]).assign(machine="m", run="r")
+    first, second = _headline(frame, None)
+    assert (first["fastest"], first["stalled"]) == ("a", 1)
+    assert (second["fastest"], second["stalled"], second["median"]) == ("", 1, "")
+
+
 def test_a_fastest_above_the_hardware_roof_says_it_is_a_measurement_defect():
     table = summary_table(rows_to_frame([_row("a", 1.0, pct_of_peak=103.0), _row("b", 2.0, pct_of_peak=51.0)]))
     assert table.splitlines()[-1].endswith("a (above the hardware roof: a measurement defect, see the warning)")

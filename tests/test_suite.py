@@ -84,3 +84,13 @@ def test_unknown_suite_and_impl():
         load_suite("huge")
     with pytest.raises(UsageError, match="impl 'flash3' is not known"):
         expand(load_suite("quick"), {"impl": ["flash3"]}, KNOWN)
+
+
+def test_a_workload_refused_in_a_suites_own_sweep_says_which_sweep_and_what_it_set():
+    """`run --mask document --seq 512` (quick by default) was refused with 'got 512 and 256': the 256 came from
+    quick's second sweep, which the user never wrote; the message now says so and names the flag that sets it."""
+    with pytest.raises(UsageError) as refused:
+        expand(load_suite("quick"), {"mask": ["document"], "documents": [4], "seq": [512], "impl": ["bmm"]}, ["bmm"])
+    message = str(refused.value)
+    assert "got 512 and 256" in message and "(suite quick's sweep 2 of 2 sets" in message
+    assert "seq_kv 256" in message and "--seq-kv and the like replace them" in message

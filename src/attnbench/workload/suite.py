@@ -17,6 +17,7 @@ Command-line overrides replace an axis in every sweep.
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,7 +171,7 @@ def expand(
     such a keyword brings in is left out of a sweep where ``never_applies(impl, workloads)`` says it suits
     none of them (a column of `unsupported` tells nothing); one named is always planned."""
     cases: dict[tuple[str, Workload], None] = {}
-    for sweep in suite.sweeps:
+    for number, sweep in enumerate(suite.sweeps, 1):
         _check_preset_axes(overrides.get(MODEL.name) or sweep.get(MODEL.name), overrides, None)
         axes = {**sweep, **overrides}
         models, phases = axes.get(MODEL.name), axes.get(PHASE.name)
@@ -188,7 +189,10 @@ def expand(
             if models
             else [axes]
         )
-        workloads = [workload for one in expanded for workload in _workloads(one)]
+        try:
+            workloads = [workload for one in expanded for workload in _workloads(one)]
+        except UsageError as error:
+            raise UsageError(f"{error}{_sweep_context(str(error), suite, number, sweep, overrides)}") from None
         # after the workloads: a bad size is said before `available` asks a contender (which may build it)
         impls, implicit = _impls(axes[IMPL.name], known_impls, default_impls, available_impls)
         if never_applies is not None:  # a contender no workload of the sweep suits, unless named, is left out
@@ -197,6 +201,26 @@ def expand(
             for impl in impls:
                 cases[(impl, workload)] = None
     return list(cases)
+
+
+_FIELD = {"seq": "seq_q", "seq_kv": "seq_k"}  # how a workload's message names these axes
+_SIZES = ("batch", "heads", "kv_heads", "seq", "seq_kv", "head_dim", "head_dim_v", "window", "documents", "chunk")
+
+
+def _sweep_context(
+    message: str, suite: Suite, number: int, sweep: dict[str, list[Any]], overrides: dict[str, list[Any]]
+) -> str:
+    """Where a workload the command's flags made is refused in a suite's sweep that sets sizes of its own: those
+    sizes ('seq_kv 256' of quick's second sweep, which the user never wrote) and the flag of the one ``message``
+    names (else the first)."""
+    own = [(axis, sweep[axis]) for axis in _SIZES if axis in sweep and axis not in overrides]
+    if not own:
+        return ""
+    said = ", ".join(f"{axis} {','.join(map(str, values))}" for axis, values in own)
+    named = [axis for axis, _ in own if re.search(rf"\b{_FIELD.get(axis, axis)}\b", message)] or [own[0][0]]
+    flag = "--" + named[0].replace("_", "-")
+    where = f"suite {suite.name}'s sweep {number} of {len(suite.sweeps)}"
+    return f" ({where} sets {said} itself; {flag} and the like replace them)"
 
 
 def _preset_dtypes(model: str, axes: dict[str, list[Any]]) -> list[dict[str, list[Any]]]:
