@@ -74,7 +74,7 @@ def _headline(frame: pd.DataFrame, baseline: str | None) -> list[dict[str, Any]]
         return []
     ranked = ranked.assign(workload=labels(ranked))
     ok = ranked[ranked["status"] == "ok"]
-    speedups, bases = speedup_table(ok, baseline) if not ok.empty else ({}, {})
+    speedups, bases = speedup_table(ok, baseline) if not ok.empty else (pd.DataFrame(), pd.Series(dtype=str))
     rows: list[dict[str, Any]] = []
     for (machine, workload), both in ranked.groupby(["machine", "workload"], sort=False):
         group, stalled = both[both["status"] == "ok"], int((both["status"] == "stalled").sum())

@@ -141,7 +141,8 @@ def _facet_figure(
         _draw_panel(axis, panel, y, colours, xlabel)
         lines = decorate(panel, axis) if decorate else []
         value_axis(axis, panel.rows[y], extra=[line.value for line in lines])
-        points, taken = _drawn_points(axis), []
+        points = _drawn_points(axis)
+        taken: list[tuple[float, ...]] = []
         for line in lines:
             taken.append(_reference_line(axis, line, points, taken))
         axis.set_ylabel(ylabel)
@@ -337,8 +338,9 @@ def speedup(ok: pd.DataFrame, colours: dict[str, Any], baseline: str | None) -> 
             yticklabels=rows,
         )
     colour_bar = axis.collections[0].colorbar
-    steps = [k for k in range(-SPEEDUP_SATURATES, SPEEDUP_SATURATES + 1) if abs(k) <= limit]
-    colour_bar.set_ticks(steps, labels=[f"{2.0**k:g}×" for k in steps])
+    if colour_bar is not None:
+        steps = [k for k in range(-SPEEDUP_SATURATES, SPEEDUP_SATURATES + 1) if abs(k) <= limit]
+        colour_bar.set_ticks(steps, labels=[f"{2.0**k:g}×" for k in steps])
     axis.set_xticklabels(axis.get_xticklabels(), rotation=0, fontsize=8)
     axis.set_yticklabels(axis.get_yticklabels(), rotation=0, fontsize=7)
     axis.set_title("speedup over the baseline (> 1× is faster; the baseline is 1×)", size=10)
