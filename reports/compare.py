@@ -378,6 +378,11 @@ def load_for_compare(
     (reports.normalise), and the store's between-run spread per case when ``db`` is given
     (reports.noise_floor; the two compared runs left out of it, so no floor comes from the runs it judges)."""
     frame, runs = load_runs([base, new])
+    for run in runs:
+        if run.frame.empty:  # a run stopped before its first case finished: no case to judge
+            raise UsageError(
+                f"{run.path}: no finished case (the run stopped before its first row); compare runs with rows"
+            )
     if mode == "yardstick":
         if not any(column in frame and frame[column].notna().any() for column in YARDSTICK_COLUMNS.values()):
             raise UsageError(

@@ -316,5 +316,21 @@ def test_compare_rejects_bad_settings(cli, two_runs):
     assert code == 2 and "/no/such/run: no such run folder or file" in err
 
 
+def test_compare_with_a_run_of_no_finished_case_and_report_with_an_unknown_baseline(cli, two_runs, tmp_path):
+    stopped = tmp_path / "stopped"  # a run stopped before its first case finished: meta and plan, no row
+    shutil.copytree(two_runs[0], stopped)
+    for name in ("results.parquet", "results.csv"):
+        (stopped / name).unlink()
+    (stopped / "rows.jsonl").write_text("")
+    code, out, err = cli("compare", str(two_runs[0]), str(stopped), "--out", str(tmp_path / "cmp"))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert f"{stopped}: no finished case (the run stopped before its first row)" in err
+    assert not (tmp_path / "cmp").exists()
+    code, out, err = cli("report", str(two_runs[0]), "--baseline", "sdpa_flsh", "--out", str(tmp_path / "rep"))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "--baseline 'sdpa_flsh': no row of it in the runs; allowed: a contender they hold (bmm, naive," in err
+    assert not (tmp_path / "rep").exists()
+
+
 def test_registry_is_untouched_by_reports():
     assert "bmm" in registry.load()

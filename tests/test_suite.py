@@ -79,6 +79,13 @@ def test_bad_suite_files_name_the_problem(tmp_path, text, message):
         load_suite(_write(tmp_path, text))
 
 
+def test_a_suite_file_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "latin.toml"
+    path.write_bytes("description = 'caf\u00e9'\n".encode("latin-1"))
+    with pytest.raises(UsageError, match=r"suite latin: not valid TOML \(not UTF-8 text: invalid continuation byte"):
+        load_suite(str(path))
+
+
 def test_unknown_suite_and_impl():
     with pytest.raises(UsageError, match=r"suite 'huge' is not known; known: .*quick.*\(or a \.toml path\)"):
         load_suite("huge")

@@ -76,7 +76,12 @@ def _read(name_or_path: str) -> tuple[str, str]:
         path = Path(name_or_path)
         if not path.is_file():
             raise UsageError(f"suite file {name_or_path!r} does not exist")
-        return path.stem, path.read_text()
+        try:
+            return path.stem, path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(
+                f"suite {path.stem}: not valid TOML (not UTF-8 text: {exc.reason} at byte {exc.start})"
+            ) from None
     if name_or_path not in suite_names():
         raise UsageError(f"suite {name_or_path!r} is not known; known: {', '.join(suite_names())} (or a .toml path)")
     text = resources.files("attnbench.suites").joinpath(f"{name_or_path}.toml").read_text()
