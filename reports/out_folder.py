@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnbench.errors import UsageError
+from attnbench.errors import UsageError, check_can_make
 
 
 def claim_report_folder(out_dir: Path, page: str, patterns: tuple[str, ...]) -> None:
     """Make ``out_dir`` ready for a page named ``page`` and its files (``patterns``, globs in the folder): a new or
     empty folder is used as it is; one holding an earlier ``page`` has its files matching ``patterns`` removed; any
     other folder with files in it is a UsageError (nothing is removed or written)."""
+    check_can_make(out_dir, "--out")
     if not out_dir.exists():
         return
     if not out_dir.is_dir():

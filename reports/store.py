@@ -35,7 +35,7 @@ import duckdb
 import pandas as pd
 
 import attnbench
-from attnbench.errors import UsageError
+from attnbench.errors import UsageError, check_can_make
 from attnbench.reports.frames import Run, load_run, machine_label
 
 SCHEMA_VERSION = 2
@@ -154,8 +154,8 @@ def check_store(path: Path) -> None:
             _schema_version(con, path)  # raises for another program's database or a newer schema
         finally:
             con.close()
-    elif path.parent.exists() and not path.parent.is_dir():
-        raise UsageError(f"--db {path}: {path.parent} is not a folder")
+    else:
+        check_can_make(path, "--db")
 
 
 @contextmanager

@@ -253,6 +253,33 @@ def test_missing_and_corrupt_databases_are_one_line_exit_2(cli, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.duckdb", "foreign.duckdb"]
 
 
+def test_history_out_of_other_files_or_under_a_file_is_refused(cli, tmp_path):
+    db = tmp_path / "old.duckdb"
+    v1_store(db, {"bmm": [1.0, 1.01, 0.99]}, "old box")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    code, _, err = cli("history", "--db", str(db), "--out", str(mine))  # as report and compare refuse it
+    assert code == 2 and err.count("\n") == 1 and "already holds files and no earlier history.html" in err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    code, _, err = cli("history", "--db", str(db), "--out", str(mine / "notes.txt" / "page"))
+    assert code == 2 and err.count("\n") == 1 and "notes.txt is a file, not a folder" in err
+    code, _, err = cli("history", "--db", str(db), "--out", str(tmp_path / "page"))
+    assert code == 0, err
+    code, _, err = cli("history", "--db", str(db), "--out", str(tmp_path / "page"))  # its own page: drawn again
+    assert code == 0, err
+
+
+def test_store_under_a_file_is_refused_before_it_is_made(tmp_path):
+    from attnbench.errors import UsageError
+    from attnbench.reports.store import check_store
+
+    (tmp_path / "notes.txt").write_text("mine")
+    db = tmp_path / "notes.txt" / "deeper" / "store.duckdb"  # mkdir of its folders raised NotADirectoryError
+    with pytest.raises(UsageError, match=r"--db .*store.duckdb: .*notes.txt is a file, not a folder"):
+        check_store(db)
+
+
 def test_an_older_schema_opens_read_only_and_migrates_when_written(cli, tmp_path):
     db = tmp_path / "old.duckdb"
     v1_store(db, {"bmm": [1.0, 1.01, 0.99, 1.0, 1.3, 1.31, 1.29, 1.3]}, "old box")

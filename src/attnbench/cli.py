@@ -498,6 +498,7 @@ def cmd_store(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     from attnbench.reports import history
+    from attnbench.reports.out_folder import claim_report_folder
     from attnbench.reports.store import DEFAULT_DB, open_store
 
     if not 0 < args.alpha < 1:
@@ -519,14 +520,13 @@ def cmd_history(args: argparse.Namespace) -> int:
         )
     impls = [name for name in (args.impl or "").split(",") if name]
     out = Path(args.out) if args.out else _default_out("history")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a folder")
     db = Path(args.db) if args.db else DEFAULT_DB
     with open_store(db, write=False) as con:
         frame = history.load_history(con, impls, args.where)
         runs = history.runs_table(con)
     if frame.empty:
         raise UsageError(f"--db {db}: no ok row to draw (with the --impl and --where given)")
+    claim_report_folder(out, "history.html", ("history.html", "changes.csv"))  # after every check: nothing cleared
     if args.normalise == "yardstick":
         frame, left_raw = history.normalise_history(frame, runs)
         print(f"normalised by the yardsticks; {left_raw} series left raw (a run without yardstick rates)")

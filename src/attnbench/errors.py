@@ -14,13 +14,28 @@ next, so "not supported because: <why>" stays one clause — and capped at :data
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 REASON_CHARS = 360  # a reason's cap: room for a library's headline and two or three of its "because" clauses
 
 
 class UsageError(ValueError):
     """Bad input: the message names the field, the value and what is allowed."""
+
+
+def check_can_make(path: Path, flag: str) -> None:
+    """A UsageError unless ``path`` (a folder or file to write, given by ``flag``) can be written: an existing
+    folder this process may write in, or a new one whose nearest existing parent is such a folder. An ``--out``
+    under a file or a read-only folder then fails in one line before any work, not at its first write."""
+    above = path if path.exists() else next(parent for parent in path.absolute().parents if parent.exists())
+    if not above.is_dir():
+        if above != path:
+            raise UsageError(f"{flag} {path}: {above} is a file, not a folder; give a path under folders")
+        return  # the path itself is a file: the caller says whether that will do
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {above} is not writable; give a folder you can write in")
 
 
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\.?")

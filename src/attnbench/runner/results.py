@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.errors import UsageError
+from attnbench.errors import UsageError, check_can_make
 from attnbench.measure import _gpu_state as gpu_state
 from attnbench.workload import Workload, axes
 
@@ -180,6 +180,7 @@ class RunWriter:
         """Raise a UsageError if ``out_dir`` can't be used (call before any work is done)."""
         if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
             raise UsageError(f"--out {out_dir}: already exists and is not an empty folder; choose a new one")
+        check_can_make(out_dir, "--out")
 
     def start(self, meta: dict[str, Any], plan: list[tuple[str, Workload]]) -> None:
         self.check_target(self.out_dir)
