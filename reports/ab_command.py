@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -41,7 +42,7 @@ def check_flags(args: argparse.Namespace) -> None:
         )
     if not 0 < args.threshold < 1:
         raise UsageError(f"--threshold {args.threshold}: must be a fraction between 0 and 1, e.g. 0.02")
-    if not args.budget_s > 0:
+    if not 0 < args.budget_s < math.inf:
         raise UsageError(f"--budget-s {args.budget_s:g}: must be a positive number of seconds")
     check_threads(args.threads)
 

@@ -86,6 +86,22 @@ BAD_INPUTS = [
     (["run", "--batch", "100000000"], "--batch value 100000000 is past the sane upper bound; allowed: 1 to 65536"),
     (["masks", "--tile", "128x0"], "--tile '128x0': expected query rows x keys, positive, e.g. --tile 128x128,128x64"),
     (["masks", "--mask", "document", "--seq", "64", "--seq-kv", "128"], "needs seq_q == seq_k; got 64 and 128"),
+    # no value, or a number that never ends: refused, not taken as the default (or the current folder)
+    (["run", "--suite", ""], "--suite '': no value; give one, e.g. --suite quick"),
+    (["run", "--shard", ""], "--shard '': no value; give one, e.g. --shard 2/3"),
+    (["merge", "a", "--out", ""], "--out '': no value; give a new folder for the merged results"),
+    (["env", "--dtype", ""], "--dtype '': no value; give a comma-separated list"),
+    (["run", "--budget-s", "inf"], "--budget-s inf: must be a positive number of seconds"),
+    (["run", "--timeout-s", "inf"], "--timeout-s inf: must be a positive number of seconds"),
+    (["profile", "--impl", "bmm", "--budget-s", "inf"], "--budget-s inf: must be a positive number of seconds"),
+    (["ab", "--a", "bmm", "--b", "bmm", "--budget-s", "inf"], "--budget-s inf: must be a positive number of seconds"),
+    (["history", "--min-change", "inf"], "--min-change inf: must be a fraction ≥ 0"),
+    (["history", "--fail-on-regression", "inf"], "--fail-on-regression inf: must be a percentage ≥ 0"),
+    (
+        ["ratios", "r", "--impl", "a", "--vs", "b", "--max-time-ratio", "nan"],
+        "--max-time-ratio nan: must be a positive",
+    ),
+    (["ratios", "r", "--impl", "a", "--vs", "b", "--min-speedup", "-1"], "--min-speedup -1: must be a positive number"),
 ]
 
 
@@ -120,6 +136,33 @@ def test_existing_out_folder_is_refused(cli, tmp_path):
     code, _, err = cli("run", "--impl", "bmm", "--out", str(tmp_path))
     assert code == 2 and "already exists and is not an empty folder" in err
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_run_out_empty_is_refused_not_the_current_folder(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an empty folder: '' (Path('') is '.') would have taken it as the run folder
+    code, out, err = cli("run", "--impl", "bmm", "--seq", "64", "--out", "")
+    assert code == 2 and err.count("\n") == 1 and "--out '': no value; give one, e.g. --out runs/mine" in err
+    assert out == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--impl", "bmm", "--seq", "64"],
+        ["profile", "--impl", "bmm", "--seq", "64"],
+        ["masks", "--mask", "causal", "--seq", "64"],
+        ["merge", "nowhere"],
+        ["ab", "--a", "bmm", "--b", "bmm", "--seq", "64"],
+    ],
+    ids=lambda args: args[0],
+)
+def test_out_under_a_file_is_one_line_before_any_work(cli, tmp_path, args):
+    (tmp_path / "notes.txt").write_text("mine")
+    out = tmp_path / "notes.txt" / "run"
+    code, text, err = cli(*args, "--out", str(out))
+    assert code == 2 and text == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert f"--out {out}: {tmp_path / 'notes.txt'} is a file, not a folder; give a path under folders" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
 def test_bad_input_from_a_real_process_has_no_traceback(tmp_path):

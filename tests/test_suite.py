@@ -59,6 +59,8 @@ def _write(tmp_path: Path, text: str) -> str:
         ("[[sweep]]\nbatch = '2'\nheads = 2\nseq = 8\nhead_dim = 8\n", "batch value '2' must be an integer"),
         ("[[sweep]]\nbatch = []\nheads = 2\nseq = 8\nhead_dim = 8\n", "batch is an empty list"),
         ("budget_s = -1\n[[sweep]]\nbatch = 1\n", "budget_s must be a positive number"),
+        ("budget_s = nan\n[[sweep]]\nbatch = 1\n", "budget_s must be a positive number of seconds, got nan"),
+        ("case_budget_s = inf\n[[sweep]]\nbatch = 1\n", "case_budget_s must be a positive number of seconds, got inf"),
         ("[[sweep]\nbatch = 1\n", "not valid TOML"),
         ("colour = 1\n", "unknown top-level key 'colour'"),
         ("[[sweep]]\nbatch = 1\nheads = 2\nseq = 8\nhead_dim = 8\nmask = 'casual'\n", r"s sweep 1: mask 'casual' is"),

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -34,7 +35,7 @@ from attnbench.measure.environment import command_line, environment
 from attnbench.runner.cases import WAITED_STALL, not_runnable, waited_text
 from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request, check_threads
 from attnbench.runner.results import RunWriter
-from attnbench.workload.axes import IMPL, PASS, SWEEP_AXES, canonical_dtype, parse_overrides
+from attnbench.workload.axes import DTYPE, IMPL, PASS, SWEEP_AXES, parse_overrides, parse_text
 from attnbench.workload.suite import (
     check_devices,
     expand,
@@ -221,6 +222,8 @@ def _store_target(request: RunRequest) -> Path | None:
 def cmd_merge(args: argparse.Namespace) -> int:
     from attnbench.reports.merge import merge_runs
 
+    if not args.out.strip():  # Path('') is the current folder
+        raise UsageError("--out '': no value; give a new folder for the merged results, e.g. --out runs/merged")
     out = Path(args.out)
     RunWriter.check_target(out)
     frame, warnings = merge_runs(_run_paths(args.runs), out, args.command_line)
@@ -250,7 +253,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UsageError(f"--calls {args.calls}: must be a positive integer")
     if args.profile_pass not in (None, "fwd"):
         raise UsageError(f"--pass {args.profile_pass}: profile records the forward call only; allowed: fwd")
-    if not args.budget_s > 0:
+    if not 0 < args.budget_s < math.inf:
         raise UsageError(f"--budget-s {args.budget_s:g}: must be a positive number of seconds")
     check_threads(args.threads)
     ncu = _ncu_gate() if args.ncu else None
@@ -460,6 +463,15 @@ def cmd_ratios(args: argparse.Namespace) -> int:
     from attnbench.reports.frames import load_runs
     from attnbench.reports.ratios import Bounds, failures, format_table, ratio_table, require, select
 
+    for flag, bound, example in (
+        ("--max-time-ratio", args.max_time_ratio, "1.1"),
+        ("--min-speedup", args.min_speedup, "1.2"),
+        ("--max-mem-ratio", args.max_mem_ratio, "1.5"),
+        ("--min-pct-of-peak", args.min_pct_of_peak, "50"),
+        ("--min-pct-of-matmul", args.min_pct_of_matmul, "80"),
+    ):
+        if bound is not None and not 0 < bound < math.inf:  # nan would pass every case, a negative none
+            raise UsageError(f"{flag} {bound:g}: must be a positive number, e.g. {flag} {example}")
     peers = [p for p in args.vs.split(",") if p]
     if not peers:
         raise UsageError("--vs: name at least one contender to compare with, e.g. --vs sdpa_flash,bmm")
@@ -503,9 +515,9 @@ def cmd_history(args: argparse.Namespace) -> int:
 
     if not 0 < args.alpha < 1:
         raise UsageError(f"--alpha {args.alpha}: must be between 0 and 1, e.g. 0.001")
-    if not args.min_change >= 0:
+    if not 0 <= args.min_change < math.inf:
         raise UsageError(f"--min-change {args.min_change}: must be a fraction ≥ 0, e.g. 0.05")
-    if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
+    if args.fail_on_regression is not None and not 0 <= args.fail_on_regression < math.inf:
         raise UsageError(f"--fail-on-regression {args.fail_on_regression}: must be a percentage ≥ 0, e.g. 10")
     if args.fail_on_regression is not None and 0 < args.fail_on_regression < 1:  # a fraction given as a percentage?
         print(
@@ -745,7 +757,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     """The environment as meta.json records it, and this machine's ceilings per device (cached ones; what
     is missing is measured)."""
     check_threads(args.threads)
-    dtypes = [canonical_dtype(name.strip()) for name in args.dtype.split(",") if name.strip()]
+    dtypes = parse_text(DTYPE.name, args.dtype)  # a checked, non-empty list: --dtype '' is refused
     threads = args.threads or torch.get_num_threads()
     devices = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
     ceilings = {device: asdict(load_ceilings(device, dtypes, threads, args.remeasure)) for device in devices}

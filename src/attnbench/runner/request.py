@@ -9,6 +9,7 @@ command and the Python call fail with the same line. ``attnbench.runner.sweep.ru
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,15 @@ def build_request(
     command: str = "",
 ) -> RunRequest:
     """A checked request. ``axes`` maps axis names to one value, a list, or the flag's comma-separated text."""
+    for flag, text, example in (
+        ("--suite", suite, "quick"),
+        ("--out", out, "runs/mine"),
+        ("--resume", resume, "runs/quick-20261122-010000"),
+        ("--shard", shard, "2/3"),
+        ("--db", db, "runs/attnbench.duckdb"),
+    ):
+        if isinstance(text, str) and not text.strip():  # '' would be the default, or the current folder (--out)
+            raise UsageError(f"{flag} '': no value; give one, e.g. {flag} {example}, or drop {flag} for its default")
     checked = {name: parse_values(name, value) for name, value in (axes or {}).items() if value is not None}
     for flag, value, allowed in (
         ("--cpu-allocator", cpu_allocator, POLICIES),
@@ -169,7 +179,7 @@ def _seconds(flag: str, value: float | None) -> float | None:
         seconds = float(value)
     except (TypeError, ValueError):
         raise UsageError(f"argument {flag}: invalid float value: {value!r}") from None
-    if not seconds > 0:
+    if not 0 < seconds < math.inf:  # nan and inf too: a budget or a limit that never ends
         raise UsageError(f"{flag} {seconds}: must be a positive number of seconds")
     return seconds
 

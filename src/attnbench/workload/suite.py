@@ -17,6 +17,7 @@ Command-line overrides replace an axis in every sweep.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -133,7 +134,7 @@ def load_suite(name_or_path: str) -> Suite:
         raise UsageError(f"suite {name}: unknown top-level key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}")
     budgets = {key: data.get(key, default) for key, default in (("budget_s", 1.0), ("case_budget_s", 60.0))}
     for key, budget in budgets.items():
-        if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
+        if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 < budget < math.inf:
             raise UsageError(f"suite {name}: {key} must be a positive number of seconds, got {budget!r}")
     given_defaults = _axes(data.get("defaults", {}), f"suite {name} [defaults]")
     defaults = {**DEFAULTS, **given_defaults}
