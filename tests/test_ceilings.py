@@ -197,6 +197,34 @@ def test_a_row_over_the_hardware_roof_is_named_in_the_warnings():
     )
 
 
+def test_a_memory_bound_row_over_the_roof_from_cache_is_said_apart_from_a_defect():
+    """models-cpu's decode steps over 1k keys (16 MiB of K and V, in a 32 MiB L3) ran at 120–184 % of the DRAM
+    roof and were called a measurement defect: their warm calls read the cache. Such a row is cache_resident and
+    warned of on its own; a compute-bound row or one whose bytes exceed the cache is not."""
+    from attnbench.measure._ceilings import Ceilings
+
+    ceilings = Ceilings("cpu", "test", 2, "x", roof_tflops={"float32": 1.0}, roof_gbps=50.0, cache_bytes=32 * 2**20)
+    assert ceilings.cache_resident(16 * 2**20, "float32", 1.0)
+    assert not ceilings.cache_resident(64 * 2**20, "float32", 1.0)  # larger than the cache: memory
+    assert not ceilings.cache_resident(16 * 2**20, "float32", 100.0)  # compute-bound: the FMA roof bounds it
+    case = dict(device="cpu", dtype="float32", batch=2, heads=32, kv_heads=8, seq_q=1, seq_k=1024, head_dim=128)
+    case.update(mask="causal_bottom_right", **{"pass": "fwd"})
+    ok = {"status": "ok", "unstable": False, "n_samples": 20, **case}
+    frame = pd.DataFrame(
+        [
+            {"impl": "fused_cpu", "pct_of_peak": 141.0, "cache_resident": True, **ok},
+            {"impl": "bmm", "pct_of_peak": 120.0, "cache_resident": False, **ok},
+        ]
+    )
+    warnings = result_warnings(frame)
+    (defect,) = [w for w in warnings if "measurement defect" in w]
+    (cached,) = [w for w in warnings if "cache_resident" in w]
+    assert "bmm at" in defect and "fused_cpu" not in defect
+    assert cached.startswith("1 memory-bound row(s) above 100 % of the bandwidth roof") and cached.endswith(
+        ": fused_cpu"
+    )
+
+
 def test_datasheet_lookup_by_device_name():
     assert lookup("NVIDIA H100 80GB HBM3").name == "H100 SXM"
     assert lookup("NVIDIA H100 PCIe").name == "H100 PCIe"

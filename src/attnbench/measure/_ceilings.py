@@ -12,7 +12,9 @@
 
 ``pct_of_peak`` = achieved TFLOP/s ÷ ``roofline_tflops`` (the hardware roof: min(compute roof, intensity ×
 bandwidth roof)); ``pct_of_matmul`` = achieved ÷ ``matmul_roofline_tflops`` (the same with torch's matmul
-and copy rates). A row above 100 % of the hardware roof is a measurement defect.
+and copy rates). A row above 100 % of the hardware roof is a measurement defect — unless it is bandwidth-bound
+and its bytes fit in the cache in front of memory (``cache_bytes``; the row's ``cache_resident``): its warm calls
+read them from the cache.
 
 Measured once per machine and cached (``$ATTNBENCH_CACHE_DIR`` or ``~/.cache/attnbench``), keyed by
 device name, thread count and torch version; ``attnbench run --remeasure-ceilings`` measures again.
@@ -68,6 +70,16 @@ class Ceilings:
     triad_gbps: float | None = None  # CPU: attnbench's triad kernel
     read_gbps: float | None = None  # CPU: attnbench's read-stream kernel
     measured_at: str = ""
+    # the largest cache in front of the bandwidth roof (CPU: the last level; GPU: L2), read on every load: a
+    # memory-bound row whose bytes fit in it can read them from there, faster than the roof (cache_resident)
+    cache_bytes: int = 0
+
+    def cache_resident(self, traffic_bytes: float, dtype: str, intensity: float) -> bool:
+        """Whether a row of ``traffic_bytes`` at ``intensity`` is bandwidth-bound on the hardware roofline and
+        its bytes fit in ``cache_bytes``: warm calls then read them from the cache, not from memory."""
+        peak = self.roof_tflops.get(dtype)
+        bound = peak is not None and self.roof_gbps > 0 and intensity * self.roof_gbps / 1e3 < peak
+        return bool(bound and 0 < traffic_bytes <= self.cache_bytes)
 
     def roofline_tflops(self, dtype: str, intensity: float) -> float | None:
         """The hardware roof at this arithmetic intensity (FLOP/byte), in TFLOP/s; None if not measured."""
@@ -82,6 +94,18 @@ def _roofline(peak: float | None, gbps: float, intensity: float) -> float | None
     if peak is None or gbps <= 0:
         return None
     return min(peak, intensity * gbps / 1e3)
+
+
+def _cache_bytes(device: str) -> int:
+    """The largest cache in front of ``device``'s memory: a GPU's L2 (0 where torch does not say), else the CPU's
+    last level."""
+    if device != "cuda":
+        return hardware.last_level_cache_bytes()
+    try:
+        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    except (AssertionError, RuntimeError):  # no CUDA torch (a test's stand-in GPU): no cache to name
+        return 0
+    return int(getattr(properties, "L2_cache_size", 0) or 0)
 
 
 def _device_name(device: str) -> str:
@@ -233,6 +257,7 @@ def load_ceilings(device: str, dtypes: list[str], threads: int, remeasure: bool 
         _cpu_compute_roofs(ceilings, missing)
     if fresh and device != "cuda":
         _cpu_bandwidth_roof(ceilings)
+    ceilings.cache_bytes = _cache_bytes(device)
     if missing or fresh:
         ceilings.measured_at = dt.datetime.now().astimezone().isoformat()
         cache[key] = asdict(ceilings)

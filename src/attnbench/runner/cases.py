@@ -343,6 +343,7 @@ def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready,
     metrics["pct_of_peak"] = 100 * metrics["tflops"] / roof if roof else None  # of the hardware roof
     matmul = ceilings.matmul_roofline_tflops(dots, metrics["intensity"]) if ceilings else None
     metrics["pct_of_matmul"] = 100 * metrics["tflops"] / matmul if matmul else None
+    metrics["cache_resident"] = ceilings.cache_resident(traffic, dots, metrics["intensity"]) if ceilings else None
     if not prepared.ok:
         return make_row(impl, workload, "incorrect", prepared.reason, **metrics)
     if timing.stalled:  # its time kept (the row says what it ran at), never ranked

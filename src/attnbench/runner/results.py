@@ -55,6 +55,7 @@ COLUMNS = [
     "intensity",
     "pct_of_peak",
     "pct_of_matmul",
+    "cache_resident",
     "peak_mem_mb",
     "predicted_ms",
     "predicted_mem_mb",
@@ -300,6 +301,7 @@ def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for column in FLOAT_COLUMNS:
         frame[column] = frame[column].astype("float64")
     frame["unstable"] = frame["unstable"].astype("boolean")
+    frame["cache_resident"] = frame["cache_resident"].astype("boolean")
     optional_sizes = [axis.column for axis in axes.WORKLOAD_AXES if axis.optional and axis.kind is int]
     for column in ("n_samples", "calls_per_sample", "checked_rows", "threads", *optional_sizes, "rounds"):
         frame[column] = frame[column].astype("Int64")
