@@ -56,9 +56,8 @@ def progress_line(index: int, total: int, case: ab.AbCase, label: str) -> str:
     return f"[{index + 1}/{total}] {label}: {case.verdict} {shown}"
 
 
-def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], default_out: Path) -> int:
+def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], out: Path) -> int:
     check_flags(args)
-    out = Path(args.out) if args.out else default_out
     RunWriter.check_target(out)
     workloads = ab.sweep_workloads(args.suite, overrides)
     if args.cold and any(w.device != "cuda" for w in workloads):

@@ -8,6 +8,7 @@ from attnbench.errors import UsageError
 from attnbench.reports.frames import load_runs, machine_label
 from attnbench.reports.html import write_report
 from attnbench.reports.masks import report_masks
+from attnbench.reports.out_folder import claim_report_folder
 from attnbench.reports.plots import Roofs, draw_all
 from attnbench.reports.summary import status_counts
 
@@ -39,10 +40,12 @@ def build_report(
     if baseline and not (frame["impl"] == baseline).any():  # a misspelt name would fall back without a word
         known = ", ".join(sorted(set(frame["impl"]))) or "none"
         raise UsageError(f"--baseline {baseline!r}: no row of it in the runs; allowed: a contender they hold ({known})")
+    claim_report_folder(out_dir, "report.html", REPORT_FILES)  # after every check: bad input leaves a report as it was
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = draw_all(frame, out_dir, baseline, ceilings_by_key(runs)) + report_masks(frame, out_dir)
     html = write_report(frame, runs, figures, out_dir, baseline, command)
     empty = None
     if not (frame["status"] == "ok").any():
-        empty = f"no row ran ok ({status_counts(frame)}), so the page draws no time; its tables say why"
+        why = f"({status_counts(frame)}), so the page draws no time; its tables say why"
+        empty = "no row ran ok " + (why if len(frame) else "(the runs hold no row: they stopped before their first)")
     return html, [path for _, path in figures], empty

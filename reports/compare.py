@@ -417,9 +417,9 @@ def ratio_figure(table: pd.DataFrame, path: Path, settings: Settings) -> Path | 
 def _ticks_through_one(low: float, high: float) -> list[float]:
     """Even steps of 1, 2, 2.5 or 5 times a power of ten from 1 (the line of no change always labelled), about
     five across ``low`` … ``high``."""
-    raw = (high - low) / 5
-    power = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    from attnbench.reports.trend import nice_step
+
+    step = nice_step(high - low)
     return [round(1 + k * step, 10) for k in range(math.ceil((low - 1) / step), math.floor((high - 1) / step) + 1)]
 
 

@@ -32,6 +32,7 @@ import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 LOG_SPAN = 3.0  # values spanning less than this factor are drawn on a linear axis from zero
+STEPS_UP_TO = 2.5  # decades: a log axis up to this long is labelled at 1, 2 and 5 of each; a longer one at 1
 TITLE_SIZE = 8
 PANEL_SIZE = (4.4, 3.4)  # inches per panel
 COLUMNS = 3
@@ -51,7 +52,7 @@ def plain(value: float, _position: Any = None) -> str:
 
 
 def log_axis(axis: Any, which: str = "y") -> None:
-    """A log axis labelled in plain decimals: 1-2-5 steps over at most two decades, decades beyond."""
+    """A log axis labelled in plain decimals: 1-2-5 steps over at most ``STEPS_UP_TO`` decades, decades beyond."""
     (axis.set_yscale if which == "y" else axis.set_xscale)("log")
     _plain_log_ticks(axis.yaxis if which == "y" else axis.xaxis)
 
@@ -59,7 +60,7 @@ def log_axis(axis: Any, which: str = "y") -> None:
 def _plain_log_ticks(ticks: Any) -> None:
     low, high = sorted(ticks.get_view_interval())
     decades = math.log10(high / low) if low > 0 else 9.0
-    ticks.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)))
+    ticks.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= STEPS_UP_TO else (1.0,)))
     ticks.set_major_formatter(FuncFormatter(plain))
     ticks.set_minor_formatter(NullFormatter())
 
@@ -86,7 +87,8 @@ def plain_ticks(axis: Any) -> None:
 
 def _step_below(value: float) -> float:
     """The largest 1, 2 or 5 times a power of ten at or below ``value``: a log axis starting there has a labelled
-    tick under its lowest point (the fastest contender sat below the lowest label)."""
+    tick under its lowest point (the fastest contender sat below the lowest label) where it is labelled at 1, 2
+    and 5 (:data:`STEPS_UP_TO`)."""
     power = 10.0 ** math.floor(math.log10(value))
     return max(m * power for m in (1, 2, 5) if m * power <= value * (1 + 1e-9))
 
@@ -103,7 +105,10 @@ def value_axis(
     low, high = float(seen.min()), float(seen.max())
     limits = axis.set_ylim if which == "y" else axis.set_xlim
     if high / low >= LOG_SPAN:
-        limits(_step_below(low / 1.05), high * (2.0 if which == "y" else 1.3))
+        bottom, top = _step_below(low / 1.05), high * (2.0 if which == "y" else 1.3)
+        if math.log10(top / bottom) > STEPS_UP_TO:  # labelled at powers of ten only: start at the one below
+            bottom = 10.0 ** math.floor(math.log10(low / 1.05))
+        limits(bottom, top)
         log_axis(axis, which)
         return
     pad = 0.1 * (high - low) or 0.05 * high

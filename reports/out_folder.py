@@ -1,5 +1,5 @@
-"""The folder a report-like command writes (``report``, ``compare``): new, empty, or that command's own earlier
-output, which is cleared first — a figure the new data does not draw must not stay beside the new page."""
+"""The folder a report-like command writes (``report``, ``compare``, ``history``): new, empty, or that command's own
+earlier output, which is cleared first — a figure the new data does not draw must not stay beside the new page."""
 
 from __future__ import annotations
 

@@ -67,6 +67,7 @@ def palette(impls: list[str]) -> dict[str, Any]:
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*", "d")
+MAX_NESTING = 3  # equal lines nest at most this deep (a fourth and later keep the widest width)
 
 
 def markers(impls: list[str]) -> dict[str, str]:
@@ -157,27 +158,21 @@ def _facet_figure(
 
 def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any], xlabel: str | None = None) -> None:
     order = [impl for impl in colours if impl in set(panel.rows["impl"])]
+    shapes = markers(list(colours))
     if panel.x is None:
-        # a point per contender on the panel's y axis: a bar from an arbitrary log floor would mislead
-        sns.stripplot(
-            data=panel.rows,
-            x="impl",
-            y=y,
-            hue="impl",
-            order=order,
-            hue_order=order,
-            palette=colours,
-            jitter=False,
-            size=8,
-            ax=axis,
-            legend=False,
-        )
+        # a point per contender on the panel's y axis (a bar from an arbitrary log floor would mislead), in its
+        # colour and marker, as the legend shows it
+        for position, impl in enumerate(order):
+            values = panel.rows.loc[panel.rows["impl"] == impl, y].to_numpy(dtype=float)
+            axis.scatter([position] * len(values), values, color=colours[impl], marker=shapes[impl], s=64, zorder=3)
+        axis.set_xticks(range(len(order)), order)
+        axis.set_xlim(-0.5, len(order) - 0.5)
         axis.set_xlabel("")
         axis.tick_params(axis="x", labelsize=7)
         return
-    shapes, nesting = markers(list(colours)), _nesting(panel.rows, panel.x, y, order)
+    nesting = _nesting(panel.rows, panel.x, y, order)
     for impl in order:
-        depth = nesting[impl]
+        depth = min(nesting[impl], MAX_NESTING)
         sns.lineplot(
             data=panel.rows[panel.rows["impl"] == impl],
             x=panel.x,

@@ -55,13 +55,19 @@ def nice_ticks(low: float, high: float) -> list[tuple[float, str]]:
         ticks = [m * 10.0**k for k in decades for m in mantissas if low <= m * 10.0**k <= high]
         if len(ticks) >= 3:
             return [(t, f"{t:g}") for t in ticks]
-    raw = (high - low) / 5
-    power = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    step = nice_step(high - low)
     first = math.ceil(low / step - 1e-9)
     ticks = [k * step for k in range(first, math.floor(high / step + 1e-9) + 1)]
+    power = 10.0 ** math.floor(math.log10(step) + 1e-9)
     decimals = max(0, -math.floor(math.log10(step) + 1e-9) + (1 if round(step / power, 6) == 2.5 else 0))
     return [(t, f"{t:.{decimals}f}") for t in ticks]
+
+
+def nice_step(span: float, count: int = 5) -> float:
+    """A round step — 1, 2, 2.5, 5 or 10 times a power of ten — for about ``count`` intervals across ``span``."""
+    raw = span / count
+    power = 10.0 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
 
 
 SPREAD_SHARE = 0.6  # the runs of one commit take at most this share of its slot …

@@ -31,6 +31,7 @@ CASES = [
         score_mod="softcap",
         softcap=50,
         model="gemma2-9b",
+        layer="sliding",
     ),
     Workload(8, 32, 8, 1, 2048, 128, mask="causal_bottom_right", page_size=16, model="llama3.1-8b"),
     Workload(1, 32, 8, 512, 1024, 128, mask="causal_bottom_right", model="llama3.1-8b"),  # prefill on a cache

@@ -91,6 +91,13 @@ BAD_INPUTS = [
     (["run", "--shard", ""], "--shard '': no value; give one, e.g. --shard 2/3"),
     (["merge", "a", "--out", ""], "--out '': no value; give a new folder for the merged results"),
     (["env", "--dtype", ""], "--dtype '': no value; give a comma-separated list"),
+    (["ab", "--a", "bmm", "--b", "bmm", "--out", ""], "--out '': no value; give one, e.g. --out runs/ab-mine"),
+    (["masks", "--out", ""], "--out '': no value; give one, e.g. --out runs/masks-mine"),
+    (["history", "--db", ""], "--db '': no value; give one, e.g. --db runs/attnbench.duckdb"),
+    # a feature flag no case uses: it was dropped without a word
+    (["run", "--mask", "causal", "--window", "128"], "--window 128 applies to mask sliding_window, which no case has"),
+    (["run", "--softcap", "30"], "--softcap 30 applies to score_mod softcap, which no case has (its score_mod: none)"),
+    (["run", "--model", "gpt2", "--decode-share", "0.3"], "mask: causal, causal_bottom_right); add --phase mixed"),
     (["run", "--budget-s", "inf"], "--budget-s inf: must be a positive number of seconds"),
     (["run", "--timeout-s", "inf"], "--timeout-s inf: must be a positive number of seconds"),
     (["profile", "--impl", "bmm", "--budget-s", "inf"], "--budget-s inf: must be a positive number of seconds"),

@@ -364,9 +364,10 @@ def test_columns_a_newer_attnbench_adds_are_added_with_null_for_old_rows(cli, tm
     con.close()
     assert rows == [("newer", 128, 3, "DOUBLE"), ("run", None, 1, "DOUBLE")]  # one repeat: its own median
     for run_name, noise in (("newer", "repeats"), ("run", "samples")):
-        code, _, err = cli("history", "--db", str(db), "--where", f"run={run_name}", "--out", str(tmp_path / run_name))
+        page = tmp_path / f"history-{run_name}"  # not into the run's own folder: history refuses a folder of files
+        code, _, err = cli("history", "--db", str(db), "--where", f"run={run_name}", "--out", str(page))
         assert code == 0, err
-        assert f"noise: {noise}</div>" in (tmp_path / run_name / "history.html").read_text()
+        assert f"noise: {noise}</div>" in (page / "history.html").read_text()
 
 
 def test_workdir_git_records_commit_and_dirty_flag(tmp_path, monkeypatch):

@@ -240,3 +240,14 @@ def test_tiles_are_drawn_in_proportion_and_a_report_label_of_one_sequence_has_no
     assert mask_label(case(1024, 1024, "causal", batch=4)) == "B4 S1024 causal"
     assert mask_label(case(1024, 1024, "causal"), per_sequence=True) == "S1024 causal"
     assert mask_table([case(256, 256, "causal", batch=4)], [(128, 128)])["mask"].tolist() == ["B4 S256 causal"]
+
+
+def test_a_feature_flag_of_one_mask_keeps_the_gallery_and_one_of_none_is_refused(cli, tmp_path):
+    """`masks --window 128` draws the gallery's every mask, the window on its sliding one (a check made per sweep
+    refused the seven others); a flag that applies to no mask drawn is refused in one line."""
+    code, _, err = cli("masks", "--window", "128", "--seq", "256", "--out", str(tmp_path / "w"))
+    assert code == 0 and "left out" not in err, err
+    table = pd.read_csv(tmp_path / "w" / "masks.csv")
+    assert len({label.split()[2] for label in table["mask"]}) == 8 and any("w128" in m for m in table["mask"])
+    code, _, err = cli("masks", "--softcap", "30", "--out", str(tmp_path / "s"))
+    assert code == 2 and "--softcap 30 applies to score_mod softcap" in err and not (tmp_path / "s").exists()

@@ -330,6 +330,11 @@ def test_compare_with_a_run_of_no_finished_case_and_report_with_an_unknown_basel
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "--baseline 'sdpa_flsh': no row of it in the runs; allowed: a contender they hold (bmm, naive," in err
     assert not (tmp_path / "rep").exists()
+    old = tmp_path / "old"  # an earlier report is left whole by a misspelt baseline (it was cleared first)
+    assert cli("report", str(two_runs[0]), "--out", str(old))[0] == 0
+    before = sorted(path.name for path in old.iterdir())
+    assert cli("report", str(two_runs[0]), "--baseline", "sdpa_flsh", "--out", str(old))[0] == 2
+    assert sorted(path.name for path in old.iterdir()) == before and "report.html" in before
 
 
 def test_registry_is_untouched_by_reports():

@@ -103,3 +103,17 @@ def test_a_workload_refused_in_a_suites_own_sweep_says_which_sweep_and_what_it_s
     message = str(refused.value)
     assert "got 512 and 256" in message and "(suite quick's sweep 2 of 2 sets" in message
     assert "seq_kv 256" in message and "--seq-kv and the like replace them" in message
+
+
+def test_a_feature_flag_is_taken_where_some_sweep_uses_it(tmp_path):
+    """Across a suite's several masks a flag may apply to some of them: not refused (only a flag no case uses is)."""
+    two = tmp_path / "two.toml"
+    two.write_text(
+        '[[sweep]]\nimpl = ["bmm"]\nbatch = [1]\nheads = [2]\nseq = [64]\nhead_dim = [16]\nmask = ["causal"]\n'
+        '[[sweep]]\nimpl = ["bmm"]\nbatch = [1]\nheads = [2]\nseq = [64]\nhead_dim = [16]\nmask = ["sliding_window"]\n'
+        "window = [32]\n"
+    )
+    windows = {w.window for _, w in expand(load_suite(str(two)), {"window": [16]}, ["bmm"])}
+    assert windows == {0, 16}
+    both = expand(load_suite("quick"), {"mask": ["causal", "sliding_window"], "window": [64]}, ["bmm"])
+    assert {w.window for _, w in both} == {0, 64}

@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from attnbench.contenders import registry
-from attnbench.errors import UsageError
+from attnbench.errors import UsageError, refuse_empty
 from attnbench.measure._ceilings import load_ceilings
 from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
 from attnbench.measure.environment import command_line, environment
@@ -38,6 +38,7 @@ from attnbench.runner.results import RunWriter
 from attnbench.workload.axes import DTYPE, IMPL, PASS, SWEEP_AXES, parse_overrides, parse_text
 from attnbench.workload.suite import (
     check_devices,
+    check_flags_apply,
     expand,
     load_suite,
     mask_suite,
@@ -65,6 +66,13 @@ def _given_axes(args: argparse.Namespace) -> dict[str, str]:
 
 
 _CLAIMED: list[Path] = []  # the default folders this command made; main() removes those it left empty
+
+
+def _out(args: argparse.Namespace, name: str) -> Path:
+    """The command's ``--out``, or a new ``runs/NAME-STAMP`` folder without one; ``--out ''`` is refused (it was
+    quietly the default)."""
+    refuse_empty("--out", args.out, f"runs/{name}-mine")
+    return Path(args.out) if args.out else _default_out(name)
 
 
 def _default_out(suite: str) -> Path:
@@ -268,7 +276,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UsageError(
             "profile: --ncu measures CUDA kernels and a cpu case has none; allowed with --ncu: --device cuda"
         )
-    out = Path(args.out) if args.out else _default_out("profile")
+    out = _out(args, "profile")
     RunWriter.check_target(out)
     runnable = []
     for impl, workload in cases:
@@ -404,17 +412,15 @@ def _run_paths(texts: list[str]) -> list[Path]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from attnbench.reports.build import REPORT_FILES, build_report
-    from attnbench.reports.out_folder import claim_report_folder
+    from attnbench.reports.build import build_report
 
+    out = _out(args, "report")  # its flags before its runs
     paths = _run_paths(args.runs)
     given = [path.resolve() for path in paths]
     twice = next((path for index, path in enumerate(paths) if given[index] in given[:index]), None)
     if twice is not None:
         raise UsageError(f"{twice}: given twice; a report draws each run once (compare runs with `attnbench compare`)")
-    out = Path(args.out) if args.out else _default_out("report")
-    claim_report_folder(out, "report.html", REPORT_FILES)
-    html, pngs, empty = build_report(paths, out, args.baseline, args.command_line)
+    html, pngs, empty = build_report(paths, out, args.baseline, args.command_line)  # it claims the folder
     print(f"report: {html}")
     for png in pngs:
         print(f"figure: {png}")
@@ -433,12 +439,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"--alpha {args.alpha}: must be between 0 and 1, e.g. 0.01")
     base, new = _run_paths([args.base, args.new])
     settings = Settings(threshold=args.threshold, alpha=args.alpha)
+    refuse_empty("--db", args.db, "runs/attnbench.duckdb")
     db = Path(args.db) if args.db else None
     if db is not None and not db.is_file():
         raise UsageError(f"--db {db}: no such store; store runs first with `attnbench store RUN… --db {db}`")
     base_rows, new_rows, history = load_for_compare(base, new, args.normalise, db)
     comparison = compare_frames(base_rows, new_rows, settings, history)
-    out = Path(args.out) if args.out else _default_out("compare")
+    out = _out(args, "compare")
     claim_report_folder(out, "compare.html", ("compare.*",))
     table = comparison.table
     extra = ["yardstick"] if "yardstick" in table else []
@@ -501,6 +508,7 @@ def cmd_ratios(args: argparse.Namespace) -> int:
 def cmd_store(args: argparse.Namespace) -> int:
     from attnbench.reports.store import DEFAULT_DB, store_runs
 
+    refuse_empty("--db", args.db, str(DEFAULT_DB))
     db = Path(args.db) if args.db else DEFAULT_DB
     for stored in store_runs([Path(r) for r in args.runs], db):
         print(f"{stored.action:<9} {stored.name} (run_id {stored.run_id}, {stored.n_rows} rows)")
@@ -531,7 +539,8 @@ def cmd_history(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     impls = [name for name in (args.impl or "").split(",") if name]
-    out = Path(args.out) if args.out else _default_out("history")
+    out = _out(args, "history")
+    refuse_empty("--db", args.db, str(DEFAULT_DB))
     db = Path(args.db) if args.db else DEFAULT_DB
     with open_store(db, write=False) as con:
         frame = history.load_history(con, impls, args.where)
@@ -633,7 +642,7 @@ def ab_overrides(args: argparse.Namespace) -> dict[str, list[Any]]:
 def cmd_ab(args: argparse.Namespace) -> int:
     from attnbench.reports import ab_command
 
-    return ab_command.cmd_ab(args, ab_overrides(args), Path(args.out) if args.out else _default_out("ab"))
+    return ab_command.cmd_ab(args, ab_overrides(args), _out(args, "ab"))
 
 
 def _add_ab_command(commands: Any) -> None:
@@ -688,14 +697,16 @@ def cmd_masks(args: argparse.Namespace) -> int:
     cases = []
     for sweep in suite.sweeps:  # contenders do not change a mask: none is asked whether it runs here
         try:
-            cases += expand(dataclasses.replace(suite, sweeps=(sweep,)), overrides, known, None, known)
+            one = dataclasses.replace(suite, sweeps=(sweep,))
+            cases += expand(one, overrides, known, None, known, check_flags=False)  # checked below, over them all
         except UsageError as error:
             if not gallery:
                 raise
             print(f"masks: {sweep['mask'][0]} left out: {error}", file=sys.stderr)  # one these sizes exclude
     if not cases:
         raise UsageError("masks: no mask can be drawn at these sizes (see above)")
-    out = Path(args.out) if args.out else _default_out("masks")
+    check_flags_apply(overrides, [workload for _, workload in cases])
+    out = _out(args, "masks")
     RunWriter.check_target(out)
     table = write_masks([workload for _, workload in cases], tiles, out)
     print(format_table(table))

@@ -25,6 +25,13 @@ class UsageError(ValueError):
     """Bad input: the message names the field, the value and what is allowed."""
 
 
+def refuse_empty(flag: str, text: object, example: str) -> None:
+    """A UsageError for a flag given an empty value (``--out ''``): it would quietly be the default, or the current
+    folder; ``example`` is a value that would do."""
+    if isinstance(text, str) and not text.strip():
+        raise UsageError(f"{flag} '': no value; give one, e.g. {flag} {example}, or drop {flag} for its default")
+
+
 def check_can_make(path: Path, flag: str) -> None:
     """A UsageError unless ``path`` (a folder or file to write, given by ``flag``) can be written: an existing
     folder this process may write in, or a new one whose nearest existing parent is such a folder. An ``--out``

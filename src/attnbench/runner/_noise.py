@@ -111,14 +111,15 @@ ROOF_PCT = 100.0  # no kernel runs faster than the hardware: a row above this % 
 
 
 def _over(ok: pd.DataFrame) -> pd.Series:
-    """Rows above ``ROOF_PCT`` of the hardware roof, and whether each read its bytes from a cache (a run written
-    before ``cache_resident`` existed: no)."""
+    """Whether each row is above ``ROOF_PCT`` of the hardware roof (no where the column is missing)."""
     if "pct_of_peak" not in ok:
         return pd.Series(False, index=ok.index)
     return ok["pct_of_peak"].astype("float64") > ROOF_PCT
 
 
 def _cached(ok: pd.DataFrame) -> pd.Series:
+    """Whether each row read its bytes from the cache in front of memory (a run written before ``cache_resident``
+    existed: no)."""
     if "cache_resident" not in ok:
         return pd.Series(False, index=ok.index)
     return ok["cache_resident"].astype("boolean").fillna(False).astype(bool)

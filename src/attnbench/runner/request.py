@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnbench.errors import UsageError
+from attnbench.errors import UsageError, refuse_empty
 from attnbench.measure._hardware import usable_cpus
 from attnbench.measure.allocator import POLICIES
 from attnbench.runner._shard import parse_shard
@@ -110,8 +110,7 @@ def build_request(
         ("--shard", shard, "2/3"),
         ("--db", db, "runs/attnbench.duckdb"),
     ):
-        if isinstance(text, str) and not text.strip():  # '' would be the default, or the current folder (--out)
-            raise UsageError(f"{flag} '': no value; give one, e.g. {flag} {example}, or drop {flag} for its default")
+        refuse_empty(flag, text, example)
     checked = {name: parse_values(name, value) for name, value in (axes or {}).items() if value is not None}
     for flag, value, allowed in (
         ("--cpu-allocator", cpu_allocator, POLICIES),

@@ -75,6 +75,8 @@ def _read(name_or_path: str) -> tuple[str, str]:
     """(suite name, TOML text) for a shipped suite name or a path to a .toml file."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         path = Path(name_or_path)
+        if path.is_dir():
+            raise UsageError(f"suite file {name_or_path!r} is a folder; give a .toml file or a suite's name")
         if not path.is_file():
             raise UsageError(f"suite file {name_or_path!r} does not exist")
         try:
@@ -168,6 +170,7 @@ def expand(
     default_impls: list[str] | None = None,
     available_impls: list[str] | Callable[[], list[str]] | None = None,
     never_applies: Callable[[str, list[Workload]], bool] | None = None,
+    check_flags: bool = True,
 ) -> list[tuple[str, Workload]]:
     """All (contender, workload) cases, in sweep order, without duplicates; validates every value.
 
@@ -175,8 +178,10 @@ def expand(
     ``available_impls`` (those of them that can run on this machine; default: all of them; a function is
     called only where a sweep asks for them, since asking a contender whether it can run may build it). A contender
     such a keyword brings in is left out of a sweep where ``never_applies(impl, workloads)`` says it suits
-    none of them (a column of `unsupported` tells nothing); one named is always planned."""
-    cases: dict[tuple[str, Workload], None] = {}
+    none of them (a column of `unsupported` tells nothing); one named is always planned. ``check_flags``: a
+    feature flag of ``overrides`` no workload uses is refused (:func:`check_flags_apply`; a caller that expands
+    a suite a sweep at a time checks once over them all)."""
+    swept: list[tuple[dict[str, list[Any]], list[Workload]]] = []
     for number, sweep in enumerate(suite.sweeps, 1):
         _check_preset_axes(overrides.get(MODEL.name) or sweep.get(MODEL.name), overrides, None)
         axes = {**sweep, **overrides}
@@ -196,10 +201,14 @@ def expand(
             else [axes]
         )
         try:
-            workloads = [workload for one in expanded for workload in _workloads(one)]
+            swept.append((axes, [workload for one in expanded for workload in _workloads(one)]))
         except UsageError as error:
             raise UsageError(f"{error}{_sweep_context(str(error), suite, number, sweep, overrides)}") from None
-        # after the workloads: a bad size is said before `available` asks a contender (which may build it)
+    if check_flags:
+        check_flags_apply(overrides, list(dict.fromkeys(w for _, workloads in swept for w in workloads)))
+    # after every sweep's workloads: bad input is said before `available` asks a contender (which may build it)
+    cases: dict[tuple[str, Workload], None] = {}
+    for axes, workloads in swept:
         impls, implicit = _impls(axes[IMPL.name], known_impls, default_impls, available_impls)
         if never_applies is not None:  # a contender no workload of the sweep suits, unless named, is left out
             impls = [impl for impl in impls if impl not in implicit or not never_applies(impl, workloads)]
@@ -207,6 +216,37 @@ def expand(
             for impl in impls:
                 cases[(impl, workload)] = None
     return list(cases)
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def check_flags_apply(overrides: dict[str, list[Any]], workloads: list[Workload]) -> None:
+    """A command's feature flag that applies to one value of another axis (``--window``: mask sliding_window) where
+    no workload has that value: a UsageError, not a flag dropped without a word (`--mask causal --window 128`
+    ran causal). Across a suite's several masks a flag may apply to some sweeps only: that is not refused."""
+    if not workloads:
+        return
+    for name, values in overrides.items():
+        axis = BY_NAME.get(name)
+        if axis is None or axis.applies is None or not values:
+            continue
+        other, value = axis.applies
+        if any(BY_NAME[other].read(w) == value for w in workloads):
+            continue
+        seen = ", ".join(dict.fromkeys(str(BY_NAME[other].read(w)) for w in workloads))
+        given = ",".join(map(_shown, values))
+        if not any(w.model for w in workloads):
+            advice = f"add {BY_NAME[other].flag} {value}"
+        elif (other, value) == ("mask", "mixed"):
+            advice = "add --phase mixed"
+        else:
+            advice = f"the model preset sets {other}: pick one with {other} {value}"
+        raise UsageError(
+            f"{axis.flag} {given} applies to {other} {value}, which no case has (its {other}: {seen}); "
+            f"{advice} or drop {axis.flag}"
+        )
 
 
 _FIELD = {"seq": "seq_q", "seq_kv": "seq_k"}  # how a workload's message names these axes
@@ -218,12 +258,14 @@ def _sweep_context(
 ) -> str:
     """Where a workload the command's flags made is refused in a suite's sweep that sets sizes of its own: those
     sizes ('seq_kv 256' of quick's second sweep, which the user never wrote) and the flag of the one ``message``
-    names (else the first)."""
+    names; nothing where it names none of them."""
     own = [(axis, sweep[axis]) for axis in _SIZES if axis in sweep and axis not in overrides]
     if not own:
         return ""
     said = ", ".join(f"{axis} {','.join(map(str, values))}" for axis, values in own)
-    named = [axis for axis, _ in own if re.search(rf"\b{_FIELD.get(axis, axis)}\b", message)] or [own[0][0]]
+    named = [axis for axis, _ in own if re.search(rf"\b{_FIELD.get(axis, axis)}\b", message)]
+    if not named:  # the problem is not one of the sweep's own sizes (a dtype, a missing window): nothing to add
+        return ""
     flag = "--" + named[0].replace("_", "-")
     where = f"suite {suite.name}'s sweep {number} of {len(suite.sweeps)}"
     return f" ({where} sets {said} itself; {flag} and the like replace them)"
