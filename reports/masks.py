@@ -156,7 +156,8 @@ def draw_masks(workloads: list[Workload], tile: tuple[int, int], per_sequence: b
         )
         counts = count_tiles(w, *tile, states)
         which = f"sequence {index + 1} of {w.batch} shown; the batch's " if index is not None else ""
-        axis.set_title(f"{mask_label(w, per_sequence)}\n{which}work {counts.work_factor:.2f}x", fontsize=TITLE_SIZE)
+        # "; " between the mask and its work: the title is re-wrapped at spaces to fit (a line break would not hold)
+        axis.set_title(f"{mask_label(w, per_sequence)}; {which}work {counts.work_factor:.2f}x", fontsize=TITLE_SIZE)
         axis.set_xlabel(f"key block ({tile[1]} keys)", fontsize=TITLE_SIZE)
         axis.set_ylabel(f"query block ({tile[0]} rows)", fontsize=TITLE_SIZE)
         axis.tick_params(labelsize=TITLE_SIZE)

@@ -371,7 +371,8 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
             ridges.append(roofs.matmul_tflops * 1e3 / roofs.copy_gbps)
         low = min([rows["intensity"].min() / 4, *(r / 2 for r in ridges)])
         high = max([rows["intensity"].max() * 4, *(r * 2 for r in ridges)])
-        x = np.geomspace(low, high, 200)
+        value_axis(axis, [low, high], which="x")
+        x = np.geomspace(*axis.get_xlim(), 200)  # the roofs across the whole axis, from its left edge
         axis.plot(
             x,
             np.minimum(peak, x * bandwidth_gbps / 1e3),
@@ -406,8 +407,7 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
             s=40,
             legend=False,
         )
-        value_axis(axis, [low, high], which="x")
-        value_axis(axis, rows["tflops"], extra=[peak, low * bandwidth_gbps / 1e3])
+        value_axis(axis, rows["tflops"], extra=[peak, x[0] * bandwidth_gbps / 1e3])
         axis.set_xlabel("arithmetic intensity (FLOP/byte)")
         axis.set_ylabel("achieved TFLOP/s")
         axis.set_title(
