@@ -372,7 +372,8 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
         low = min([rows["intensity"].min() / 4, *(r / 2 for r in ridges)])
         high = max([rows["intensity"].max() * 4, *(r * 2 for r in ridges)])
         value_axis(axis, [low, high], which="x")
-        x = np.geomspace(*axis.get_xlim(), 200)  # the roofs across the whole axis, from its left edge
+        left, right = axis.get_xlim()
+        x = np.geomspace(left, right, 200)  # the roofs across the whole axis, from its left edge
         axis.plot(
             x,
             np.minimum(peak, x * bandwidth_gbps / 1e3),
