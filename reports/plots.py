@@ -458,9 +458,9 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
         percent.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         return [Reference(bandwidth, f"bandwidth roof {bandwidth:.3g} GB/s")]
 
-    return _facet_figure(
-        panels, "gbps", "GB/s (bytes of the KV read)", colours, bandwidth_line, xlabel="KV cache length (keys)"
-    )
+    ragged = "lengths" in decode and (decode["lengths"].fillna("equal") != "equal").any()
+    keys = "KV cache length (keys; the longest where the batch's lengths vary)" if ragged else "KV cache length (keys)"
+    return _facet_figure(panels, "gbps", "GB/s (bytes of the KV read)", colours, bandwidth_line, xlabel=keys)
 
 
 def save(figure: Any, path: Path) -> Path:

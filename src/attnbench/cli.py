@@ -260,7 +260,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.calls < 1:
         raise UsageError(f"--calls {args.calls}: must be a positive integer")
     if args.profile_pass not in (None, "fwd"):
-        raise UsageError(f"--pass {args.profile_pass}: profile records the forward call only; allowed: fwd")
+        shown = args.profile_pass or "''"
+        raise UsageError(f"--pass {shown}: profile records the forward call only; allowed: fwd")
     if not 0 < args.budget_s < math.inf:
         raise UsageError(f"--budget-s {args.budget_s:g}: must be a positive number of seconds")
     check_threads(args.threads)
@@ -814,7 +815,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="cached: malloc keeps freed memory, no page faults in timings (default); system: malloc as is",
     )
     p_run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    p_run.add_argument("--timeout-s", type=float, help="per-case limit; past it the case is `timeout` (default 120)")
+    p_run.add_argument(
+        "--timeout-s",
+        type=float,
+        help="per-case limit; past it the case is `timeout` (default: the larger of 120 and twice --case-budget-s)",
+    )
     p_run.add_argument(
         "--isolate",
         metavar=_choices(ISOLATION),
