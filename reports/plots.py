@@ -431,18 +431,10 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
     """Decode steps (Sq ≤ 16 against a longer KV cache) are bandwidth-bound: GB/s against the KV length,
     per model and workload group, with the hardware's bandwidth roof (read stream or triad, or the GPU's datasheet)
     dashed and a right axis in % of it."""
-    if "gbps" not in ok:
-        return None
-    decode = ok[ok["gbps"].notna() & (ok["gbps"] > 0)]
-    decode = decode[[phase_of(r) == "decode" for r in decode.to_dict("records")]]
+    decode = _decode_rows(ok)
     if decode.empty:
         return None
-    panels = [  # x: the KV length where it varies; else the one the panel ran at is in its title
-        Facet(str(group), "seq_k", rows)
-        if rows["seq_k"].nunique() > 1
-        else Facet(f"{group} Sk{rows['seq_k'].iloc[0]}", None, rows)
-        for group, rows in decode.groupby("group", sort=False)
-    ]
+    panels = _decode_panels(decode)
 
     def bandwidth_line(panel: Facet, axis: Any) -> list[Reference]:
         row = panel.rows.iloc[0]
@@ -458,9 +450,43 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
         percent.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         return [Reference(bandwidth, f"bandwidth roof {bandwidth:.3g} GB/s")]
 
+    return _facet_figure(
+        panels, "gbps", "GB/s (bytes of the KV read)", colours, bandwidth_line, xlabel=_kv_label(decode)
+    )
+
+
+def decode_latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
+    """Decode steps' time per step against the KV length, in the panels of :func:`decode_bandwidth`: what a
+    server waits per generated token in this layer (the bandwidth figure says how near the roof it is)."""
+    decode = _decode_rows(ok)
+    if decode.empty:
+        return None
+    return _facet_figure(
+        _decode_panels(decode), "median_ms", "median time per step (ms)", colours, xlabel=_kv_label(decode)
+    )
+
+
+def _decode_rows(ok: pd.DataFrame) -> pd.DataFrame:
+    """The decode steps (Sq ≤ 16 against a longer cache) with a bandwidth: what the decode figures draw."""
+    if "gbps" not in ok:
+        return ok.iloc[0:0]
+    decode = ok[ok["gbps"].notna() & (ok["gbps"] > 0)]
+    return decode[[phase_of(r) == "decode" for r in decode.to_dict("records")]]
+
+
+def _decode_panels(decode: pd.DataFrame) -> list[Facet]:
+    """A panel per workload group: x the KV length where it varies; else the one it ran at is in its title."""
+    return [
+        Facet(str(group), "seq_k", rows)
+        if rows["seq_k"].nunique() > 1
+        else Facet(f"{group} Sk{rows['seq_k'].iloc[0]}", None, rows)
+        for group, rows in decode.groupby("group", sort=False)
+    ]
+
+
+def _kv_label(decode: pd.DataFrame) -> str:
     ragged = "lengths" in decode and (decode["lengths"].fillna("equal") != "equal").any()
-    keys = "KV cache length (keys; the longest where the batch's lengths vary)" if ragged else "KV cache length (keys)"
-    return _facet_figure(panels, "gbps", "GB/s (bytes of the KV read)", colours, bandwidth_line, xlabel=keys)
+    return "KV cache length (keys; the longest where the batch's lengths vary)" if ragged else "KV cache length (keys)"
 
 
 def save(figure: Any, path: Path) -> Path:
@@ -489,6 +515,7 @@ def draw_all(
         ("Speedup over the baseline", "speedup.png", lambda: speedup(everything, colours, baseline)),
         ("Roofline", "roofline.png", lambda: roofline(everything, colours, ceilings)),
         ("Decode bandwidth vs KV length", "decode.png", lambda: decode_bandwidth(everything, colours, ceilings)),
+        ("Decode time per step vs KV length", "decode_ms.png", lambda: decode_latency(everything, colours)),
     ]
     drawn = []
     for title, name, make in makers:

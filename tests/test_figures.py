@@ -166,7 +166,7 @@ def crowded():
 
 def figures_of_every_kind():
     from attnbench.reports.compare import Settings, ratio_plot
-    from attnbench.reports.plots import decode_bandwidth, memory, roofline, speedup, throughput
+    from attnbench.reports.plots import decode_bandwidth, decode_latency, memory, roofline, speedup, throughput
 
     ok = plottable(crowded())
     colours = palette(sorted(set(ok["impl"])))
@@ -182,6 +182,7 @@ def figures_of_every_kind():
         "speedup": speedup(ok, colours, None),
         "roofline": roofline(ok, colours, ROOFS),
         "decode": decode_bandwidth(ok, colours, ROOFS),
+        "decode_ms": decode_latency(ok, colours),
         "compare": ratio_plot(compared.head(40), Settings()),
         "masks": _masks_figure(),
     }

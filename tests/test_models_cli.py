@@ -107,7 +107,7 @@ def test_report_draws_decode_bandwidth_and_names_missing_features(cli, decode_ru
     frame.to_parquet(run / "results.parquet", index=False)
     code, _, _ = cli("report", str(run), "--out", str(tmp_path / "report"))
     assert code == 0
-    assert (tmp_path / "report" / "decode.png").is_file()
+    assert (tmp_path / "report" / "decode.png").is_file() and (tmp_path / "report" / "decode_ms.png").is_file()
     html = (tmp_path / "report" / "report.html").read_text()
     assert "<th>feature</th>" in html and "<td>paged KV</td>" in html
     assert "[llama3.1-8b]" in html
