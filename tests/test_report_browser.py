@@ -9,7 +9,7 @@ import pytest
 
 from attnbench.reports.summary import merged_reasons
 
-from conftest import NEEDS_CHROMIUM, Shifted, headless_chromium
+from conftest import NEEDS_CHROMIUM, Shifted, headless_chromium, stalled_as_ok
 
 pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
 pytestmark = NEEDS_CHROMIUM
@@ -38,6 +38,7 @@ def report(tmp_path_factory):
         root = tmp_path_factory.mktemp("browser")
         args = ["--impl", f"bmm,sdpa_flash,naive,xformers,{Evil.name}", "--seq", "64,128", "--mask", "none,causal"]
         assert main(["run", *args, "--budget-s", "0.03", "--out", str(root / "run")]) == 0
+        stalled_as_ok(root / "run")  # the filters are tested on every bmm row, whatever the machine did
         assert main(["report", str(root / "run"), "--out", str(root / "report")]) == 0
     finally:
         registry.unregister(Evil.name)
@@ -143,7 +144,7 @@ def test_filter_by_contender_and_status_shows_exactly_those_rows(browser, report
         _pick(browser, "impl", impl)
         _pick(browser, "status", status)
         expected = frame[(frame.impl == impl) & (frame.status == status)]
-        assert len(expected) >= 2  # of its 4 cases: a busy CI machine may leave one or two bmm rows `stalled`
+        assert len(expected) >= 4
         count = len(expected)
         WebDriverWait(browser, 10).until(lambda _, count=count: len(_column(browser, "impl")) == count)
         assert _column(browser, "impl") == [impl] * len(expected)
