@@ -77,8 +77,8 @@ class Ceilings:
     def cache_resident(self, traffic_bytes: float, dtype: str, intensity: float) -> bool:
         """Whether a row of ``traffic_bytes`` at ``intensity`` is bandwidth-bound on the hardware roofline and
         its bytes fit in ``cache_bytes``: warm calls then read them from the cache, not from memory."""
-        peak = self.roof_tflops.get(dtype)
-        bound = peak is not None and self.roof_gbps > 0 and intensity * self.roof_gbps / 1e3 < peak
+        roof = self.roofline_tflops(dtype, intensity)
+        bound = roof is not None and roof < self.roof_tflops[dtype]  # under the bandwidth slope, left of the ridge
         return bool(bound and 0 < traffic_bytes <= self.cache_bytes)
 
     def roofline_tflops(self, dtype: str, intensity: float) -> float | None:
