@@ -109,6 +109,28 @@ def test_a_a_of_bmm_end_to_end(tmp_path):
     assert json.loads((out / "meta.json").read_text())["versions"][1]["name"] == "bmm (b)"
 
 
+def test_cold_on_a_cpu_judges_the_samples_taken_after_a_cache_flush(cli, tmp_path, monkeypatch):
+    """`ab --cold` was refused on a CPU ("L2-flushed samples are taken on a GPU only"); a CPU's decode step whose
+    cache fits in its last level reads it from there warm. Now each paired round also takes a cold call of each
+    side, right after a flush, and the verdict reads those."""
+    from attnbench.measure import stopwatch
+
+    flushes = []
+    real = stopwatch.cache_flusher.__wrapped__
+
+    def counted(cache_bytes, threads):
+        flush = real(stopwatch.MIN_FLUSH_BYTES // stopwatch.FLUSH_CACHES, threads)  # a small flush, for speed
+        return lambda: flushes.append(flush())
+
+    monkeypatch.setattr("attnbench.runner.ab.cache_flusher", counted)
+    out = tmp_path / "ab"
+    code, stdout, err = cli("ab", "--a", "bmm", "--b", "bmm", *TINY, "--budget-s", "0.1", "--cold", "--out", str(out))
+    assert code == 0, stdout + err
+    samples = pd.read_csv(out / "ab_samples.csv")
+    assert len(flushes) == 2 * len(samples) and len(samples) >= MIN_PAIRS  # one flush before each side's cold call
+    assert json.loads((out / "meta.json").read_text())["samples"] == "cold (caches flushed before each call)"
+
+
 def test_the_table_names_both_rows(cli, tmp_path):
     code, out, err = cli(
         "ab",
@@ -332,7 +354,6 @@ def loose_contender(tmp_path, planted, monkeypatch):
         ([], "give --a A --b B, or --impl NAME [--base REV]"),
         (["--a", "bmm", "--b", "bmm", "--impl", "bmm"], "give either --a A --b B, or --impl NAME"),
         (["--a", "bmm", "--b", "bmm", "--threshold", "0"], "--threshold 0.0: must be a fraction"),
-        (["--a", "bmm", "--b", "bmm", "--cold"], "--cold: L2-flushed samples are taken on a GPU only"),
         pytest.param(
             ["--a", "bmm", "--b", "bmm", "--device", "cuda"],
             "device cuda: torch.cuda.is_available()",

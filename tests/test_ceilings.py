@@ -225,6 +225,27 @@ def test_a_memory_bound_row_over_the_roof_from_cache_is_said_apart_from_a_defect
     )
 
 
+def test_a_cache_resident_row_is_judged_by_its_cold_median_too():
+    """A row that reads its bytes from the cache warm says what it reads from memory (its cold median, the
+    caches flushed before each call); one above the roof even cold is a defect no cache explains."""
+    case = dict(device="cpu", dtype="float32", batch=2, heads=32, kv_heads=8, seq_q=1, seq_k=1024, head_dim=128)
+    case.update(mask="causal_bottom_right", **{"pass": "fwd"})
+    ok = {"status": "ok", "unstable": False, "n_samples": 20, "iqr_ms": 0.01, "cache_resident": True, **case}
+    frame = pd.DataFrame(
+        [
+            {"impl": "fused_cpu", "pct_of_peak": 150.0, "median_ms": 0.2, "cold_median_ms": 0.4, **ok},
+            {"impl": "bmm", "pct_of_peak": 120.0, "median_ms": 0.2, "cold_median_ms": 0.3, **ok},
+            {"impl": "einsum", "pct_of_peak": 180.0, "median_ms": 0.2, "cold_median_ms": 0.21, **ok},
+        ]
+    )
+    warnings = result_warnings(frame)
+    (defect,) = [w for w in warnings if "measurement defect" in w]
+    (cached,) = [w for w in warnings if "cache_resident" in w]
+    assert "einsum at" in defect and "(180 %)" in defect and "bmm" not in defect
+    assert cached.startswith("2 memory-bound row(s)")
+    assert "(with the caches flushed before each call, cold_median_ms: 75–80 % of the roof)" in cached
+
+
 def test_datasheet_lookup_by_device_name():
     assert lookup("NVIDIA H100 80GB HBM3").name == "H100 SXM"
     assert lookup("NVIDIA H100 PCIe").name == "H100 PCIe"

@@ -53,6 +53,49 @@ def test_a_contender_that_raises_while_sampled_drops_out_alone():
     assert isinstance(results["flaky"], SampleError) and "gave up" in str(results["flaky"].cause)
 
 
+def test_cold_samples_come_each_right_after_a_flush_and_only_for_the_contenders_named():
+    """A cold sample is one call timed alone just after the flush; a run takes COLD_SAMPLES of them at most (a
+    flush costs several warm samples), paired rounds one every round."""
+    from attnbench.measure.stopwatch import COLD_SAMPLES
+
+    state = {"flushed": False, "after_flush": 0, "calls": 0}
+
+    def flush() -> None:
+        state["flushed"] = True
+
+    def fn() -> None:
+        state["calls"] += 1
+        state["after_flush"] += state["flushed"]
+        state["flushed"] = False
+
+    fns = {"cold": fn, "warm": lambda: None}
+    estimates = dict.fromkeys(fns, 1e-7)
+    results = time_cpu_rounds(fns, 1, 0.05, estimates, cold=["cold"], flush=flush)
+    cold, warm = results["cold"], results["warm"]
+    assert isinstance(cold, Timing) and isinstance(warm, Timing)
+    taken = len(cold.cold_samples_ms)
+    assert taken == state["after_flush"]  # every cold call came right after a flush
+    # one a round while it samples (the round its stop rule is met may end before its cold call), 25 at most
+    assert min(COLD_SAMPLES, cold.n_samples - 1) <= taken <= min(COLD_SAMPLES, cold.n_samples)
+    assert cold.cold_median_ms is not None and warm.cold_samples_ms == [] and warm.cold_median_ms is None
+    assert time_cpu_rounds(fns, 1, 0.05, estimates, cold=["cold"])["cold"].cold_samples_ms == []  # no flush given
+    paired = time_cpu_rounds(fns, 1, 0.2, estimates, paired=True, cold=list(fns), flush=flush)
+    assert all(len(t.cold_samples_ms) == t.n_samples == t.rounds for t in paired.values())  # type: ignore[union-attr]
+
+
+def test_a_cpu_row_whose_bytes_fit_in_the_last_level_cache_has_a_cold_median():
+    """models-cpu's decode steps over 1k keys read their cache from a 32 MiB L3 warm and ran above the DRAM roof;
+    their rows now also carry the median with the caches flushed, as a GPU row does with L2."""
+    from attnbench.measure._ceilings import Ceilings
+
+    ceilings = Ceilings("cpu", "test", 1, "x", roof_tflops={"float32": 1.0}, roof_gbps=50.0, cache_bytes=2**20)
+    decode = Workload(1, 4, 2, 1, 512, 32, mask="causal_bottom_right")  # 256 KiB of k and v
+    options = RunOptions(budget_s=0.05, threads=1, ceilings={"cpu": ceilings})
+    bmm, unnamed = run_group(["bmm"], decode, options)[0], run_group(["bmm"], SMALL, RunOptions(0.05, threads=1))[0]
+    assert bmm["status"] in CHECKED and bmm["cache_resident"] and bmm["cold_median_ms"] > 0
+    assert unnamed["cold_median_ms"] is None  # no ceilings, no cache named: warm samples only
+
+
 def test_group_rows_come_in_order_and_share_their_rounds(planted):
     register(Raising())
     planted.append(Raising.name)

@@ -61,6 +61,7 @@ def _write(tmp_path: Path, text: str) -> str:
         ("budget_s = -1\n[[sweep]]\nbatch = 1\n", "budget_s must be a positive number"),
         ("budget_s = nan\n[[sweep]]\nbatch = 1\n", "budget_s must be a positive number of seconds, got nan"),
         ("case_budget_s = inf\n[[sweep]]\nbatch = 1\n", "case_budget_s must be a positive number of seconds, got inf"),
+        ("description = 5\n[[sweep]]\nbatch = 1\n", "description must be a string, got 5"),
         ("[[sweep]\nbatch = 1\n", "not valid TOML"),
         ("colour = 1\n", "unknown top-level key 'colour'"),
         ("[[sweep]]\nbatch = 1\nheads = 2\nseq = 8\nhead_dim = 8\nmask = 'casual'\n", r"s sweep 1: mask 'casual' is"),

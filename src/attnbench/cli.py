@@ -665,8 +665,8 @@ def _add_ab_command(commands: Any) -> None:
     p_ab.add_argument(
         "--cold",
         action="store_true",
-        help="GPU: judge the samples taken with L2 flushed before each call (as a layer's step finds it in a model), "
-        "not back-to-back calls",
+        help="judge the samples taken with the caches flushed before each call (GPU: L2; CPU: 4× the last level read "
+        "and written), as a layer's step finds them in a model, not back-to-back calls",
     )
     p_ab.add_argument(
         "--keep-tuning",

@@ -18,6 +18,14 @@ ratio would carry the drift. In rounds, the drift lands on all of them alike. Wi
 command) no contender drops out early: every one takes a sample in every round until one of them has spent
 the budget, so sample i of each comes from round i and per-round ratios can be formed.
 
+Cold samples — a warm sample reads its inputs from wherever the round's earlier calls left them: a decode
+step whose KV cache fits in the last-level cache reads it from there, faster than memory, as no layer of a
+model would (its next step finds other layers' caches there). Given ``cold`` names and a ``flush``
+(:func:`cache_flusher`), each named contender also takes, at its own shuffled place in every round, one call
+timed alone right after the flush: ``cold_samples_ms``, as the GPU's L2-flushed samples. A flush costs
+several warm samples' time, so a run takes ``COLD_SAMPLES`` of them (its ``cold_median_ms`` is a figure beside
+the warm median, which alone decides the stop rule); paired rounds (ab's ``--cold``) take one every round.
+
 GPU — attnbench.measure.stopwatch_cuda: CUDA events, the same interleaved rounds and stop rule, warm and cold samples
 alike (``time_callable`` here picks the timer for the device).
 """
@@ -25,12 +33,13 @@ alike (``time_callable`` here picks the timer for the device).
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 import statistics
 import time
 import timeit
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +56,9 @@ MIN_SAMPLES = 10  # before the confidence-interval rule may stop sampling
 MIN_TRUSTED = 5  # a budget-limited case still gets this many samples, up to twice its budget
 MAX_SAMPLES = 10_000
 UNSTABLE_REL_IQR = 0.10  # flag a case whose IQR is 10 % of its median or more
+FLUSH_CACHES = 4  # a CPU flush reads and writes this many times the last-level cache (as the GPU's: 4 × L2)
+MIN_FLUSH_BYTES = 64 * 2**20
+COLD_SAMPLES = 25  # a run's cold samples per contender (a flush costs more than a warm sample); ab's: every round
 
 
 @dataclass(frozen=True)
@@ -57,7 +69,7 @@ class Timing:
     calls_per_sample: int
     samples_ms: list[float]
     method: str  # how the samples were taken: timeit, cuda_events+sleep or cuda_graph
-    cold_samples_ms: list[float] = field(default_factory=list)  # GPU: L2 flushed before each call, one a round
+    cold_samples_ms: list[float] = field(default_factory=list)  # the cache flushed before each call, one a round
     rounds: int = 1  # rounds of the interleaved loop the workload's contenders were sampled in
     host_overhead_us: float | None = None  # GPU: the host's own time to issue one call (measure_cuda)
     yardstick_rounds: dict[str, list[float]] = field(default_factory=dict)  # CPU: each yardstick rate of its rounds
@@ -67,7 +79,7 @@ class Timing:
 
     @property
     def cold_median_ms(self) -> float | None:
-        """GPU: the median of the cold samples (None where none were taken)."""
+        """The median of the cold samples (None where none were taken)."""
         return statistics.median(self.cold_samples_ms) if self.cold_samples_ms else None
 
     @property
@@ -133,6 +145,21 @@ def warm_calls() -> int:
     return 1 if keeps_freed_memory() else 2
 
 
+@functools.lru_cache(maxsize=1)  # one buffer a process, not one a workload
+def cache_flusher(cache_bytes: int, threads: int) -> Callable[[], object]:
+    """A call that evicts the CPU's caches of what earlier calls left there: one pass that reads and writes
+    ``FLUSH_CACHES`` times ``cache_bytes`` (at least ``MIN_FLUSH_BYTES``) on ``threads`` threads, so every core
+    the timed call runs on has its private caches emptied too. An add, not a fill: a fill this large may be
+    written by streaming stores that go around the cache (glibc's memset does above a size), evicting nothing."""
+    buffer = torch.zeros(max(MIN_FLUSH_BYTES, FLUSH_CACHES * cache_bytes) // 4, dtype=torch.int32)
+
+    def flush() -> object:
+        with set_torch_threads(threads):
+            return buffer.add_(1)
+
+    return flush
+
+
 @dataclass
 class _CpuSeries:
     """One contender's samples in the interleaved loop: its timer, block size, samples and spent time."""
@@ -144,6 +171,7 @@ class _CpuSeries:
     samples_ms: list[float] = field(default_factory=list)
     waited: list[float] = field(default_factory=list)  # per sample: its share of thread time spent waiting for a core
     ordered: list[float] = field(default_factory=list)  # samples_ms kept sorted, for the stop rule
+    cold_ms: list[float] = field(default_factory=list)  # one call each, timed alone after a cache flush
     spent_s: float = 0.0
 
     def take(self) -> None:
@@ -157,6 +185,12 @@ class _CpuSeries:
         self.spent_s += seconds
         if before is not None and after is not None and wall > 0:
             self.waited.append((after - before) / (wall * self.threads))
+
+    def take_cold(self, flush: Callable[[], object]) -> None:
+        """One call timed alone right after ``flush`` (not counted in the budget: it decides nothing)."""
+        with set_torch_threads(self.threads):
+            flush()
+            self.cold_ms.append(self.timer.timeit(1) * 1e3)
 
     def spent_budget(self, budget_s: float) -> bool:
         return paired_budget_spent(self.samples_ms, self.spent_s, budget_s)
@@ -202,6 +236,8 @@ def time_cpu_rounds(
     on_sample: Callable[[str], None] | None = None,
     paired: bool = False,
     yardsticks: Mapping[str, Callable[[], float]] | None = None,
+    cold: Collection[str] = (),
+    flush: Callable[[], object] | None = None,
 ) -> dict[str, Timing | SampleError]:
     """Time the callables of one workload in interleaved rounds (see the module docstring).
 
@@ -212,7 +248,11 @@ def time_cpu_rounds(
 
     ``yardsticks``: name → a call returning a rate, timed once in every round at a shuffled place among
     the contenders (attnbench.measure._yardsticks); each Timing keeps the median rate over the rounds it sampled in
-    (its sample i came from round i). A yardstick that raises is dropped, the contenders go on."""
+    (its sample i came from round i). A yardstick that raises is dropped, the contenders go on.
+
+    ``cold``: the contenders that also take one cold sample a round, each call after ``flush`` (none without
+    one), up to ``COLD_SAMPLES`` of them unless ``paired``; a contender that raises there drops out as on a
+    warm sample."""
     calls = {name: max(1, math.ceil(MIN_SAMPLE_S / max(estimate, 1e-9))) for name, estimate in estimates_s.items()}
     if paired:  # one block size for all (the one the fastest needs), so a block's timer overhead is shared alike
         shared = max(calls[name] for name in fns)
@@ -228,23 +268,28 @@ def time_cpu_rounds(
     rounds = 0
     sticks = dict(yardsticks or {})
     rates: dict[str, list[float]] = {name: [] for name in sticks}
+    flushed = set(cold) if flush is not None else set()
     while active:
         rounds += 1
-        order = [(name, False) for name in active] + [(name, True) for name in sticks]
+        order = [(name, "warm") for name in active]
+        order += [(n, "cold") for n in active if n in flushed and (paired or len(series[n].cold_ms) < COLD_SAMPLES)]
+        order += [(name, "yardstick") for name in sticks]
         generator.shuffle(order)
-        for name, is_yardstick in order:
-            if is_yardstick:
+        for name, kind in order:
+            if kind == "yardstick":
                 _take_yardstick(name, sticks, rates)
+                continue
+            if name not in active:  # it failed, or met its stop rule, earlier in this round
                 continue
             if on_sample is not None:
                 on_sample(name)
             try:
-                series[name].take()
+                series[name].take() if kind == "warm" else series[name].take_cold(flush)  # type: ignore[arg-type]
             except Exception as exc:  # a contender may fail on any call; the others go on
                 failed[name] = SampleError(name, exc)
                 active.remove(name)
                 continue
-            if not paired and series[name].finished(budget_s):
+            if kind == "warm" and not paired and series[name].finished(budget_s):
                 active.remove(name)
         if paired and any(series[name].spent_budget(budget_s) for name in active):
             active = []
@@ -263,6 +308,7 @@ def time_cpu_rounds(
                 one.calls,
                 one.samples_ms,
                 "timeit",
+                cold_samples_ms=one.cold_ms,
                 rounds=rounds,
                 yardstick_rounds=seen,
                 waited=waited,

@@ -69,15 +69,15 @@ def result_warnings(frame: pd.DataFrame) -> list[str]:
         warnings.append(
             f"{len(cached)} memory-bound row(s) above 100 % of the bandwidth roof read bytes that fit in the cache in "
             "front of memory (cache_resident: a CPU's last level, a GPU's L2), so their GB/s and pct_of_peak are the "
-            "cache's, not memory's; a larger batch or KV length measures memory: "
+            f"cache's, not memory's{_cold_range(cached)}; a larger batch or KV length measures memory: "
             + ", ".join(sorted(set(cached["impl"])))
         )
     cold = ok["cold_median_ms"].astype("float64") if "cold_median_ms" in ok else None
     colder = ok[cold < ok["median_ms"] - ok["iqr_ms"]] if cold is not None else ok[:0]
     if len(colder):
         warnings.append(
-            f"{len(colder)} GPU case(s) faster with L2 flushed than warm by more than the IQR (cold_median_ms), a "
-            "timing defect or a GPU whose clock moved: " + ", ".join(sorted(set(colder["impl"])))
+            f"{len(colder)} case(s) faster with the caches flushed than warm by more than the IQR (cold_median_ms), a "
+            "timing defect or a clock that moved: " + ", ".join(sorted(set(colder["impl"])))
         )
     slowed = _slowed_gpu_warning(ok)
     if slowed:
@@ -125,16 +125,40 @@ def _cached(ok: pd.DataFrame) -> pd.Series:
     return ok["cache_resident"].astype("boolean").fillna(False).astype(bool)
 
 
+def cold_pct_of_peak(ok: pd.DataFrame) -> pd.Series:
+    """Each row's ``pct_of_peak`` at its cold median (the caches flushed before each call), NaN where it has none."""
+    if "cold_median_ms" not in ok or "pct_of_peak" not in ok:
+        return pd.Series(float("nan"), index=ok.index)
+    return ok["pct_of_peak"].astype("float64") * ok["median_ms"] / ok["cold_median_ms"].astype("float64")
+
+
+def _cold_over(ok: pd.DataFrame) -> pd.Series:
+    """Whether each row is above ``ROOF_PCT`` of the roof even at its cold median (no where it has none)."""
+    return cold_pct_of_peak(ok).fillna(0.0) > ROOF_PCT
+
+
 def above_roof(ok: pd.DataFrame) -> pd.DataFrame:
     """The rows above ``ROOF_PCT`` of the hardware roof that no cache explains (none where the column is
     missing): a bandwidth-bound row whose bytes fit in the cache in front of memory (``cache_resident``) may read
-    them from there, above the memory roof, without a defect (:func:`above_memory_from_cache`)."""
-    return ok[_over(ok) & ~_cached(ok)]
+    them from there, above the memory roof, without a defect (:func:`above_memory_from_cache`) — unless its cold
+    median, the caches flushed before each call, is above the roof too."""
+    return ok[_over(ok) & (~_cached(ok) | _cold_over(ok))]
 
 
 def above_memory_from_cache(ok: pd.DataFrame) -> pd.DataFrame:
-    """The bandwidth-bound rows above the memory roof whose bytes fit in the cache in front of it."""
-    return ok[_over(ok) & _cached(ok)]
+    """The bandwidth-bound rows above the memory roof whose bytes fit in the cache in front of it (and whose
+    cold median, where they have one, is under the roof)."""
+    return ok[_over(ok) & _cached(ok) & ~_cold_over(ok)]
+
+
+def _cold_range(rows: pd.DataFrame) -> str:
+    """ ", at A–B % of the roof with the caches flushed (cold_median_ms)" over the rows that have a cold median."""
+    cold = cold_pct_of_peak(rows).dropna()
+    if cold.empty:
+        return ""
+    low, high = cold.min(), cold.max()
+    span = f"{low:.0f} %" if round(low) == round(high) else f"{low:.0f}–{high:.0f} %"
+    return f" (with the caches flushed before each call, cold_median_ms: {span} of the roof)"
 
 
 def _over_roof_warning(ok: pd.DataFrame) -> str | None:

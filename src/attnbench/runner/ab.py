@@ -54,8 +54,9 @@ from attnbench.contenders import _revision as revision
 from attnbench.contenders import registry
 from attnbench.contenders.contract import Contender, Unsupported
 from attnbench.errors import UsageError, one_line
+from attnbench.measure._hardware import last_level_cache_bytes
 from attnbench.measure.native_build import fresh_tuning_dir
-from attnbench.measure.stopwatch import SampleError, Timing, synchronize, time_cpu_rounds, warm_up
+from attnbench.measure.stopwatch import SampleError, Timing, cache_flusher, synchronize, time_cpu_rounds, warm_up
 from attnbench.measure.stopwatch_cuda import time_cuda_rounds
 from attnbench.runner.cases import WAITED_STALL, prepare_checked
 from attnbench.workload import Workload
@@ -86,7 +87,7 @@ class AbOptions:
     budget_s: float = DEFAULT_BUDGET_S
     threads: int = 1
     seed: int = 0
-    cold: bool = False  # GPU: judge the L2-flushed samples (each call after a flush), not back-to-back calls
+    cold: bool = False  # judge the cache-flushed samples (each call after a flush), not the warm ones
     keep_tuning: bool = False  # reuse choices tuned by earlier processes (tuning_dir) instead of tuning both afresh
 
 
@@ -286,7 +287,17 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
             fns, options.budget_s / 2, options.seed, paired=True, cold=options.cold, graphs=graphs
         )
     else:
-        timings = time_cpu_rounds(fns, options.threads, options.budget_s / 2, estimates, options.seed, paired=True)
+        flush = cache_flusher(last_level_cache_bytes(), options.threads) if options.cold else None
+        timings = time_cpu_rounds(
+            fns,
+            options.threads,
+            options.budget_s / 2,
+            estimates,
+            options.seed,
+            paired=True,
+            cold=list(fns),
+            flush=flush,
+        )
     for key, version in (("a", a), ("b", b)):
         timing = timings[key]
         if isinstance(timing, SampleError):
@@ -316,13 +327,13 @@ def unclear_reason(paired: PairedRatio, threshold: float, waited: float | None =
 
 
 def judged_samples(timing: Timing, cold: bool) -> list[float]:
-    """The samples a verdict reads: the warm ones (back-to-back calls, L2 holding what the last call left), or
-    with ``cold`` the L2-flushed ones — in paired rounds one of each a round, so A's i-th and B's i-th come
-    from the same round either way."""
+    """The samples a verdict reads: the warm ones (back-to-back calls, the caches holding what the last call
+    left), or with ``cold`` the cache-flushed ones — in paired rounds one of each a round, so A's i-th and B's
+    i-th come from the same round either way."""
     if not cold:
         return timing.samples_ms
     if not timing.cold_samples_ms:
-        raise ValueError("cold samples asked for, none taken (a CPU timing, or cold=False)")
+        raise ValueError("cold samples asked for, none taken (timed with cold=False, or without a flush)")
     return timing.cold_samples_ms
 
 

@@ -24,7 +24,7 @@ from attnbench.measure import _gpu_state as gpu_state
 from attnbench.measure import _yardsticks as yardsticks
 from attnbench.measure._ceilings import Ceilings
 from attnbench.measure._memory import free_memory_bytes, held_for_reuse_bytes, peak_memory_mb, release_cached_memory
-from attnbench.measure.stopwatch import SampleError, Timing, call_once_ms, time_cpu_rounds, warm_up
+from attnbench.measure.stopwatch import SampleError, Timing, cache_flusher, call_once_ms, time_cpu_rounds, warm_up
 from attnbench.measure.stopwatch_cuda import time_cuda_rounds
 from attnbench.runner._predict import MEMORY_PASS_COST, input_bytes, predict, skip_reason
 from attnbench.runner.results import YARDSTICK_COLUMNS, make_row
@@ -155,6 +155,7 @@ class _Ready:
     prepared: Prepared
     predicted: dict[str, float]
     estimate_s: float
+    cold: bool = False  # CPU: its row will be cache_resident, so it also takes cold samples (cache flushed)
 
 
 def _failure_row(impl: str, workload: Workload, exc: BaseException, predicted: dict[str, float]) -> dict[str, Any]:
@@ -210,14 +211,24 @@ def _get_ready(impl: str, workload: Workload, options: RunOptions, group: _Group
         estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
     except Exception as exc:  # a contender may fail in any way; the sweep must go on
         return _failure_row(impl, workload, exc, predicted)
-    return _Ready(prepared, predicted, estimate_s)
+    return _Ready(prepared, predicted, estimate_s, _reads_from_cache(contender, workload, options))
+
+
+def _reads_from_cache(contender: Contender, workload: Workload, options: RunOptions) -> bool:
+    """Whether the contender's row will be ``cache_resident`` on this device's ceilings: bandwidth-bound, its
+    bytes fitting in the cache in front of memory, so its warm samples read them from that cache."""
+    ceilings = options.ceilings.get(workload.device)
+    if ceilings is None:
+        return False
+    traffic = attention_bytes(workload)
+    return ceilings.cache_resident(traffic, workload.compute_dtype, contender.flops(workload) / traffic)
 
 
 def _time_group(
     ready: dict[int, _Ready], workload: Workload, options: RunOptions, progress: ContenderStarts | None
 ) -> dict[int, Timing | SampleError]:
-    """All ready contenders in interleaved rounds: on CPU with the yardsticks and the stall check, on CUDA warm
-    and cold samples alike (measure_cuda)."""
+    """All ready contenders in interleaved rounds: on CPU with the yardsticks and the stall check, and cold samples
+    of the contenders whose rows will be cache_resident; on CUDA warm and cold samples alike (measure_cuda)."""
     on_sample = (lambda name: progress(int(name))) if progress is not None else None
     fns = {str(index): one.prepared.fn for index, one in ready.items()}
     if workload.device == "cuda":
@@ -225,6 +236,9 @@ def _time_group(
         return {int(name): result for name, result in timed.items()}
     estimates = {str(index): one.estimate_s for index, one in ready.items()}
     sticks = yardsticks.for_threads(options.threads) if options.yardsticks else None
+    cold = [str(index) for index, one in ready.items() if one.cold]
+    ceilings = options.ceilings.get(workload.device)
+    flush = cache_flusher(ceilings.cache_bytes, options.threads) if cold and ceilings is not None else None
     for _attempt in range(2):  # a group timed while the machine stalled is timed once more
         results = time_cpu_rounds(
             fns,
@@ -234,6 +248,8 @@ def _time_group(
             options.seed,
             on_sample,
             yardsticks=sticks.callables() if sticks else None,
+            cold=cold,
+            flush=flush,
         )
         stalled = {name: _stalled(sticks, timing) for name, timing in results.items()}
         if not any(stalled.values()):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.errors import UsageError
-from attnbench.runner.request import DEFAULT_SUITE, RunRequest, RunSettings, build_request
+from attnbench.runner.request import DEFAULT_SUITE, RunRequest, RunSettings, build_request, default_timeout_s
 from attnbench.runner.results import load_results
 from attnbench.workload.axes import IMPL, MODEL, SWEEP_AXES, reproduce_flags
 from attnbench.workload.suite import load_suite, model_suite
@@ -61,7 +61,7 @@ class Reproducer:
             flags += ["--seed", str(settings.seed)]
         if self.default_threads is None or settings.threads != default.threads:
             flags += ["--threads", str(settings.threads)]
-        usual_timeout = max(120.0, 2 * settings.case_budget_s)  # what --case-budget-s below gives
+        usual_timeout = default_timeout_s(settings.case_budget_s)  # what --case-budget-s below gives
         for flag, value, usual in (
             ("--budget-s", settings.budget_s, default.budget_s),
             ("--case-budget-s", settings.case_budget_s, default.case_budget_s),

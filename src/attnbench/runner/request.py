@@ -198,6 +198,11 @@ def parse_repeat(text: str | int | None, isolate: str) -> int:
     return repeat
 
 
+def default_timeout_s(case_budget_s: float) -> float:
+    """A worker's time limit per case where ``--timeout-s`` is not given: twice the case's budget, 120 s at least."""
+    return max(120.0, 2 * case_budget_s)
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """The settings a run is measured with, resolved (the suite's budgets filled in). meta.json keeps them
@@ -224,7 +229,7 @@ class RunSettings:
             seed=request.seed,
             measure_memory=request.memory,
             cpu_allocator=request.cpu_allocator,
-            timeout_s=request.timeout_s or max(120.0, 2 * case_budget_s),
+            timeout_s=request.timeout_s or default_timeout_s(case_budget_s),
             isolate=request.isolate,
             remeasure_ceilings=request.remeasure_ceilings,
             repeat=request.repeat,

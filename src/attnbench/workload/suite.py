@@ -138,6 +138,9 @@ def load_suite(name_or_path: str) -> Suite:
     for key, budget in budgets.items():
         if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 < budget < math.inf:
             raise UsageError(f"suite {name}: {key} must be a positive number of seconds, got {budget!r}")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise UsageError(f"suite {name}: description must be a string, got {description!r}")
     given_defaults = _axes(data.get("defaults", {}), f"suite {name} [defaults]")
     defaults = {**DEFAULTS, **given_defaults}
     raw_sweeps = data.get("sweep", [{}])
@@ -158,7 +161,6 @@ def load_suite(name_or_path: str) -> Suite:
             except UsageError as exc:
                 raise UsageError(f"{where}: {exc}") from None
         sweeps.append(sweep)
-    description = str(data.get("description", ""))
     budget_s, case_budget_s = float(budgets["budget_s"]), float(budgets["case_budget_s"])
     return Suite(name, description, budget_s, case_budget_s, tuple(sweeps))
 
