@@ -382,6 +382,27 @@ def test_workdir_git_records_commit_and_dirty_flag(tmp_path, monkeypatch):
     assert workdir_git(tmp_path) == {"workdir_commit": sha, "workdir_dirty": True}
 
 
+def test_a_run_of_edited_attnbench_is_filed_as_dirty(tmp_path, monkeypatch):
+    """Run from a folder outside any repository, a run recorded attnbench's commit and no dirty flag, so runs of
+    uncommitted edits to attnbench were filed (and drawn in history) as the clean commit's."""
+    from attnbench.measure import environment
+
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    checkout = tmp_path / "attnbench"
+    checkout.mkdir()
+    git(checkout, "init", "-q")
+    sha = commit(checkout, 1)
+    monkeypatch.setattr(environment, "_checkout", lambda: checkout)
+    assert environment.attnbench_git() == {"git_commit": sha, "git_dirty": False}
+    (checkout / "kernel.txt").write_text("edited\n")
+    assert environment.attnbench_git() == {"git_commit": sha, "git_dirty": True}
+    monkeypatch.setattr(environment, "_checkout", lambda: None)
+    assert environment.attnbench_git() == {"git_commit": None, "git_dirty": None}
+    monkeypatch.chdir(tmp_path)  # no repository here: the run is filed under attnbench's state
+    env = environment.environment(1)
+    assert env["workdir_commit"] is None and {"git_commit", "git_dirty"} <= set(env)
+
+
 def _series(medians: list[float], sigma: float = 0.02, source: str = "samples") -> list[Point]:
     return [
         Point(f"r{i}", f"c{i}", False, pd.Timestamp("2026-01-01") + pd.Timedelta(hours=i), m, sigma, source)

@@ -40,28 +40,42 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
     return out.stdout.strip() or None
 
 
-def git_commit() -> str | None:
-    """attnbench's commit: of the checkout it is imported from (editable install), else of the working
-    directory when that is an attnbench checkout (a plain install made from it, as nox does), else None."""
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent)
+def _checkout() -> Path | None:
+    """The git checkout attnbench's code comes from: the one it is imported from (editable install), else the
+    working directory when that is an attnbench checkout (a plain install made from it, as nox does)."""
+    here = Path(__file__).resolve().parent
+    if _run(["git", "rev-parse", "HEAD"], cwd=here) is not None:
+        return here
+    pyproject = Path.cwd() / "pyproject.toml"
+    if pyproject.is_file() and 'name = "attnbench"' in pyproject.read_text():
+        return Path.cwd()
+    return None
+
+
+def _git_state(where: Path) -> tuple[str | None, bool | None]:
+    """HEAD of the repository at ``where`` and whether its tracked files changed (untracked ones, such as run
+    folders, do not count); (None, None) outside a git repository."""
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=where)
     if commit is None:
-        pyproject = Path.cwd() / "pyproject.toml"
-        if pyproject.is_file() and 'name = "attnbench"' in pyproject.read_text():
-            commit = _run(["git", "rev-parse", "HEAD"], cwd=Path.cwd())
-    return commit
+        return None, None
+    return commit, _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where) is not None
+
+
+def attnbench_git() -> dict[str, Any]:
+    """attnbench's own git state: ``git_commit`` and ``git_dirty`` (its tracked files changed since that commit:
+    a run of edited code is not filed as the commit's). Both None where attnbench is no checkout's."""
+    checkout = _checkout()
+    commit, dirty = _git_state(checkout) if checkout else (None, None)
+    return {"git_commit": commit, "git_dirty": dirty}
 
 
 def workdir_git(path: Path | None = None) -> dict[str, Any]:
     """The git state of the folder attnbench runs in (the code under test when a kernel's repository runs
     it): ``workdir_commit`` (HEAD) and ``workdir_dirty`` (tracked files changed; untracked ones, such as
     run folders, do not count). Both None outside a git repository. ``attnbench store`` files a run under
-    this commit, falling back to ``git_commit``."""
-    where = path or Path.cwd()
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=where)
-    if commit is None:
-        return {"workdir_commit": None, "workdir_dirty": None}
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where)
-    return {"workdir_commit": commit, "workdir_dirty": status is not None}
+    this commit, falling back to ``git_commit`` and ``git_dirty``."""
+    commit, dirty = _git_state(path or Path.cwd())
+    return {"workdir_commit": commit, "workdir_dirty": dirty}
 
 
 def nvidia_driver() -> str | None:
@@ -74,7 +88,7 @@ def environment(threads: int | None = None) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     return {
         "attnbench_version": attnbench_version(),
-        "git_commit": git_commit(),
+        **attnbench_git(),
         **workdir_git(),
         "python": platform.python_version(),
         "platform": platform.platform(),
