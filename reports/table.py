@@ -47,6 +47,9 @@ SHOWN = [
     "max_abs_err",
 ]
 FILTERS = ["impl", "status", "mask", "dtype", "device"]  # a SearchPanes pane each
+# Shown after ``impl``, and a pane each, where the report holds more than one: two runs' rows of one case
+# otherwise look alike but for their medians (the same impl, case number and shape)
+SOURCES = ["run", "machine"]
 LEFT_OUT = ["samples_ms"]  # raw samples: in results.parquet, too long for a table cell
 SIGNIFICANT = 4  # digits kept in float cells (the files keep full precision)
 
@@ -62,15 +65,28 @@ def _round(value: float) -> float:
     return float(f"{value:.{SIGNIFICANT}g}") if math.isfinite(value) else math.nan
 
 
+def _sources(table: pd.DataFrame) -> list[str]:
+    """Those of ``SOURCES`` the table holds more than one of."""
+    return [c for c in SOURCES if c in table.columns and table[c].nunique() > 1]
+
+
+def shown_columns(table: pd.DataFrame) -> list[str]:
+    """The columns shown by default: ``SHOWN``, with ``run`` and ``machine`` after ``impl`` where the table holds
+    more than one run or machine."""
+    return [SHOWN[0], *_sources(table), *SHOWN[1:]]
+
+
 def table_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame the table shows: ``SHOWN`` first, then every other column, floats rounded for reading."""
+    """The frame the table shows: :func:`shown_columns` first, then every other column, floats rounded for
+    reading."""
     records = frame.to_dict("records")
     table = frame.drop(columns=[c for c in LEFT_OUT if c in frame.columns]).copy()
     table["shape"] = [_shape(r) for r in records]
     # rows of one run are consecutive and in their file's order (load_runs keeps them so)
     table["case"] = table.groupby("run", sort=False).cumcount() if "run" in table else range(len(table))
-    rest = [c for c in table.columns if c not in SHOWN]
-    table = table[[c for c in SHOWN if c in table.columns] + rest]
+    shown = shown_columns(table)
+    rest = [c for c in table.columns if c not in shown]
+    table = table[[c for c in shown if c in table.columns] + rest]
     for column in table.columns:
         if pd.api.types.is_float_dtype(table[column]):
             # pandas' nullable Float64: a missing value goes to the page as null, an empty cell (not "NaN")
@@ -79,9 +95,9 @@ def table_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _options(table: pd.DataFrame) -> dict[str, Any]:
-    columns = list(table.columns)
-    hidden = [i for i, c in enumerate(columns) if c not in SHOWN]
-    panes = [columns.index(c) for c in FILTERS if c in columns]
+    columns, shown = list(table.columns), shown_columns(table)
+    hidden = [i for i, c in enumerate(columns) if c not in shown]
+    panes = [columns.index(c) for c in [*_sources(table), *FILTERS] if c in columns]
     reason = [columns.index("reason")] if "reason" in columns else []
     return {
         "table_id": TABLE_ID,

@@ -10,7 +10,7 @@ import pytest
 from attnbench.cli import build_parser, main, request_from_args
 from attnbench.reports.compare import Settings, compare_frames
 from attnbench.reports.frames import load_run
-from attnbench.reports.table import SHOWN, table_frame
+from attnbench.reports.table import SHOWN, shown_columns, table_frame
 from attnbench.runner.request import RunSettings
 from attnbench.runner.results import CASE_COLUMNS, load_results
 from attnbench.runner.sweep import plan_cases
@@ -140,6 +140,23 @@ def test_old_runs_get_their_commands_and_reports_show_them(runs, tmp_path):
     table = table_frame(fresh.assign(run="features"))
     assert table["case"].tolist() == [0, 1, 2, 3] and "case" in SHOWN and "reproduce" not in SHOWN
     assert table["reproduce"].tolist() == fresh["reproduce"].tolist()
+
+
+def test_a_report_of_two_runs_shows_and_filters_which_run_each_row_is_from(runs):
+    """`report runs/k05 runs/k06` showed two rows alike for each case (impl, case number, shape) but for their
+    medians: which run a row came from was a hidden column with no pane. Where a report holds two runs (or
+    machines), the column is shown after impl and is a filter."""
+    from attnbench.reports.table import _options
+
+    fresh = load_run(runs["features"]).frame.assign(machine="vm")
+    one = table_frame(fresh.assign(run="features"))
+    assert "run" not in shown_columns(one) and "machine" not in shown_columns(one)
+    both = table_frame(pd.concat([fresh.assign(run="before"), fresh.assign(run="after", machine="node2")]))
+    assert list(both.columns[:4]) == ["impl", "run", "machine", "case"]
+    assert both["case"].tolist() == [0, 1, 2, 3] * 2  # each run's own row numbers (run --from RUN --case N)
+    options = _options(both)
+    assert options["searchPanes"]["columns"][:2] == [1, 2]
+    assert not {1, 2} & set(options["columnDefs"][0]["targets"])  # shown, not hidden
 
 
 def test_compare_offers_the_new_runs_command_per_case(runs):
