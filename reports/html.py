@@ -40,9 +40,11 @@ CAPTIONS = {
     "and bandwidth kernels — the higher of a read stream and STREAM's triad, as the ceilings table below says — or the "
     "GPU's datasheet), the dashed one torch's matmul and copy rates.",
     "decode.png": "decode steps: bytes of the KV cache read per second against its length; dashed: the bandwidth roof "
-    "(as the roofline's: measured on a CPU, the datasheet's on a GPU), the right axis in % of it.",
+    "(as the roofline's: measured on a CPU, the datasheet's on a GPU), the right axis in % of it; hollow markers: a "
+    "row whose cache fits in the cache in front of memory (cache_resident) with the caches flushed before each call "
+    "(cold_median_ms), as a model's layer finds it, beside its warm figure.",
     "decode_ms.png": "decode steps: the median time per step against the KV cache's length, in the panels of the "
-    "bandwidth figure above (log axis where times span 3× or more).",
+    "bandwidth figure above (log axis where times span 3× or more); hollow markers as there: cold.",
     "masks.png": "each mask of the run on 128 × 128 tiles, as a kernel that skips blocks meets it (one sequence where "
     "the batch's sequences share the mask, so its label has no batch): empty tiles "
     "skipped, partial ones computed whole and masked, full ones computed plainly; work = pairs computed over visible. "

@@ -134,14 +134,19 @@ def _facet_figure(
     colours: dict[str, Any],
     decorate: Decorate | None = None,
     xlabel: str | None = None,
+    hollow: str | None = None,
 ) -> Any:
     """A panel per facet — lines against its x axis, or points by contender where it has one size — each
-    with its own value axis, and one legend of contenders to the right."""
+    with its own value axis, and one legend of contenders to the right. ``hollow``: a column drawn as hollow
+    markers where it has a value (the rows' cold figures), beside the filled ones, said in the legend."""
     figure, axes = panel_grid(len(panels))
+    drew_hollow = False
     for axis, panel in zip(axes, panels, strict=True):
         _draw_panel(axis, panel, y, colours, xlabel)
+        extra = _draw_hollow(axis, panel, hollow, colours) if hollow else []
+        drew_hollow = drew_hollow or bool(extra)
         lines = decorate(panel, axis) if decorate else []
-        value_axis(axis, panel.rows[y], extra=[line.value for line in lines])
+        value_axis(axis, panel.rows[y], extra=[*extra, *(line.value for line in lines)])
         points = _drawn_points(axis)
         taken: list[tuple[float, ...]] = []
         for line in lines:
@@ -152,8 +157,33 @@ def _facet_figure(
     shown = [impl for impl in colours if any(impl in set(p.rows["impl"]) for p in panels)]
     shapes = markers(list(colours))
     handles = [matplotlib.lines.Line2D([], [], color=colours[i], marker=shapes[i], label=i) for i in shown]
+    if drew_hollow:
+        handles.append(
+            matplotlib.lines.Line2D(
+                [], [], color="grey", marker="o", markerfacecolor="none", linestyle="", label="hollow: caches flushed"
+            )
+        )
     legend_right(figure, handles, "impl")
     return finish(figure)
+
+
+def _draw_hollow(axis: Any, panel: Facet, column: str, colours: dict[str, Any]) -> list[float]:
+    """The panel's rows' ``column`` as hollow markers in each contender's colour and shape, where x is its own or
+    the contender's place (a one-size panel); returns the values drawn."""
+    if column not in panel.rows:
+        return []
+    order = [impl for impl in colours if impl in set(panel.rows["impl"])]
+    shapes = markers(list(colours))
+    drawn: list[float] = []
+    for row in panel.rows.to_dict("records"):
+        value = row.get(column)
+        if value is None or not np.isfinite(value) or value <= 0:
+            continue
+        x = row[panel.x] if panel.x is not None else order.index(row["impl"])
+        colour, shape = colours[row["impl"]], shapes[row["impl"]]
+        axis.scatter([x], [value], facecolors="none", edgecolors=[colour], marker=shape, s=48, zorder=3)
+        drawn.append(float(value))
+    return drawn
 
 
 def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any], xlabel: str | None = None) -> None:
@@ -434,7 +464,6 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
     decode = _decode_rows(ok)
     if decode.empty:
         return None
-    panels = _decode_panels(decode)
 
     def bandwidth_line(panel: Facet, axis: Any) -> list[Reference]:
         row = panel.rows.iloc[0]
@@ -450,8 +479,15 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
         percent.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         return [Reference(bandwidth, f"bandwidth roof {bandwidth:.3g} GB/s")]
 
+    decode = decode.assign(cold_gbps=decode["gbps"] * decode["median_ms"] / _cold_ms(decode))
     return _facet_figure(
-        panels, "gbps", "GB/s (bytes of the KV read)", colours, bandwidth_line, xlabel=_kv_label(decode)
+        _decode_panels(decode),
+        "gbps",
+        "GB/s (bytes of the KV read)",
+        colours,
+        bandwidth_line,
+        xlabel=_kv_label(decode),
+        hollow="cold_gbps",
     )
 
 
@@ -461,9 +497,24 @@ def decode_latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
     decode = _decode_rows(ok)
     if decode.empty:
         return None
+    decode = decode.assign(cold_ms=_cold_ms(decode))
     return _facet_figure(
-        _decode_panels(decode), "median_ms", "median time per step (ms)", colours, xlabel=_kv_label(decode)
+        _decode_panels(decode),
+        "median_ms",
+        "median time per step (ms)",
+        colours,
+        xlabel=_kv_label(decode),
+        hollow="cold_ms",
     )
+
+
+def _cold_ms(decode: pd.DataFrame) -> pd.Series:
+    """Each row's cold median where it read its bytes from the cache warm (``cache_resident``), else NaN: there
+    warm and cold differ by what the cache held (a row reading memory either way is not drawn twice)."""
+    if "cold_median_ms" not in decode or "cache_resident" not in decode:
+        return pd.Series(np.nan, index=decode.index)
+    cached = decode["cache_resident"].astype("boolean").fillna(False).astype(bool)
+    return decode["cold_median_ms"].astype("float64").where(cached)
 
 
 def _decode_rows(ok: pd.DataFrame) -> pd.DataFrame:

@@ -430,6 +430,33 @@ def test_a_decode_panel_of_one_kv_length_names_it_in_its_title():
     plt.close(figure)
 
 
+def test_a_cache_resident_decode_row_is_drawn_cold_too_as_a_hollow_marker():
+    """A decode step whose cache fits in the last-level cache ran at 175 % of the DRAM roof warm and 70 % cold:
+    the figure drew the warm figure alone. Its cold figure (the caches flushed before each call) is now a
+    hollow marker beside it, said in the legend; a row that reads memory warm is drawn once."""
+    from attnbench.reports.plots import decode_bandwidth, decode_latency
+
+    frame = fabricate(impls=("bmm", "fused_cpu"), seq_k=[1024, 8192]).assign(seq_q=1, mask="causal_bottom_right")
+    frame["gbps"], frame["median_ms"] = [40.0, 30.0, 90.0, 45.0], [0.4, 4.0, 0.2, 3.0]
+    frame["cold_median_ms"] = [0.8, 4.2, 0.5, 3.1]
+    frame["cache_resident"] = [True, False, True, False]
+    ok = plottable(frame)
+    colours = palette(sorted(set(ok["impl"])))
+    for figure, cold in (
+        (decode_bandwidth(ok, colours, ROOFS), [20.0, 36.0]),
+        (decode_latency(ok, colours), [0.8, 0.5]),
+    ):
+        hollow = [c for c in figure.axes[0].collections if len(c.get_offsets()) and not c.get_facecolors().any()]
+        assert sorted(float(c.get_offsets()[0][1]) for c in hollow) == sorted(cold)
+        assert [c.get_offsets()[0][0] for c in hollow] == [1024, 1024]
+        labels = [t.get_text() for legend in figure.legends for t in legend.get_texts()]
+        assert "hollow: caches flushed" in labels
+        plt.close(figure)
+    warm_only = decode_bandwidth(plottable(frame.assign(cache_resident=False)), colours, ROOFS)
+    assert "hollow: caches flushed" not in [t.get_text() for lg in warm_only.legends for t in lg.get_texts()]
+    plt.close(warm_only)
+
+
 def test_the_compare_figure_labels_one_draws_each_floor_and_counts_what_it_left_out():
     """Its ticks were 0.96, 0.99, 1.02 (the line of no change unlabelled), its grey band was --threshold though
     the verdicts use each case's floor, and the cases it could not draw went unsaid."""
