@@ -30,6 +30,7 @@ import torch
 from attnbench.contenders import registry
 from attnbench.errors import UsageError, refuse_empty
 from attnbench.measure._ceilings import load_ceilings
+from attnbench.measure._source_trees import check_one_tree
 from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
 from attnbench.measure.environment import command_line, environment
 from attnbench.runner.cases import WAITED_STALL, not_runnable, waited_text
@@ -974,6 +975,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = None
     try:
+        check_one_tree()  # a core from one checkout with another's contenders and reports measures the wrong code
         args = build_parser().parse_args(argv)
         args.command_line = command_line(argv)
         return int(args.func(args))

@@ -1,0 +1,69 @@
+"""Whether attnbench's packages come from one tree: its core, and the folders pyproject maps into it.
+
+pyproject maps ``impls/``, ``reports/`` and ``suites/`` at the repository's root into the package
+(``attnbench.impls`` …), outside ``src/``. So ``PYTHONPATH=<clone>/src`` beside another install of attnbench
+(an editable one, whose finder answers for the mapped names) runs the clone's core with the other tree's
+contenders and reports: ``ab --base`` then times the other tree's code, and meta.json records the clone's
+commit beside rows measured with other code. :func:`check_one_tree` refuses such a mix at the command's start.
+
+Two layouts are one tree: the source layout (``TREE/src/attnbench`` with ``TREE/impls`` …, an editable
+install) and the installed one (``…/attnbench`` with ``…/attnbench/impls`` …, a plain install into
+site-packages, or an editable install's link tree). A mapped package that cannot be found is left to fail
+where it is used.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from attnbench.errors import UsageError
+
+MAPPED = ("impls", "reports", "suites")  # pyproject's package-dir, besides the core
+
+
+def _folder(name: str) -> Path | None:
+    """The folder package ``name`` is (or would be) imported from, without running its ``__init__``."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))).resolve()
+    return Path(spec.origin).resolve().parent if spec.origin else None
+
+
+def source_tree(core: Path) -> Path | None:
+    """The repository a core folder lies in (``TREE`` for ``TREE/src/attnbench``), or None when installed."""
+    return core.parent.parent if core.parent.name == "src" else None
+
+
+def mixed(core: Path, found: dict[str, Path]) -> list[str]:
+    """The mapped packages in ``found`` ({name: folder}) that lie in neither of ``core``'s layouts: empty when
+    all come from one tree."""
+    tree = source_tree(core)
+    return [name for name, folder in found.items() if folder not in (core / name, *((tree / name,) if tree else ()))]
+
+
+def check_one_tree() -> None:
+    """UsageError, in one line, when a mapped package comes from another tree than the core (module docstring)."""
+    core = Path(next(iter(sys.modules["attnbench"].__path__))).resolve()  # imported: this module is in it
+    found = {name: folder for name in MAPPED if (folder := _folder(f"attnbench.{name}")) is not None}
+    others = mixed(core, found)
+    if not others:
+        return
+    tree = source_tree(core)
+    where = ", ".join(f"attnbench.{name} from {found[name]}" for name in others)
+    fix = (
+        f"install one tree: `pip install -e {tree}` (the checkout the core is from), or run without the PYTHONPATH "
+        "that puts its src/ first"
+        if tree
+        else "install one tree: `pip install -e .` in the checkout you mean, and run without PYTHONPATH"
+    )
+    raise UsageError(
+        f"attnbench's packages come from different trees: its core from {core}, {where} (pyproject maps "
+        f"impls/, reports/ and suites/ into the package from outside src/, so PYTHONPATH=…/src is not enough); {fix}"
+    )
