@@ -139,8 +139,15 @@ def test_a_commit_that_adds_work_in_a_sibling_module_is_slower_in_either_layout(
     (record,) = [json.loads(line) for line in done.stdout.splitlines()]
     assert done.returncode == 1, (record, done.stderr)
     assert (record["impl_a"], record["verdict"]) == (f"{name}@HEAD~1", "slower") and record["ratio"] > 1.2, record
+    commit = git(repo, "rev-parse", "HEAD~1")
+    relative = (path / package).relative_to(repo).as_posix()
+    resolved = (
+        f"ab: note: A = {name}@HEAD~1: {package} ({relative}) at commit {commit[:12]} (HEAD~1) of {repo.resolve()}"
+    )
     note = f"ab: note: HEAD~1: {built.relative_to(repo).as_posix()} not in git; the base version uses the working"
-    assert done.stderr.startswith(note), done.stderr  # said before anything is timed
+    said = done.stderr.splitlines()
+    assert said[0] == resolved and said[1].startswith(note), done.stderr  # said before anything is timed
+    assert "this run is an A/A" not in done.stderr  # work.py changed since HEAD~1
     # the extracted base is the whole package folder, not its __init__.py alone
     located = revision._package_root(package, (path / package / "__init__.py").resolve())
     assert located == (package, (path / package).resolve())
@@ -180,6 +187,31 @@ def decide(name: str, rev: str, tmp_path: Path, budget_s: float = 1.0) -> ab.AbC
     workload = Workload(1, 2, 2, 256, 256, 64)
     (case,) = ab.run_ab(a, b, [workload], ab.AbOptions(budget_s=budget_s, threads=1))
     return case
+
+
+def test_a_base_whose_package_files_equal_the_working_trees_says_the_run_is_an_a_a(lazy_plugin, tmp_path):
+    """--base HEAD of a clean package: the notes say where REV resolved and that the run is an A/A; an edit in
+    the working tree, or a new untracked module in the package, makes it a real A/B again."""
+    repo, package = lazy_plugin
+    commit = git(repo, "rev-parse", "HEAD")
+    a, _ = ab.revision_versions("ab_lazy", "HEAD", tmp_path / "base-1")
+    assert a.notes == (
+        f"A = ab_lazy@HEAD: ablazy (ablazy) at commit {commit[:12]} (HEAD) of {repo.resolve()}",
+        "ab_lazy's files are the same at HEAD and in the working tree: this run is an A/A (nothing in ablazy "
+        f"differs from commit {commit[:12]}; edit the working tree or give another --base to compare)",
+    )
+    cache = package / "__pycache__"  # bytecode, untracked and not ignored here, changes nothing
+    cache.mkdir(exist_ok=True)
+    (cache / "kernel.cpython-311.pyc").write_bytes(b"\0")
+    a, _ = ab.revision_versions("ab_lazy", "HEAD", tmp_path / "base-0")
+    assert any("this run is an A/A" in note for note in a.notes), a.notes
+    (package / "helper.py").write_text("X = 1\n")  # untracked, not ignored: the working tree has more
+    a, _ = ab.revision_versions("ab_lazy", "HEAD", tmp_path / "base-2")
+    assert len(a.notes) == 1 and a.notes[0].startswith("A = ab_lazy@HEAD: "), a.notes
+    (package / "helper.py").unlink()
+    (package / "settings.py").write_text("PASSES = 2\n")  # a tracked file edited, not committed
+    a, _ = ab.revision_versions("ab_lazy", "HEAD", tmp_path / "base-3")
+    assert not any("A/A" in note for note in a.notes), a.notes
 
 
 @pytest.mark.parametrize(("planted_in", "change"), [("settings.py", "PASSES = 3\n"), ("work.py", WORK_MORE)])

@@ -35,6 +35,11 @@ Native code follows by itself when the package finds its sources beside its file
 ``fused_cpu`` at REV compiles REV's C++ from the extracted folder, and ``native_build`` keys each library
 by its sources' contents, so the two builds are two libraries, both loaded.
 
+Before anything is timed, :func:`orientation` says which repository and commit REV resolved to (the
+contender's own repository, which is not always the one the command runs in) and, when the package's files
+are the same at REV as in the working tree, that the run is an A/A — a ``same`` that only says the edit was
+made elsewhere, or never saved, would otherwise read as "the change does nothing".
+
 Limits, each said in one line before anything is timed (:func:`notes`): code outside the package root
 (attnbench's core, another package of the repository) is the working tree's — the files of it that the
 run loaded and that changed since REV are named; a built extension git does not track is the working
@@ -410,6 +415,32 @@ def readable(text: str) -> str:
     for alias, router in _routers.items():
         text = re.sub(rf"\b{alias}\b", router.root, text)
     return text
+
+
+def unchanged(located: Located, commit: str) -> bool:
+    """Whether the package root's files are the same at ``commit`` and in the working tree: no tracked file
+    differs (staged or not) and no untracked one (not ignored) was added — bytecode caches and built extensions
+    aside (the base runs the working tree's build, :func:`copy_built_extensions`)."""
+    relative = located.root_path.relative_to(located.repo).as_posix()
+    if _git(located.repo, "diff", "--quiet", commit, "--", relative).returncode != 0:
+        return False
+    added = _git(located.repo, "ls-files", "--others", "--exclude-standard", "-z", "--", relative)
+    built = (".pyc", *importlib.machinery.EXTENSION_SUFFIXES)
+    sources = [name for name in added.stdout.decode().split("\0") if name and not name.endswith(built)]
+    return added.returncode == 0 and not sources
+
+
+def orientation(name: str, located: Located, commit: str, rev: str) -> list[str]:
+    """What REV resolved to (the repository and the commit the base version comes from), and, when the package's
+    files are the same there as in the working tree, that the run is an A/A: one line each."""
+    relative = located.root_path.relative_to(located.repo).as_posix()
+    said = [f"A = {name}@{rev}: {located.root} ({relative}) at commit {commit[:12]} ({rev}) of {located.repo}"]
+    if unchanged(located, commit):
+        said.append(
+            f"{name}'s files are the same at {rev} and in the working tree: this run is an A/A (nothing in "
+            f"{relative} differs from commit {commit[:12]}; edit the working tree or give another --base to compare)"
+        )
+    return said
 
 
 def notes(located: Located, commit: str, rev: str, copied: list[str]) -> list[str]:

@@ -107,15 +107,16 @@ def registered_versions(a: str, b: str) -> tuple[Version, Version]:
 
 def revision_versions(name: str, rev: str, workdir: Path) -> tuple[Version, Version]:
     """``--impl NAME --base REV``: A is NAME as committed at REV (extracted under ``workdir``, which must
-    outlive the run), B the working tree's NAME (see attnbench.contenders._revision). A's ``notes`` say what of it
-    still comes from the working tree."""
+    outlive the run), B the working tree's NAME (see attnbench.contenders._revision). A's ``notes`` say which
+    repository and commit REV resolved to, that the run is an A/A when the package's files did not change since,
+    and what of it still comes from the working tree."""
     current = _available(name, "--impl")
     located = revision.locate(name, current)
     commit = revision.resolve(located.repo, rev)
     base_root = revision.extract(located, commit, workdir)
     copied = revision.copy_built_extensions(located, base_root)
     base = revision.import_base(name, located, base_root)
-    notes = tuple(revision.notes(located, commit, rev, copied))
+    notes = (*revision.orientation(name, located, commit, rev), *revision.notes(located, commit, rev, copied))
     label = f"{name}@{rev}"
     return Version(label, base, f"git {commit} ({rev})", notes), Version(name, current, "working tree")
 
