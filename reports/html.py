@@ -137,8 +137,14 @@ def _missing(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
+CHECKED = ("ok", "incorrect", "stalled")  # each checked against float64 before it was timed
+
+
 def _accuracy(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    checked = frame[frame["status"].isin(["ok", "incorrect"])]
+    """Per contender and dtype, the cases checked against the float64 reference: every row that carries a check
+    (ok, incorrect, and stalled — a stalled row's time is not ranked, but its output was checked), the incorrect
+    ones among them, the worst error and the tolerance."""
+    checked = frame[frame["status"].isin(CHECKED) | frame["atol"].notna()]
     rows = []
     for (impl, dtype), group in checked.groupby(["impl", "dtype"], sort=True):
         rows.append(

@@ -339,3 +339,26 @@ def test_compare_with_a_run_of_no_finished_case_and_report_with_an_unknown_basel
 
 def test_registry_is_untouched_by_reports():
     assert "bmm" in registry.load()
+
+
+def test_the_accuracy_table_counts_stalled_rows_they_were_checked_too():
+    """A stalled row's time is not ranked, but its output was checked against float64 before it was timed: the
+    accuracy table counts it, and its error can be the worst (review 1, finding 4: 4 of 8 checked cases shown)."""
+    from attnbench.reports.html import _accuracy
+    from attnbench.runner.results import make_row, rows_to_frame
+
+    shapes = [attnbench.Workload(1, 2, 2, seq, seq, 16) for seq in (64, 128, 256, 512)]
+    checked = {"atol": 1e-4, "rtol": 1e-4, "median_ms": 1.0}
+    rows = [
+        make_row("bmm", shapes[0], "ok", max_abs_err=1e-6, **checked),
+        make_row("bmm", shapes[1], "stalled", "the machine stalled", max_abs_err=5e-6, **checked),
+        make_row("bmm", shapes[2], "incorrect", "max_abs_err 0.3 over tolerance", max_abs_err=0.3, **checked),
+        make_row("bmm", shapes[3], "error", "RuntimeError: boom"),  # never checked
+        make_row("einsum", shapes[0], "stalled", "the machine stalled", max_abs_err=2e-6, **checked),
+        make_row("einsum", shapes[1], "stalled", "the machine stalled", max_abs_err=7e-6, **checked),
+        make_row("einsum", shapes[2], "unsupported", "no"),
+    ]
+    table = {row["impl"]: row for row in _accuracy(rows_to_frame(rows))}
+    assert (table["bmm"]["checked"], table["bmm"]["incorrect"], table["bmm"]["worst"]) == (3, 1, "0.3")
+    assert (table["einsum"]["checked"], table["einsum"]["incorrect"]) == (2, 0)
+    assert table["einsum"]["worst"] == "7e-06", table["einsum"]  # the stalled rows' worst error is shown
