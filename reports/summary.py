@@ -100,8 +100,27 @@ def merged_reasons(rows: pd.DataFrame) -> pd.Series:
     return merged
 
 
+CASE_FAILURES = ("incorrect", "error", "timeout", "oom")  # what went wrong in a case: its lines name the case
+SHOWN_CASES = 3  # a failure shared by more cases names this many, then counts the rest
+
+
 def non_ok_reasons(frame: pd.DataFrame) -> str:
-    """One line per distinct (contender, status, reason) that is not ok (see :func:`merged_reasons`)."""
+    """One line per distinct (contender, status, reason) that is not ok (see :func:`merged_reasons`). A case's
+    failure (:data:`CASE_FAILURES`) names its case as the table above labels it (``bmm cpu float32 B2 H8/2 S128
+    D64 padding fwd: incorrect — …``), or the cases that share it (``bmm (2 cases: …; …): error — …``): a
+    contender that fails only its GQA or padded workloads says which."""
     bad = frame[frame["status"] != "ok"]
-    bad = bad.assign(reason=merged_reasons(bad)).drop_duplicates(["impl", "status", "reason"])
-    return "\n".join(f"  {r.impl}: {r.status} — {r.reason}" for r in bad.itertuples())
+    bad = bad.assign(reason=merged_reasons(bad))
+    lines = []
+    for (impl, status, reason), rows in bad.groupby(["impl", "status", "reason"], sort=False):
+        if status not in CASE_FAILURES:
+            lines.append(f"  {impl}: {status} — {reason}")
+            continue
+        labels = list(dict.fromkeys(workload_label(row) for _, row in rows.iterrows()))
+        if len(labels) == 1:
+            lines.append(f"  {impl} {labels[0]}: {status} — {reason}")
+            continue
+        shown = "; ".join(labels[:SHOWN_CASES])
+        more = f" and {len(labels) - SHOWN_CASES} more" if len(labels) > SHOWN_CASES else ""
+        lines.append(f"  {impl} ({len(labels)} cases: {shown}{more}): {status} — {reason}")
+    return "\n".join(lines)

@@ -45,7 +45,27 @@ def test_a_contenders_stalled_rows_are_one_reason_with_their_percentages_as_a_ra
     assert non_ok_reasons(rows_to_frame(rows)).splitlines() == [
         f"  bmm: stalled — {waited.format('48–50')}",
         f"  einsum: stalled — {waited.format(30)}",
-        "  naive: error — out of 3% of something",
+        "  naive cpu float32 B1 H2 S32 D16 none fwd: error — out of 3% of something",
+    ]
+
+
+def test_a_failed_cases_line_names_its_case_or_the_cases_that_share_it():
+    """incorrect / error lines under the table say which workloads failed (review 1, finding 6: a contender that
+    fails only its GQA cases said `error — RuntimeError: …` and nothing else); other statuses stay one line per
+    reason."""
+    from attnbench.reports.summary import non_ok_reasons
+
+    gqa = [Workload(2, 8, 2, 128, 256, 64, mask=mask) for mask in ("none", "causal", "padding", "causal_bottom_right")]
+    mismatch = "RuntimeError: The size of tensor a (8) must match the size of tensor b (2) at non-singleton dimension 1"
+    rows = [make_row("notcallable", w, "error", mismatch) for w in gqa]
+    rows.append(make_row("notcallable", CASES[0], "ok", median_ms=1.0))
+    rows.append(make_row("clsplug", gqa[2], "incorrect", "max_abs_err 0.567 over tolerance", median_ms=1.0))
+    rows += [make_row("sdpa_cudnn", w, "unavailable", "a CUDA-only backend") for w in CASES]
+    assert non_ok_reasons(rows_to_frame(rows)).splitlines() == [
+        "  notcallable (4 cases: cpu float32 B2 H8/2 S128x256 D64 none fwd; cpu float32 B2 H8/2 S128x256 D64 causal "
+        f"fwd; cpu float32 B2 H8/2 S128x256 D64 padding fwd and 1 more): error — {mismatch}",
+        "  clsplug cpu float32 B2 H8/2 S128x256 D64 padding fwd: incorrect — max_abs_err 0.567 over tolerance",
+        "  sdpa_cudnn: unavailable — a CUDA-only backend",
     ]
 
 
