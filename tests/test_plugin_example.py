@@ -20,6 +20,33 @@ def test_readme_shows_the_example_files_verbatim():
     assert (EXAMPLE / "pyproject.toml").read_text() in _readme_blocks("toml")
 
 
+def test_readme_states_every_capabilities_default_as_the_code_has_it():
+    """A plain Capabilities() claims padding, bottom-right causal, GQA and cross-attention; a plugin author learns
+    that from the README's table, which must hold every field with its default (review 1, finding 5)."""
+    import ast
+    import dataclasses
+
+    from attnbench import Capabilities
+    from attnbench.workload.axes import DECLARED
+
+    table = (REPO / "README.md").read_text().split("**What a plain `Capabilities()` claims.**")[1]
+    rows = {
+        names: (default, claim)
+        for names, default, claim in re.findall(r"^\| (`[^|]+`) \| ([^|]+) \|(.*)$", table, re.MULTILINE)
+    }
+    defaults = Capabilities()
+    for field in dataclasses.fields(Capabilities):
+        if field.name == "notes":  # free text, claims nothing
+            continue
+        names = next(key for key in rows if f"`{field.name}`" in key.split(", "))  # `min_head_dim`, `max_head_dim`
+        written = [ast.literal_eval(value) for value in re.findall(r"`([^`]+)`", rows[names][0])]
+        value = written[names.split(", ").index(f"`{field.name}`")]
+        actual = getattr(defaults, field.name)
+        assert (set(value) if isinstance(actual, frozenset) else value) == actual, (field.name, value, actual)
+    claim = rows["`features`"][1]
+    assert all(axis.name in claim for axis in DECLARED), claim  # every axis a plugin must declare is named
+
+
 def test_installed_example_appears_in_list_and_runs(tmp_path):
     site = tmp_path / "site"
     install = run_subprocess(
