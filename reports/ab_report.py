@@ -27,13 +27,25 @@ from attnbench.reports.figure_layout import VERDICT_COLOURS
 DPI = 110
 
 
+DISAGREE = "‡"  # marks a case whose medians' quotient lies outside the paired ratio's interval
+
+
 def format_table(records: list[dict[str, Any]]) -> str:
     """One line per case: A's and B's median per-call times, the median of the per-round ratios B_i / A_i with
     its interval, the verdict (or why none). The headers say which is which: the ratio is not the quotient of
-    the two medians beside it (27.99 and 23.91 ms with a ratio of 1.010 is a case whose rounds mostly tied)."""
-    rows = []
+    the two medians beside it (27.99 and 23.91 ms with a ratio of 1.010 is a case whose rounds mostly tied).
+    Where that quotient lies outside the ratio's interval (``medians_disagree``: bimodal samples on a busy
+    machine), the verdict is marked ‡ and a line under the table says so: the medians are not to be quoted."""
+    rows, notes = [], []
     for r in records:
         timed = r["ratio"] is not None
+        mark = f" {DISAGREE}" if timed and r.get("medians_disagree") else ""
+        if mark:
+            notes.append(
+                f"{DISAGREE} {r['workload']}: B median / A median = {r['median_quotient']:.3f}, outside the paired "
+                f"ratio's 95% interval [{r['ci_low']:.3f}, {r['ci_high']:.3f}]: the medians disagree with the paired "
+                "rounds (bimodal samples, a busy machine) — trust the paired ratio, or rerun on a quieter machine"
+            )
         rows.append(
             {
                 "workload": r["workload"],
@@ -42,10 +54,10 @@ def format_table(records: list[dict[str, Any]]) -> str:
                 "median of round B/A": f"{r['ratio']:.3f}" if timed else "",
                 "95% CI": f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if timed else "",
                 "rounds": r["n_pairs"] if timed else "",
-                "verdict": r["verdict"] if timed else f"{r['verdict']}: {r['reason']}",
+                "verdict": r["verdict"] + mark if timed else f"{r['verdict']}: {r['reason']}",
             }
         )
-    return pd.DataFrame(rows).to_string(index=False)
+    return "\n".join([pd.DataFrame(rows).to_string(index=False), *notes])
 
 
 def summary_line(records: list[dict[str, Any]]) -> str:

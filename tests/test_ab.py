@@ -628,3 +628,50 @@ def test_both_sides_tune_in_one_folder_of_the_runs_own_unless_kept(keep, monkeyp
         folders = {folder for folder, _ in seen}
         assert len(folders) == 1 and all(ok for _, ok in seen)  # one folder, both sides, every case
         assert not Path(folders.pop()).exists()  # removed after
+
+
+def _bimodal_case():
+    """The review's busy machine: most rounds run both sides in one mode (fast or slow, B twice A's time), a few
+    preempt A's neighbour only, so B's median lands in the slow mode and A's in the fast one."""
+    from attnbench.runner.ab import AbCase
+    from attnbench.workload import Workload
+
+    rng = np.random.default_rng(3)
+    modes = [(2.0, 4.0)] * 45 + [(6.0, 12.0)] * 45 + [(2.0, 12.0)] * 10  # (A, B) per round
+    a_ms = [a * rng.uniform(0.99, 1.01) for a, _ in modes]
+    b_ms = [b * rng.uniform(0.99, 1.01) for _, b in modes]
+    order = rng.permutation(len(modes))
+    a_ms, b_ms = [a_ms[i] for i in order], [b_ms[i] for i in order]
+    paired = paired_ratio(a_ms, b_ms)
+    return AbCase(Workload(1, 8, 8, 256, 256, 64), verdict(paired, 0.02), "", paired, a_ms, b_ms)
+
+
+def test_medians_that_contradict_the_paired_ratio_are_said_in_the_table_and_ab_csv(tmp_path):
+    """2.189 vs 8.252 ms beside a ratio of 1.997 (review 1, finding 2): the medians' quotient outside the paired
+    interval is marked on its row, explained under the table, and kept in ab.csv; a case whose medians agree is
+    not marked."""
+    from attnbench.reports.ab_report import format_table, write_ab
+    from attnbench.runner.ab import Version
+
+    a, b = Version("bf@HEAD", Recording(), "git"), Version("bf", Recording(), "working tree")
+    bimodal = _bimodal_case()
+    record = bimodal.record(a, b, 0.02)
+    assert record["ratio"] == pytest.approx(2.0, rel=0.02) and record["verdict"] == "slower"
+    assert record["median_quotient"] == pytest.approx(6.0, rel=0.03) and record["medians_disagree"] is True
+    quiet_a, quiet_b = noisy_rounds(5, 60, 1.10)
+    paired = paired_ratio(quiet_a, quiet_b)
+    quiet = dataclasses.replace(bimodal, paired=paired, samples_a_ms=quiet_a, samples_b_ms=quiet_b)
+    agreeing = quiet.record(a, b, 0.02)
+    assert agreeing["medians_disagree"] is False
+    lines = format_table([record, agreeing]).splitlines()
+    assert lines[1].endswith("slower ‡") and not lines[2].endswith("‡"), lines
+    quotient = f"{record['median_quotient']:.3f}"
+    assert lines[3].startswith(f"‡ B1 H8 S256 D64 float32 cpu none fwd: B median / A median = {quotient}, ")
+    assert "outside the paired ratio's 95% interval" in lines[3] and "trust the paired ratio" in lines[3]
+    assert len(lines) == 4
+    write_ab(
+        [record, agreeing], [(bimodal.samples_a_ms, bimodal.samples_b_ms), (quiet_a, quiet_b)], tmp_path / "ab", {}
+    )
+    table = pd.read_csv(tmp_path / "ab" / "ab.csv")
+    assert list(table["medians_disagree"]) == [True, False]
+    assert table["median_quotient"].iloc[0] == pytest.approx(record["median_quotient"])
