@@ -71,6 +71,24 @@ def test_broken_plugins_are_unavailable_and_disturb_nothing(tmp_path):
     assert by_name["bmm"]["available"] and by_name["sdpa_flash"]["available"]
 
 
+def test_a_plugin_shadowed_by_a_folder_of_its_name_says_where_it_resolved(tmp_path):
+    """`python -m attnbench` from the folder above a plugin's project folder: the cwd comes first on sys.path and
+    the plugin's name resolves to that folder, a namespace package without code (an editable install's finder,
+    which runs after the path, is never asked). "module has no attribute 'contender'" alone baffled (review 1,
+    finding 8): the reason names the folder."""
+    site, work = tmp_path / "site", tmp_path / "work"
+    fake_distribution(site, "shadowplug", {"shadowplug": "shadowplug:contender"}, {})  # its code reached otherwise
+    (work / "shadowplug").mkdir(parents=True)  # the plugin's project folder: pyproject.toml, src/ …, no __init__.py
+    (work / "shadowplug" / "pyproject.toml").write_text("[project]\nname = 'shadowplug'\n")
+    result = run_subprocess(*attnbench_cmd("list", "--json"), env={"PYTHONPATH": str(site)}, cwd=work)
+    assert result.returncode == 0, result.stderr
+    reason = {r["name"]: r for r in json.loads(result.stdout)}["shadowplug"]["reason"]
+    folder = (work / "shadowplug").resolve()
+    assert reason.startswith(f"failed to load: module 'shadowplug' resolved to a folder without code, {folder} ")
+    assert "shadows the installed shadowplug; run from another directory" in reason
+    assert reason.endswith("AttributeError: module 'shadowplug' has no attribute 'contender'"), reason
+
+
 def test_duplicate_entry_point_names_are_an_error_naming_both(tmp_path):
     fake_distribution(tmp_path, "evil-twin", {"bmm": "twin:contender"}, {"twin": "contender = None\n"})
     result = run_subprocess(*attnbench_cmd("list"), env={"PYTHONPATH": str(tmp_path)})

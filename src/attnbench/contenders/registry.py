@@ -12,9 +12,11 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import TypeVar
 
 from attnbench import errors
@@ -79,13 +81,33 @@ def _as_contender(obj: object, name: str) -> Contender:
 as_contender = _as_contender  # public: the A/B command checks a contender taken from another git revision
 
 
-def _make_entry(name: str, source: str, loader: Callable[[], object]) -> Entry:
+def _folder_without_code(module: str) -> str | None:
+    """Where the entry point's module, or a package above it, was imported as a folder without code (a namespace
+    package: no ``__init__.py``, no ``__file__``) — how a plugin's project folder in the current directory
+    shadows the installed plugin of the same name under ``python -m`` — said in a clause; else None."""
+    parts = module.split(".")
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        found = sys.modules.get(name)
+        if found is not None and getattr(found, "__file__", None) is None and hasattr(found, "__path__"):
+            folders = ", ".join(str(Path(folder).resolve()) for folder in found.__path__)
+            return (
+                f"module {name!r} resolved to a folder without code, {folders} (a namespace package: a folder of "
+                f"that name in the current directory or on sys.path shadows the installed {name}; run from "
+                "another directory)"
+            )
+    return None
+
+
+def _make_entry(name: str, source: str, loader: Callable[[], object], module: str | None = None) -> Entry:
     """Build an Entry, turning any failure to load into an unavailable reason (a failed probe becomes one
-    when it is first asked)."""
+    when it is first asked). ``module``: the entry point's, to say when it resolved to a folder without code."""
     try:
         contender = _as_contender(loader(), name)
     except Exception as exc:  # a plugin's import can fail in any way; it must not take the others down
-        return Entry(name, source, None, f"failed to load: {errors.reason(exc)}")
+        shadowed = _folder_without_code(module) if module else None
+        why = f"{shadowed} — {errors.reason(exc)}" if shadowed else errors.reason(exc)
+        return Entry(name, source, None, f"failed to load: {why}")
     return Entry(name, source, contender)
 
 
@@ -110,7 +132,7 @@ def load(refresh: bool = False) -> dict[str, Entry]:
     if _cache is None or refresh:
         entries: dict[str, Entry] = {}
         for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name):
-            _add(entries, _make_entry(ep.name, _source(ep), ep.load))
+            _add(entries, _make_entry(ep.name, _source(ep), ep.load, ep.module))
         for entry in _registered.values():
             _add(entries, entry)
         _cache = entries
