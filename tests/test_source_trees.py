@@ -28,6 +28,13 @@ def test_the_source_and_the_installed_layouts_are_one_tree_and_a_mix_is_named(tm
     assert trees.mixed(clone / "src" / "attnbench", mix) == ["impls", "reports"]
     assert trees.mixed(site / "attnbench", source) == list(trees.MAPPED)  # an installed core, a checkout's parts
     assert trees.source_tree(site / "attnbench") is None
+    view = tmp_path / "view" / "attnbench"  # a view of links, as `nox -s lint` makes one: view/attnbench/impls → main
+    view.mkdir(parents=True)
+    for name in trees.MAPPED:
+        (other / name).mkdir(parents=True)
+        (view / name).symlink_to(other / name, target_is_directory=True)
+    assert trees.mixed(view, {name: view / name for name in trees.MAPPED}) == []
+    assert trees.mixed(view, {name: other / name for name in trees.MAPPED}) == []  # the links resolved
 
 
 def test_a_clones_core_on_pythonpath_beside_this_install_is_refused_in_one_line(tmp_path):

@@ -32,8 +32,8 @@ def _folder(name: str) -> Path | None:
     if spec is None:
         return None
     if spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations))).resolve()
-    return Path(spec.origin).resolve().parent if spec.origin else None
+        return Path(next(iter(spec.submodule_search_locations))).absolute()
+    return Path(spec.origin).absolute().parent if spec.origin else None
 
 
 def source_tree(core: Path) -> Path | None:
@@ -43,14 +43,18 @@ def source_tree(core: Path) -> Path | None:
 
 def mixed(core: Path, found: dict[str, Path]) -> list[str]:
     """The mapped packages in ``found`` ({name: folder}) that lie in neither of ``core``'s layouts: empty when
-    all come from one tree."""
+    all come from one tree. The layout is read from the paths as imported, then compared with links resolved: a
+    view of links (``attnbench/impls`` → ``TREE/impls``, as the lint session makes) is one tree too."""
     tree = source_tree(core)
-    return [name for name, folder in found.items() if folder not in (core / name, *((tree / name,) if tree else ()))]
+    roots = [core, tree] if tree else [core]
+    return [
+        name for name, folder in found.items() if folder.resolve() not in {(root / name).resolve() for root in roots}
+    ]
 
 
 def check_one_tree() -> None:
     """UsageError, in one line, when a mapped package comes from another tree than the core (module docstring)."""
-    core = Path(next(iter(sys.modules["attnbench"].__path__))).resolve()  # imported: this module is in it
+    core = Path(next(iter(sys.modules["attnbench"].__path__))).absolute()  # imported: this module is in it
     found = {name: folder for name in MAPPED if (folder := _folder(f"attnbench.{name}")) is not None}
     others = mixed(core, found)
     if not others:
