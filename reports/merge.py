@@ -2,7 +2,9 @@
 
 The merged folder is a run folder like any other (results.parquet, results.csv, meta.json), with the
 ``run`` and ``machine`` columns kept, so `report` and `compare` read it as they read a single run. A case
-that appears twice for one machine is an error: that is a repeat, not a shard.
+that appears twice for one machine is an error: that is a repeat, not a shard. Shards of one sweep whose
+partitions were computed from different workloads (``shard_plan`` in their meta.json: a different attnbench,
+suite file or flags) are refused too: together they would lose some cases and repeat others.
 """
 
 from __future__ import annotations
@@ -18,17 +20,50 @@ from attnbench.reports.frames import CASE_KEY, load_runs, workload_label
 from attnbench.runner.results import write_frame, write_text
 
 
+def _sweep_key(meta: dict[str, Any]) -> tuple[str, str, int] | None:
+    """(suite, flags, shard count) of a shard's meta; None for a run that is not a shard."""
+    shard = meta.get("shard")
+    if not isinstance(shard, str) or "/" not in shard:
+        return None
+    count = int(shard.split("/")[1])
+    return str(meta.get("suite", "")), json.dumps(meta.get("overrides") or {}, sort_keys=True), count
+
+
+def _plan_said(plan: Any) -> str:
+    if not isinstance(plan, dict):
+        return "per case, by an attnbench older than shard plans"
+    return f"{plan.get('workloads')} workloads by {plan.get('by')}, plan {plan.get('sha256')}"
+
+
+def check_shard_plans(names: list[str], metas: list[dict[str, Any]]) -> None:
+    """A UsageError where two shards of one sweep (same suite, flags and shard count) were partitioned from
+    different plans (_shard.shard_plan): their cases neither add up nor exclude each other."""
+    seen: dict[tuple[str, str, int], tuple[str, Any]] = {}
+    for name, meta in zip(names, metas, strict=True):
+        key = _sweep_key(meta)
+        if key is None:
+            continue
+        plan = meta.get("shard_plan")
+        if key not in seen:
+            seen[key] = (name, plan)
+            continue
+        first, first_plan = seen[key]
+        if plan != first_plan:
+            raise UsageError(
+                f"shards {first} and {name} of suite {key[0]} (split into {key[2]}) were planned from different "
+                f"sweeps ({first}: {_plan_said(first_plan)}; {name}: {_plan_said(plan)}): plan every shard with the "
+                "same attnbench, suite files and flags, and merge shards of one plan"
+            )
+
+
 def missing_shards(metas: list[dict[str, Any]]) -> list[str]:
     """A line per sharded sweep some of whose shards are not among the runs merged: its suite, its flags and the
     shards missing (a failed array task of a batch job leaves a merge that lacks its cases)."""
     sweeps: dict[tuple[str, str, int], set[int]] = {}
     for meta in metas:
-        shard = meta.get("shard")
-        if not isinstance(shard, str) or "/" not in shard:
-            continue
-        index, count = (int(part) for part in shard.split("/"))
-        key = (str(meta.get("suite", "")), json.dumps(meta.get("overrides") or {}, sort_keys=True), count)
-        sweeps.setdefault(key, set()).add(index)
+        key = _sweep_key(meta)
+        if key is not None:
+            sweeps.setdefault(key, set()).add(int(str(meta["shard"]).split("/")[0]))
     lines = []
     for (suite, overrides, count), present in sweeps.items():
         absent = [str(i) for i in range(1, count + 1) if i not in present]
@@ -44,6 +79,7 @@ def missing_shards(metas: list[dict[str, Any]]) -> list[str]:
 def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataFrame, list[str]]:
     """The runs' rows in one run folder at ``out_dir``; the frame, and warnings (shards missing)."""
     frame, runs = load_runs(paths)
+    check_shard_plans([run.name for run in runs], [run.meta for run in runs])
     # As text, so that missing values (a workload without `hidden`) compare equal.
     keys = pd.Series(["|".join(map(repr, row)) for row in frame[CASE_KEY].itertuples(index=False)], index=frame.index)
     repeated = keys.duplicated(keep=False)

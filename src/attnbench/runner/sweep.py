@@ -35,7 +35,7 @@ from attnbench.measure.environment import environment
 from attnbench.runner._interrupts import StopSignals
 from attnbench.runner._noise import environment_warnings, result_warnings
 from attnbench.runner._repeats import DECIDED_ONCE, merge_repeats
-from attnbench.runner._shard import shard_cases
+from attnbench.runner._shard import shard_cases, shard_plan
 from attnbench.runner.cases import RunOptions, not_runnable, run_group
 from attnbench.runner.reproduce import Reproducer
 from attnbench.runner.request import DEFAULT_SUITE, RunRequest, RunSettings
@@ -73,11 +73,15 @@ LEFT_OUT_REASONS = 3  # the distinct reasons a left-out contender's line names, 
 
 
 def plan_cases(
-    request: RunRequest, left_out: dict[str, str] | None = None, partly: list[str] | None = None
+    request: RunRequest,
+    left_out: dict[str, str] | None = None,
+    partly: list[str] | None = None,
+    plan: dict[str, Any] | None = None,
 ) -> tuple[Suite, list[tuple[str, Workload]]]:
     """The suite a new run's request names and its (contender, workload) cases, this shard's only. A contender
     that ``all`` brought in and that suits none of a sweep's workloads is left out of it; ``left_out`` receives
-    its name and its workloads' distinct reasons, ``partly`` the names of those that still run in another sweep."""
+    its name and its workloads' distinct reasons, ``partly`` the names of those that still run in another sweep,
+    ``plan`` (with --shard) what the partition was computed from (_shard.shard_plan: the whole sweep's workloads)."""
     if isinstance(request.suite, Suite):
         suite = request.suite
     elif request.suite or not request.axes.get(MODEL.name):
@@ -117,6 +121,8 @@ def plan_cases(
         partly += [impl for impl in said if impl in planned]
     shard = request.shard_slice
     if shard:
+        if plan is not None:
+            plan.update(shard_plan(cases))
         cases = shard_cases(cases, *shard)
     return suite, cases
 
@@ -125,7 +131,8 @@ def _plan(request: RunRequest, default_out: Path) -> tuple[RunWriter, dict[str, 
     """A new run: its writer, meta and cases. Nothing is written yet."""
     left_out: dict[str, str] = {}
     partly: list[str] = []
-    suite, cases = plan_cases(request, left_out, partly)
+    plan: dict[str, Any] = {}
+    suite, cases = plan_cases(request, left_out, partly, plan)
     check_devices(cases)
     out = request.out or default_out
     RunWriter.check_target(out)
@@ -135,6 +142,7 @@ def _plan(request: RunRequest, default_out: Path) -> tuple[RunWriter, dict[str, 
         "suite": suite.name,
         "overrides": dict(request.axes),
         "shard": request.shard,
+        **({"shard_plan": plan} if plan else {}),
         "n_cases": len(cases),
         "settings": settings.as_meta(),
         "default_threads": DEFAULT_THREADS,

@@ -1,0 +1,94 @@
+"""Shards and what reads them: whole workloads per shard, a partition no machine's software changes, merge's
+checks, and a merged folder read by compare, store and report as its shards are (review 2, findings 1–6)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnbench.runner.request import build_request
+from attnbench.runner.sweep import plan_cases
+
+SWEEP = ["--suite", "quick", "--impl", "bmm,einsum", "--seq", "64", "--budget-s", "0.05", "--threads", "1"]
+
+
+def _shard_workloads(impl: str, count: int, **axes: str) -> list[set]:
+    """Each shard's workloads for ``--impl impl`` (the quick suite), with each shard's plan."""
+    found = []
+    for index in range(1, count + 1):
+        plan: dict = {}
+        _, cases = plan_cases(build_request("quick", {"impl": impl, **axes}, shard=f"{index}/{count}"), plan=plan)
+        found.append(({w for _, w in cases}, cases, plan))
+    return found
+
+
+def test_a_shard_holds_every_contender_of_its_workloads():
+    axes = {"seq": "256,512", "mask": "none,causal"}
+    _, everything = plan_cases(build_request("quick", {"impl": "bmm,sdpa_flash,einsum", **axes}))
+    shards = _shard_workloads("bmm,sdpa_flash,einsum", 3, **axes)
+    owned = [workloads for workloads, _, _ in shards]
+    assert all(owned) and sum(map(len, owned)) == len(set.union(*owned))  # each workload in one shard only
+    for workloads, cases, _ in shards:
+        # every contender of a workload it holds, so they are timed together (interleaved rounds)
+        assert sorted(cases, key=str) == sorted([c for c in everything if c[1] in workloads], key=str)
+    assert sorted(c for _, cases, _ in shards for c in map(str, cases)) == sorted(map(str, everything))
+
+
+def test_the_partition_does_not_depend_on_which_contenders_a_machine_has():
+    """A machine where fused_triton loads (TRITON_INTERPRET=1) plans `available` with one contender more: the
+    workloads each shard owns, and the plan meta.json records, stay the same (review 2, finding 3)."""
+    axes = {"seq": "256,512", "mask": "none"}
+    without = _shard_workloads("bmm,sdpa_flash", 2, **axes)
+    with_more = _shard_workloads("bmm,sdpa_flash,fused_triton,einsum", 2, **axes)
+    assert [w for w, _, _ in without] == [w for w, _, _ in with_more]
+    plans = [plan for _, _, plan in without + with_more]
+    assert plans[0]["by"] == "workload" and plans[0]["workloads"] == 4
+    assert all(plan == plans[0] for plan in plans)
+    other = _shard_workloads("bmm", 2, seq="256", mask="none")[0][2]
+    assert other["sha256"] != plans[0]["sha256"] and other["workloads"] == 2
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Two shards of one tiny sweep and their merge."""
+    from attnbench.cli import main
+
+    root = tmp_path_factory.mktemp("shards")
+    for index in (1, 2):
+        assert main(["run", *SWEEP, "--shard", f"{index}/2", "--out", str(root / f"s{index}")]) == 0
+    assert main(["merge", str(root / "s1"), str(root / "s2"), "--out", str(root / "merged")]) == 0
+    return root / "s1", root / "s2", root / "merged"
+
+
+def _edit_meta(folder: Path, **changes) -> None:
+    meta = json.loads((folder / "meta.json").read_text())
+    meta.update(changes)
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def test_merge_refuses_shards_planned_from_different_sweeps(cli, shards, tmp_path):
+    s1, s2, merged = shards
+    frame = pd.read_parquet(merged / "results.parquet")
+    assert frame.groupby("mask")["run"].nunique().eq(1).all()  # a workload's contenders come from one shard
+    plan = json.loads((s1 / "meta.json").read_text())["shard_plan"]
+    assert plan == json.loads((s2 / "meta.json").read_text())["shard_plan"] and plan["workloads"] == 4
+    other = tmp_path / "s2-other"
+    shutil.copytree(s2, other)
+    _edit_meta(other, shard_plan={**plan, "workloads": 3, "sha256": "0" * 16})
+    code, _, err = cli("merge", str(s1), str(other), "--out", str(tmp_path / "m"))
+    assert code == 2 and not (tmp_path / "m").exists(), err
+    line = err.strip()
+    assert line.startswith("attnbench: error: shards s1 and s2-other"), line
+    assert (
+        "\n" not in line and "shards s1 and s2-other of suite quick (split into 2) were planned from different " in line
+    )
+    assert f"s1: 4 workloads by workload, plan {plan['sha256']}; s2-other: 3 workloads" in line
+    old = tmp_path / "s2-old"  # planned by an attnbench that split per case
+    shutil.copytree(s2, old)
+    meta = json.loads((old / "meta.json").read_text())
+    del meta["shard_plan"]
+    (old / "meta.json").write_text(json.dumps(meta))
+    code, _, err = cli("merge", str(s1), str(old), "--out", str(tmp_path / "m"))
+    assert code == 2 and "s2-old: per case, by an attnbench older than shard plans" in err, err
