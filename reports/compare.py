@@ -60,7 +60,7 @@ from scipy.stats import t as student_t
 from attnbench.errors import UsageError
 from attnbench.measure.stopwatch import median_ci_halfwidth
 from attnbench.reports.drift import workload_shifts
-from attnbench.reports.frames import load_runs, workload_label
+from attnbench.reports.frames import all_parts, load_runs, workload_label
 from attnbench.reports.noise_floor import (
     HISTORY_RUNS,
     MIN_HISTORY_RUNS,
@@ -383,23 +383,37 @@ def load_for_compare(
             raise UsageError(
                 f"{run.path}: no finished case (the run stopped before its first row); compare runs with rows"
             )
+    # BASE is the first folder's rows, whatever their `run` (a merged folder keeps each row's shard): load_runs
+    # concatenates each run's rows in order, so they are the frame's first rows (its index, kept by normalise)
+    is_base = pd.Series(frame.index < len(runs[0].frame), index=frame.index)
     if mode == "yardstick":
         if not any(column in frame and frame[column].notna().any() for column in YARDSTICK_COLUMNS.values()):
             raise UsageError(
                 "--normalise yardstick: neither run has yardstick rates (runs made before attnbench "
                 "timed yardsticks, or on a GPU); compare them raw"
             )
-        metas = {run.name: run.meta for run in runs}
+        metas = {part.name: part.meta for part in all_parts(runs)}
         ridge_of = lambda row: ridge_from_meta(metas.get(row["run"], {}), str(row.get("dtype")))  # noqa: E731
         frame = normalise(frame, ridge_of, references(frame))
-    names = list(dict.fromkeys(frame["run"]))
+    sides = frame[is_base], frame[~is_base]
+    for side, rows, run in zip(("BASE", "NEW"), sides, runs, strict=True):
+        keys = pd.Series(["|".join(map(repr, r)) for r in rows[MATCH_ON].itertuples(index=False)], index=rows.index)
+        twice = keys.duplicated(keep=False)
+        if twice.any():  # a merged folder of several machines' runs of one sweep: which of them is the run?
+            same = rows[keys == keys[twice].iloc[0]]
+            first = same.iloc[0]
+            raise UsageError(
+                f"{side} {run.path} holds case {first['impl']} {workload_label(first)} {len(same)} times (from "
+                f"{' and '.join(dict.fromkeys(map(str, same['machine'])))}): compare folders that hold each case once, "
+                "e.g. one machine's runs"
+            )
     history = None
     if db is not None:
         from attnbench.reports.store import run_id
 
         stored = load_store_history(db, normalised=mode == "yardstick")
-        history = history_sigmas(stored, {run_id(run) for run in runs}) if not stored.empty else {}
-    return frame[frame["run"] == names[0]], frame[frame["run"] == names[1]], history
+        history = history_sigmas(stored, {run_id(part) for part in all_parts(runs)}) if not stored.empty else {}
+    return sides[0], sides[1], history
 
 
 def ratio_figure(table: pd.DataFrame, path: Path, settings: Settings) -> Path | None:

@@ -9,6 +9,11 @@ plus ``meta.json``) or a pytest-benchmark JSON file written by our pytest front 
 * ``machine`` — the machine it ran on (CPU or GPU name and host), so identical cases from different
   machines never collide;
 * ``source`` — ``attnbench`` or ``pytest-benchmark``.
+
+A merged folder (``attnbench merge``) is one run to whoever reads its rows, and the runs it was made of to
+whoever reads a run's meta.json: :func:`parts` gives those, each with its own rows and meta (environment,
+ceilings, warnings, start time), so that `report`, `compare` and `store` read a merged folder as they read
+its shards.
 """
 
 from __future__ import annotations
@@ -145,16 +150,62 @@ def load_run(path: Path) -> Run:
     raise UsageError(f"{path}: not a run folder or a pytest-benchmark .json file")
 
 
+def merged_from(meta: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The runs a merged folder's meta.json says it was made of (``merged_from``: each one's ``run`` name, ``path``
+    and ``meta``), a merged folder merged again replaced by its own; None for a run that is not merged."""
+    entries = meta.get("merged_from")
+    if not isinstance(entries, list):
+        return None
+    flat: list[dict[str, Any]] = []
+    for entry in entries:
+        inner = merged_from(entry.get("meta") or {}) if isinstance(entry, dict) else None
+        flat += inner if inner is not None else [entry if isinstance(entry, dict) else {}]
+    return flat
+
+
+def parts(run: Run) -> list[Run]:
+    """The runs a merged folder was made of, each with its rows (by the ``run`` column) and its own meta.json; a
+    run that is not merged is its own one part. A merged folder whose rows name a run its meta.json does not is
+    bad input (a UsageError): its rows would lose their environment."""
+    entries = merged_from(run.meta)
+    if entries is None:
+        return [run]
+    names = [str(entry.get("run")) for entry in entries]
+    rows = run.frame["run"].astype(object) if "run" in run.frame else pd.Series(None, index=run.frame.index)
+    stray = sorted({str(name) for name in rows.where(rows.notna(), "(none)")} - set(names))
+    if stray:
+        raise UsageError(
+            f"{run.path / 'meta.json'}: its rows come from run(s) {', '.join(stray)}, which its merged_from does not "
+            f"name (it names {', '.join(names) or 'none'}): merge the runs again"
+        )
+    found = []
+    for name, entry in zip(names, entries, strict=True):
+        meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+        found.append(
+            Run(name, Path(str(entry.get("path") or name)), run.frame[rows == name].reset_index(drop=True), meta)
+        )
+    return found
+
+
+def all_parts(runs: list[Run]) -> list[Run]:
+    """Every run's :func:`parts`, in order."""
+    return [part for run in runs for part in parts(run)]
+
+
+def _unique(name: str, seen: dict[str, int]) -> str:
+    count = seen.get(name, 0)
+    seen[name] = count + 1
+    return f"{name}#{count + 1}" if count else name
+
+
 def load_runs(paths: list[Path]) -> tuple[pd.DataFrame, list[Run]]:
-    """All runs in one frame with ``run``, ``machine`` and ``source`` columns."""
+    """All runs in one frame with ``run``, ``machine`` and ``source`` columns. Run names are made unique, those of
+    a merged folder's parts too (its rows' ``run`` and its merged_from renamed alike, so :func:`parts` holds)."""
     runs = [load_run(p) for p in paths]
     seen: dict[str, int] = {}
     frames = []
     for run in runs:
-        count = seen.get(run.name, 0)
-        seen[run.name] = count + 1
-        if count:
-            run.name = f"{run.name}#{count + 1}"
+        run.name = _unique(run.name, seen)
         own = {
             "run": run.name,
             "machine": machine_label(run.meta.get("environment") or {}),
@@ -162,7 +213,15 @@ def load_runs(paths: list[Path]) -> tuple[pd.DataFrame, list[Run]]:
         }
         # A merged folder already says, per row, which run and machine each row came from: keep that.
         kept = {c: v for c, v in own.items() if c not in run.frame or run.frame[c].isna().all()}
-        frames.append(run.frame.assign(**kept))
+        run.frame = run.frame.assign(**kept)
+        entries = merged_from(run.meta)
+        if entries:
+            renamed = {}
+            for entry in entries:
+                old = str(entry.get("run"))
+                entry["run"] = renamed[old] = _unique(old, seen)
+            run.frame["run"] = [renamed.get(str(name), name) for name in run.frame["run"]]
+        frames.append(run.frame)
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS + EXTRA_COLUMNS)
     return frame, runs
 

@@ -1,7 +1,10 @@
 """`attnbench merge`: shards of one sweep and runs from several machines into one results set.
 
 The merged folder is a run folder like any other (results.parquet, results.csv, meta.json), with the
-``run`` and ``machine`` columns kept, so `report` and `compare` read it as they read a single run. A case
+``run`` and ``machine`` columns kept, so `report` and `compare` read it as they read a single run. Its meta.json
+lists the runs it was made of (``merged_from``: each one's name, path and whole meta.json; a merged folder given
+to merge is replaced by its own), which `report`, `compare` and `store` read for what each run's meta says
+(reports.frames.parts): environment, ceilings, warnings, start time and commit. A case
 that appears twice for one machine is an error: that is a repeat, not a shard. Shards of one sweep whose
 partitions were computed from different workloads (``shard_plan`` in their meta.json: a different attnbench,
 suite file or flags) are refused too: together they would lose some cases and repeat others.
@@ -16,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import UsageError
-from attnbench.reports.frames import CASE_KEY, load_runs, workload_label
+from attnbench.reports.frames import CASE_KEY, all_parts, load_runs, workload_label
 from attnbench.runner.results import write_frame, write_text
 
 
@@ -76,9 +79,15 @@ def missing_shards(metas: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _where(path: Path) -> str:
+    """A run's path as merged_from keeps it: absolute where it exists (the merged folder may be read elsewhere)."""
+    return str(path.resolve()) if path.exists() else str(path)
+
+
 def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataFrame, list[str]]:
     """The runs' rows in one run folder at ``out_dir``; the frame, and warnings (shards missing)."""
     frame, runs = load_runs(paths)
+    runs = all_parts(runs)  # a merged folder given here is the runs it was made of
     check_shard_plans([run.name for run in runs], [run.meta for run in runs])
     # As text, so that missing values (a workload without `hidden`) compare equal.
     keys = pd.Series(["|".join(map(repr, row)) for row in frame[CASE_KEY].itertuples(index=False)], index=frame.index)
@@ -95,7 +104,7 @@ def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataF
     meta = {
         "command": command,
         "n_cases": len(frame),
-        "merged_from": [{"run": run.name, "path": str(run.path), "meta": run.meta} for run in runs],
+        "merged_from": [{"run": run.name, "path": _where(run.path), "meta": run.meta} for run in runs],
     }
     write_text(out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
     return frame, missing_shards([run.meta for run in runs])

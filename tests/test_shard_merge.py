@@ -92,3 +92,45 @@ def test_merge_refuses_shards_planned_from_different_sweeps(cli, shards, tmp_pat
     (old / "meta.json").write_text(json.dumps(meta))
     code, _, err = cli("merge", str(s1), str(old), "--out", str(tmp_path / "m"))
     assert code == 2 and "s2-old: per case, by an attnbench older than shard plans" in err, err
+
+
+def _verdicts(text: str) -> pd.Series:
+    """compare's verdict per table line (its words after the workload: `missing`, `same`, `not comparable` …)."""
+    found = [v for line in text.splitlines() for v in ("missing", "same", "unclear", "comparable") if f" {v} " in line]
+    return pd.Series(found, dtype=object)
+
+
+def test_compare_reads_a_merged_folder_as_one_run(cli, shards, tmp_path):
+    s1, s2, merged = shards
+    code, text, err = cli("compare", str(merged), str(merged), "--out", str(tmp_path / "same"))
+    assert code == 0, err
+    assert len(_verdicts(text)) == 8 and "missing" not in text, text  # every case of both shards, against itself
+    for shard in (s1, s2):
+        code, text, err = cli("compare", str(shard), str(merged), "--out", str(tmp_path / shard.name))
+        assert code == 0, err
+        assert (_verdicts(text) == "missing").sum() == 4 and text.count("only in new") == 4, text
+        assert "only in base" not in text
+    code, _, err = cli("compare", str(s1), str(s2), "--out", str(tmp_path / "none"))
+    assert code == 2 and "(4 case(s) in BASE, 4 in NEW, none with the same contender and workload)" in err
+
+
+def _copy_as_other_machine(run: Path, target: Path, **environment) -> Path:
+    shutil.copytree(run, target)
+    meta = json.loads((target / "meta.json").read_text())
+    meta["environment"].update(environment)
+    (target / "meta.json").write_text(json.dumps(meta))
+    return target
+
+
+def test_merging_a_merged_folder_lists_its_runs_and_compare_refuses_a_case_held_twice(cli, shards, tmp_path):
+    s1, _, merged = shards
+    other = _copy_as_other_machine(s1, tmp_path / "s1", cpu_name="Other CPU", hostname="elsewhere")
+    again = tmp_path / "again"
+    assert cli("merge", str(merged), str(other), "--out", str(again))[0] == 0
+    entries = json.loads((again / "meta.json").read_text())["merged_from"]
+    assert [e["run"] for e in entries] == ["s1", "s2", "s1#2"]  # the merged folder's own runs, names kept unique
+    assert entries[2]["meta"]["environment"]["hostname"] == "elsewhere"
+    assert set(pd.read_parquet(again / "results.parquet")["run"]) == {"s1", "s2", "s1#2"}
+    code, _, err = cli("compare", str(again), str(merged), "--out", str(tmp_path / "cmp"))
+    assert code == 2 and err.count("\n") == 1 and f"BASE {again} holds case " in err and " 2 times (from " in err, err
+    assert "Other CPU ×1 threads @ elsewhere" in err
