@@ -60,7 +60,7 @@ from scipy.stats import t as student_t
 from attnbench.errors import UsageError
 from attnbench.measure.stopwatch import median_ci_halfwidth
 from attnbench.reports.drift import workload_shifts
-from attnbench.reports.frames import all_parts, load_runs, workload_label
+from attnbench.reports.frames import all_parts, load_runs, without_threads, workload_label
 from attnbench.reports.noise_floor import (
     HISTORY_RUNS,
     MIN_HISTORY_RUNS,
@@ -336,6 +336,14 @@ def compare_frames(
         )
     elif len(both):
         notes.append("one contender (or under 3 cases): no control for machine drift between the runs")
+    machines = {side: _machines(both, side) for side in ("_base", "_new")}
+    if machines["_base"] and machines["_new"] and machines["_base"] != machines["_new"]:
+        said = {side: " and ".join(found) for side, found in machines.items()}
+        notes.insert(
+            0,
+            f"BASE ran on {said['_base']} and NEW on {said['_new']}: every case moves with the hardware, so these "
+            "verdicts weigh the machines as much as the code (compare runs made on the same machine)",
+        )
     threads = {side: _thread_counts(both, side) for side in ("_base", "_new")}
     if threads["_base"] and threads["_new"] and threads["_base"] != threads["_new"]:
         said = {side: "/".join(map(str, counts)) for side, counts in threads.items()}
@@ -355,6 +363,14 @@ def _thread_counts(rows: pd.DataFrame, side: str) -> list[int]:
         return []
     counts = rows.loc[rows["device"] == "cpu", column].dropna()
     return sorted({int(count) for count in counts})
+
+
+def _machines(rows: pd.DataFrame, side: str) -> list[str]:
+    """The machines one side's compared rows ran on, less their thread counts (the thread note says those)."""
+    column = f"machine{side}"
+    if column not in rows:
+        return []
+    return sorted({without_threads(str(machine)) for machine in rows[column].dropna()})
 
 
 def _yardsticks_used(row: dict[Any, Any]) -> str | None:

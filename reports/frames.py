@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,11 @@ def machine_label(environment: dict[str, Any]) -> str:
     threads = environment.get("threads")
     label = f"{device} ×{threads} threads" if threads and not gpus else device
     return f"{label} @ {host}" if host else label
+
+
+def without_threads(label: str) -> str:
+    """A :func:`machine_label` less its CPU thread count: the hardware and host, not a setting of the run."""
+    return re.sub(r" ×\d+ threads", "", label)
 
 
 def _load_meta(folder: Path) -> dict[str, Any]:

@@ -122,6 +122,25 @@ def _copy_as_other_machine(run: Path, target: Path, **environment) -> Path:
     return target
 
 
+def test_compare_across_machines_names_both(cli, shards, tmp_path):
+    from attnbench.reports.frames import machine_label, without_threads
+
+    s1 = shards[0]
+    other = _copy_as_other_machine(s1, tmp_path / "x", cpu_name="Intel(R) Xeon(R) Platinum 8480", hostname="other-box")
+    here = without_threads(machine_label(json.loads((s1 / "meta.json").read_text())["environment"]))
+    code, text, err = cli("compare", str(s1), str(other), "--out", str(tmp_path / "cmp"))
+    assert code == 0, err
+    said = (
+        f"BASE ran on {here} and NEW on Intel(R) Xeon(R) Platinum 8480 @ other-box: every case moves with the hardware"
+    )
+    assert f"note: {said}" in text, text
+    assert said in (tmp_path / "cmp" / "compare.html").read_text()
+    threads = _copy_as_other_machine(s1, tmp_path / "t", threads=7)  # a setting, not a machine: no machine note
+    for new in (s1, threads):
+        code, text, _ = cli("compare", str(s1), str(new), "--out", str(tmp_path / f"c-{new.name}"))
+        assert code == 0 and " ran on " not in text, text
+
+
 def test_merging_a_merged_folder_lists_its_runs_and_compare_refuses_a_case_held_twice(cli, shards, tmp_path):
     s1, _, merged = shards
     other = _copy_as_other_machine(s1, tmp_path / "s1", cpu_name="Other CPU", hostname="elsewhere")
