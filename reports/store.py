@@ -6,6 +6,10 @@ Definitions first:
   command and machine (a pytest-benchmark file, which has no start time, is hashed by its bytes). Storing
   a folder again finds the same id: a run whose row count is unchanged adds nothing; one that grew (it was
   resumed) has its rows replaced.
+* **a merged folder** (``attnbench merge``) is stored as the runs it was made of (its meta.json's
+  ``merged_from``: each one's rows under its own run_id, machine, commit and start time), never as a run of its
+  own: a merged folder has no start time, commit or single machine, and it repeats rows its shards hold. Storing
+  it after its shards (or a copy of it) adds nothing.
 * **runs** — one row per stored run: ``run_id``, ``name`` (folder name), ``path``, ``source``,
   ``machine``, ``git_commit`` and ``git_dirty`` (the working directory's commit recorded at run time,
   else attnbench's own), ``started_at`` (UTC), ``attnbench_version``, ``torch_version``, ``suite``,
@@ -36,7 +40,7 @@ import pandas as pd
 
 import attnbench
 from attnbench.errors import UsageError, check_can_make
-from attnbench.reports.frames import Run, load_run, machine_label
+from attnbench.reports.frames import Run, load_run, machine_label, parts
 
 SCHEMA_VERSION = 2
 DEFAULT_DB = Path("runs") / "attnbench.duckdb"
@@ -210,6 +214,8 @@ def _started_at(meta: dict[str, Any], run: Run) -> dt.datetime:
             if stamp.tzinfo is not None:
                 stamp = stamp.astimezone(dt.timezone.utc).replace(tzinfo=None)
             return stamp
+    if not run.path.exists():  # a merged folder's run that has moved, and no time in its meta
+        return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     mtime = run.path.stat().st_mtime
     return dt.datetime.fromtimestamp(mtime, dt.timezone.utc).replace(tzinfo=None)
 
@@ -297,8 +303,9 @@ def _with_run_columns(frame: pd.DataFrame, name: str, record: dict[str, Any]) ->
     return frame.assign(**columns)
 
 
-def load_for_store(paths: list[Path]) -> list[Run]:
-    """Every path loaded and checked (a UsageError names the first bad one) before the store is touched."""
+def load_for_store(paths: list[Path]) -> list[tuple[str, Run]]:
+    """Every path loaded and checked (a UsageError names the first bad one) before the store is touched: the
+    runs to store and the name each is said by (a merged folder's runs as ``SHARD (from MERGED)``)."""
     runs = []
     for path in paths:
         if not path.exists():
@@ -306,22 +313,30 @@ def load_for_store(paths: list[Path]) -> list[Run]:
         run = load_run(path)
         if run.path.is_dir() and not (run.path / "meta.json").is_file():
             raise UsageError(f"{path}: no meta.json; is this an attnbench run folder?")
-        runs.append(run)
+        found = parts(run)
+        for part in found:
+            if part is not run and not part.meta.get("environment"):
+                raise UsageError(
+                    f"{path}: its run {part.name} has no environment in meta.json's merged_from (merged by an "
+                    f"attnbench that kept none): store the run folders it was merged from ({part.path}) instead"
+                )
+        runs += [(run.path.name if part is run else f"{part.path.name} (from {run.path.name})", part) for part in found]
     return runs
 
 
 def store_runs(paths: list[Path], db: Path) -> list[Stored]:
-    """Add run folders (or pytest-benchmark files) to the store at ``db``, creating it when missing."""
+    """Add run folders (or pytest-benchmark files) to the store at ``db``, creating it when missing; a merged
+    folder adds the runs it was made of (module docstring)."""
     runs = load_for_store(paths)
     check_store(db)
     done = []
     with open_store(db, write=True) as con:
-        for run in runs:
+        for said, run in runs:
             record = run_record(run, len(run.frame))
             rid = record["run_id"]
             found = con.execute("SELECT n_rows FROM runs WHERE run_id = ?", [rid]).fetchone()
             if found is not None and found[0] == record["n_rows"]:
-                done.append(Stored(rid, run.path.name, "unchanged", record["n_rows"]))
+                done.append(Stored(rid, said, "unchanged", record["n_rows"]))
                 continue
             frame = _with_run_columns(run.frame, run.path.name, record)
             con.execute("BEGIN TRANSACTION")
@@ -336,7 +351,7 @@ def store_runs(paths: list[Path], db: Path) -> list[Stored]:
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
-            done.append(Stored(rid, run.path.name, "added" if found is None else "replaced", record["n_rows"]))
+            done.append(Stored(rid, said, "added" if found is None else "replaced", record["n_rows"]))
     return done
 
 

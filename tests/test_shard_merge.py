@@ -153,3 +153,34 @@ def test_merging_a_merged_folder_lists_its_runs_and_compare_refuses_a_case_held_
     code, _, err = cli("compare", str(again), str(merged), "--out", str(tmp_path / "cmp"))
     assert code == 2 and err.count("\n") == 1 and f"BASE {again} holds case " in err and " 2 times (from " in err, err
     assert "Other CPU ×1 threads @ elsewhere" in err
+
+
+def _runs_table(db: Path) -> pd.DataFrame:
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        runs = con.execute("SELECT name, machine, git_commit, started_at, n_rows FROM runs ORDER BY name").df()
+        runs.attrs["rows"] = con.execute("SELECT count(*) FROM rows").fetchone()[0]
+    return runs
+
+
+def test_storing_a_merged_folder_stores_its_shards_once(cli, shards, tmp_path):
+    s1, s2, merged = shards
+    db = tmp_path / "h.duckdb"
+    code, text, _ = cli("store", str(merged), "--db", str(db))
+    assert code == 0 and text.count("added") == 2 and "s1 (from merged)" in text, text
+    runs = _runs_table(db)
+    commits = [json.loads((s / "meta.json").read_text())["environment"]["git_commit"] for s in (s1, s2)]
+    assert list(runs["name"]) == ["s1", "s2"] and list(runs["git_commit"]) == commits, runs
+    assert "unknown machine" not in set(runs["machine"]) and runs.attrs["rows"] == 8
+    copy = tmp_path / "merged-copy"
+    shutil.copytree(merged, copy)
+    code, text, _ = cli("store", str(s1), str(s2), str(copy), "--db", str(db))  # its shards and a copy: nothing new
+    assert code == 0 and text.count("unchanged") == 4 and "added" not in text, text
+    assert len(_runs_table(db)) == 2 and _runs_table(db).attrs["rows"] == 8
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["merged_from"][1]["meta"] = {}
+    (copy / "meta.json").write_text(json.dumps(meta))
+    code, _, err = cli("store", str(copy), "--db", str(tmp_path / "new.duckdb"))
+    assert code == 2 and err.count("\n") == 1 and "store the run folders it was merged from" in err, err
+    assert not (tmp_path / "new.duckdb").exists()
