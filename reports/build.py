@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnbench.errors import UsageError
-from attnbench.reports.frames import load_runs, machine_label
+from attnbench.reports.frames import all_parts, load_runs, machine_label
 from attnbench.reports.html import write_report
 from attnbench.reports.masks import report_masks
 from attnbench.reports.out_folder import claim_report_folder
@@ -37,6 +37,7 @@ def build_report(
     """Write report.html and its PNGs (and masks.csv where the run has masks) into ``out_dir``; returns the
     page's path, the PNGs' and, where no row ran ok (so no time is drawn), a line saying so."""
     frame, runs = load_runs(paths)
+    runs = all_parts(runs)  # a merged folder's runs, each with its environment, ceilings and warnings
     if baseline and not (frame["impl"] == baseline).any():  # a misspelt name would fall back without a word
         known = ", ".join(sorted(set(frame["impl"]))) or "none"
         raise UsageError(f"--baseline {baseline!r}: no row of it in the runs; allowed: a contender they hold ({known})")

@@ -2,6 +2,7 @@
 checks, and a merged folder read by compare, store and report as its shards are (review 2, findings 1–6)."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -184,3 +185,29 @@ def test_storing_a_merged_folder_stores_its_shards_once(cli, shards, tmp_path):
     code, _, err = cli("store", str(copy), "--db", str(tmp_path / "new.duckdb"))
     assert code == 2 and err.count("\n") == 1 and "store the run folders it was merged from" in err, err
     assert not (tmp_path / "new.duckdb").exists()
+
+
+def test_report_of_a_merged_folder_says_what_its_shards_reports_say(cli, shards, tmp_path):
+    import html
+
+    s1, s2, merged = shards
+    planted = tmp_path / "merged"
+    shutil.copytree(merged, planted)
+    meta = json.loads((planted / "meta.json").read_text())
+    meta["merged_from"][1]["meta"]["warnings"] = ["a planted warning of shard 2 <b>"]
+    (planted / "meta.json").write_text(json.dumps(meta))
+    assert cli("report", str(planted), "--out", str(tmp_path / "rep"))[0] == 0
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert (tmp_path / "rep" / "roofline.png").exists()  # drawn from the shards' ceilings
+    assert "2 run(s), 8 rows" in page and "unknown machine" not in page
+    assert "s2: " + html.escape("a planted warning of shard 2 <b>", quote=False) in page
+    assert cli("report", str(merged), "--out", str(tmp_path / "m"))[0] == 0
+    assert cli("report", str(s1), str(s2), "--out", str(tmp_path / "s12"))[0] == 0
+    said = [
+        re.findall(r'<div class="warn" id="run-warnings">.*?</div>', (tmp_path / d / "report.html").read_text(), re.S)
+        for d in ("m", "s12")
+    ]
+    assert said[0] == said[1]
+    for shard in (s1, s2):
+        environment = json.loads((shard / "meta.json").read_text())["environment"]
+        assert html.escape(environment["cpu_name"], quote=False) in page and environment["hostname"] in page
