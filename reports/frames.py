@@ -186,7 +186,8 @@ def parts(run: Run) -> list[Run]:
         )
     found = []
     for name, entry in zip(names, entries, strict=True):
-        meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+        given = entry.get("meta")
+        meta: dict[str, Any] = given if isinstance(given, dict) else {}
         found.append(
             Run(name, Path(str(entry.get("path") or name)), run.frame[rows == name].reset_index(drop=True), meta)
         )
