@@ -51,6 +51,17 @@ def test_the_partition_does_not_depend_on_which_contenders_a_machine_has():
     assert other["sha256"] != plans[0]["sha256"] and other["workloads"] == 2
 
 
+def test_a_shard_with_no_workload_says_it_runs_nothing(cli, tmp_path):
+    """Whole workloads per shard: a sweep of fewer workloads than shards leaves the last shard empty — said, not
+    silent."""
+    out = tmp_path / "empty"
+    code, _, err = cli("run", "--suite", "quick", "--impl", "bmm", "--seq", "64", "--mask", "none", "--shard", "9/9",
+                       "--budget-s", "0.05", "--threads", "1", "--out", str(out))  # fmt: skip
+    assert code == 0, err
+    said = re.search(r"shard 9/9 holds none of this sweep's ([1-8]) workload\(s\)[^\n]*: it runs nothing", err)
+    assert said and said.group(0) in json.loads((out / "meta.json").read_text())["warnings"]
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     """Two shards of one tiny sweep and their merge."""

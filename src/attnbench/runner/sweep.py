@@ -197,7 +197,7 @@ def run_sweep(request: RunRequest, default_out: Path, say_late: bool = True) -> 
     done = {case_key(row["impl"], row) for row in writer.rows}
     todo = [(impl, w) for impl, w in cases if case_key(impl, {**w.as_row()}) not in done]
     allocator = configure_cpu_allocator(settings.cpu_allocator)
-    warnings = environment_warnings() + plan_warnings([w for _, w in todo])
+    warnings = environment_warnings() + plan_warnings([w for _, w in todo]) + _empty_shard(meta, cases)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     ceilings = _measure_ceilings(todo, settings.threads, settings.remeasure_ceilings and not resuming)
@@ -256,6 +256,17 @@ def plan_warnings(workloads: list[Workload]) -> list[str]:
     return [
         f"{len(blind)} workload(s) where most query rows see no key (e.g. {label}: {share:.0%} of its rows), "
         "which output zeros and do no work: give the keys at least the queries' length (--seq-kv ≥ --seq)"
+    ]
+
+
+def _empty_shard(meta: dict[str, Any], cases: list[tuple[str, Workload]]) -> list[str]:
+    """A shard that owns no workload (more shards than the sweep has workloads) says so: it runs nothing."""
+    if not meta.get("shard") or cases:
+        return []
+    workloads = (meta.get("shard_plan") or {}).get("workloads", 0)
+    return [
+        f"shard {meta['shard']} holds none of this sweep's {workloads} workload(s) (a shard takes whole workloads, "
+        "and there are more shards than workloads): it runs nothing"
     ]
 
 
