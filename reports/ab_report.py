@@ -34,8 +34,9 @@ def format_table(records: list[dict[str, Any]]) -> str:
     """One line per case: A's and B's median per-call times, the median of the per-round ratios B_i / A_i with
     its interval, the verdict (or why none). The headers say which is which: the ratio is not the quotient of
     the two medians beside it (27.99 and 23.91 ms with a ratio of 1.010 is a case whose rounds mostly tied).
-    Where that quotient lies outside the ratio's interval (``medians_disagree``: bimodal samples on a busy
-    machine), the verdict is marked ‡ and a line under the table says so: the medians are not to be quoted."""
+    Where that quotient lies outside the ratio's interval widened by the threshold (``medians_disagree``: bimodal
+    samples on a busy machine), the verdict is marked ‡ and a line under the table says so: the medians are not
+    to be quoted."""
     rows, notes = [], []
     for r in records:
         timed = r["ratio"] is not None

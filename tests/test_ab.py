@@ -663,6 +663,11 @@ def test_medians_that_contradict_the_paired_ratio_are_said_in_the_table_and_ab_c
     quiet = dataclasses.replace(bimodal, paired=paired, samples_a_ms=quiet_a, samples_b_ms=quiet_b)
     agreeing = quiet.record(a, b, 0.02)
     assert agreeing["medians_disagree"] is False
+    from attnbench.runner.ab import medians_disagree
+
+    # a quotient just past a tight interval tells the same verdict: within the threshold it is not flagged
+    tight = dataclasses.replace(paired, ci_low=1.000, ci_high=1.004)
+    assert medians_disagree(1.010, tight, 0.02) is False and medians_disagree(1.03, tight, 0.02) is True
     lines = format_table([record, agreeing]).splitlines()
     assert lines[1].endswith("slower ‡") and not lines[2].endswith("‡"), lines
     quotient = f"{record['median_quotient']:.3f}"

@@ -278,7 +278,7 @@ def test_cold_below_warm_beyond_the_iqr_is_named_as_a_timing_defect():
         "iqr_ms": 0.01,
         "cold_median_ms": 0.95,
     }
-    assert any("faster with L2 flushed than warm" in w for w in result_warnings(pd.DataFrame([row])))
+    assert any("faster with the caches flushed than warm" in w for w in result_warnings(pd.DataFrame([row])))
 
 
 def test_nvml_index_follows_cuda_visible_devices(monkeypatch):

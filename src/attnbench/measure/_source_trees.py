@@ -8,8 +8,8 @@ commit beside rows measured with other code. :func:`check_one_tree` refuses such
 
 Two layouts are one tree: the source layout (``TREE/src/attnbench`` with ``TREE/impls`` …, an editable
 install) and the installed one (``…/attnbench`` with ``…/attnbench/impls`` …, a plain install into
-site-packages, or an editable install's link tree). A mapped package that cannot be found is left to fail
-where it is used.
+site-packages, or an editable install's link tree). A mapped package found nowhere (the clone's src/ on
+PYTHONPATH beside a plain install, whose mapped packages lie inside its own folder) is refused alike.
 """
 
 from __future__ import annotations
@@ -53,14 +53,17 @@ def mixed(core: Path, found: dict[str, Path]) -> list[str]:
 
 
 def check_one_tree() -> None:
-    """UsageError, in one line, when a mapped package comes from another tree than the core (module docstring)."""
+    """UsageError, in one line, when a mapped package comes from another tree than the core, or from none
+    (module docstring)."""
     core = Path(next(iter(sys.modules["attnbench"].__path__))).absolute()  # imported: this module is in it
     found = {name: folder for name in MAPPED if (folder := _folder(f"attnbench.{name}")) is not None}
-    others = mixed(core, found)
-    if not others:
+    others, missing = mixed(core, found), [name for name in MAPPED if name not in found]
+    if not others and not missing:
         return
     tree = source_tree(core)
-    where = ", ".join(f"attnbench.{name} from {found[name]}" for name in others)
+    where = ", ".join(
+        [*(f"attnbench.{name} from {found[name]}" for name in others), *(f"no attnbench.{name}" for name in missing)]
+    )
     fix = (
         f"install one tree: `pip install -e {tree}` (the checkout the core is from), or run without the PYTHONPATH "
         "that puts its src/ first"

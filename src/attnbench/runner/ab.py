@@ -229,7 +229,7 @@ class AbCase:
             "median_a_ms": median_a,
             "median_b_ms": median_b,
             "median_quotient": quotient,
-            "medians_disagree": medians_disagree(quotient, p),
+            "medians_disagree": medians_disagree(quotient, p, threshold),
             "reason": self.reason,
             "choice_a": self.choice_a,
             "choice_b": self.choice_b,
@@ -237,14 +237,16 @@ class AbCase:
         }
 
 
-def medians_disagree(quotient: float | None, paired: PairedRatio | None) -> bool | None:
-    """Whether B's median over A's lies outside the paired ratio's 95 % interval (None when not timed). On a busy
-    machine a version's samples are bimodal (calls preempted or not) and one side's median can land in the fast
-    mode while the other's lands in the slow one: 2.189 and 8.252 ms beside a paired ratio of 1.997
-    [1.978, 2.040]. The paired rounds hold the change; medians that contradict them are the machine's."""
+def medians_disagree(quotient: float | None, paired: PairedRatio | None, threshold: float) -> bool | None:
+    """Whether B's median over A's lies outside the paired ratio's 95 % interval widened by ``threshold`` on each
+    side (None when not timed): inside that, the two tell the same verdict, and a tight interval on a quiet GPU
+    does not flag a quotient a few tenths of a per cent off it. On a busy machine a version's samples are bimodal
+    (calls preempted or not) and one side's median can land in the fast mode while the other's lands in the slow
+    one: 2.189 and 8.252 ms beside a paired ratio of 1.997 [1.978, 2.040]. The paired rounds hold the change;
+    medians that contradict them are the machine's."""
     if quotient is None or paired is None:
         return None
-    return not paired.ci_low <= quotient <= paired.ci_high
+    return not paired.ci_low * (1 - threshold) <= quotient <= paired.ci_high * (1 + threshold)
 
 
 def _reason(exc: BaseException) -> str:
