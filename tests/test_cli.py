@@ -172,6 +172,19 @@ def test_out_under_a_file_is_one_line_before_any_work(cli, tmp_path, args):
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no /proc here")
+def test_out_where_no_folder_can_be_made_is_one_line_before_any_work(cli, tmp_path):
+    """As root every permission check passes, and `run --out /proc/x` ran the whole sweep before its first write
+    failed with a traceback: whether a folder can be made there is now tried, before any work."""
+    code, text, err = cli("run", "--impl", "bmm", "--seq", "64", "--out", "/proc/attnbench-x")
+    assert code == 2 and text == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert "--out /proc/attnbench-x: /proc is not writable; give a folder you can write in" in err
+    from attnbench.errors import check_can_make
+
+    check_can_make(tmp_path / "new" / "run", "--out")  # a writable parent passes, and the probe leaves nothing
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_input_from_a_real_process_has_no_traceback(tmp_path):
     result = run_subprocess(*attnbench_cmd("run", "--heads", "6", "--kv-heads", "4"), cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr

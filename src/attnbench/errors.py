@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from pathlib import Path
 
 REASON_CHARS = 360  # a reason's cap: room for a library's headline and two or three of its "because" clauses
@@ -41,8 +42,18 @@ def check_can_make(path: Path, flag: str) -> None:
         if above != path:
             raise UsageError(f"{flag} {path}: {above} is a file, not a folder; give a path under folders")
         return  # the path itself is a file: the caller says whether that will do
-    if not os.access(above, os.W_OK | os.X_OK):
+    if not os.access(above, os.W_OK | os.X_OK) or not _can_make_in(above):
         raise UsageError(f"{flag} {path}: {above} is not writable; give a folder you can write in")
+
+
+def _can_make_in(folder: Path) -> bool:
+    """Whether a folder can be made in ``folder``, tried: root passes every permission check (os.access) yet
+    cannot write in /proc or on a read-only mount."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".attnbench-probe-", dir=folder))
+    except OSError:
+        return False
+    return True
 
 
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\.?")
