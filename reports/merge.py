@@ -13,6 +13,7 @@ suite file or flags) are refused too: together they would lose some cases and re
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,26 @@ from attnbench.reports.frames import CASE_KEY, all_parts, load_runs, workload_la
 from attnbench.runner.results import write_frame, write_text
 
 
+def _shard_of(meta: dict[str, Any]) -> tuple[int, int] | None:
+    """(I, N) of a shard's meta ("shard": "I/N"); None for a run that is not a shard; a UsageError for a value
+    that is neither (a damaged meta.json)."""
+    shard = meta.get("shard")
+    if shard is None or shard == "":
+        return None
+    found = re.fullmatch(r"(\d+)/(\d+)", shard) if isinstance(shard, str) else None
+    if found is None:
+        raise UsageError(
+            f"a run's meta.json says shard {shard!r}, not I/N as run --shard writes it: a damaged meta.json"
+        )
+    return int(found.group(1)), int(found.group(2))
+
+
 def _sweep_key(meta: dict[str, Any]) -> tuple[str, str, int] | None:
     """(suite, flags, shard count) of a shard's meta; None for a run that is not a shard."""
-    shard = meta.get("shard")
-    if not isinstance(shard, str) or "/" not in shard:
+    shard = _shard_of(meta)
+    if shard is None:
         return None
-    count = int(shard.split("/")[1])
-    return str(meta.get("suite", "")), json.dumps(meta.get("overrides") or {}, sort_keys=True), count
+    return str(meta.get("suite", "")), json.dumps(meta.get("overrides") or {}, sort_keys=True), shard[1]
 
 
 def _plan_said(plan: Any) -> str:
@@ -59,6 +73,13 @@ def check_shard_plans(names: list[str], metas: list[dict[str, Any]]) -> None:
             )
 
 
+def _shard_index(meta: dict[str, Any]) -> int:
+    """A shard's I (its meta has one: :func:`_sweep_key` said so)."""
+    shard = _shard_of(meta)
+    assert shard is not None
+    return shard[0]
+
+
 def missing_shards(metas: list[dict[str, Any]]) -> list[str]:
     """A line per sharded sweep some of whose shards are not among the runs merged: its suite, its flags and the
     shards missing (a failed array task of a batch job leaves a merge that lacks its cases)."""
@@ -66,7 +87,7 @@ def missing_shards(metas: list[dict[str, Any]]) -> list[str]:
     for meta in metas:
         key = _sweep_key(meta)
         if key is not None:
-            sweeps.setdefault(key, set()).add(int(str(meta["shard"]).split("/")[0]))
+            sweeps.setdefault(key, set()).add(_shard_index(meta))
     lines = []
     for (suite, overrides, count), present in sweeps.items():
         absent = [str(i) for i in range(1, count + 1) if i not in present]

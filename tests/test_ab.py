@@ -114,20 +114,30 @@ def test_cold_on_a_cpu_judges_the_samples_taken_after_a_cache_flush(cli, tmp_pat
     cache fits in its last level reads it from there warm. Now each paired round also takes a cold call of each
     side, right after a flush, and the verdict reads those."""
     from attnbench.measure import stopwatch
+    from attnbench.runner import ab
 
-    flushes = []
-    real = stopwatch.cache_flusher.__wrapped__
+    flushes, timed = [], []
+    real_rounds = ab.time_cpu_rounds
 
     def counted(cache_bytes, threads):
-        flush = real(stopwatch.MIN_FLUSH_BYTES // stopwatch.FLUSH_CACHES, threads)  # a small flush, for speed
+        flush = stopwatch.cache_flusher(stopwatch.MIN_FLUSH_BYTES // stopwatch.FLUSH_CACHES, threads)  # small
         return lambda: flushes.append(flush())
 
-    monkeypatch.setattr("attnbench.runner.ab.cache_flusher", counted)
+    def kept(*args, **kwargs):
+        timed.append(real_rounds(*args, **kwargs))
+        return timed[-1]
+
+    monkeypatch.setattr(ab, "cache_flusher", counted)
+    monkeypatch.setattr(ab, "time_cpu_rounds", kept)
     out = tmp_path / "ab"
     code, stdout, err = cli("ab", "--a", "bmm", "--b", "bmm", *TINY, "--budget-s", "0.1", "--cold", "--out", str(out))
     assert code == 0, stdout + err
     samples = pd.read_csv(out / "ab_samples.csv")
     assert len(flushes) == 2 * len(samples) and len(samples) >= MIN_PAIRS  # one flush before each side's cold call
+    (timings,) = timed
+    assert samples["a_ms"].tolist() == pytest.approx(timings["a"].cold_samples_ms)  # the verdict read the cold ones
+    assert samples["b_ms"].tolist() == pytest.approx(timings["b"].cold_samples_ms)
+    assert timings["a"].cold_samples_ms != timings["a"].samples_ms
     assert json.loads((out / "meta.json").read_text())["samples"] == "cold (caches flushed before each call)"
 
 

@@ -81,6 +81,11 @@ def test_cold_samples_come_each_right_after_a_flush_and_only_for_the_contenders_
     assert time_cpu_rounds(fns, 1, 0.05, estimates, cold=["cold"])["cold"].cold_samples_ms == []  # no flush given
     paired = time_cpu_rounds(fns, 1, 0.2, estimates, paired=True, cold=list(fns), flush=flush)
     assert all(len(t.cold_samples_ms) == t.n_samples == t.rounds for t in paired.values())  # type: ignore[union-attr]
+    # paired (ab --cold judges the cold samples): a flush and its call count in the budget, so a slow flush ends
+    # the rounds near the budget instead of running past it: each side's round costs its 2 ms warm block and a
+    # 10 ms flush, so about 0.2 s / 12 ms rounds (uncounted, the warm blocks alone would take about 100)
+    slow = time_cpu_rounds(fns, 1, 0.2, estimates, paired=True, cold=list(fns), flush=lambda: time.sleep(0.01))
+    assert all(10 <= t.rounds <= 20 for t in slow.values()), [t.rounds for t in slow.values()]  # type: ignore[union-attr]
 
 
 def test_a_cpu_row_whose_bytes_fit_in_the_last_level_cache_has_a_cold_median():
@@ -94,6 +99,43 @@ def test_a_cpu_row_whose_bytes_fit_in_the_last_level_cache_has_a_cold_median():
     bmm, unnamed = run_group(["bmm"], decode, options)[0], run_group(["bmm"], SMALL, RunOptions(0.05, threads=1))[0]
     assert bmm["status"] in CHECKED and bmm["cache_resident"] and bmm["cold_median_ms"] > 0
     assert unnamed["cold_median_ms"] is None  # no ceilings, no cache named: warm samples only
+
+
+def test_a_plugin_whose_flop_count_raises_is_its_own_error_row_beside_the_others(planted):
+    """Whether a row will be cache_resident asks the contender's flops(); asked before timing, a plugin whose
+    flops() raised ended the workload's group (the other contenders' rows lost), where it used to be an error row."""
+    import attnbench
+    from attnbench.impls.bmm import contender as bmm
+    from attnbench.measure._ceilings import Ceilings
+
+    class BadFlops(type(bmm)):  # type: ignore[misc]
+        name = "planted_bad_flops"
+
+        def flops(self, workload):
+            raise ValueError("no count for this workload")
+
+    attnbench.register(BadFlops())
+    planted.append(BadFlops.name)
+    ceilings = Ceilings("cpu", "test", 1, "x", roof_tflops={"float32": 1.0}, roof_gbps=50.0, cache_bytes=2**20)
+    decode = Workload(1, 4, 2, 1, 512, 32, mask="causal_bottom_right")
+    rows = run_group([BadFlops.name, "bmm"], decode, RunOptions(budget_s=0.05, threads=1, ceilings={"cpu": ceilings}))
+    assert rows[0]["status"] == "error" and "no count for this workload" in rows[0]["reason"]
+    assert rows[1]["status"] in CHECKED and rows[1]["cold_median_ms"] > 0
+
+
+def test_a_flush_fills_every_last_level_cache_the_threads_may_use(monkeypatch):
+    """A server CPU has a last-level cache per chiplet; a flush split across threads fills each with only its
+    threads' part, so it must be as large as all the caches the threads may spread over."""
+    from attnbench.measure import _hardware as hardware
+
+    chiplets = {cpu: f"{8 * (cpu // 8)}-{8 * (cpu // 8) + 7}" for cpu in range(32)}  # four of 8 cores
+    monkeypatch.setattr(hardware, "_last_level_sharing", chiplets.get)
+    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda _pid: set(range(32)), raising=False)
+    assert [hardware.last_level_caches_used(t) for t in (1, 2, 8, 32)] == [1, 2, 4, 4]
+    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda _pid: set(range(8)), raising=False)
+    assert hardware.last_level_caches_used(32) == 1  # pinned to one chiplet
+    monkeypatch.setattr(hardware, "_last_level_sharing", lambda cpu: None)
+    assert hardware.last_level_caches_used(32) == 1  # sysfs says nothing
 
 
 def test_group_rows_come_in_order_and_share_their_rounds(planted):

@@ -104,6 +104,12 @@ def test_merge_refuses_shards_planned_from_different_sweeps(cli, shards, tmp_pat
     (old / "meta.json").write_text(json.dumps(meta))
     code, _, err = cli("merge", str(s1), str(old), "--out", str(tmp_path / "m"))
     assert code == 2 and "s2-old: per case, by an attnbench older than shard plans" in err, err
+    damaged = tmp_path / "s2-damaged"  # a traceback (ValueError), exit 1, before
+    shutil.copytree(s2, damaged)
+    _edit_meta(damaged, shard="1/two")
+    code, _, err = cli("merge", str(s1), str(damaged), "--out", str(tmp_path / "m"))
+    assert code == 2 and err.count("\n") == 1 and "says shard '1/two', not I/N" in err, err
+    assert not (tmp_path / "m").exists()
 
 
 def _verdicts(text: str) -> pd.Series:

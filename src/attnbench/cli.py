@@ -236,7 +236,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     out = Path(args.out)
     RunWriter.check_target(out)
     frame, warnings = merge_runs(_run_paths(args.runs), out, args.command_line)
-    print(f"merged {len(args.runs)} runs, {len(frame)} rows, {frame['machine'].nunique()} machine(s): {out}")
+    runs = frame["run"].nunique() if "run" in frame else len(args.runs)  # a merged folder given: its runs
+    print(f"merged {runs} run(s), {len(frame)} rows, {frame['machine'].nunique()} machine(s): {out}")
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return 0

@@ -227,6 +227,31 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=DEFAULT_LLC_BYTES)
 
 
+def _last_level_sharing(cpu: int) -> str | None:
+    """The CPUs that share ``cpu``'s last-level cache (sysfs' shared_cpu_list of its highest level), or None."""
+    best: tuple[int, str] | None = None
+    for index in Path(f"/sys/devices/system/cpu/cpu{cpu}/cache").glob("index*"):
+        try:
+            level, shared = int((index / "level").read_text()), (index / "shared_cpu_list").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if best is None or level > best[0]:
+            best = (level, shared)
+    return best[1] if best else None
+
+
+def last_level_caches_used(threads: int) -> int:
+    """How many last-level caches ``threads`` threads may spread over: the distinct ones among the CPUs this
+    process may run on (a server CPU has one per chiplet), at most ``threads``; 1 where sysfs does not say. A
+    flush must fill every one of them: a pass split across threads fills each cache with only its threads' part."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return 1
+    domains = {shared for cpu in cpus if (shared := _last_level_sharing(cpu)) is not None}
+    return max(1, min(threads, len(domains)))
+
+
 def triad_array_bytes() -> int:
     return max(MIN_TRIAD_ARRAY_BYTES, 4 * last_level_cache_bytes())
 

@@ -33,7 +33,6 @@ alike (``time_callable`` here picks the timer for the device).
 from __future__ import annotations
 
 import bisect
-import functools
 import math
 import random
 import statistics
@@ -145,13 +144,14 @@ def warm_calls() -> int:
     return 1 if keeps_freed_memory() else 2
 
 
-@functools.lru_cache(maxsize=1)  # one buffer a process, not one a workload
 def cache_flusher(cache_bytes: int, threads: int) -> Callable[[], object]:
     """A call that evicts the CPU's caches of what earlier calls left there: one pass that reads and writes
-    ``FLUSH_CACHES`` times ``cache_bytes`` (at least ``MIN_FLUSH_BYTES``) on ``threads`` threads, so every core
-    the timed call runs on has its private caches emptied too. An add, not a fill: a fill this large may be
-    written by streaming stores that go around the cache (glibc's memset does above a size), evicting nothing."""
-    buffer = torch.zeros(max(MIN_FLUSH_BYTES, FLUSH_CACHES * cache_bytes) // 4, dtype=torch.int32)
+    ``FLUSH_CACHES`` times ``cache_bytes`` (the caches' total where the threads spread over several: see
+    _hardware.last_level_caches_used; at least ``MIN_FLUSH_BYTES``) on ``threads`` threads, so every core the
+    timed call runs on has its private caches emptied too. An add, not a fill: a fill this large may be written by
+    streaming stores that go around the cache (glibc's memset does above a size), evicting nothing. The buffer
+    lives as long as the call returned (a workload's rounds), not the process."""
+    buffer = torch.empty(max(MIN_FLUSH_BYTES, FLUSH_CACHES * cache_bytes) // 4, dtype=torch.int32)
 
     def flush() -> object:
         with set_torch_threads(threads):
@@ -186,11 +186,15 @@ class _CpuSeries:
         if before is not None and after is not None and wall > 0:
             self.waited.append((after - before) / (wall * self.threads))
 
-    def take_cold(self, flush: Callable[[], object]) -> None:
-        """One call timed alone right after ``flush`` (not counted in the budget: it decides nothing)."""
+    def take_cold(self, flush: Callable[[], object], counted: bool) -> None:
+        """One call timed alone right after ``flush``; with ``counted`` (paired rounds, where the cold samples may
+        be the ones judged) its time and the flush's count in the budget, else not: a run's warm samples decide."""
         with set_torch_threads(self.threads):
+            start = time.perf_counter()
             flush()
             self.cold_ms.append(self.timer.timeit(1) * 1e3)
+        if counted:
+            self.spent_s += time.perf_counter() - start
 
     def spent_budget(self, budget_s: float) -> bool:
         return paired_budget_spent(self.samples_ms, self.spent_s, budget_s)
@@ -284,7 +288,7 @@ def time_cpu_rounds(
             if on_sample is not None:
                 on_sample(name)
             try:
-                series[name].take() if kind == "warm" else series[name].take_cold(flush)  # type: ignore[arg-type]
+                series[name].take() if kind == "warm" else series[name].take_cold(flush, paired)  # type: ignore[arg-type]
             except Exception as exc:  # a contender may fail on any call; the others go on
                 failed[name] = SampleError(name, exc)
                 active.remove(name)

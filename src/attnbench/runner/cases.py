@@ -23,6 +23,7 @@ from attnbench.contenders.contract import Contender, Unsupported, choice_of
 from attnbench.measure import _gpu_state as gpu_state
 from attnbench.measure import _yardsticks as yardsticks
 from attnbench.measure._ceilings import Ceilings
+from attnbench.measure._hardware import last_level_caches_used
 from attnbench.measure._memory import free_memory_bytes, held_for_reuse_bytes, peak_memory_mb, release_cached_memory
 from attnbench.measure.stopwatch import SampleError, Timing, cache_flusher, call_once_ms, time_cpu_rounds, warm_up
 from attnbench.measure.stopwatch_cuda import time_cuda_rounds
@@ -209,9 +210,10 @@ def _get_ready(impl: str, workload: Workload, options: RunOptions, group: _Group
     try:
         prepared = prepare_checked(impl, workload, options.seed, group.inputs())
         estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
+        cold = _reads_from_cache(contender, workload, options)  # a plugin's flops() may raise too
     except Exception as exc:  # a contender may fail in any way; the sweep must go on
         return _failure_row(impl, workload, exc, predicted)
-    return _Ready(prepared, predicted, estimate_s, _reads_from_cache(contender, workload, options))
+    return _Ready(prepared, predicted, estimate_s, cold)
 
 
 def _reads_from_cache(contender: Contender, workload: Workload, options: RunOptions) -> bool:
@@ -238,7 +240,9 @@ def _time_group(
     sticks = yardsticks.for_threads(options.threads) if options.yardsticks else None
     cold = [str(index) for index, one in ready.items() if one.cold]
     ceilings = options.ceilings.get(workload.device)
-    flush = cache_flusher(ceilings.cache_bytes, options.threads) if cold and ceilings is not None else None
+    flush = None
+    if cold and ceilings is not None:  # every last-level cache the threads may use, filled
+        flush = cache_flusher(ceilings.cache_bytes * last_level_caches_used(options.threads), options.threads)
     for _attempt in range(2):  # a group timed while the machine stalled is timed once more
         results = time_cpu_rounds(
             fns,
