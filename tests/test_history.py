@@ -382,6 +382,27 @@ def test_workdir_git_records_commit_and_dirty_flag(tmp_path, monkeypatch):
     assert workdir_git(tmp_path) == {"workdir_commit": sha, "workdir_dirty": True}
 
 
+def test_a_plain_install_in_a_projects_venv_is_not_filed_under_the_projects_commit(tmp_path, monkeypatch):
+    """attnbench installed into a project's .venv lies inside that project's repository: git answered there,
+    and the run was filed under the project's commit (and its dirty state) as attnbench's."""
+    from attnbench.measure import environment
+
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    installed = project / ".venv" / "lib" / "site-packages" / "attnbench"
+    installed.mkdir(parents=True)
+    elsewhere.mkdir()
+    git(project, "init", "-q")
+    commit(project, 1)
+    monkeypatch.chdir(elsewhere)
+    assert environment._checkout(installed) is None
+    checkout = tmp_path / "attnbench-clone"
+    (checkout / "src" / "attnbench").mkdir(parents=True)
+    git(checkout, "init", "-q")
+    commit(checkout, 1)
+    assert environment._checkout(checkout / "src" / "attnbench") == (checkout / "src" / "attnbench").resolve()
+
+
 def test_a_run_of_edited_attnbench_is_filed_as_dirty(tmp_path, monkeypatch):
     """Run from a folder outside any repository, a run recorded attnbench's commit and no dirty flag, so runs of
     uncommitted edits to attnbench were filed (and drawn in history) as the clean commit's."""

@@ -1,6 +1,7 @@
 """Registry behaviour: in-process registration, plugins that fail, duplicate names (via real entry points)."""
 
 import json
+import sys
 
 import pytest
 
@@ -87,6 +88,28 @@ def test_a_plugin_shadowed_by_a_folder_of_its_name_says_where_it_resolved(tmp_pa
     assert reason.startswith(f"failed to load: module 'shadowplug' resolved to a folder without code, {folder} ")
     assert "shadows the installed shadowplug; run from another directory" in reason
     assert reason.endswith("AttributeError: module 'shadowplug' has no attribute 'contender'"), reason
+
+
+def test_a_namespace_package_plugin_that_fails_for_its_own_reason_is_not_called_shadowed(tmp_path, monkeypatch):
+    """PEP 420 namespaces are a plain way to ship plugins (acme/plug.py, no acme/__init__.py): one that fails on a
+    missing dependency was told it was shadowed and to run from another directory."""
+    from attnbench.contenders import registry
+
+    (tmp_path / "acme").mkdir()
+    (tmp_path / "acme" / "plug.py").write_text("import not_installed_dep\ncontender = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def load():
+        import importlib
+
+        return importlib.import_module("acme.plug").contender
+
+    entry = registry._make_entry("plug", "acme", load, "acme.plug")
+    assert entry.load_failure == "failed to load: ModuleNotFoundError: No module named 'not_installed_dep'", (
+        entry.load_failure
+    )
+    for name in ("acme.plug", "acme"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
 
 
 def test_duplicate_entry_point_names_are_an_error_naming_both(tmp_path):

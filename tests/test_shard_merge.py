@@ -47,6 +47,10 @@ def test_the_partition_does_not_depend_on_which_contenders_a_machine_has():
     plans = [plan for _, _, plan in without + with_more]
     assert plans[0]["by"] == "workload" and plans[0]["workloads"] == 4
     assert all(plan == plans[0] for plan in plans)
+    # the plan is the sweep's workloads before any contender is left out: a machine whose `available` contenders
+    # all suit none of a sweep's workloads would have lost those workloads from the partition
+    alone = _shard_workloads("einsum", 2, **axes)
+    assert [p for _, _, p in alone] == plans[:2] and [w for w, _, _ in alone] == [w for w, _, _ in without]
     other = _shard_workloads("bmm", 2, seq="256", mask="none")[0][2]
     assert other["sha256"] != plans[0]["sha256"] and other["workloads"] == 2
 

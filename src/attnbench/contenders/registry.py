@@ -81,15 +81,21 @@ def _as_contender(obj: object, name: str) -> Contender:
 as_contender = _as_contender  # public: the A/B command checks a contender taken from another git revision
 
 
-def _folder_without_code(module: str) -> str | None:
+def _folder_without_code(module: str, exc: BaseException) -> str | None:
     """Where the entry point's module, or a package above it, was imported as a folder without code (a namespace
     package: no ``__init__.py``, no ``__file__``) — how a plugin's project folder in the current directory
-    shadows the installed plugin of the same name under ``python -m`` — said in a clause; else None."""
+    shadows the installed plugin of the same name under ``python -m`` — and the failure is that folder's (no
+    attribute of it, no module under it), said in a clause; else None: a namespace package is also a plain way to
+    ship plugins, and one that fails for its own reason (a missing dependency) is shadowed by nothing."""
     parts = module.split(".")
     for depth in range(1, len(parts) + 1):
         name = ".".join(parts[:depth])
         found = sys.modules.get(name)
-        if found is not None and getattr(found, "__file__", None) is None and hasattr(found, "__path__"):
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        its_own = (isinstance(exc, AttributeError) and f"module {name!r} has no attribute" in str(exc)) or (
+            missing is not None and missing.startswith(f"{name}.")
+        )
+        if found is not None and getattr(found, "__file__", None) is None and hasattr(found, "__path__") and its_own:
             folders = ", ".join(str(Path(folder).resolve()) for folder in found.__path__)
             return (
                 f"module {name!r} resolved to a folder without code, {folders} (a namespace package: a folder of "
@@ -105,7 +111,7 @@ def _make_entry(name: str, source: str, loader: Callable[[], object], module: st
     try:
         contender = _as_contender(loader(), name)
     except Exception as exc:  # a plugin's import can fail in any way; it must not take the others down
-        shadowed = _folder_without_code(module) if module else None
+        shadowed = _folder_without_code(module, exc) if module else None
         why = f"{shadowed} — {errors.reason(exc)}" if shadowed else errors.reason(exc)
         return Entry(name, source, None, f"failed to load: {why}")
     return Entry(name, source, contender)

@@ -40,11 +40,14 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
     return out.stdout.strip() or None
 
 
-def _checkout() -> Path | None:
-    """The git checkout attnbench's code comes from: the one it is imported from (editable install), else the
-    working directory when that is an attnbench checkout (a plain install made from it, as nox does)."""
-    here = Path(__file__).resolve().parent
-    if _run(["git", "rev-parse", "HEAD"], cwd=here) is not None:
+def _checkout(package: Path | None = None) -> Path | None:
+    """The git checkout attnbench's code comes from: the one it is imported from (editable install: its
+    ``src/attnbench``; a plain install in a project's ``.venv`` lies in that project's repository, not in
+    attnbench's), else the working directory when that is an attnbench checkout (a plain install made from it, as
+    nox does)."""
+    here = package or Path(__file__).resolve().parents[1]  # the package: …/attnbench
+    top = _run(["git", "rev-parse", "--show-toplevel"], cwd=here)
+    if top is not None and Path(top).resolve() / "src" / "attnbench" == here:  # not a project's .venv around it
         return here
     pyproject = Path.cwd() / "pyproject.toml"
     if pyproject.is_file() and 'name = "attnbench"' in pyproject.read_text():

@@ -69,11 +69,14 @@ def assign_workloads(workloads: list[Workload], count: int) -> dict[Workload, in
     return owner
 
 
-def shard_cases(cases: list[tuple[str, Workload]], index: int, count: int) -> list[tuple[str, Workload]]:
+def shard_cases(
+    cases: list[tuple[str, Workload]], index: int, count: int, workloads: list[Workload] | None = None
+) -> list[tuple[str, Workload]]:
     """The cases of shard ``index`` (1-based) of ``count``, in the sweep's own order: every contender of the
-    workloads this shard owns."""
-    owner = assign_workloads(_workloads(cases), count)
-    return [(impl, workload) for impl, workload in cases if owner[workload] == index - 1]
+    workloads this shard owns. ``workloads``: the sweep's, the partition's basis (default: those of ``cases``);
+    given before any contender is left out, a workload no contender of this machine suits keeps its place."""
+    owner = assign_workloads(workloads if workloads is not None else _workloads(cases), count)
+    return [(impl, workload) for impl, workload in cases if owner.get(workload) == index - 1]
 
 
 def workload_key(workload: Workload) -> str:
@@ -81,9 +84,9 @@ def workload_key(workload: Workload) -> str:
     return json.dumps(workload.as_row(), sort_keys=True, default=str)
 
 
-def shard_plan(cases: list[tuple[str, Workload]]) -> dict[str, Any]:
-    """What the partition of a sweep's ``cases`` (all shards') was computed from: its workloads, as a count and
-    a hash of their keys in sweep order. Two shards of one sweep with different plans split different sweeps."""
-    workloads = _workloads(cases)
+def shard_plan(workloads: list[Workload]) -> dict[str, Any]:
+    """What the partition of a sweep (all shards') was computed from: its workloads, as a count and a hash of
+    their keys in sweep order. Two shards of one sweep with different plans split different sweeps."""
+    workloads = list(dict.fromkeys(workloads))
     digest = hashlib.sha256("\n".join(map(workload_key, workloads)).encode()).hexdigest()[:16]
     return {"by": PLAN_BY, "workloads": len(workloads), "sha256": digest}

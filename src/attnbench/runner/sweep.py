@@ -41,7 +41,7 @@ from attnbench.runner.reproduce import Reproducer
 from attnbench.runner.request import DEFAULT_SUITE, RunRequest, RunSettings
 from attnbench.runner.results import RunWriter, case_key, make_row
 from attnbench.workload import Workload
-from attnbench.workload.axes import MODEL
+from attnbench.workload.axes import IMPL, MODEL
 from attnbench.workload.masks import unseeing_share
 from attnbench.workload.suite import Suite, check_devices, expand, load_suite, model_suite
 
@@ -120,10 +120,11 @@ def plan_cases(
         planned = {impl for impl, _ in cases}
         partly += [impl for impl in said if impl in planned]
     shard = request.shard_slice
-    if shard:
+    if shard:  # partitioned by the sweep's workloads, whichever contenders this machine has or leaves out
+        workloads = [w for _, w in expand(suite, {**overrides, IMPL.name: ["-"]}, ["-"], check_flags=False)]
         if plan is not None:
-            plan.update(shard_plan(cases))
-        cases = shard_cases(cases, *shard)
+            plan.update(shard_plan(workloads))
+        cases = shard_cases(cases, *shard, workloads=workloads)
     return suite, cases
 
 
