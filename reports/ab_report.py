@@ -20,9 +20,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
 from attnbench.reports.figure_layout import VERDICT_COLOURS
+from attnbench.reports.trend import nice_ticks
 
 DPI = 110
 
@@ -103,8 +103,11 @@ def draw_ratios(records: list[dict[str, Any]]) -> Figure:
     ax.set_xlim(min(lows) - 0.05 * span, max(highs) + 0.05 * span)
     ax.set_yticks(range(len(records)), labels)
     ax.set_ylim(len(records) - 0.5, -0.5)  # first case on top
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
-    ax.xaxis.set_major_formatter(FormatStrFormatter("%.3f" if span < 0.05 else "%.2f"))
+    # round steps (1, 2, 2.5 or 5 × a power of ten) labelled with the decimals they need: MaxNLocator's 0.015
+    # steps printed to two decimals put "1.00" at 1.005, left of the line drawn at 1
+    low, high = ax.get_xlim()
+    ticks = nice_ticks(max(low, 1e-9), high)
+    ax.set_xticks([value for value, _ in ticks], [label for _, label in ticks])
     first = records[0]
     ax.set_xlabel(f"time ratio B/A  (B = {first['impl_b']}, A = {first['impl_a']}; > 1: B slower)")
     ax.set_title("A/B in one process: median per-round ratio, 95% interval", fontsize=10)

@@ -194,6 +194,10 @@ def test_the_figure_has_plain_decimal_ticks_and_labels_that_do_not_overlap():
     fig.canvas.draw()
     ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
     assert all(float(t.replace("−", "-")) > 0 for t in ticks) and not any("e" in t or "×" in t for t in ticks)
+    # each label says where it stands: 0.015 steps printed to two decimals put "1.00" at 1.005 (review 4)
+    for label in ax.get_xticklabels():
+        assert float(label.get_text()) == pytest.approx(label.get_position()[0], abs=1e-9), label
+    assert "1.00" in ticks
     boxes = [t.get_window_extent() for t in ax.get_yticklabels()]
     assert len(boxes) == 5 and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
     assert ax.get_yticklabels()[4].get_text().endswith("— incorrect")

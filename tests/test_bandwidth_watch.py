@@ -74,6 +74,18 @@ def test_watch_records_before_and_after_and_warns_when_it_moved():
     assert len(warnings) == 1 and "read stream 40–80 GB/s (+100%)" in warnings[0]
 
 
+def test_a_roof_below_every_measurement_of_the_run_says_how_to_measure_it_again():
+    """A new user's every run warned "read stream 70.4–73.9 GB/s … the cached roof … is 53.3 GB/s" and never
+    said what to do: a roof every measurement of the run beats was taken on a slower moment."""
+    quiet = BandwidthWatch({}, CPU, 2, fake((72.0, 60.0), (74.0, 61.0))).after(interrupted=False)
+    assert quiet == [
+        "every bandwidth measurement of this run (72–74 GB/s) is above the cached roof pct_of_peak divides by (50 "
+        "GB/s, measured on a slower moment): memory-bound rows may pass 100 % of it; `attnbench run "
+        "--remeasure-ceilings` measures the ceilings again"
+    ]
+    assert BandwidthWatch({}, CPU, 2, fake((72.0, 60.0), (54.0, 50.0))).after(interrupted=False)[1:] == []
+
+
 def test_watch_is_quiet_within_the_floor_and_skips_after_an_interrupt():
     meta: dict = {}
     assert BandwidthWatch(meta, CPU, 2, fake((40.0, 30.0), (41.0, 31.0))).after(interrupted=False) == []

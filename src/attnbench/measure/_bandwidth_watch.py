@@ -82,6 +82,20 @@ def moved_warning(entries: list[dict[str, Any]], roof_gbps: float | None) -> str
     )
 
 
+def stale_roof_warning(entries: list[dict[str, Any]], roof_gbps: float | None) -> str | None:
+    """One line when every measurement of the run lies above the cached roof by more than the floor: the roof
+    was measured on a slower moment of a shared machine (it is the best of its passes, so a run should not beat
+    it), and memory-bound rows may pass 100 % of it; the flag that measures it again."""
+    best = [max(e.get(stream) or 0 for stream in STREAMS) for e in entries]
+    if not roof_gbps or not best or min(best) <= roof_gbps * (1 + MOVED_FLOOR):
+        return None
+    return (
+        f"every bandwidth measurement of this run ({min(best):.3g}–{max(best):.3g} GB/s) is above the cached roof "
+        f"pct_of_peak divides by ({roof_gbps:.3g} GB/s, measured on a slower moment): memory-bound rows may pass "
+        "100 % of it; `attnbench run --remeasure-ceilings` measures the ceilings again"
+    )
+
+
 class BandwidthWatch:
     """Measures before the sweep when made, after it in :meth:`after`; keeps both in ``meta``."""
 
@@ -123,5 +137,5 @@ class BandwidthWatch:
             return []
         if not interrupted:
             self._take("after")
-        warning = moved_warning(self.entries, self.roof_gbps)
-        return [warning] if warning else []
+        warnings = [moved_warning(self.entries, self.roof_gbps), stale_roof_warning(self.entries, self.roof_gbps)]
+        return [warning for warning in warnings if warning]
