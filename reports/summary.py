@@ -43,11 +43,11 @@ def summary_table(frame: pd.DataFrame) -> str:
         return f"(no contender ran on any of the {len(table)} workloads)"
     table = table.reindex(columns=shown)
     ok = cells[cells["status"] == "ok"]
+    stalled = cells[cells["status"] == "stalled"].groupby(GROUP, sort=False).size().to_dict()
     tied = False
-    if not ok.empty:
+    if not ok.empty or stalled:
         rankings = {key: rank(rows) for key, rows in ok.groupby(GROUP, sort=False)}
         tied = any(not r.clear for r in rankings.values())
-        stalled = cells[cells["status"] == "stalled"].groupby(GROUP, sort=False).size().to_dict()
         over = _over_roof(ok)
         labels = {
             key: r.label()
@@ -55,6 +55,8 @@ def summary_table(frame: pd.DataFrame) -> str:
             + (f" ({stalled[key]} stalled, not ranked)" if key in stalled else "")
             for key, r in rankings.items()
         }  # the fastest of the clean rows only: where others stalled, the label says it did not beat them
+        # a workload whose every timed row stalled has no fastest, and says why (as the report's headline)
+        labels.update({key: f"no ranked contender: all {n} stalled" for key, n in stalled.items() if key not in labels})
         table["fastest"] = pd.Series(labels).reindex(table.index)
     table = table.fillna("")
     table.index = [_label(key) for key in table.index]
@@ -78,25 +80,36 @@ def status_counts(frame: pd.DataFrame) -> str:
 
 
 _PERCENT = re.compile(r"\d+(?:\.\d+)?%")
+_REPEAT = re.compile(r"^repeat (\d+) of (\d+): ")  # a --repeat run's row: which repeat stalled or failed
 
 
 def merged_reasons(rows: pd.DataFrame) -> pd.Series:
     """Each row's reason on one line (a run before reasons were made one line kept its line breaks), with its
-    percentages replaced by their range over the same contender's and status' reasons that differ only there:
-    a contender's stalled rows read "waited for a core 48–50% of their time" once, not a line per percentage."""
+    percentages replaced by their range, and a ``--repeat`` run's "repeat N of M" by the repeats, over the same
+    contender's and status' reasons that differ only there: a contender's stalled rows read "waited for a core
+    48–50% of their time" once, "repeats 1, 2 of 3: …" once, not a line per percentage or repeat."""
     flat = rows["reason"].fillna("").astype(str).map(lambda text: " ".join(text.split()))
-    shapes = flat.map(lambda text: _PERCENT.sub("%", text))
+    shapes = flat.map(lambda text: _PERCENT.sub("%", _REPEAT.sub(r"repeat # of \2: ", text)))
     merged = flat.copy()
     for _, same in flat.groupby([rows["impl"], rows["status"], shapes], sort=False):
-        found = [[float(p[:-1]) for p in _PERCENT.findall(text)] for text in same]
-        if len(set(same)) == 1 or len({len(f) for f in found}) != 1:
+        if len(set(same)) == 1:
+            continue
+        repeats = sorted({int(found.group(1)) for text in same if (found := _REPEAT.match(text))}, key=int)
+        bodies = [_REPEAT.sub("", text) for text in same]
+        found = [[float(p[:-1]) for p in _PERCENT.findall(text)] for text in bodies]
+        if len({len(f) for f in found}) != 1:
             continue
         ranges = [
             f"{min(slot):g}%" if min(slot) == max(slot) else f"{min(slot):g}–{max(slot):g}%"
             for slot in zip(*found, strict=True)
         ]
-        parts = _PERCENT.split(same.iloc[0])  # the text around the percentages, one more part than them
-        merged[same.index] = "".join(part + value for part, value in zip(parts, [*ranges, ""], strict=True))
+        parts = _PERCENT.split(bodies[0])  # the text around the percentages, one more part than them
+        body = "".join(part + value for part, value in zip(parts, [*ranges, ""], strict=True))
+        first = _REPEAT.match(same.iloc[0])
+        if first is not None:
+            numbers = ", ".join(map(str, repeats))
+            body = f"repeat{'s' if len(repeats) > 1 else ''} {numbers} of {first.group(2)}: {body}"
+        merged[same.index] = body
     return merged
 
 

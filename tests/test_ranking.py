@@ -87,6 +87,31 @@ def test_a_fastest_beside_stalled_rows_says_it_was_not_ranked_against_them():
     assert table.splitlines()[-1].endswith("a (1 stalled, not ranked)") and "0.5~" in table, table
 
 
+def test_the_runs_table_names_no_fastest_where_every_row_stalled_and_says_why():
+    """The terminal's `fastest` cell was blank where every row of a workload stalled (the report said "no ranked
+    contender: all 2 stalled"); a --repeat run's stalled rows read a line each, "repeat 1 of 3: …"."""
+    from attnbench.reports.summary import non_ok_reasons
+
+    stalled = [
+        make_row(
+            impl,
+            WORKLOAD,
+            "stalled",
+            f"repeat {n} of 3: the machine stalled: waited {w}% of their time",
+            median_ms=0.5,
+            samples_ms=[0.5] * 10,
+        )  # fmt: skip
+        for impl, n, w in (("a", 1, 40), ("b", 1, 50), ("a", 2, 45))
+    ]
+    frame = rows_to_frame(stalled[:2])
+    assert summary_table(frame).splitlines()[-1].endswith("no ranked contender: all 2 stalled")
+    lines = non_ok_reasons(rows_to_frame(stalled)).splitlines()
+    assert lines == [
+        "  a: stalled — repeats 1, 2 of 3: the machine stalled: waited 40–45% of their time",
+        "  b: stalled — repeat 1 of 3: the machine stalled: waited 50% of their time",
+    ], lines
+
+
 def test_the_report_headline_says_where_rows_stalled_and_names_no_fastest_where_all_did():
     """The page named naive fastest at S1024 (173 ms) where fused_cpu ran in 11 ms but stalled, and left out the
     workloads whose every row stalled: now as the run's table, and the fastest beside stalled rows is not bold."""
