@@ -100,7 +100,7 @@ def test_the_runs_table_names_no_fastest_where_every_row_stalled_and_says_why():
             f"repeat {n} of 3: the machine stalled: waited {w}% of their time",
             median_ms=0.5,
             samples_ms=[0.5] * 10,
-        )  # fmt: skip
+        )
         for impl, n, w in (("a", 1, 40), ("b", 1, 50), ("a", 2, 45))
     ]
     frame = rows_to_frame(stalled[:2])
