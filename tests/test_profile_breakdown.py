@@ -250,3 +250,23 @@ def test_fused_cpu_named_categories_explain_the_run_median(cli, tmp_path):
     run_median = pd.read_parquet(tmp_path / "run" / "results.parquet")["median_ms"].iloc[0]
     named = rows.loc[~rows.category.isin(["other", UNATTRIBUTED]), "ms_per_call"].sum()
     assert named >= 0.8 * run_median
+
+
+def test_profiled_calls_far_from_the_median_are_warned_of():
+    """A busy machine recorded bmm's calls at 44.6 ms against a 15.5 ms median: its top-ops table (per profiled
+    call) listed aten::bmm at twice the median while the breakdown was scaled to it, without a word."""
+    import dataclasses
+    from pathlib import Path
+
+    from attnbench.cli import profiled_far_warning
+    from attnbench.runner._profiling import CaseProfile
+    from attnbench.workload import Workload
+
+    empty = pd.DataFrame()
+    profile = CaseProfile("bmm", Workload(1, 8, 8, 1024, 1024, 64), 5, 15.54, 44.64, Path("t"), empty, empty, empty)
+    warning = profiled_far_warning(profile)
+    assert warning is not None and warning.startswith("bmm B1 H8 S1024 D64")
+    assert "took 44.64 ms each, 2.9× the median 15.54 ms" in warning and "profile it again on a quieter" in warning
+    assert profiled_far_warning(dataclasses.replace(profile, profiled_ms=17.0)) is None  # the profiler's own cost
+    gpu = dataclasses.replace(profile, workload=dataclasses.replace(profile.workload, device="cuda"))
+    assert profiled_far_warning(gpu) is None  # CUDA tables are device times

@@ -253,6 +253,25 @@ def _profiled_calls(profile: CaseProfile) -> str:
     return f"profiled {profile.profiled_ms:.4g} ms per call ({profile.calls} calls recorded)"
 
 
+PROFILED_FAR = 1.5  # profiled calls this many times the median or more: the tables disagree with the median
+
+
+def profiled_far_warning(profile: CaseProfile) -> str | None:
+    """A warning where the profiled calls took ``PROFILED_FAR`` times the case's median or more (a machine that got
+    busy while the profiler recorded, or the profiler's own cost on many small ops): the top-ops table is per
+    profiled call, the breakdown scaled to the median, so the two no longer read alike."""
+    if profile.workload.device != "cpu":  # CUDA tables are the kernels' device times, not the host's wall
+        return None
+    if profile.median_ms <= 0 or profile.profiled_ms < PROFILED_FAR * profile.median_ms:
+        return None
+    return (
+        f"{profile.impl} {profile.workload.label()}: the profiled calls took {profile.profiled_ms:.4g} ms each, "
+        f"{profile.profiled_ms / profile.median_ms:.1f}× the median {profile.median_ms:.4g} ms (a machine busy while "
+        "the profiler recorded, or its own cost on many small ops): the top ops are per profiled call, the "
+        "breakdown scaled to the median — profile it again on a quieter machine"
+    )
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from attnbench.runner._ncu_csv import short_name
     from attnbench.runner._ncu_profile import annotate_breakdown, annotate_top_ops, format_table
@@ -313,6 +332,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(shown.to_string(index=False, formatters={"self_ms_per_call": "{:.4g}".format, "pct": "{:.1f}".format}))
         split = ", ".join(f"{r.category} {r.ms_per_call:.3g} ms ({r.pct:.0f}%)" for r in profile.breakdown.itertuples())
         print(f"breakdown: {split}\ntrace: {profile.trace_path}", flush=True)
+        far = profiled_far_warning(profile)
+        if far is not None:
+            print(f"warning: {far}", file=sys.stderr)
         if profile.waited is not None and profile.waited >= WAITED_STALL:  # a run would time this row `stalled`
             print(
                 f"warning: {impl} {workload.label()}: the machine stalled while it was timed: "
