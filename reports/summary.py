@@ -55,8 +55,8 @@ def summary_table(frame: pd.DataFrame) -> str:
             + (f" ({stalled[key]} stalled, not ranked)" if key in stalled else "")
             for key, r in rankings.items()
         }  # the fastest of the clean rows only: where others stalled, the label says it did not beat them
-        # a workload whose every timed row stalled has no fastest, and says why (as the report's headline)
-        labels.update({key: f"no ranked contender: all {n} stalled" for key, n in stalled.items() if key not in labels})
+        for key, count in stalled.items():  # a workload whose every timed row stalled: no fastest, and why
+            labels.setdefault(key, f"no ranked contender: all {count} stalled")  # type: ignore[arg-type]
         table["fastest"] = pd.Series(labels).reindex(table.index)
     table = table.fillna("")
     table.index = [_label(key) for key in table.index]
@@ -94,14 +94,14 @@ def merged_reasons(rows: pd.DataFrame) -> pd.Series:
     for _, same in flat.groupby([rows["impl"], rows["status"], shapes], sort=False):
         if len(set(same)) == 1:
             continue
-        repeats = sorted({int(found.group(1)) for text in same if (found := _REPEAT.match(text))}, key=int)
+        repeats = sorted({int(match.group(1)) for text in same if (match := _REPEAT.match(text))})
         bodies = [_REPEAT.sub("", text) for text in same]
-        found = [[float(p[:-1]) for p in _PERCENT.findall(text)] for text in bodies]
-        if len({len(f) for f in found}) != 1:
+        percents = [[float(p[:-1]) for p in _PERCENT.findall(text)] for text in bodies]
+        if len({len(f) for f in percents}) != 1:
             continue
         ranges = [
             f"{min(slot):g}%" if min(slot) == max(slot) else f"{min(slot):g}–{max(slot):g}%"
-            for slot in zip(*found, strict=True)
+            for slot in zip(*percents, strict=True)
         ]
         parts = _PERCENT.split(bodies[0])  # the text around the percentages, one more part than them
         body = "".join(part + value for part, value in zip(parts, [*ranges, ""], strict=True))
