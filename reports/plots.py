@@ -24,6 +24,7 @@ from attnbench.contenders.registry import declared_names
 from attnbench.reports.facets import AXIS_LABELS, Facet, facets
 from attnbench.reports.figure_layout import DPI, TITLE_SIZE, finish, legend_right, panel_grid, plain, value_axis
 from attnbench.reports.frames import group_label, labels, phase_of
+from attnbench.runner._noise import read_from_cache
 
 TORCH_CONTENDERS = {
     "naive",
@@ -511,10 +512,9 @@ def decode_latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
 def _cold_ms(decode: pd.DataFrame) -> pd.Series:
     """Each row's cold median where it read its bytes from the cache warm (``cache_resident``), else NaN: there
     warm and cold differ by what the cache held (a row reading memory either way is not drawn twice)."""
-    if "cold_median_ms" not in decode or "cache_resident" not in decode:
+    if "cold_median_ms" not in decode:
         return pd.Series(np.nan, index=decode.index)
-    cached = decode["cache_resident"].astype("boolean").fillna(False).astype(bool)
-    return decode["cold_median_ms"].astype("float64").where(cached)
+    return decode["cold_median_ms"].astype("float64").where(read_from_cache(decode))
 
 
 def _decode_rows(ok: pd.DataFrame) -> pd.DataFrame:

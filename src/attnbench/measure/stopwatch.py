@@ -46,6 +46,7 @@ import torch
 from torch.utils.benchmark.utils.common import set_torch_threads
 
 from attnbench.measure._cpu_wait import waited_ns
+from attnbench.measure._hardware import last_level_caches_used
 from attnbench.measure.allocator import keeps_freed_memory
 
 MIN_SAMPLE_S = 2e-3  # a CPU sample blocks calls until it lasts at least this long
@@ -146,12 +147,14 @@ def warm_calls() -> int:
 
 def cache_flusher(cache_bytes: int, threads: int) -> Callable[[], object]:
     """A call that evicts the CPU's caches of what earlier calls left there: one pass that reads and writes
-    ``FLUSH_CACHES`` times ``cache_bytes`` (the caches' total where the threads spread over several: see
-    _hardware.last_level_caches_used; at least ``MIN_FLUSH_BYTES``) on ``threads`` threads, so every core the
-    timed call runs on has its private caches emptied too. An add, not a fill: a fill this large may be written by
-    streaming stores that go around the cache (glibc's memset does above a size), evicting nothing. The buffer
-    lives as long as the call returned (a workload's rounds), not the process."""
-    buffer = torch.empty(max(MIN_FLUSH_BYTES, FLUSH_CACHES * cache_bytes) // 4, dtype=torch.int32)
+    ``FLUSH_CACHES`` times the last-level caches the threads may spread over (``cache_bytes``, one cache's size,
+    times _hardware.last_level_caches_used: a pass split across threads fills each cache with only its threads'
+    part; at least ``MIN_FLUSH_BYTES``) on ``threads`` threads, so every core the timed call runs on has its
+    private caches emptied too. An add, not a fill: a fill this large may be written by streaming stores that go
+    around the cache (glibc's memset does above a size), evicting nothing. The buffer lives as long as the call
+    returned (a workload's rounds), not the process."""
+    caches = cache_bytes * last_level_caches_used(threads)
+    buffer = torch.empty(max(MIN_FLUSH_BYTES, FLUSH_CACHES * caches) // 4, dtype=torch.int32)
 
     def flush() -> object:
         with set_torch_threads(threads):

@@ -117,7 +117,7 @@ def _over(ok: pd.DataFrame) -> pd.Series:
     return ok["pct_of_peak"].astype("float64") > ROOF_PCT
 
 
-def _cached(ok: pd.DataFrame) -> pd.Series:
+def read_from_cache(ok: pd.DataFrame) -> pd.Series:
     """Whether each row read its bytes from the cache in front of memory (a run written before ``cache_resident``
     existed: no)."""
     if "cache_resident" not in ok:
@@ -142,13 +142,13 @@ def above_roof(ok: pd.DataFrame) -> pd.DataFrame:
     missing): a bandwidth-bound row whose bytes fit in the cache in front of memory (``cache_resident``) may read
     them from there, above the memory roof, without a defect (:func:`above_memory_from_cache`) — unless its cold
     median, the caches flushed before each call, is above the roof too."""
-    return ok[_over(ok) & (~_cached(ok) | _cold_over(ok))]
+    return ok[_over(ok) & (~read_from_cache(ok) | _cold_over(ok))]
 
 
 def above_memory_from_cache(ok: pd.DataFrame) -> pd.DataFrame:
     """The bandwidth-bound rows above the memory roof whose bytes fit in the cache in front of it (and whose
     cold median, where they have one, is under the roof)."""
-    return ok[_over(ok) & _cached(ok) & ~_cold_over(ok)]
+    return ok[_over(ok) & read_from_cache(ok) & ~_cold_over(ok)]
 
 
 def _cold_range(rows: pd.DataFrame) -> str:

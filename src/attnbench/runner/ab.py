@@ -54,7 +54,7 @@ from attnbench.contenders import _revision as revision
 from attnbench.contenders import registry
 from attnbench.contenders.contract import Contender, Unsupported
 from attnbench.errors import UsageError, one_line
-from attnbench.measure._hardware import last_level_cache_bytes, last_level_caches_used
+from attnbench.measure._hardware import last_level_cache_bytes
 from attnbench.measure.native_build import fresh_tuning_dir
 from attnbench.measure.stopwatch import SampleError, Timing, cache_flusher, synchronize, time_cpu_rounds, warm_up
 from attnbench.measure.stopwatch_cuda import time_cuda_rounds
@@ -305,8 +305,7 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
             fns, options.budget_s / 2, options.seed, paired=True, cold=options.cold, graphs=graphs
         )
     else:
-        caches = last_level_cache_bytes() * last_level_caches_used(options.threads)
-        flush = cache_flusher(caches, options.threads) if options.cold else None
+        flush = cache_flusher(last_level_cache_bytes(), options.threads) if options.cold else None
         timings = time_cpu_rounds(
             fns,
             options.threads,

@@ -23,7 +23,6 @@ from attnbench.contenders.contract import Contender, Unsupported, choice_of
 from attnbench.measure import _gpu_state as gpu_state
 from attnbench.measure import _yardsticks as yardsticks
 from attnbench.measure._ceilings import Ceilings
-from attnbench.measure._hardware import last_level_caches_used
 from attnbench.measure._memory import free_memory_bytes, held_for_reuse_bytes, peak_memory_mb, release_cached_memory
 from attnbench.measure.stopwatch import SampleError, Timing, cache_flusher, call_once_ms, time_cpu_rounds, warm_up
 from attnbench.measure.stopwatch_cuda import time_cuda_rounds
@@ -156,7 +155,7 @@ class _Ready:
     prepared: Prepared
     predicted: dict[str, float]
     estimate_s: float
-    cold: bool = False  # CPU: its row will be cache_resident, so it also takes cold samples (cache flushed)
+    cache_resident: bool = False  # its row's column; on CPU such a row also takes cold samples (caches flushed)
 
 
 def _failure_row(impl: str, workload: Workload, exc: BaseException, predicted: dict[str, float]) -> dict[str, Any]:
@@ -210,10 +209,10 @@ def _get_ready(impl: str, workload: Workload, options: RunOptions, group: _Group
     try:
         prepared = prepare_checked(impl, workload, options.seed, group.inputs())
         estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
-        cold = _reads_from_cache(contender, workload, options)  # a plugin's flops() may raise too
+        resident = _reads_from_cache(contender, workload, options)  # a plugin's flops() may raise too
     except Exception as exc:  # a contender may fail in any way; the sweep must go on
         return _failure_row(impl, workload, exc, predicted)
-    return _Ready(prepared, predicted, estimate_s, cold)
+    return _Ready(prepared, predicted, estimate_s, resident)
 
 
 def _reads_from_cache(contender: Contender, workload: Workload, options: RunOptions) -> bool:
@@ -238,11 +237,9 @@ def _time_group(
         return {int(name): result for name, result in timed.items()}
     estimates = {str(index): one.estimate_s for index, one in ready.items()}
     sticks = yardsticks.for_threads(options.threads) if options.yardsticks else None
-    cold = [str(index) for index, one in ready.items() if one.cold]
+    cold = [str(index) for index, one in ready.items() if one.cache_resident]
     ceilings = options.ceilings.get(workload.device)
-    flush = None
-    if cold and ceilings is not None:  # every last-level cache the threads may use, filled
-        flush = cache_flusher(ceilings.cache_bytes * last_level_caches_used(options.threads), options.threads)
+    flush = cache_flusher(ceilings.cache_bytes, options.threads) if cold and ceilings is not None else None
     for _attempt in range(2):  # a group timed while the machine stalled is timed once more
         results = time_cpu_rounds(
             fns,
@@ -363,7 +360,7 @@ def _finish_row(impl: str, workload: Workload, options: RunOptions, one: _Ready,
     metrics["pct_of_peak"] = 100 * metrics["tflops"] / roof if roof else None  # of the hardware roof
     matmul = ceilings.matmul_roofline_tflops(dots, metrics["intensity"]) if ceilings else None
     metrics["pct_of_matmul"] = 100 * metrics["tflops"] / matmul if matmul else None
-    metrics["cache_resident"] = ceilings.cache_resident(traffic, dots, metrics["intensity"]) if ceilings else None
+    metrics["cache_resident"] = one.cache_resident if ceilings else None  # decided before timing (_get_ready)
     if not prepared.ok:
         return make_row(impl, workload, "incorrect", prepared.reason, **metrics)
     if timing.stalled:  # its time kept (the row says what it ran at), never ranked
