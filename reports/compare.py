@@ -491,6 +491,40 @@ def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
     return finish(figure)
 
 
+def floor_band(floor: Any) -> str:
+    """The new/base ratios a floor leaves ``same`` or ``unclear``: 1/(1 + floor) to 1 + floor. The floor holds on
+    the log scale, so a faster case must fall below 1/(1 + floor) — 0.879 is beyond a 13.1 % floor (0.884) though
+    it is only 12.1 % under 1; printing the band, not the percentage, keeps the verdict and its column agreeing."""
+    if floor is None or (isinstance(floor, float) and math.isnan(floor)):
+        return ""
+    return f"{1 / (1 + floor):.3f}–{1 + floor:.3f}"
+
+
+def terminal_table(table: pd.DataFrame) -> tuple[str, list[str]]:
+    """The comparison as the terminal shows it, and its footnotes. Each distinct note is printed once below the
+    table and marked ``[n]`` in its rows (one long note repeated per row made the table 450 characters wide);
+    ``floor_source`` is a column only where the cases' floors come from more than one source (the summary line
+    counts them either way)."""
+    columns = ["impl", "workload", "verdict", "ratio", "p_value", "floor"]
+    if table["floor_source"].dropna().nunique() > 1:
+        columns.append("floor_source")
+    if "yardstick" in table:
+        columns.append("yardstick")
+    shown = table[columns].copy()
+    shown["ratio"] = shown["ratio"].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
+    shown["p_value"] = shown["p_value"].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
+    shown["floor"] = shown["floor"].map(floor_band)
+    notes: dict[str, int] = {}
+    marks = []
+    for note in table["note"]:
+        text = note if isinstance(note, str) else ""
+        marks.append(f"[{notes.setdefault(text, len(notes) + 1)}]" if text else "")
+    if notes:
+        shown["note"] = marks
+    footnotes = [f"[{number}] {text}" for text, number in notes.items()]
+    return shown.to_string(index=False), footnotes
+
+
 def summary_line(comparison: Comparison, settings: Settings) -> str:
     table = comparison.table
     counts = table["verdict"].value_counts()
@@ -501,7 +535,8 @@ def summary_line(comparison: Comparison, settings: Settings) -> str:
     kinds = table["floor_source"].dropna().str.replace(r" \(.*\)", "", regex=True).value_counts()
     sources = ", ".join(f"{kind} {count}" for kind, count in kinds.items())
     floor = (
-        f" (floor ≥ {settings.threshold:.0%} and the measured noise, alpha {settings.alpha:g}, from {basis}; "
+        f" (floor: the new/base band a case must leave to be called either way, at least ±{settings.threshold:.0%}"
+        f" and the measured noise, alpha {settings.alpha:g}, from {basis}; "
         f"floors: {sources or 'none'})"
     )
     return ", ".join(parts) + gm + floor
@@ -530,7 +565,7 @@ def write_compare(
             "verdict": r["verdict"],
             "ratio": fmt(r["ratio"], ".3f"),
             "p_value": fmt(r["p_value"], ".2g"),
-            "floor": fmt(r["floor"], ".1%"),
+            "floor": floor_band(r["floor"]),
             "floor_source": r["floor_source"] if isinstance(r["floor_source"], str) else "",
             "base_ms": fmt(r["base_ms"], ".4g"),
             "new_ms": fmt(r["new_ms"], ".4g"),

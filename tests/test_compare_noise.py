@@ -1,5 +1,6 @@
 """compare calibrated by noise: A/A-safe under machine drift, still catching a real slowdown (issue 11)."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -122,8 +123,58 @@ def test_within_run_samples_never_decide_slower(cli, tmp_path):
     ]
     words = line.split()
     assert "unclear" in words and "1.085" in words and float(words[words.index("1.085") + 1]) < 0.01
-    assert "looks slower, but on within-run samples only: rerun both with --repeat 3" in line
-    assert "`attnbench ab`" in line
+    (mark,) = [word for word in words if word.startswith("[")]
+    (footnote,) = [line for line in text.splitlines() if line.startswith(f"{mark} ")]
+    assert "looks slower, but on within-run samples only: rerun both with --repeat 3" in footnote
+    assert "`attnbench ab`" in footnote
+
+
+def test_the_terminal_table_prints_each_note_once_and_the_floor_as_the_band_it_spans(cli, tmp_path):
+    """A ratio of 0.879 called faster beside "floor 13.1%" read as a contradiction (it is 12.1 % under 1, but
+    beyond the floor on the log scale, 1/1.131 = 0.884): the floor is printed as the band of ratios it leaves
+    same or unclear. One long note repeated per row made the table 450 characters wide: each distinct note is
+    printed once below it, marked [n] in its rows; the floor source, one kind for every case, is left to the
+    summary line."""
+    from attnbench.reports.compare import floor_band, terminal_table
+
+    assert floor_band(0.131) == "0.884–1.131" and floor_band(float("nan")) == ""
+    base = fake_run(0, repeats=1)
+    new = fake_run(1, repeats=1)
+    new.loc[new["impl"] == "sdpa_flash", ["median_ms"]] *= 1.3
+    new["samples_ms"] = [
+        [v * 1.3 for v in values] if impl == "sdpa_flash" else values
+        for values, impl in zip(new["samples_ms"], new["impl"], strict=True)
+    ]
+    _, text, _ = cli(
+        "compare", str(save(base, tmp_path / "base")), str(save(new, tmp_path / "new")), "--out", str(tmp_path / "cmp")
+    )
+    lines = text.splitlines()
+    rows = [line for line in lines if line.lstrip().startswith("sdpa_flash")]
+    mark = rows[0].split()[-1]
+    assert len(rows) == 4 and mark.startswith("[") and all(line.split()[-1] == mark for line in rows)
+    assert sum(line.startswith(f"{mark} looks slower") for line in lines) == 1
+    assert len({line.split()[0] for line in lines if line.startswith("[")}) == sum(
+        line.startswith("[") for line in lines
+    )
+    assert max(len(line) for line in lines[: lines.index(rows[-1]) + 1]) < 120
+    assert "floor_source" not in lines[0] and "floors: within-run only 12" in text
+    assert all(re.search(r" 0\.\d{3}–1\.\d{3} ", line) for line in rows)
+    from attnbench.reports.compare import Comparison
+
+    table = pd.DataFrame(
+        {
+            "impl": ["a", "b"],
+            "workload": ["w", "w"],
+            "verdict": ["same", "same"],
+            "ratio": [1.0, 1.0],
+            "p_value": [0.5, 0.5],
+            "floor": [0.05, 0.05],
+            "floor_source": ["repeats", "history (3 runs)"],
+            "note": ["", ""],
+        }
+    )
+    shown, footnotes = terminal_table(Comparison(table, "repeats", 0.0, 0).table)
+    assert "floor_source" in shown.splitlines()[0] and "note" not in shown and footnotes == []
 
 
 def test_runs_with_no_case_in_common_are_bad_input(cli, tmp_path):

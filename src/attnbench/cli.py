@@ -24,7 +24,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import pandas as pd
 import torch
 
 from attnbench.contenders import registry
@@ -455,7 +454,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from attnbench.reports.compare import Settings, compare_frames, load_for_compare, summary_line, write_compare
+    from attnbench.reports.compare import (
+        Settings,
+        compare_frames,
+        load_for_compare,
+        summary_line,
+        terminal_table,
+        write_compare,
+    )
     from attnbench.reports.out_folder import claim_report_folder
 
     if not 0 < args.threshold < 1:
@@ -473,12 +479,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = _out(args, "compare")
     claim_report_folder(out, "compare.html", ("compare.*",))
     table = comparison.table
-    extra = ["yardstick"] if "yardstick" in table else []
-    shown = table[["impl", "workload", "verdict", "ratio", "p_value", "floor", "floor_source", *extra, "note"]].copy()
-    shown["ratio"] = shown["ratio"].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
-    shown["p_value"] = shown["p_value"].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
-    shown["floor"] = shown["floor"].map(lambda v: "" if pd.isna(v) else f"{v:.1%}")
-    print(shown.to_string(index=False))
+    shown, footnotes = terminal_table(table)
+    print(shown)
+    for footnote in footnotes:
+        print(footnote)
     print(summary_line(comparison, settings))
     for note in comparison.notes:
         print(f"note: {note}")
