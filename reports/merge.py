@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import UsageError
-from attnbench.reports.frames import CASE_KEY, all_parts, load_runs, workload_label
+from attnbench.reports.frames import CASE_KEY, Run, all_parts, load_runs, machine_label, workload_label
 from attnbench.runner.results import write_frame, write_text
 
 
@@ -100,13 +100,43 @@ def missing_shards(metas: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def contender_differences(runs: list[Run]) -> list[str]:
+    """A line per sharded sweep whose shards hold different contenders: ``--impl available`` or ``all`` (or an
+    installed plugin) resolves on each machine, so a contender one machine lacks is timed on the other shards'
+    workloads alone, and the merged report ranks it on those alone. Shards that hold no row are left out."""
+    sweeps: dict[tuple[str, str, int], list[tuple[int, str, set[str]]]] = {}
+    for run in runs:
+        key = _sweep_key(run.meta)
+        if key is not None and len(run.frame) and "impl" in run.frame:
+            machine = machine_label(run.meta.get("environment") or {})
+            sweeps.setdefault(key, []).append((_shard_index(run.meta), machine, set(run.frame["impl"].astype(str))))
+    lines = []
+    for (suite, _, count), shards in sweeps.items():
+        everywhere = set.intersection(*(impls for _, _, impls in shards))
+        uneven = sorted(set.union(*(impls for _, _, impls in shards)) - everywhere)
+        if not uneven:
+            continue
+        said = []
+        for impl in uneven:
+            lacking = [f"{index} ({machine})" for index, machine, impls in sorted(shards) if impl not in impls]
+            said.append(f"{impl} not in shard(s) {', '.join(lacking)}")
+        lines.append(
+            f"the shards of suite {suite} (split into {count}) hold different contenders — {'; '.join(said)}: the "
+            "contenders were resolved on each machine (--impl available or all, or a plugin installed on some), so "
+            "those are ranked on the other shards' workloads alone; give every shard one --impl list to compare them "
+            "on all"
+        )
+    return lines
+
+
 def _where(path: Path) -> str:
     """A run's path as merged_from keeps it: absolute where it exists (the merged folder may be read elsewhere)."""
     return str(path.resolve()) if path.exists() else str(path)
 
 
 def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataFrame, list[str]]:
-    """The runs' rows in one run folder at ``out_dir``; the frame, and warnings (shards missing)."""
+    """The runs' rows in one run folder at ``out_dir``; the frame, and warnings (shards missing, shards that hold
+    different contenders)."""
     frame, runs = load_runs(paths)
     runs = all_parts(runs)  # a merged folder given here is the runs it was made of
     check_shard_plans([run.name for run in runs], [run.meta for run in runs])
@@ -128,4 +158,4 @@ def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataF
         "merged_from": [{"run": run.name, "path": _where(run.path), "meta": run.meta} for run in runs],
     }
     write_text(out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
-    return frame, missing_shards([run.meta for run in runs])
+    return frame, [*missing_shards([run.meta for run in runs]), *contender_differences(runs)]
