@@ -80,35 +80,57 @@ def status_counts(frame: pd.DataFrame) -> str:
 
 
 _PERCENT = re.compile(r"\d+(?:\.\d+)?%")
+# Any number standing alone ("in 11 of 35 rounds (median 515)", "48%"), not one inside a word (D64, fp8, sm_90).
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?%?(?![\w])")
 _REPEAT = re.compile(r"^repeat (\d+) of (\d+): ")  # a --repeat run's row: which repeat stalled or failed
+
+
+def _numbers_of(status: str) -> re.Pattern[str]:
+    """The numbers a status' reasons are merged over: a case's failure (:data:`CASE_FAILURES`) keeps its own
+    figures (its line names the case), so only its percentages; any other status — a stall's rounds, medians and
+    shares — every number."""
+    return _PERCENT if status in CASE_FAILURES else _NUMBER
+
+
+def _range(values: list[str]) -> str:
+    suffix = "%" if values[0].endswith("%") else ""
+    numbers = [float(value.rstrip("%")) for value in values]
+    low, high = min(numbers), max(numbers)
+    return f"{low:g}{suffix}" if low == high else f"{low:g}–{high:g}{suffix}"
 
 
 def merged_reasons(rows: pd.DataFrame) -> pd.Series:
     """Each row's reason on one line (a run before reasons were made one line kept its line breaks), with its
-    percentages replaced by their range, and a ``--repeat`` run's "repeat N of M" by the repeats, over the same
-    contender's and status' reasons that differ only there: a contender's stalled rows read "waited for a core
-    48–50% of their time" once, "repeats 1, 2 of 3: …" once, not a line per percentage or repeat."""
+    numbers replaced by their range (a failure's: its percentages only, :func:`_numbers_of`), and a ``--repeat``
+    run's "repeat N of M" by the repeats, over the same contender's and status' reasons that differ only there: a
+    contender's stalled rows read "waited for a core 48–50% of their time" once, "in 11–26 of 35–73 rounds" once,
+    "repeats 1, 2 of 3: …" once, not a line per figure or repeat."""
     flat = rows["reason"].fillna("").astype(str).map(lambda text: " ".join(text.split()))
-    shapes = flat.map(lambda text: _PERCENT.sub("%", _REPEAT.sub(r"repeat # of \2: ", text)))
+    numbers = rows["status"].astype(str).map(_numbers_of)
+    shapes = pd.Series(
+        [
+            pattern.sub(lambda m: "#%" if m.group().endswith("%") else "#", _REPEAT.sub(r"repeat # of \2: ", text))
+            for text, pattern in zip(flat, numbers, strict=True)
+        ],
+        index=flat.index,
+    )
     merged = flat.copy()
-    for _, same in flat.groupby([rows["impl"], rows["status"], shapes], sort=False):
+    for (_, status, _), same in flat.groupby([rows["impl"], rows["status"], shapes], sort=False):
         if len(set(same)) == 1:
             continue
+        pattern = _numbers_of(str(status))
         repeats = sorted({int(match.group(1)) for text in same if (match := _REPEAT.match(text))})
         bodies = [_REPEAT.sub("", text) for text in same]
-        percents = [[float(p[:-1]) for p in _PERCENT.findall(text)] for text in bodies]
-        if len({len(f) for f in percents}) != 1:
+        found = [pattern.findall(text) for text in bodies]
+        if len({len(f) for f in found}) != 1:
             continue
-        ranges = [
-            f"{min(slot):g}%" if min(slot) == max(slot) else f"{min(slot):g}–{max(slot):g}%"
-            for slot in zip(*percents, strict=True)
-        ]
-        parts = _PERCENT.split(bodies[0])  # the text around the percentages, one more part than them
+        ranges = [_range(list(slot)) for slot in zip(*found, strict=True)]
+        parts = pattern.split(bodies[0])  # the text around the numbers, one more part than them
         body = "".join(part + value for part, value in zip(parts, [*ranges, ""], strict=True))
         first = _REPEAT.match(same.iloc[0])
         if first is not None:
-            numbers = ", ".join(map(str, repeats))
-            body = f"repeat{'s' if len(repeats) > 1 else ''} {numbers} of {first.group(2)}: {body}"
+            numbers_said = ", ".join(map(str, repeats))
+            body = f"repeat{'s' if len(repeats) > 1 else ''} {numbers_said} of {first.group(2)}: {body}"
         merged[same.index] = body
     return merged
 
@@ -118,12 +140,17 @@ SHOWN_CASES = 3  # a failure shared by more cases names this many, then counts t
 
 
 def non_ok_reasons(frame: pd.DataFrame) -> str:
-    """One line per distinct (contender, status, reason) that is not ok (see :func:`merged_reasons`). A case's
+    """One line per distinct (contender, status, reason) that is not ok (see :func:`merged_reasons`), a
+    contender's lines together. A case's
     failure (:data:`CASE_FAILURES`) names its case as the table above labels it (``bmm cpu float32 B2 H8/2 S128
     D64 padding fwd: incorrect — …``), or the cases that share it (``bmm (2 cases: …; …): error — …``): a
     contender that fails only its GQA or padded workloads says which."""
     bad = frame[frame["status"] != "ok"]
     bad = bad.assign(reason=merged_reasons(bad))
+    # a contender's lines together, in the order its first row came (a sweep's stalls of one contender, several
+    # reasons, were spread through the list between other contenders')
+    order = {impl: k for k, impl in enumerate(dict.fromkeys(bad["impl"]))}
+    bad = bad.iloc[sorted(range(len(bad)), key=lambda k: order[bad["impl"].iloc[k]])]
     lines = []
     for (impl, status, reason), rows in bad.groupby(["impl", "status", "reason"], sort=False):
         if status not in CASE_FAILURES:

@@ -98,3 +98,29 @@ def test_an_interrupt_before_the_first_case_is_one_line(cli, monkeypatch, tmp_pa
         f"attnbench: interrupted; finished rows are saved; continue with: attnbench run --resume {tmp_path / 'done'}\n"
     )
     assert (code, err) == (130, expected)
+
+
+def test_a_contenders_stall_reasons_merge_over_every_number_and_stay_together():
+    """A busy machine's quick run listed einsum's stalls three times and sdpa_flash's four, between other
+    contenders' lines: reasons that differ in their rounds and medians ("in 11 of 35 rounds (median 515)") did not
+    merge, percentages alone did. Now a stall's numbers become ranges, a failure keeps its own figures, and a
+    contender's lines sit together."""
+    from attnbench.reports.summary import non_ok_reasons
+
+    below = "its FMA yardstick ran below 50% of its quiet 534 GFLOP/s in {} of {} rounds (median {}); not ranked"
+    waited = "its threads waited for a core {}% of their time; not ranked"
+    rows = [
+        make_row("einsum", CASES[0], "stalled", below.format(11, 35, 515), median_ms=1.0),
+        make_row("bmm", CASES[0], "stalled", waited.format(50), median_ms=1.0),
+        make_row("einsum", CASES[1], "stalled", below.format(15, 40, 501), median_ms=1.0),
+        make_row("bmm", CASES[1], "error", "max_abs_err 0.5 over 0.01"),
+        make_row("einsum", CASES[1], "stalled", waited.format(68), median_ms=1.0),
+        make_row("bmm", CASES[0], "error", "max_abs_err 0.7 over 0.01"),
+    ]
+    assert non_ok_reasons(rows_to_frame(rows)).splitlines() == [
+        f"  einsum: stalled — {below.format('11–15', '35–40', '501–515')}",
+        f"  einsum: stalled — {waited.format(68)}",
+        f"  bmm: stalled — {waited.format(50)}",
+        "  bmm cpu float32 B1 H2 S64 D16 none fwd: error — max_abs_err 0.5 over 0.01",
+        "  bmm cpu float32 B1 H2 S32 D16 none fwd: error — max_abs_err 0.7 over 0.01",
+    ]
