@@ -3,7 +3,8 @@ core, the core never imports it).
 
 Loading and the page: ``frames`` loads run folders and pytest-benchmark files into one pandas schema;
 ``summary`` prints the table at the end of a run, its ``fastest`` column (and the report's headline) from
-``ranking``, which names a winner only beyond the noise; ``plots`` draws the seaborn figures, laid out by ``facets``
+``ranking``, which names a winner only beyond the noise (a case in several runs of one machine ``pooled`` per
+contender first); ``plots`` draws the seaborn figures, laid out by ``facets``
 and ``figure_layout``; ``table`` is the report's table of every row; ``html`` writes the self-contained report
 page, and ``build`` ties loading, figures and page together for ``attnbench report`` (into a folder
 ``out_folder`` claims: new, empty or an earlier report's, cleared).

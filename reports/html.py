@@ -20,6 +20,7 @@ import pandas as pd
 import attnbench
 from attnbench.reports.frames import Run, labels, machine_label, workload_label
 from attnbench.reports.plots import speedup_table
+from attnbench.reports.pooled import RUNS, pool_runs
 from attnbench.reports.ranking import LEGEND, TIE, Ranking, fastest_rows, rank
 from attnbench.reports.summary import merged_reasons
 from attnbench.reports.table import results_table_html
@@ -27,7 +28,8 @@ from attnbench.runner._noise import above_roof
 from attnbench.workload.axes import features_asked
 
 CAPTIONS = {
-    "latency.png": "median time per call (log axis where times span 3× or more); one colour and marker per contender "
+    "latency.png": "median time per call (log axis where times span 3× or more; with several runs of one machine, the "
+    "median of a contender's processes in all of them, as in the headline); one colour and marker per contender "
     "throughout; contenders whose lines coincide are drawn nested, the first widest.",
     "tflops.png": "achieved TFLOP/s from the shared FLOP count; the solid line is the hardware roof (a CPU's FMA "
     "kernel, a GPU's datasheet), the dashed one torch's measured matmul, which a kernel may pass.",
@@ -35,7 +37,7 @@ CAPTIONS = {
     "that need the same are drawn nested, the first widest.",
     "speedup.png": "baseline median / contender median per workload; green is faster than the baseline. The baseline "
     "is --baseline where it ran, else each row's fastest torch contender (named in the row); with several runs of "
-    "one machine each contender counts its fastest, as the headline ranks them.",
+    "one machine each contender counts the median of its processes in all of them, as the headline ranks them.",
     "roofline.png": "achieved TFLOP/s against arithmetic intensity: the solid line is the hardware roof (own FMA "
     "and bandwidth kernels — the higher of a read stream and STREAM's triad, as the ceilings table below says — or the "
     "GPU's datasheet), the dashed one torch's matmul and copy rates.",
@@ -71,22 +73,24 @@ def _fmt(value: Any) -> str:
 
 def _headline(frame: pd.DataFrame, baseline: str | None) -> list[dict[str, Any]]:
     """A row per (machine, workload) with an ok or a stalled row: the fastest of its ok rows, as the run's summary
-    ranks them — a stalled row is not ranked, so where one stalled the row says how many (the fastest is then only
-    the fastest of those that ran clean) and a workload whose every row stalled has no fastest."""
+    ranks them — a case in several runs of one machine pooled per contender (``pooled.py``), as the figures draw
+    it. A stalled row is not ranked, so where a contender only stalled the row says how many (the fastest is then
+    only the fastest of those that ran clean) and a workload whose every contender only stalled has no fastest."""
     ranked = frame[frame["status"].isin(["ok", "stalled"])]
     if ranked.empty:
         return []
     ranked = ranked.assign(workload=labels(ranked))
-    ok = ranked[ranked["status"] == "ok"]
+    ok = pool_runs(ranked[ranked["status"] == "ok"])
     speedups, bases = speedup_table(ok, baseline) if not ok.empty else (pd.DataFrame(), pd.Series(dtype=str))
     rows: list[dict[str, Any]] = []
     for (machine, workload), both in ranked.groupby(["machine", "workload"], sort=False):
-        group, stalled = both[both["status"] == "ok"], int((both["status"] == "stalled").sum())
+        group = ok[(ok["machine"] == machine) & (ok["workload"] == workload)]
+        stalled = len(set(both.loc[both["status"] == "stalled", "impl"]) - set(group["impl"]))
         if group.empty:
             blank = dict.fromkeys(("fastest", "median", "tflops", "runner_up", "margin", "baseline", "speedup"), "")
             rows.append(
                 {"machine": machine, "workload": workload, **blank, "within_noise": False, "over_roof": False}
-                | {"stalled": stalled}
+                | {"stalled": stalled, "runs": 0}
             )
             continue
         ranking = rank(group)
@@ -107,6 +111,7 @@ def _headline(frame: pd.DataFrame, baseline: str | None) -> list[dict[str, Any]]
                 "baseline": bases.get(key, ""),
                 "speedup": "" if speed is None else f"{speed:.2f}×",
                 "stalled": stalled,
+                "runs": int(group[RUNS].max()),
             }
         )
     return rows

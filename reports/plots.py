@@ -24,6 +24,7 @@ from attnbench.contenders.registry import declared_names
 from attnbench.reports.facets import AXIS_LABELS, Facet, facets
 from attnbench.reports.figure_layout import DPI, TITLE_SIZE, finish, legend_right, panel_grid, plain, value_axis
 from attnbench.reports.frames import group_label, labels, phase_of
+from attnbench.reports.pooled import pool_runs
 from attnbench.runner._noise import read_from_cache
 
 TORCH_CONTENDERS = {
@@ -90,8 +91,9 @@ def _nesting(rows: pd.DataFrame, x: str, y: str, order: list[str]) -> dict[str, 
 
 
 def plottable(frame: pd.DataFrame) -> pd.DataFrame:
-    """ok rows (incorrect ones never rank or plot) with a facet label per workload group and machine."""
-    ok = frame[frame["status"] == "ok"].copy()
+    """ok rows (incorrect ones never rank or plot), a case in several runs of one machine pooled (``pooled.py``: the
+    headline's figure), with a facet label per workload group and machine."""
+    ok = pool_runs(frame[frame["status"] == "ok"])
     if ok.empty:
         return ok
     ok["group"] = [group_label(r) for r in ok.to_dict("records")]
@@ -212,6 +214,7 @@ def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any], xlabel
             marker=shapes[impl],
             markersize=6 + 4 * depth,
             linewidth=1.5 + 2.5 * depth,
+            errorbar=None,  # one row per contender and size (pooled): no band of seaborn's that no caption explains
             ax=axis,
             legend=False,
         )
@@ -310,9 +313,9 @@ def memory(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
 def speedup_table(ok: pd.DataFrame, baseline: str | None) -> tuple[pd.DataFrame, pd.Series]:
     """Speedup of each contender over the baseline per workload (baseline median / contender median).
 
-    The baseline is ``baseline`` where it ran, else the fastest correct torch contender of the workload. A
-    contender with rows from several runs of one machine counts its fastest, as the headline ranks it
-    (``ranking.fastest_rows``), so the baseline's own cell is 1× and a speedup matches its margin."""
+    The baseline is ``baseline`` where it ran, else the fastest correct torch contender of the workload. ``ok`` has
+    each contender once per case (``plottable``, ``pooled.py``: several runs of one machine pooled, as the headline
+    ranks them), so the baseline's own cell is 1× and a speedup matches its margin."""
     ok = ok.assign(workload=labels(ok))
     if ok["machine"].nunique() > 1:
         ok["workload"] = ok["machine"] + " · " + ok["workload"]

@@ -19,7 +19,9 @@ winner there claims more than was measured, so the ranking says when the runner-
 Otherwise both are named: ``fused_cpu ≈ sdpa_flash`` — and every other contender within the noise of the
 fastest too (a third with wide intervals can be, where the runner-up is not). Neither rule needs the rows'
 samples to be paired, so rows of different runs rank the same way; a contender in a case twice (two runs
-of one machine) ranks by its faster row. Only ``ok`` rows rank (see ``summary.py``).
+of one machine) comes pooled into one row (``pooled.py``: its process medians from every run, so the repeats rule
+decides), and :func:`fastest_rows` keeps a contender's faster row only where a caller did not pool. Only ``ok``
+rows rank (see ``summary.py``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import itertools
 import re
 import warnings
 
+import matplotlib
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
@@ -354,21 +355,40 @@ def test_a_roof_torch_cannot_measure_is_named_not_drawn_at_zero():
     plt.close(figure)
 
 
-def test_speedups_over_two_runs_count_each_contenders_fastest_as_the_headline_does():
-    """Two runs of one machine: the baseline's own cell is exactly 1×, and a contender's speedup is the baseline's
-    fastest median over its own fastest (once the baseline's from one run and the contender's from the other)."""
+def test_two_runs_of_one_machine_are_drawn_as_their_pooled_median_as_the_headline_ranks_them():
+    """Two runs of one machine: the latency line was seaborn's mean of both runs with an unexplained band, the one-size
+    panels a point per run, while the headline and the speedup map took each contender's faster run. Now each
+    contender and case is one point, the median of its processes in both runs (a ``--repeat`` row's each count), so
+    the baseline's own cell is exactly 1× and every figure shows the headline's number."""
     from attnbench.reports.plots import speedup_table
 
-    first = fabricate(impls=("bmm", "sdpa_flash"), seq_q=[256]).assign(run="a")
-    second = first.assign(run="b", median_ms=first["median_ms"] * [0.8, 1.3])  # bmm faster, sdpa_flash slower in b
-    table, bases = speedup_table(plottable(pd.concat([first, second], ignore_index=True)), "sdpa_flash")
-    (workload,) = table.columns
-    assert bases[workload] == "sdpa_flash" and table.loc["sdpa_flash", workload] == pytest.approx(1.0)
-    fastest = {
-        impl: min(first.loc[first.impl == impl, "median_ms"].min(), second.loc[second.impl == impl, "median_ms"].min())
-        for impl in ("bmm", "sdpa_flash")
+    first = fabricate(impls=("bmm", "sdpa_flash"), seq_q=[256, 512]).assign(run="a")
+    second = first.assign(run="b", median_ms=first["median_ms"] * [0.8, 0.8, 1.3, 1.3])  # bmm faster in b, flash slower
+    second.loc[second.impl == "sdpa_flash", "repeat_medians_ms"] = pd.Series(
+        [[m, m] for m in second.loc[second.impl == "sdpa_flash", "median_ms"]],
+        index=second.index[second.impl == "sdpa_flash"],
+        dtype=object,
+    )  # a --repeat 2 run: two processes, both 1.3× run a's
+    ok = plottable(pd.concat([first, second], ignore_index=True))
+    assert len(ok) == len(first) and set(ok["runs"]) == {2}
+    pooled = {"bmm": 0.9, "sdpa_flash": 1.3}  # median of (1, 0.8); of (1, 1.3, 1.3)
+    figure = latency(ok, palette(sorted(set(ok["impl"]))))
+    (axis,) = [a for a in figure.axes if a.get_visible()]
+    drawn = {
+        matplotlib.colors.to_hex(line.get_color()): list(line.get_ydata())
+        for line in axis.get_lines()
+        if len(line.get_xdata())
     }
-    assert table.loc["bmm", workload] == pytest.approx(fastest["sdpa_flash"] / fastest["bmm"])
+    colours = palette(["bmm", "sdpa_flash"])
+    for impl, factor in pooled.items():
+        own = first.loc[first.impl == impl, "median_ms"].to_list()
+        assert drawn[matplotlib.colors.to_hex(colours[impl])] == pytest.approx([m * factor for m in own]), impl
+    assert not [c for c in axis.collections if "FillBetween" in type(c).__name__]  # no unexplained band
+    plt.close(figure)
+    table, bases = speedup_table(ok, "sdpa_flash")
+    workload = table.columns[0]
+    assert bases[workload] == "sdpa_flash" and table.loc["sdpa_flash", workload] == pytest.approx(1.0)
+    assert table.loc["bmm", workload] == pytest.approx(2 * 1.3 / 0.9)  # fabricate: sdpa_flash's own time is 2× bmm's
 
 
 def test_contenders_of_equal_values_are_drawn_nested_each_with_its_own_marker():

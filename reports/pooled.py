@@ -1,0 +1,78 @@
+"""Several runs of one machine in one report: each contender's rows of a case pooled into one row.
+
+`attnbench report RUN RUN …` takes any runs; two of one machine hold each case twice. Ranking by a contender's
+faster row (as the headline once did) is best-of-N: a contender in more runs, or a noisier one, wins more often,
+and the headline's median is one run's while the figures drew the mean of both (seaborn's default) with an
+unlabelled band. Pooled, every number of the page — the headline's median, its margin and noise test, the
+speedup map and every figure — is one figure per contender and case: the median over its processes in every run
+(each run's, or each ``--repeat`` process' median), as ``--repeat`` pools a run's processes
+(``attnbench.runner._repeats``). Between-run variation then decides a lead, as the README's measurements say it
+must (``ranking.beyond_noise``: each of the fastest's process medians below each of the runner-up's).
+
+Only ``ok`` rows are pooled (a stalled or incorrect row never ranks). A case in one run only is that run's row.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import pandas as pd
+
+from attnbench.reports.frames import CASE_KEY
+from attnbench.runner._repeats import RATE_COLUMNS
+
+RUNS = "runs"  # the column saying how many runs' rows a pooled row stands for
+
+
+def _listed(value: Any) -> list[float]:
+    """A list column's value (``samples_ms``, ``repeat_medians_ms``) as floats; [] where empty (None or NaN)."""
+    if value is None or isinstance(value, float):
+        return []
+    return [float(v) for v in value]
+
+
+def _medians(row: dict[str, Any]) -> list[float]:
+    """A row's process medians: its ``--repeat`` processes', else its own median."""
+    return _listed(row.get("repeat_medians_ms")) or [float(row["median_ms"])]
+
+
+def _pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    medians = [m for row in rows for m in _medians(row)]
+    median = statistics.median(medians)
+    middle = min(rows, key=lambda row: abs(float(row["median_ms"]) - median))
+    pooled = dict(middle)
+    samples = [s for row in rows for s in _listed(row.get("samples_ms"))]
+    pooled.update(
+        median_ms=median,
+        repeat_medians_ms=medians,
+        samples_ms=samples or None,
+        run=", ".join(dict.fromkeys(str(row.get("run")) for row in rows)),
+        **{RUNS: len(rows)},
+    )
+    scale = float(middle["median_ms"]) / median
+    for column in RATE_COLUMNS:
+        if pooled.get(column) is not None and pooled[column] == pooled[column]:
+            pooled[column] = float(pooled[column]) * scale
+    for column in ("peak_mem_mb", "max_abs_err"):
+        values = [float(row[column]) for row in rows if row.get(column) is not None and row[column] == row[column]]
+        if values:
+            pooled[column] = max(values)
+    return pooled
+
+
+def pool_runs(ok: pd.DataFrame) -> pd.DataFrame:
+    """``ok`` rows with each (machine, case, contender) once: a case in several runs pooled (the module's rule),
+    with ``runs`` the number of rows it stands for (1 where the case is in one run)."""
+    if ok.empty:
+        return ok.assign(**{RUNS: pd.Series(dtype="int64")})
+    key = [c for c in CASE_KEY if c in ok.columns]
+    group = ok.groupby(key, sort=False, dropna=False).ngroup()
+    if group.nunique() == len(ok):
+        return ok.assign(**{RUNS: 1})
+    cases: dict[int, list[dict[str, Any]]] = {}
+    records: list[dict[str, Any]] = ok.to_dict("records")  # type: ignore[assignment]
+    for number, row in zip(group, records, strict=True):
+        cases.setdefault(number, []).append(row)
+    rows = [_pool(members) if len(members) > 1 else {**members[0], RUNS: 1} for members in cases.values()]
+    return pd.DataFrame(rows, columns=[*ok.columns, RUNS])
