@@ -46,25 +46,33 @@ def _fixed_order(impls: list[str]) -> list[str]:
     return declared + sorted(set(impls) - set(declared))
 
 
-# After tab10's ten, ten of other hues and depths: tab20's light twins (lilac beside purple, pink beside red) made
-# the 11th to 17th contenders — sdpa_math, sdpa_flash, sdpa_cudnn, torch_mha — pairs of their rivals' colours.
+# After tab10's ten, ten more: each in turn the colour (of a 16-step RGB grid, CIELAB lightness 25–72, none of the
+# blue family bmm's and score_dot's hues hold: HSV hue 185–255) farthest by CIEDE2000, lightness counted half (thin
+# lines and small markers show hue more than lightness), from every colour before it; each is as far from every
+# other as tab10's own closest pair (red and brown). The earlier hand-picked ten put sdpa_cudnn's navy beside
+# torch_mha's indigo (CIEDE2000 7.9) and a darker twin of bmm's blue, both GPU peers in one figure.
 SECOND_TEN = (
-    "#ff00ff",  # fuchsia
-    "#000080",  # navy
-    "#b8860b",  # dark goldenrod
-    "#008080",  # teal
-    "#556b2f",  # dark olive green
-    "#4b0082",  # indigo
-    "#800000",  # maroon
-    "#00bfff",  # deep sky blue
-    "#9acd32",  # yellow green
-    "#d2691e",  # chocolate
+    "#444400",  # dark olive
+    "#005544",  # dark teal
+    "#771144",  # wine
+    "#bb9966",  # tan
+    "#4400ff",  # ultramarine violet
+    "#00bb99",  # turquoise
+    "#99aa88",  # sage
+    "#774400",  # umber
+    "#554455",  # aubergine grey
+    "#ff3377",  # rose
 )
 
 
+def colour_cycle() -> list[tuple[float, float, float]]:
+    """The twenty contender colours in the order they are given: tab10's, then ``SECOND_TEN``."""
+    return [*sns.color_palette("tab10", 10), *(matplotlib.colors.to_rgb(c) for c in SECOND_TEN)]
+
+
 def palette(impls: list[str]) -> dict[str, Any]:
-    """A fixed colour per contender (:func:`_fixed_order`): tab10's, then ``SECOND_TEN``."""
-    colours = [*sns.color_palette("tab10", 10), *(matplotlib.colors.to_rgb(c) for c in SECOND_TEN)]
+    """A fixed colour per contender (:func:`_fixed_order`): :func:`colour_cycle`'s, in turn."""
+    colours = colour_cycle()
     return {name: colours[i % len(colours)] for i, name in enumerate(_fixed_order(impls)) if name in impls}
 
 

@@ -3,16 +3,18 @@ key length, heads, head_dim, batch), and a group run at one size is a point per 
 x axis, not a lone dot on a size axis."""
 
 import itertools
+import math
 import re
 import warnings
 
 import matplotlib
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
 
 from attnbench.reports.facets import facets, x_axis
-from attnbench.reports.plots import Roofs, draw_all, latency, palette, plottable
+from attnbench.reports.plots import Roofs, colour_cycle, draw_all, latency, palette, plottable
 
 BASE = {
     "machine": "test cpu",
@@ -532,3 +534,60 @@ def test_a_reference_lines_label_moves_to_the_end_where_it_hides_no_point():
     assert roof.get_ha() == "right" and taken[0][0] > 0.5  # moved off the point at the left
     assert matmul.get_ha() == "left" or taken[1][2] >= taken[0][3] or taken[1][3] <= taken[0][2]
     plt.close(figure)
+
+
+def _lab(rgb):
+    """sRGB (0–1) to CIELAB (D65)."""
+    rgb = np.asarray(rgb, float)
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+    xyz = xyz / [0.95047, 1.0, 1.08883]
+    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def _ciede2000(first, second, k_l=2.0):
+    """CIEDE2000 between two sRGB colours (Sharma, Wu and Dalal's formulation), lightness weighted by 1/k_l."""
+    (l1, a1, b1), (l2, a2, b2) = _lab(first), _lab(second)
+    c_mean = (math.hypot(a1, b1) + math.hypot(a2, b2)) / 2
+    g = 0.5 * (1 - math.sqrt(c_mean**7 / (c_mean**7 + 25**7)))
+    a1, a2 = a1 * (1 + g), a2 * (1 + g)
+    c1, c2 = math.hypot(a1, b1), math.hypot(a2, b2)
+    h1, h2 = math.degrees(math.atan2(b1, a1)) % 360, math.degrees(math.atan2(b2, a2)) % 360
+    dh = 0.0 if c1 * c2 == 0 else (h2 - h1 + 180) % 360 - 180
+    d_hue = 2 * math.sqrt(c1 * c2) * math.sin(math.radians(dh / 2))
+    l_mean, c_mean = (l1 + l2) / 2, (c1 + c2) / 2
+    h_mean = h1 + h2 if c1 * c2 == 0 else ((h1 + h2) / 2 + (180 if abs(h1 - h2) > 180 else 0)) % 360
+    t = (
+        1
+        - 0.17 * math.cos(math.radians(h_mean - 30))
+        + 0.24 * math.cos(math.radians(2 * h_mean))
+        + 0.32 * math.cos(math.radians(3 * h_mean + 6))
+        - 0.20 * math.cos(math.radians(4 * h_mean - 63))
+    )
+    s_l = 1 + 0.015 * (l_mean - 50) ** 2 / math.sqrt(20 + (l_mean - 50) ** 2)
+    s_c, s_h = 1 + 0.045 * c_mean, 1 + 0.015 * c_mean * t
+    r_t = (
+        -math.sin(math.radians(60 * math.exp(-(((h_mean - 275) / 25) ** 2))))
+        * 2
+        * math.sqrt(c_mean**7 / (c_mean**7 + 25**7))
+    )
+    dl, dc, dh_ = (l2 - l1) / (k_l * s_l), (c2 - c1) / s_c, d_hue / s_h
+    return math.sqrt(dl**2 + dc**2 + dh_**2 + r_t * dc * dh_)
+
+
+def test_every_two_contenders_colours_differ_as_much_as_tab10s_closest_pair():
+    """sdpa_cudnn (navy) and torch_mha (indigo) — GPU peers drawn in one figure — were 7.9 apart (CIEDE2000),
+    and navy read as a darker twin of bmm's blue. Every pair of the twenty colours is now at least as far apart as
+    tab10's own closest pair (red and brown), and no colour after tab10's ten is another blue."""
+    import colorsys
+
+    colours = colour_cycle()
+    tab10 = colours[:10]
+    closest_tab10 = min(_ciede2000(a, b) for a, b in itertools.combinations(tab10, 2))
+    pairs = {(i, j): _ciede2000(colours[i], colours[j]) for i, j in itertools.combinations(range(20), 2)}
+    close = {pair: round(d, 1) for pair, d in pairs.items() if d < closest_tab10 - 1e-9}
+    assert not close, (closest_tab10, close)
+    for colour in colours[10:]:
+        hue, saturation, _ = colorsys.rgb_to_hsv(*colour)
+        assert not (saturation > 0.25 and 185 <= hue * 360 <= 255), matplotlib.colors.to_hex(colour)
