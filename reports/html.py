@@ -87,7 +87,9 @@ def _headline(frame: pd.DataFrame, baseline: str | None) -> list[dict[str, Any]]
         group = ok[(ok["machine"] == machine) & (ok["workload"] == workload)]
         stalled = len(set(both.loc[both["status"] == "stalled", "impl"]) - set(group["impl"]))
         if group.empty:
-            blank = dict.fromkeys(("fastest", "median", "tflops", "runner_up", "margin", "baseline", "speedup"), "")
+            blank = dict.fromkeys(
+                ("fastest", "median", "tflops", "gbps", "runner_up", "margin", "baseline", "speedup"), ""
+            )
             rows.append(
                 {"machine": machine, "workload": workload, **blank, "within_noise": False, "over_roof": False}
                 | {"stalled": stalled, "runs": 0}
@@ -104,6 +106,7 @@ def _headline(frame: pd.DataFrame, baseline: str | None) -> list[dict[str, Any]]
                 "fastest": ranking.label(),
                 "median": _fmt(best["median_ms"]),
                 "tflops": _fmt(best["tflops"]),
+                "gbps": _fmt(best.get("gbps")),  # a decode step's figure: it is bound by the bytes it reads
                 "runner_up": ranking.runner_up or "",
                 "margin": _margin(ranking),
                 "within_noise": not ranking.clear,

@@ -145,6 +145,14 @@ def test_report_headline_marks_a_lead_within_noise():
     assert clear["margin"] == "2.00×" and not clear["within_noise"]
 
 
+def test_the_headline_gives_the_fastest_s_bandwidth_beside_its_flops():
+    """A decode step is bound by the bytes it reads: its TFLOP/s (0.06 on a CPU) says nothing of how near the roof
+    it ran. The headline gave TFLOP/s alone; it now gives the fastest's GB/s too, as the decode figure draws it."""
+    frame = rows_to_frame([_row("a", 1.0, gbps=31.5, tflops=0.06), _row("b", 2.0, gbps=15.7, tflops=0.03)])
+    (row,) = _headline(frame.assign(machine="m", run="r"), None)
+    assert (row["fastest"], row["tflops"], row["gbps"]) == ("a", "0.06", "31.5")
+
+
 def test_rows_read_back_from_a_run_folder_rank_alike(tmp_path):
     frame = rows_to_frame([_row("a", 1.0), _row("b", 2.0, 0.3), _row("c", 2.05, 0.3)])
     frame.to_parquet(tmp_path / "results.parquet")
