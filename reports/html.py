@@ -37,7 +37,9 @@ CAPTIONS = {
     "that need the same are drawn nested, the first widest.",
     "speedup.png": "baseline median / contender median per workload; green is faster than the baseline. The baseline "
     "is --baseline where it ran, else each row's fastest torch contender (named in the row); with several runs of "
-    "one machine each contender counts the median of its processes in all of them, as the headline ranks them.",
+    "one machine each contender counts the median of its processes in all of them, as the headline ranks them. A "
+    "blank cell: that contender has no ok row there (the status table says why); a workload with no ok baseline "
+    "(no torch contender ran ok, nor --baseline) has no row.",
     "roofline.png": "achieved TFLOP/s against arithmetic intensity: the solid line is the hardware roof (own FMA "
     "and bandwidth kernels — the higher of a read stream and STREAM's triad, as the ceilings table below says — or the "
     "GPU's datasheet), the dashed one torch's matmul and copy rates.",
@@ -118,6 +120,17 @@ def _headline(frame: pd.DataFrame, baseline: str | None) -> list[dict[str, Any]]
             }
         )
     return rows
+
+
+def _undrawn_machines(frame: pd.DataFrame) -> dict[str, list[str]]:
+    """Where the report holds several machines but only some have an ok row: those drawn and those not. The
+    figures name a panel's machine only where they draw more than one, so a report of a ×2-thread run that all
+    stalled beside a ×1-thread one drew the ×1 run's panels without saying whose they were."""
+    machines = list(dict.fromkeys(frame["machine"]))
+    drawn = list(dict.fromkeys(frame.loc[frame["status"] == "ok", "machine"]))
+    if len(machines) < 2 or not drawn or len(drawn) == len(machines):
+        return {}
+    return {"drawn": drawn, "not_drawn": [m for m in machines if m not in drawn]}
 
 
 def _margin(ranking: Ranking) -> str:
@@ -249,6 +262,7 @@ def write_report(
         generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         headline=_headline(frame, baseline),
         undrawn=int((frame["status"] == "stalled").sum()),
+        undrawn_machines=_undrawn_machines(frame),
         tie_legend=LEGEND,
         figures=[
             {

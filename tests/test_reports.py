@@ -402,3 +402,22 @@ def test_a_case_in_two_runs_of_one_machine_is_ranked_on_its_pooled_median_not_it
     assert headline["fastest"] == "einsum ≈ bmm" and headline["within_noise"], headline
     assert headline["median"] == "1.5" and headline["margin"].startswith("1.33×"), headline
     assert headline["stalled"] == 1 and headline["runs"] == 2, headline  # flex only: naive ran ok in run b
+
+
+def test_the_page_says_which_machines_the_figures_leave_out_and_what_a_blank_speedup_cell_means(tmp_path):
+    """A ×2-thread run whose every case stalled beside a ×1-thread run: the figures drew the ×1 run's panels, titled
+    without a machine (they name one only where they draw several), so nothing said whose they were."""
+    from attnbench.reports.html import CAPTIONS, write_report
+    from attnbench.runner.results import make_row, rows_to_frame
+
+    shape = attnbench.Workload(1, 2, 2, 64, 64, 16)
+    rows = [
+        make_row("bmm", shape, "ok", median_ms=1.0) | {"machine": "cpu ×1 threads @ vm"},
+        make_row("bmm", shape, "stalled", "the machine stalled", median_ms=2.0) | {"machine": "cpu ×2 threads @ vm"},
+    ]
+    frame = rows_to_frame(rows).assign(machine=[r["machine"] for r in rows], run=["one", "two"])
+    page = write_report(frame, [], [], tmp_path, None, "attnbench report one two").read_text()
+    assert "The figures show cpu ×1 threads @ vm\nonly: no row of cpu ×2 threads @ vm ran ok." in page
+    alone = write_report(frame.iloc[:1], [], [], tmp_path, None, "attnbench report one").read_text()
+    assert 'id="undrawn-machines"' not in alone
+    assert "A blank cell: that contender has no ok row there" in CAPTIONS["speedup.png"]
