@@ -73,12 +73,16 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+NOT_RANKED = ("stalled", "incorrect")  # timed, never ranked: the headline says how many contenders of a row were
+
+
 def _headline(frame: pd.DataFrame, baseline: str | None) -> list[dict[str, Any]]:
-    """A row per (machine, workload) with an ok or a stalled row: the fastest of its ok rows, as the run's summary
-    ranks them — a case in several runs of one machine pooled per contender (``pooled.py``), as the figures draw
-    it. A stalled row is not ranked, so where a contender only stalled the row says how many (the fastest is then
-    only the fastest of those that ran clean) and a workload whose every contender only stalled has no fastest."""
-    ranked = frame[frame["status"].isin(["ok", "stalled"])]
+    """A row per (machine, workload) with an ok, stalled or incorrect row: the fastest of its ok rows, as the run's
+    summary ranks them — a case in several runs of one machine pooled per contender (``pooled.py``), as the figures draw
+    it. A stalled or incorrect row is not ranked, so where a contender only stalled or was incorrect the row says how
+    many (after a stall the fastest is only the fastest of those that ran clean; an incorrect one may have been
+    faster, wrongly) and a workload with no ok row has no fastest."""
+    ranked = frame[frame["status"].isin(["ok", *NOT_RANKED])]
     if ranked.empty:
         return []
     ranked = ranked.assign(workload=labels(ranked))
@@ -87,14 +91,18 @@ def _headline(frame: pd.DataFrame, baseline: str | None) -> list[dict[str, Any]]
     rows: list[dict[str, Any]] = []
     for (machine, workload), both in ranked.groupby(["machine", "workload"], sort=False):
         group = ok[(ok["machine"] == machine) & (ok["workload"] == workload)]
-        stalled = len(set(both.loc[both["status"] == "stalled", "impl"]) - set(group["impl"]))
+        left_out = {
+            status: len(set(both.loc[both["status"] == status, "impl"]) - set(group["impl"])) for status in NOT_RANKED
+        }
+        stalled, not_ranked = left_out["stalled"], ", ".join(f"{n} {status}" for status, n in left_out.items() if n)
         if group.empty:
             blank = dict.fromkeys(
                 ("fastest", "median", "tflops", "gbps", "runner_up", "margin", "baseline", "speedup"), ""
             )
+            everyone = f"all {stalled} stalled" if not left_out["incorrect"] else not_ranked
             rows.append(
                 {"machine": machine, "workload": workload, **blank, "within_noise": False, "over_roof": False}
-                | {"stalled": stalled, "runs": 0}
+                | {"stalled": stalled, "not_ranked": f"no ranked contender: {everyone}", "runs": 0}
             )
             continue
         ranking = rank(group)
@@ -116,6 +124,7 @@ def _headline(frame: pd.DataFrame, baseline: str | None) -> list[dict[str, Any]]
                 "baseline": bases.get(key, ""),
                 "speedup": "" if speed is None else f"{speed:.2f}×",
                 "stalled": stalled,
+                "not_ranked": f"({not_ranked}, not ranked)" if not_ranked else "",
                 "runs": int(group[RUNS].max()),
             }
         )

@@ -128,6 +128,23 @@ def test_the_report_headline_says_where_rows_stalled_and_names_no_fastest_where_
     assert (second["fastest"], second["stalled"], second["median"]) == ("", 1, "")
 
 
+def test_the_report_headline_says_where_a_contender_was_incorrect_and_names_no_fastest_where_all_were(tmp_path):
+    """An incorrect row is timed and never ranked: the headline named the slower correct contender fastest without a
+    word of the faster wrong one (stalled rows were counted), and left out a workload whose every row was wrong."""
+    from attnbench.reports.html import write_report
+
+    wrong = make_row("b", WORKLOAD, "incorrect", "max_abs_err 0.3 over tolerance", median_ms=0.5, samples_ms=[0.5] * 9)
+    other = Workload(1, 2, 2, 128, 128, 16)
+    alone = make_row("a", other, "incorrect", "max_abs_err 0.2 over tolerance", median_ms=2.0, samples_ms=[2.0] * 9)
+    frame = rows_to_frame([_row("a", 1.0), wrong, alone]).assign(machine="m", run="r")
+    first, second = _headline(frame, None)
+    assert (first["fastest"], first["not_ranked"]) == ("a", "(1 incorrect, not ranked)")
+    assert (second["fastest"], second["not_ranked"]) == ("", "no ranked contender: 1 incorrect")
+    page = write_report(frame, [], [], tmp_path, None, "attnbench report r").read_text()
+    assert '<span class="warn">(1 incorrect, not ranked)</span>' in page
+    assert '<span class="warn">no ranked contender: 1 incorrect</span>' in page
+
+
 def test_a_fastest_above_the_hardware_roof_says_it_is_a_measurement_defect():
     table = summary_table(rows_to_frame([_row("a", 1.0, pct_of_peak=103.0), _row("b", 2.0, pct_of_peak=51.0)]))
     assert table.splitlines()[-1].endswith("a (above the hardware roof: a measurement defect, see the warning)")
