@@ -125,7 +125,7 @@ def _headline(frame: pd.DataFrame, baseline: str | None) -> list[dict[str, Any]]
                 "speedup": "" if speed is None else f"{speed:.2f}×",
                 "stalled": stalled,
                 "not_ranked": f"({not_ranked}, not ranked)" if not_ranked else "",
-                "runs": int(group[RUNS].max()),
+                "runs": int(best[RUNS]),  # the runs the fastest's median pools (pooled.py)
             }
         )
     return rows

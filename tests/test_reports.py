@@ -370,13 +370,13 @@ def test_the_accuracy_table_counts_stalled_rows_they_were_checked_too():
     assert table["einsum"]["worst"] == "7e-06", table["einsum"]  # the stalled rows' worst error is shown
 
 
-def test_a_case_in_two_runs_of_one_machine_is_ranked_on_its_pooled_median_not_its_best_run():
+def test_a_case_in_two_runs_of_one_machine_is_ranked_on_its_pooled_median_not_its_best_run(tmp_path):
     """Two runs of one machine: bmm was fast in one run only (1 ms, then 3 ms), einsum 1.5 ms in both. Its faster
     row made bmm the headline's fastest at 1 ms (best-of-two: a contender in more runs or a noisier one wins more
     often) while the latency figure drew the runs' mean. Pooled, each contender's median is that of its processes
     in both runs (bmm 2 ms), its runs' medians decide the lead (they interleave: within the noise), and a
     contender that stalled in one run but ran ok in the other is ranked, not counted as stalled."""
-    from attnbench.reports.html import _headline
+    from attnbench.reports.html import _headline, write_report
     from attnbench.runner.results import make_row, rows_to_frame
 
     shape = attnbench.Workload(1, 2, 2, 64, 64, 16)
@@ -402,6 +402,8 @@ def test_a_case_in_two_runs_of_one_machine_is_ranked_on_its_pooled_median_not_it
     assert headline["fastest"] == "einsum ≈ bmm" and headline["within_noise"], headline
     assert headline["median"] == "1.5" and headline["margin"].startswith("1.33×"), headline
     assert headline["stalled"] == 1 and headline["runs"] == 2, headline  # flex only: naive ran ok in run b
+    page = write_report(frame, [], [], tmp_path, None, "attnbench report a b").read_text()
+    assert '<td class="num">1.5 (2 runs)</td>' in page  # the pooled median says so in its cell
 
 
 def test_the_page_says_which_machines_the_figures_leave_out_and_what_a_blank_speedup_cell_means(tmp_path):
