@@ -108,6 +108,9 @@ def test_from_case_reruns_that_row_with_the_runs_settings(runs, tmp_path):
         ([], "--from RUN_DIR and --case N go together"),
         (["--case", "1", "--seq", "64"], "--from reruns one case of RUN_DIR with its settings; drop --seq"),
         (["--case", "1", "--suite", "quick", "--budget-s", "1"], "drop --suite, --budget-s"),
+        (["--case", "1", "--seed", "3", "--no-memory"], "drop --seed, --no-memory"),
+        (["--case", "1", "--isolate", "none", "--cpu-allocator", "system"], "drop --cpu-allocator, --isolate"),
+        (["--case", "1", "--remeasure-ceilings"], "drop --remeasure-ceilings"),
     ],
 )
 def test_bad_from_case_is_one_line_exit_2_nothing_written(runs, tmp_path, capsys, flags, message):

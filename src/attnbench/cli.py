@@ -146,6 +146,17 @@ def _from_run_request(args: argparse.Namespace) -> RunRequest:
     )
     given = [flag for flag, value in settings if value is not None]
     given += [axis.flag for axis in SWEEP_AXES if getattr(args, axis.name, None) is not None]
+    given += [  # the run's settings too: a value given here was dropped, while meta.json's command kept it
+        flag
+        for flag, was_given in (
+            ("--seed", args.seed != 0),
+            ("--no-memory", args.no_memory),
+            ("--cpu-allocator", args.cpu_allocator != "cached"),
+            ("--isolate", args.isolate != "worker"),
+            ("--remeasure-ceilings", args.remeasure_ceilings),
+        )
+        if was_given
+    ]
     if given:
         raise UsageError(f"--from reruns one case of RUN_DIR with its settings; drop {', '.join(given)}")
     return from_run_request(
