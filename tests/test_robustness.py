@@ -213,6 +213,19 @@ def test_resume_of_a_folder_that_is_not_a_run(cli, tmp_path):
     assert code == 2 and "no such folder" in err, err
 
 
+@pytest.mark.parametrize("meta", ["[1, 2]", "{}", '{"settings": 3}'])
+def test_resume_of_a_run_whose_meta_is_damaged(cli, tmp_path, meta):
+    from attnbench.runner.results import RunWriter
+    from attnbench.workload import Workload
+
+    RunWriter(tmp_path / "run").start({"settings": {}}, [("bmm", Workload(1, 1, 1, 4, 4, 4))])
+    (tmp_path / "run" / "meta.json").write_text(meta)
+    code, out, err = cli("run", "--resume", str(tmp_path / "run"))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"--resume {tmp_path / 'run'}: meta.json is damaged" in err
+    assert not (tmp_path / "run" / "results.parquet").exists()
+
+
 def test_truncated_rows_file_resumes_cleanly(tmp_path):
     from attnbench.runner.results import RunWriter
     from attnbench.workload import Workload

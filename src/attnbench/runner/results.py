@@ -204,6 +204,8 @@ class RunWriter:
             plan = [(e["impl"], Workload(**e["workload"])) for e in json.loads(writer.plan_path.read_text())]
         except (ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--resume {out_dir}: plan.json or meta.json is damaged ({exc})") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("settings"), dict):  # the sweep reads them
+            raise UsageError(f"--resume {out_dir}: meta.json is damaged (no run settings: an object with 'settings')")
         writer.rows.extend(_read_jsonl(writer.rows_path))
         write_text(writer.rows_path, "".join(json.dumps(row) + "\n" for row in writer.rows))
         finished = {case_key(row["impl"], row) for row in writer.rows}
