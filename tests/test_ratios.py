@@ -88,6 +88,7 @@ def test_a_peer_that_did_not_run_fails_a_gate(cli, run):
     [
         (["--impl", "nope", "--vs", "bmm"], "contender 'nope' has no row in this run"),
         (["--impl", "fused_cpu", "--vs", ","], "--vs: name at least one contender"),
+        (["--impl", "bmm", "--vs", "sdpa_flash,bmm"], "--vs sdpa_flash,bmm: names bmm, the contender judged"),
         (["--impl", "fused_cpu", "--vs", "bmm", "--where", "colour=red"], "--where 'colour=red': expected COLUMN="),
         (["--impl", "fused_cpu", "--vs", "bmm", "--where", "seq_q=3"], "no fused_cpu row matches --where seq_q=3"),
     ],

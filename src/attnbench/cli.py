@@ -522,6 +522,11 @@ def cmd_ratios(args: argparse.Namespace) -> int:
     peers = [p for p in args.vs.split(",") if p]
     if not peers:
         raise UsageError("--vs: name at least one contender to compare with, e.g. --vs sdpa_flash,bmm")
+    if args.impl in peers and not args.peer_where:  # its rows against themselves: every ratio 1, every gate met
+        raise UsageError(
+            f"--vs {args.vs}: names {args.impl}, the contender judged; name its peers, or give --peer-where to "
+            f"compare {args.impl} with its own rows elsewhere (e.g. --where dtype=bfloat16 --peer-where dtype=float32)"
+        )
     frame, _ = load_runs(_run_paths([args.run]))
     require(frame, [args.impl, *peers])
     peer_frame = select(frame, args.peer_where) if args.peer_where else None
