@@ -219,6 +219,57 @@ def test_a_case_that_is_wrong_or_raises_is_one_line_and_the_others_are_still_pro
     assert code == 1 and "nothing profiled: all 1 case(s) failed" in err and not (tmp_path / "none").exists()
 
 
+class CtrlCUnderTheProfiler(attnbench.Contender):
+    """Correct, but a Ctrl-C arrives while the profiler records it."""
+
+    name = "planted_ctrl_c_under_the_profiler"
+    capabilities = attnbench.Capabilities(devices=frozenset({"cpu"}), dtypes=frozenset({"float32"}))
+
+    def prepare(self, inputs, workload):
+        import torch
+
+        q, k, v = inputs.q, inputs.k, inputs.v
+
+        def run():
+            if torch._C._autograd._profiler_enabled():
+                raise KeyboardInterrupt
+            return torch.softmax(q @ k.transpose(-1, -2) * inputs.scale, dim=-1) @ v
+
+        return run
+
+
+def test_ctrl_c_keeps_the_cases_profiled_and_leaves_no_trace_of_the_one_in_hand(cli, planted, monkeypatch, tmp_path):
+    """The tables and traces of the cases before it, no trace without table rows, exit 130; with none profiled
+    yet, no folder — and the line says nothing was written only when that is so."""
+    import attnbench.cli
+
+    attnbench.register(CtrlCUnderTheProfiler())
+    planted.append(CtrlCUnderTheProfiler.name)
+    shape = ["--batch", "1", "--heads", "2", "--seq", "64", "--head-dim", "16", "--mask", "none", "--budget-s", "0.05"]
+    code, _, err = cli("profile", "--impl", CtrlCUnderTheProfiler.name, *shape, "--out", str(tmp_path / "none"))
+    assert code == 130 and err.splitlines()[-1] == "attnbench: interrupted; nothing was written", err
+    assert not (tmp_path / "none").exists()
+
+    show = attnbench.cli._show_profile
+
+    def ctrl_c_after_einsums_trace(profile, *rest):
+        if profile.impl == "einsum":  # its trace is written: the interrupt lands between it and its tables
+            raise KeyboardInterrupt
+        return show(profile, *rest)
+
+    monkeypatch.setattr(attnbench.cli, "_show_profile", ctrl_c_after_einsums_trace)
+    out = tmp_path / "prof"
+    code, _, err = cli("profile", "--impl", "bmm,einsum,sdpa_math", *shape, "--out", str(out))
+    assert code == 130 and "Traceback" not in err
+    assert (
+        err.splitlines()[-1]
+        == "profile: interrupted: the tables and traces hold the 1 case(s) profiled before it, of 3"
+    )
+    assert set(pd.read_csv(out / "breakdown.csv").impl) == set(pd.read_csv(out / "top_ops.csv").impl) == {"bmm"}
+    assert [p.name.split("__")[0] for p in out.glob("*.trace.json")] == ["bmm"]
+    assert not list(out.glob(".*"))  # no temporary file left
+
+
 def test_a_case_timed_on_a_stalled_machine_says_so(cli, monkeypatch, tmp_path):
     """Where a run would time the row `stalled` (its threads waited for a core), the profile says its times are a
     busy machine's. The threshold is forced to catch every case: the warning's wording is under test, not the

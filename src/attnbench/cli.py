@@ -283,8 +283,6 @@ def profiled_far_warning(profile: CaseProfile) -> str | None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from attnbench.runner._ncu_csv import short_name
-    from attnbench.runner._ncu_profile import annotate_breakdown, annotate_top_ops, format_table
     from attnbench.runner._noise import environment_warnings
     from attnbench.runner._profiling import CaseFailed, profile_case, write_tables
 
@@ -328,42 +326,30 @@ def cmd_profile(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     profiles, ncu_results, failed = [], [], 0
     metrics = _ncu_metrics(ncu) if ncu is not None else ()
-    for impl, workload in runnable:
-        try:
-            profile = profile_case(impl, workload, out, calls=args.calls, seed=args.seed, budget_s=args.budget_s)
-        except CaseFailed as failure:  # as a run's row would say it; the other cases go on
-            print(f"{impl} {workload.label()}: {failure.status} — {failure.reason}; not profiled", file=sys.stderr)
-            failed += 1
-            continue
-        shown = profile.top_ops[["op", "self_ms_per_call", "pct", "category"]].copy()
-        kernels = set(profile.kernels["kernel"])  # CUDA kernels print shortened; the CSV keeps their names
-        shown["op"] = [short_name(op) if op in kernels else op for op in shown["op"]]
-        print(f"\n{impl}  {workload.label()}  median {profile.median_ms:.4g} ms per call, {_profiled_calls(profile)}")
-        print(shown.to_string(index=False, formatters={"self_ms_per_call": "{:.4g}".format, "pct": "{:.1f}".format}))
-        split = ", ".join(f"{r.category} {r.ms_per_call:.3g} ms ({r.pct:.0f}%)" for r in profile.breakdown.itertuples())
-        print(f"breakdown: {split}\ntrace: {profile.trace_path}", flush=True)
-        far = profiled_far_warning(profile)
-        if far is not None:
-            print(f"warning: {far}", file=sys.stderr)
-        if profile.waited is not None and profile.waited >= WAITED_STALL:  # a run would time this row `stalled`
-            print(
-                f"warning: {impl} {workload.label()}: the machine stalled while it was timed: "
-                f"{waited_text(profile.waited)}; its times are a busy machine's — profile it again on a quieter one",
-                file=sys.stderr,
-            )
-        result = _ncu_case(ncu, metrics, profile, args.seed) if ncu is not None else None
-        if result is not None:
-            ncu_results.append(result)
-            profile = dataclasses.replace(
-                profile,
-                top_ops=annotate_top_ops(profile.top_ops, result.kernels),
-                breakdown=annotate_breakdown(profile.breakdown, result.kernels),
-            )
-            print(format_table(result))
-        profiles.append(profile)
+    interrupted = False
+    try:  # Ctrl-C: the cases profiled so far keep their tables; the one in hand leaves nothing
+        for impl, workload in runnable:
+            try:
+                profile = profile_case(impl, workload, out, calls=args.calls, seed=args.seed, budget_s=args.budget_s)
+            except CaseFailed as failure:  # as a run's row would say it; the other cases go on
+                print(f"{impl} {workload.label()}: {failure.status} — {failure.reason}; not profiled", file=sys.stderr)
+                failed += 1
+                continue
+            profile, result = _show_profile(profile, ncu, metrics, args.seed)
+            ncu_results += [result] if result is not None else []
+            profiles.append(profile)
+    except KeyboardInterrupt:
+        interrupted = True
+    kept = {profile.trace_path for profile in profiles}
+    for trace in out.glob("*.trace.json"):  # a trace whose case was cut short has no table rows
+        if trace not in kept:
+            trace.unlink()
     if not profiles:
         if made and not any(out.iterdir()):
             out.rmdir()  # nothing was written: no empty folder left behind
+        if interrupted:
+            print("attnbench: interrupted; nothing was written", file=sys.stderr)
+            return 130
         print(f"profile: nothing profiled: all {failed} case(s) failed (reasons above)", file=sys.stderr)
         return 1
     top_path, breakdown_path = write_tables(profiles, out)
@@ -371,7 +357,49 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if failed:
         print(f"profile: {failed} case(s) not profiled (reasons above); the tables hold the others", file=sys.stderr)
     code = _ncu_summary(ncu_results, len(profiles) - len(ncu_results), out) if ncu is not None else 0
+    if interrupted:
+        print(
+            f"profile: interrupted: the tables and traces hold the {len(profiles)} case(s) profiled before it, of "
+            f"{len(runnable)}",
+            file=sys.stderr,
+        )
+        return 130
     return max(code, 1 if failed else 0)
+
+
+def _show_profile(
+    profile: CaseProfile, ncu: str | None, metrics: tuple[str, ...], seed: int
+) -> tuple[CaseProfile, NcuProfile | None]:
+    """Print one profiled case's tables and warnings; with ``ncu``, profile it under ncu too (its columns added)."""
+    from attnbench.runner._ncu_csv import short_name
+    from attnbench.runner._ncu_profile import annotate_breakdown, annotate_top_ops, format_table
+
+    impl, workload = profile.impl, profile.workload
+    shown = profile.top_ops[["op", "self_ms_per_call", "pct", "category"]].copy()
+    kernels = set(profile.kernels["kernel"])  # CUDA kernels print shortened; the CSV keeps their names
+    shown["op"] = [short_name(op) if op in kernels else op for op in shown["op"]]
+    print(f"\n{impl}  {workload.label()}  median {profile.median_ms:.4g} ms per call, {_profiled_calls(profile)}")
+    print(shown.to_string(index=False, formatters={"self_ms_per_call": "{:.4g}".format, "pct": "{:.1f}".format}))
+    split = ", ".join(f"{r.category} {r.ms_per_call:.3g} ms ({r.pct:.0f}%)" for r in profile.breakdown.itertuples())
+    print(f"breakdown: {split}\ntrace: {profile.trace_path}", flush=True)
+    far = profiled_far_warning(profile)
+    if far is not None:
+        print(f"warning: {far}", file=sys.stderr)
+    if profile.waited is not None and profile.waited >= WAITED_STALL:  # a run would time this row `stalled`
+        print(
+            f"warning: {impl} {workload.label()}: the machine stalled while it was timed: "
+            f"{waited_text(profile.waited)}; its times are a busy machine's — profile it again on a quieter one",
+            file=sys.stderr,
+        )
+    result = _ncu_case(ncu, metrics, profile, seed) if ncu is not None else None
+    if result is not None:
+        profile = dataclasses.replace(
+            profile,
+            top_ops=annotate_top_ops(profile.top_ops, result.kernels),
+            breakdown=annotate_breakdown(profile.breakdown, result.kernels),
+        )
+        print(format_table(result))
+    return profile, result
 
 
 # --- profile --ncu: Nsight Compute per kernel (attnbench.runner._ncu_profile) ----------------------------------

@@ -53,6 +53,7 @@ from attnbench.measure._memory import quiet_native_stderr
 from attnbench.measure.stopwatch import synchronize, warm_up
 from attnbench.measure.timing import time_callable
 from attnbench.runner.cases import prepare_checked
+from attnbench.runner.results import replacing
 from attnbench.workload import Workload
 
 TOP_N = 15
@@ -158,7 +159,8 @@ def _profile(impl: str, workload: Workload, out_dir: Path, calls: int, seed: int
                 walls_ms.append((time.perf_counter() - start) * 1e3)
             prof.step()
     trace_path = out_dir / f"{_slug(impl)}__{_slug(workload.label())}.trace.json"
-    prof.export_chrome_trace(str(trace_path))
+    with replacing(trace_path) as tmp:  # whole or not at all: a Ctrl-C while a long trace is written leaves none
+        prof.export_chrome_trace(str(tmp))
     ranges = sorted((e for e in prof.events() if e.name == name), key=lambda e: e.time_range.start)
     if on_gpu or len(ranges) != len(walls_ms):
         kept_ranges, kept_walls, averages = ranges, walls_ms, list(prof.key_averages())
