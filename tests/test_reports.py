@@ -113,6 +113,32 @@ def test_report_into_an_earlier_report_replaces_it_and_refuses_other_folders_and
     assert code == 2 and "given twice" in err and not (tmp_path / "twice").exists()
 
 
+def test_a_report_cut_short_by_ctrl_c_leaves_no_figures_without_their_page(cli, two_runs, tmp_path, monkeypatch):
+    """Ctrl-C after the figures and before the page: the folder it made is gone, and "nothing was written" is so;
+    in an earlier report's folder that page stands (it embeds its figures), without the new figures."""
+    import attnbench.reports.build
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attnbench.reports.build, "write_report", ctrl_c)
+    run, _ = two_runs
+    code, _, err = cli("report", str(run), "--out", str(tmp_path / "new" / "report"))
+    assert code == 130 and err == "attnbench: interrupted; nothing was written\n", err
+    assert not (tmp_path / "new" / "report").exists()
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    for name in ("report.html", "latency.png", "notes.txt"):
+        (earlier / name).write_text("from an earlier report")
+    code, _, err = cli("report", str(run), "--out", str(earlier))
+    assert code == 130 and f"the earlier report.html in {earlier} stands (its other files were cleared)" in err
+    assert sorted(p.name for p in earlier.iterdir()) == ["notes.txt", "report.html"]
+    assert (earlier / "report.html").read_text() == "from an earlier report"
+    monkeypatch.undo()
+    assert cli("report", str(run), "--out", str(earlier))[0] == 0  # the folder is still a report's to replace
+    assert cli("list")[0] == 0 and (earlier / "latency.png").is_file()  # a later command leaves it alone
+
+
 def test_merged_machines_never_collide(cli, two_runs, tmp_path):
     from attnbench.reports.frames import load_runs
 

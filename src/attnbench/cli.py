@@ -32,6 +32,7 @@ from attnbench.measure._ceilings import load_ceilings
 from attnbench.measure._source_trees import check_one_tree
 from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
 from attnbench.measure.environment import command_line, environment
+from attnbench.reports.out_folder import forget_claims, remove_unfinished_pages
 from attnbench.runner.cases import WAITED_STALL, not_runnable, waited_text
 from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request, check_threads
 from attnbench.runner.results import RunWriter
@@ -1045,19 +1046,24 @@ def _interrupted_note(args: argparse.Namespace | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = None
+    forget_claims()  # folders claimed before, outside a command (build_report from Python), are not this one's
     try:
         check_one_tree()  # a core from one checkout with another's contenders and reports measures the wrong code
         args = build_parser().parse_args(argv)
         args.command_line = command_line(argv)
-        return int(args.func(args))
+        code = int(args.func(args))
+        forget_claims()  # what it claimed is written: report, compare, history
+        return code
     except UsageError as exc:
         print(f"attnbench: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before a command's own handling starts (a run's: with its first case)
-        print(f"attnbench: interrupted; {_interrupted_note(args)}", file=sys.stderr)
+        kept = remove_unfinished_pages()  # report, compare, history: no figures without their page
+        print(f"attnbench: interrupted; {'; '.join([_interrupted_note(args), *kept])}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `attnbench list | head`: the reader left, nothing is wrong
         sys.stderr.close()
         return 0
     finally:
+        remove_unfinished_pages()  # a command that failed (bad input found late, a bug) leaves no half a report
         _drop_empty_claims()
