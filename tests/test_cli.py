@@ -308,6 +308,17 @@ def test_default_folders_are_made_at_once_and_a_failed_command_leaves_none(cli, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [["report", "."], ["masks"], ["run", "--impl", "bmm", "--seq", "16"]])
+def test_a_default_folder_that_cannot_be_made_is_one_line(cli, tmp_path, monkeypatch, command):
+    """A file named `runs` where the default folder goes: one line and exit 2, not a NotADirectoryError."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("not a folder")
+    code, out, err = cli(*command)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "cannot make the default folder runs/" in err and "(runs is a file, not a folder); give" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+
+
 def test_suites_descriptions_start_in_one_column(cli):
     """The description column is aligned to the longest suite name (fused_cpu_decode and friends)."""
     code, out, _ = cli("suites")

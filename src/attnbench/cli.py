@@ -91,6 +91,11 @@ def _default_out(suite: str) -> Path:
         except FileExistsError:
             n += 1
             continue
+        except OSError as exc:  # `runs` is a file, the folder is read-only…
+            why = "runs is a file, not a folder" if Path("runs").is_file() else exc.strerror
+            raise UsageError(
+                f"cannot make the default folder {out} ({why}); give a folder to write with --out DIR"
+            ) from None
         _CLAIMED.append(out)
         return out
 
