@@ -28,7 +28,7 @@ from attnbench.measure.environment import workdir_git
 from attnbench.reports.changes import Point, detect, run_noise
 from attnbench.reports.store import SCHEMA_VERSION
 
-from conftest import attnbench_cmd, run_subprocess, v1_store
+from conftest import attnbench_cmd, run_subprocess, stalled_as_ok, v1_store
 
 PLUGIN = Path(__file__).parent / "plugins" / "attnbench_slowable.py"
 ONE_CASE = ["--seq", "32", "--seq-kv", "32", "--batch", "1", "--kv-heads", "8", "--mask", "none"]  # one workload
@@ -339,6 +339,7 @@ def test_columns_a_newer_attnbench_adds_are_added_with_null_for_old_rows(cli, tm
         )[0]
         == 0
     )
+    stalled_as_ok(run)  # the store's columns are tested, not the timing: a stalled row stores no repeat median
     foreign = tmp_path / "foreign.duckdb"
     duckdb.connect(str(foreign)).execute("CREATE TABLE accounts (id INTEGER)").close()
     before = fingerprint(foreign)
