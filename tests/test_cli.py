@@ -351,3 +351,13 @@ def test_a_percentage_and_a_fraction_given_the_other_way_are_said_back(cli, tmp_
     assert code == 2
     assert "warning: --fail-on-regression 0.1 is 0.1 % (per cent, not a fraction: 10 is 10 %)" in err
     assert "warning: --min-change 5 is 500% (a fraction: 0.05 is 5 %)" in err
+
+
+def test_version_prints_the_version_and_exits_0(capsys):
+    """`attnbench --version` said "the following arguments are required: command" and exited 2."""
+    import attnbench
+    from attnbench.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out == f"attnbench {attnbench.__version__}\n"

@@ -449,3 +449,22 @@ def test_the_page_says_which_machines_the_figures_leave_out_and_what_a_blank_spe
     alone = write_report(frame.iloc[:1], [], [], tmp_path, None, "attnbench report one").read_text()
     assert 'id="undrawn-machines"' not in alone
     assert "A blank cell: that contender has no ok row there" in CAPTIONS["speedup.png"]
+
+
+def test_the_headline_names_one_machine_once_and_several_in_a_column(tmp_path):
+    """A report of one machine repeated its label in every headline row; it is said once above the table, and the
+    column is there where the rows come from several machines."""
+    from attnbench.reports.html import write_report
+    from attnbench.runner.results import make_row, rows_to_frame
+
+    shapes = [attnbench.Workload(1, 2, 2, seq, seq, 16) for seq in (64, 128)]
+    rows = [make_row("bmm", shape, "ok", median_ms=1.0) for shape in shapes]
+    frame = rows_to_frame(rows).assign(machine="cpu ×1 threads @ vm", run="one")
+    page = write_report(frame, [], [], tmp_path, None, "attnbench report one").read_text()
+    table = page[page.index('id="headline-table"') :].split("</table>")[0]
+    assert '<p class="sub" id="headline-machine">On cpu ×1 threads @ vm.</p>' in page
+    assert "<th>machine</th>" not in table and "cpu ×1 threads" not in table
+    two = frame.assign(machine=["cpu ×1 threads @ vm", "cpu ×1 threads @ other"])
+    page = write_report(two, [], [], tmp_path, None, "attnbench report one two").read_text()
+    table = page[page.index('id="headline-table"') :].split("</table>")[0]
+    assert 'id="headline-machine"' not in page and "<th>machine</th>" in table and table.count("<td>cpu ×1") == 2

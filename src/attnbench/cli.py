@@ -31,7 +31,7 @@ from attnbench.errors import UsageError, refuse_empty
 from attnbench.measure._ceilings import load_ceilings
 from attnbench.measure._source_trees import check_one_tree
 from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
-from attnbench.measure.environment import command_line, environment
+from attnbench.measure.environment import attnbench_version, command_line, environment
 from attnbench.reports.out_folder import forget_claims, remove_unfinished_pages
 from attnbench.runner.cases import WAITED_STALL, not_runnable, waited_text
 from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request, check_threads
@@ -862,6 +862,7 @@ def _choices(allowed: tuple[str, ...]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attnbench", description="Benchmark attention implementations.")
+    parser.add_argument("--version", action="version", version=f"attnbench {attnbench_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p_list = commands.add_parser("list", help="contenders, their availability and the reason when not")
