@@ -23,7 +23,7 @@ import seaborn as sns
 from attnbench.contenders.registry import declared_names
 from attnbench.reports.facets import AXIS_LABELS, Facet, facets
 from attnbench.reports.figure_layout import DPI, TITLE_SIZE, finish, legend_right, panel_grid, plain, value_axis
-from attnbench.reports.frames import group_label, labels, phase_of
+from attnbench.reports.frames import CASE_KEY, group_label, labels, phase_of
 from attnbench.reports.pooled import pool_runs
 from attnbench.runner._noise import read_from_cache
 
@@ -146,10 +146,12 @@ def _facet_figure(
     decorate: Decorate | None = None,
     xlabel: str | None = None,
     hollow: str | None = None,
+    missing: dict[str, str] | None = None,
 ) -> Any:
     """A panel per facet — lines against its x axis, or points by contender where it has one size — each
     with its own value axis, and one legend of contenders to the right. ``hollow``: a column drawn as hollow
-    markers where it has a value (the rows' cold figures), beside the filled ones, said in the legend."""
+    markers where it has a value (the rows' cold figures), beside the filled ones, said in the legend. ``missing``:
+    contenders some of whose cases have no ok row (:func:`not_drawn`), listed under the legend with why."""
     figure, axes = panel_grid(len(panels))
     drew_hollow = False
     for axis, panel in zip(axes, panels, strict=True):
@@ -168,6 +170,9 @@ def _facet_figure(
     shown = [impl for impl in colours if any(impl in set(p.rows["impl"]) for p in panels)]
     shapes = markers(list(colours))
     handles = [matplotlib.lines.Line2D([], [], color=colours[i], marker=shapes[i], label=i) for i in shown]
+    if missing:  # a PNG sent alone says whose points are absent, and why
+        said = ["\nnot drawn (cases with no ok row):", *(f"{impl}: {why}" for impl, why in missing.items())]
+        handles += [matplotlib.lines.Line2D([], [], linestyle="", marker="", label=text) for text in said]
     if drew_hollow:
         handles.append(
             matplotlib.lines.Line2D(
@@ -281,13 +286,18 @@ def _reference_line(axis: Any, line: Reference, points: np.ndarray, taken: list[
     return box(left)
 
 
-def latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
+def latency(ok: pd.DataFrame, colours: dict[str, Any], missing: dict[str, str] | None = None) -> Any:
     if ok.empty:  # only decode rows: they have their own figure
         return None
-    return _facet_figure(facets(ok), "median_ms", "median time per call (ms)", colours)
+    return _facet_figure(facets(ok), "median_ms", "median time per call (ms)", colours, missing=missing)
 
 
-def throughput(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str, str, str], Roofs]) -> Any:
+def throughput(
+    ok: pd.DataFrame,
+    colours: dict[str, Any],
+    ceilings: dict[tuple[str, str, str], Roofs],
+    missing: dict[str, str] | None = None,
+) -> Any:
     """TFLOP/s per panel, under the hardware roof (solid) and torch's measured matmul (dashed): a kernel can
     pass torch's matmul — a CPU's FMA roof is often 2× it — but not the roof."""
     if ok.empty:
@@ -308,7 +318,7 @@ def throughput(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[s
         named = "roof: torch matmul" if matmul > 0 else "hardware roof"  # torch's matmul is the roof, or has no rate
         return [Reference(roof, f"{named} {roof:.3g} TFLOP/s", dashed=False)]
 
-    return _facet_figure(facets(ok), "tflops", "TFLOP/s", colours, peak_lines)
+    return _facet_figure(facets(ok), "tflops", "TFLOP/s", colours, peak_lines, missing=missing)
 
 
 def memory(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
@@ -469,7 +479,12 @@ def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str
     return finish(figure)
 
 
-def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str, str, str], Roofs]) -> Any:
+def decode_bandwidth(
+    ok: pd.DataFrame,
+    colours: dict[str, Any],
+    ceilings: dict[tuple[str, str, str], Roofs],
+    missing: dict[str, str] | None = None,
+) -> Any:
     """Decode steps (Sq ≤ 16 against a longer KV cache) are bandwidth-bound: GB/s against the KV length,
     per model and workload group, with the hardware's bandwidth roof (read stream or triad, or the GPU's datasheet)
     dashed and a right axis in % of it."""
@@ -500,10 +515,11 @@ def decode_bandwidth(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[t
         bandwidth_line,
         xlabel=_kv_label(decode),
         hollow="cold_gbps",
+        missing=missing,
     )
 
 
-def decode_latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
+def decode_latency(ok: pd.DataFrame, colours: dict[str, Any], missing: dict[str, str] | None = None) -> Any:
     """Decode steps' time per step against the KV length, in the panels of :func:`decode_bandwidth`: what a
     server waits per generated token in this layer (the bandwidth figure says how near the roof it is)."""
     decode = _decode_rows(ok)
@@ -517,6 +533,7 @@ def decode_latency(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
         colours,
         xlabel=_kv_label(decode),
         hollow="cold_ms",
+        missing=missing,
     )
 
 
@@ -551,6 +568,27 @@ def _kv_label(decode: pd.DataFrame) -> str:
     return "KV cache length (keys; the longest where the batch's lengths vary)" if ragged else "KV cache length (keys)"
 
 
+NOT_DRAWN = ("unavailable",)  # never ran on this machine: the page's table of missing points says so, not each figure
+
+
+def not_drawn(frame: pd.DataFrame) -> dict[str, str]:
+    """Each contender some of whose cases (per machine) have no ok row in ``frame``, and how those ended — "2
+    stalled, 1 unsupported" — leaving out a contender this machine does not have (:data:`NOT_DRAWN`): a figure's
+    panels show ok rows alone, so a one-size panel with one contender in it looked like a race of one."""
+    if frame.empty:
+        return {}
+    key = [c for c in CASE_KEY if c in frame.columns]
+    cases = frame.drop_duplicates([*key, "status"]).copy()
+    with_ok = set(cases.loc[cases["status"] == "ok", key].itertuples(index=False, name=None))
+    lacking = cases[[tuple(row) not in with_ok for row in cases[key].itertuples(index=False, name=None)]]
+    lacking = lacking[~lacking["status"].isin([*NOT_DRAWN, "ok"])].drop_duplicates(key)
+    found = {}
+    for impl, rows in lacking.groupby("impl", sort=True):
+        counts = sorted(rows["status"].value_counts().items(), key=lambda item: (-item[1], item[0]))
+        found[str(impl)] = ", ".join(f"{count} {status}" for status, count in counts)
+    return found
+
+
 def save(figure: Any, path: Path) -> Path:
     target = figure.figure if hasattr(figure, "figure") and not isinstance(figure, plt.Figure) else figure
     target.savefig(path, dpi=DPI, bbox_inches="tight")
@@ -570,14 +608,24 @@ def draw_all(
         return []
     colours = palette(sorted(set(ok["impl"])))
     everything, ok = ok, ok[[phase_of(r) != "decode" for r in ok.to_dict("records")]]  # decode: its own figure
+    decode = pd.Series([phase_of(r) == "decode" for r in frame.to_dict("records")], index=frame.index, dtype=bool)
+    missing, missing_decode = not_drawn(frame[~decode]), not_drawn(frame[decode])
     makers: list[tuple[str, str, Callable[[], Any]]] = [
-        ("Latency", "latency.png", lambda: latency(ok, colours)),
-        ("Throughput", "tflops.png", lambda: throughput(ok, colours, ceilings)),
+        ("Latency", "latency.png", lambda: latency(ok, colours, missing)),
+        ("Throughput", "tflops.png", lambda: throughput(ok, colours, ceilings, missing)),
         ("Peak working memory", "memory.png", lambda: memory(ok, colours)),
         ("Speedup over the baseline", "speedup.png", lambda: speedup(everything, colours, baseline)),
         ("Roofline", "roofline.png", lambda: roofline(everything, colours, ceilings)),
-        ("Decode bandwidth vs KV length", "decode.png", lambda: decode_bandwidth(everything, colours, ceilings)),
-        ("Decode time per step vs KV length", "decode_ms.png", lambda: decode_latency(everything, colours)),
+        (
+            "Decode bandwidth vs KV length",
+            "decode.png",
+            lambda: decode_bandwidth(everything, colours, ceilings, missing_decode),
+        ),
+        (
+            "Decode time per step vs KV length",
+            "decode_ms.png",
+            lambda: decode_latency(everything, colours, missing_decode),
+        ),
     ]
     drawn = []
     for title, name, make in makers:

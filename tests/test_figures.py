@@ -591,3 +591,27 @@ def test_every_two_contenders_colours_differ_as_much_as_tab10s_closest_pair():
     for colour in colours[10:]:
         hue, saturation, _ = colorsys.rgb_to_hsv(*colour)
         assert not (saturation > 0.25 and 185 <= hue * 360 <= 255), matplotlib.colors.to_hex(colour)
+
+
+def test_a_figure_lists_the_contenders_it_leaves_out_and_why(tmp_path):
+    """A one-size panel with fused_cpu alone in it read as a race of one: the others had stalled or were
+    unsupported there, which only the page's table said. The legend now lists each contender with cases that have
+    no ok row, and how they ended; one this machine lacks (unavailable) is left to the page's table."""
+    from attnbench.reports.plots import not_drawn, throughput
+
+    frame = fabricate(impls=("bmm", "sdpa_flash", "naive", "fused_triton"), seq_q=[256, 512])
+    frame.loc[(frame["impl"] == "bmm") & (frame["seq_q"] == 512), "status"] = "stalled"
+    frame.loc[frame["impl"] == "naive", "status"] = ["unsupported", "incorrect"]
+    frame.loc[frame["impl"] == "fused_triton", "status"] = "unavailable"
+    again = frame[frame["impl"] == "bmm"].assign(status="ok")  # a second run where bmm ran clean
+    assert not_drawn(frame) == {"bmm": "1 stalled", "naive": "1 incorrect, 1 unsupported"}
+    assert not_drawn(pd.concat([frame, again])) == {"naive": "1 incorrect, 1 unsupported"}
+    assert not_drawn(frame[frame["status"] == "ok"]) == {}
+    ok = plottable(frame)
+    figure = throughput(ok, palette(sorted(set(ok["impl"]))), {}, not_drawn(frame))
+    labels = [handle.get_label() for handle in figure.legends[0].legend_handles]
+    said = ["\nnot drawn (cases with no ok row):", "bmm: 1 stalled", "naive: 1 incorrect, 1 unsupported"]
+    assert labels == ["bmm", "sdpa_flash", *said]
+    plt.close(figure)
+    drawn = dict(draw_all(frame, tmp_path, None, {}))
+    assert "Latency" in drawn and drawn["Latency"].is_file()
