@@ -118,3 +118,9 @@ def test_a_feature_flag_is_taken_where_some_sweep_uses_it(tmp_path):
     assert windows == {0, 16}
     both = expand(load_suite("quick"), {"mask": ["causal", "sliding_window"], "window": [64]}, ["bmm"])
     assert {w.window for _, w in both} == {0, 64}
+
+
+def test_a_suite_of_one_sweep_is_named_without_its_sweep_number(cli, tmp_path):
+    """`attnbench masks --seq 1` said "suite masks's sweep 1 of 1 sets …": a one-sweep suite is the suite."""
+    code, _, err = cli("masks", "--seq", "1", "--out", str(tmp_path / "masks"))
+    assert code == 0 and "(suite masks sets batch 1, heads 8, head_dim 64, documents 4 itself; --documents" in err

@@ -269,7 +269,10 @@ def _sweep_context(
     if not named:  # the problem is not one of the sweep's own sizes (a dtype, a missing window): nothing to add
         return ""
     flag = "--" + named[0].replace("_", "-")
-    where = f"suite {suite.name}'s sweep {number} of {len(suite.sweeps)}"
+    where = f"suite {suite.name}"  # a suite of one sweep: no "sweep 1 of 1"
+    if len(suite.sweeps) > 1:
+        possessive = "'" if suite.name.endswith("s") else "'s"
+        where += f"{possessive} sweep {number} of {len(suite.sweeps)}"
     return f" ({where} sets {said} itself; {flag} and the like replace them)"
 
 
