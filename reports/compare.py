@@ -70,6 +70,7 @@ from attnbench.reports.noise_floor import (
     lookup,
 )
 from attnbench.reports.normalise import normalise, references, ridge_from_meta
+from attnbench.reports.out_folder import write_page
 from attnbench.runner.results import CASE_COLUMNS, YARDSTICK_COLUMNS
 
 MATCH_ON = CASE_COLUMNS
@@ -506,7 +507,7 @@ def terminal_table(table: pd.DataFrame) -> tuple[str, list[str]]:
     ``floor_source`` is a column only where the cases' floors come from more than one source (the summary line
     counts them either way)."""
     columns = ["impl", "workload", "verdict", "ratio", "p_value", "floor"]
-    if table["floor_source"].dropna().nunique() > 1:
+    if table["floor_source"].dropna().str.replace(r" \(.*\)", "", regex=True).nunique() > 1:  # kinds, not counts
         columns.append("floor_source")
     if "yardstick" in table:
         columns.append("yardstick")
@@ -589,5 +590,5 @@ def write_compare(
         )
     )
     path = out_dir / "compare.html"
-    path.write_text(html)
+    write_page(path, html)
     return path, png

@@ -28,6 +28,7 @@ from attnbench.errors import UsageError
 from attnbench.reports.changes import Point, SeriesChanges, Step, detect, run_noise
 from attnbench.reports.frames import workload_label
 from attnbench.reports.normalise import normalise, references, ridge_from_meta
+from attnbench.reports.out_folder import write_page
 from attnbench.reports.store import table_columns
 from attnbench.reports.trend import PALETTE, commit_label, panel
 from attnbench.runner.results import CASE_COLUMNS, REPEAT_YARDSTICK_COLUMNS, YARDSTICK_COLUMNS
@@ -344,7 +345,7 @@ def write_history(
     out_dir.mkdir(parents=True, exist_ok=True)
     changes.to_csv(out_dir / "changes.csv", index=False)
     path = out_dir / "history.html"
-    path.write_text(html)
+    write_page(path, html)
     return path
 
 

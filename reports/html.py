@@ -19,6 +19,7 @@ import pandas as pd
 
 import attnbench
 from attnbench.reports.frames import Run, labels, machine_label, workload_label
+from attnbench.reports.out_folder import write_page
 from attnbench.reports.plots import speedup_table
 from attnbench.reports.pooled import RUNS, pool_runs
 from attnbench.reports.ranking import LEGEND, TIE, Ranking, fastest_rows, rank
@@ -288,5 +289,5 @@ def write_report(
         report_command=report_command,
     )
     path = out_dir / "report.html"
-    path.write_text(html)
+    write_page(path, html)
     return path

@@ -109,7 +109,8 @@ def contender_differences(runs: list[Run]) -> list[str]:
         key = _sweep_key(run.meta)
         if key is not None and len(run.frame) and "impl" in run.frame:
             machine = machine_label(run.meta.get("environment") or {})
-            sweeps.setdefault(key, []).append((_shard_index(run.meta), machine, set(run.frame["impl"].astype(str))))
+            ran = run.frame.loc[run.frame["status"] != "unavailable", "impl"]  # --impl all: rows of what it lacks
+            sweeps.setdefault(key, []).append((_shard_index(run.meta), machine, set(ran.astype(str))))
     lines = []
     for (suite, _, count), shards in sweeps.items():
         everywhere = set.intersection(*(impls for _, _, impls in shards))

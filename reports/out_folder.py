@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from attnbench.errors import UsageError, check_can_make
+from attnbench.runner.results import write_text
 
 
 class _Claim(NamedTuple):
@@ -69,6 +70,15 @@ def remove_unfinished_pages() -> list[str]:
         if claim.made and not any(claim.out_dir.iterdir()):
             claim.out_dir.rmdir()
     return notes
+
+
+def write_page(path: Path, html: str) -> Path:
+    """Write a claimed folder's page whole (one rename) and end the folder's claim: from here its files are the
+    command's output, whatever happens after — a reader that closed the pipe while the command still printed once
+    had the finished report, and the earlier one, removed as unfinished."""
+    write_text(path, html)
+    _CLAIMS[:] = [claim for claim in _CLAIMS if claim.out_dir.resolve() != path.parent.resolve()]
+    return path
 
 
 def forget_claims() -> None:

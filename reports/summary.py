@@ -86,10 +86,10 @@ _REPEAT = re.compile(r"^repeat (\d+) of (\d+): ")  # a --repeat run's row: which
 
 
 def _numbers_of(status: str) -> re.Pattern[str]:
-    """The numbers a status' reasons are merged over: a case's failure (:data:`CASE_FAILURES`) keeps its own
-    figures (its line names the case), so only its percentages; any other status — a stall's rounds, medians and
-    shares — every number."""
-    return _PERCENT if status in CASE_FAILURES else _NUMBER
+    """The numbers a status' reasons are merged over: a stall's — its rounds, medians and shares, the machine's
+    figures, not the case's — every number; any other status only its percentages (a skipped case's predicted
+    0.5 s and 8.1 s are two reasons, each with its own example)."""
+    return _NUMBER if status == "stalled" else _PERCENT
 
 
 def _range(values: list[str]) -> str:
@@ -101,10 +101,10 @@ def _range(values: list[str]) -> str:
 
 def merged_reasons(rows: pd.DataFrame) -> pd.Series:
     """Each row's reason on one line (a run before reasons were made one line kept its line breaks), with its
-    numbers replaced by their range (a failure's: its percentages only, :func:`_numbers_of`), and a ``--repeat``
-    run's "repeat N of M" by the repeats, over the same contender's and status' reasons that differ only there: a
-    contender's stalled rows read "waited for a core 48–50% of their time" once, "in 11–26 of 35–73 rounds" once,
-    "repeats 1, 2 of 3: …" once, not a line per figure or repeat."""
+    numbers replaced by their range (:func:`_numbers_of`: a stall's every number, another status' percentages),
+    and a ``--repeat`` run's "repeat N of M" by the repeats, over the same contender's and status' reasons that
+    differ only there: a contender's stalled rows read "waited for a core 48–50% of their time" once, "in 11–26 of
+    35–73 rounds" once, "repeats 1, 2 of 3: …" once, not a line per figure or repeat."""
     flat = rows["reason"].fillna("").astype(str).map(lambda text: " ".join(text.split()))
     numbers = rows["status"].astype(str).map(_numbers_of)
     shapes = pd.Series(

@@ -15,7 +15,7 @@ from attnbench.contenders import registry
 from attnbench.reports.compare import Evidence, Settings, verdict
 from attnbench.reports.summary import merged_reasons
 
-from conftest import Shifted
+from conftest import Shifted, stalled_as_ok
 
 SMALL = ["--seq", "64,128", "--mask", "none,causal", "--budget-s", "0.03", "--threads", "1"]
 
@@ -35,6 +35,7 @@ def two_runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("runs")
     assert main(["run", "--impl", "bmm,sdpa_flash,naive,xformers", *SMALL, "--out", str(root / "a")]) == 0
+    stalled_as_ok(root / "a")  # what reads a run is tested here, not the timing: a busy machine stalls rows
     shutil.copytree(root / "a", root / "b")
     meta = json.loads((root / "b" / "meta.json").read_text())
     meta["environment"]["cpu_name"] = "Other CPU"
@@ -468,3 +469,31 @@ def test_the_headline_names_one_machine_once_and_several_in_a_column(tmp_path):
     page = write_report(two, [], [], tmp_path, None, "attnbench report one two").read_text()
     table = page[page.index('id="headline-table"') :].split("</table>")[0]
     assert 'id="headline-machine"' not in page and "<th>machine</th>" in table and table.count("<td>cpu ×1") == 2
+
+
+def test_a_reader_that_leaves_early_keeps_the_finished_page(two_runs, tmp_path, monkeypatch):
+    """`attnbench report RUN --out R | true`: the pipe closed as the command printed the page's path, after the
+    page was written, and the cleanup of unfinished pages removed it — the earlier report with it — exit 0.
+    compare printed its table before writing its page, so `compare … | head` left none."""
+    import builtins
+    import io
+    import sys
+
+    from attnbench.cli import main
+
+    run, _ = two_runs
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    real = builtins.print
+
+    def closed_pipe(*args, **kwargs):
+        if kwargs.get("file") in (None, sys.stdout):
+            raise BrokenPipeError
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(builtins, "print", closed_pipe)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # what a closed pipe's handler closes
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    kept = {p.name for p in (tmp_path / "report").iterdir()}
+    assert {"report.html", "latency.png"} <= kept, kept
+    assert main(["compare", str(run), str(run), "--out", str(tmp_path / "cmp")]) == 0
+    assert (tmp_path / "cmp" / "compare.html").is_file()

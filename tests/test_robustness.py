@@ -226,6 +226,17 @@ def test_resume_of_a_run_whose_meta_is_damaged(cli, tmp_path, meta):
     assert not (tmp_path / "run" / "results.parquet").exists()
 
 
+def test_resume_of_a_run_whose_settings_lack_what_they_must_hold(cli, tmp_path):
+    """Settings without the budgets were a TypeError traceback (RunSettings.__init__ missing arguments)."""
+    from attnbench.runner.results import RunWriter
+    from attnbench.workload import Workload
+
+    RunWriter(tmp_path / "run").start({"settings": {"threads": 1}}, [("bmm", Workload(1, 1, 1, 4, 4, 4))])
+    code, out, err = cli("run", "--resume", str(tmp_path / "run"))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "meta.json's run settings are damaged: budget_s, case_budget_s missing" in err
+
+
 def test_truncated_rows_file_resumes_cleanly(tmp_path):
     from attnbench.runner.results import RunWriter
     from attnbench.workload import Workload

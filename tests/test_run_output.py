@@ -124,3 +124,6 @@ def test_a_contenders_stall_reasons_merge_over_every_number_and_stay_together():
         "  bmm cpu float32 B1 H2 S64 D16 none fwd: error — max_abs_err 0.5 over 0.01",
         "  bmm cpu float32 B1 H2 S32 D16 none fwd: error — max_abs_err 0.7 over 0.01",
     ]
+    skipped = "predicted {} s per call, over the case budget"  # a case's own figure: each its own line
+    rows = [make_row("naive", w, "skipped", skipped.format(s)) for w, s in zip(CASES, (0.5, 8.1), strict=True)]
+    assert len(non_ok_reasons(rows_to_frame(rows)).splitlines()) == 2

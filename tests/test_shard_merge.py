@@ -254,3 +254,7 @@ def test_merge_warns_when_shards_hold_different_contenders(cli, shards, tmp_path
     assert line.startswith("warning: the shards of suite quick (split into 2) hold different contenders — einsum ")
     assert "einsum not in shard(s) 2 (Other CPU ×1 threads @ elsewhere)" in line and "bmm" not in line
     assert "one --impl list" in line
+    frame.loc[frame["impl"] == "einsum", "status"] = "unavailable"  # --impl all: rows of what the machine lacks
+    frame.to_parquet(lacking / "results.parquet")
+    code, _, err = cli("merge", str(s1), str(lacking), "--out", str(tmp_path / "m2"))
+    assert code == 0 and "einsum not in shard(s) 2 (Other CPU ×1 threads @ elsewhere)" in err, err

@@ -524,16 +524,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = _out(args, "compare")
     claim_report_folder(out, "compare.html", ("compare.*",))
     table = comparison.table
-    shown, footnotes = terminal_table(table)
-    print(shown)
-    for footnote in footnotes:
-        print(footnote)
-    print(summary_line(comparison, settings))
-    for note in comparison.notes:
-        print(f"note: {note}")
-    html, png = write_compare(comparison, out, base, new, settings, args.command_line)
-    print(f"comparison: {html}" + (f", {png}" if png else ""))
+    html, png = write_compare(comparison, out, base, new, settings, args.command_line)  # before a reader can leave
     slower = table[table["verdict"] == "slower"]
+    shown, footnotes = terminal_table(table)
+    try:
+        print(shown)
+        for footnote in footnotes:
+            print(footnote)
+        print(summary_line(comparison, settings))
+        for note in comparison.notes:
+            print(f"note: {note}")
+        print(f"comparison: {html}" + (f", {png}" if png else ""))
+    except BrokenPipeError:  # `compare … | head`: the gate's answer is the exit code, not what was read
+        sys.stderr.close()
+        return 1 if len(slower) else 0
     if len(slower):
         print(f"{len(slower)} case(s) slower beyond their floor (≥ {settings.threshold:.0%})", file=sys.stderr)
         return 1

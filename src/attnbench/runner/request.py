@@ -242,7 +242,14 @@ class RunSettings:
     def from_meta(cls, settings: Mapping[str, Any]) -> RunSettings:
         """The settings of a run folder's meta.json (keys a newer attnbench added take their defaults)."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in settings.items() if key in known})
+        try:
+            return cls(**{key: value for key, value in settings.items() if key in known})
+        except TypeError as exc:  # a damaged meta.json: settings it must hold are missing
+            required = [f for f in dataclasses.fields(cls) if f.default is f.default_factory is dataclasses.MISSING]
+            missing = sorted(f.name for f in required if f.name not in settings)
+            raise UsageError(
+                f"meta.json's run settings are damaged: {', '.join(missing) or exc} missing; run the sweep again"
+            ) from None
 
     @property
     def repeats(self) -> int:
