@@ -21,7 +21,7 @@ import attnbench
 from attnbench.reports.frames import Run, labels, machine_label, workload_label
 from attnbench.reports.out_folder import write_page
 from attnbench.reports.plots import speedup_table
-from attnbench.reports.pooled import RUNS, pool_runs
+from attnbench.reports.pooled import RUNS, code_differences, pool_runs
 from attnbench.reports.ranking import LEGEND, TIE, Ranking, fastest_rows, rank
 from attnbench.reports.summary import merged_reasons
 from attnbench.reports.table import results_table_html
@@ -271,6 +271,7 @@ def write_report(
         version=attnbench.__version__,
         generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         headline=_headline(frame, baseline),
+        pooled_code=code_differences(runs),
         undrawn=int((frame["status"] == "stalled").sum()),
         undrawn_machines=_undrawn_machines(frame),
         tie_legend=LEGEND,

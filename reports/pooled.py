@@ -6,8 +6,11 @@ and the headline's median is one run's while the figures drew the mean of both (
 unlabelled band. Pooled, every number of the page — the headline's median, its margin and noise test, the
 speedup map and every figure — is one figure per contender and case: the median over its processes in every run
 (each run's, or each ``--repeat`` process' median), as ``--repeat`` pools a run's processes
-(``attnbench.runner._repeats``). Between-run variation then decides a lead, as the README's measurements say it
-must (``ranking.beyond_noise``: each of the fastest's process medians below each of the runner-up's).
+(``attnbench.runner._repeats``). A lead is then decided run by run where both contenders ran in the same runs
+(``ranking.beyond_noise``: every run's own rows must show it; a run's contenders were timed in the same
+interleaved rounds, while a machine's drift between runs moves them all), else on the spread between runs (each
+of the fastest's process medians below each of the runner-up's). Runs of one machine that ran different code
+are still pooled, with a warning (:func:`code_differences`).
 
 Only ``ok`` rows are pooled (a stalled or incorrect row never ranks). A case in one run only is that run's row.
 """
@@ -19,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.reports.frames import CASE_KEY
+from attnbench.reports.frames import CASE_KEY, Run, machine_label
 from attnbench.runner._repeats import RATE_COLUMNS
 
 RUNS = "runs"  # the column saying how many runs' rows a pooled row stands for
@@ -37,6 +40,11 @@ def _medians(row: dict[str, Any]) -> list[float]:
     return _listed(row.get("repeat_medians_ms")) or [float(row["median_ms"])]
 
 
+PER_RUN = "per_run"  # a pooled row's own rows' timing, one per run: what ranking.beyond_noise pairs run by run
+_PER_RUN_FIELDS = ("run", "median_ms", "samples_ms", "repeat_medians_ms")
+SCALED = ("cold_median_ms",)  # other times of one call: the middle run's, scaled to the pooled median as the rates
+
+
 def _pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
     medians = [m for row in rows for m in _medians(row)]
     median = statistics.median(medians)
@@ -47,14 +55,18 @@ def _pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
         median_ms=median,
         repeat_medians_ms=medians,
         samples_ms=samples or None,
+        n_samples=len(samples) if samples else middle.get("n_samples"),
         run=", ".join(dict.fromkeys(str(row.get("run")) for row in rows)),
-        **{RUNS: len(rows)},
+        **{RUNS: len(rows), PER_RUN: [{key: row.get(key) for key in _PER_RUN_FIELDS} for row in rows]},
     )
     scale = float(middle["median_ms"]) / median
     for column in RATE_COLUMNS:
         if pooled.get(column) is not None and pooled[column] == pooled[column]:
             pooled[column] = float(pooled[column]) * scale
-    for column in ("peak_mem_mb", "max_abs_err"):
+    for column in SCALED:
+        if pooled.get(column) is not None and pooled[column] == pooled[column]:
+            pooled[column] = float(pooled[column]) / scale
+    for column in ("peak_mem_mb", "max_abs_err", "grad_err"):
         values = [float(row[column]) for row in rows if row.get(column) is not None and row[column] == row[column]]
         if values:
             pooled[column] = max(values)
@@ -63,7 +75,10 @@ def _pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def pool_runs(ok: pd.DataFrame) -> pd.DataFrame:
     """``ok`` rows with each (machine, case, contender) once: a case in several runs pooled (the module's rule),
-    with ``runs`` the number of rows it stands for (1 where the case is in one run)."""
+    with ``runs`` the number of rows it stands for (1 where the case is in one run) and, where pooled, ``per_run``
+    its rows' own timing. A frame already pooled is returned as it is."""
+    if RUNS in ok.columns:
+        return ok
     if ok.empty:
         return ok.assign(**{RUNS: pd.Series(dtype="int64")})
     key = [c for c in CASE_KEY if c in ok.columns]
@@ -75,4 +90,38 @@ def pool_runs(ok: pd.DataFrame) -> pd.DataFrame:
     for number, row in zip(group, records, strict=True):
         cases.setdefault(number, []).append(row)
     rows = [_pool(members) if len(members) > 1 else {**members[0], RUNS: 1} for members in cases.values()]
-    return pd.DataFrame(rows, columns=[*ok.columns, RUNS])
+    pooled = pd.DataFrame(rows, columns=[*ok.columns, RUNS, PER_RUN])
+    for column, dtype in ok.dtypes.items():  # the frame's own types (Int64, boolean), not object
+        try:
+            pooled[column] = pooled[column].astype(dtype)
+        except (TypeError, ValueError):
+            continue
+    return pooled
+
+
+_CODE = {"torch_version": "torch", "attnbench_version": "attnbench", "git_commit": "commit", "git_dirty": "dirty"}
+
+
+def code_differences(runs: list[Run]) -> list[str]:
+    """A line per machine whose runs in the report ran different code (torch, attnbench, its commit or edits):
+    their cases are pooled as repeats of one contender, which they are not; ``attnbench compare`` tells them
+    apart."""
+    by_machine: dict[str, list[Run]] = {}
+    for run in runs:
+        by_machine.setdefault(machine_label(run.meta.get("environment") or {}), []).append(run)
+    lines = []
+    for machine, group in by_machine.items():
+        if len(group) < 2:
+            continue
+        differ = []
+        for key, said in _CODE.items():
+            values = [str((run.meta.get("environment") or {}).get(key)) for run in group]
+            if len(set(values)) > 1:
+                differ.append(f"{said} " + " / ".join(values))
+        if differ:
+            names = ", ".join(run.name for run in group)
+            lines.append(
+                f"runs {names} of {machine} ran different code ({'; '.join(differ)}): a case in several of them is "
+                f"pooled as repeats of one contender — compare them with `attnbench compare` instead"
+            )
+    return lines

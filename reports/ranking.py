@@ -19,9 +19,10 @@ winner there claims more than was measured, so the ranking says when the runner-
 Otherwise both are named: ``fused_cpu ≈ sdpa_flash`` — and every other contender within the noise of the
 fastest too (a third with wide intervals can be, where the runner-up is not). Neither rule needs the rows'
 samples to be paired, so rows of different runs rank the same way; a contender in a case twice (two runs
-of one machine) comes pooled into one row (``pooled.py``: its process medians from every run, so the repeats rule
-decides), and :func:`fastest_rows` keeps a contender's faster row only where a caller did not pool. Only ``ok``
-rows rank (see ``summary.py``).
+of one machine) comes pooled into one row (``pooled.py``: its process medians from every run; two contenders
+pooled from the same runs are judged run by run, the lead clear where every run says so), and
+:func:`fastest_rows` keeps a contender's faster row only where a caller did not pool. Only ``ok`` rows rank
+(see ``summary.py``).
 """
 
 from __future__ import annotations
@@ -74,8 +75,20 @@ def _interval(samples: list[float]) -> tuple[float, float]:
     return (min(samples), max(samples)) if samples else (-math.inf, math.inf)
 
 
+def _per_run(row: Mapping[Any, Any]) -> dict[str, Mapping[Any, Any]]:
+    """A pooled row's own rows by run (``pooled.PER_RUN``); {} for a row of one run."""
+    found = row.get("per_run")
+    return {str(each["run"]): each for each in found} if isinstance(found, list) else {}
+
+
 def beyond_noise(fastest: Mapping[Any, Any], other: Mapping[Any, Any]) -> bool:
-    """Whether ``fastest`` (a row) is faster than ``other`` beyond both rows' noise (the module's rules)."""
+    """Whether ``fastest`` (a row) is faster than ``other`` beyond both rows' noise (the module's rules). Two rows
+    pooled from the same runs (``pooled.py``) are judged run by run, each run's rows by these rules, and the lead
+    is clear only where every run says so: rows of one run were timed in the same interleaved rounds, and a
+    machine's drift between runs (10 % moves both) would otherwise turn a lead every run shows into a tie."""
+    mine, theirs = _per_run(fastest), _per_run(other)
+    if mine and mine.keys() == theirs.keys():
+        return all(beyond_noise(mine[run], theirs[run]) for run in mine)
     _, fastest_high = _interval(_values(fastest.get("samples_ms")))
     other_low, _ = _interval(_values(other.get("samples_ms")))
     if not fastest_high < other_low:

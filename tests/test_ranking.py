@@ -75,6 +75,33 @@ def test_a_contender_in_two_runs_ranks_by_its_pooled_median_not_its_faster_row()
     assert (row["fastest"], row["median"], row["runner_up"], row["margin"]) == ("a", "1.1", "b", "1.82×")
 
 
+def test_contenders_pooled_from_the_same_runs_are_judged_run_by_run():
+    """One run: a 1.0, b 1.05, tight samples — a clear lead. A second run with the same 5 % on a machine 10 %
+    slower (a 1.10, b 1.155): pooled unpaired, a's 1.10 sat above b's 1.05 and the lead became a tie — more
+    data, a weaker verdict. Each run's own rows decide now, and a run that disagrees still makes a tie."""
+    rows = [_row("a", 1.0, 0.005), _row("b", 1.05, 0.005), _row("a", 1.10, 0.005), _row("b", 1.155, 0.005)]
+    frame = rows_to_frame(rows).assign(machine="m", run=["one", "one", "two", "two"])
+    pooled = pool_runs(frame)
+    assert list(pooled["runs"]) == [2, 2] and ranking.rank(pooled).clear
+    assert pool_runs(pooled) is pooled  # pooled once
+    flipped = rows_to_frame([*rows[:2], _row("a", 1.16, 0.005), rows[3]]).assign(machine="m", run=frame["run"])
+    assert not ranking.rank(pool_runs(flipped)).clear  # run two has b first
+    alone = rows_to_frame([*rows, _row("b", 1.1, 0.005)]).assign(machine="m", run=["one", "one", "two", "two", "x"])
+    assert not ranking.rank(pool_runs(alone)).clear  # b in a run a is not in: the spread between runs decides
+
+
+def test_a_pooled_row_keeps_its_types_and_scales_its_cold_time_with_its_median():
+    """A pooled row's warm median is the runs' while its cold one was the middle run's (cold/warm 1.04 where
+    every run had 1.2); its sample count described one run; Int64 and boolean columns turned object."""
+    rows = [_row("a", 1.0, cold_median_ms=1.2), _row("a", 1.3, cold_median_ms=1.56)]
+    frame = rows_to_frame(rows).assign(machine="m", run=["one", "two"])
+    (row,) = pool_runs(frame).to_dict("records")
+    assert row["median_ms"] == 1.15 and abs(row["cold_median_ms"] / row["median_ms"] - 1.2) < 1e-9
+    assert row["n_samples"] == 120
+    pooled = pool_runs(frame)
+    assert pooled["n_samples"].dtype == frame["n_samples"].dtype and pooled["hidden"].dtype == frame["hidden"].dtype
+
+
 def test_summary_table_names_both_within_noise_and_says_what_the_mark_means():
     clear = summary_table(rows_to_frame([_row("a", 1.0), _row("b", 2.0)]))
     assert clear.splitlines()[-1].split()[-1] == "a" and ranking.TIE not in clear

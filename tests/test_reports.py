@@ -497,3 +497,28 @@ def test_a_reader_that_leaves_early_keeps_the_finished_page(two_runs, tmp_path, 
     assert {"report.html", "latency.png"} <= kept, kept
     assert main(["compare", str(run), str(run), "--out", str(tmp_path / "cmp")]) == 0
     assert (tmp_path / "cmp" / "compare.html").is_file()
+
+
+def test_runs_of_one_machine_that_ran_different_code_are_pooled_with_a_warning(tmp_path):
+    """`attnbench report before after` on one host, torch upgraded between them: both runs' cases were pooled as
+    repeats of one contender, and nothing said the code differed."""
+    from attnbench.reports.frames import Run
+    from attnbench.reports.html import write_report
+    from attnbench.reports.pooled import code_differences
+    from attnbench.runner.results import make_row, rows_to_frame
+
+    shape = attnbench.Workload(1, 2, 2, 64, 64, 16)
+    environment = {"cpu_name": "cpu", "hostname": "vm", "threads": 1, "torch_version": "2.13.0", "git_commit": "abc"}
+    before = Run("before", tmp_path / "before", pd.DataFrame(), {"environment": environment})
+    after = Run(
+        "after", tmp_path / "after", pd.DataFrame(), {"environment": {**environment, "torch_version": "2.11.0"}}
+    )
+    same = Run("again", tmp_path / "again", pd.DataFrame(), {"environment": environment})
+    assert code_differences([before, same]) == []
+    (line,) = code_differences([before, after, same])
+    assert line.startswith("runs before, after, again of cpu ×1 threads @ vm ran different code (torch 2.13.0 / ")
+    assert "`attnbench compare`" in line and "commit" not in line
+    frame = rows_to_frame([make_row("bmm", shape, "ok", median_ms=m) for m in (1.0, 1.2)])
+    frame = frame.assign(machine="cpu ×1 threads @ vm", run=["before", "after"])
+    page = write_report(frame, [before, after], [], tmp_path, None, "attnbench report before after").read_text()
+    assert '<p class="warn pooled-code">runs before, after of cpu ×1 threads @ vm ran different code' in page
