@@ -111,6 +111,7 @@ def test_from_case_reruns_that_row_with_the_runs_settings(runs, tmp_path):
         (["--case", "1", "--seed", "3", "--no-memory"], "drop --seed, --no-memory"),
         (["--case", "1", "--isolate", "none", "--cpu-allocator", "system"], "drop --cpu-allocator, --isolate"),
         (["--case", "1", "--remeasure-ceilings"], "drop --remeasure-ceilings"),
+        (["--case", "1", "--seed", "0", "--isolate=worker"], "drop --seed, --isolate"),  # the defaults, written
     ],
 )
 def test_bad_from_case_is_one_line_exit_2_nothing_written(runs, tmp_path, capsys, flags, message):

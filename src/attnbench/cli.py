@@ -152,6 +152,7 @@ def _from_run_request(args: argparse.Namespace) -> RunRequest:
     )
     given = [flag for flag, value in settings if value is not None]
     given += [axis.flag for axis in SWEEP_AXES if getattr(args, axis.name, None) is not None]
+    written = {token.split("=", 1)[0] for token in getattr(args, "argv", [])}  # `--seed 0` too, the default
     given += [  # the run's settings too: a value given here was dropped, while meta.json's command kept it
         flag
         for flag, was_given in (
@@ -161,7 +162,7 @@ def _from_run_request(args: argparse.Namespace) -> RunRequest:
             ("--isolate", args.isolate != "worker"),
             ("--remeasure-ceilings", args.remeasure_ceilings),
         )
-        if was_given
+        if was_given or flag in written
     ]
     if given:
         raise UsageError(f"--from reruns one case of RUN_DIR with its settings; drop {', '.join(given)}")
@@ -1061,6 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
         check_one_tree()  # a core from one checkout with another's contenders and reports measures the wrong code
         args = build_parser().parse_args(argv)
         args.command_line = command_line(argv)
+        args.argv = list(argv)  # which flags were written, where a value equal to the default says nothing
         code = int(args.func(args))
         forget_claims()  # what it claimed is written: report, compare, history
         return code
