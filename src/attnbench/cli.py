@@ -32,7 +32,6 @@ from attnbench.measure._ceilings import load_ceilings
 from attnbench.measure._source_trees import check_one_tree
 from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
 from attnbench.measure.environment import attnbench_version, command_line, environment
-from attnbench.reports.out_folder import forget_claims, remove_unfinished_pages
 from attnbench.runner.cases import WAITED_STALL, not_runnable, waited_text
 from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request, check_threads
 from attnbench.runner.results import RunWriter
@@ -1054,28 +1053,45 @@ def _interrupted_note(args: argparse.Namespace | None) -> str:
     return "nothing was written"
 
 
+def _report_folders() -> Any:
+    """reports.out_folder where a command has imported it (report, compare, history claim their folders there),
+    else None: imported at start-up, it would fail before the one-tree check can say why (a core without its
+    mapped packages has no attnbench.reports)."""
+    return sys.modules.get("attnbench.reports.out_folder")
+
+
+def _forget_claims() -> None:
+    if (folders := _report_folders()) is not None:
+        folders.forget_claims()
+
+
+def _remove_unfinished_pages() -> list[str]:
+    folders = _report_folders()
+    return folders.remove_unfinished_pages() if folders is not None else []
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = None
-    forget_claims()  # folders claimed before, outside a command (build_report from Python), are not this one's
+    _forget_claims()  # folders claimed before, outside a command (build_report from Python), are not this one's
     try:
         check_one_tree()  # a core from one checkout with another's contenders and reports measures the wrong code
         args = build_parser().parse_args(argv)
         args.command_line = command_line(argv)
         args.argv = list(argv)  # which flags were written, where a value equal to the default says nothing
         code = int(args.func(args))
-        forget_claims()  # what it claimed is written: report, compare, history
+        _forget_claims()  # what it claimed is written: report, compare, history
         return code
     except UsageError as exc:
         print(f"attnbench: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before a command's own handling starts (a run's: with its first case)
-        kept = remove_unfinished_pages()  # report, compare, history: no figures without their page
+        kept = _remove_unfinished_pages()  # report, compare, history: no figures without their page
         print(f"attnbench: interrupted; {'; '.join([_interrupted_note(args), *kept])}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `attnbench list | head`: the reader left, nothing is wrong
         sys.stderr.close()
         return 0
     finally:
-        remove_unfinished_pages()  # a command that failed (bad input found late, a bug) leaves no half a report
+        _remove_unfinished_pages()  # a command that failed (bad input found late, a bug) leaves no half a report
         _drop_empty_claims()
