@@ -115,9 +115,14 @@ def code_differences(runs: list[Run]) -> list[str]:
             continue
         differ = []
         for key, said in _CODE.items():
-            values = [str((run.meta.get("environment") or {}).get(key)) for run in group]
-            if len(set(values)) > 1:
-                differ.append(f"{said} " + " / ".join(values))
+            runs_of: dict[str, list[str]] = {}
+            for run in group:
+                value = str((run.meta.get("environment") or {}).get(key))
+                runs_of.setdefault(value[:12] if key == "git_commit" else value, []).append(run.name)
+            if len(runs_of) > 1:  # each value once, with the runs that have it
+                differ.append(
+                    f"{said} " + " / ".join(f"{value} ({', '.join(names)})" for value, names in runs_of.items())
+                )
         if differ:
             names = ", ".join(run.name for run in group)
             lines.append(

@@ -516,7 +516,8 @@ def test_runs_of_one_machine_that_ran_different_code_are_pooled_with_a_warning(t
     same = Run("again", tmp_path / "again", pd.DataFrame(), {"environment": environment})
     assert code_differences([before, same]) == []
     (line,) = code_differences([before, after, same])
-    assert line.startswith("runs before, after, again of cpu ×1 threads @ vm ran different code (torch 2.13.0 / ")
+    said = "ran different code (torch 2.13.0 (before, again) / 2.11.0 (after)): "
+    assert line.startswith(f"runs before, after, again of cpu ×1 threads @ vm {said}")
     assert "`attnbench compare`" in line and "commit" not in line
     frame = rows_to_frame([make_row("bmm", shape, "ok", median_ms=m) for m in (1.0, 1.2)])
     frame = frame.assign(machine="cpu ×1 threads @ vm", run=["before", "after"])
