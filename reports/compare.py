@@ -71,6 +71,7 @@ from attnbench.reports.noise_floor import (
 )
 from attnbench.reports.normalise import normalise, references, ridge_from_meta
 from attnbench.reports.out_folder import write_page
+from attnbench.runner._repeats import listed
 from attnbench.runner.results import CASE_COLUMNS, YARDSTICK_COLUMNS
 
 MATCH_ON = CASE_COLUMNS
@@ -101,23 +102,17 @@ class Evidence:
         return float(np.median(self.values))
 
 
-def _listed(value: Any) -> list[float]:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return []
-    return [float(v) for v in value]
-
-
 def evidence(row: Any, suffix: str = "") -> Evidence:
     """The per-repeat medians when there are two or more, else the raw samples (else the median alone).
 
     Per-repeat medians are centred on the row's ``median_ms`` (their spread is kept), so that the
     median_ms of the row is what is compared whatever else a tool rewrote."""
     median = float(row[f"median_ms{suffix}"])
-    repeats = _listed(row.get(f"repeat_medians_ms{suffix}"))
+    repeats = listed(row.get(f"repeat_medians_ms{suffix}"))
     if len(repeats) >= 2:
         values = np.asarray(repeats) * (median / float(np.median(repeats)))
         return Evidence(values, "repeats", float(values.max() / values.min() - 1))
-    samples = _listed(row.get(f"samples_ms{suffix}"))
+    samples = listed(row.get(f"samples_ms{suffix}"))
     if not samples:
         return Evidence(np.array([median]), "samples", 0.0)
     values = np.asarray(samples)
@@ -227,7 +222,7 @@ class Comparison:
 def repeat_count(frame: pd.DataFrame, name: str) -> int:
     """How many repeats a run's ok rows have; a run mixing counts is bad input."""
     ok = frame[frame["status"] == "ok"]
-    counts = {max(1, len(_listed(v))) for v in ok.get("repeat_medians_ms", pd.Series(dtype=object))} or {1}
+    counts = {max(1, len(listed(v))) for v in ok.get("repeat_medians_ms", pd.Series(dtype=object))} or {1}
     if len(counts) > 1:
         raise UsageError(
             f"{name} mixes rows with {' and '.join(map(str, sorted(counts)))} repeats; "

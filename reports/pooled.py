@@ -17,27 +17,19 @@ Only ``ok`` rows are pooled (a stalled or incorrect row never ranks). A case in 
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import pandas as pd
 
 from attnbench.reports.frames import CASE_KEY, Run, machine_label
-from attnbench.runner._repeats import RATE_COLUMNS
+from attnbench.runner._repeats import listed, pool_processes
 
 RUNS = "runs"  # the column saying how many runs' rows a pooled row stands for
 
 
-def _listed(value: Any) -> list[float]:
-    """A list column's value (``samples_ms``, ``repeat_medians_ms``) as floats; [] where empty (None or NaN)."""
-    if value is None or isinstance(value, float):
-        return []
-    return [float(v) for v in value]
-
-
 def _medians(row: dict[str, Any]) -> list[float]:
     """A row's process medians: its ``--repeat`` processes', else its own median."""
-    return _listed(row.get("repeat_medians_ms")) or [float(row["median_ms"])]
+    return listed(row.get("repeat_medians_ms")) or [float(row["median_ms"])]
 
 
 PER_RUN = "per_run"  # a pooled row's own rows' timing, one per run: what ranking.beyond_noise pairs run by run
@@ -46,30 +38,16 @@ SCALED = ("cold_median_ms",)  # other times of one call: the middle run's, scale
 
 
 def _pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    medians = [m for row in rows for m in _medians(row)]
-    median = statistics.median(medians)
-    middle = min(rows, key=lambda row: abs(float(row["median_ms"]) - median))
-    pooled = dict(middle)
-    samples = [s for row in rows for s in _listed(row.get("samples_ms"))]
+    pooled, scale = pool_processes(rows, [m for row in rows for m in _medians(row)])
     pooled.update(
-        median_ms=median,
-        repeat_medians_ms=medians,
-        samples_ms=samples or None,
-        n_samples=len(samples) if samples else middle.get("n_samples"),
+        samples_ms=pooled["samples_ms"] or None,
+        n_samples=len(pooled["samples_ms"]) if pooled["samples_ms"] else pooled.get("n_samples"),
         run=", ".join(dict.fromkeys(str(row.get("run")) for row in rows)),
         **{RUNS: len(rows), PER_RUN: [{key: row.get(key) for key in _PER_RUN_FIELDS} for row in rows]},
     )
-    scale = float(middle["median_ms"]) / median
-    for column in RATE_COLUMNS:
-        if pooled.get(column) is not None and pooled[column] == pooled[column]:
-            pooled[column] = float(pooled[column]) * scale
     for column in SCALED:
         if pooled.get(column) is not None and pooled[column] == pooled[column]:
             pooled[column] = float(pooled[column]) / scale
-    for column in ("peak_mem_mb", "max_abs_err", "grad_err"):
-        values = [float(row[column]) for row in rows if row.get(column) is not None and row[column] == row[column]]
-        if values:
-            pooled[column] = max(values)
     return pooled
 
 

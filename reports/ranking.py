@@ -35,6 +35,8 @@ from typing import Any
 import pandas as pd
 
 from attnbench.measure.stopwatch import median_ci
+from attnbench.reports.pooled import PER_RUN
+from attnbench.runner._repeats import listed
 
 TIE = "≈"
 LEGEND = (
@@ -62,12 +64,6 @@ class Ranking:
         return f" {TIE} ".join((self.fastest, *self.within))
 
 
-def _values(value: Any) -> list[float]:
-    if value is None or (isinstance(value, float) and value != value):
-        return []
-    return [float(v) for v in value]
-
-
 def _interval(samples: list[float]) -> tuple[float, float]:
     """The 95 % interval of the median, else the samples' range (under six), else everything (none)."""
     if len(samples) >= 6:
@@ -77,7 +73,7 @@ def _interval(samples: list[float]) -> tuple[float, float]:
 
 def _per_run(row: Mapping[Any, Any]) -> dict[str, Mapping[Any, Any]]:
     """A pooled row's own rows by run (``pooled.PER_RUN``); {} for a row of one run."""
-    found = row.get("per_run")
+    found = row.get(PER_RUN)
     return {str(each["run"]): each for each in found} if isinstance(found, list) else {}
 
 
@@ -89,12 +85,12 @@ def beyond_noise(fastest: Mapping[Any, Any], other: Mapping[Any, Any]) -> bool:
     mine, theirs = _per_run(fastest), _per_run(other)
     if mine and mine.keys() == theirs.keys():
         return all(beyond_noise(mine[run], theirs[run]) for run in mine)
-    _, fastest_high = _interval(_values(fastest.get("samples_ms")))
-    other_low, _ = _interval(_values(other.get("samples_ms")))
+    _, fastest_high = _interval(listed(fastest.get("samples_ms")))
+    other_low, _ = _interval(listed(other.get("samples_ms")))
     if not fastest_high < other_low:
         return False
-    repeats: Sequence[float] = _values(fastest.get("repeat_medians_ms"))
-    others: Sequence[float] = _values(other.get("repeat_medians_ms"))
+    repeats: Sequence[float] = listed(fastest.get("repeat_medians_ms"))
+    others: Sequence[float] = listed(other.get("repeat_medians_ms"))
     if len(repeats) > 1 or len(others) > 1:
         return max(repeats or [fastest["median_ms"]]) < min(others or [other["median_ms"]])
     return True

@@ -150,7 +150,7 @@ def non_ok_reasons(frame: pd.DataFrame) -> str:
     # a contender's lines together, in the order its first row came (a sweep's stalls of one contender, several
     # reasons, were spread through the list between other contenders')
     order = {impl: k for k, impl in enumerate(dict.fromkeys(bad["impl"]))}
-    bad = bad.iloc[sorted(range(len(bad)), key=lambda k: order[bad["impl"].iloc[k]])]
+    bad = bad.sort_values("impl", key=lambda impls: impls.map(order), kind="stable")
     lines = []
     for (impl, status, reason), rows in bad.groupby(["impl", "status", "reason"], sort=False):
         if status not in CASE_FAILURES:

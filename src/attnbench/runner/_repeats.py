@@ -36,31 +36,51 @@ def merge_repeats(rows: list[dict[str, Any]], repeats: int | None = None) -> dic
     for number, row in enumerate(rows, start=1):
         if row["status"] != "ok":
             return {**row, "reason": f"repeat {number} of {repeats}: {row['reason']}", "repeat_medians_ms": None}
-    medians = [float(row["median_ms"]) for row in rows]
-    median = statistics.median(medians)
-    middle = min(rows, key=lambda row: abs(float(row["median_ms"]) - median))
-    merged = dict(middle)
+    merged, _ = pool_processes(rows, [float(row["median_ms"]) for row in rows])
     merged.update(
-        median_ms=median,
-        repeat_medians_ms=medians,
         iqr_ms=statistics.median(float(row["iqr_ms"]) for row in rows),
         n_samples=sum(int(row["n_samples"]) for row in rows),
         rounds=sum(int(row.get("rounds") or 0) for row in rows),
-        samples_ms=[s for row in rows for s in (row.get("samples_ms") or [])],
         unstable=any(bool(row.get("unstable")) for row in rows),
         first_call_ms=rows[0].get("first_call_ms"),
         setup_ms=rows[0].get("setup_ms"),
         choice=" | ".join(dict.fromkeys(str(row["choice"]) for row in rows if row.get("choice"))) or None,
     )
     merged.update(_repeat_yardsticks(rows))
+    return merged
+
+
+def _known(value: Any) -> bool:
+    return value is not None and value == value  # a missing figure: None, or NaN from a frame's record
+
+
+def listed(value: Any) -> list[float]:
+    """A list column's value (``samples_ms``, ``repeat_medians_ms``) as floats; [] where empty (None or NaN)."""
+    return [float(v) for v in value] if value is not None and not isinstance(value, float) else []
+
+
+def pool_processes(rows: list[dict[str, Any]], medians: list[float]) -> tuple[dict[str, Any], float]:
+    """One row for ok rows of one case from several processes, ``medians`` the processes' medians: the row
+    nearest their median, with ``median_ms`` that median and ``repeat_medians_ms`` them, the samples pooled, the
+    rates following the median, the worst error and the largest memory; and the scale (the middle row's median
+    over the pooled one) other figures of one call follow. ``merge_repeats`` pools a run's repeats with it, and
+    attnbench.reports.pooled several runs' rows."""
+    median = statistics.median(medians)
+    middle = min(rows, key=lambda row: abs(float(row["median_ms"]) - median))
+    merged = dict(middle)
+    merged.update(
+        median_ms=median,
+        repeat_medians_ms=medians,
+        samples_ms=[s for row in rows for s in listed(row.get("samples_ms"))],
+    )
     for column in ("max_abs_err", "grad_err", "peak_mem_mb"):
-        values = [row[column] for row in rows if row.get(column) is not None]
+        values = [float(row[column]) for row in rows if _known(row.get(column))]
         merged[column] = max(values) if values else None
     scale = float(middle["median_ms"]) / median
     for column in RATE_COLUMNS:
-        if merged.get(column) is not None:
+        if _known(merged.get(column)):
             merged[column] = float(merged[column]) * scale
-    return merged
+    return merged, scale
 
 
 def _repeat_yardsticks(rows: list[dict[str, Any]]) -> dict[str, Any]:
