@@ -3,7 +3,8 @@
 Everything that can be bad input (the flags, the output folder, the contenders, the git revision, the
 sweep) is checked before anything is timed or written. The versions come from ``attnbench.runner.ab``; the
 table, CSV and figure from ``attnbench.reports.ab_report``. Exit 1 when a case is ``slower`` (or a
-version's output ``incorrect``), else 0.
+version's output ``incorrect``), else 0. Ctrl-C keeps the verdicts of the cases judged before it (written,
+printed, exit 130); the case in hand leaves nothing.
 """
 
 from __future__ import annotations
@@ -73,14 +74,24 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], out: Path)
         for warning in environment_warnings():  # as a run says them: other work on the cores, the governor
             print(f"warning: {warning}", file=sys.stderr)
 
+        cases: list[ab.AbCase] = []  # as each is judged: what an interrupt keeps
+
         def report(index: int, case: ab.AbCase) -> None:
             record = case.record(a, b, args.threshold)
             if args.json:
                 print(json.dumps(record), flush=True)
             else:
                 print(progress_line(index, len(workloads), case, record["workload"]), file=sys.stderr)
+            cases.append(case)
 
-        cases = ab.run_ab(a, b, workloads, options, report)
+        try:
+            ab.run_ab(a, b, workloads, options, report)
+        except KeyboardInterrupt:
+            if not cases:
+                raise  # nothing judged: nothing is written, as main says
+            interrupted = True
+        else:
+            interrupted = False
     records = [case.record(a, b, args.threshold) for case in cases]
     settings = {
         "threshold": args.threshold,
@@ -93,6 +104,7 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], out: Path)
         "command_line": args.command_line,
         "versions": [ab.describe(a), ab.describe(b)],
         **settings,
+        **({"interrupted": f"{len(cases)} of {len(workloads)} case(s) judged"} if interrupted else {}),
         **environment(threads),
     }
     paths = write_ab(records, [(c.samples_a_ms, c.samples_b_ms) for c in cases], out, meta)
@@ -103,4 +115,10 @@ def cmd_ab(args: argparse.Namespace, overrides: dict[str, list[Any]], out: Path)
     bad = ab.failed(cases)
     if bad:
         print(f"{len(bad)} case(s) slower beyond {args.threshold:.1%}, incorrect or in error", file=sys.stderr)
+    if interrupted:
+        print(
+            f"ab: interrupted: the files hold the {len(cases)} case(s) judged before it, of {len(workloads)}",
+            file=sys.stderr,
+        )
+        return 130
     return 1 if bad else 0

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -169,6 +170,41 @@ def test_a_version_that_raises_is_an_error_and_exits_1(cli, planted, tmp_path):
     assert code == 1 and "1 case(s) slower beyond 2.0%, incorrect or in error" in err, out + err
     (row,) = pd.read_csv(tmp_path / "ab" / "ab.csv").to_dict("records")
     assert row["verdict"] == "error" and row["reason"].endswith("RuntimeError: boom in my kernel"), row
+
+
+class TerminatedAtSeq128(Contender):
+    """bmm's arithmetic; preparing a 128-key case, the process is sent SIGTERM (as `timeout` or SLURM would)."""
+
+    name = "planted_ab_terminated"
+    capabilities = Capabilities(devices=frozenset({"cpu"}), masks=frozenset({"none"}))
+
+    def prepare(self, inputs, workload):
+        if workload.seq_k == 128:
+            os.kill(os.getpid(), signal.SIGTERM)
+        q, k, v = inputs.q, inputs.k, inputs.v
+        return lambda: torch.softmax(q @ k.transpose(-1, -2) * inputs.scale, dim=-1) @ v
+
+
+def test_a_terminated_ab_keeps_the_verdicts_judged_before_it(cli, planted, tmp_path):
+    """SIGTERM (or Ctrl-C) in the second case: the first case's verdict is printed and written, meta.json counts
+    them, exit 130; stopped in the first case, nothing is written. The handlers are restored afterwards."""
+    registry.register(TerminatedAtSeq128())
+    planted.append(TerminatedAtSeq128.name)
+    before = signal.getsignal(signal.SIGTERM)
+    args = ["ab", "--a", "bmm", "--b", TerminatedAtSeq128.name, "--batch", "1", "--heads", "2", "--head-dim", "16"]
+    args += ["--threads", "1", "--budget-s", "0.1", "--threshold", "0.5"]
+    code, out, err = cli(*args, "--seq", "64,128,256", "--out", str(tmp_path / "ab"))
+    assert code == 130 and "Traceback" not in err, out + err
+    assert err.splitlines()[-1] == "ab: interrupted: the files hold the 1 case(s) judged before it, of 3", err
+    assert "B1 H2 S64 D16 float32 cpu none fwd" in out and "S128" not in out
+    (row,) = pd.read_csv(tmp_path / "ab" / "ab.csv").to_dict("records")
+    assert row["seq_q"] == 64 and row["verdict"] in ("same", "unclear", "faster", "slower"), row
+    meta = json.loads((tmp_path / "ab" / "meta.json").read_text())
+    assert meta["interrupted"] == "1 of 3 case(s) judged"
+    code, _, err = cli(*args, "--seq", "128", "--out", str(tmp_path / "none"))
+    assert code == 130 and err.splitlines()[-1] == "attnbench: interrupted; nothing was written", err
+    assert not (tmp_path / "none").exists()
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_the_figure_has_plain_decimal_ticks_and_labels_that_do_not_overlap():

@@ -262,6 +262,25 @@ def test_an_ignored_signal_stays_ignored(tmp_path):
         signal.signal(signal.SIGHUP, previous)
 
 
+def test_outside_a_sweep_sigterm_and_sighup_are_ctrl_c_and_an_ignored_one_stays_ignored(signals_not_ignored):
+    """ab, profile and the reports keep what Ctrl-C keeps when `timeout` or SLURM stops them: inside
+    termination_as_interrupt SIGTERM and SIGHUP raise KeyboardInterrupt; nohup's SIGHUP stays ignored; the
+    handlers are restored."""
+    from attnbench.runner._interrupts import termination_as_interrupt
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with termination_as_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGHUP)  # ignored: nothing raised
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    with termination_as_interrupt(), pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGHUP)
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+
+
 def test_a_write_cut_short_leaves_the_old_file_whole(tmp_path):
     from attnbench.runner.results import replacing, write_text
 

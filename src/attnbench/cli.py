@@ -32,6 +32,7 @@ from attnbench.measure._ceilings import load_ceilings
 from attnbench.measure._source_trees import check_one_tree
 from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
 from attnbench.measure.environment import attnbench_version, command_line, environment
+from attnbench.runner._interrupts import termination_as_interrupt
 from attnbench.runner.cases import WAITED_STALL, not_runnable, waited_text
 from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request, check_threads
 from attnbench.runner.results import RunWriter
@@ -1079,7 +1080,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.command_line = command_line(argv)
         args.argv = list(argv)  # which flags were written, where a value equal to the default says nothing
-        code = int(args.func(args))
+        with termination_as_interrupt():  # SIGTERM, SIGHUP: what Ctrl-C keeps is kept
+            code = int(args.func(args))
         _forget_claims()  # what it claimed is written: report, compare, history
         return code
     except UsageError as exc:

@@ -93,3 +93,25 @@ class StopSignals:
                 f"continue with: attnbench run --resume {self.run_dir}"
             )
             os._exit(EXIT_STATUS)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def termination_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt while inside, as Ctrl-C does: a command that keeps its finished
+    work on Ctrl-C (``ab``'s verdicts, ``profile``'s tables, no half a report) keeps it when ``timeout``, SLURM or a
+    closed terminal stops it. A sweep installs :class:`StopSignals` over it. Main thread only; an ignored signal
+    stays ignored."""
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, _raise_interrupt)
+    try:
+        yield
+    finally:
+        for restored, handler in previous.items():
+            signal.signal(restored, handler)
