@@ -235,15 +235,27 @@ def _draw_panel(axis: Any, panel: Facet, y: str, colours: dict[str, Any], xlabel
     axis.set_xlabel(xlabel or AXIS_LABELS[panel.x])
 
 
+STEPS_PER_SEGMENT = 24  # points sampled along each segment of a drawn line: a label must not hide a line either
+
+
 def _drawn_points(axis: Any) -> np.ndarray:
-    """Every marker drawn on the panel so far (lines' points, strip plots' dots) in axes fractions (0–1)."""
-    found = [np.asarray(each.get_xydata(), float) for each in axis.lines]
-    found += [np.asarray(each.get_offsets(), float) for each in axis.collections if len(each.get_offsets())]
-    if not found:
-        return np.empty((0, 2))
-    data = np.concatenate(found)
-    data = data[np.isfinite(data).all(axis=1)]
-    return axis.transAxes.inverted().transform(axis.transData.transform(data)) if len(data) else data
+    """Every marker drawn on the panel so far (lines' points, strip plots' dots) and points along each line's
+    segments, in axes fractions (0–1): a label over a line between two markers hides it as surely as one over a
+    marker."""
+
+    def to_axes(data: np.ndarray) -> np.ndarray:
+        data = data[np.isfinite(data).all(axis=1)]
+        return axis.transAxes.inverted().transform(axis.transData.transform(data)) if len(data) else data
+
+    found = [np.empty((0, 2))]
+    for line in axis.lines:
+        points = to_axes(np.asarray(line.get_xydata(), float))
+        found.append(points)
+        if line.get_linestyle() not in ("None", "", " ") and len(points) > 1:  # straight on screen, log axes too
+            steps = np.linspace(0, 1, STEPS_PER_SEGMENT)[:, None, None]
+            found.append((points[:-1] + steps * (points[1:] - points[:-1])).reshape(-1, 2))
+    found += [to_axes(np.asarray(each.get_offsets(), float)) for each in axis.collections if len(each.get_offsets())]
+    return np.concatenate(found)
 
 
 LABEL_SIZE = 7  # points: a reference line's label

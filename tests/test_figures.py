@@ -536,6 +536,24 @@ def test_a_reference_lines_label_moves_to_the_end_where_it_hides_no_point():
     plt.close(figure)
 
 
+def test_a_reference_lines_label_moves_off_a_line_between_two_markers():
+    """A line from far left to far right passes under the left end's label with no marker there: the label
+    takes the other end, where nothing is drawn."""
+    from attnbench.reports.plots import Reference, _drawn_points, _reference_line
+
+    figure, axis = plt.subplots(figsize=(4.4, 3.4))
+    axis.plot([1, 64], [1.15, 0.1], marker="o")  # log x: under the left label only the line, its markers clear
+    axis.plot([1, 64], [0.1, 0.1], marker="o")
+    axis.set_xscale("log", base=2)
+    axis.set_xlim(0.5, 100)
+    axis.set_ylim(0, 1.2)
+    points = _drawn_points(axis)
+    _reference_line(axis, Reference(0.95, "hardware roof 1 TFLOP/s", left=True), points, [])
+    (label,) = axis.texts
+    assert label.get_ha() == "right"
+    plt.close(figure)
+
+
 def _lab(rgb):
     """sRGB (0–1) to CIELAB (D65)."""
     rgb = np.asarray(rgb, float)
