@@ -2,14 +2,17 @@
 back; a run folder only when `out` is given; contenders registered in-process run in the worker when their
 class can be imported by reference (issue 12 item 7)."""
 
+import json
 import re
 import tempfile
+import time
 
 import pandas as pd
 import pytest
 import torch
 
 import attnbench
+from attnbench.runner._noise import result_warnings
 from attnbench.runner.results import COLUMNS
 
 from conftest import CHECKED, REPO
@@ -102,6 +105,30 @@ def test_bad_values_raise_the_cli_message(cli, scratch, kwargs, flags):
     assert err.strip() == f"attnbench: error: {caught.value}"
     temp, work = scratch
     assert _ours(temp) == [] and list(work.iterdir()) == []
+
+
+class SlowCall(WorkerSdpa):
+    """A call of 60 ms (asleep, so no core is taken from the machine): a 0.02 s budget gets fewer than 5 samples."""
+
+    name = "planted_slow_call"
+
+    def prepare(self, inputs, workload):
+        attention = super().prepare(inputs, workload)
+        return lambda: time.sleep(0.06) or attention()
+
+
+def test_the_results_warnings_are_said_and_saved_as_the_command_does(planted, tmp_path, capsys):
+    """A notebook saw the run's early warnings but not what its results raise (stalled, unstable, too few samples),
+    and the run folder's meta.json, which the report shows, lacked them: `attnbench run` says and saves both."""
+    attnbench.register(SlowCall)
+    planted.append(SlowCall.name)
+    frame = attnbench.run(impl=SlowCall.name, seq=64, isolate="none", out=tmp_path / "run", progress="off", **FAST)
+    late = result_warnings(frame)
+    assert late, list(frame.reason)  # too few samples (or, on a busy machine, stalled)
+    said = capsys.readouterr().err.splitlines()
+    assert all(f"warning: {warning}" in said for warning in late), said
+    saved = json.loads((tmp_path / "run" / "meta.json").read_text())["warnings"]
+    assert set(late) <= set(saved)
 
 
 def test_a_registered_importable_contender_runs_in_the_worker(planted):

@@ -19,6 +19,7 @@ UsageError saying why, and ``isolate="none"`` runs them in this process.
 from __future__ import annotations
 
 import inspect
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,6 +94,9 @@ def run(
             **settings,
         )
         finished = sweep.run_sweep(request, target)
+        said = len(finished.warnings)  # run_sweep said these; the results' own (stalled, unstable…) follow
+        for warning in sweep.late_warnings(finished)[said:]:  # and go into meta.json, as `attnbench run` does
+            print(f"warning: {warning}", file=sys.stderr)
     if finished.interrupted:
         saved = f"; finished rows are saved in {target}" if out is not None else ""
         raise KeyboardInterrupt(f"attnbench.run was interrupted{saved}")
