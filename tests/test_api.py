@@ -7,6 +7,7 @@ import re
 import tempfile
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -80,6 +81,26 @@ def test_out_writes_the_run_folder(tmp_path):
     assert len(frame) == len(saved) == 2  # quick's two sweeps at seq 128
     assert list(saved.impl) == list(frame.impl) and (out / "meta.json").exists()
     assert "attnbench.run(suite='quick', impl='bmm'" in (out / "meta.json").read_text()
+
+
+def test_numpy_values_and_ranges_are_the_numbers_they_hold(tmp_path):
+    """A notebook's `seq=np.arange(…)` or `range(…)` was refused ("expected positive integers"), and
+    `threads=np.int64(1)` passed the checks, then failed with a TypeError after the first case, leaving half a run
+    folder (meta.json, plan.json, rows.jsonl)."""
+    frame = attnbench.run(
+        impl="bmm",
+        seq=np.arange(64, 129, 64),
+        kv_heads=range(8, 9),
+        threads=np.int64(1),
+        budget_s=np.float64(0.02),
+        memory=np.bool_(False),
+        isolate="none",
+        out=tmp_path / "run",
+        progress="off",
+    )
+    assert sorted(frame.seq_q) == [64, 128] and (frame.kv_heads == 8).all() and (frame.threads == 1).all()
+    assert set(frame.status) <= set(CHECKED) and (tmp_path / "run" / "results.parquet").exists()
+    assert "kv_heads=[8], seq=[64, 128], threads=1, budget_s=0.02" in (tmp_path / "run" / "meta.json").read_text()
 
 
 BAD = [

@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,18 +63,20 @@ def run(
     for name in axes:
         if name not in BY_KEYWORD:
             raise TypeError(f"run() got an unexpected keyword argument {name!r}")
+    axes = {name: plain(value) for name, value in axes.items()}
     given = {BY_KEYWORD[name].name: value for name, value in axes.items() if value is not None}
     settings: dict[str, Any] = {
-        "threads": threads,
-        "budget_s": budget_s,
-        "case_budget_s": case_budget_s,
-        "timeout_s": timeout_s,
-        "repeat": repeat,
-        "seed": seed,
+        "threads": plain(threads),
+        "budget_s": plain(budget_s),
+        "case_budget_s": plain(case_budget_s),
+        "timeout_s": plain(timeout_s),
+        "repeat": plain(repeat),
+        "seed": plain(seed),
         "cpu_allocator": cpu_allocator,
         "isolate": isolate,
         "progress": progress,
     }
+    memory = plain(memory)
     named = {
         "suite": suite,
         **{a.keyword: axes.get(a.keyword) for a in SWEEP_AXES},
@@ -101,6 +104,17 @@ def run(
         saved = f"; finished rows are saved in {target}" if out is not None else ""
         raise KeyboardInterrupt(f"attnbench.run was interrupted{saved}")
     return finished.frame
+
+
+def plain(value: Any) -> Any:
+    """A notebook's values as the request takes them: a numpy (or torch) scalar as its Python number, any other
+    iterable but text as a list (``seq=np.arange(256, 1025, 256)``, ``seq=range(…)``, ``threads=np.int64(4)``: the
+    first two were refused as not integers, the last failed mid-run writing rows.jsonl, leaving half a run folder)."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        return value
+    return [plain(item) for item in value]
 
 
 # help(attnbench.run) and editors show every axis as a keyword, as the table has them.
