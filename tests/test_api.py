@@ -103,6 +103,23 @@ def test_numpy_values_and_ranges_are_the_numbers_they_hold(tmp_path):
     assert "kv_heads=[8], seq=[64, 128], threads=1, budget_s=0.02" in (tmp_path / "run" / "meta.json").read_text()
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"seq_q": 256}, "'seq_q': the results column seq_q is set by seq= (e.g. seq=[256, 512])"),
+        ({"seq_k": 256}, "'seq_k': the results column seq_k is set by seq_kv="),
+        ({"budget": 1}, "'budget'; did you mean budget_s=?"),
+        ({"pass": "bwd"}, "'pass'; did you mean pass_=?"),
+        ({"colour": 1}, "'colour'; the axes: impl, batch, heads"),
+    ],
+)
+def test_an_unknown_keyword_says_what_was_meant(kwargs, says):
+    """The frame's columns are seq_q and seq_k; a notebook that set them got a bare "unexpected keyword"."""
+    with pytest.raises(TypeError) as caught:
+        attnbench.run(**kwargs)
+    assert str(caught.value).startswith(f"run() got an unexpected keyword argument {says}")
+
+
 BAD = [
     ({"seq": [256, -1]}, ["--seq", "256,-1"]),
     ({"seq": "x"}, ["--seq", "x"]),

@@ -18,6 +18,7 @@ UsageError saying why, and ``isolate="none"`` runs them in this process.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import sys
 import tempfile
@@ -62,7 +63,7 @@ def run(
 
     for name in axes:
         if name not in BY_KEYWORD:
-            raise TypeError(f"run() got an unexpected keyword argument {name!r}")
+            raise TypeError(f"run() got an unexpected keyword argument {name!r}{_meant(name)}")
     axes = {name: plain(value) for name, value in axes.items()}
     given = {BY_KEYWORD[name].name: value for name, value in axes.items() if value is not None}
     settings: dict[str, Any] = {
@@ -104,6 +105,19 @@ def run(
         saved = f"; finished rows are saved in {target}" if out is not None else ""
         raise KeyboardInterrupt(f"attnbench.run was interrupted{saved}")
     return finished.frame
+
+
+def _meant(name: str) -> str:
+    """What an unknown keyword may have meant: the axis whose results column it is (``seq_q`` is ``seq``'s), or
+    a keyword close to it; else the keywords."""
+    by_column = {axis.workload_field: axis.keyword for axis in SWEEP_AXES if axis.workload_field != axis.keyword}
+    if name in by_column:
+        return f": the results column {name} is set by {by_column[name]}= (e.g. {by_column[name]}=[256, 512])"
+    settings = [p for p in inspect.signature(run).parameters if p not in ("suite", "axes")]
+    close = difflib.get_close_matches(name, [*BY_KEYWORD, *settings], n=1)
+    if close:
+        return f"; did you mean {close[0]}=?"
+    return f"; the axes: {', '.join(BY_KEYWORD)}"
 
 
 def plain(value: Any) -> Any:
