@@ -71,13 +71,16 @@ from attnbench.reports.noise_floor import (
 )
 from attnbench.reports.normalise import normalise, references, ridge_from_meta
 from attnbench.reports.out_folder import write_page
+from attnbench.reports.summary import CASE_FAILURES
 from attnbench.runner._repeats import listed
 from attnbench.runner.results import CASE_COLUMNS, YARDSTICK_COLUMNS
 
 MATCH_ON = CASE_COLUMNS
 HistorySigmas = dict[tuple[Any, ...], HistoryNoise]  # case or regime key → its spread (reports.noise_floor)
 VERDICTS = ("faster", "slower", "same", "unclear")
-BROKEN = ("incorrect", "error")  # a NEW status that fails the gate where BASE ran ok: the kernel broke (as in `ab`)
+# A NEW status that fails the gate where BASE ran ok: the case failed (summary's CASE_FAILURES, as `ab` fails on
+# incorrect and error), or the contender no longer loads or runs here (a plugin whose import broke is `unavailable`).
+BROKEN = (*CASE_FAILURES, "unavailable")
 WITHIN_RUN_ONLY = (
     "looks {direction}, but on within-run samples only: rerun both with --repeat 3, "
     "or time both versions in one process with `attnbench ab`"
@@ -526,8 +529,9 @@ def terminal_table(table: pd.DataFrame) -> tuple[str, list[str]]:
 
 
 def broken(table: pd.DataFrame) -> pd.DataFrame:
-    """The cases that ran ok in BASE and are ``incorrect`` or raised (``error``) in NEW: not comparable, having
-    no time to compare, but a gate must not pass a kernel that broke (``attnbench ab`` fails on them too)."""
+    """The cases that ran ok in BASE and failed in NEW (``incorrect``, ``error``, ``timeout``, ``oom``) or whose
+    contender is ``unavailable`` there: not comparable, having no time to compare, but a gate must not pass a kernel
+    that broke (``attnbench ab`` fails on incorrect and error too)."""
     return table[(table["base_status"] == "ok") & table["new_status"].isin(BROKEN)]
 
 
