@@ -71,12 +71,16 @@ from attnbench.reports.noise_floor import (
 )
 from attnbench.reports.normalise import normalise, references, ridge_from_meta
 from attnbench.reports.out_folder import write_page
+from attnbench.reports.summary import CASE_FAILURES
 from attnbench.runner._repeats import listed
 from attnbench.runner.results import CASE_COLUMNS, YARDSTICK_COLUMNS
 
 MATCH_ON = CASE_COLUMNS
 HistorySigmas = dict[tuple[Any, ...], HistoryNoise]  # case or regime key → its spread (reports.noise_floor)
 VERDICTS = ("faster", "slower", "same", "unclear")
+# A NEW status that fails the gate where BASE ran ok: the case failed (summary's CASE_FAILURES, as `ab` fails on
+# incorrect and error), or the contender no longer loads or runs here (a plugin whose import broke is `unavailable`).
+BROKEN = (*CASE_FAILURES, "unavailable")
 WITHIN_RUN_ONLY = (
     "looks {direction}, but on within-run samples only: rerun both with --repeat 3, "
     "or time both versions in one process with `attnbench ab`"
@@ -268,6 +272,7 @@ def compare_frames(
         record = {key: row[key] for key in MATCH_ON}
         record["workload"] = workload_label(pd.Series(record))
         record["reproduce"] = row.get("reproduce_new") if isinstance(row.get("reproduce_new"), str) else ""
+        record.update(base_status=row.get("status_base"), new_status=row.get("status_new"))
         if row["_merge"] != "both":
             record.update(verdict="missing", note=f"only in {'base' if row['_merge'] == 'left_only' else 'new'}")
         elif row["status_base"] != "ok" or row["status_new"] != "ok":
@@ -303,6 +308,8 @@ def compare_frames(
         *(["yardstick"] if "yardstick_new" in merged else []),
         "base_ms",
         "new_ms",
+        "base_status",
+        "new_status",
         "note",
         "reproduce",
         *MATCH_ON[1:],
@@ -521,6 +528,13 @@ def terminal_table(table: pd.DataFrame) -> tuple[str, list[str]]:
     return shown.to_string(index=False), footnotes
 
 
+def broken(table: pd.DataFrame) -> pd.DataFrame:
+    """The cases that ran ok in BASE and failed in NEW (``incorrect``, ``error``, ``timeout``, ``oom``) or whose
+    contender is ``unavailable`` there: not comparable, having no time to compare, but a gate must not pass a kernel
+    that broke (``attnbench ab`` fails on incorrect and error too)."""
+    return table[(table["base_status"] == "ok") & table["new_status"].isin(BROKEN)]
+
+
 def summary_line(comparison: Comparison, settings: Settings) -> str:
     table = comparison.table
     counts = table["verdict"].value_counts()
@@ -584,6 +598,7 @@ def write_compare(
             command=command,
         )
     )
+    table.to_csv(out_dir / "compare.csv", index=False)  # for scripts: every column, one row per case
     path = out_dir / "compare.html"
     write_page(path, html)
     return path, png

@@ -181,7 +181,9 @@ def machine_drift(cases: list[CaseHistory]) -> dict[tuple[str, str, str], float]
     median over the three series took the kernel's +25 % and sdpa_flash's high mode for the machine and divided
     the kernel's step away; per series, bmm's step became "the machine" for sdpa_math). A run's drift counts
     only when two thirds of those contenders moved that way, and with fewer than three other series from two
-    other contenders nothing is divided out."""
+    other contenders nothing is divided out. Of an even count of contenders the middle move nearer zero is taken,
+    not the mean of the two middle ones: beside two peers, a kernel twice as slow made half of its step "the
+    machine" for each peer, which then showed a -29 % step of its own (``_middle``)."""
     moves: dict[tuple[str, str], dict[str, list[float]]] = {}
     for case in cases:
         for machine, series in case.series.items():
@@ -199,11 +201,21 @@ def machine_drift(cases: list[CaseHistory]) -> dict[tuple[str, str, str], float]
             counted = sum(len(values) for other, values in by_impl.items() if other != impl)
             if len(others) < 2 or counted < MIN_SERIES_FOR_DRIFT:
                 continue
-            middle = float(np.median(others))
+            middle = _middle(others)
             agreeing = sum(1 for move in others if move * middle > 0)
             if agreeing >= SHARED * len(others):  # most contenders moved that way: the machine, not one of them
                 drift[(machine, run, impl)] = middle
     return drift
+
+
+def _middle(moves: list[float]) -> float:
+    """The median of the moves, but of an even count the middle one nearer zero: every contender on its side of
+    the middle moved at least that far, so no single contender's move is averaged into the machine's."""
+    ordered = sorted(moves)
+    half = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[half]
+    return min(ordered[half - 1], ordered[half], key=abs)
 
 
 def change_records(cases: list[CaseHistory]) -> pd.DataFrame:

@@ -2,14 +2,18 @@
 back; a run folder only when `out` is given; contenders registered in-process run in the worker when their
 class can be imported by reference (issue 12 item 7)."""
 
+import json
 import re
 import tempfile
+import time
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 import attnbench
+from attnbench.runner._noise import result_warnings
 from attnbench.runner.results import COLUMNS
 
 from conftest import CHECKED, REPO
@@ -50,6 +54,8 @@ def test_readme_example_returns_the_results_frame_and_writes_nothing(scratch, ca
     readme = (REPO / "README.md").read_text()
     (example,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL) if "attnbench.run(" in b]
     assert len(example.strip().splitlines()) <= 5 and 'impl=["bmm", "sdpa_flash"], seq=[256, 512]' in example
+    # the table it pivots holds ok rows only: a stalled row's time (29.8 ms beside 0.97 ms once) never ranks
+    assert 'frame[frame.status == "ok"].pivot_table(' in example
     namespace: dict = {}
     exec(example, namespace)
     frame = namespace["frame"]
@@ -77,6 +83,43 @@ def test_out_writes_the_run_folder(tmp_path):
     assert "attnbench.run(suite='quick', impl='bmm'" in (out / "meta.json").read_text()
 
 
+def test_numpy_values_and_ranges_are_the_numbers_they_hold(tmp_path):
+    """A notebook's `seq=np.arange(…)` or `range(…)` was refused ("expected positive integers"), and
+    `threads=np.int64(1)` passed the checks, then failed with a TypeError after the first case, leaving half a run
+    folder (meta.json, plan.json, rows.jsonl)."""
+    frame = attnbench.run(
+        impl="bmm",
+        seq=np.arange(64, 129, 64),
+        kv_heads=range(8, 9),
+        threads=np.int64(1),
+        budget_s=np.float64(0.02),
+        memory=np.bool_(False),
+        isolate="none",
+        out=tmp_path / "run",
+        progress="off",
+    )
+    assert sorted(frame.seq_q) == [64, 128] and (frame.kv_heads == 8).all() and (frame.threads == 1).all()
+    assert set(frame.status) <= set(CHECKED) and (tmp_path / "run" / "results.parquet").exists()
+    assert "kv_heads=[8], seq=[64, 128], threads=1, budget_s=0.02" in (tmp_path / "run" / "meta.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"seq_q": 256}, "'seq_q': the results column seq_q is set by seq= (e.g. seq=[256, 512])"),
+        ({"seq_k": 256}, "'seq_k': the results column seq_k is set by seq_kv="),
+        ({"budget": 1}, "'budget'; did you mean budget_s=?"),
+        ({"pass": "bwd"}, "'pass'; did you mean pass_=?"),
+        ({"colour": 1}, "'colour'; the axes: impl, batch, heads"),
+    ],
+)
+def test_an_unknown_keyword_says_what_was_meant(kwargs, says):
+    """The frame's columns are seq_q and seq_k; a notebook that set them got a bare "unexpected keyword"."""
+    with pytest.raises(TypeError) as caught:
+        attnbench.run(**kwargs)
+    assert str(caught.value).startswith(f"run() got an unexpected keyword argument {says}")
+
+
 BAD = [
     ({"seq": [256, -1]}, ["--seq", "256,-1"]),
     ({"seq": "x"}, ["--seq", "x"]),
@@ -100,6 +143,30 @@ def test_bad_values_raise_the_cli_message(cli, scratch, kwargs, flags):
     assert err.strip() == f"attnbench: error: {caught.value}"
     temp, work = scratch
     assert _ours(temp) == [] and list(work.iterdir()) == []
+
+
+class SlowCall(WorkerSdpa):
+    """A call of 60 ms (asleep, so no core is taken from the machine): a 0.02 s budget gets fewer than 5 samples."""
+
+    name = "planted_slow_call"
+
+    def prepare(self, inputs, workload):
+        attention = super().prepare(inputs, workload)
+        return lambda: time.sleep(0.06) or attention()
+
+
+def test_the_results_warnings_are_said_and_saved_as_the_command_does(planted, tmp_path, capsys):
+    """A notebook saw the run's early warnings but not what its results raise (stalled, unstable, too few samples),
+    and the run folder's meta.json, which the report shows, lacked them: `attnbench run` says and saves both."""
+    attnbench.register(SlowCall)
+    planted.append(SlowCall.name)
+    frame = attnbench.run(impl=SlowCall.name, seq=64, isolate="none", out=tmp_path / "run", progress="off", **FAST)
+    late = result_warnings(frame)
+    assert late, list(frame.reason)  # too few samples (or, on a busy machine, stalled)
+    said = capsys.readouterr().err.splitlines()
+    assert all(f"warning: {warning}" in said for warning in late), said
+    saved = json.loads((tmp_path / "run" / "meta.json").read_text())["warnings"]
+    assert set(late) <= set(saved)
 
 
 def test_a_registered_importable_contender_runs_in_the_worker(planted):

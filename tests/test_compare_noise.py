@@ -202,6 +202,33 @@ def test_runs_with_no_case_in_common_are_bad_input(cli, tmp_path):
     assert not (tmp_path / "cmp").exists()
 
 
+def test_a_case_that_broke_in_new_fails_the_gate(cli, tmp_path):
+    """A nightly gate: BASE ran ok, NEW's sdpa_flash is `incorrect` in one case and raised in another, and einsum
+    failed to load. None has a time to compare (`not comparable`), but compare exits 1 naming them, as `ab` does;
+    the same failures in BASE too, or a NEW row merely `stalled`, pass."""
+    base = save(fake_run(0), tmp_path / "base")
+    new = fake_run(1)
+    wrong = new.index[new["impl"] == "sdpa_flash"]
+    new.loc[wrong[0], ["status", "reason"]] = ["incorrect", "max_abs_err 0.1 over tolerance"]
+    new.loc[wrong[1], ["status", "reason"]] = ["error", "RuntimeError: boom"]
+    new.loc[new.index[new["impl"] == "bmm"][0], "status"] = "stalled"
+    new.loc[new.index[new["impl"] == "einsum"][0], ["status", "reason"]] = ["unavailable", "failed to load: …"]
+    code, text, err = cli("compare", str(base), str(save(new, tmp_path / "new")), "--out", str(tmp_path / "cmp"))
+    assert code == 1 and "slower" not in err, err
+    broke = [line for line in err.splitlines() if line.startswith("broken: ")]
+    assert len(broke) == 3 and all(" cpu float32 B1 H8 S512 D64 " in line for line in broke)
+    assert {line.rpartition(": ")[2] for line in broke} == {
+        f"ok in BASE, {status} in NEW" for status in ("incorrect", "error", "unavailable")
+    }
+    assert "4 not comparable" in text and f"verdicts also in {tmp_path / 'cmp' / 'compare.csv'}" in text
+    written = pd.read_csv(tmp_path / "cmp" / "compare.csv")  # what a script reads instead of the table
+    assert len(written) == 12 and set(written["new_status"]) == {"ok", "incorrect", "error", "stalled", "unavailable"}
+    assert (written["verdict"] == "not comparable").sum() == 4 and written["ratio"].notna().sum() == 8
+    both = save(new, tmp_path / "both")  # broken on both sides: nothing broke since BASE
+    code, _, err = cli("compare", str(both), str(both), "--out", str(tmp_path / "cmp2"))
+    assert code == 0 and "broken" not in err
+
+
 def test_runs_with_different_repeats_are_bad_input(cli, tmp_path):
     base = save(fake_run(0, repeats=3), tmp_path / "base")
     new = save(fake_run(1, repeats=1), tmp_path / "new")

@@ -26,7 +26,10 @@ from attnbench.cli import main
 from attnbench.contenders import registry
 from attnbench.measure.environment import workdir_git
 from attnbench.reports.changes import Point, detect, run_noise
+from attnbench.reports.history import case_histories, change_records, regressions
 from attnbench.reports.store import SCHEMA_VERSION
+from attnbench.runner.results import make_row, rows_to_frame
+from attnbench.workload import Workload
 
 from conftest import attnbench_cmd, run_subprocess, stalled_as_ok, v1_store
 
@@ -468,6 +471,42 @@ def test_run_noise_prefers_repeat_medians_and_says_so():
     assert run_noise(1.0, 0.1349, None, None) == (pytest.approx(0.1), "samples")
     assert run_noise(2.0, None, [1.0, 2.0, 3.0, 4.0, 5.0], None)[1] == "samples"
     assert run_noise(1.0, None, None, None)[1] == "none"
+
+
+def _nightly(factor: float) -> pd.DataFrame:
+    """Six nightly runs of a kernel and two peers at two sizes, as `load_history` reads them: the kernel's time
+    × ``factor`` in the last run, every contender 1 % slower (or faster) there too (the machine's minute)."""
+    generator = np.random.default_rng(0)
+    frames = []
+    for i in range(6):
+        for w in (Workload(1, 8, 8, 128, 128, 64), Workload(1, 8, 8, 256, 256, 64)):
+            for impl, ms in (("mykernel", 0.42), ("bmm", 0.41), ("sdpa_flash", 0.43)):
+                if i == 5:
+                    ms *= (factor if impl == "mykernel" else 1.0) * (1.01 if factor > 1 else 0.99)
+                medians = list(ms * np.exp(generator.normal(0, 0.005, 3)))
+                row = make_row(impl, w, "ok", median_ms=float(np.median(medians)), repeat_medians_ms=medians)
+                frames.append(
+                    rows_to_frame([row]).assign(
+                        run_id=f"r{i}",
+                        started_at=pd.Timestamp("2026-01-01") + pd.Timedelta(days=i),
+                        git_commit=f"c{i}",
+                        git_dirty=False,
+                        machine="m",
+                    )
+                )
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize("factor", [2.0, 0.5])
+def test_a_kernels_step_beside_two_peers_is_not_the_machines(factor):
+    """A nightly job of the user's kernel beside bmm and sdpa_flash: the kernel got twice as slow (or fast) in the
+    newest run. Only its series step; the peers' drift came from the median of two moves, their mean, so half
+    the kernel's step was "the machine" for each peer: -29 % `faster` steps (or, for a faster kernel, +41 %
+    `slower` ones that failed --fail-on-regression) in contenders nobody changed."""
+    changes = change_records(case_histories(_nightly(factor), alpha=0.001, min_change=0.05))
+    assert sorted(changes["impl"]) == ["mykernel", "mykernel"]
+    assert (changes["ratio"] / factor).between(0.95, 1.05).all()
+    assert len(regressions(changes, 10)) == (2 if factor > 1 else 0)
 
 
 @pytest.mark.slow

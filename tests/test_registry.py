@@ -35,6 +35,30 @@ def test_register_as_decorator_and_unregister(planted):
     assert isinstance(registry.get("planted_decorated").contender, Planted)
 
 
+def test_a_notebook_cell_run_again_replaces_its_contender_and_a_stranger_is_still_refused(planted):
+    """A notebook cell that defines and registers a contender, run a second time (after an edit): the new class
+    replaces the old, where it raised "registered twice"; another class of the same name is still refused."""
+    planted.append("planted_cell")
+    versions = []
+    for version in (1, 2):
+
+        @attnbench.register
+        class Cell(Shifted):
+            name = "planted_cell"
+            edited = version
+
+        versions.append(Cell)
+    assert registry.get("planted_cell").contender.edited == 2
+    assert isinstance(registry.get("planted_cell").contender, versions[1])
+
+    class Stranger(Shifted):
+        name = "planted_cell"
+
+    with pytest.raises(RegistryError, match="'planted_cell' is registered twice"):
+        attnbench.register(Stranger)
+    assert registry.get("planted_cell").contender.edited == 2
+
+
 def test_names_with_commas_are_refused():
     class Comma(Shifted):
         name = "a,b"

@@ -18,8 +18,11 @@ UsageError saying why, and ``isolate="none"`` runs them in this process.
 
 from __future__ import annotations
 
+import difflib
 import inspect
+import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,19 +63,21 @@ def run(
 
     for name in axes:
         if name not in BY_KEYWORD:
-            raise TypeError(f"run() got an unexpected keyword argument {name!r}")
+            raise TypeError(f"run() got an unexpected keyword argument {name!r}{_meant(name)}")
+    axes = {name: plain(value) for name, value in axes.items()}
     given = {BY_KEYWORD[name].name: value for name, value in axes.items() if value is not None}
     settings: dict[str, Any] = {
-        "threads": threads,
-        "budget_s": budget_s,
-        "case_budget_s": case_budget_s,
-        "timeout_s": timeout_s,
-        "repeat": repeat,
-        "seed": seed,
+        "threads": plain(threads),
+        "budget_s": plain(budget_s),
+        "case_budget_s": plain(case_budget_s),
+        "timeout_s": plain(timeout_s),
+        "repeat": plain(repeat),
+        "seed": plain(seed),
         "cpu_allocator": cpu_allocator,
         "isolate": isolate,
         "progress": progress,
     }
+    memory = plain(memory)
     named = {
         "suite": suite,
         **{a.keyword: axes.get(a.keyword) for a in SWEEP_AXES},
@@ -93,10 +98,37 @@ def run(
             **settings,
         )
         finished = sweep.run_sweep(request, target)
+        said = len(finished.warnings)  # run_sweep said these; the results' own (stalled, unstable…) follow
+        for warning in sweep.late_warnings(finished)[said:]:  # and go into meta.json, as `attnbench run` does
+            print(f"warning: {warning}", file=sys.stderr)
     if finished.interrupted:
         saved = f"; finished rows are saved in {target}" if out is not None else ""
         raise KeyboardInterrupt(f"attnbench.run was interrupted{saved}")
     return finished.frame
+
+
+def _meant(name: str) -> str:
+    """What an unknown keyword may have meant: the axis whose results column it is (``seq_q`` is ``seq``'s), or
+    a keyword close to it; else the keywords."""
+    by_column = {axis.workload_field: axis.keyword for axis in SWEEP_AXES if axis.workload_field != axis.keyword}
+    if name in by_column:
+        return f": the results column {name} is set by {by_column[name]}= (e.g. {by_column[name]}=[256, 512])"
+    settings = [p for p in inspect.signature(run).parameters if p not in ("suite", "axes")]
+    close = difflib.get_close_matches(name, [*BY_KEYWORD, *settings], n=1)
+    if close:
+        return f"; did you mean {close[0]}=?"
+    return f"; the axes: {', '.join(BY_KEYWORD)}"
+
+
+def plain(value: Any) -> Any:
+    """A notebook's values as the request takes them: a numpy (or torch) scalar as its Python number, any other
+    iterable but text as a list (``seq=np.arange(256, 1025, 256)``, ``seq=range(…)``, ``threads=np.int64(4)``: the
+    first two were refused as not integers, the last failed mid-run writing rows.jsonl, leaving half a run folder)."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        return value
+    return [plain(item) for item in value]
 
 
 # help(attnbench.run) and editors show every axis as a keyword, as the table has them.

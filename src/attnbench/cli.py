@@ -502,6 +502,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from attnbench.reports.compare import (
         Settings,
+        broken,
         compare_frames,
         load_for_compare,
         summary_line,
@@ -526,7 +527,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     claim_report_folder(out, "compare.html", ("compare.*",))
     table = comparison.table
     html, png = write_compare(comparison, out, base, new, settings, args.command_line)  # before a reader can leave
-    slower = table[table["verdict"] == "slower"]
+    slower, broke = table[table["verdict"] == "slower"], broken(table)
     shown, footnotes = terminal_table(table)
     try:
         print(shown)
@@ -535,14 +536,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(summary_line(comparison, settings))
         for note in comparison.notes:
             print(f"note: {note}")
-        print(f"comparison: {html}" + (f", {png}" if png else ""))
+        print(f"comparison: {html}" + (f", {png}" if png else "") + f" (verdicts also in {out / 'compare.csv'})")
     except BrokenPipeError:  # `compare … | head`: the gate's answer is the exit code, not what was read
         sys.stderr.close()
-        return 1 if len(slower) else 0
+        return 1 if len(slower) or len(broke) else 0
     if len(slower):
         print(f"{len(slower)} case(s) slower beyond their floor (≥ {settings.threshold:.0%})", file=sys.stderr)
-        return 1
-    return 0
+    for row in broke.to_dict("records"):
+        print(f"broken: {row['impl']} {row['workload']}: ok in BASE, {row['new_status']} in NEW", file=sys.stderr)
+    return 1 if len(slower) or len(broke) else 0
 
 
 def cmd_ratios(args: argparse.Namespace) -> int:
@@ -975,7 +977,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_merge.add_argument("--out", required=True, help="folder to create for the merged results")
     p_merge.set_defaults(func=cmd_merge)
 
-    p_compare = commands.add_parser("compare", help="per-case verdicts of two runs; exit 1 if slower (--repeat runs)")
+    p_compare = commands.add_parser(
+        "compare", help="per-case verdicts of two runs; exit 1 if slower (--repeat runs) or broken"
+    )
     p_compare.add_argument("base", metavar="BASE", help="run folder or pytest-benchmark .json")
     p_compare.add_argument("new", metavar="NEW", help="run folder or pytest-benchmark .json")
     p_compare.add_argument(

@@ -154,16 +154,27 @@ C = TypeVar("C", bound="Contender | type[Contender]")
 
 
 def register(obj: C) -> C:
-    """Register a contender in this process: decorate a Contender class, or call with an instance."""
+    """Register a contender in this process: decorate a Contender class, or call with an instance.
+
+    Registering a class of the same module and name again replaces the earlier one — a notebook cell run again,
+    the class edited — where any other second contender of a name is an error naming both."""
     contender = _as_contender(obj, obj.name)
     module = getattr(obj, "__module__", "?")
     entry = _make_entry(contender.name, f"register() in {module}", lambda: contender)
     existing = load()
+    earlier = _registered.get(entry.name)
+    if earlier is not None and earlier.contender is not None and _same_class(earlier.contender, contender):
+        existing.pop(entry.name)
     _add(existing, entry)  # raises on a duplicate name before anything is kept
     _registered[entry.name] = entry
     if _cache is not None:
         _cache[entry.name] = entry
     return obj
+
+
+def _same_class(old: Contender, new: Contender) -> bool:
+    """Whether two contenders' classes have one module and qualified name (a class defined again)."""
+    return (type(old).__module__, type(old).__qualname__) == (type(new).__module__, type(new).__qualname__)
 
 
 def class_reference(contender: Contender) -> tuple[str | None, str]:
