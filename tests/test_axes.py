@@ -35,6 +35,7 @@ CASES = [
     ),
     Workload(8, 32, 8, 1, 2048, 128, mask="causal_bottom_right", page_size=16, model="llama3.1-8b"),
     Workload(1, 32, 8, 512, 1024, 128, mask="causal_bottom_right", model="llama3.1-8b"),  # prefill on a cache
+    Workload(1, 12, 12, 16, 16, 64, mask="causal", model="gpt2", hidden=8),  # a preset's case with a plain axis
 ]
 
 
@@ -61,6 +62,11 @@ def test_flags_leave_out_neutral_features_and_name_the_rest():
     assert " ".join(reproduce_flags(CASES[5])) == (
         "--model llama3.1-8b --phase decode --batch 8 --seq 1 --seq-kv 2048 --dtype float32 --device cpu "
         "--pass fwd --module core --page-size 16"
+    )
+    # an axis neither the preset nor the phase sets is carried, not dropped (--from reran hidden <NA> for hidden 8)
+    assert " ".join(reproduce_flags(CASES[7])) == (
+        "--model gpt2 --phase prefill --batch 1 --seq 16 --dtype float32 --device cpu --pass fwd --hidden 8 "
+        "--module core"
     )
     with pytest.raises(ValueError, match=r"scale 0\.5 has no flag"):
         reproduce_flags(Workload(1, 1, 1, 8, 8, 8, scale=0.5))

@@ -513,8 +513,8 @@ def reproduce_flags(row: Any) -> list[str]:
 
 def _model_flags(values: dict[str, Any], row: Any) -> dict[str, Any]:
     """A preset's case: the preset gives heads, head dims, mask and its features (``PRESET_AXES``) and the
-    phase the rest; ``--layer`` names a two-kind preset's layer, and any other feature the case departs in
-    (paged KV, a narrower KV cache …) is given as it is."""
+    phase the rest; ``--layer`` names a two-kind preset's layer, and every other axis is given as the plain
+    case gives it (dtype, device, pass, module, hidden; a feature it departs in: paged KV, a narrower KV cache …)."""
     phase = "decode" if is_decode({SEQ.column: values["seq"], SEQ_KV.column: values["seq_kv"]}) else "prefill"
     phase = "mixed" if values["mask"] == "mixed" else phase
     given = {"model": values["model"], "phase": phase, "batch": values["batch"], "seq": values["seq"]}
@@ -523,7 +523,9 @@ def _model_flags(values: dict[str, Any], row: Any) -> dict[str, Any]:
     # prefill without --seq-kv is square and causal; with it, bottom-right causal (or the preset's window)
     if phase != "prefill" or values["seq_kv"] != values["seq"] or values["mask"] == "causal_bottom_right":
         given["seq_kv"] = values["seq_kv"]
-    given.update({a.name: values[a.name] for a in SWEEP_AXES if a.name in ("dtype", "device", "pass", "module")})
-    departing = [a for a in (*FEATURES, *DECLARED) if a.name not in PRESET_AXES and a.sweep and a.departs(row)]
-    given.update({a.name: values[a.name] for a in departing})
+    # every other axis as the plain case gives it: a plain one always (dtype, hidden …), a feature where it departs
+    rest = [a for a in SWEEP_AXES if a.name in values and a.name not in (*PRESET_AXES, *given, SEQ_KV.name)]
+    featured = [a for a in rest if a.neutral is not None or a.declared]
+    given.update({a.name: values[a.name] for a in rest if a not in featured and not a.follows})
+    given.update({a.name: values[a.name] for a in featured if a.departs(row)})
     return given
