@@ -11,7 +11,15 @@ from attnbench.runner.request import RunSettings, build_request
 from attnbench.runner.results import COLUMNS
 from attnbench.runner.sweep import plan_cases
 from attnbench.workload import Workload
-from attnbench.workload.axes import SWEEP_AXES, WORKLOAD_COLUMNS, case_label, features_asked, reproduce_flags
+from attnbench.workload.axes import (
+    AXES,
+    SWEEP_AXES,
+    WORKLOAD_COLUMNS,
+    Axis,
+    case_label,
+    features_asked,
+    reproduce_flags,
+)
 
 CASES = [
     Workload(2, 8, 2, 128, 256, 64, mask="causal_bottom_right", page_size=64),
@@ -84,6 +92,21 @@ def test_one_table_gives_flags_keywords_columns_and_labels():
     assert features_asked(row) == ["mask document", "score_mod alibi"]
     with pytest.raises(TypeError, match="unexpected keyword argument 'sequence'"):
         attnbench.run(sequence=128)
+
+
+def test_a_new_row_without_a_label_part_or_undeclared_fails_at_import_naming_the_fix():
+    """A contributor's row (README "Adding an axis") without tag= made cases that differ only in it share a label
+    (the report's figures merged them); a feature without declared=True was timed on every contender, a plugin's
+    plain Capabilities() too. Both now fail where the table is built, in one line."""
+    tag = lambda v: f"bias{v:g}" if v else ""  # noqa: E731
+    with pytest.raises(ValueError, match=r"^axis bias: no label part; give it tag="):
+        Axis("bias", float, "a score bias", neutral=0.0, declared=True)
+    with pytest.raises(ValueError, match=r"^axis bias: a feature no contender declares; set declared=True"):
+        Axis("bias", float, "a score bias", neutral=0.0, tag=tag)
+    assert Axis("bias", float, "a score bias", neutral=0.0, declared=True, tag=tag).declared
+    assert Axis("band", int, "keys per row", neutral=0, applies=("mask", "sliding_window"), tag=tag).applies
+    assert Axis("scale", float, "softmax scale", sweep=False).tag is None  # no flag, so no case differs in it alone
+    assert len({axis.name for axis in AXES}) == len(AXES)
 
 
 def test_a_value_is_checked_once_with_one_message_from_every_front_end(tmp_path):

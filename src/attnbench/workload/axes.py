@@ -113,6 +113,27 @@ def _softcap_problem(value: float) -> str | None:
     return None
 
 
+# The axes every label shows in full (case_label: 'B2 H8/2 S128x256 D64/32 float32 cpu causal fwd'); any other
+# axis of a case needs a label part of its own (tag, or within another's).
+LABELLED_IN_FULL = (
+    "batch",
+    "heads",
+    "kv_heads",
+    "seq",
+    "seq_kv",
+    "head_dim",
+    "head_dim_v",
+    "dtype",
+    "device",
+    "mask",
+    "pass",
+)
+# The features contenders declare by a Capabilities field of their own rather than Capabilities.features (masks,
+# score_mods, paged), and a preset's names (its axes are each declared or gated); a feature that applies only
+# with one of these (window: mask sliding_window) is gated by it too.
+GATED = ("mask", "score_mod", "page_size", "model", "layer")
+
+
 @dataclass(frozen=True)
 class Axis:
     """One axis. ``field`` is its :class:`attnbench.Workload` field (None: a sweep-only axis, ``impl`` and
@@ -141,6 +162,22 @@ class Axis:
     # value) only when its Capabilities.features name the axis ("sinks") or the value ("kv_dtype=bfloat16").
     declared: bool = False
     within: str | None = None  # its label part shows inside this axis' ('layer': '[gpt-oss-20b sliding]')
+
+    def __post_init__(self) -> None:
+        """The table's own rules, so a new row that breaks one fails at import, naming the fix."""
+        labelled = self.tag is not None or self.within or self.name in LABELLED_IN_FULL
+        if self.field is not None and self.sweep and not labelled:
+            raise ValueError(
+                f"axis {self.name}: no label part; give it tag= (two cases that differ only in {self.name} would "
+                "get one label, and the tables and figures would merge them)"
+            )
+        gated = self.name in GATED or (self.applies is not None and self.applies[0] in GATED)
+        if self.neutral is not None and not self.declared and not gated:
+            raise ValueError(
+                f"axis {self.name}: a feature no contender declares; set declared=True and name it in the "
+                "Capabilities.features of the contenders that run it (else every contender, a plugin's plain "
+                "Capabilities() too, is timed on it)"
+            )
 
     @property
     def workload_field(self) -> str:
