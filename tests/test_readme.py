@@ -257,3 +257,16 @@ def test_the_columns_table_names_every_results_column():
     first_cells = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
     named = set(re.findall(r"`(\w+)`", "\n".join(first_cells)))
     assert [c for c in COLUMNS if c not in named] == [] and sorted(named - set(COLUMNS)) == []
+
+
+def test_adding_an_axis_names_what_a_row_needs_and_the_flag_list_names_every_axis():
+    """README's "Adding an axis" said the row gives the label and the checks; walking it with a trial axis, the
+    label needed tag=, the contenders' gate declared=True, and the float64 gate a reference.py definition, none of
+    them named. The list of flags under "Workloads, masks and suites" is written by hand: it names every axis."""
+    from attnbench.workload.axes import SWEEP_AXES
+
+    section = README[README.index("### Adding an axis") : README.index("## Correct before fast")]
+    needs = ("`tag`", "declared=True", "Capabilities.features", "reference.py", "Workload._check_joined")
+    assert [word for word in needs if word not in section] == []
+    flags = README[README.index("Every axis can be overridden on the command line") :].split("\n\n")[0]
+    assert [axis.flag for axis in SWEEP_AXES if f"`{axis.flag}`" not in flags] == []
