@@ -20,7 +20,7 @@ from attnbench.contenders import registry
 from attnbench.reports.ab_report import draw_ratios
 from attnbench.runner.ab import MIN_PAIRS, PairedRatio, paired_ratio, unclear_reason, verdict
 
-from conftest import attnbench_cmd, plant_raising, run_subprocess
+from conftest import BOOM_AT, attnbench_cmd, plant_raising, run_subprocess
 
 # One thread: on a busy machine a two-thread OpenMP team waits for its descheduled thread (samples of 30 ms
 # for a 50 µs call), which would make these plumbing tests slow and their verdicts noise.
@@ -168,7 +168,7 @@ def test_a_version_that_raises_is_an_error_and_exits_1(cli, planted, tmp_path):
     code, out, err = cli("ab", "--a", "bmm", "--b", raises, *TINY, "--budget-s", "0.2", "--out", str(tmp_path / "ab"))
     assert code == 1 and "1 case(s) slower beyond 2.0%, incorrect or in error" in err, out + err
     (row,) = pd.read_csv(tmp_path / "ab" / "ab.csv").to_dict("records")
-    assert row["verdict"] == "error" and row["reason"].endswith("RuntimeError: boom in my kernel"), row
+    assert row["verdict"] == "error" and row["reason"].endswith(f"RuntimeError: boom in my kernel{BOOM_AT}"), row
 
 
 def test_the_figure_has_plain_decimal_ticks_and_labels_that_do_not_overlap():

@@ -1,4 +1,6 @@
 import math
+import sys
+from pathlib import Path
 
 from attnbench import register
 from attnbench.runner.cases import RunOptions, run_case
@@ -35,7 +37,9 @@ def test_raising_contender_is_an_error_row_with_its_lines_on_one_line(planted):
     planted.append(Raising.name)
     row = run_case(Raising.name, SMALL, FAST)
     assert row["status"] == "error"
-    assert row["reason"] == "RuntimeError: planted failure; second line"
+    conftest = Path(sys.modules[Raising.__module__].__file__)
+    line = next(n for n, text in enumerate(conftest.read_text().splitlines(), 1) if '"planted failure' in text)
+    assert row["reason"] == f"RuntimeError: planted failure; second line (raised in run, conftest.py:{line})"
 
 
 def test_backward_passes_of_a_forward_only_contender_are_unsupported_with_a_reason():

@@ -163,7 +163,8 @@ def _failure_row(impl: str, workload: Workload, exc: BaseException, predicted: d
         return make_row(impl, workload, "unsupported", errors.one_line(str(exc)), **predicted)
     if workload.device == "cuda":
         torch.cuda.empty_cache()
-    return make_row(impl, workload, "oom" if _is_oom(exc) else "error", errors.reason(exc), **predicted)
+    code = type(registry.get(impl).contender).__module__  # the reason names the line of its code that failed
+    return make_row(impl, workload, "oom" if _is_oom(exc) else "error", errors.reason(exc, code=code), **predicted)
 
 
 class _GroupMemory:
