@@ -688,6 +688,11 @@ def test_medians_that_contradict_the_paired_ratio_are_said_in_the_table_and_ab_c
     assert lines[3].startswith(f"‡ B1 H8 S256 D64 float32 cpu none fwd: B median / A median = {quotient}, ")
     assert "outside the paired ratio's 95% interval" in lines[3] and "trust the paired ratio" in lines[3]
     assert len(lines) == 4
+    # a case not timed: its verdict in the table, its reason (an incorrect one is long) under it, not in the column
+    wrong = {**record, "ratio": None, "verdict": "incorrect", "reason": "bf@HEAD: max_abs_err 0.76 over tolerance " * 4}
+    lines = format_table([agreeing, wrong]).splitlines()
+    assert lines[2].endswith(" incorrect") and len(lines[2]) == len(lines[1]) < 120, lines
+    assert lines[3] == f"  B1 H8 S256 D64 float32 cpu none fwd: incorrect — {wrong['reason']}"
     write_ab(
         [record, agreeing], [(bimodal.samples_a_ms, bimodal.samples_b_ms), (quiet_a, quiet_b)], tmp_path / "ab", {}
     )
