@@ -32,7 +32,14 @@ def test_nan_shape_and_type_are_caught():
     bad = _correct(inputs)
     bad[0, 0, 0, 0] = float("nan")
     assert check_output(inputs, bad).reason == "output holds NaN or inf in row 0 (1 of 8 checked), head 0 (of 2)"
-    assert "output shape (1, 2, 8, 5)" in check_output(inputs, torch.zeros(1, 2, 8, 5)).reason
+    assert check_output(inputs, torch.zeros(1, 2, 8, 5)).reason == (
+        "output shape (1, 2, 8, 5), expected (1, 2, 8, 4) = (batch, heads, seq_q, head_dim_v)"
+    )
+    # a kernel written for flash-attn's layout returns (batch, seq_q, heads, head_dim_v): told to transpose
+    assert check_output(inputs, _correct(inputs).transpose(1, 2)).reason == (
+        "output shape (1, 8, 2, 4), expected (1, 2, 8, 4) = (batch, heads, seq_q, head_dim_v); it is "
+        "(batch, seq_q, heads, head_dim_v), flash-attn's layout: return out.transpose(1, 2)"
+    )
     result = check_output(inputs, [1, 2])
     assert not result.ok and math.isinf(result.max_abs_err) and "not a tensor" in result.reason
 

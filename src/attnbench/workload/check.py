@@ -150,6 +150,10 @@ def check_output(
     if reason.startswith("max_abs_err"):  # the dtype names the tolerance: "… rtol=0.0001 (float32); wrong in …"
         head, _, where = reason.partition(";")
         reason = f"{head} ({kind})" + (f";{where}" if where else "")
+    if isinstance(output, torch.Tensor) and reason.startswith("output shape"):
+        reason += " = (batch, heads, seq_q, head_dim_v)"
+        if tuple(output.shape) == (w.batch, w.seq_q, w.heads, w.head_dim_v):  # flash-attn's and xformers' layout
+            reason += "; it is (batch, seq_q, heads, head_dim_v), flash-attn's layout: return out.transpose(1, 2)"
     return CheckResult(result.ok, result.max_abs_err, atol, rtol, result.checked_rows, reason)
 
 
