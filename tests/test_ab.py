@@ -171,6 +171,24 @@ def test_a_version_that_raises_is_an_error_and_exits_1(cli, planted, tmp_path):
     assert row["verdict"] == "error" and row["reason"].endswith(f"RuntimeError: boom in my kernel{BOOM_AT}"), row
 
 
+def test_an_incorrect_version_says_whether_the_other_passed():
+    """An author fixing a bug ran `ab --impl K --base HEAD` and got "incorrect — K@HEAD: …": whether their working
+    tree's version passed the check was never said (B was not checked once A failed). Both checks are said."""
+    from attnbench.runner.ab import AbOptions, Version, run_case
+    from attnbench.workload import Workload
+
+    from conftest import Shifted
+
+    wrong, right = Version(Shifted.name, Shifted(), "registered"), Version("bmm", registry.get("bmm").contender, "r")
+    options = AbOptions(budget_s=0.1)
+    workload = Workload(1, 2, 2, 64, 64, 16)
+    case = run_case(wrong, right, workload, options)
+    assert case.verdict == "incorrect" and case.paired is None
+    assert case.reason.startswith(f"{Shifted.name}: max_abs_err ") and case.reason.endswith("; bmm: correct")
+    case = run_case(right, wrong, workload, options)
+    assert case.verdict == "incorrect" and case.reason.startswith(f"bmm: correct; {Shifted.name}: max_abs_err ")
+
+
 def test_the_figure_has_plain_decimal_ticks_and_labels_that_do_not_overlap():
     cases = [(256, 1.0, "same"), (512, 1.06, "slower"), (1024, 0.93, "faster"), (2048, 1.01, "unclear")]
     records = [

@@ -290,11 +290,15 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
     fns: dict[str, Callable[[], object]] = {}
     estimates: dict[str, float] = {}
     choices: dict[str, str] = {}
+    checks: list[str] = []  # each version's check, said when one fails: "A: max_abs_err …; B: correct"
+    failed = False
     for key, version in (("a", a), ("b", b)):
         try:
             prepared = prepare_checked(version.name, workload, options.seed, inputs, version.contender)
-            if not prepared.ok:
-                return AbCase(workload, "incorrect", f"{version.name}: {prepared.reason}")
+            checks.append(f"{version.name}: {prepared.reason if not prepared.ok else 'correct'}")
+            failed = failed or not prepared.ok
+            if failed:  # nothing is timed; after A failed, B is still checked, to say whether it passes
+                continue
             warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s / 2)
             estimates[key] = _per_call_s(prepared.fn, workload.device)
         except Unsupported as exc:
@@ -303,6 +307,8 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
             return AbCase(workload, "error", f"{version.name}: {_reason(exc, version.contender)}")
         fns[key] = prepared.fn
         choices[key] = prepared.choice
+    if failed:  # a version's output failed the check: whether the other's passed is said too
+        return AbCase(workload, "incorrect", "; ".join(checks))
     if workload.device == "cuda":
         graphs = workload.pass_ == "fwd"  # autograd's streams don't capture
         timings = time_cuda_rounds(
