@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import attnbench
-from attnbench.errors import REASON_CHARS, one_line, reason
+from attnbench.errors import REASON_CHARS, one_line, raised_in, reason
 from attnbench.runner.cases import RunOptions, run_case
 from attnbench.workload import Workload
 
@@ -128,3 +128,25 @@ def test_an_error_row_names_the_line_of_the_contenders_own_code_that_failed(plan
     assert row["reason"].endswith(f" (raised in _scores, test_reasons.py:{_line_of('k[..., :3]')})")
     row = run_case(NotCallable.name, Workload(1, 2, 2, 8, 8, 4), options)
     assert row["status"] == "error" and "raised in" not in row["reason"]
+
+
+def _kernel_line(q):
+    raise AssertionError("input and other must have equal reduction dimensions")
+
+
+def _launch(q):
+    """A library's launcher (Triton's interpreter) that wraps the kernel's error in its own."""
+    try:
+        _kernel_line(q)
+    except AssertionError as exc:
+        raise RuntimeError(f"InterpreterError: {exc!r}") from exc
+
+
+def test_a_wrapped_error_names_the_line_of_its_cause():
+    """Triton's interpreter raises InterpreterError from the kernel's AssertionError: the line named is the
+    kernel's (the cause's deepest frame in the package), not the launch's."""
+    try:
+        _launch(None)
+    except RuntimeError as exc:
+        where = raised_in(exc, __name__)
+    assert where == f"_kernel_line, test_reasons.py:{_line_of('raise AssertionError(')}"

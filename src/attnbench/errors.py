@@ -90,13 +90,19 @@ def raised_in(exc: BaseException, module: str) -> str:
     """``function, file.py:line`` of the deepest frame of ``exc``'s traceback in the package ``module`` belongs to
     (``tiledattn`` for ``tiledattn`` or ``tiledattn.contender``; ``attnbench.impls`` for a built-in contender's
     ``attnbench.impls.bmm``): the line of that package's code nearest the failure, where torch or a library raised
-    under it; empty when no frame lies in that package."""
+    under it; empty when no frame lies in that package. An exception a library raised from another (Triton's
+    interpreter wraps a kernel's error in its InterpreterError) is followed to its cause, as Python prints the
+    chain: the kernel's own line is the cause's."""
     package = module.rsplit(".", 1)[0] if "." in module else module
-    where = ""
-    for frame, line in traceback.walk_tb(exc.__traceback__):
-        name = frame.f_globals.get("__name__", "")
-        if name == package or name.startswith(f"{package}."):
-            where = f"{frame.f_code.co_name}, {Path(frame.f_code.co_filename).name}:{line}"
+    where, seen = "", set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for frame, line in traceback.walk_tb(current.__traceback__):
+            name = frame.f_globals.get("__name__", "")
+            if name == package or name.startswith(f"{package}."):
+                where = f"{frame.f_code.co_name}, {Path(frame.f_code.co_filename).name}:{line}"
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
     return where
 
 
