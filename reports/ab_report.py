@@ -36,8 +36,10 @@ def format_table(records: list[dict[str, Any]]) -> str:
     the two medians beside it (27.99 and 23.91 ms with a ratio of 1.010 is a case whose rounds mostly tied).
     Where that quotient lies outside the ratio's interval widened by the threshold (``medians_disagree``: bimodal
     samples on a busy machine), the verdict is marked ‡ and a line under the table says so: the medians are not
-    to be quoted."""
-    rows, notes = [], []
+    to be quoted. A case not timed (unsupported, incorrect, error) shows its verdict in the table and its reason in
+    a line under it, as a run's summary does: a reason in the column (an incorrect one names rows, heads and the
+    worst element) made every row of the table as wide as the longest reason."""
+    rows, notes, untimed = [], [], []
     for r in records:
         timed = r["ratio"] is not None
         mark = f" {DISAGREE}" if timed and r.get("medians_disagree") else ""
@@ -55,10 +57,12 @@ def format_table(records: list[dict[str, Any]]) -> str:
                 "median of round B/A": f"{r['ratio']:.3f}" if timed else "",
                 "95% CI": f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if timed else "",
                 "rounds": r["n_pairs"] if timed else "",
-                "verdict": r["verdict"] + mark if timed else f"{r['verdict']}: {r['reason']}",
+                "verdict": r["verdict"] + mark,
             }
         )
-    return "\n".join([pd.DataFrame(rows).to_string(index=False), *notes])
+        if not timed and r["reason"]:
+            untimed.append(f"  {r['workload']}: {r['verdict']} — {r['reason']}")
+    return "\n".join([pd.DataFrame(rows).to_string(index=False), *notes, *untimed])
 
 
 def summary_line(records: list[dict[str, Any]]) -> str:

@@ -80,10 +80,18 @@ def pool_runs(ok: pd.DataFrame) -> pd.DataFrame:
 _CODE = {"torch_version": "torch", "attnbench_version": "attnbench", "git_commit": "commit", "git_dirty": "dirty"}
 
 
+def _code_facts(environment: dict[str, Any]) -> dict[str, str]:
+    """What code a run ran, as {what: value}: torch, attnbench, its commit (12 characters) and edits, and each
+    plugin's version and commit (``plugin NAME``; absent from a meta.json written before plugins were recorded)."""
+    facts = {said: str(environment.get(key)) for key, said in _CODE.items()}
+    facts["commit"] = facts["commit"][:12]
+    return {**facts, **{f"plugin {name}": str(value) for name, value in (environment.get("plugins") or {}).items()}}
+
+
 def code_differences(runs: list[Run]) -> list[str]:
-    """A line per machine whose runs in the report ran different code (torch, attnbench, its commit or edits):
-    their cases are pooled as repeats of one contender, which they are not; ``attnbench compare`` tells them
-    apart."""
+    """A line per machine whose runs in the report ran different code (torch, attnbench, its commit or edits, a
+    plugin's version or commit): their cases are pooled as repeats of one contender, which they are not;
+    ``attnbench compare`` tells them apart."""
     by_machine: dict[str, list[Run]] = {}
     for run in runs:
         by_machine.setdefault(machine_label(run.meta.get("environment") or {}), []).append(run)
@@ -91,15 +99,17 @@ def code_differences(runs: list[Run]) -> list[str]:
     for machine, group in by_machine.items():
         if len(group) < 2:
             continue
+        facts = {run.name: _code_facts(run.meta.get("environment") or {}) for run in group}
+        recorded = [run for run in group if "plugins" in (run.meta.get("environment") or {})]
+        plugins = sorted({what for run in recorded for what in facts[run.name] if what.startswith("plugin ")})
         differ = []
-        for key, said in _CODE.items():
+        for what in [*_CODE.values(), *plugins]:
             runs_of: dict[str, list[str]] = {}
-            for run in group:
-                value = str((run.meta.get("environment") or {}).get(key))
-                runs_of.setdefault(value[:12] if key == "git_commit" else value, []).append(run.name)
+            for run in group if what in _CODE.values() else recorded:
+                runs_of.setdefault(facts[run.name].get(what, "not installed"), []).append(run.name)
             if len(runs_of) > 1:  # each value once, with the runs that have it
                 differ.append(
-                    f"{said} " + " / ".join(f"{value} ({', '.join(names)})" for value, names in runs_of.items())
+                    f"{what} " + " / ".join(f"{value} ({', '.join(names)})" for value, names in runs_of.items())
                 )
         if differ:
             names = ", ".join(run.name for run in group)

@@ -21,7 +21,7 @@ from attnbench.contenders import registry
 from attnbench.reports.ab_report import draw_ratios
 from attnbench.runner.ab import MIN_PAIRS, PairedRatio, paired_ratio, unclear_reason, verdict
 
-from conftest import attnbench_cmd, plant_raising, run_subprocess
+from conftest import BOOM_AT, attnbench_cmd, plant_raising, run_subprocess
 
 # One thread: on a busy machine a two-thread OpenMP team waits for its descheduled thread (samples of 30 ms
 # for a 50 µs call), which would make these plumbing tests slow and their verdicts noise.
@@ -169,7 +169,25 @@ def test_a_version_that_raises_is_an_error_and_exits_1(cli, planted, tmp_path):
     code, out, err = cli("ab", "--a", "bmm", "--b", raises, *TINY, "--budget-s", "0.2", "--out", str(tmp_path / "ab"))
     assert code == 1 and "1 case(s) slower beyond 2.0%, incorrect or in error" in err, out + err
     (row,) = pd.read_csv(tmp_path / "ab" / "ab.csv").to_dict("records")
-    assert row["verdict"] == "error" and row["reason"].endswith("RuntimeError: boom in my kernel"), row
+    assert row["verdict"] == "error" and row["reason"].endswith(f"RuntimeError: boom in my kernel{BOOM_AT}"), row
+
+
+def test_an_incorrect_version_says_whether_the_other_passed():
+    """An author fixing a bug ran `ab --impl K --base HEAD` and got "incorrect — K@HEAD: …": whether their working
+    tree's version passed the check was never said (B was not checked once A failed). Both checks are said."""
+    from attnbench.runner.ab import AbOptions, Version, run_case
+    from attnbench.workload import Workload
+
+    from conftest import Shifted
+
+    wrong, right = Version(Shifted.name, Shifted(), "registered"), Version("bmm", registry.get("bmm").contender, "r")
+    options = AbOptions(budget_s=0.1)
+    workload = Workload(1, 2, 2, 64, 64, 16)
+    case = run_case(wrong, right, workload, options)
+    assert case.verdict == "incorrect" and case.paired is None
+    assert case.reason.startswith(f"{Shifted.name}: max_abs_err ") and case.reason.endswith("; bmm: correct")
+    case = run_case(right, wrong, workload, options)
+    assert case.verdict == "incorrect" and case.reason.startswith(f"bmm: correct; {Shifted.name}: max_abs_err ")
 
 
 class TerminatedAtSeq128(Contender):
@@ -724,6 +742,11 @@ def test_medians_that_contradict_the_paired_ratio_are_said_in_the_table_and_ab_c
     assert lines[3].startswith(f"‡ B1 H8 S256 D64 float32 cpu none fwd: B median / A median = {quotient}, ")
     assert "outside the paired ratio's 95% interval" in lines[3] and "trust the paired ratio" in lines[3]
     assert len(lines) == 4
+    # a case not timed: its verdict in the table, its reason (an incorrect one is long) under it, not in the column
+    wrong = {**record, "ratio": None, "verdict": "incorrect", "reason": "bf@HEAD: max_abs_err 0.76 over tolerance " * 4}
+    lines = format_table([agreeing, wrong]).splitlines()
+    assert lines[2].endswith(" incorrect") and len(lines[2]) == len(lines[1]) < 120, lines
+    assert lines[3] == f"  B1 H8 S256 D64 float32 cpu none fwd: incorrect — {wrong['reason']}"
     write_ab(
         [record, agreeing], [(bimodal.samples_a_ms, bimodal.samples_b_ms), (quiet_a, quiet_b)], tmp_path / "ab", {}
     )

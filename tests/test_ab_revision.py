@@ -379,6 +379,41 @@ def test_the_rewrite_routes_every_form_of_import_and_leaves_the_rest(tmp_path):
             del sys.modules[module]
 
 
+def test_a_contender_whose_module_git_does_not_track_is_refused_saying_why(tmp_path):
+    """A kernel author's new contender module, not yet committed, has no base to compare with: the refusal says
+    commit it (not "install it editable", which it already is); an ignored one (a plain install in a venv inside
+    the clone) says install it from the clone."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / ".gitignore").write_text("venv/\n")
+    git(repo, "init", "-q")
+    commit_all(repo, "one")
+    (repo / "venv").mkdir()
+    for folder, module in ((repo, "untrackedplug"), (repo / "venv", "ignoredplug")):
+        (folder / f"{module}.py").write_text(
+            "from attnbench import Contender\n\nclass Kernel(Contender):\n    name = 'k'\n"
+            "    def prepare(self, inputs, workload):\n        return lambda: None\n"
+        )
+        sys.path.insert(0, str(folder))
+    try:
+        import ignoredplug
+        import untrackedplug
+
+        with pytest.raises(UsageError) as refused:
+            revision.locate("k", untrackedplug.Kernel())
+        assert str(refused.value) == (
+            f"--impl k: its module {(repo / 'untrackedplug.py').resolve()} is untracked in the git repository "
+            f"{repo.resolve()}, so no revision has a version of it to compare with; commit it and give a --base that "
+            "has it, or compare two registered contenders with --a and --b"
+        )
+        with pytest.raises(UsageError, match=r"ignored by git; install it editable from its clone\)$"):
+            revision.locate("k", ignoredplug.Kernel())
+    finally:
+        for folder, module in ((repo, "untrackedplug"), (repo / "venv", "ignoredplug")):
+            sys.path.remove(str(folder))
+            sys.modules.pop(module, None)
+
+
 def test_what_of_the_base_is_not_the_base_revisions_is_said(tmp_path):
     """A built extension git does not track is copied from the working tree, and a file outside the package
     that this process loaded and that changed since REV is named: one line each."""

@@ -22,7 +22,7 @@ from attnbench.runner._profiling import (
     outside_op_stretches,
 )
 
-from conftest import plant_raising
+from conftest import BOOM_AT, plant_raising
 
 needs_compiler = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")
 
@@ -211,7 +211,7 @@ def test_a_case_that_is_wrong_or_raises_is_one_line_and_the_others_are_still_pro
     assert code == 1 and "Traceback" not in err, err
     said = [line for line in err.splitlines() if line.endswith("not profiled")]
     assert len(said) == 2 and f"{Wrong.name} B1 H2 S64 D16" in said[0] and ": incorrect — " in said[0], said
-    assert said[1].endswith("error — RuntimeError: boom in my kernel; not profiled"), said
+    assert said[1].endswith(f"error — RuntimeError: boom in my kernel{BOOM_AT}; not profiled"), said
     assert "2 case(s) not profiled" in err
     assert set(pd.read_csv(out / "breakdown.csv").impl) == {"bmm"}
     assert [p.name for p in out.glob("*.trace.json")] == [p.name for p in out.glob("bmm__*.trace.json")]

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attnbench
-from attnbench.errors import REASON_CHARS, one_line, reason
+from attnbench.errors import REASON_CHARS, one_line, raised_in, reason
 from attnbench.runner.cases import RunOptions, run_case
 from attnbench.workload import Workload
 
@@ -83,5 +85,68 @@ def test_an_error_row_keeps_the_operators_reasons(planted):
     attnbench.register(NoOperator())
     planted.append(NoOperator.name)
     row = run_case(NoOperator.name, Workload(1, 2, 2, 8, 8, 4), RunOptions(budget_s=0.01, measure_memory=False))
-    assert row["status"] == "error" and row["reason"] == reason(NotImplementedError(NO_OPERATOR))
+    where = f" (raised in run, test_reasons.py:{_line_of('raise NotImplementedError(NO_OPERATOR)')})"
+    assert row["status"] == "error" and row["reason"].endswith(where) and len(row["reason"]) <= REASON_CHARS
+    assert row["reason"] == reason(NotImplementedError(NO_OPERATOR), REASON_CHARS - len(where)) + where
     assert "is not supported because: xFormers wasn't build with CUDA support" in row["reason"]
+
+
+def _line_of(text: str) -> int:
+    """The line of this file that holds ``text``."""
+    return next(n for n, line in enumerate(Path(__file__).read_text().splitlines(), 1) if text in line)
+
+
+def _scores(q, k):
+    return q @ k[..., :3].transpose(-1, -2)  # the author's bug: torch raises a shape mismatch in its matmul
+
+
+def test_an_error_row_names_the_line_of_the_contenders_own_code_that_failed(planted):
+    """An author whose kernel raises (here torch's matmul, called from a helper of the kernel's module) is told the
+    line of their own code nearest the failure: torch's message has no location of theirs, and torch's own frames
+    are not theirs. A failure of code outside the contender's package (attnbench's) names no line."""
+
+    class ShapeBug(attnbench.Contender):
+        name = "planted_shape_bug"
+        capabilities = attnbench.Capabilities(devices=frozenset({"cpu"}))
+
+        def prepare(self, inputs, workload):
+            return lambda: _scores(inputs.q, inputs.k)
+
+    class NotCallable(attnbench.Contender):
+        name = "planted_not_callable"
+        capabilities = attnbench.Capabilities(devices=frozenset({"cpu"}))
+
+        def prepare(self, inputs, workload):
+            return 3  # attnbench's call of it raises, in attnbench's code
+
+    for contender in (ShapeBug(), NotCallable()):
+        attnbench.register(contender)
+        planted.append(contender.name)
+    options = RunOptions(budget_s=0.01, measure_memory=False)
+    row = run_case(ShapeBug.name, Workload(1, 2, 2, 8, 8, 4), options)
+    assert row["status"] == "error" and row["reason"].startswith("RuntimeError: ")
+    assert row["reason"].endswith(f" (raised in _scores, test_reasons.py:{_line_of('k[..., :3]')})")
+    row = run_case(NotCallable.name, Workload(1, 2, 2, 8, 8, 4), options)
+    assert row["status"] == "error" and "raised in" not in row["reason"]
+
+
+def _kernel_line(q):
+    raise AssertionError("input and other must have equal reduction dimensions")
+
+
+def _launch(q):
+    """A library's launcher (Triton's interpreter) that wraps the kernel's error in its own."""
+    try:
+        _kernel_line(q)
+    except AssertionError as exc:
+        raise RuntimeError(f"InterpreterError: {exc!r}") from exc
+
+
+def test_a_wrapped_error_names_the_line_of_its_cause():
+    """Triton's interpreter raises InterpreterError from the kernel's AssertionError: the line named is the
+    kernel's (the cause's deepest frame in the package), not the launch's."""
+    try:
+        _launch(None)
+    except RuntimeError as exc:
+        where = raised_in(exc, __name__)
+    assert where == f"_kernel_line, test_reasons.py:{_line_of('raise AssertionError(')}"

@@ -89,7 +89,9 @@ def test_broken_plugins_are_unavailable_and_disturb_nothing(tmp_path):
     result = run_subprocess(*attnbench_cmd("list", "--json"), env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     by_name = {r["name"]: r for r in json.loads(result.stdout)}
-    assert by_name["broken_import"]["reason"] == "failed to load: ImportError: needs libfoo.so"
+    # where in the plugin's own code the import failed: the line, for the author to fix
+    said = "failed to load: ImportError: needs libfoo.so (raised in <module>, broken_module.py:1)"
+    assert by_name["broken_import"]["reason"] == said
     assert "expected an attnbench.Contender instance or subclass, got int" in by_name["not_a_contender"]["reason"]
     assert "differs from the contender's name 'bmm'" in by_name["wrong_name"]["reason"]
     assert not any(by_name[n]["available"] for n in ("broken_import", "not_a_contender", "wrong_name"))
@@ -129,9 +131,8 @@ def test_a_namespace_package_plugin_that_fails_for_its_own_reason_is_not_called_
         return importlib.import_module("acme.plug").contender
 
     entry = registry._make_entry("plug", "acme", load, "acme.plug")
-    assert entry.load_failure == "failed to load: ModuleNotFoundError: No module named 'not_installed_dep'", (
-        entry.load_failure
-    )
+    missing = "failed to load: ModuleNotFoundError: No module named 'not_installed_dep' (raised in <module>, plug.py:1)"
+    assert entry.load_failure == missing, entry.load_failure
     for name in ("acme.plug", "acme"):
         monkeypatch.delitem(sys.modules, name, raising=False)
 

@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from attnbench.contenders import registry
 from attnbench.reports.compare import Evidence, Settings, verdict
 from attnbench.reports.summary import merged_reasons
 
-from conftest import Shifted, stalled_as_ok
+from conftest import Shifted, fake_distribution, stalled_as_ok
 
 SMALL = ["--seq", "64,128", "--mask", "none,causal", "--budget-s", "0.03", "--threads", "1"]
 
@@ -523,3 +524,48 @@ def test_runs_of_one_machine_that_ran_different_code_are_pooled_with_a_warning(t
     frame = frame.assign(machine="cpu ×1 threads @ vm", run=["before", "after"])
     page = write_report(frame, [before, after], [], tmp_path, None, "attnbench report before after").read_text()
     assert '<p class="warn pooled-code">runs before, after of cpu ×1 threads @ vm ran different code' in page
+
+
+def test_runs_of_two_commits_of_a_plugin_are_pooled_with_a_warning(tmp_path):
+    """A kernel author's runs of their plugin at two commits, attnbench and torch unchanged: `report v1 v2` pooled
+    them as repeats of one contender, and nothing said the kernel differed. A run from before plugins were
+    recorded is left out of that comparison (it cannot say); one without the plugin says it was not installed."""
+    from attnbench.reports.frames import Run
+    from attnbench.reports.pooled import code_differences
+
+    environment = {"cpu_name": "cpu", "hostname": "vm", "threads": 1, "torch_version": "2.13.0", "git_commit": "abc"}
+
+    def run(name: str, **plugins: str) -> Run:
+        return Run(name, tmp_path / name, pd.DataFrame(), {"environment": {**environment, "plugins": plugins}})
+
+    v1, v2 = run("v1", tiledattn="0.1.0 at cb4fd76d7e10"), run("v2", tiledattn="0.1.0 at 7cbd6124e78a+edits")
+    older = Run("older", tmp_path / "older", pd.DataFrame(), {"environment": environment})
+    assert code_differences([v1, run("again", tiledattn="0.1.0 at cb4fd76d7e10"), older]) == []
+    (line,) = code_differences([v1, v2, older, run("none")])
+    assert line.startswith("runs v1, v2, older, none of cpu ×1 threads @ vm ran different code (plugin tiledattn ")
+    said = "0.1.0 at cb4fd76d7e10 (v1) / 0.1.0 at 7cbd6124e78a+edits (v2) / not installed (none)): "
+    assert f"(plugin tiledattn {said}" in line and "torch" not in line and "`attnbench compare`" in line
+
+
+def test_the_environment_names_each_plugin_with_its_version_and_commit(tmp_path, monkeypatch):
+    """meta.json says which version of a plugin's contender a run timed: the distribution's version, and the git
+    commit of the checkout it is installed editable from (+edits when its tracked files changed)."""
+    from attnbench.measure.environment import plugins
+
+    site, clone = tmp_path / "site", tmp_path / "clone"
+    clone.mkdir()
+    (clone / "kernel.py").write_text("X = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], cwd=clone, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=clone, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], cwd=clone, check=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, check=True, capture_output=True, text=True).stdout
+    fake_distribution(site, "edplug", {"edplug": "edplug:contender"}, {})
+    direct = {"url": clone.as_uri(), "dir_info": {"editable": True}}
+    (site / "edplug-1.0.dist-info" / "direct_url.json").write_text(json.dumps(direct))
+    fake_distribution(site, "plainplug", {"plainplug": "plainplug:contender"}, {})
+    monkeypatch.syspath_prepend(str(site))
+    found = plugins()
+    assert found["edplug"] == f"1.0 at {sha[:12]}" and found["plainplug"] == "1.0" and "attnbench" not in found
+    (clone / "kernel.py").write_text("X = 2\n")
+    assert plugins()["edplug"] == f"1.0 at {sha[:12]}+edits"

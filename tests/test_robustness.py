@@ -84,7 +84,8 @@ def test_sweep_survives_raising_wrong_and_hung_contenders(planted_site, tmp_path
     assert by_impl["planted_sleeper"] == {"timeout"}
     assert by_impl["bmm"] <= set(CHECKED) and by_impl["sdpa_math"] <= set(CHECKED)
     reasons = frame.set_index("impl")["reason"]
-    assert (reasons["planted_raises"] == "RuntimeError: planted failure").all()
+    line = next(n for n, text in enumerate(PLANTED.splitlines(), 1) if '"planted failure"' in text)
+    assert (reasons["planted_raises"] == f"RuntimeError: planted failure (raised in run, planted.py:{line})").all()
     assert reasons["planted_sleeper"].str.contains("no result within --timeout-s 10 s").all()
     # an incorrect result never ranks, nor ties (no fastest column where both sound contenders' rows stalled)
     table = result.stdout.split("\n\n")[0].splitlines()

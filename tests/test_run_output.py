@@ -1,5 +1,7 @@
 """What a run prints besides its table of times: a run where nothing ran, a progress line's long reason."""
 
+import json
+
 import pytest
 import torch
 
@@ -98,6 +100,21 @@ def test_an_interrupt_before_the_first_case_is_one_line(cli, monkeypatch, tmp_pa
         f"attnbench: interrupted; finished rows are saved; continue with: attnbench run --resume {tmp_path / 'done'}\n"
     )
     assert (code, err) == (130, expected)
+
+
+def test_a_run_under_the_triton_interpreter_says_its_triton_times_are_the_interpreters(cli, monkeypatch, tmp_path):
+    """A kernel author checking a Triton kernel on a CPU (TRITON_INTERPRET=1) got its interpreted times in the table
+    beside compiled contenders', ranked, and nothing said so: the run now warns, before the first case and in
+    meta.json; without the variable it says nothing of the kind."""
+    tiny = ["--impl", "bmm", "--seq", "64", "--head-dim", "16", "--mask", "none", "--budget-s", "0.02", "--no-memory"]
+    said = "TRITON_INTERPRET is set: Triton kernels run in Triton's Python interpreter, so their rows check correctness"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    code, _, err = cli("run", *tiny, "--suite", "quick", "--out", str(tmp_path / "interpreted"))
+    assert code == 0 and f"warning: {said}" in err, err
+    assert any(w.startswith(said) for w in json.loads((tmp_path / "interpreted" / "meta.json").read_text())["warnings"])
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    code, _, err = cli("run", *tiny, "--suite", "quick", "--out", str(tmp_path / "compiled"))
+    assert code == 0 and "TRITON_INTERPRET" not in err, err
 
 
 def test_a_contenders_stall_reasons_merge_over_every_number_and_stay_together():

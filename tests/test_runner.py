@@ -1,7 +1,11 @@
 import math
+import sys
+from pathlib import Path
 
-from attnbench import register
-from attnbench.runner.cases import RunOptions, run_case
+import torch
+
+from attnbench import Capabilities, Contender, make_inputs, register
+from attnbench.runner.cases import RunOptions, run_case, run_group
 from attnbench.runner.results import COLUMNS, STATUSES
 from attnbench.workload import Workload
 
@@ -35,7 +39,58 @@ def test_raising_contender_is_an_error_row_with_its_lines_on_one_line(planted):
     planted.append(Raising.name)
     row = run_case(Raising.name, SMALL, FAST)
     assert row["status"] == "error"
-    assert row["reason"] == "RuntimeError: planted failure; second line"
+    conftest = Path(sys.modules[Raising.__module__].__file__)
+    line = next(n for n, text in enumerate(conftest.read_text().splitlines(), 1) if '"planted failure' in text)
+    assert row["reason"] == f"RuntimeError: planted failure; second line (raised in run, conftest.py:{line})"
+
+
+class ScalesQInPlace(Contender):
+    """An author's kernel that folds the softmax scale into q in place — in its call, or once in prepare."""
+
+    name = "planted_scales_q"
+    capabilities = Capabilities(devices=frozenset({"cpu"}), masks=frozenset({"none"}))
+    in_prepare = False
+
+    def prepare(self, inputs, workload):
+        q, k, v = inputs.q, inputs.k, inputs.v
+        if self.in_prepare:
+            q.mul_(inputs.scale)
+            return lambda: torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+        return lambda: torch.softmax(q.mul_(inputs.scale) @ k.transpose(-1, -2), -1) @ v
+
+
+class KeepsWhatItGot(Contender):
+    """Records the q it was given."""
+
+    name = "planted_keeps_q"
+    capabilities = Capabilities(devices=frozenset({"cpu"}), masks=frozenset({"none"}))
+
+    def __init__(self) -> None:
+        self.seen: list[torch.Tensor] = []
+
+    def prepare(self, inputs, workload):
+        self.seen.append(inputs.q.clone())
+        q, k, v = inputs.q, inputs.k, inputs.v
+        return lambda: torch.softmax(q @ k.transpose(-1, -2) * inputs.scale, -1) @ v
+
+
+def test_a_contender_that_writes_into_its_inputs_is_an_error_and_the_next_gets_them_as_made(planted):
+    """A kernel that scaled q in place was 'incorrect — wrong in every row', which said nothing of why, and the
+    contenders after it in the workload were checked and timed on the q it left (scaled by scale^calls, a q of
+    denormals): now its row is an error naming the input, and the next contender reads q as made."""
+    scales, keeps = ScalesQInPlace(), KeepsWhatItGot()
+    for contender in (scales, keeps):
+        register(contender)
+        planted.append(contender.name)
+    workload = Workload(1, 2, 2, 32, 32, 16)
+    for in_prepare in (False, True):
+        scales.in_prepare = in_prepare
+        keeps.seen.clear()
+        wrote, kept = run_group([scales.name, keeps.name], workload, FAST)
+        assert wrote["status"] == "error" and wrote["reason"].startswith(
+            f"InputsModified: {scales.name} wrote into its input q in place (in prepare or its first call); "
+        ), wrote["reason"]
+        assert kept["status"] in CHECKED and torch.equal(keeps.seen[0], make_inputs(workload).q)
 
 
 def test_backward_passes_of_a_forward_only_contender_are_unsupported_with_a_reason():

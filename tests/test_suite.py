@@ -26,6 +26,23 @@ def test_quick_covers_every_mask_gqa_and_cross_attention():
     assert {w.device for w in workloads} == {"cpu"}
 
 
+def test_edges_checks_a_kernel_off_its_tiles_on_every_head_mapping_mask_and_pass():
+    """A kernel author's first check: lengths and head dims off every power-of-two tile, one query row, both
+    cross-attention directions, MHA, GQA and MQA, every basic mask, a backward and bf16 — one suite, not flags to
+    find."""
+    workloads = {w for _, w in expand(load_suite("edges"), {}, KNOWN)}
+    assert 1 in {w.seq_q for w in workloads} and all(w.seq_q % 16 or w.seq_q == 1 for w in workloads if w.seq_q > 1)
+    assert {w.head_dim % 16 for w in workloads} == {8} and {w.batch for w in workloads} >= {3}
+    assert {w.kv_heads == w.heads for w in workloads} == {True, False} and any(w.kv_heads == 1 for w in workloads)
+    assert any(w.seq_q < w.seq_k for w in workloads) and any(w.seq_q > w.seq_k for w in workloads)
+    assert {w.mask for w in workloads} == {"none", "causal", "causal_bottom_right", "padding"}
+    assert {w.pass_ for w in workloads} == {"fwd", "fwd_bwd"} and {w.dtype for w in workloads} == {
+        "float32",
+        "bfloat16",
+    }
+    assert {w.device for w in workloads} == {"cpu"} and len(workloads) <= 64  # a minute or two with two contenders
+
+
 def test_gpu_suite_reaches_16k_in_half_precision():
     workloads = {w for _, w in expand(load_suite("gpu"), {"impl": ["bmm"]}, ["bmm"])}
     assert max(w.seq_q for w in workloads) == 16384

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import traceback
 from pathlib import Path
 
 REASON_CHARS = 360  # a reason's cap: room for a library's headline and two or three of its "because" clauses
@@ -74,10 +75,35 @@ _NOISE_LINES = (
 )
 
 
-def reason(exc: BaseException, limit: int = REASON_CHARS) -> str:
+def reason(exc: BaseException, limit: int = REASON_CHARS, code: str | None = None) -> str:
     """``Type: message`` of ``exc`` as one line: its first line and the lines that explain it (see the module
-    docstring), at most ``limit`` characters. An exception without a message is its type's name."""
-    return one_line(f"{type(exc).__name__}: {exc}", limit)
+    docstring), at most ``limit`` characters. An exception without a message is its type's name. Given ``code``,
+    the module that defines a contender, the reason ends with where in that contender's own code the exception
+    was raised or passed through last (:func:`raised_in`): file:line paths are noise inside a library's message,
+    but the line of the kernel's own code that failed is what its author needs to find."""
+    where = raised_in(exc, code) if code else ""
+    suffix = f" (raised in {where})" if where else ""
+    return one_line(f"{type(exc).__name__}: {exc}", limit - len(suffix)) + suffix
+
+
+def raised_in(exc: BaseException, module: str) -> str:
+    """``function, file.py:line`` of the deepest frame of ``exc``'s traceback in the package ``module`` belongs to
+    (``tiledattn`` for ``tiledattn`` or ``tiledattn.contender``; ``attnbench.impls`` for a built-in contender's
+    ``attnbench.impls.bmm``): the line of that package's code nearest the failure, where torch or a library raised
+    under it; empty when no frame lies in that package. An exception a library raised from another (Triton's
+    interpreter wraps a kernel's error in its InterpreterError) is followed to its cause, as Python prints the
+    chain: the kernel's own line is the cause's."""
+    package = module.rsplit(".", 1)[0] if "." in module else module
+    where, seen = "", set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for frame, line in traceback.walk_tb(current.__traceback__):
+            name = frame.f_globals.get("__name__", "")
+            if name == package or name.startswith(f"{package}."):
+                where = f"{frame.f_code.co_name}, {Path(frame.f_code.co_filename).name}:{line}"
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return where
 
 
 def one_line(message: str, limit: int = REASON_CHARS) -> str:

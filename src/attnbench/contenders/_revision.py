@@ -133,10 +133,16 @@ def locate(name: str, contender: Contender) -> Located:
             f"--impl {name}: its module {file} is not in a git repository (install it editable from its clone)"
         )
     repo = Path(done.stdout.decode().strip()).resolve()
-    if _git(repo, "ls-files", "--error-unmatch", str(file)).returncode != 0:  # e.g. a venv inside a clone
-        raise UsageError(
+    if _git(repo, "ls-files", "--error-unmatch", str(file)).returncode != 0:
+        if _git(repo, "check-ignore", "-q", str(file)).returncode != 0:  # a new module of the author's, not added
+            raise UsageError(
+                f"--impl {name}: its module {file} is untracked in the git repository {repo}, so no revision has "
+                f"a version of it to compare with; commit it and give a --base that has it, or compare two "
+                f"registered contenders with --a and --b"
+            )
+        raise UsageError(  # e.g. a plain install into a venv inside a clone
             f"--impl {name}: its module {file} is not in a git repository that tracks it (it lies inside {repo}, "
-            "untracked; install it editable from its clone)"
+            "ignored by git; install it editable from its clone)"
         )
     root, root_path = _package_root(module_name, file)
     if repo not in root_path.parents:

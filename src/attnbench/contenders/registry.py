@@ -112,7 +112,8 @@ def _make_entry(name: str, source: str, loader: Callable[[], object], module: st
         contender = _as_contender(loader(), name)
     except Exception as exc:  # a plugin's import can fail in any way; it must not take the others down
         shadowed = _folder_without_code(module, exc) if module else None
-        why = f"{shadowed} — {errors.reason(exc)}" if shadowed else errors.reason(exc)
+        said = errors.reason(exc, code=module)  # with the line of the plugin's own code that failed, if any
+        why = f"{shadowed} — {said}" if shadowed else said
         return Entry(name, source, None, f"failed to load: {why}")
     return Entry(name, source, contender)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shlex
 import subprocess
+import urllib.parse
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,38 @@ def workdir_git(path: Path | None = None) -> dict[str, Any]:
     return {"workdir_commit": commit, "workdir_dirty": dirty}
 
 
+PLUGIN_GROUP = "attnbench.impls"  # the contenders' entry-point group (attnbench.contenders.registry.GROUP)
+
+
+def plugins() -> dict[str, str]:
+    """The installed distributions besides attnbench that add contenders (entry points in ``attnbench.impls``), by
+    name: their version, and where one is installed editable from a git checkout, `` at COMMIT`` (12 characters)
+    with ``+edits`` when its tracked files changed — the version of a kernel author's contender that a run timed,
+    which attnbench's own commit does not say."""
+    found: dict[str, str] = {}
+    for entry_point in metadata.entry_points(group=PLUGIN_GROUP):
+        dist = entry_point.dist
+        if dist is None or dist.name == "attnbench" or dist.name in found:
+            continue
+        found[dist.name] = dist.version + _editable_commit(dist)
+    return dict(sorted(found.items()))
+
+
+def _editable_commit(dist: metadata.Distribution) -> str:
+    """`` at COMMIT`` (``+edits``) of an editable install's git checkout (PEP 610's direct_url.json); else ''."""
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        return ""
+    if not isinstance(direct, dict) or not (direct.get("dir_info") or {}).get("editable"):
+        return ""
+    url = str(direct.get("url", ""))
+    if not url.startswith("file://"):
+        return ""
+    commit, dirty = _git_state(Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)))
+    return f" at {commit[:12]}{'+edits' if dirty else ''}" if commit else ""
+
+
 def nvidia_driver() -> str | None:
     if not torch.cuda.is_available():
         return None
@@ -93,6 +127,7 @@ def environment(threads: int | None = None) -> dict[str, Any]:
         "attnbench_version": attnbench_version(),
         **attnbench_git(),
         **workdir_git(),
+        "plugins": plugins(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch_version": torch.__version__,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -39,9 +40,21 @@ def _other_work_warnings(window_s: float = 0.25, roots: Iterable[int] | None = N
     return [warning] if warning else []
 
 
+def _interpreter_warnings() -> list[str]:
+    """Under ``TRITON_INTERPRET=1`` every Triton kernel (fused_triton's, a plugin's) runs in Triton's Python
+    interpreter: its output is checked as any contender's, but its time is the interpreter's, hundreds of times a
+    compiled kernel's, and it would rank beside compiled contenders with nothing in the row to tell."""
+    if os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in {"1", "true", "on", "yes"}:
+        return []
+    return [
+        "TRITON_INTERPRET is set: Triton kernels run in Triton's Python interpreter, so their rows check correctness "
+        "but their times are the interpreter's, not a kernel's — time them on a GPU without it"
+    ]
+
+
 def environment_warnings() -> list[str]:
     """Warnings about the machine, taken just before a run starts."""
-    return [*_governor_warnings(), *_other_work_warnings()]
+    return [*_governor_warnings(), *_interpreter_warnings(), *_other_work_warnings()]
 
 
 def result_warnings(frame: pd.DataFrame) -> list[str]:

@@ -48,6 +48,7 @@ import pandas as pd
 import torch
 
 from attnbench import errors
+from attnbench.contenders import registry
 from attnbench.contenders.contract import Unsupported
 from attnbench.measure._memory import quiet_native_stderr
 from attnbench.measure.stopwatch import synchronize, warm_up
@@ -123,7 +124,8 @@ def profile_case(
     except Unsupported as exc:
         raise CaseFailed("unsupported", errors.one_line(str(exc))) from exc
     except Exception as exc:  # a contender may fail in any way; the other cases are still profiled
-        raise CaseFailed("error", errors.reason(exc)) from exc
+        code = type(registry.get(impl).contender).__module__  # the reason names the line of its code that failed
+        raise CaseFailed("error", errors.reason(exc, code=code)) from exc
 
 
 def _profile(impl: str, workload: Workload, out_dir: Path, calls: int, seed: int, budget_s: float) -> CaseProfile:

@@ -50,10 +50,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnbench import errors
 from attnbench.contenders import _revision as revision
 from attnbench.contenders import registry
 from attnbench.contenders.contract import Contender, Unsupported
-from attnbench.errors import UsageError, one_line
+from attnbench.errors import REASON_CHARS, UsageError, one_line
 from attnbench.measure._hardware import last_level_cache_bytes
 from attnbench.measure.native_build import fresh_tuning_dir
 from attnbench.measure.stopwatch import SampleError, Timing, cache_flusher, synchronize, time_cpu_rounds, warm_up
@@ -249,9 +250,12 @@ def medians_disagree(quotient: float | None, paired: PairedRatio | None, thresho
     return not paired.ci_low * (1 - threshold) <= quotient <= paired.ci_high * (1 + threshold)
 
 
-def _reason(exc: BaseException) -> str:
-    """The exception as a one-line reason (errors.one_line), with base modules under their package's names."""
-    return one_line(f"{type(exc).__name__}: {revision.readable(str(exc))}")
+def _reason(exc: BaseException, contender: Contender | None = None) -> str:
+    """The exception as a one-line reason (errors.one_line), with base modules under their package's names, and
+    where in ``contender``'s own code it was raised (errors.raised_in)."""
+    where = errors.raised_in(exc, type(contender).__module__) if contender is not None else ""
+    suffix = f" (raised in {where})" if where else ""
+    return one_line(f"{type(exc).__name__}: {revision.readable(str(exc))}", REASON_CHARS - len(suffix)) + suffix
 
 
 def _per_call_s(fn: Callable[[], object], device: str, least_s: float = 0.01) -> float:
@@ -286,19 +290,25 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
     fns: dict[str, Callable[[], object]] = {}
     estimates: dict[str, float] = {}
     choices: dict[str, str] = {}
+    checks: list[str] = []  # each version's check, said when one fails: "A: max_abs_err …; B: correct"
+    failed = False
     for key, version in (("a", a), ("b", b)):
         try:
             prepared = prepare_checked(version.name, workload, options.seed, inputs, version.contender)
-            if not prepared.ok:
-                return AbCase(workload, "incorrect", f"{version.name}: {prepared.reason}")
+            checks.append(f"{version.name}: {prepared.reason if not prepared.ok else 'correct'}")
+            failed = failed or not prepared.ok
+            if failed:  # nothing is timed; after A failed, B is still checked, to say whether it passes
+                continue
             warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s / 2)
             estimates[key] = _per_call_s(prepared.fn, workload.device)
         except Unsupported as exc:
             return AbCase(workload, "unsupported", f"{version.name}: {one_line(str(exc))}")
         except Exception as exc:  # a contender may fail in any way; the sweep goes on
-            return AbCase(workload, "error", f"{version.name}: {_reason(exc)}")
+            return AbCase(workload, "error", f"{version.name}: {_reason(exc, version.contender)}")
         fns[key] = prepared.fn
         choices[key] = prepared.choice
+    if failed:  # a version's output failed the check: whether the other's passed is said too
+        return AbCase(workload, "incorrect", "; ".join(checks))
     if workload.device == "cuda":
         graphs = workload.pass_ == "fwd"  # autograd's streams don't capture
         timings = time_cuda_rounds(
@@ -319,7 +329,7 @@ def run_case(a: Version, b: Version, workload: Workload, options: AbOptions) -> 
     for key, version in (("a", a), ("b", b)):
         timing = timings[key]
         if isinstance(timing, SampleError):
-            return AbCase(workload, "error", f"{version.name}: {_reason(timing.cause)}")
+            return AbCase(workload, "error", f"{version.name}: {_reason(timing.cause, version.contender)}")
     samples_a, samples_b = (judged_samples(timings[key], options.cold) for key in ("a", "b"))  # type: ignore[arg-type]
     paired = paired_ratio(samples_a, samples_b, options.seed)
     judged = verdict(paired, options.threshold)

@@ -97,6 +97,40 @@ def _passes(inputs: AttentionInputs, forward: Callable[[], torch.Tensor]) -> Cal
     return lambda: torch.autograd.grad(output, leaves, upstream, retain_graph=True)
 
 
+class InputsModified(Exception):
+    """A contender wrote into the inputs it was given (q, k, v, their scales, the page pool): the other contenders
+    of the workload, and its own later calls, would read what it wrote."""
+
+
+def _input_versions(inputs: AttentionInputs, harness_gathers: bool) -> dict[str, tuple[torch.Tensor, int]]:
+    """The input tensors a contender must leave as given, with their version counters (torch bumps a tensor's on
+    every in-place write through torch: ``q.mul_(scale)``, ``out=q``; free to read). k and v are left out where the
+    harness gathers a page pool into them in each call."""
+    named = {"q": inputs.q, "q_scale": inputs.q_scale, "k_scale": inputs.k_scale, "v_scale": inputs.v_scale}
+    if not harness_gathers:
+        named.update(k=inputs.k, v=inputs.v)
+    if inputs.paged is not None:
+        named.update(k_pages=inputs.paged.k_pages, v_pages=inputs.paged.v_pages)
+    versions = {}
+    for name, tensor in named.items():
+        try:
+            versions[name] = (tensor, tensor._version) if tensor is not None else None
+        except RuntimeError:  # an inference-mode tensor keeps no version counter
+            continue
+    return {name: kept for name, kept in versions.items() if kept is not None}
+
+
+def _check_inputs_kept(impl: str, watched: dict[str, tuple[torch.Tensor, int]]) -> None:
+    """InputsModified, naming the tensors, when ``prepare`` or the first call wrote into an input in place."""
+    written = [name for name, (tensor, version) in watched.items() if tensor._version != version]
+    if written:
+        raise InputsModified(
+            f"{impl} wrote into its input {', '.join(written)} in place (in prepare or its first call); a contender "
+            "must leave its inputs as given — every contender of the workload reads the same tensors, and the "
+            "check and the timing of the next call would read what it wrote: write into a copy or a new tensor"
+        )
+
+
 def prepare_checked(
     impl: str,
     workload: Workload,
@@ -117,6 +151,7 @@ def prepare_checked(
     if inputs is None:
         inputs = make_inputs(workload, seed=seed, requires_grad=workload.pass_ != "fwd")
     paged = inputs.paged  # the page pool is part of the inputs, built before set-up is timed
+    watched = _input_versions(inputs, harness_gathers=paged is not None and not contender.reads_pages(workload))
     start = time.perf_counter()
     forward = own = contender.prepare(inputs, workload)  # own: the contender's callable, which says its choice
     if paged is not None and not contender.reads_pages(workload):  # the harness gathers, in the timed call
@@ -130,6 +165,7 @@ def prepare_checked(
     fn: Callable[[], object] = _passes(inputs, forward)
     setup_ms = (time.perf_counter() - start) * 1e3
     first_call_ms, result = call_once_ms(fn, workload.device)  # compilation, autotuning, lazy init
+    _check_inputs_kept(impl, watched)
     reference = contender.reference_output
     choice = choice_of(own)  # after the first call: a tile may be chosen there
     if workload.pass_ == "fwd":
@@ -163,7 +199,8 @@ def _failure_row(impl: str, workload: Workload, exc: BaseException, predicted: d
         return make_row(impl, workload, "unsupported", errors.one_line(str(exc)), **predicted)
     if workload.device == "cuda":
         torch.cuda.empty_cache()
-    return make_row(impl, workload, "oom" if _is_oom(exc) else "error", errors.reason(exc), **predicted)
+    code = type(registry.get(impl).contender).__module__  # the reason names the line of its code that failed
+    return make_row(impl, workload, "oom" if _is_oom(exc) else "error", errors.reason(exc, code=code), **predicted)
 
 
 class _GroupMemory:
@@ -186,6 +223,10 @@ class _GroupMemory:
             w = self.workload
             self._inputs = make_inputs(w, seed=self.seed, requires_grad=w.pass_ != "fwd")
         return self._inputs
+
+    def discard_inputs(self) -> None:
+        """Make the inputs afresh on next use (make_inputs is deterministic): a contender wrote into them."""
+        self._inputs = None
 
     def free_bytes(self) -> int:
         device = self.workload.device
@@ -211,6 +252,8 @@ def _get_ready(impl: str, workload: Workload, options: RunOptions, group: _Group
         estimate_s = warm_up(prepared.fn, workload.device, prepared.first_call_ms, options.budget_s)
         resident = _reads_from_cache(contender, workload, options)  # a plugin's flops() may raise too
     except Exception as exc:  # a contender may fail in any way; the sweep must go on
+        if isinstance(exc, InputsModified):
+            group.discard_inputs()  # the next contender gets them as made, not as this one left them
         return _failure_row(impl, workload, exc, predicted)
     return _Ready(prepared, predicted, estimate_s, resident)
 

@@ -49,11 +49,58 @@ class CheckResult:
     reason: str = ""
 
 
+def spans(picked: list[int], among: list[int], most: int = 4) -> str:
+    """The indices ``picked`` (sorted, a subset of ``among``) as runs of neighbours in ``among``: ``64–99`` where
+    every checked index from 64 to 99 is picked, ``0, 5–7`` …, the first ``most`` runs and ``…`` after them."""
+    position = {index: n for n, index in enumerate(among)}
+    runs: list[list[int]] = []
+    for index in picked:
+        if runs and position[index] == position[runs[-1][-1]] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    text = ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}–{run[-1]}" for run in runs[:most])
+    return text + (", …" if len(runs) > most else "")
+
+
+def where_wrong(
+    wrong: torch.Tensor, rows: list[int], unit: str = "row", heads: str = "head", checked: str = " checked"
+) -> str:
+    """Where the elements flagged in ``wrong`` (B, H, N, D) lie: the ``rows`` (the N indices: the query rows checked,
+    or a gradient's keys, ``unit`` names them and ``checked`` follows their count) with a wrong element, the heads
+    and, where B > 1, the batch elements — what a kernel author reads to find the tile, the mask edge or the head
+    mapping at fault (``rows 64–99 (36 of 100 checked), every head (8)``)."""
+    batches, all_heads, n = wrong.shape[:3]
+    flat = wrong.reshape(batches, all_heads, n, -1).any(-1)
+    clauses = []
+    for name, found, every, among in (
+        (unit, flat.any(1).any(0), n, rows),
+        (heads, flat.any(2).any(0), all_heads, list(range(all_heads))),
+        ("batch element", flat.any(2).any(1), batches, list(range(batches))),
+    ):
+        if name == "batch element" and batches == 1:
+            continue
+        picked = [among[i] for i in found.nonzero().flatten().tolist()]
+        if len(picked) == every:
+            clauses.append(f"every {name}{checked if name == unit else ''} ({every})")
+        else:
+            of = f"{len(picked)} of {every}{checked}" if name == unit else f"of {every}"
+            clauses.append(f"{name}{'s' if len(picked) > 1 else ''} {spans(picked, among)} ({of})")
+    return ", ".join(clauses)
+
+
 def compare(
-    output: object, expected: torch.Tensor, expected_shape: tuple[int, ...], atol: float, rtol: float, rows: int
+    output: object,
+    expected: torch.Tensor,
+    expected_shape: tuple[int, ...],
+    atol: float,
+    rtol: float,
+    rows: int,
+    row_index: list[int] | None = None,
 ) -> CheckResult:
     """``output`` (sliced to the checked rows) against ``expected`` in float64: pass when
-    |out − ref| ≤ atol + rtol·|ref| everywhere."""
+    |out − ref| ≤ atol + rtol·|ref| everywhere. Given ``row_index`` (the query rows checked, of a (B, H, rows, D)
+    output), the reason of a failed check says where the wrong elements lie (:func:`where_wrong`) and the worst."""
     if not isinstance(output, torch.Tensor):
         return CheckResult(False, math.inf, atol, rtol, 0, f"returned {type(output).__name__}, not a tensor")
     if tuple(output.shape) != expected_shape:
@@ -61,12 +108,23 @@ def compare(
             False, math.inf, atol, rtol, 0, f"output shape {tuple(output.shape)}, expected {expected_shape}"
         )
     got = output.detach().double()
-    if not torch.isfinite(got).all():
-        return CheckResult(False, math.inf, atol, rtol, rows, "output holds NaN or inf")
+    finite = torch.isfinite(got)
+    if not finite.all():
+        at = f" in {where_wrong(~finite, row_index)}" if row_index is not None else ""
+        return CheckResult(False, math.inf, atol, rtol, rows, f"output holds NaN or inf{at}")
     diff = (got - expected).abs()
     max_abs_err = float(diff.max()) if diff.numel() else 0.0
-    if diff.numel() and float((diff - (atol + rtol * expected.abs())).max()) > 0:
+    wrong = diff > atol + rtol * expected.abs()
+    if diff.numel() and bool(wrong.any()):
         reason = f"max_abs_err {max_abs_err:.3g} over tolerance atol={atol:g} rtol={rtol:g}"
+        if row_index is not None:
+            worst = int(diff.argmax())
+            batch, head, row, column = (int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape))
+            reason += (
+                f"; wrong in {where_wrong(wrong, row_index)}; the worst at batch {batch} head {head} "
+                f"row {row_index[row]} column {column}: {float(got.flatten()[worst]):.4g}, "
+                f"expected {float(expected.flatten()[worst]):.4g}"
+            )
         return CheckResult(False, max_abs_err, atol, rtol, rows, reason)
     return CheckResult(True, max_abs_err, atol, rtol, rows)
 
@@ -85,9 +143,17 @@ def check_output(
         output = output[:, :, rows.to(output.device)]
         expected_shape = (w.batch, w.heads, len(rows), w.head_dim_v)
     with uncached():  # the float64 temporaries leave no fragments in the allocator's cache
-        result = compare(output, reference(inputs, rows), expected_shape, atol, rtol, len(rows))
+        checked = rows.tolist()
+        result = compare(output, reference(inputs, rows), expected_shape, atol, rtol, len(rows), checked)
     kind = w.dtype if w.q_dtype == w.dtype else f"{w.q_dtype} forward"
-    reason = result.reason + (f" ({kind})" if result.reason.startswith("max_abs_err") else "")
+    reason = result.reason
+    if reason.startswith("max_abs_err"):  # the dtype names the tolerance: "… rtol=0.0001 (float32); wrong in …"
+        head, _, where = reason.partition(";")
+        reason = f"{head} ({kind})" + (f";{where}" if where else "")
+    if isinstance(output, torch.Tensor) and reason.startswith("output shape"):
+        reason += " = (batch, heads, seq_q, head_dim_v)"
+        if tuple(output.shape) == (w.batch, w.seq_q, w.heads, w.head_dim_v):  # flash-attn's and xformers' layout
+            reason += "; it is (batch, seq_q, heads, head_dim_v), flash-attn's layout: return out.transpose(1, 2)"
     return CheckResult(result.ok, result.max_abs_err, atol, rtol, result.checked_rows, reason)
 
 
@@ -115,17 +181,33 @@ def check_grads(inputs: AttentionInputs, grads: object) -> GradCheck:
         return GradCheck(False, math.inf, tolerance, f"backward did not give the gradient tensors {', '.join(names)}")
     with uncached():  # the float64 temporaries leave no fragments in the allocator's cache
         expected_grads = reference_grads(inputs)
-    worst, worst_name = 0.0, ""
+    worst, worst_name, worst_where = 0.0, "", ""
     for name, got, expected in zip(names, grads, expected_grads, strict=True):
         if tuple(got.shape) != tuple(expected.shape):
             shapes = f"{name} shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
             return GradCheck(False, math.inf, tolerance, shapes)
         got64 = got.detach().double()
-        if not torch.isfinite(got64).all():
-            return GradCheck(False, math.inf, tolerance, f"{name} holds NaN or inf")
-        error = float((got64 - expected).abs().max()) / max(float(expected.abs().max()), 1e-30)
+        finite = torch.isfinite(got64)
+        if not finite.all():
+            where = _grad_where(name, ~finite)
+            return GradCheck(False, math.inf, tolerance, f"{name} holds NaN or inf" + (f" in {where}" if where else ""))
+        diff = (got64 - expected).abs()
+        gradient_scale = max(float(expected.abs().max()), 1e-30)
+        error = float(diff.max()) / gradient_scale
         if error > worst:
             worst, worst_name = error, name
+            worst_where = _grad_where(name, diff > tolerance * gradient_scale)
     if worst > tolerance:
-        return GradCheck(False, worst, tolerance, f"{worst_name} error {worst:.3g} of its scale, over {tolerance:g}")
+        reason = f"{worst_name} error {worst:.3g} of its scale, over {tolerance:g}"
+        reason += f"; wrong in {worst_where}" if worst_where else ""
+        return GradCheck(False, worst, tolerance, reason)
     return GradCheck(True, worst, tolerance)
+
+
+def _grad_where(name: str, wrong: torch.Tensor) -> str:
+    """Where a gradient is wrong (:func:`where_wrong`), for one of q (B, Hq, Sq, D: query rows) or of k and v
+    (B, Hkv, Sk, D: keys); empty for the sinks' (one value per head)."""
+    if wrong.dim() != 4:
+        return ""
+    unit, heads = ("query row", "head") if name == "dq" else ("key", "kv head")
+    return where_wrong(wrong, list(range(wrong.shape[2])), unit, heads, checked="")
