@@ -143,10 +143,45 @@ def test_op_totals_sum_self_times_over_the_given_calls_only():
     assert totals == {
         "attnbench.call:t": (12, 2),
         "aten::bmm": (180, 2),
-        "aten::empty": (1, 1),
+        "aten::empty (in aten::bmm)": (1, 1),  # inside a matmul: its work
         "aten::softmax": (30, 1),
     }
     assert op_totals([left_out])[1].self_cpu_time_total == 1000
+
+
+def test_an_op_inside_a_softmax_or_matmul_counts_to_it():
+    """sdpa_math's safe softmax spent most of its time in isneginf, all and where, which the breakdown put in
+    `other` (28 % of the call at S256, softmax 10 %); the same where building a mask stays `other`."""
+
+    def op(name, self_us, children=()):
+        return SimpleNamespace(name=name, self_cpu_time_total=self_us, cpu_children=list(children))
+
+    safe = op("aten::_safe_softmax", 2, [op("aten::_softmax", 100), op("aten::isneginf", 50), op("aten::where", 60)])
+    matmul = op("aten::matmul", 1, [op("aten::reshape", 4), op("aten::bmm", 200)])
+    call = op("attnbench.call:my_softmax", 3, [op("aten::where", 40), matmul, safe])
+    totals = {t.key: (t.self_cpu_time_total, t.category) for t in op_totals([call])}
+    assert totals == {
+        "attnbench.call:my_softmax": (3, None),  # the range's name is the contender's: its ops are not softmax
+        "aten::where": (40, None),
+        "aten::matmul": (1, None),
+        "aten::reshape (in aten::matmul)": (4, "matmul"),
+        "aten::bmm": (200, None),
+        "aten::_safe_softmax": (2, None),
+        "aten::_softmax": (100, None),
+        "aten::isneginf (in aten::_safe_softmax)": (50, "softmax"),
+        "aten::where (in aten::_safe_softmax)": (60, "softmax"),
+    }
+
+
+def test_sdpa_math_softmax_share_holds_its_safe_softmax(cli, tmp_path):
+    out = tmp_path / "prof"
+    shape = ["--batch", "1", "--heads", "4", "--seq", "128", "--head-dim", "64", "--budget-s", "0.05"]
+    code, _, _ = cli("profile", "--impl", "sdpa_math", *shape, "--out", str(out))
+    assert code == 0
+    tops = pd.read_csv(out / "top_ops.csv").set_index("op")
+    assert tops.loc["aten::isneginf (in aten::_safe_softmax)", "category"] == "softmax"
+    assert "aten::isneginf" not in tops.index
+    _check_adds_up(_breakdown(out, "sdpa_math"))
 
 
 def test_a_tracers_slow_first_calls_stay_out_of_the_profile(cli, planted, tmp_path):

@@ -9,7 +9,8 @@ table of the top operators (or kernels, on CUDA) by self time, and a breakdown o
 Definitions (per call, from the profiled calls):
 
 * an operator's category comes from its name (``CATEGORIES``): matmul, softmax, copies, fused_attention,
-  else ``other``;
+  else ``other``; on CPU an operator inside a matmul or softmax operator takes that one's category
+  (:func:`op_totals`);
 * the range's self time (CPU: time inside the contender's range that no torch operator in it accounts for)
   is split by its gap structure: the stretches of a call with no torch operator running — before the first,
   between two, after the last. A stretch that holds at least ``KERNEL_STRETCH_SHARE`` of the call and at
@@ -43,6 +44,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -203,19 +205,35 @@ class OpTotal:
     key: str
     self_cpu_time_total: float = 0.0  # µs
     count: int = 0
+    category: str | None = None  # None: from the key's name (``category``)
+
+
+COMPOSITE_CATEGORIES = ("matmul", "softmax")  # an operator inside one of these is part of its work
 
 
 def op_totals(ranges: list) -> list[OpTotal]:
     """Per operator (by name), the self time and count of every event under the given call ranges, the ranges'
-    own included — key_averages() restricted to those calls."""
+    own included — key_averages() restricted to those calls.
+
+    An operator that runs inside a matmul or softmax operator is part of that one's work and takes its category:
+    sdpa_math's ``aten::_safe_softmax`` spends most of its time in ``aten::isneginf``, ``aten::all`` and
+    ``aten::where`` (which its name does not say), ``aten::matmul`` in the reshapes and copies around its
+    ``aten::bmm``. Where that changes the operator's own category, its key says whose it is:
+    ``aten::where (in aten::_safe_softmax)``."""
     totals: dict[str, OpTotal] = {}
-    pending = list(ranges)
+    pending: list[tuple[Any, str | None, bool]] = [(event, None, True) for event in ranges]
     while pending:
-        event = pending.pop()
-        total = totals.setdefault(event.name, OpTotal(event.name))
+        event, inside, is_range = pending.pop()
+        own = category(event.name)
+        key, op_category = event.name, None
+        if inside is not None and own != category(inside):
+            key, op_category = f"{event.name} (in {inside})", category(inside)
+        total = totals.setdefault(key, OpTotal(key, category=op_category))
         total.self_cpu_time_total += event.self_cpu_time_total
         total.count += 1
-        pending.extend(event.cpu_children)
+        if inside is None and not is_range and own in COMPOSITE_CATEGORIES:  # a range's name is the contender's
+            inside = event.name
+        pending.extend((child, inside, False) for child in event.cpu_children)
     return list(totals.values())
 
 
@@ -288,7 +306,8 @@ def _tables(
             ]
         else:
             self_us = getattr(event, "self_device_time_total", 0.0) if on_gpu else event.self_cpu_time_total
-            parts = [(event.key, self_us, event.count / calls, category(event.key))]
+            op_category = getattr(event, "category", None) or category(event.key)
+            parts = [(event.key, self_us, event.count / calls, op_category)]
         for op, self_us, count, op_category in parts:
             if self_us > 0:
                 records.append(
