@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,14 +138,33 @@ def _pytest_benchmark_row(bench: dict[str, Any]) -> dict[str, Any]:
 
 
 def _load_pytest_benchmark(path: Path) -> Run:
+    """A pytest-benchmark JSON file's attnbench cases. A suite that runs attnbench's cases beside its own
+    benchmarks writes them into one file: the others are left out, with a note naming them (stderr and the
+    run's ``warnings``); a file with no attnbench case is refused."""
     try:
         data = json.loads(path.read_text())
-        rows = [_pytest_benchmark_row(bench) for bench in data["benchmarks"]]
-    except (ValueError, KeyError, TypeError) as exc:
+        ours, others = [], []
+        for bench in data["benchmarks"]:
+            if "impl" in (bench.get("extra_info") or {}):
+                ours.append(bench)
+            else:
+                others.append(str(bench.get("name", "?")))
+        rows = [_pytest_benchmark_row(bench) for bench in ours]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{path}: not a pytest-benchmark JSON file from attnbench's suites ({exc})") from None
+    if not rows:
+        raise UsageError(
+            f"{path}: none of its {len(others)} benchmark(s) has an attnbench workload in extra_info "
+            "(attnbench's cases are suites/test_benchmarks.py's test_attention)"
+        )
     machine = data.get("machine_info", {})
     environment = {"cpu_name": (machine.get("cpu") or {}).get("brand_raw"), "hostname": machine.get("node")}
-    meta = {"environment": environment, "command": "pytest suites/ --benchmark-json (pytest-benchmark)"}
+    meta: dict[str, Any] = {"environment": environment, "command": "pytest suites/ --benchmark-json (pytest-benchmark)"}
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        note = f"{len(others)} benchmark(s) without an attnbench workload left out: {shown}"
+        print(f"note: {path}: {note}", file=sys.stderr)
+        meta["warnings"] = [note]
     return Run(path.stem, path, rows_to_frame(rows), meta)
 
 

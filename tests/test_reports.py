@@ -226,6 +226,34 @@ def test_pytest_benchmark_json_is_a_run(cli, tmp_path):
     assert cli("report", str(path), "--out", str(tmp_path / "rep"))[0] == 0
 
 
+def test_a_pytest_benchmark_json_with_other_benchmarks_keeps_attnbench_cases(cli, tmp_path):
+    """A team's suite runs attnbench's cases beside its own benchmarks into one --benchmark-json: report and
+    compare refused the whole file ("extra_info has no attnbench workload")."""
+    ours = {
+        "name": "test_attention[bmm-B1-H8-S64-D64-float32-cpu-none-fwd]",
+        "extra_info": {
+            **{"impl": "bmm", "device": "cpu", "dtype": "float32", "batch": 1, "heads": 8, "kv_heads": 8},
+            **{"seq_q": 64, "seq_k": 64, "head_dim": 64, "mask": "none", "pass": "fwd", "flops": 1e8},
+            **{"max_abs_err": 1e-7, "atol": 1e-4, "rtol": 1e-4, "correct": True},
+        },
+        "stats": {"median": 0.001, "iqr": 0.0001, "rounds": 50, "iterations": 1, "data": [0.001, 0.0011]},
+    }
+    theirs = {"name": "test_tokenizer", "extra_info": {}, "stats": dict(ours["stats"])}
+    mixed, only_theirs = tmp_path / "mixed.json", tmp_path / "theirs.json"
+    mixed.write_text(json.dumps({"machine_info": {}, "benchmarks": [theirs, ours]}))
+    only_theirs.write_text(json.dumps({"machine_info": {}, "benchmarks": [theirs]}))
+    code, _, err = cli("report", str(mixed), "--out", str(tmp_path / "rep"))
+    assert code == 0
+    assert "1 benchmark(s) without an attnbench workload left out: test_tokenizer" in err
+    from attnbench.reports.frames import load_runs
+
+    frame, runs = load_runs([mixed])
+    assert list(frame["impl"]) == ["bmm"] and "test_tokenizer" in runs[0].meta["warnings"][0]
+    code, _, err = cli("report", str(only_theirs), "--out", str(tmp_path / "rep2"))
+    assert code == 2 and "none of its 1 benchmark(s) has an attnbench workload" in err
+    assert "Traceback" not in err and not (tmp_path / "rep2").exists()
+
+
 @pytest.mark.parametrize(
     ("setup", "message"),
     [
