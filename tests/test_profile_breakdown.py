@@ -161,16 +161,49 @@ def test_an_op_inside_a_softmax_or_matmul_counts_to_it():
     call = op("attnbench.call:my_softmax", 3, [op("aten::where", 40), matmul, safe])
     totals = {t.key: (t.self_cpu_time_total, t.category) for t in op_totals([call])}
     assert totals == {
-        "attnbench.call:my_softmax": (3, None),  # the range's name is the contender's: its ops are not softmax
-        "aten::where": (40, None),
-        "aten::matmul": (1, None),
+        "attnbench.call:my_softmax": (3, "softmax"),  # the range's name is the contender's: its ops are not softmax
+        "aten::where": (40, "other"),
+        "aten::matmul": (1, "matmul"),
         "aten::reshape (in aten::matmul)": (4, "matmul"),
-        "aten::bmm": (200, None),
-        "aten::_safe_softmax": (2, None),
-        "aten::_softmax": (100, None),
+        "aten::bmm": (200, "matmul"),
+        "aten::_safe_softmax": (2, "softmax"),
+        "aten::_softmax": (100, "softmax"),
         "aten::isneginf (in aten::_safe_softmax)": (50, "softmax"),
         "aten::where (in aten::_safe_softmax)": (60, "softmax"),
     }
+
+
+def test_a_matmul_says_which_product_of_attention_it_computes():
+    """The breakdown's matmul held both products; a kernel author asks how the time splits between Q·Kᵀ and P·V.
+    Shapes as bmm records them at B1 H2 Sq 8 Sk 32 D 16 Dv 24, and as sdpa_math's aten::matmul around its bmm."""
+
+    def op(name, self_us, shapes=(), children=()):
+        return SimpleNamespace(
+            name=name, self_cpu_time_total=self_us, input_shapes=list(shapes), cpu_children=list(children)
+        )
+
+    dims = (16, 32, 24)  # D, Sk, Dv
+    scores = op("aten::bmm", 100, [[2, 8, 16], [2, 16, 32]], [op("aten::empty", 1)])
+    matmul = op("aten::matmul", 2, [[1, 2, 8, 32], [1, 2, 32, 24]], [op("aten::reshape", 3), op("aten::bmm", 70)])
+    odd = op("aten::mm", 5, [[8, 7], [7, 9]])  # neither product: no tag
+    einsum = op(
+        "aten::einsum", 4, [[], [[1, 2, 8, 16], [1, 2, 32, 16]]], [op("aten::bmm", 60, [[2, 8, 16], [2, 16, 32]])]
+    )
+    call = op("attnbench.call:t", 1, children=[scores, matmul, odd, einsum])
+    totals = {t.key: (t.self_cpu_time_total, t.category) for t in op_totals([call], dims)}
+    assert totals == {
+        "attnbench.call:t": (1, "other"),
+        "aten::bmm [scores Q·Kᵀ]": (160, "matmul"),  # bmm's own and the one inside the einsum
+        "aten::einsum": (4, "matmul"),
+        "aten::empty (in aten::bmm [scores Q·Kᵀ])": (1, "matmul"),
+        "aten::matmul [P·V]": (2, "matmul"),
+        "aten::reshape (in aten::matmul [P·V])": (3, "matmul"),
+        "aten::bmm [P·V]": (70, "matmul"),
+        "aten::mm": (5, "matmul"),
+    }
+    square = op("aten::bmm", 9, [[2, 8, 16], [2, 16, 16]])  # Sk = D = Dv: either product
+    assert [t.key for t in op_totals([square], (16, 16, 16))] == ["aten::bmm"]
+    assert [t.key for t in op_totals([op("r", 0, children=[scores])])][1] == "aten::bmm"  # no dims: no tag
 
 
 def test_sdpa_math_softmax_share_holds_its_safe_softmax(cli, tmp_path):
@@ -182,6 +215,16 @@ def test_sdpa_math_softmax_share_holds_its_safe_softmax(cli, tmp_path):
     assert tops.loc["aten::isneginf (in aten::_safe_softmax)", "category"] == "softmax"
     assert "aten::isneginf" not in tops.index
     _check_adds_up(_breakdown(out, "sdpa_math"))
+
+
+def test_bmm_top_ops_split_its_matmul_time_into_the_two_products(cli, tmp_path):
+    out = tmp_path / "prof"
+    shape = ["--batch", "1", "--heads", "4", "--seq", "128", "--head-dim", "64", "--budget-s", "0.05"]
+    code, text, _ = cli("profile", "--impl", "bmm", *shape, "--out", str(out))
+    assert code == 0 and "aten::bmm [scores Q·Kᵀ]" in text and "aten::bmm [P·V]" in text
+    tops = pd.read_csv(out / "top_ops.csv").set_index("op")
+    assert tops.loc[["aten::bmm [scores Q·Kᵀ]", "aten::bmm [P·V]"], "category"].eq("matmul").all()
+    assert (tops.loc[["aten::bmm [scores Q·Kᵀ]", "aten::bmm [P·V]"], "count_per_call"] == 1).all()
 
 
 def test_a_tracers_slow_first_calls_stay_out_of_the_profile(cli, planted, tmp_path):

@@ -9,8 +9,8 @@ table of the top operators (or kernels, on CUDA) by self time, and a breakdown o
 Definitions (per call, from the profiled calls):
 
 * an operator's category comes from its name (``CATEGORIES``): matmul, softmax, copies, fused_attention,
-  else ``other``; on CPU an operator inside a matmul or softmax operator takes that one's category
-  (:func:`op_totals`);
+  else ``other``; on CPU an operator inside a matmul or softmax operator takes that one's category, and a
+  matmul computing Q·Kᵀ or P·V says which in its name among the top ops (:func:`op_totals`);
 * the range's self time (CPU: time inside the contender's range that no torch operator in it accounts for)
   is split by its gap structure: the stretches of a call with no torch operator running — before the first,
   between two, after the last. A stretch that holds at least ``KERNEL_STRETCH_SHARE`` of the call and at
@@ -152,7 +152,8 @@ def _profile(impl: str, workload: Workload, out_dir: Path, calls: int, seed: int
     # nothing else running). So one call is recorded as the schedule's warm-up step, which the profiler
     # discards, and the next ``recorded`` are kept.
     steps = schedule(wait=0, warmup=PROFILER_WARMUP_CALLS, active=recorded, repeat=1)
-    with quiet_native_stderr(), profile(activities=activities, schedule=steps) as prof:
+    # shapes name which product a matmul computes (op_totals)
+    with quiet_native_stderr(), profile(activities=activities, schedule=steps, record_shapes=True) as prof:
         for step in range(PROFILER_WARMUP_CALLS + recorded):
             synchronize(workload.device)
             start = time.perf_counter()
@@ -171,7 +172,7 @@ def _profile(impl: str, workload: Workload, out_dir: Path, calls: int, seed: int
     else:
         keep = nearest(walls_ms, timing.median_ms, calls)
         kept_ranges, kept_walls = [ranges[i] for i in keep], [walls_ms[i] for i in keep]
-        averages = op_totals(kept_ranges)
+        averages = op_totals(kept_ranges, (workload.head_dim, workload.seq_k, workload.head_dim_v))
     per_call = len(kept_walls)
     profiled_ms = sum(kept_walls) / per_call
     stretches = outside_op_stretches(kept_ranges, name)
@@ -209,9 +210,26 @@ class OpTotal:
 
 
 COMPOSITE_CATEGORIES = ("matmul", "softmax")  # an operator inside one of these is part of its work
+SCORES, PV = "scores Q·Kᵀ", "P·V"  # the two products of attention a matmul operator may compute
+PHASED = re.compile(r"::(bmm|mm|matmul|baddbmm|addmm)$")  # operators whose last two operands are the product's
 
 
-def op_totals(ranges: list) -> list[OpTotal]:
+def matmul_phase(event: Any, dims: tuple[int, int, int] | None) -> str | None:
+    """Which product of attention a matmul operator computes, from its operands' recorded shapes (``dims``: the
+    workload's D, Sk, Dv): Q·Kᵀ contracts over D into Sk columns, P·V over Sk into Dv columns. None where the
+    shapes are not recorded, or name neither product or both (Sk = D = Dv)."""
+    if dims is None or not PHASED.search(event.name):
+        return None
+    shapes = [s for s in getattr(event, "input_shapes", None) or [] if len(s) >= 2]
+    if len(shapes) < 2 or not all(isinstance(x, int) for x in (*shapes[-2], *shapes[-1])):
+        return None
+    inner, columns = shapes[-2][-1], shapes[-1][-1]
+    head_dim, seq_k, head_dim_v = dims
+    scores, pv = (inner, columns) == (head_dim, seq_k), (inner, columns) == (seq_k, head_dim_v)
+    return None if scores == pv else SCORES if scores else PV
+
+
+def op_totals(ranges: list, dims: tuple[int, int, int] | None = None) -> list[OpTotal]:
     """Per operator (by name), the self time and count of every event under the given call ranges, the ranges'
     own included — key_averages() restricted to those calls.
 
@@ -219,20 +237,30 @@ def op_totals(ranges: list) -> list[OpTotal]:
     sdpa_math's ``aten::_safe_softmax`` spends most of its time in ``aten::isneginf``, ``aten::all`` and
     ``aten::where`` (which its name does not say), ``aten::matmul`` in the reshapes and copies around its
     ``aten::bmm``. Where that changes the operator's own category, its key says whose it is:
-    ``aten::where (in aten::_safe_softmax)``."""
+    ``aten::where (in aten::_safe_softmax)``. With ``dims`` (D, Sk, Dv) and shapes recorded, a matmul operator
+    that computes one of attention's two products says which, and so do the operators inside it:
+    ``aten::bmm [scores Q·Kᵀ]``, ``aten::bmm [P·V]`` (:func:`matmul_phase`)."""
     totals: dict[str, OpTotal] = {}
-    pending: list[tuple[Any, str | None, bool]] = [(event, None, True) for event in ranges]
+    # (event, the matmul/softmax operator it runs inside: (name, category, phase tag), is a call's range)
+    pending: list[tuple[Any, tuple[str, str, str] | None, bool]] = [(event, None, True) for event in ranges]
     while pending:
         event, inside, is_range = pending.pop()
         own = category(event.name)
-        key, op_category = event.name, None
-        if inside is not None and own != category(inside):
-            key, op_category = f"{event.name} (in {inside})", category(inside)
+        key, op_category = event.name, own
+        if inside is not None:
+            inside_name, inside_category, tag = inside
+            if own != inside_category:
+                key, op_category = f"{event.name} (in {inside_name}{tag})", inside_category
+            else:  # an einsum's shapes name no product; the bmm it runs has them
+                phase = None if tag else matmul_phase(event, dims)
+                key = event.name + (f" [{phase}]" if phase else tag)
+        elif not is_range and own in COMPOSITE_CATEGORIES:  # a range's name is the contender's, not an operator's
+            phase = matmul_phase(event, dims)
+            tag = f" [{phase}]" if phase else ""
+            key, inside = event.name + tag, (event.name, own, tag)
         total = totals.setdefault(key, OpTotal(key, category=op_category))
         total.self_cpu_time_total += event.self_cpu_time_total
         total.count += 1
-        if inside is None and not is_range and own in COMPOSITE_CATEGORIES:  # a range's name is the contender's
-            inside = event.name
         pending.extend((child, inside, False) for child in event.cpu_children)
     return list(totals.values())
 
