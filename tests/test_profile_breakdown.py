@@ -241,6 +241,41 @@ def test_a_tracers_slow_first_calls_stay_out_of_the_profile(cli, planted, tmp_pa
     assert profiled < 1.5 * median  # the old five calls held two slow ones (the warm-up took the first): 18 ms
 
 
+class Sleeps40ms(attnbench.Contender):
+    """A slow call: 40 ms (up to 50 on a busy machine), so a profile keeps int(0.1 s / 40 ms) = 2 calls."""
+
+    name = "planted_sleeps_40ms"
+    capabilities = attnbench.Capabilities(devices=frozenset({"cpu"}), dtypes=frozenset({"float32"}))
+
+    def prepare(self, inputs, workload):
+        import time
+
+        import torch
+
+        from attnbench.workload.reference import reference_output
+
+        out = reference_output(inputs, torch.arange(workload.seq_q)).to(torch.float32)
+
+        def run():
+            time.sleep(0.04)
+            return out
+
+        return run
+
+
+def test_fewer_calls_than_asked_say_why(cli, planted, tmp_path):
+    """bmm at S2048 causal: the header read "the 1 of 5 recorded calls" after the default --calls 5, with no word of
+    the cap on a profile's recorded time."""
+    attnbench.register(Sleeps40ms())
+    planted.append(Sleeps40ms.name)
+    shape = ["--batch", "1", "--heads", "2", "--seq", "64", "--budget-s", "0.05"]
+    code, text, _ = cli("profile", "--impl", Sleeps40ms.name, *shape, "--out", str(tmp_path / "prof"))
+    assert code == 0
+    assert "(the 2 of 7 recorded calls nearest the median; --calls 5 capped at about 0.1 s of calls)" in text
+    code, text, _ = cli("profile", "--impl", Sleeps40ms.name, *shape, "--calls", "1", "--out", str(tmp_path / "p2"))
+    assert code == 0 and "(the 1 of 5 recorded calls nearest the median)" in text
+
+
 def test_a_pure_torch_contender_has_overhead_between_ops_not_a_kernel(cli, tmp_path):
     out = tmp_path / "prof"
     shape = ["--batch", "1", "--heads", "4", "--seq", "256", "--head-dim", "64", "--budget-s", "0.05"]

@@ -261,13 +261,21 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _profiled_calls(profile: CaseProfile) -> str:
-    """Which calls the profile's tables are per: all recorded, or those nearest the median (CPU)."""
+    """Which calls the profile's tables are per: all recorded, or those nearest the median (CPU); and why fewer
+    than --calls asked for, where a slow call capped them."""
+    from attnbench.runner._profiling import PROFILE_SECONDS
+
+    capped = (
+        f"; --calls {profile.asked} capped at about {PROFILE_SECONDS:g} s of calls"
+        if profile.asked > profile.calls
+        else ""
+    )
     if profile.recorded > profile.calls:
         return (
             f"profiled {profile.profiled_ms:.4g} ms per call (the {profile.calls} of {profile.recorded} "
-            "recorded calls nearest the median)"
+            f"recorded calls nearest the median{capped})"
         )
-    return f"profiled {profile.profiled_ms:.4g} ms per call ({profile.calls} calls recorded)"
+    return f"profiled {profile.profiled_ms:.4g} ms per call ({profile.calls} calls recorded{capped})"
 
 
 PROFILED_FAR = 1.5  # profiled calls this many times the median or more: the tables disagree with the median
@@ -953,7 +961,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--calls",
         type=int,
         default=5,
-        help="calls the tables are per, at most (default 5; on CPU 2N+3 are recorded, the N nearest the median kept)",
+        help="calls the tables are per, at most (default 5; fewer past about 0.1 s of calls; on CPU 2N+3 are recorded, "
+        "the N nearest the median kept)",
     )
     p_profile.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p_profile.add_argument("--threads", type=int, help="CPU threads (default: torch's default), as run's --threads")

@@ -99,6 +99,7 @@ class CaseProfile:
     kernels: pd.DataFrame  # CUDA: every device kernel (KERNEL_COLUMNS), not only the top ones; else empty
     recorded: int = 0  # calls the profiler recorded (the trace holds them all); 0: as many as ``calls``
     waited: float | None = None  # CPU: the median sample's share of thread time spent waiting for a core
+    asked: int = 0  # the calls asked for (--calls); more than ``calls`` where PROFILE_SECONDS capped them
 
 
 def _slug(text: str) -> str:
@@ -140,7 +141,7 @@ def _profile(impl: str, workload: Workload, out_dir: Path, calls: int, seed: int
     timing = time_callable(
         prepared.fn, workload.device, torch.get_num_threads(), budget_s, estimate_s, graphs=workload.pass_ == "fwd"
     )
-    calls = max(1, min(calls, int(PROFILE_SECONDS * 1e3 / max(timing.median_ms, 1e-3))))
+    asked, calls = calls, max(1, min(calls, int(PROFILE_SECONDS * 1e3 / max(timing.median_ms, 1e-3))))
     on_gpu = workload.device == "cuda"
     recorded = calls if on_gpu else 2 * calls + RECORD_EXTRA_CALLS
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
@@ -190,6 +191,7 @@ def _profile(impl: str, workload: Workload, out_dir: Path, calls: int, seed: int
         kernels,
         len(walls_ms),
         timing.waited,
+        asked,
     )
 
 
