@@ -234,3 +234,24 @@ def test_run_and_report_name_the_new_features_and_layers(cli, tmp_path):
     html = (tmp_path / "report" / "report.html").read_text()
     assert "sinks learned" in html and "head_dim_v 512 (≠ head_dim)" in html  # score_dot's reasons
     assert "[gpt-oss-20b sliding]" in html and "[gpt-oss-20b full]" in html
+
+
+def test_a_decode_phase_alone_starts_from_the_one_case_as_its_kv_length():
+    """`attnbench profile --model llama3.1-8b --phase decode` (and `ab`, attnbench.run() without a suite) failed:
+    "--seq 1024 is not a decode step", though no --seq was given — the one case's 1024 tokens were taken as the
+    step's queries. They are its keys now; what the command gives still decides, and a --seq it gives is refused."""
+    from attnbench.errors import UsageError
+    from attnbench.workload.suite import expand, profile_suite
+
+    def plan(**given):
+        flags = {"impl": "bmm", "model": "llama3.1-8b", "phase": "decode", **given}
+        return [w for _, w in expand(profile_suite(), axes.parse_overrides(flags), ["bmm"])]
+
+    (step,) = plan()
+    assert (step.seq_q, step.seq_k, step.batch, step.mask) == (1, 1024, 1, "causal_bottom_right")
+    assert [(w.seq_q, w.seq_k, w.batch) for w in plan(seq_kv="256,512", batch="2")] == [(1, 256, 2), (1, 512, 2)]
+    assert {w.seq_q for w in plan(seq="4")} == {4}  # a --seq given is the step's queries
+    with pytest.raises(UsageError, match="--seq 1024 is not a decode step"):
+        plan(seq="1024")
+    both = expand(profile_suite(), axes.parse_overrides({"impl": "bmm", "model": "llama3.1-8b"}), ["bmm"])
+    assert {w.seq_q for _, w in both} == {1, 1024}  # prefill beside decode: as before

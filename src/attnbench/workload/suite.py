@@ -63,6 +63,7 @@ class Suite:
     budget_s: float
     case_budget_s: float
     sweeps: tuple[dict[str, list[Any]], ...]
+    one_case: bool = False  # profile_suite's: its sizes are a start the command's flags and a preset's phase adjust
 
 
 def suite_names() -> list[str]:
@@ -196,7 +197,9 @@ def expand(
                 by_device
                 for m in models
                 for phase in phases or DEFAULT_PHASES
-                for one in preset_axes(m, phase, axes, phases or DEFAULT_PHASES)
+                for one in preset_axes(
+                    m, phase, _one_case_start(suite, phase, axes, overrides), phases or DEFAULT_PHASES
+                )
                 for by_device in _preset_dtypes(m, one)
             ]
             if models
@@ -218,6 +221,18 @@ def expand(
             for impl in impls:
                 cases[(impl, workload)] = None
     return list(cases)
+
+
+def _one_case_start(
+    suite: Suite, phase: str, axes: dict[str, list[Any]], overrides: dict[str, list[Any]]
+) -> dict[str, list[Any]]:
+    """The one case's sizes for a preset's decode phase alone: its ``seq`` (1024) is a prefill's queries, which a
+    decode step refuses (`attnbench profile --model llama3.1-8b --phase decode` failed with "--seq 1024 is not a
+    decode step" though no --seq was given), so it becomes the KV length and the query one token. Sizes the
+    command gives, and a suite's own, stay as they are."""
+    if not suite.one_case or phase != "decode" or "seq" in overrides or "prefill" in (axes.get(PHASE.name) or ()):
+        return axes
+    return {**axes, "seq": [1], "seq_kv": overrides.get("seq_kv") or axes["seq"]}
 
 
 def _shown(value: Any) -> str:
@@ -351,7 +366,7 @@ def profile_suite(name: str = "profile", description: str = "") -> Suite:
     """One modest case per contender (``ONE_CASE``: B=1, H=8, S=1024, D=64, the basic defaults): what
     ``attnbench profile``, ``attnbench ab`` and :func:`attnbench.run` without a suite start from; overrides replace
     its axes."""
-    return Suite(name, description, 1.0, 60.0, ({**DEFAULTS, **ONE_CASE},))
+    return Suite(name, description, 1.0, 60.0, ({**DEFAULTS, **ONE_CASE},), one_case=True)
 
 
 # every mask once, each with the feature it needs, at the profile's size (B4 where the sequences differ)
