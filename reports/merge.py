@@ -100,6 +100,31 @@ def missing_shards(metas: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def uneven_shards(names: list[str], metas: list[dict[str, Any]]) -> list[str]:
+    """A line per sharded sweep whose shards are not each in as many of the runs merged: a shard run again (a
+    requeued array task on another node: a different host is a different machine, so its cases do not collide and
+    would be in the merged set twice), or one machine kind's set of shards that lacks some the other has. Whole
+    copies of a sweep (every shard once per machine kind) are not uneven."""
+    sweeps: dict[tuple[str, str, int], dict[int, list[str]]] = {}
+    for name, meta in zip(names, metas, strict=True):
+        key = _sweep_key(meta)
+        if key is not None:
+            machine = machine_label(meta.get("environment") or {})
+            sweeps.setdefault(key, {}).setdefault(_shard_index(meta), []).append(f"{name}: {machine}")
+    lines = []
+    for (suite, overrides, count), shards in sweeps.items():
+        if len({len(runs) for runs in shards.values()}) < 2:
+            continue
+        flags = "" if overrides == "{}" else f" with {overrides}"
+        said = ", ".join(f"shard {i} in {len(shards[i])} ({'; '.join(shards[i])})" for i in sorted(shards))
+        lines.append(
+            f"the shards of suite {suite}{flags} (split into {count}) are not each in as many runs: {said}; the "
+            "merged set holds some workloads more often than others, each copy as its machine's: if a shard was run "
+            "again (a requeued array task), merge one of its runs"
+        )
+    return lines
+
+
 def contender_differences(runs: list[Run]) -> list[str]:
     """A line per sharded sweep whose shards hold different contenders: ``--impl available`` or ``all`` (or an
     installed plugin) resolves on each machine, so a contender one machine lacks is timed on the other shards'
@@ -159,4 +184,5 @@ def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataF
         "merged_from": [{"run": run.name, "path": _where(run.path), "meta": run.meta} for run in runs],
     }
     write_text(out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
-    return frame, [*missing_shards([run.meta for run in runs]), *contender_differences(runs)]
+    names, metas = [run.name for run in runs], [run.meta for run in runs]
+    return frame, [*missing_shards(metas), *uneven_shards(names, metas), *contender_differences(runs)]

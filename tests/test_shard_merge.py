@@ -258,3 +258,24 @@ def test_merge_warns_when_shards_hold_different_contenders(cli, shards, tmp_path
     frame.to_parquet(lacking / "results.parquet")
     code, _, err = cli("merge", str(s1), str(lacking), "--out", str(tmp_path / "m2"))
     assert code == 0 and "einsum not in shard(s) 2 (Other CPU ×1 threads @ elsewhere)" in err, err
+
+
+def test_merge_warns_when_a_shard_is_in_more_runs_than_another(cli, shards, tmp_path):
+    """A requeued array task runs shard 2 again on another node: a different host is a different machine, so its
+    cases did not collide, and merge took them in twice without a word (three runs of a two-shard sweep, 12 rows
+    of 8 cases). Whole copies of the sweep on two machine kinds are not uneven."""
+    s1, s2, _ = shards
+    node = json.loads((s2 / "meta.json").read_text())["environment"]
+    again = _copy_as_other_machine(s2, tmp_path / "s2-again", hostname="node03")
+    code, text, err = cli("merge", str(s1), str(s2), str(again), "--out", str(tmp_path / "m"))
+    assert code == 0 and "12 rows" in text, err
+    (line,) = [line for line in err.splitlines() if "not each in as many runs" in line]
+    assert line.startswith("warning: the shards of suite quick with {") and "(split into 2)" in line, line
+    assert "shard 1 in 1 (s1: " in line and "shard 2 in 2 (s2: " in line and f"@ {node['hostname']}; s2-again: " in line
+    assert "@ node03)" in line and "merge one of its runs" in line
+    kind = {"cpu_name": "Other CPU", "hostname": "elsewhere"}
+    others = [_copy_as_other_machine(s, tmp_path / f"other-{s.name}", **kind) for s in (s1, s2)]
+    code, _, err = cli("merge", str(s1), str(s2), *map(str, others), "--out", str(tmp_path / "two-kinds"))
+    assert code == 0 and "not each in as many runs" not in err and "not among these runs" not in err, err
+    code, _, err = cli("merge", str(s1), str(s2), str(others[0]), "--out", str(tmp_path / "one-lacking"))
+    assert code == 0 and "shard 1 in 2 (s1: " in err and "other-s1: Other CPU" in err, err
