@@ -37,6 +37,7 @@ def build_report(
     """Write report.html and its PNGs (and masks.csv where the run has masks) into ``out_dir``; returns the
     page's path, the PNGs' and, where no row ran ok (so no time is drawn), a line saying so."""
     frame, runs = load_runs(paths)
+    cases = [index for run in runs for index in range(len(run.frame))]  # in each folder's file, merged ones too
     runs = all_parts(runs)  # a merged folder's runs, each with its environment, ceilings and warnings
     if baseline and not (frame["impl"] == baseline).any():  # a misspelt name would fall back without a word
         known = ", ".join(sorted(set(frame["impl"]))) or "none"
@@ -44,7 +45,7 @@ def build_report(
     claim_report_folder(out_dir, "report.html", REPORT_FILES)  # after every check: bad input leaves a report as it was
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = draw_all(frame, out_dir, baseline, ceilings_by_key(runs)) + report_masks(frame, out_dir)
-    html = write_report(frame, runs, figures, out_dir, baseline, command)
+    html = write_report(frame, runs, figures, out_dir, baseline, command, cases)
     empty = None
     if not (frame["status"] == "ok").any():
         why = f"({status_counts(frame)}), so the page draws no time; its tables say why"

@@ -279,3 +279,38 @@ def test_merge_warns_when_a_shard_is_in_more_runs_than_another(cli, shards, tmp_
     assert code == 0 and "not each in as many runs" not in err and "not among these runs" not in err, err
     code, _, err = cli("merge", str(s1), str(s2), str(others[0]), "--out", str(tmp_path / "one-lacking"))
     assert code == 0 and "shard 1 in 2 (s1: " in err and "other-s1: Other CPU" in err, err
+
+
+def test_from_a_merged_folder_reruns_its_row_with_its_shards_settings(cli, shards, tmp_path):
+    """`merge`, `report`, then `run --from MERGED --case N` on a suspicious row: refused ("a merged folder?; give
+    the run folder the row came from"), while the report numbered a merged folder's rows per shard, so its `case`
+    was no row number of the folder the report was made from. Now N is the row's index in the merged file, the
+    report's `case` column says that index, and the settings are those of the shard the row came from."""
+    from test_reports import table_rows
+
+    s1, _, merged = shards
+    planted = tmp_path / "merged"
+    shutil.copytree(merged, planted)
+    meta = json.loads((planted / "meta.json").read_text())
+    assert [e["run"] for e in meta["merged_from"]] == ["s1", "s2"]
+    meta["merged_from"][1]["meta"]["settings"]["seed"] = 7  # shard 2 ran with its own settings
+    (planted / "meta.json").write_text(json.dumps(meta))
+    frame = pd.read_parquet(planted / "results.parquet")
+    number = len(pd.read_parquet(s1 / "results.parquet"))  # the first row of shard 2
+    assert frame.loc[number, "run"] == "s2" and number > 0
+    assert cli("report", str(planted), "--out", str(tmp_path / "rep"))[0] == 0
+    rows = table_rows((tmp_path / "rep" / "report.html").read_text())
+    header = ["impl", "run", "case"]  # shown_columns: run after impl where the table holds two runs
+    assert [row[: len(header)] for row in rows] == [[r.impl, r.run, i] for i, r in enumerate(frame.itertuples())]
+    out = tmp_path / "again"
+    code, _, err = cli("run", "--from", str(planted), "--case", str(number), "--progress", "off", "--out", str(out))
+    assert code == 0, err
+    (row,) = pd.read_parquet(out / "results.parquet").to_dict("records")
+    case = ["impl", "seq_q", "seq_k", "mask", "heads", "kv_heads", "head_dim"]
+    assert [row[c] for c in case] == [frame.loc[number, c] for c in case]
+    assert json.loads((out / "meta.json").read_text())["settings"]["seed"] == 7
+    meta["merged_from"] = meta["merged_from"][:1]  # a merged folder whose rows name a run it does not keep
+    (planted / "meta.json").write_text(json.dumps(meta))
+    code, _, err = cli("run", "--from", str(planted), "--case", str(number), "--out", str(tmp_path / "never"))
+    assert code == 2 and err.count("\n") == 1 and "does not name the row's run 's2' in merged_from" in err, err
+    assert not (tmp_path / "never").exists()
