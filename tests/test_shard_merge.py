@@ -314,3 +314,29 @@ def test_from_a_merged_folder_reruns_its_row_with_its_shards_settings(cli, shard
     code, _, err = cli("run", "--from", str(planted), "--case", str(number), "--out", str(tmp_path / "never"))
     assert code == 2 and err.count("\n") == 1 and "does not name the row's run 's2' in merged_from" in err, err
     assert not (tmp_path / "never").exists()
+
+
+def test_run_into_a_folder_that_holds_a_stopped_run_says_to_resume_it(cli, shards, tmp_path):
+    """A job killed mid-sweep and started again with the same --out (a requeued array task) got "already exists and
+    is not an empty folder; choose a new one": a new folder would begin the sweep again. Now the line says how far
+    the run got and the --resume command that continues it; a finished run, and other commands' --out, as before."""
+    s1, _, _ = shards
+    stopped = tmp_path / "stopped"
+    shutil.copytree(s1, stopped)
+    _edit_meta(stopped, finished=False)
+    rows = (stopped / "rows.jsonl").read_text().splitlines(keepends=True)
+    (stopped / "rows.jsonl").write_text("".join(rows[:1]))
+    before = {p.name: p.read_bytes() for p in stopped.iterdir()}
+    code, _, err = cli("run", *SWEEP, "--shard", "1/2", "--out", str(stopped))
+    assert code == 2 and err.count("\n") == 1, err
+    said = f"it holds a run that stopped after 1 of its {len(rows)} cases; continue it with: attnbench run --resume "
+    assert said + f"{stopped} (or choose a new folder)" in err, err
+    assert {p.name: p.read_bytes() for p in stopped.iterdir()} == before
+    code, _, err = cli("run", "--resume", str(stopped), "--progress", "off")
+    assert code == 0 and len((stopped / "rows.jsonl").read_text().splitlines()) == len(rows), err
+    code, _, err = cli("run", *SWEEP, "--out", str(s1))
+    assert code == 2 and err.endswith(
+        "already exists and is not an empty folder; it holds a finished run; choose a new one\n"
+    )
+    code, _, err = cli("merge", str(s1), "--out", str(stopped))
+    assert code == 2 and err.endswith("already exists and is not an empty folder; choose a new one\n"), err

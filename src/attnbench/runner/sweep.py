@@ -136,7 +136,7 @@ def _plan(request: RunRequest, default_out: Path) -> tuple[RunWriter, dict[str, 
     suite, cases = plan_cases(request, left_out, partly, plan)
     check_devices(cases)
     out = request.out or default_out
-    RunWriter.check_target(out)
+    RunWriter.check_target(out, run=True)
     settings = RunSettings.resolve(request, suite, torch.get_num_threads())
     meta = {
         "command": request.command,
