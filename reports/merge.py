@@ -125,6 +125,20 @@ def uneven_shards(names: list[str], metas: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def unfinished_runs(runs: list[Run]) -> list[str]:
+    """A line per run that holds fewer rows than it planned (a shard killed mid-sweep, by SIGTERM or its wall
+    time, and never resumed): the merged set lacks its other cases, which no missing shard would name."""
+    lines = []
+    for run in runs:
+        planned = run.meta.get("n_cases")
+        if isinstance(planned, int) and len(run.frame) < planned:
+            lines.append(
+                f"run {run.name} stopped after {len(run.frame)} of its {planned} planned cases: the merged set lacks "
+                f"the rest; continue it with: attnbench run --resume {run.path}, then merge again"
+            )
+    return lines
+
+
 def contender_differences(runs: list[Run]) -> list[str]:
     """A line per sharded sweep whose shards hold different contenders: ``--impl available`` or ``all`` (or an
     installed plugin) resolves on each machine, so a contender one machine lacks is timed on the other shards'
@@ -185,4 +199,9 @@ def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataF
     }
     write_text(out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
     names, metas = [run.name for run in runs], [run.meta for run in runs]
-    return frame, [*missing_shards(metas), *uneven_shards(names, metas), *contender_differences(runs)]
+    return frame, [
+        *missing_shards(metas),
+        *uneven_shards(names, metas),
+        *unfinished_runs(runs),
+        *contender_differences(runs),
+    ]

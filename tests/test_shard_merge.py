@@ -340,3 +340,24 @@ def test_run_into_a_folder_that_holds_a_stopped_run_says_to_resume_it(cli, shard
     )
     code, _, err = cli("merge", str(s1), "--out", str(stopped))
     assert code == 2 and err.endswith("already exists and is not an empty folder; choose a new one\n"), err
+
+
+def test_merge_warns_of_a_shard_that_stopped_before_its_end(cli, shards, tmp_path):
+    """Two array tasks killed by their wall time and never resumed: merge took 6 rows of a 20-case sweep without a
+    word (every shard present, so no shard was missing). Now each stopped run is named with its count and the
+    --resume command, from its folder or from a merged folder's copy of its meta.json."""
+    s1, s2, _ = shards
+    stopped = tmp_path / "s2"
+    shutil.copytree(s2, stopped)
+    frame = pd.read_parquet(stopped / "results.parquet")
+    frame.iloc[:1].to_parquet(stopped / "results.parquet")
+    _edit_meta(stopped, finished=False)
+    code, text, err = cli("merge", str(s1), str(stopped), "--out", str(tmp_path / "m"))
+    assert code == 0 and f", {len(pd.read_parquet(s1 / 'results.parquet')) + 1} rows," in text, err
+    said = f"warning: run s2 stopped after 1 of its {len(frame)} planned cases: the merged set lacks the rest; "
+    assert said + f"continue it with: attnbench run --resume {stopped}, then merge again" in err.splitlines(), err
+    assert "s1 stopped" not in err
+    code, _, err = cli("merge", str(tmp_path / "m"), "--out", str(tmp_path / "again"))
+    assert code == 0 and said + f"continue it with: attnbench run --resume {stopped.resolve()}, then merge" in err
+    code, _, err = cli("merge", str(s1), str(s2), "--out", str(tmp_path / "whole"))
+    assert code == 0 and "stopped after" not in err, err
