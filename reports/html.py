@@ -261,6 +261,7 @@ def write_report(
     baseline: str | None,
     report_command: str,
     cases: list[int] | None = None,
+    gaps: list[str] | None = None,
 ) -> Path:
     template_text = resources.files("attnbench.reports").joinpath("templates/report.html.j2").read_text()
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
@@ -269,6 +270,7 @@ def write_report(
     html = template.render(
         runs=[_run_block(run) for run in runs],
         n_rows=len(frame),
+        gaps=gaps or [],
         version=attnbench.__version__,
         generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         headline=_headline(frame, baseline),

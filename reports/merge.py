@@ -133,8 +133,8 @@ def unfinished_runs(runs: list[Run]) -> list[str]:
         planned = run.meta.get("n_cases")
         if isinstance(planned, int) and len(run.frame) < planned:
             lines.append(
-                f"run {run.name} stopped after {len(run.frame)} of its {planned} planned cases: the merged set lacks "
-                f"the rest; continue it with: attnbench run --resume {run.path}, then merge again"
+                f"run {run.name} stopped after {len(run.frame)} of its {planned} planned cases: the rest are not among "
+                f"these runs; continue it with: attnbench run --resume {run.path}"
             )
     return lines
 
@@ -198,8 +198,15 @@ def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataF
         "merged_from": [{"run": run.name, "path": _where(run.path), "meta": run.meta} for run in runs],
     }
     write_text(out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
+    return frame, set_warnings(runs)
+
+
+def set_warnings(runs: list[Run]) -> list[str]:
+    """What a set of runs (a merged folder's parts, or the folders given to `report`) lacks or holds twice as
+    shards of one sweep: shards missing, a shard in more runs than another, runs that stopped before their end,
+    shards that hold different contenders."""
     names, metas = [run.name for run in runs], [run.meta for run in runs]
-    return frame, [
+    return [
         *missing_shards(metas),
         *uneven_shards(names, metas),
         *unfinished_runs(runs),

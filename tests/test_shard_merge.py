@@ -354,10 +354,28 @@ def test_merge_warns_of_a_shard_that_stopped_before_its_end(cli, shards, tmp_pat
     _edit_meta(stopped, finished=False)
     code, text, err = cli("merge", str(s1), str(stopped), "--out", str(tmp_path / "m"))
     assert code == 0 and f", {len(pd.read_parquet(s1 / 'results.parquet')) + 1} rows," in text, err
-    said = f"warning: run s2 stopped after 1 of its {len(frame)} planned cases: the merged set lacks the rest; "
-    assert said + f"continue it with: attnbench run --resume {stopped}, then merge again" in err.splitlines(), err
+    said = f"warning: run s2 stopped after 1 of its {len(frame)} planned cases: the rest are not among these runs; "
+    assert said + f"continue it with: attnbench run --resume {stopped}" in err.splitlines(), err
     assert "s1 stopped" not in err
     code, _, err = cli("merge", str(tmp_path / "m"), "--out", str(tmp_path / "again"))
-    assert code == 0 and said + f"continue it with: attnbench run --resume {stopped.resolve()}, then merge" in err
+    assert code == 0 and said + f"continue it with: attnbench run --resume {stopped.resolve()}" in err.splitlines()
     code, _, err = cli("merge", str(s1), str(s2), "--out", str(tmp_path / "whole"))
     assert code == 0 and "stopped after" not in err, err
+
+
+def test_a_report_of_shard_folders_says_what_merge_would_warn_of(cli, shards, tmp_path):
+    """README: join the shards with merge, "or give all the folders to report" — but report said nothing of a shard
+    missing or a run that stopped (merge's warnings were merge's alone). Now its terminal and its page say them."""
+    import markupsafe
+
+    s1, s2, merged = shards
+    code, _, err = cli("report", str(s1), "--out", str(tmp_path / "one"))
+    assert code == 0, err
+    (line,) = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert "was split into 2 shards and shard(s) 2 of 2 are not among these runs" in line, err
+    page = (tmp_path / "one" / "report.html").read_text()
+    assert 'id="set-warnings"' in page and str(markupsafe.escape(line.removeprefix("warning: "))) in page
+    for given in ([s1, s2], [merged]):
+        code, _, err = cli("report", *map(str, given), "--out", str(tmp_path / given[-1].name))
+        assert code == 0 and "warning: " not in err, err
+        assert 'id="set-warnings"' not in (tmp_path / given[-1].name / "report.html").read_text()

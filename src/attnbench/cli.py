@@ -490,12 +490,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     twice = next((path for index, path in enumerate(paths) if given[index] in given[:index]), None)
     if twice is not None:
         raise UsageError(f"{twice}: given twice; a report draws each run once (compare runs with `attnbench compare`)")
-    html, pngs, empty = build_report(paths, out, args.baseline, args.command_line)  # it claims the folder
+    html, pngs, empty, gaps = build_report(paths, out, args.baseline, args.command_line)  # it claims the folder
     print(f"report: {html}")
     for png in pngs:
         print(f"figure: {png}")
-    if empty:
-        print(f"warning: {empty}", file=sys.stderr)
+    for line in [*([empty] if empty else []), *gaps]:
+        print(f"warning: {line}", file=sys.stderr)
     return 0
 
 
