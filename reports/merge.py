@@ -179,6 +179,11 @@ def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataF
     different contenders)."""
     frame, runs = load_runs(paths)
     runs = all_parts(runs)  # a merged folder given here is the runs it was made of
+    for run in runs:
+        try:
+            _shard_of(run.meta)
+        except UsageError as exc:
+            raise UsageError(f"{run.path}: {exc}") from None
     check_shard_plans([run.name for run in runs], [run.meta for run in runs])
     # As text, so that missing values (a workload without `hidden`) compare equal.
     keys = pd.Series(["|".join(map(repr, row)) for row in frame[CASE_KEY].itertuples(index=False)], index=frame.index)

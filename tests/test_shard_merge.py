@@ -379,3 +379,20 @@ def test_a_report_of_shard_folders_says_what_merge_would_warn_of(cli, shards, tm
         code, _, err = cli("report", *map(str, given), "--out", str(tmp_path / given[-1].name))
         assert code == 0 and "warning: " not in err, err
         assert 'id="set-warnings"' not in (tmp_path / given[-1].name / "report.html").read_text()
+
+
+def test_a_shard_given_with_spaces_or_zeros_merges(cli, shards, tmp_path):
+    """`--shard " 1/2"` (a script's "$I/$N" with a stray space) ran, and meta.json kept the text as given, which merge
+    then refused as "a damaged meta.json", naming no folder. meta.json now keeps I/N as merge reads it, and a shard
+    merge cannot read is named by its folder."""
+    _, s2, _ = shards
+    spaced = tmp_path / "spaced"
+    code, _, err = cli("run", *SWEEP, "--shard", " 01/2", "--progress", "off", "--out", str(spaced))
+    assert code == 0, err
+    assert json.loads((spaced / "meta.json").read_text())["shard"] == "1/2"
+    code, _, err = cli("merge", str(spaced), str(s2), "--out", str(tmp_path / "m"))
+    assert code == 0 and "warning" not in err, err
+    _edit_meta(spaced, shard=" 1/2")  # as an earlier attnbench wrote it
+    code, _, err = cli("merge", str(spaced), str(s2), "--out", str(tmp_path / "m2"))
+    said = "a run's meta.json says shard ' 1/2', not I/N as run --shard writes it: a damaged meta.json"
+    assert code == 2 and err == f"attnbench: error: {spaced}: {said}\n", err

@@ -142,7 +142,7 @@ def _plan(request: RunRequest, default_out: Path) -> tuple[RunWriter, dict[str, 
         "command": request.command,
         "suite": suite.name,
         "overrides": dict(request.axes),
-        "shard": request.shard,
+        "shard": "/".join(map(str, shard)) if (shard := request.shard_slice) else None,  # ' 2/3' as '2/3'
         **({"shard_plan": plan} if plan else {}),
         "n_cases": len(cases),
         "settings": settings.as_meta(),
