@@ -211,7 +211,8 @@ def _summarise(finished: Finished, store_db: Path | None) -> int:
         print(f"no case finished (0 of {finished.meta.get('n_cases', 0)})")
     else:
         print(summary_table(frame))
-        print(f"\n{len(frame)} cases: {status_counts(frame)}")
+        planned = finished.meta.get("n_cases", 0)  # a run interrupted: how many of its cases these are
+        print(f"\n{len(frame)}{f' of {planned}' if len(frame) < planned else ''} cases: {status_counts(frame)}")
     reasons = non_ok_reasons(frame)
     if reasons:
         print(reasons)
