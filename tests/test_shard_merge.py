@@ -396,3 +396,29 @@ def test_a_shard_given_with_spaces_or_zeros_merges(cli, shards, tmp_path):
     code, _, err = cli("merge", str(spaced), str(s2), "--out", str(tmp_path / "m2"))
     said = "a run's meta.json says shard ' 1/2', not I/N as run --shard writes it: a damaged meta.json"
     assert code == 2 and err == f"attnbench: error: {spaced}: {said}\n", err
+
+
+def test_shards_on_a_clusters_nodes_are_drawn_as_one_machine(shards, tmp_path):
+    """A sweep split over two nodes of one kind: each node's host name made it a machine of its own, and the report
+    cut every workload group into a panel per node (S64 and S512 of one line in two panels). Hosts of one kind that
+    hold disjoint cases now share their panels; hosts that ran the same cases stay apart."""
+    from attnbench.reports.facets import facets
+    from attnbench.reports.frames import load_runs
+    from attnbench.reports.plots import plottable, roof_key
+
+    s1, s2, _ = shards
+    node2 = _copy_as_other_machine(s2, tmp_path / "s2", hostname="node2")
+
+    def panels(*runs: Path) -> list[str]:
+        frame, _ = load_runs(list(runs))
+        return [facet.title for facet in facets(plottable(frame))]
+
+    one_host = panels(s1, s2)
+    assert panels(s1, node2) == one_host and not any("@" in title for title in one_host), panels(s1, node2)
+    frame, _ = load_runs([s1, node2])
+    ok = plottable(frame)
+    assert set(ok["machine"]) == {f"{frame['machine'].iloc[0].split(' @ ')[0]} @ 2 hosts"}
+    assert {roof_key(r)[0] for r in ok.to_dict("records")} == set(frame["machine"])  # each node's own ceilings
+    again = _copy_as_other_machine(s1, tmp_path / "s1", hostname="node2")  # the same cases on a second node
+    both = panels(s1, again)
+    assert len(both) == 2 * len(panels(s1)) and sum("@ node2" in title for title in both) == len(panels(s1))
