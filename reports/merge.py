@@ -101,25 +101,26 @@ def missing_shards(metas: list[dict[str, Any]]) -> list[str]:
 
 
 def uneven_shards(names: list[str], metas: list[dict[str, Any]]) -> list[str]:
-    """A line per sharded sweep whose shards are not each in as many of the runs merged: a shard run again (a
-    requeued array task on another node: a different host is a different machine, so its cases do not collide and
-    would be in the merged set twice), or one machine kind's set of shards that lacks some the other has. Whole
-    copies of a sweep (every shard once per machine kind) are not uneven."""
-    sweeps: dict[tuple[str, str, int], dict[int, list[str]]] = {}
+    """A line per sharded sweep whose shards are not each on as many machines: a shard run again (a requeued array
+    task on another node: a different host is a different machine, so its cases do not collide and would be in the
+    merged set twice), or one machine kind's set of shards that lacks some the other has. Whole copies of a sweep
+    (every shard once per machine) are not uneven, nor runs of one shard on one machine (a report pools them)."""
+    sweeps: dict[tuple[str, str, int], dict[int, dict[str, list[str]]]] = {}
     for name, meta in zip(names, metas, strict=True):
         key = _sweep_key(meta)
         if key is not None:
             machine = machine_label(meta.get("environment") or {})
-            sweeps.setdefault(key, {}).setdefault(_shard_index(meta), []).append(f"{name}: {machine}")
+            sweeps.setdefault(key, {}).setdefault(_shard_index(meta), {}).setdefault(machine, []).append(name)
     lines = []
     for (suite, overrides, count), shards in sweeps.items():
-        if len({len(runs) for runs in shards.values()}) < 2:
+        if len({len(machines) for machines in shards.values()}) < 2:
             continue
         flags = "" if overrides == "{}" else f" with {overrides}"
-        said = ", ".join(f"shard {i} in {len(shards[i])} ({'; '.join(shards[i])})" for i in sorted(shards))
+        where = {i: "; ".join(f"{', '.join(runs)}: {m}" for m, runs in shards[i].items()) for i in shards}
+        said = ", ".join(f"shard {i} on {len(shards[i])} ({where[i]})" for i in sorted(shards))
         lines.append(
-            f"the shards of suite {suite}{flags} (split into {count}) are not each in as many runs: {said}; the "
-            "merged set holds some workloads more often than others, each copy as its machine's: if a shard was run "
+            f"the shards of suite {suite}{flags} (split into {count}) are not each on as many machines: {said}; "
+            "some workloads are in these runs more often than others, each copy as its machine's: if a shard was run "
             "again (a requeued array task), merge one of its runs"
         )
     return lines

@@ -269,16 +269,20 @@ def test_merge_warns_when_a_shard_is_in_more_runs_than_another(cli, shards, tmp_
     again = _copy_as_other_machine(s2, tmp_path / "s2-again", hostname="node03")
     code, text, err = cli("merge", str(s1), str(s2), str(again), "--out", str(tmp_path / "m"))
     assert code == 0 and "12 rows" in text, err
-    (line,) = [line for line in err.splitlines() if "not each in as many runs" in line]
+    (line,) = [line for line in err.splitlines() if "not each on as many machines" in line]
     assert line.startswith("warning: the shards of suite quick with {") and "(split into 2)" in line, line
-    assert "shard 1 in 1 (s1: " in line and "shard 2 in 2 (s2: " in line and f"@ {node['hostname']}; s2-again: " in line
+    assert "shard 1 on 1 (s1: " in line and "shard 2 on 2 (s2: " in line and f"@ {node['hostname']}; s2-again: " in line
     assert "@ node03)" in line and "merge one of its runs" in line
     kind = {"cpu_name": "Other CPU", "hostname": "elsewhere"}
     others = [_copy_as_other_machine(s, tmp_path / f"other-{s.name}", **kind) for s in (s1, s2)]
     code, _, err = cli("merge", str(s1), str(s2), *map(str, others), "--out", str(tmp_path / "two-kinds"))
-    assert code == 0 and "not each in as many runs" not in err and "not among these runs" not in err, err
+    assert code == 0 and "not each on as many machines" not in err and "not among these runs" not in err, err
     code, _, err = cli("merge", str(s1), str(s2), str(others[0]), "--out", str(tmp_path / "one-lacking"))
-    assert code == 0 and "shard 1 in 2 (s1: " in err and "other-s1: Other CPU" in err, err
+    assert code == 0 and "shard 1 on 2 (s1: " in err and "other-s1: Other CPU" in err, err
+    rerun = tmp_path / "s2-rerun"  # shard 2 again on its own machine: a report pools the two, as it pools repeats
+    shutil.copytree(s2, rerun)
+    code, _, err = cli("report", str(s1), str(s2), str(rerun), "--out", str(tmp_path / "pooled"))
+    assert code == 0 and "as many machines" not in err, err
 
 
 def test_from_a_merged_folder_reruns_its_row_with_its_shards_settings(cli, shards, tmp_path):
