@@ -260,14 +260,17 @@ def write_report(
     out_dir: Path,
     baseline: str | None,
     report_command: str,
+    cases: list[int] | None = None,
+    gaps: list[str] | None = None,
 ) -> Path:
     template_text = resources.files("attnbench.reports").joinpath("templates/report.html.j2").read_text()
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = environment.from_string(template_text)
-    table_bundle, results_table = results_table_html(frame)
+    table_bundle, results_table = results_table_html(frame, cases)
     html = template.render(
         runs=[_run_block(run) for run in runs],
         n_rows=len(frame),
+        gaps=gaps or [],
         version=attnbench.__version__,
         generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         headline=_headline(frame, baseline),

@@ -100,6 +100,46 @@ def missing_shards(metas: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def uneven_shards(names: list[str], metas: list[dict[str, Any]]) -> list[str]:
+    """A line per sharded sweep whose shards are not each on as many machines: a shard run again (a requeued array
+    task on another node: a different host is a different machine, so its cases do not collide and would be in the
+    merged set twice), or one machine kind's set of shards that lacks some the other has. Whole copies of a sweep
+    (every shard once per machine) are not uneven, nor runs of one shard on one machine (a report pools them)."""
+    sweeps: dict[tuple[str, str, int], dict[int, dict[str, list[str]]]] = {}
+    for name, meta in zip(names, metas, strict=True):
+        key = _sweep_key(meta)
+        if key is not None:
+            machine = machine_label(meta.get("environment") or {})
+            sweeps.setdefault(key, {}).setdefault(_shard_index(meta), {}).setdefault(machine, []).append(name)
+    lines = []
+    for (suite, overrides, count), shards in sweeps.items():
+        if len({len(machines) for machines in shards.values()}) < 2:
+            continue
+        flags = "" if overrides == "{}" else f" with {overrides}"
+        where = {i: "; ".join(f"{', '.join(runs)}: {m}" for m, runs in shards[i].items()) for i in shards}
+        said = ", ".join(f"shard {i} on {len(shards[i])} ({where[i]})" for i in sorted(shards))
+        lines.append(
+            f"the shards of suite {suite}{flags} (split into {count}) are not each on as many machines: {said}; "
+            "some workloads are in these runs more often than others, each copy as its machine's: if a shard was run "
+            "again (a requeued array task), merge one of its runs"
+        )
+    return lines
+
+
+def unfinished_runs(runs: list[Run]) -> list[str]:
+    """A line per run that holds fewer rows than it planned (a shard killed mid-sweep, by SIGTERM or its wall
+    time, and never resumed): the merged set lacks its other cases, which no missing shard would name."""
+    lines = []
+    for run in runs:
+        planned = run.meta.get("n_cases")
+        if isinstance(planned, int) and len(run.frame) < planned:
+            lines.append(
+                f"run {run.name} stopped after {len(run.frame)} of its {planned} planned cases: the rest are not among "
+                f"these runs; continue it with: attnbench run --resume {run.path}"
+            )
+    return lines
+
+
 def contender_differences(runs: list[Run]) -> list[str]:
     """A line per sharded sweep whose shards hold different contenders: ``--impl available`` or ``all`` (or an
     installed plugin) resolves on each machine, so a contender one machine lacks is timed on the other shards'
@@ -140,6 +180,11 @@ def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataF
     different contenders)."""
     frame, runs = load_runs(paths)
     runs = all_parts(runs)  # a merged folder given here is the runs it was made of
+    for run in runs:
+        try:
+            _shard_of(run.meta)
+        except UsageError as exc:
+            raise UsageError(f"{run.path}: {exc}") from None
     check_shard_plans([run.name for run in runs], [run.meta for run in runs])
     # As text, so that missing values (a workload without `hidden`) compare equal.
     keys = pd.Series(["|".join(map(repr, row)) for row in frame[CASE_KEY].itertuples(index=False)], index=frame.index)
@@ -159,4 +204,17 @@ def merge_runs(paths: list[Path], out_dir: Path, command: str) -> tuple[pd.DataF
         "merged_from": [{"run": run.name, "path": _where(run.path), "meta": run.meta} for run in runs],
     }
     write_text(out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
-    return frame, [*missing_shards([run.meta for run in runs]), *contender_differences(runs)]
+    return frame, set_warnings(runs)
+
+
+def set_warnings(runs: list[Run]) -> list[str]:
+    """What a set of runs (a merged folder's parts, or the folders given to `report`) lacks or holds twice as
+    shards of one sweep: shards missing, a shard in more runs than another, runs that stopped before their end,
+    shards that hold different contenders."""
+    names, metas = [run.name for run in runs], [run.meta for run in runs]
+    return [
+        *missing_shards(metas),
+        *uneven_shards(names, metas),
+        *unfinished_runs(runs),
+        *contender_differences(runs),
+    ]

@@ -98,12 +98,30 @@ def _nesting(rows: pd.DataFrame, x: str, y: str, order: list[str]) -> dict[str, 
     return {impl: sum(drawn[later] == drawn[impl] for later in order[order.index(impl) + 1 :]) for impl in order}
 
 
+def _hosts_joined(ok: pd.DataFrame) -> pd.Series:
+    """Each row's machine as its panels name it: the hosts of one kind of hardware as one machine ("AMD EPYC ×2
+    threads @ 2 hosts") where they hold disjoint cases — the shards of a sweep spread over a cluster's nodes, whose
+    host names differ while nothing else does, were drawn as a machine each, every workload group cut into one
+    panel per node. Hosts that hold a case in common (one sweep run on each, to compare them) stay apart."""
+    hardware = ok["machine"].str.replace(r" @ .*$", "", regex=True).to_numpy()
+    joined = ok["machine"].to_numpy(dtype=object, copy=True)
+    for kind in dict.fromkeys(hardware):
+        rows = ok[hardware == kind]
+        hosts = rows["machine"].unique()
+        if len(hosts) > 1 and not rows.duplicated(subset=[c for c in CASE_KEY if c != "machine"]).any():
+            joined[hardware == kind] = f"{kind} @ {len(hosts)} hosts"
+    return pd.Series(joined, index=ok.index, dtype=object)
+
+
 def plottable(frame: pd.DataFrame) -> pd.DataFrame:
     """ok rows (incorrect ones never rank or plot), a case in several runs of one machine pooled (``pooled.py``: the
-    headline's figure), with a facet label per workload group and machine."""
+    headline's figure), with a facet label per workload group and machine (:func:`_hosts_joined`; ``roof_machine``
+    keeps each row's own, whose ceilings it is measured against)."""
     ok = pool_runs(frame[frame["status"] == "ok"])
     if ok.empty:
         return ok
+    ok["roof_machine"] = ok["machine"]
+    ok["machine"] = _hosts_joined(ok)
     ok["group"] = [group_label(r) for r in ok.to_dict("records")]
     if ok["machine"].nunique() > 1:
         ok["group"] = ok["machine"] + "\n" + ok["group"]
@@ -412,7 +430,8 @@ def roof_key(row: Any) -> tuple[str, str, str]:
     """The (machine, device, dtype) whose ceilings a row is measured against: the type its dots run in, i.e. an
     fp8 forward's q_dtype (its rows have the model's dtype, their roofs are fp8's), else the row's dtype."""
     dots = row.get("q_dtype")
-    return row["machine"], row["device"], dots if isinstance(dots, str) and dots else row["dtype"]
+    machine = row.get("roof_machine") or row["machine"]  # plottable's rows: their own machine, not their panel's
+    return machine, row["device"], dots if isinstance(dots, str) and dots else row["dtype"]
 
 
 def roofline(ok: pd.DataFrame, colours: dict[str, Any], ceilings: dict[tuple[str, str, str], Roofs]) -> Any:

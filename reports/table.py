@@ -76,14 +76,18 @@ def shown_columns(table: pd.DataFrame) -> list[str]:
     return [SHOWN[0], *_sources(table), *SHOWN[1:]]
 
 
-def table_frame(frame: pd.DataFrame) -> pd.DataFrame:
+def table_frame(frame: pd.DataFrame, cases: list[int] | None = None) -> pd.DataFrame:
     """The frame the table shows: :func:`shown_columns` first, then every other column, floats rounded for
-    reading."""
+    reading. ``cases``: each row's index in the results file it was read from, where that is not its index among
+    its run's rows (a merged folder's rows: `run --from MERGED --case N` takes the index in the merged file)."""
     records = frame.to_dict("records")
     table = frame.drop(columns=[c for c in LEFT_OUT if c in frame.columns]).copy()
     table["shape"] = [_shape(r) for r in records]
     # rows of one run are consecutive and in their file's order (load_runs keeps them so)
-    table["case"] = table.groupby("run", sort=False).cumcount() if "run" in table else range(len(table))
+    if cases is not None:
+        table["case"] = cases
+    else:
+        table["case"] = table.groupby("run", sort=False).cumcount() if "run" in table else range(len(table))
     shown = shown_columns(table)
     rest = [c for c in table.columns if c not in shown]
     table = table[[c for c in shown if c in table.columns] + rest]
@@ -136,7 +140,7 @@ def _options(table: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def results_table_html(frame: pd.DataFrame) -> tuple[str, str]:
+def results_table_html(frame: pd.DataFrame, cases: list[int] | None = None) -> tuple[str, str]:
     """(the offline DataTables bundle, to include once, before the table; the table itself) as HTML."""
-    table = table_frame(frame)
+    table = table_frame(frame, cases)
     return generate_init_offline_itables_html(dt_bundle), to_html_datatable(table, **_options(table))

@@ -146,8 +146,11 @@ def test_signals_stop_the_sweep_and_keep_its_results(pausing_site, tmp_path, sig
     for _ in range(count):
         os.killpg(run.pid, signum)
         time.sleep(0.05)
-    _, err = run.communicate(timeout=120)
+    text, err = run.communicate(timeout=120)
     assert run.returncode == 130, err
+    # the count under the table says the run stopped short ("9 cases: 9 ok" read as a whole sweep)
+    done, planned = len((out / "rows.jsonl").read_text().splitlines()), len(json.loads((out / "plan.json").read_text()))
+    assert f"\n{done} of {planned} cases: " in text, text
     name = signal.Signals(signum).name
     assert err.count(f"attnbench: {name}: stopping after the case in hand") == 1
     # (whether the second SIGTERM cut the case short depends on whether the kernel delivered it before Python

@@ -258,3 +258,171 @@ def test_merge_warns_when_shards_hold_different_contenders(cli, shards, tmp_path
     frame.to_parquet(lacking / "results.parquet")
     code, _, err = cli("merge", str(s1), str(lacking), "--out", str(tmp_path / "m2"))
     assert code == 0 and "einsum not in shard(s) 2 (Other CPU ×1 threads @ elsewhere)" in err, err
+
+
+def test_merge_warns_when_a_shard_is_in_more_runs_than_another(cli, shards, tmp_path):
+    """A requeued array task runs shard 2 again on another node: a different host is a different machine, so its
+    cases did not collide, and merge took them in twice without a word (three runs of a two-shard sweep, 12 rows
+    of 8 cases). Whole copies of the sweep on two machine kinds are not uneven."""
+    s1, s2, _ = shards
+    node = json.loads((s2 / "meta.json").read_text())["environment"]
+    again = _copy_as_other_machine(s2, tmp_path / "s2-again", hostname="node03")
+    code, text, err = cli("merge", str(s1), str(s2), str(again), "--out", str(tmp_path / "m"))
+    assert code == 0 and "12 rows" in text, err
+    (line,) = [line for line in err.splitlines() if "not each on as many machines" in line]
+    assert line.startswith("warning: the shards of suite quick with {") and "(split into 2)" in line, line
+    assert "shard 1 on 1 (s1: " in line and "shard 2 on 2 (s2: " in line and f"@ {node['hostname']}; s2-again: " in line
+    assert "@ node03)" in line and "merge one of its runs" in line
+    kind = {"cpu_name": "Other CPU", "hostname": "elsewhere"}
+    others = [_copy_as_other_machine(s, tmp_path / f"other-{s.name}", **kind) for s in (s1, s2)]
+    code, _, err = cli("merge", str(s1), str(s2), *map(str, others), "--out", str(tmp_path / "two-kinds"))
+    assert code == 0 and "not each on as many machines" not in err and "not among these runs" not in err, err
+    code, _, err = cli("merge", str(s1), str(s2), str(others[0]), "--out", str(tmp_path / "one-lacking"))
+    assert code == 0 and "shard 1 on 2 (s1: " in err and "other-s1: Other CPU" in err, err
+    rerun = tmp_path / "s2-rerun"  # shard 2 again on its own machine: a report pools the two, as it pools repeats
+    shutil.copytree(s2, rerun)
+    code, _, err = cli("report", str(s1), str(s2), str(rerun), "--out", str(tmp_path / "pooled"))
+    assert code == 0 and "as many machines" not in err, err
+
+
+def test_from_a_merged_folder_reruns_its_row_with_its_shards_settings(cli, shards, tmp_path):
+    """`merge`, `report`, then `run --from MERGED --case N` on a suspicious row: refused ("a merged folder?; give
+    the run folder the row came from"), while the report numbered a merged folder's rows per shard, so its `case`
+    was no row number of the folder the report was made from. Now N is the row's index in the merged file, the
+    report's `case` column says that index, and the settings are those of the shard the row came from."""
+    from test_reports import table_rows
+
+    s1, _, merged = shards
+    planted = tmp_path / "merged"
+    shutil.copytree(merged, planted)
+    meta = json.loads((planted / "meta.json").read_text())
+    assert [e["run"] for e in meta["merged_from"]] == ["s1", "s2"]
+    meta["merged_from"][1]["meta"]["settings"]["seed"] = 7  # shard 2 ran with its own settings
+    (planted / "meta.json").write_text(json.dumps(meta))
+    frame = pd.read_parquet(planted / "results.parquet")
+    number = len(pd.read_parquet(s1 / "results.parquet"))  # the first row of shard 2
+    assert frame.loc[number, "run"] == "s2" and number > 0
+    assert cli("report", str(planted), "--out", str(tmp_path / "rep"))[0] == 0
+    rows = table_rows((tmp_path / "rep" / "report.html").read_text())
+    header = ["impl", "run", "case"]  # shown_columns: run after impl where the table holds two runs
+    assert [row[: len(header)] for row in rows] == [[r.impl, r.run, i] for i, r in enumerate(frame.itertuples())]
+    out = tmp_path / "again"
+    code, _, err = cli("run", "--from", str(planted), "--case", str(number), "--progress", "off", "--out", str(out))
+    assert code == 0, err
+    (row,) = pd.read_parquet(out / "results.parquet").to_dict("records")
+    case = ["impl", "seq_q", "seq_k", "mask", "heads", "kv_heads", "head_dim"]
+    assert [row[c] for c in case] == [frame.loc[number, c] for c in case]
+    assert json.loads((out / "meta.json").read_text())["settings"]["seed"] == 7
+    meta["merged_from"] = meta["merged_from"][:1]  # a merged folder whose rows name a run it does not keep
+    (planted / "meta.json").write_text(json.dumps(meta))
+    code, _, err = cli("run", "--from", str(planted), "--case", str(number), "--out", str(tmp_path / "never"))
+    assert code == 2 and err.count("\n") == 1 and "does not name the row's run 's2' in merged_from" in err, err
+    assert not (tmp_path / "never").exists()
+
+
+def test_run_into_a_folder_that_holds_a_stopped_run_says_to_resume_it(cli, shards, tmp_path):
+    """A job killed mid-sweep and started again with the same --out (a requeued array task) got "already exists and
+    is not an empty folder; choose a new one": a new folder would begin the sweep again. Now the line says how far
+    the run got and the --resume command that continues it; a finished run, and other commands' --out, as before."""
+    s1, _, _ = shards
+    stopped = tmp_path / "stopped"
+    shutil.copytree(s1, stopped)
+    _edit_meta(stopped, finished=False)
+    rows = (stopped / "rows.jsonl").read_text().splitlines(keepends=True)
+    (stopped / "rows.jsonl").write_text("".join(rows[:1]))
+    before = {p.name: p.read_bytes() for p in stopped.iterdir()}
+    code, _, err = cli("run", *SWEEP, "--shard", "1/2", "--out", str(stopped))
+    assert code == 2 and err.count("\n") == 1, err
+    said = f"it holds a run that stopped after 1 of its {len(rows)} cases; continue it with: attnbench run --resume "
+    assert said + f"{stopped} (or choose a new folder)" in err, err
+    assert {p.name: p.read_bytes() for p in stopped.iterdir()} == before
+    code, _, err = cli("run", "--resume", str(stopped), "--progress", "off")
+    assert code == 0 and len((stopped / "rows.jsonl").read_text().splitlines()) == len(rows), err
+    code, _, err = cli("run", *SWEEP, "--out", str(s1))
+    assert code == 2 and err.endswith(
+        "already exists and is not an empty folder; it holds a finished run; choose a new one\n"
+    )
+    code, _, err = cli("merge", str(s1), "--out", str(stopped))
+    assert code == 2 and err.endswith("already exists and is not an empty folder; choose a new one\n"), err
+
+
+def test_merge_warns_of_a_shard_that_stopped_before_its_end(cli, shards, tmp_path):
+    """Two array tasks killed by their wall time and never resumed: merge took 6 rows of a 20-case sweep without a
+    word (every shard present, so no shard was missing). Now each stopped run is named with its count and the
+    --resume command, from its folder or from a merged folder's copy of its meta.json."""
+    s1, s2, _ = shards
+    stopped = tmp_path / "s2"
+    shutil.copytree(s2, stopped)
+    frame = pd.read_parquet(stopped / "results.parquet")
+    frame.iloc[:1].to_parquet(stopped / "results.parquet")
+    _edit_meta(stopped, finished=False)
+    code, text, err = cli("merge", str(s1), str(stopped), "--out", str(tmp_path / "m"))
+    assert code == 0 and f", {len(pd.read_parquet(s1 / 'results.parquet')) + 1} rows," in text, err
+    said = f"warning: run s2 stopped after 1 of its {len(frame)} planned cases: the rest are not among these runs; "
+    assert said + f"continue it with: attnbench run --resume {stopped}" in err.splitlines(), err
+    assert "s1 stopped" not in err
+    code, _, err = cli("merge", str(tmp_path / "m"), "--out", str(tmp_path / "again"))
+    assert code == 0 and said + f"continue it with: attnbench run --resume {stopped.resolve()}" in err.splitlines()
+    code, _, err = cli("merge", str(s1), str(s2), "--out", str(tmp_path / "whole"))
+    assert code == 0 and "stopped after" not in err, err
+
+
+def test_a_report_of_shard_folders_says_what_merge_would_warn_of(cli, shards, tmp_path):
+    """README: join the shards with merge, "or give all the folders to report" — but report said nothing of a shard
+    missing or a run that stopped (merge's warnings were merge's alone). Now its terminal and its page say them."""
+    import markupsafe
+
+    s1, s2, merged = shards
+    code, _, err = cli("report", str(s1), "--out", str(tmp_path / "one"))
+    assert code == 0, err
+    (line,) = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert "was split into 2 shards and shard(s) 2 of 2 are not among these runs" in line, err
+    page = (tmp_path / "one" / "report.html").read_text()
+    assert 'id="set-warnings"' in page and str(markupsafe.escape(line.removeprefix("warning: "))) in page
+    for given in ([s1, s2], [merged]):
+        code, _, err = cli("report", *map(str, given), "--out", str(tmp_path / given[-1].name))
+        assert code == 0 and "warning: " not in err, err
+        assert 'id="set-warnings"' not in (tmp_path / given[-1].name / "report.html").read_text()
+
+
+def test_a_shard_given_with_spaces_or_zeros_merges(cli, shards, tmp_path):
+    """`--shard " 1/2"` (a script's "$I/$N" with a stray space) ran, and meta.json kept the text as given, which merge
+    then refused as "a damaged meta.json", naming no folder. meta.json now keeps I/N as merge reads it, and a shard
+    merge cannot read is named by its folder."""
+    _, s2, _ = shards
+    spaced = tmp_path / "spaced"
+    code, _, err = cli("run", *SWEEP, "--shard", " 01/2", "--progress", "off", "--out", str(spaced))
+    assert code == 0, err
+    assert json.loads((spaced / "meta.json").read_text())["shard"] == "1/2"
+    code, _, err = cli("merge", str(spaced), str(s2), "--out", str(tmp_path / "m"))
+    assert code == 0 and "warning" not in err, err
+    _edit_meta(spaced, shard=" 1/2")  # as an earlier attnbench wrote it
+    code, _, err = cli("merge", str(spaced), str(s2), "--out", str(tmp_path / "m2"))
+    said = "a run's meta.json says shard ' 1/2', not I/N as run --shard writes it: a damaged meta.json"
+    assert code == 2 and err == f"attnbench: error: {spaced}: {said}\n", err
+
+
+def test_shards_on_a_clusters_nodes_are_drawn_as_one_machine(shards, tmp_path):
+    """A sweep split over two nodes of one kind: each node's host name made it a machine of its own, and the report
+    cut every workload group into a panel per node (S64 and S512 of one line in two panels). Hosts of one kind that
+    hold disjoint cases now share their panels; hosts that ran the same cases stay apart."""
+    from attnbench.reports.facets import facets
+    from attnbench.reports.frames import load_runs
+    from attnbench.reports.plots import plottable, roof_key
+
+    s1, s2, _ = shards
+    node2 = _copy_as_other_machine(s2, tmp_path / "s2", hostname="node2")
+
+    def panels(*runs: Path) -> list[str]:
+        frame, _ = load_runs(list(runs))
+        return [facet.title for facet in facets(plottable(frame))]
+
+    one_host = panels(s1, s2)
+    assert panels(s1, node2) == one_host and not any("@" in title for title in one_host), panels(s1, node2)
+    frame, _ = load_runs([s1, node2])
+    ok = plottable(frame)
+    assert set(ok["machine"]) == {f"{frame['machine'].iloc[0].split(' @ ')[0]} @ 2 hosts"}
+    assert {roof_key(r)[0] for r in ok.to_dict("records")} == set(frame["machine"])  # each node's own ceilings
+    again = _copy_as_other_machine(s1, tmp_path / "s1", hostname="node2")  # the same cases on a second node
+    both = panels(s1, again)
+    assert len(both) == 2 * len(panels(s1)) and sum("@ node2" in title for title in both) == len(panels(s1))

@@ -211,7 +211,8 @@ def _summarise(finished: Finished, store_db: Path | None) -> int:
         print(f"no case finished (0 of {finished.meta.get('n_cases', 0)})")
     else:
         print(summary_table(frame))
-        print(f"\n{len(frame)} cases: {status_counts(frame)}")
+        planned = finished.meta.get("n_cases", 0)  # a run interrupted: how many of its cases these are
+        print(f"\n{len(frame)}{f' of {planned}' if len(frame) < planned else ''} cases: {status_counts(frame)}")
     reasons = non_ok_reasons(frame)
     if reasons:
         print(reasons)
@@ -498,12 +499,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     twice = next((path for index, path in enumerate(paths) if given[index] in given[:index]), None)
     if twice is not None:
         raise UsageError(f"{twice}: given twice; a report draws each run once (compare runs with `attnbench compare`)")
-    html, pngs, empty = build_report(paths, out, args.baseline, args.command_line)  # it claims the folder
+    html, pngs, empty, gaps = build_report(paths, out, args.baseline, args.command_line)  # it claims the folder
     print(f"report: {html}")
     for png in pngs:
         print(f"figure: {png}")
-    if empty:
-        print(f"warning: {empty}", file=sys.stderr)
+    for line in [*([empty] if empty else []), *gaps]:
+        print(f"warning: {line}", file=sys.stderr)
     return 0
 
 

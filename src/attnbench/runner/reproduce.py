@@ -9,7 +9,9 @@ it) gets an empty command.
 
 ``attnbench run --from RUN_DIR --case N`` reruns case N of a run with that run's settings, where N is the
 row's index in ``results.csv`` / ``results.parquet`` (0 for the first row; the ``case`` column of the report's
-table). It builds the same request the row's command would.
+table). It builds the same request the row's command would. For a merged folder (`attnbench merge`), N is the row's
+index in the merged file and the settings are those of the run the row came from (its ``run`` column), read from the
+copy of that run's meta.json the merge kept (``merged_from``).
 """
 
 from __future__ import annotations
@@ -115,6 +117,18 @@ def _case_number(text: str, run_dir: Path, count: int) -> int:
     return number
 
 
+def _merged_part_meta(run_dir: str | Path, entries: list[Any], run: Any) -> dict[str, Any]:
+    """The meta.json of the run a merged folder's row came from (``merged_from``: each run's name and whole
+    meta.json, as `attnbench merge` keeps them), whose settings the row was timed with."""
+    for entry in entries:
+        if isinstance(entry, dict) and str(entry.get("run")) == str(run) and isinstance(entry.get("meta"), dict):
+            return entry["meta"]
+    raise UsageError(
+        f"--from {run_dir}: a merged folder whose meta.json does not name the row's run {run!r} in merged_from; merge "
+        "its runs again, or give the run folder the row came from"
+    )
+
+
 def from_run_request(run_dir: str | Path, case: str, **given: Any) -> RunRequest:
     """The request that reruns case ``case`` of ``run_dir`` with its settings: the request its row's
     ``reproduce`` command builds. ``given``: build_request's keywords the caller sets (``out``, ``progress``,
@@ -129,13 +143,15 @@ def from_run_request(run_dir: str | Path, case: str, **given: Any) -> RunRequest
         raise UsageError(f"--from {exc}") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"--from {run_dir}: not an attnbench run folder (meta.json unreadable: {exc})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("settings"), dict):
-        raise UsageError(
-            f"--from {run_dir}: meta.json has no run settings (a merged folder?); give the run folder the row came from"
-        )
+    if not isinstance(meta, dict):
+        raise UsageError(f"--from {run_dir}: not an attnbench run folder (meta.json is not an object)")
     if frame.empty:
         raise UsageError(f"--from {run_dir}: the run has no rows yet")
     row = frame.iloc[_case_number(case, path, len(frame))].to_dict()
+    if isinstance(meta.get("merged_from"), list):
+        meta = _merged_part_meta(run_dir, meta["merged_from"], row.get("run"))
+    if not isinstance(meta.get("settings"), dict):
+        raise UsageError(f"--from {run_dir}: meta.json has no run settings; give the run folder the row came from")
     try:
         flags = reproduce_flags(row)
     except ValueError as exc:

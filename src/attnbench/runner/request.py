@@ -48,7 +48,7 @@ class RunRequest:
     progress: str = "auto"
     out: Path | None = None
     resume: Path | None = None
-    shard: str | None = None  # 'I/N' as given (meta.json keeps the text)
+    shard: str | None = None  # 'I/N' as given (meta.json keeps it as I/N, '02/ 3' as '2/3')
     store: bool = False  # add the run to the results store (the command does, after the run)
     db: Path | None = None
     command: str = ""  # how the run was asked for, as meta.json records it

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -162,6 +163,23 @@ def _clean(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def _held_run(out_dir: Path) -> str:
+    """What to do with a folder that is taken: a run that stopped before its end (a job killed, then started again
+    with the same --out, as a batch script's requeued task is) is continued with --resume, not begun again."""
+    try:
+        meta = json.loads((out_dir / "meta.json").read_text())
+        planned = len(json.loads((out_dir / "plan.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return "choose a new one"
+    if not isinstance(meta, dict) or meta.get("finished", True):
+        return "it holds a finished run; choose a new one"
+    done = len(_read_jsonl(out_dir / "rows.jsonl"))
+    return (
+        f"it holds a run that stopped after {done} of its {planned} cases; continue it with: attnbench run --resume "
+        f"{shlex.quote(str(out_dir))} (or choose a new folder)"
+    )
+
+
 class RunWriter:
     """Owns one run folder: refuses a non-empty one, appends rows, writes the final files.
 
@@ -177,14 +195,16 @@ class RunWriter:
         self.partial: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # repeats of cases not yet complete
 
     @staticmethod
-    def check_target(out_dir: Path) -> None:
-        """Raise a UsageError if ``out_dir`` can't be used (call before any work is done)."""
+    def check_target(out_dir: Path, run: bool = False) -> None:
+        """Raise a UsageError if ``out_dir`` can't be used (call before any work is done); ``run``: for `attnbench
+        run`, whose refusal of a run that stopped says how to continue it."""
         if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-            raise UsageError(f"--out {out_dir}: already exists and is not an empty folder; choose a new one")
+            then = _held_run(out_dir) if run else "choose a new one"
+            raise UsageError(f"--out {out_dir}: already exists and is not an empty folder; {then}")
         check_can_make(out_dir, "--out")
 
     def start(self, meta: dict[str, Any], plan: list[tuple[str, Workload]]) -> None:
-        self.check_target(self.out_dir)
+        self.check_target(self.out_dir, run=True)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rows_path.touch()
         entries = [{"impl": impl, "workload": dataclasses.asdict(w)} for impl, w in plan]

@@ -136,13 +136,13 @@ def _plan(request: RunRequest, default_out: Path) -> tuple[RunWriter, dict[str, 
     suite, cases = plan_cases(request, left_out, partly, plan)
     check_devices(cases)
     out = request.out or default_out
-    RunWriter.check_target(out)
+    RunWriter.check_target(out, run=True)
     settings = RunSettings.resolve(request, suite, torch.get_num_threads())
     meta = {
         "command": request.command,
         "suite": suite.name,
         "overrides": dict(request.axes),
-        "shard": request.shard,
+        "shard": "/".join(map(str, shard)) if (shard := request.shard_slice) else None,  # ' 2/3' as '2/3'
         **({"shard_plan": plan} if plan else {}),
         "n_cases": len(cases),
         "settings": settings.as_meta(),
