@@ -212,6 +212,9 @@ def test_resume_of_a_folder_that_is_not_a_run(cli, tmp_path):
     assert code == 2 and err.rstrip().endswith("drop --threads, --budget-s, --seed"), err
     code, _, err = cli("run", "--resume", str(tmp_path / "nope"))
     assert code == 2 and "no such folder" in err, err
+    # the default suite's name too: the folder may hold another suite, which --suite quick would not change
+    code, _, err = cli("run", "--resume", str(tmp_path), "--suite", "quick")
+    assert code == 2 and err.rstrip().endswith("drop --suite"), err
 
 
 @pytest.mark.parametrize("meta", ["[1, 2]", "{}", '{"settings": 3}'])

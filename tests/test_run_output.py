@@ -2,11 +2,12 @@
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 
 from attnbench.reports.summary import summary_table
-from attnbench.runner.results import case_key, make_row, rows_to_frame
+from attnbench.runner.results import STATUSES, case_key, make_row, rows_to_frame
 from attnbench.runner.sweep import REASON_CHARS, CaseLines
 from attnbench.workload import Workload
 
@@ -144,3 +145,26 @@ def test_a_contenders_stall_reasons_merge_over_every_number_and_stay_together():
     skipped = "predicted {} s per call, over the case budget"  # a case's own figure: each its own line
     rows = [make_row("naive", w, "skipped", skipped.format(s)) for w, s in zip(CASES, (0.5, 8.1), strict=True)]
     assert len(non_ok_reasons(rows_to_frame(rows)).splitlines()) == 2
+
+
+def test_fail_on_exits_1_where_a_row_has_a_status_named_and_0_otherwise(cli, tmp_path):
+    """`run` exits 0 whatever its rows say; a CI job that wants a wrong kernel to fail its build says which statuses
+    do (`--fail-on incorrect,error`), the line naming each status's count and contenders. A status that is not one
+    is refused before anything runs."""
+    if torch.cuda.is_available():
+        pytest.skip("sdpa_efficient runs here")
+    tiny = ["--seq", "64", "--head-dim", "16", "--mask", "none", "--budget-s", "0.02", "--no-memory"]
+    code, _, err = cli("run", "--impl", "bmm,sdpa_efficient", *tiny, "--out", str(tmp_path / "a"), "--fail-on", "error")
+    assert code == 0 and "failed" not in err, err
+    code, _, err = cli("run", "--resume", str(tmp_path / "a"), "--fail-on", "incorrect,unavailable")
+    assert code == 1, err
+    statuses = pd.read_csv(tmp_path / "a" / "results.csv")["status"]
+    n = int((statuses == "unavailable").sum())
+    assert (
+        n
+        and err.splitlines()[-1]
+        == f"failed (--fail-on incorrect,unavailable): {n} unavailable (sdpa_efficient{f' ×{n}' * (n > 1)})"
+    )
+    code, _, err = cli("run", "--impl", "bmm", *tiny, "--out", str(tmp_path / "b"), "--fail-on", "incorrect,wrong")
+    assert code == 2 and not (tmp_path / "b").exists()
+    assert err.strip().endswith("'wrong' is not a row status; choose from " + ", ".join(STATUSES[1:])), err

@@ -34,6 +34,7 @@ from attnbench.measure.allocator import POLICIES, configure_cpu_allocator
 from attnbench.measure.environment import attnbench_version, command_line, environment
 from attnbench.runner._interrupts import termination_as_interrupt
 from attnbench.runner.cases import WAITED_STALL, not_runnable, waited_text
+from attnbench.runner.fail_on import failure_line, parse_fail_on
 from attnbench.runner.request import ISOLATION, PROGRESS_BAR_MODES, RunRequest, build_request, check_threads
 from attnbench.runner.results import RunWriter
 from attnbench.workload.axes import DTYPE, IMPL, PASS, SWEEP_AXES, parse_overrides, parse_text
@@ -180,12 +181,13 @@ def _from_run_request(args: argparse.Namespace) -> RunRequest:
 def cmd_run(args: argparse.Namespace) -> int:
     from attnbench.runner import sweep
 
+    fail_on = parse_fail_on(args.fail_on)
     request = request_from_args(args)
     store_db = _store_target(request)
     default = request.out or request.resume or _default_out(request.suite_name)  # made only where it is used
     finished = sweep.run_sweep(request, default, say_late=False)  # _summarise says them under the table
     with finished.stop or contextlib.nullcontext():  # signals still counted: a burst never cuts the summary
-        return _summarise(finished, store_db)
+        return _summarise(finished, store_db, fail_on)
 
 
 def left_out_lines(meta: dict[str, Any]) -> list[str]:
@@ -201,8 +203,9 @@ def left_out_lines(meta: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _summarise(finished: Finished, store_db: Path | None) -> int:
-    """The end of `attnbench run`: the summary table, counts, reasons, warnings, the store, the exit code."""
+def _summarise(finished: Finished, store_db: Path | None, fail_on: tuple[str, ...] = ()) -> int:
+    """The end of `attnbench run`: the summary table, counts, reasons, warnings, the store, the exit code (1 where
+    a row has a status ``--fail-on`` names)."""
     from attnbench.reports.summary import non_ok_reasons, status_counts, summary_table
     from attnbench.runner import sweep
 
@@ -232,6 +235,10 @@ def _summarise(finished: Finished, store_db: Path | None) -> int:
             file=sys.stderr,
         )
         return 130
+    failure = failure_line(frame, fail_on)
+    if failure:
+        print(failure, file=sys.stderr)
+        return 1
     return 0
 
 
@@ -947,6 +954,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="lines: a line per finished case (for logs); on: a bar; off; auto: a bar where stderr is a terminal, "
         "else lines",
+    )
+    p_run.add_argument(
+        "--fail-on",
+        metavar="STATUSES",
+        help="exit 1 when a row has one of these statuses (comma-separated, e.g. incorrect,error); "
+        "without it a run exits 0 whatever its rows say",
     )
     p_run.add_argument("--store", action="store_true", help="add the run to the results store as it finishes")
     p_run.add_argument("--db", help="the store for --store (default runs/attnbench.duckdb)")

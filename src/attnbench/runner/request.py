@@ -131,7 +131,7 @@ def build_request(
     if db is not None and not store:
         raise UsageError("--db is for --store: add --store to keep the run in the results store")
     if resume is not None:
-        given = ["--suite"] if suite not in (None, DEFAULT_SUITE) else []
+        given = ["--suite"] * (suite is not None)  # even the default's name: the folder's may be another suite
         given += [axis.flag for axis in SWEEP_AXES if axis.name in checked]
         given += ["--shard"] * bool(shard) + ["--out"] * (out is not None) + ["--repeat"] * bool(processes)
         settings = (  # the run's own settings go on; a value given here would be dropped without a word
