@@ -39,7 +39,8 @@ def failure_line(frame: pd.DataFrame, statuses: tuple[str, ...]) -> str | None:
     for status in statuses:
         rows = frame[frame["status"] == status]
         if len(rows):
-            impls = ", ".join(f"{impl} ×{n}" if n > 1 else impl for impl, n in rows["impl"].value_counts().items())
+            counts = rows["impl"].value_counts()
+            impls = ", ".join(f"{impl} ×{n}" if n > 1 else str(impl) for impl, n in counts.items())
             parts.append(f"{len(rows)} {status} ({impls})")
     if not parts:
         return None
