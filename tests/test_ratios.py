@@ -143,3 +143,18 @@ def test_peer_where_pairs_across_dtypes(cli, tmp_path):
     assert len(table) == 1 and table.speedup[0] == pytest.approx(fp32.median_ms.iloc[0] / bf16.median_ms.iloc[0])
     code, _, err = cli(*args, "--peer-where", "colour=red")
     assert code == 2 and "--where 'colour=red': expected COLUMN=VALUE" in err
+
+
+def test_a_bound_on_the_contender_alone_is_judged_whatever_its_peers_status(cli, run):
+    """`--min-pct-of-peak` reads the contender's own row: a peer that does not run a case (xformers, unavailable
+    here) once failed it ("both must be ok"), and each peer repeated the contender's own miss. Judged once per case;
+    a bound on the pair with that peer still fails."""
+    base = ["ratios", str(run), "--impl", "fused_cpu", "--vs", "xformers,bmm", "--where", "seq_q=256"]
+    code, text, err = cli(*base, "--min-pct-of-peak", "0.001")
+    assert code == 0 and err == "", err
+    assert "4/4 case(s) meet the bounds" in text  # two cases, each with two peers
+    code, _, err = cli(*base, "--min-pct-of-peak", "101")
+    missed = err.strip().splitlines()
+    assert code == 1 and len(missed) == 2 and all("% of peak" in m and " vs " not in m for m in missed), err
+    code, _, err = cli(*base, "--min-pct-of-peak", "0.001", "--max-time-ratio", "1000")
+    assert code == 1 and err.count("status ok / unavailable, both must be ok") == 2, err
