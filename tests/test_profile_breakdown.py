@@ -434,3 +434,35 @@ def test_profiled_calls_far_from_the_median_are_warned_of():
     assert profiled_far_warning(dataclasses.replace(profile, profiled_ms=17.0)) is None  # the profiler's own cost
     gpu = dataclasses.replace(profile, workload=dataclasses.replace(profile.workload, device="cuda"))
     assert profiled_far_warning(gpu) is None  # CUDA tables are device times
+
+
+def test_two_contenders_of_one_workload_are_read_across_in_one_table():
+    """A kernel author profiling theirs beside a peer got two breakdowns, a screen apart, to compare by eye: each
+    workload with two contenders or more is now one table, a column per contender, its categories by their largest
+    time, a category one lacks shown as "-", the medians last; a workload profiled alone adds nothing."""
+    from pathlib import Path
+
+    from attnbench.runner._profiling import CaseProfile, side_by_side
+    from attnbench.workload import Workload
+
+    def profile(impl, workload, median, split):
+        breakdown = pd.DataFrame({"category": list(split), "ms_per_call": list(split.values())})
+        return CaseProfile(impl, workload, 5, median, median, Path("t"), pd.DataFrame(), breakdown, pd.DataFrame())
+
+    pair, alone = Workload(1, 8, 8, 256, 256, 64), Workload(1, 8, 8, 128, 128, 64)
+    profiles = [
+        profile("bmm", pair, 2.0, {"matmul": 1.25, "softmax": 0.5, "copies": 0.25}),
+        profile("mine", pair, 1.0, {"fused_attention": 0.875, "matmul": 0.125}),
+        profile("bmm", alone, 0.5, {"matmul": 0.5}),
+    ]
+    lines = side_by_side(profiles).splitlines()
+    assert lines[0] == f"{pair.label()}: ms per call, each contender's breakdown scaled to its median"
+    assert [line.split() for line in lines[1:]] == [
+        ["category", "bmm", "mine"],
+        ["matmul", "1.25", "0.125"],
+        ["fused_attention", "-", "0.875"],
+        ["softmax", "0.5", "-"],
+        ["copies", "0.25", "-"],
+        ["median", "2", "1"],
+    ]
+    assert side_by_side(profiles[2:]) == ""

@@ -307,7 +307,7 @@ def profiled_far_warning(profile: CaseProfile) -> str | None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from attnbench.runner._noise import environment_warnings
-    from attnbench.runner._profiling import CaseFailed, profile_case, write_tables
+    from attnbench.runner._profiling import CaseFailed, profile_case, side_by_side, write_tables
 
     if args.calls < 1:
         raise UsageError(f"--calls {args.calls}: must be a positive integer")
@@ -376,6 +376,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"profile: nothing profiled: all {failed} case(s) failed (reasons above)", file=sys.stderr)
         return 1
     top_path, breakdown_path = write_tables(profiles, out)
+    across = side_by_side(profiles)
+    if across:
+        print(f"\nside by side\n{across}")
     print(f"\ntables: {top_path}, {breakdown_path}")
     if failed:
         print(f"profile: {failed} case(s) not profiled (reasons above); the tables hold the others", file=sys.stderr)

@@ -379,3 +379,32 @@ def write_tables(profiles: list[CaseProfile], out_dir: Path) -> tuple[Path, Path
     pd.concat(tops, ignore_index=True).to_csv(top_path, index=False)
     pd.concat(breakdowns, ignore_index=True).to_csv(breakdown_path, index=False)
     return top_path, breakdown_path
+
+
+def side_by_side(profiles: list[CaseProfile]) -> str:
+    """Each workload profiled with two contenders or more, its categories in one table: a row per category, a
+    column per contender, ms per call scaled to that contender's median (the breakdowns above, read across), the
+    medians last. Empty where no workload has two contenders."""
+    by_workload: dict[str, list[CaseProfile]] = {}
+    for profile in profiles:
+        by_workload.setdefault(profile.workload.label(), []).append(profile)
+    blocks = []
+    for label, group in by_workload.items():
+        if len({p.impl for p in group}) < 2:
+            continue
+        table = pd.DataFrame({p.impl: p.breakdown.set_index("category")["ms_per_call"] for p in group})
+        table = table.loc[table.max(axis=1).sort_values(ascending=False).index]
+        table.loc["median"] = [p.median_ms for p in group]
+        cells = [["category", *table.columns]]
+        cells += [
+            [str(category), *("-" if pd.isna(v) else f"{v:.3g}" for v in row)] for category, row in table.iterrows()
+        ]
+        widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+        lines = [
+            "  ".join(
+                [line[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(line[1:], widths[1:], strict=True))]
+            )
+            for line in cells
+        ]
+        blocks.append(f"{label}: ms per call, each contender's breakdown scaled to its median\n" + "\n".join(lines))
+    return "\n\n".join(blocks)
