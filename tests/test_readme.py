@@ -312,3 +312,11 @@ def test_adding_an_axis_names_what_a_row_needs_and_the_flag_list_names_every_axi
     assert [word for word in needs if word not in section] == []
     flags = workloads[workloads.index("Every axis can be overridden on the command line") :].split("\n\n")[0]
     assert [axis.flag for axis in SWEEP_AXES if f"`{axis.flag}`" not in flags] == []
+
+
+def test_our_fused_kernels_names_every_option_of_ratios():
+    """`attnbench ratios` is how our kernels are gated; the README named five of its options and left out
+    --min-pct-of-matmul and --peer-where (a bf16 case against its peers' float32 rows). It names them all."""
+    section = README[README.index("## Our fused kernels") : README.index("## Workloads, masks and suites")]
+    options = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", _help("ratios"))) - {"--help"}
+    assert sorted(o for o in options if not re.search(rf"{re.escape(o)}(?![\w-])", section)) == []
