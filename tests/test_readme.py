@@ -88,7 +88,7 @@ def _run_lane(commands: list[str], cwd, niceness: int = 0) -> list[tuple[str, ob
 @pytest.mark.serial  # its second lane takes only the cores the first leaves idle: nothing else may run beside them
 def test_readme_attnbench_commands_run_in_order(tmp_path):
     """Every command as written, in page order (README, then docs) within two lanes run at once (what a later command
-    reads is in the first, after what wrote it), so the 18 commands take the time of the longer lane. The second lane
+    reads is in the first, after what wrote it), so the 19 commands take the time of the longer lane. The second lane
     runs at the lowest priority: on 2 cores the two lanes' threads would take turns, and a case timed while
     its process waits for a core is `stalled` (its yardsticks collapse), not `ok` — and compare would find
     nothing ok in both runs. Niced, the second lane takes the cores the first leaves idle."""
