@@ -162,8 +162,8 @@ def test_phases(posargs: list[str], environ: Mapping[str, str] = os.environ) -> 
     core) or need the machine to themselves (the README's commands, whose rows must time `ok`). The first phase runs
     on ATTNBENCH_TEST_WORKERS pytest-xdist workers (default: default_workers; 0: in pytest's own process), a test
     file at a time on one worker, so a file's shared fixtures are made once. Most tests use one core, so two workers
-    keep both cores busy (README: the times); a real sweep then times more rows `stalled`, which every test of a
-    real sweep accepts as checked."""
+    keep both cores busy (docs/testing.md: the times); a real sweep then times more rows `stalled`, which every test
+    of a real sweep accepts as checked."""
     workers = environ.get("ATTNBENCH_TEST_WORKERS", "").strip() or str(default_workers())
     return [
         ["tests", "-n", workers, "--dist", "loadfile", "-m", "not timing and not serial", *posargs],

@@ -79,7 +79,7 @@ def history_row(found: dict[str, Any], label: str, step_at: int) -> list[str]:
 
 
 def markdown(rows: list[list[str]]) -> str:
-    """The table as the README quotes it."""
+    """The table as docs/compare.md quotes it."""
     lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
 

@@ -14,7 +14,7 @@ runs a small sweep (bmm and sdpa_flash at B1 H8 S256/S512 D64, none/causal: 8 ca
 It prints the false-alarm rate, the detection rate per factor with the median ratio actually measured
 (what the injected work came to), and the seconds a case took. The bars on a quiet 2-core VM: no false
 alarm in ≥ 100 decisions, ×1.05 caught in ≥ 90 % of cases, ×1.10 in all, each case under 10 s. It
-times things, so it is not a test; run it on a quiet machine and put its output in the README.
+times things, so it is not a test; run it on a quiet machine and put its output in docs/ab.md.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def decide(kind: str, factor: float, a: Version, b: Version, options: AbOptions)
 
 
 def summarise(frame: pd.DataFrame) -> list[str]:
-    """The lines the README quotes: false alarms, detection per factor, time per case."""
+    """The lines docs/ab.md quotes: false alarms, detection per factor, time per case."""
     lines = []
     aa = frame[frame["kind"] == "A/A"]
     decided = aa[aa["verdict"].isin(["faster", "slower", "same", "unclear"])]

@@ -605,11 +605,15 @@ def test_both_versions_read_the_same_inputs_not_a_copy_each():
 
 def test_the_readme_says_one_set_of_inputs_wherever_the_ab_section_counts_them():
     """run_case makes one set of inputs for both versions (the test above); the README's A/B section said so in
-    one paragraph and "two sets of inputs" for an A/A run in the next (review 1, finding 7)."""
+    one paragraph and "two sets of inputs" for an A/A run in the next (review 1, finding 7). The section and its
+    reference page, docs/ab.md, say it alike."""
     import re
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## A/B: is my change faster?", 1)[1].split("\n## ", 1)[0]
+    repo = Path(__file__).resolve().parent.parent
+    readme = (repo / "README.md").read_text()
+    section = (
+        readme.split("## A/B: is my change faster?", 1)[1].split("\n## ", 1)[0] + (repo / "docs" / "ab.md").read_text()
+    )
     counts = re.findall(r"(\w+) sets? of inputs", " ".join(section.split()))
     assert counts and set(counts) == {"one"}, counts
 

@@ -95,8 +95,8 @@ def test_one_table_gives_flags_keywords_columns_and_labels():
 
 
 def test_a_new_row_without_a_label_part_or_undeclared_fails_at_import_naming_the_fix():
-    """A contributor's row (README "Adding an axis") without tag= made cases that differ only in it share a label
-    (the report's figures merged them); a feature without declared=True was timed on every contender, a plugin's
+    """A contributor's row (docs/workloads.md, "Adding an axis") without tag= made cases that differ only in it share
+    a label (the report's figures merged them); a feature without declared=True was timed on every contender, a plugin's
     plain Capabilities() too. Both now fail where the table is built, in one line."""
     tag = lambda v: f"bias{v:g}" if v else ""  # noqa: E731
     with pytest.raises(ValueError, match=r"^axis bias: no label part; give it tag="):

@@ -187,11 +187,11 @@ def test_storing_runs_again_adds_nothing(history, cli):
 
 
 @pytest.mark.slow
-def test_readme_sql_runs_through_python(history):
-    """The README's DuckDB query (its Python form) over a store of ten runs: `runs` counts distinct runs."""
+def test_the_history_page_sql_runs_through_python(history):
+    """The DuckDB query of docs/history.md (its Python form) over a store of ten runs: `runs` counts distinct runs."""
     repo, _, _ = history
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    (query,) = [body for body in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL) if "duckdb" in body]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "history.md").read_text()
+    (query,) = [body for body in re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL) if "duckdb" in body]
     result = run_subprocess(sys.executable, "-c", query, cwd=repo)
     assert result.returncode == 0, result.stderr
     assert re.search(r"slowable\s*│\s*10\s*│", result.stdout) and re.search(r"steady\s*│\s*10\s*│", result.stdout)

@@ -1,4 +1,5 @@
-"""The README's third-party contender example, installed for real, shows up in list and in a run."""
+"""The third-party contender example (docs/plugins.md, linked from the README), installed for real, shows up in list
+and in a run."""
 
 import re
 import sys
@@ -10,26 +11,26 @@ from conftest import CHECKED, REPO, attnbench_cmd, run_subprocess
 EXAMPLE = REPO / "examples" / "attnbench-chunked"
 
 
-def _readme_blocks(language: str) -> list[str]:
-    text = (REPO / "README.md").read_text()
+def _plugins_page_blocks(language: str) -> list[str]:
+    text = (REPO / "docs" / "plugins.md").read_text()
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.DOTALL)
 
 
-def test_readme_shows_the_example_files_verbatim():
-    assert (EXAMPLE / "attnbench_chunked.py").read_text() in _readme_blocks("python")
-    assert (EXAMPLE / "pyproject.toml").read_text() in _readme_blocks("toml")
+def test_the_plugins_page_shows_the_example_files_verbatim():
+    assert (EXAMPLE / "attnbench_chunked.py").read_text() in _plugins_page_blocks("python")
+    assert (EXAMPLE / "pyproject.toml").read_text() in _plugins_page_blocks("toml")
 
 
-def test_readme_states_every_capabilities_default_as_the_code_has_it():
+def test_the_plugins_page_states_every_capabilities_default_as_the_code_has_it():
     """A plain Capabilities() claims padding, bottom-right causal, GQA and cross-attention; a plugin author learns
-    that from the README's table, which must hold every field with its default (review 1, finding 5)."""
+    that from the table in docs/plugins.md, which must hold every field with its default (review 1, finding 5)."""
     import ast
     import dataclasses
 
     from attnbench import Capabilities
     from attnbench.workload.axes import DECLARED
 
-    table = (REPO / "README.md").read_text().split("**What a plain `Capabilities()` claims.**")[1]
+    table = (REPO / "docs" / "plugins.md").read_text().split("## What a plain `Capabilities()` claims")[1]
     rows = {
         names: (default, claim)
         for names, default, claim in re.findall(r"^\| (`[^|]+`) \| ([^|]+) \|(.*)$", table, re.MULTILINE)

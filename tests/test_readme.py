@@ -1,5 +1,5 @@
-"""Every attnbench and pytest command in the README runs as written (the nox ones run in CI itself; the
-SLURM script is covered by the shard, merge and resume tests)."""
+"""Every attnbench and pytest command in the README and in the docs pages it links runs as written (the nox ones run
+in CI itself; the SLURM script is covered by the shard, merge and resume tests), and every link among them lands."""
 
 import concurrent.futures
 import contextlib
@@ -17,6 +17,17 @@ from attnbench.cli import main
 from conftest import REPO, run_subprocess
 
 README = (REPO / "README.md").read_text()
+
+
+def _pages() -> list[tuple[str, str]]:
+    """README.md, then each docs page in the order the README first links it: the order a reader meets them and the
+    order their commands run in (a docs page may read what a README command wrote, never the other way round)."""
+    linked = dict.fromkeys(re.findall(r"\]\((docs/[^)#]+\.md)", README))
+    return [("README.md", README)] + [(name, (REPO / name).read_text()) for name in linked if (REPO / name).is_file()]
+
+
+PAGES = _pages()
+DOCS = dict(PAGES[1:])
 FENCE = re.compile(r"```(\w*)\n(.*?)```", flags=re.DOTALL)
 # nox sessions whose arguments after `--` go to an attnbench subcommand
 SESSION_COMMAND = {"bench": "run", "bench_gpu": "run", "bench_fused": "run", "profile": "profile", "history": "history"}
@@ -25,10 +36,12 @@ CHEAP = {"list": "sdpa_flash", "suites": "quick", "models": "llama3.1-8b"}
 
 
 def _commands(prefix: str) -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL)
+    """The bash blocks' commands that start with ``prefix``, README first, then the docs pages in link order; a
+    command a later page shows again runs once, where it first stands."""
+    blocks = [block for _, text in PAGES for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)]
     blocks = [block for block in blocks if not block.startswith("#!")]  # job scripts (SLURM) are examples
     lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
-    return [line for line in lines if line.startswith(prefix)]
+    return list(dict.fromkeys(line for line in lines if line.startswith(prefix)))
 
 
 def test_readme_names_the_two_setup_commands_and_ci_runs_the_test_one():
@@ -38,7 +51,7 @@ def test_readme_names_the_two_setup_commands_and_ci_runs_the_test_one():
 
 
 def _lanes(commands: list[str]) -> tuple[list[str], list[str]]:
-    """The README's commands as two lanes to run side by side, each in README order: the ones whose results a
+    """The commands as two lanes to run side by side, each in README order: the ones whose results a
     later command reads (its --out folder named there, or the store and history that share runs/'s database),
     and the ones nothing reads after them (a run or profile whose folder no later command names, ab, list)."""
     later_text = [" ".join(commands[i + 1 :]) for i in range(len(commands))]
@@ -74,8 +87,8 @@ def _run_lane(commands: list[str], cwd, niceness: int = 0) -> list[tuple[str, ob
 @pytest.mark.slow
 @pytest.mark.serial  # its second lane takes only the cores the first leaves idle: nothing else may run beside them
 def test_readme_attnbench_commands_run_in_order(tmp_path):
-    """Every command as written, in README order within two lanes run at once (what a later command reads is
-    in the first, after what wrote it), so the 18 commands take the time of the longer lane. The second lane
+    """Every command as written, in page order (README, then docs) within two lanes run at once (what a later command
+    reads is in the first, after what wrote it), so the 19 commands take the time of the longer lane. The second lane
     runs at the lowest priority: on 2 cores the two lanes' threads would take turns, and a case timed while
     its process waits for a core is `stalled` (its yardsticks collapse), not `ok` — and compare would find
     nothing ok in both runs. Niced, the second lane takes the cores the first leaves idle."""
@@ -95,7 +108,8 @@ def test_readme_attnbench_commands_run_in_order(tmp_path):
     assert (tmp_path / "runs" / "report" / "report.html").exists()
     assert (tmp_path / "runs" / "prof" / "top_ops.csv").exists()
     # The DuckDB query, in its Python form, over the store the commands above filled: `runs` counts runs.
-    (query,) = [body for language, body in FENCE.findall(README) if language == "python" and "duckdb" in body]
+    blocks = [found for _, text in PAGES for found in FENCE.findall(text)]
+    (query,) = [body for language, body in blocks if language == "python" and "duckdb" in body]
     shown = run_subprocess(sys.executable, "-c", query, cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr[-2000:]
     bmm = next(line for line in shown.stdout.splitlines() if line.startswith("│ bmm "))
@@ -109,11 +123,11 @@ def test_readme_pytest_command_runs():
 
 
 def _shown_commands() -> list[list[str]]:
-    """Every command line the README shows: the lines of its bash blocks, `$ ` lines and lines that start with
-    attnbench or nox in its other blocks (not Python or TOML sources, not job scripts), and inline `…` spans
-    that start with attnbench or nox (after VAR=value settings); each split at &&, || and ;."""
+    """Every command line the README and the docs pages show: the lines of their bash blocks, `$ ` lines and lines
+    that start with attnbench or nox in their other blocks (not Python or TOML sources, not job scripts), and inline
+    `…` spans that start with attnbench or nox (after VAR=value settings); each split at &&, || and ;."""
     lines = []
-    for language, body in FENCE.findall(README):
+    for language, body in [found for _, text in PAGES for found in FENCE.findall(text)]:
         if language in ("python", "toml") or body.startswith("#!"):
             continue
         for line in body.splitlines():
@@ -125,7 +139,7 @@ def _shown_commands() -> list[list[str]]:
             line = line.split("  #")[0].strip()
             if line and not line.startswith("#"):
                 lines.append(line)
-    for span in re.findall(r"`([^`]+)`", FENCE.sub("", README)):
+    for span in [span for _, text in PAGES for span in re.findall(r"`([^`]+)`", FENCE.sub("", text))]:
         span = span.replace("\n", " ")
         if re.match(r"([A-Z_]+=\S+ )*(attnbench|nox) ", span):
             lines.append(span)
@@ -170,7 +184,8 @@ def _unknown_flags(subcommand: str, words: list[str]) -> list[str]:
 
 
 def test_every_nox_session_and_attnbench_subcommand_the_readme_names_exists(cli):
-    """Each `nox -s NAME` is a session (`nox -l`), and the README lists them all; each `attnbench SUB`
+    """Each `nox -s NAME` the README or a docs page shows is a session (`nox -l`), and the README lists them all;
+    each `attnbench SUB`
     is a subcommand (`attnbench --help`) and each of its flags is in `attnbench SUB --help`; the cheap
     subcommands run as written."""
     commands = _shown_commands()
@@ -225,14 +240,18 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_the_contents_list_names_every_section_and_every_link_lands():
-    """A newcomer finds each feature from the contents list: every ## and ### heading is in it, and every
-    in-page link (there and in the text) names a heading that exists; the docs pages it links exist."""
+def _anchors(text: str) -> set[str]:
+    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", FENCE.sub("", text), flags=re.MULTILINE)}
+
+
+def test_the_contents_list_names_every_section_and_every_feature():
+    """A newcomer finds each feature from the contents list: every ## and ### heading of the README is in it, and
+    the features that live in a docs page are linked there by their heading."""
     headings = [m.group(2) for m in re.finditer(r"^(##|###) (.+)$", FENCE.sub("", README), flags=re.MULTILINE)]
-    anchors = {_slug(h) for h in headings}
     contents = README[README.index("## Contents\n") : README.index("## A short tour\n")]
     listed = re.findall(r"\]\(#([^)]+)\)", contents)
     assert sorted(listed) == sorted(_slug(h) for h in headings if h != "Contents")
+    reached = set(listed) | set(re.findall(r"\]\(docs/[^)#]+#([^)]+)\)", contents))
     for feature in (
         "model-presets---model---phase",
         "kv-cache-type-bf16-and-fp8-caches",
@@ -241,19 +260,40 @@ def test_the_contents_list_names_every_section_and_every_link_lands():
         "attention-sinks",
         "ab-is-my-change-faster",
     ):
-        assert feature in listed
-    broken = [link for link in re.findall(r"\]\(#([^)]+)\)", README) if link not in anchors]
-    assert not broken, broken
-    for page in re.findall(r"\]\((docs/[^)#]+)\)", README):
-        assert (REPO / page).is_file(), page
+        assert feature in reached
+
+
+def test_every_link_lands_and_every_docs_page_is_linked_from_the_readme():
+    """Every relative link of the README and of each docs page (a page, an image, a #heading there or on the same
+    page, by GitHub's anchor rule) names something that exists; every docs page the README links exists, every
+    docs/*.md is linked from the README, and each opens with the link back to it."""
+    broken = []
+    for name, text in [("README.md", README)] + [
+        (p.relative_to(REPO).as_posix(), p.read_text()) for p in sorted((REPO / "docs").glob("*.md"))
+    ]:
+        here = (REPO / name).parent
+        for target in re.findall(r"\]\(([^)\s]+)\)", FENCE.sub("", text)):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            page = (here / path).resolve() if path else REPO / name
+            if not page.exists():
+                broken.append(f"{name}: {target} (no such file)")
+            elif anchor and page.suffix == ".md" and anchor not in _anchors(page.read_text()):
+                broken.append(f"{name}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+    linked = {page for page in re.findall(r"\]\((docs/[^)#]+\.md)", README)}
+    assert linked == {p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md")}
+    assert [name for name, text in DOCS.items() if not text.split("\n")[2].startswith("[← README](../README.md)")] == []
 
 
 def test_the_columns_table_names_every_results_column():
-    """Every column of results.csv has a row in the README's Columns table (nine were missing once), and the
+    """Every column of results.csv has a row in the Columns table (docs/results.md) (nine were missing once), and the
     table names no column a run does not write."""
     from attnbench.runner.results import COLUMNS
 
-    table = README[README.index("### Columns") : README.index("## On a GPU machine")]
+    results = DOCS["docs/results.md"]
+    table = results[results.index("## Columns") :]
     first_cells = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
     named = set(re.findall(r"`(\w+)`", "\n".join(first_cells)))
     assert [c for c in COLUMNS if c not in named] == [] and sorted(named - set(COLUMNS)) == []
@@ -262,11 +302,21 @@ def test_the_columns_table_names_every_results_column():
 def test_adding_an_axis_names_what_a_row_needs_and_the_flag_list_names_every_axis():
     """README's "Adding an axis" said the row gives the label and the checks; walking it with a trial axis, the
     label needed tag=, the contenders' gate declared=True, and the float64 gate a reference.py definition, none of
-    them named. The list of flags under "Workloads, masks and suites" is written by hand: it names every axis."""
+    them named. The list of flags under "Workloads, masks and suites" is written by hand: it names every axis. Both
+    live in docs/workloads.md."""
     from attnbench.workload.axes import SWEEP_AXES
 
-    section = README[README.index("### Adding an axis") : README.index("## Correct before fast")]
+    workloads = DOCS["docs/workloads.md"]
+    section = workloads[workloads.index("## Adding an axis") :]
     needs = ("`tag`", "declared=True", "Capabilities.features", "reference.py", "Workload._check_joined")
     assert [word for word in needs if word not in section] == []
-    flags = README[README.index("Every axis can be overridden on the command line") :].split("\n\n")[0]
+    flags = workloads[workloads.index("Every axis can be overridden on the command line") :].split("\n\n")[0]
     assert [axis.flag for axis in SWEEP_AXES if f"`{axis.flag}`" not in flags] == []
+
+
+def test_our_fused_kernels_names_every_option_of_ratios():
+    """`attnbench ratios` is how our kernels are gated; the README named five of its options and left out
+    --min-pct-of-matmul and --peer-where (a bf16 case against its peers' float32 rows). It names them all."""
+    section = README[README.index("## Our fused kernels") : README.index("## Workloads, masks and suites")]
+    options = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", _help("ratios"))) - {"--help"}
+    assert sorted(o for o in options if not re.search(rf"{re.escape(o)}(?![\w-])", section)) == []

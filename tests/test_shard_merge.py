@@ -368,8 +368,9 @@ def test_merge_warns_of_a_shard_that_stopped_before_its_end(cli, shards, tmp_pat
 
 
 def test_a_report_of_shard_folders_says_what_merge_would_warn_of(cli, shards, tmp_path):
-    """README: join the shards with merge, "or give all the folders to report" — but report said nothing of a shard
-    missing or a run that stopped (merge's warnings were merge's alone). Now its terminal and its page say them."""
+    """docs/long-sweeps.md: join the shards with merge, "or give all the folders to report" — but report said nothing
+    of a shard missing or a run that stopped (merge's warnings were merge's alone). Now its terminal and its page
+    say them."""
     import markupsafe
 
     s1, s2, merged = shards

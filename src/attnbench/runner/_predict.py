@@ -6,7 +6,7 @@ at the machine's measured matmul rate — a lower bound). Memory is an upper bou
 holds at its peak: the inputs (and a paged cache's pool), the output, the contender's working memory (its
 memory model; for a contender that does not read a paged cache itself, at least the harness's gather of
 it), and the correctness check's float64 reference (attnbench.workload.reference.reference_bytes). Measured against
-a fresh process's peak RSS (VmHWM) the figure stays above it; the README's memory section gives the audit.
+a fresh process's peak RSS (VmHWM) the figure stays above it; docs/measuring.md (Predictions) gives the audit.
 """
 
 from __future__ import annotations

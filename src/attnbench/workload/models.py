@@ -220,7 +220,7 @@ MAX_DECODE_QUERY = 16  # decode: one token, or a few for speculative decoding
 def preset_dtype(name: str, device: str) -> str | None:
     """The dtype a preset's cases take on ``device`` when neither ``--dtype`` nor the suite names one: the
     model's own on CUDA (``ModelConfig.dtype``); None elsewhere, where a sweep's default (float32) holds — the
-    CPU's numbers (README, models-cpu) are float32, and --dtype bfloat16 asks for its bf16 kernels."""
+    CPU's numbers (docs/features.md, models-cpu) are float32, and --dtype bfloat16 asks for its bf16 kernels."""
     return get_model(name).dtype if device == "cuda" else None
 
 
