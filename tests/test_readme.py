@@ -290,14 +290,12 @@ def test_every_link_lands_and_every_docs_page_is_linked_from_the_readme():
 def test_every_table_ends_before_the_text_after_it():
     """A line of text straight after a table's last row is one more row of it on GitHub (the contenders' table
     swallowed the paragraph under it, `attnbench list` and all): a blank line ends each table."""
-    glued = [
-        f"{name}:{number + 1}: {line[:60]}"
-        for name, text in PAGES
-        for number, (above, line) in enumerate(
-            zip([""] + FENCE.sub("", text).split("\n"), FENCE.sub("", text).split("\n"))
-        )
-        if above.startswith("|") and line.strip() and not line.startswith("|")
-    ]
+    glued = []
+    for name, text in PAGES:
+        lines = FENCE.sub("", text).split("\n")
+        for above, line in zip(["", *lines], lines, strict=False):
+            if above.startswith("|") and line.strip() and not line.startswith("|"):
+                glued.append(f"{name}: {line[:60]}")
     assert not glued, "\n".join(glued)
 
 
