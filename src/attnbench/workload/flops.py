@@ -50,10 +50,16 @@ def attention_bytes(w: Workload) -> float:
     scale_bytes = page_table_bytes(w) + kv_scale_bytes(w) + (4 * w.batch * w.heads if narrow_q != 1 else 0)
     forward = q * narrow_q + kv_read_elements(w) * cached + o + scale_bytes / element
     backward = 2 * q + 2 * o + kv * cached + kv  # read q, o, dO, k, v; write dq, dk, dv
-    if w.module == "mha":  # reads x (and the keys' input), the four weight matrices; writes the output
-        forward += 4 * w.d_model**2 + 2 * w.batch * w.seq_q * w.d_model + w.batch * w.seq_k * w.d_model
+    if w.module == "mha":  # reads its input(s), the four weight matrices and biases; writes the output
+        forward += 4 * w.d_model**2 + 4 * w.d_model + (module_input_tokens(w) + w.batch * w.seq_q) * w.d_model
     per_pass = {"fwd": forward, "bwd": backward, "fwd_bwd": forward + backward}
     return float(per_pass[w.pass_] * element)
+
+
+def module_input_tokens(w: Workload) -> int:
+    """Tokens of input the mha module reads: self-attention (seq_q == seq_k) projects q, k and v from one x, read
+    once; cross-attention reads the queries' input and the keys' (``attnbench.workload.mha.module_inputs``)."""
+    return w.batch * w.seq_q if w.seq_q == w.seq_k else w.batch * (w.seq_q + w.seq_k)
 
 
 def kv_positions_read(w: Workload) -> int:
