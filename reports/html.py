@@ -44,7 +44,8 @@ CAPTIONS = {
     "roofline.png": "achieved TFLOP/s against arithmetic intensity: the solid line is the hardware roof (own FMA "
     "and bandwidth kernels — the higher of a read stream and STREAM's triad, as the ceilings table below says — or the "
     "GPU's datasheet), the dashed one torch's matmul and copy rates.",
-    "decode.png": "decode steps: bytes of the KV cache read per second against its length; dashed: the bandwidth roof "
+    "decode.png": "decode steps: minimum bytes per second (gbps: q, the KV cache read, o) against the cache's length; "
+    "dashed: the bandwidth roof "
     "(as the roofline's: measured on a CPU, the datasheet's on a GPU), the right axis in % of it; hollow markers: a "
     "row whose cache fits in the cache in front of memory (cache_resident) with the caches flushed before each call "
     "(cold_median_ms), as a model's layer finds it, beside its warm figure.",

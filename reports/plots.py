@@ -541,7 +541,7 @@ def decode_bandwidth(
     return _facet_figure(
         _decode_panels(decode),
         "gbps",
-        "GB/s (bytes of the KV read)",
+        "GB/s (q, the KV read, o)",  # the row's gbps: all its minimum bytes, not the cache's alone
         colours,
         bandwidth_line,
         xlabel=_kv_label(decode),

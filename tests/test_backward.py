@@ -1,12 +1,14 @@
 """Backward passes: gradients of q, k, v against float64 reference gradients; nothing accumulates."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from attnbench import Workload, make_inputs
 from attnbench.runner.cases import RunOptions, prepare_checked, run_case
 from attnbench.workload.check import check_grads
-from attnbench.workload.flops import attention_flops
+from attnbench.workload.flops import attention_bytes, attention_flops
 from attnbench.workload.reference import reference_grads
 
 from conftest import CHECKED
@@ -67,6 +69,29 @@ def test_backward_rows_and_flops(cli, tmp_path):
     assert row["status"] == "unsupported" and "no backward on CPU" in row["reason"]
     row = run_case("naive", Workload(1, 4, 4, 64, 64, 16, pass_="bwd"), RunOptions(budget_s=0.02))
     assert row["status"] == "unsupported" and "backward" in row["reason"]
+
+
+@pytest.mark.parametrize(
+    ("mask", "extra", "visible"),
+    [
+        ("padding", {}, lambda b, i, j: j < (10, 10 // 4)[b]),  # batch 0 full, the last Sk // 4
+        ("causal", {}, lambda b, i, j: j <= i),  # top-left: keys 6 … 9 unseen
+        ("sliding_window", {"window": 3}, lambda b, i, j: (j <= i + 4) & (j > i + 4 - 3)),  # keys 0, 1 unseen
+        ("none", {}, lambda b, i, j: j >= 0),
+    ],
+)
+def test_backward_bytes_read_the_keys_some_row_sees_and_write_every_gradient(mask, extra, visible):
+    """Backward reads q, o, dO and the keys and values some query row sees (as the forward does), and writes dq and
+    dk, dv for every key (zeros where no row sees it): counted here from a dense mask built by hand."""
+    w = Workload(2, 4, 2, 6, 10, 8, mask=mask, head_dim_v=4, pass_="bwd", **extra)
+    i, j = torch.arange(6).view(6, 1), torch.arange(10).view(1, 10)
+    seen = sum(int(visible(b, i, j).expand(6, 10).any(0).sum()) for b in range(2))
+    q, o = 2 * 4 * 6 * 8, 2 * 4 * 6 * 4  # also dq; o and dO
+    read, written = seen * 2 * (8 + 4), 2 * 10 * 2 * (8 + 4)
+    assert attention_bytes(w) == 4 * (2 * q + 2 * o + read + written)
+    forward = replace(w, pass_="fwd")
+    assert attention_bytes(replace(w, pass_="fwd_bwd")) == attention_bytes(forward) + attention_bytes(w)
+    assert attention_bytes(forward) == 4 * (q + o + read)
 
 
 def test_bf16_backward_within_tolerance():

@@ -15,6 +15,7 @@ import pytest
 
 from attnbench.reports.facets import facets, x_axis
 from attnbench.reports.plots import Roofs, colour_cycle, draw_all, latency, palette, plottable
+from attnbench.workload import Workload
 
 BASE = {
     "machine": "test cpu",
@@ -449,6 +450,26 @@ def test_a_decode_panel_of_one_kv_length_names_it_in_its_title():
     ok = plottable(frame)
     figure = decode_bandwidth(ok, palette(sorted(set(ok["impl"]))), ROOFS)
     assert figure.axes[0].get_title().replace("\n", " ").endswith("decode Sq1 Sk2048")
+    plt.close(figure)
+
+
+def test_the_decode_figures_gb_per_s_axis_says_it_holds_q_and_o_too():
+    """The points are each row's gbps, whose bytes are q, the KV cache read and o (attnbench.workload.flops): an MLA
+    decode step's q and o (128 heads of 576 and 512) are a fifth of its bytes at 1024 keys. The axis said "bytes of
+    the KV read"; it now names all three."""
+    from attnbench.reports.plots import decode_bandwidth
+    from attnbench.workload.flops import attention_bytes
+
+    mla = Workload(1, 128, 1, 1, 1024, 576, mask="causal_bottom_right", head_dim_v=512, kv_layout="latent")
+    q_and_o = 4 * 128 * (576 + 512)
+    assert q_and_o / attention_bytes(mla) == pytest.approx(0.19, abs=0.01)
+    frame = fabricate(impls=("bmm", "fused_cpu"), seq_k=[2048]).assign(seq_q=1, gbps=[10.0, 20.0])
+    frame["mask"] = "causal_bottom_right"
+    ok = plottable(frame)
+    figure = decode_bandwidth(ok, palette(sorted(set(ok["impl"]))), ROOFS)
+    labels = [axis.get_ylabel() for axis in figure.axes] + [t.get_text() for t in figure.texts]
+    said = [label for label in labels if label.startswith("GB/s")]
+    assert said and all("q" in label and "o)" in label and "KV" in label for label in said), labels
     plt.close(figure)
 
 

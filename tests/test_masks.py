@@ -9,6 +9,7 @@ import torch
 
 from attnbench.workload import Workload
 from attnbench.workload.masks import dense_mask_of, workload_pairs
+from attnbench.workload.sequences import sequence_lengths
 from attnbench.workload.tiles import count_tiles
 
 MASKS = [
@@ -28,15 +29,21 @@ TILES = [(16, 16), (8, 32), (64, 64), (1, 5)]
 
 
 def _by_hand(w: Workload, block_m: int, block_n: int) -> tuple[int, ...]:
-    """(full, partial, empty, visible, computed) by looking at every tile of the dense mask."""
+    """(full, partial, empty, visible, computed) by looking at every tile of the dense mask; a ragged batch's
+    sequence tiled as its own matrix, as varlen kernels tile it: its rows up to the last that sees a key, its keys
+    up to the last some row sees (each sequence's last row sees its last key, or the window up to it)."""
     dense = dense_mask_of(w, "cpu")
     visible = torch.ones(1, w.seq_q, w.seq_k, dtype=torch.bool) if dense is None else dense[:, 0]
     visible = visible.expand(w.batch, -1, -1)
     full = partial = empty = computed = 0
     for b in range(w.batch):
-        for row in range(0, w.seq_q, block_m):
-            for key in range(0, w.seq_k, block_n):
-                tile = visible[b, row : row + block_m, key : key + block_n]
+        rows, keys = w.seq_q, w.seq_k
+        if sequence_lengths(w) is not None:
+            rows = int(visible[b].any(1).nonzero().max()) + 1
+            keys = int(visible[b].any(0).nonzero().max()) + 1
+        for row in range(0, rows, block_m):
+            for key in range(0, keys, block_n):
+                tile = visible[b, row : min(row + block_m, rows), key : min(key + block_n, keys)]
                 if tile.all():
                     full += 1
                 elif tile.any():
@@ -60,6 +67,16 @@ def test_tile_counts_match_the_dense_mask_tile_by_tile(mask, extra):
             found = (counts.full, counts.partial, counts.empty, counts.visible_pairs, counts.computed_pairs)
             assert found == _by_hand(w, block_m, block_n), (seq_q, seq_k, block_m, block_n)
             assert counts.visible_pairs == workload_pairs(w)
+
+
+def test_a_mixed_batch_decode_step_is_one_row_of_tiles_one_row_high():
+    """B2 mixed, S40 × 40 at 16 × 16: the decode step's one row sees all 40 keys, three full tiles of 16 + 16 + 8
+    pairs (not three 16-row tiles, 15 rows of them padding); the prefill is causal S40: 3 full, 3 partial (the
+    diagonal), 3 empty, computing 16·16·2 + 16·8 + 16·16·2 + 8·8 = 1088 of its 40·41/2 = 820 pairs."""
+    w = Workload(batch=2, heads=1, kv_heads=1, seq_q=40, seq_k=40, head_dim=8, mask="mixed", decode_share=0.5)
+    counts = count_tiles(w, 16, 16)
+    found = (counts.full, counts.partial, counts.empty, counts.visible_pairs, counts.computed_pairs)
+    assert found == (3 + 3, 3, 3, 40 + 820, 40 + 1088)
 
 
 def test_work_factor_of_known_shapes():

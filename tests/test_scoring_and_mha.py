@@ -8,6 +8,7 @@ import torch
 from attnbench import Workload, make_inputs
 from attnbench.contenders import registry
 from attnbench.runner.cases import RunOptions, prepare_checked, run_case
+from attnbench.workload.flops import attention_bytes
 from attnbench.workload.mha import module_inputs, reference_module_output
 
 from conftest import CHECKED
@@ -82,6 +83,19 @@ def test_mha_reference_matches_torch_multihead_attention_in_float64():
 def test_every_core_in_the_mha_module_matches(impl, workload):
     prepared = prepare_checked(impl, workload)
     assert prepared.ok, prepared.reason
+
+
+@pytest.mark.parametrize("seq_k", [12, 10], ids=["self", "cross"])
+def test_mha_bytes_read_each_input_and_weight_once(seq_k):
+    """The module's minimum bytes, counted from the tensors it is given: each distinct input (self-attention's one
+    x is q's, k's and v's input: read once), the weights and biases, the output; plus the core's q, k, v and o."""
+    w = Workload(4, 6, 6, 12, seq_k, 50, module="mha")
+    inputs = make_inputs(w)
+    m = module_inputs(inputs)
+    distinct = {t.data_ptr(): t for t in (m.x_q, m.x_kv, *m.weights.values())}.values()
+    module = sum(t.numel() * t.element_size() for t in distinct) + 4 * 12 * 300 * 4  # + the output (B, Sq, E)
+    core = sum(t.numel() * t.element_size() for t in (inputs.q, inputs.k, inputs.v)) + inputs.q.numel() * 4  # + o
+    assert attention_bytes(w) == module + core
 
 
 def test_mha_rules():

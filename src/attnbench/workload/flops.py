@@ -16,7 +16,8 @@ entry per page, so ``gbps`` places decode rows where they belong. k and v are re
 element type (``kv_dtype``: an fp8 cache moves a quarter of a float32 one), plus an fp8 cache's float32
 scales of the blocks read (one per sequence and kv head, or per page read); q and o at the dtype. A shared
 prefix (``attnbench.workload.prefix``) is read once for the whole batch, each sequence's own positions once. Backward
-reads q, k, v, o, dO and writes dq, dk, dv.
+reads q, o, dO and, as the forward, the keys and values some query row sees; it writes dq, dk, dv — dk and dv for
+every cached position (a key no row sees has a zero gradient: written, never read).
 """
 
 from __future__ import annotations
@@ -45,15 +46,21 @@ def attention_bytes(w: Workload) -> float:
     element, cached = w.torch_dtype.itemsize, w.kv_torch_dtype.itemsize / w.torch_dtype.itemsize
     q = query_rows(w) * w.heads * w.head_dim  # also dq (a ragged batch: its sequences' own rows)
     o = query_rows(w) * w.heads * w.head_dim_v  # also dO
-    kv = cached_tokens(w) * w.kv_heads * kv_channels(w)  # k and v (latent: the one cache), also dk and dv
+    kv = cached_tokens(w) * w.kv_heads * kv_channels(w)  # dk and dv (latent: the one cache's gradient)
     narrow_q = w.q_torch_dtype.itemsize / element  # an fp8 forward reads q in fp8 (and its scales)
     scale_bytes = page_table_bytes(w) + kv_scale_bytes(w) + (4 * w.batch * w.heads if narrow_q != 1 else 0)
     forward = q * narrow_q + kv_read_elements(w) * cached + o + scale_bytes / element
-    backward = 2 * q + 2 * o + kv * cached + kv  # read q, o, dO, k, v; write dq, dk, dv
-    if w.module == "mha":  # reads x (and the keys' input), the four weight matrices; writes the output
-        forward += 4 * w.d_model**2 + 2 * w.batch * w.seq_q * w.d_model + w.batch * w.seq_k * w.d_model
+    backward = 2 * q + 2 * o + kv_read_elements(w) * cached + kv  # read q, o, dO, k, v; write dq, dk, dv
+    if w.module == "mha":  # reads its input(s), the four weight matrices and biases; writes the output
+        forward += 4 * w.d_model**2 + 4 * w.d_model + (module_input_tokens(w) + w.batch * w.seq_q) * w.d_model
     per_pass = {"fwd": forward, "bwd": backward, "fwd_bwd": forward + backward}
     return float(per_pass[w.pass_] * element)
+
+
+def module_input_tokens(w: Workload) -> int:
+    """Tokens of input the mha module reads: self-attention (seq_q == seq_k) projects q, k and v from one x, read
+    once; cross-attention reads the queries' input and the keys' (``attnbench.workload.mha.module_inputs``)."""
+    return w.batch * w.seq_q if w.seq_q == w.seq_k else w.batch * (w.seq_q + w.seq_k)
 
 
 def kv_positions_read(w: Workload) -> int:

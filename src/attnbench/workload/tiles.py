@@ -7,7 +7,9 @@ A block-skipping kernel computes every pair of each tile that is not empty, so i
 away (1.0: none; a causal S4096 at 128 × 128: 1.03; a 256-key sliding window at 128 × 128: about 1.5). The
 split of partial from full tiles is what a kernel's diagonal blocks pay for masking. Rows and keys past the
 matrix's edge are not counted (a tile at the edge is clipped to it), so a short decode row is one row, not
-``block_m``; a ragged batch's sequences are tiled each from its own first row, as varlen kernels do.
+``block_m``; a ragged batch's sequences are tiled each from its own first row, as varlen kernels do: sequence b is
+its own q_len × kv_len matrix (``attnbench.workload.sequences``), so the padding past its rows and keys is no tile
+at all, and a decode step of a mixed batch is one row of tiles one row high.
 
 Counted from :func:`attnbench.workload.masks.key_ranges` (each row's one key range), a sequence at a time, in
 O(rows + tiles) per sequence.
@@ -21,6 +23,7 @@ import torch
 
 from attnbench.workload._problem import Workload
 from attnbench.workload.masks import key_ranges
+from attnbench.workload.sequences import sequence_lengths
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -77,15 +80,26 @@ def _clipped_sizes(total: int, block: int) -> torch.Tensor:
 
 
 def sequence_ranges(w: Workload) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per batch element, its rows' (lo, hi) key ranges (Sq,) each; one shared pair where the mask is the same
-    for every sequence (then :func:`count_tiles` weighs it by the batch)."""
+    """Per batch element, its rows' (lo, hi) key ranges (Sq,) each — a ragged batch's sequence its own q_len rows;
+    one shared pair where the mask is the same for every sequence (then :func:`count_tiles` weighs it by the
+    batch)."""
     lo, hi = key_ranges(w)
-    return [(lo[b], hi[b]) for b in range(lo.shape[0])]
+    rows = [q for q, _ in lengths] if (lengths := sequence_lengths(w)) is not None else [w.seq_q] * lo.shape[0]
+    return [(lo[b, : rows[b]], hi[b, : rows[b]]) for b in range(lo.shape[0])]
+
+
+def sequence_keys(w: Workload) -> list[int]:
+    """Per entry of :func:`sequence_ranges`, the keys of its matrix: a ragged batch's sequence its own kv_len."""
+    lengths = sequence_lengths(w)
+    return [k for _, k in lengths] if lengths is not None else [w.seq_k] * len(sequence_ranges(w))
 
 
 def sequence_states(w: Workload, block_m: int, block_n: int) -> list[torch.Tensor]:
     """:func:`tile_states` of each of :func:`sequence_ranges`."""
-    return [tile_states(lo, hi, w.seq_k, block_m, block_n) for lo, hi in sequence_ranges(w)]
+    return [
+        tile_states(lo, hi, keys, block_m, block_n)
+        for (lo, hi), keys in zip(sequence_ranges(w), sequence_keys(w), strict=True)
+    ]
 
 
 def count_tiles(w: Workload, block_m: int, block_n: int, states: list[torch.Tensor] | None = None) -> TileCounts:
@@ -95,12 +109,12 @@ def count_tiles(w: Workload, block_m: int, block_n: int, states: list[torch.Tens
         raise ValueError(f"tile {block_m}x{block_n}: both sides must be positive")
     ranges = sequence_ranges(w)
     if states is None:
-        states = [tile_states(lo, hi, w.seq_k, block_m, block_n) for lo, hi in ranges]
+        states = sequence_states(w, block_m, block_n)
     weight = w.batch // len(ranges)  # a mask shared by the batch is counted once and weighed by it
-    rows, keys = _clipped_sizes(w.seq_q, block_m), _clipped_sizes(w.seq_k, block_n)
-    pairs_of_tile = rows.view(-1, 1) * keys.view(1, -1)
     full = partial = empty = visible = computed = 0
-    for (lo, hi), tiles in zip(ranges, states, strict=True):
+    for (lo, hi), keys, tiles in zip(ranges, sequence_keys(w), states, strict=True):
+        rows = _clipped_sizes(lo.numel(), block_m)  # each sequence's tiles clipped to its own matrix
+        pairs_of_tile = rows.view(-1, 1) * _clipped_sizes(keys, block_n).view(1, -1)
         full += int((tiles == FULL).sum())
         partial += int((tiles == PARTIAL).sum())
         empty += int((tiles == EMPTY).sum())
