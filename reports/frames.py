@@ -120,7 +120,7 @@ def _pytest_benchmark_row(bench: dict[str, Any]) -> dict[str, Any]:
         raise KeyError("extra_info has no attnbench workload (was it written by `pytest suites/`?)")
     stats = bench["stats"]
     median_ms = stats["median"] * 1e3
-    flops = info.get("flops")
+    flops, traffic = info.get("flops"), info.get("bytes")  # bytes: written since session 42's front end
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
     row.update({key: info.get(key) for key in COLUMNS if key in info})
     row.update(
@@ -132,6 +132,8 @@ def _pytest_benchmark_row(bench: dict[str, Any]) -> dict[str, Any]:
         calls_per_sample=stats.get("iterations", 1),
         timing_method="pytest-benchmark",
         tflops=flops / (median_ms * 1e-3) / 1e12 if flops else None,
+        gbps=traffic / (median_ms * 1e-3) / 1e9 if traffic else None,
+        intensity=flops / traffic if flops and traffic else None,
         samples_ms=[t * 1e3 for t in stats["data"]] if stats.get("data") else None,
     )
     return row

@@ -16,6 +16,7 @@ from attnbench.contenders import registry
 from attnbench.contenders.contract import Unsupported
 from attnbench.runner.cases import not_runnable, prepare_checked
 from attnbench.workload import Workload
+from attnbench.workload.flops import attention_bytes
 
 
 def test_attention(benchmark: Any, attnbench_case: tuple[str, Workload]) -> None:
@@ -36,6 +37,7 @@ def test_attention(benchmark: Any, attnbench_case: tuple[str, Workload]) -> None
         impl=impl,
         **workload.as_row(),
         flops=contender.flops(workload),
+        bytes=attention_bytes(workload),  # the minimum bytes, as a run's rows count them: GB/s in a report
         max_abs_err=check.max_abs_err,
         atol=check.atol,
         rtol=check.rtol,

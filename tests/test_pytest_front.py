@@ -1,7 +1,11 @@
 """The suites through pytest-benchmark: checked, timed, workload in extra_info, skips with reasons."""
 
+import dataclasses
 import json
 import sys
+
+from attnbench.workload import Workload
+from attnbench.workload.flops import attention_bytes
 
 from conftest import REPO, run_subprocess
 
@@ -40,6 +44,9 @@ def test_pytest_benchmark_front_end(tmp_path):
         info = bench["extra_info"]
         assert info["correct"] is True and info["max_abs_err"] <= info["atol"]
         assert info["mask"] == "causal" and info["impl"] in {"bmm", "sdpa_flash"} and info["flops"] > 0
+        fields = {f.name: info[f.name] for f in dataclasses.fields(Workload) if f.name in info}
+        workload = Workload(**fields, pass_=info["pass"])
+        assert info["bytes"] == attention_bytes(workload)  # the row's GB/s in a report of this file
         assert bench["stats"]["median"] > 0
 
 

@@ -208,6 +208,7 @@ def test_pytest_benchmark_json_is_a_run(cli, tmp_path):
                     "pass": "fwd",
                     "scale": 0.125,
                     "flops": 1e8,
+                    "bytes": 4e6,
                     "max_abs_err": 1e-7,
                     "atol": 1e-4,
                     "rtol": 1e-4,
@@ -223,6 +224,8 @@ def test_pytest_benchmark_json_is_a_run(cli, tmp_path):
     row = frame.iloc[0]
     assert row["status"] == "ok" and row["median_ms"] == 1.0 and row["source"] == "pytest-benchmark"
     assert row["tflops"] == pytest.approx(0.1) and row["machine"] == "Test CPU @ bench-host"
+    # the minimum bytes the front end writes give the row its GB/s and intensity, as a run's rows have them
+    assert row["bytes"] == 4e6 and row["gbps"] == pytest.approx(4.0) and row["intensity"] == pytest.approx(25)
     assert cli("report", str(path), "--out", str(tmp_path / "rep"))[0] == 0
 
 
