@@ -101,6 +101,13 @@ def _load_folder(path: Path) -> Run:
     frame = frame.reindex(columns=list(dict.fromkeys([*COLUMNS, *frame.columns])))  # older runs lack newer columns
     frame = fill_feature_defaults(frame)
     meta = _load_meta(path)
+    if not meta:  # results.csv copied without its meta.json: the rows are whole, what they ran on is not
+        note = (
+            "no meta.json beside its results: its machine, versions and ceilings are unknown (its rows read "
+            "'unknown machine', apart from every other run's), and its reproduce commands lack the run's settings"
+        )
+        print(f"note: {path}: {note}", file=sys.stderr)
+        meta = {"warnings": [note]}
     return Run(path.name, path, _fill_reproduce(frame, meta), meta)
 
 

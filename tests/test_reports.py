@@ -187,6 +187,20 @@ def test_contender_names_and_reasons_are_escaped(cli, planted, tmp_path):
     assert html.count("alert(1)") == html.count("&lt;script&gt;alert(1)&lt;/script&gt;")  # every time escaped
 
 
+def test_a_results_file_without_its_meta_json_is_read_with_a_note(cli, two_runs, tmp_path):
+    """results.parquet copied without meta.json made a report whose rows said 'unknown machine' (and a merge with the
+    run it came from counted two machines) without a word: the note says what is unknown, on stderr and the page."""
+    run, _ = two_runs
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(run / "results.parquet", bare / "results.parquet")
+    code, _, err = cli("report", str(bare), "--out", str(tmp_path / "report"))
+    assert code == 0 and f"note: {bare}: no meta.json beside its results: its machine, versions" in err, err
+    assert "no meta.json beside its results" in (tmp_path / "report" / "report.html").read_text()
+    code, _, err = cli("report", str(run), "--out", str(tmp_path / "whole"))
+    assert code == 0 and "no meta.json" not in err
+
+
 def test_pytest_benchmark_json_is_a_run(cli, tmp_path):
     from attnbench.reports.frames import load_runs
 
