@@ -441,6 +441,27 @@ def test_the_decode_figures_percent_axis_has_no_scientific_minor_labels():
     plt.close(figure)
 
 
+def test_the_decode_figures_percent_axis_is_labelled_in_1_2_5_steps_as_its_gb_s_axis():
+    """llama3.2-1b's decode steps at 9–29 GB/s under a 42 GB/s roof: the right axis ran 12–200 % with one label,
+    "100" (a second axis takes its parent's log scale with a label per decade only), so no row's share of the roof
+    could be read off it. It is labelled at 20, 50, 100 and 200, as the left axis at 10, 20 and 50."""
+    from attnbench.reports.plots import decode_bandwidth
+
+    frame = fabricate(impls=("bmm", "fused_cpu"), seq_k=[256, 512]).assign(seq_q=1, mask="causal_bottom_right")
+    frame["gbps"] = [17.0, 19.0, 9.0, 29.0]
+    ok = plottable(frame)
+    roofs = {("test cpu", "cpu", "float32"): Roofs(1.0, 42.3, 0.5, 40.0)}
+    figure = decode_bandwidth(ok, palette(sorted(set(ok["impl"]))), roofs)
+    figure.canvas.draw()
+    (percent,) = figure.axes[0].child_axes
+    low, high = sorted(percent.yaxis.get_view_interval())
+    shown = [
+        t.get_text() for t in percent.yaxis.get_ticklabels() if t.get_text() and low <= t.get_position()[1] <= high
+    ]
+    assert shown == ["20", "50", "100", "200"], shown
+    plt.close(figure)
+
+
 def test_a_decode_panel_of_one_kv_length_names_it_in_its_title():
     from attnbench.reports.plots import decode_bandwidth
 
