@@ -654,3 +654,22 @@ def test_a_figure_lists_the_contenders_it_leaves_out_and_why(tmp_path):
     plt.close(figure)
     drawn = dict(draw_all(frame, tmp_path, None, {}))
     assert "Latency" in drawn and drawn["Latency"].is_file()
+
+
+def test_every_line_figure_of_the_page_lists_the_contenders_it_leaves_out(tmp_path, monkeypatch):
+    """memory.png alone had no "not drawn" list: in a run where bmm and sdpa_flash stalled at S512, its panel showed
+    fused_cpu alone there, as if the others needed no memory, while latency.png and tflops.png said they stalled."""
+    from attnbench.reports import plots
+
+    frame = fabricate(impls=("bmm", "sdpa_flash", "fused_cpu"), seq_q=[256, 512])
+    frame.loc[(frame["impl"] != "fused_cpu") & (frame["seq_q"] == 512), "status"] = "stalled"
+    legends, save = {}, plots.save
+
+    def keep_legend(figure, path):
+        legends[path.name] = [h.get_label() for legend in figure.legends for h in legend.legend_handles]
+        return save(figure, path)
+
+    monkeypatch.setattr(plots, "save", keep_legend)
+    draw_all(frame, tmp_path, None, ROOFS)
+    for name in ("latency.png", "tflops.png", "memory.png"):
+        assert legends[name][-2:] == ["bmm: 1 stalled", "sdpa_flash: 1 stalled"], (name, legends[name])
