@@ -60,7 +60,15 @@ from scipy.stats import t as student_t
 from attnbench.errors import UsageError
 from attnbench.measure.stopwatch import median_ci_halfwidth
 from attnbench.reports.drift import workload_shifts
-from attnbench.reports.frames import all_parts, load_runs, without_threads, workload_label
+from attnbench.reports.frames import (
+    all_parts,
+    environment_line,
+    load_run,
+    load_runs,
+    parts,
+    without_threads,
+    workload_label,
+)
 from attnbench.reports.noise_floor import (
     HISTORY_RUNS,
     MIN_HISTORY_RUNS,
@@ -568,6 +576,12 @@ def write_compare(
     def fmt(value: Any, spec: str) -> str:
         return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
+    def ran_on(path: Path) -> str:  # a merged folder: each of its runs
+        runs = parts(load_run(path))
+        return " | ".join(
+            environment_line(r.meta) if len(runs) == 1 else f"{r.name}: {environment_line(r.meta)}" for r in runs
+        )
+
     rows = [
         {
             "impl": r["impl"],
@@ -591,6 +605,8 @@ def write_compare(
         .render(
             base=str(base),
             new=str(new),
+            base_env=ran_on(base),
+            new_env=ran_on(new),
             summary=summary_line(comparison, settings),
             notes=comparison.notes,
             image=image,

@@ -18,7 +18,7 @@ import markupsafe
 import pandas as pd
 
 import attnbench
-from attnbench.reports.frames import Run, labels, machine_label, workload_label
+from attnbench.reports.frames import Run, environment_line, labels, machine_label, workload_label
 from attnbench.reports.out_folder import write_page
 from attnbench.reports.plots import speedup_table
 from attnbench.reports.pooled import RUNS, code_differences, pool_runs
@@ -244,6 +244,7 @@ def _run_block(run: Run) -> dict[str, Any]:
     return {
         "name": run.name,
         "machine": machine_label(environment),
+        "summary": environment_line(meta),
         "command": meta.get("command", "(unknown)"),
         "warnings": meta.get("warnings") or [],
         "ceilings": _ceilings(meta),

@@ -597,3 +597,29 @@ def test_the_environment_names_each_plugin_with_its_version_and_commit(tmp_path,
     assert found["edplug"] == f"1.0 at {sha[:12]}" and found["plainplug"] == "1.0" and "attnbench" not in found
     (clone / "kernel.py").write_text("X = 2\n")
     assert plugins()["edplug"] == f"1.0 at {sha[:12]}+edits"
+
+
+def test_the_report_and_compare_pages_say_near_their_top_what_each_run_ran_on_and_with(cli, two_runs, tmp_path):
+    """A colleague's first question — which machine, how many threads, which attnbench commit and torch — was
+    answered by report.html only in a JSON dump at its end, and by compare.html nowhere (it named the folders)."""
+    from attnbench.reports.frames import environment_line
+
+    run, other = two_runs
+    meta = json.loads((run / "meta.json").read_text())
+    env = meta["environment"]
+    line = environment_line(meta)
+    assert line.startswith(f"{env['cpu_name']} ×{env['threads']} threads @ {env['hostname']} ({env['cpu_count']} CPU")
+    assert f"torch {env['torch_version']}; Python {env['python']}" in line and "started " in line
+    commit = f"at {env['git_commit'][:12]}" if env["git_commit"] else "(not from a git checkout)"  # a plain install
+    assert f"attnbench {env['attnbench_version']} {commit}{'+edits' if env['git_dirty'] else ''};" in line
+    edited = {"git_commit": "a" * 40, "git_dirty": True, "workdir_commit": "f" * 40, "workdir_dirty": False}
+    said = "at aaaaaaaaaaaa+edits, run in a checkout at ffffffffffff;"
+    assert said in environment_line({**meta, "environment": {**env, **edited}})
+    assert cli("report", str(run), "--out", str(tmp_path / "report"))[0] == 0
+    page = (tmp_path / "report" / "report.html").read_text()
+    top = page[: page.index('<h2 id="headline">')]
+    assert f"<li>{run.name}: {line}</li>".replace("'", "&#39;") in top
+    assert cli("compare", str(run), str(other), "--out", str(tmp_path / "cmp"))[0] in (0, 1)
+    page = (tmp_path / "cmp" / "compare.html").read_text()
+    assert f"base: <code>{run}</code> — {line}<br>".replace("'", "&#39;") in page
+    assert f"new: <code>{other}</code> — Other CPU ×{env['threads']} threads @ elsewhere" in page
