@@ -623,3 +623,22 @@ def test_the_report_and_compare_pages_say_near_their_top_what_each_run_ran_on_an
     page = (tmp_path / "cmp" / "compare.html").read_text()
     assert f"base: <code>{run}</code> — {line}<br>".replace("'", "&#39;") in page
     assert f"new: <code>{other}</code> — Other CPU ×{env['threads']} threads @ elsewhere" in page
+
+
+def test_the_results_table_says_what_its_numeric_columns_measure_and_of_which_roof(tmp_path):
+    """The table's headings are the results' column names: `pct_of_peak` left a reader to guess whether it was a
+    share of the FMA roof, the bandwidth roof or torch's matmul. Every number the table shows by default is read
+    out under its heading: units, and for pct_of_peak the roof (the hardware roofline at the row's intensity)."""
+    from attnbench.reports.frames import Run
+    from attnbench.reports.html import write_report
+    from attnbench.reports.table import SHOWN
+    from attnbench.runner.results import make_row, rows_to_frame
+
+    frame = rows_to_frame([make_row("bmm", attnbench.Workload(1, 2, 2, 64, 64, 16), "ok", median_ms=1.0)])
+    frame = frame.assign(machine="cpu ×1 threads @ vm", run="a")
+    page = write_report(frame, [Run("a", tmp_path / "a", frame)], [], tmp_path, None, "attnbench report a").read_text()
+    start = page.index('<p class="sub" id="columns-read">')
+    said = " ".join(page[start : page.index("</p>", start)].split())
+    numeric = [c for c in SHOWN if c in frame and pd.api.types.is_numeric_dtype(frame[c]) and c != "case"]
+    assert "pct_of_peak" in numeric and all(f"<code>{c}</code>" in said for c in numeric), (numeric, said)
+    assert "<code>pct_of_peak</code>: TFLOP/s as a percentage of the hardware roofline at the row's arithmetic" in said
