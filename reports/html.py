@@ -254,6 +254,16 @@ def _run_block(run: Run) -> dict[str, Any]:
     }
 
 
+LEGIBLE = 0.75  # a figure is never drawn below this share of its pixel size: its 7-point labels stay readable
+
+
+def _legible_width(png: Path) -> int:
+    """The narrowest a figure is drawn on the page, in CSS pixels: ``LEGIBLE`` × its width (a PNG's header holds it at
+    bytes 16–20). In an 800-pixel window the figures shrank to 43 % of their size and their labels to 4 pixels: below
+    this width a figure scrolls sideways in its box instead (the page's CSS)."""
+    return round(LEGIBLE * int.from_bytes(png.read_bytes()[16:20], "big"))
+
+
 def write_report(
     frame: pd.DataFrame,
     runs: list[Run],
@@ -284,6 +294,7 @@ def write_report(
                 "title": title,
                 "caption": CAPTIONS.get(path.name, ""),
                 "data": base64.b64encode(path.read_bytes()).decode(),
+                "min_width": _legible_width(path),
             }
             for title, path in figures
         ],
