@@ -642,3 +642,25 @@ def test_the_results_table_says_what_its_numeric_columns_measure_and_of_which_ro
     numeric = [c for c in SHOWN if c in frame and pd.api.types.is_numeric_dtype(frame[c]) and c != "case"]
     assert "pct_of_peak" in numeric and all(f"<code>{c}</code>" in said for c in numeric), (numeric, said)
     assert "<code>pct_of_peak</code>: TFLOP/s as a percentage of the hardware roofline at the row's arithmetic" in said
+
+
+def test_the_headlines_ratios_say_which_time_is_divided_by_which():
+    """ "margin 2.50×" and "speedup over baseline 2.50×" left a reader to guess the direction of each ratio (is 0.4×
+    or 2.5× the better?): each heading says it is the other's time over the fastest's, so above 1× is a lead."""
+    import tempfile
+
+    from attnbench.reports.html import write_report
+    from attnbench.runner.results import make_row, rows_to_frame
+
+    shape = attnbench.Workload(1, 2, 2, 64, 64, 16)
+    rows = [make_row("bmm", shape, "ok", median_ms=1.0), make_row("sdpa_flash", shape, "ok", median_ms=2.5)]
+    frame = rows_to_frame(rows).assign(machine="cpu ×1 threads @ vm", run="one")
+    with tempfile.TemporaryDirectory() as folder:
+        page = write_report(frame, [], [], Path(folder), "sdpa_flash", "attnbench report one").read_text()
+    table = page[page.index('id="headline-table"') :].split("</table>")[0]
+    heads = [re.sub(r"<[^>]+>", " ", h).split() for h in re.findall(r"<th>(.*?)</th>", table)]
+    assert ["margin", "runner-up's", "ms", "÷", "fastest's"] in heads
+    assert ["speedup", "over", "baseline", "baseline's", "ms", "÷", "fastest's"] in heads
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", table)
+    assert cells[1].startswith("bmm") and cells[5] == "sdpa_flash" and cells[6].startswith("2.50×"), cells
+    assert cells[7:9] == ["sdpa_flash", "2.50×"], cells  # the baseline, 2.5× the fastest's time
