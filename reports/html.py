@@ -54,7 +54,7 @@ CAPTIONS = {
     "the batch's sequences share the mask, so its label has no batch): empty tiles "
     "skipped, partial ones computed whole and masked, full ones computed plainly; work = pairs computed over visible. "
     "TFLOP/s count the visible pairs only, so a kernel at work 1.5× does 1.5× the credited work (masks.csv: "
-    "every mask at 128 × 128, 128 × 64 and each tile a contender's `choice` names; `attnbench masks --tile` for "
+    "every mask at 128 × 128, 128 × 64 and each tile a contender's choice column names; attnbench masks --tile for "
     "others).",
 }
 

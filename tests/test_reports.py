@@ -664,3 +664,11 @@ def test_the_headlines_ratios_say_which_time_is_divided_by_which():
     cells = re.findall(r"<td[^>]*>(.*?)</td>", table)
     assert cells[1].startswith("bmm") and cells[5] == "sdpa_flash" and cells[6].startswith("2.50×"), cells
     assert cells[7:9] == ["sdpa_flash", "2.50×"], cells  # the baseline, 2.5× the fastest's time
+
+
+def test_the_figure_captions_hold_no_markdown_which_the_page_shows_as_typed():
+    """The masks figure's caption showed `choice` and `attnbench masks --tile` with their backticks: captions are
+    escaped text on the page, not markdown."""
+    from attnbench.reports.html import CAPTIONS
+
+    assert [name for name, text in CAPTIONS.items() if "`" in text or "**" in text] == []
