@@ -523,6 +523,13 @@ def test_the_compare_figure_labels_one_draws_each_floor_and_counts_what_it_left_
     assert [round(seg[1][0], 2) for seg in bars] == [1.02, 1.03, 1.14]  # each case's floor, not the threshold
     assert axis.get_title().startswith("1 case(s) not drawn")
     plt.close(figure)
+    # compare.png sent alone said "new / base" without saying which runs those were
+    from attnbench.reports.figure_layout import text_overlaps
+
+    figure = ratio_plot(table, Settings(), ("quick-0401", "quick-0402"))
+    assert figure.axes[0].get_xlabel().endswith("floor\nnew: quick-0402, base: quick-0401")
+    assert text_overlaps(figure) == []
+    plt.close(figure)
 
 
 def test_a_log_value_axis_has_a_labelled_tick_under_its_lowest_point():
