@@ -60,7 +60,15 @@ from scipy.stats import t as student_t
 from attnbench.errors import UsageError
 from attnbench.measure.stopwatch import median_ci_halfwidth
 from attnbench.reports.drift import workload_shifts
-from attnbench.reports.frames import all_parts, load_runs, without_threads, workload_label
+from attnbench.reports.frames import (
+    all_parts,
+    environment_line,
+    load_run,
+    load_runs,
+    parts,
+    without_threads,
+    workload_label,
+)
 from attnbench.reports.noise_floor import (
     HISTORY_RUNS,
     MIN_HISTORY_RUNS,
@@ -435,11 +443,14 @@ def load_for_compare(
     return sides[0], sides[1], history
 
 
-def ratio_figure(table: pd.DataFrame, path: Path, settings: Settings) -> Path | None:
+def ratio_figure(
+    table: pd.DataFrame, path: Path, settings: Settings, sides: tuple[str, str] | None = None
+) -> Path | None:
     """Dot plot of new/base ratios per case, coloured by verdict, each over its floor (a grey bar); the ratio axis
     is logarithmic only when the ratios span a factor of 3 (figure_layout.value_axis), the legend outside; the
-    cases not drawn (missing, not comparable) counted in the title."""
-    figure = ratio_plot(table, settings)
+    cases not drawn (missing, not comparable) counted in the title; ``sides``: BASE's and NEW's names, under the
+    axis."""
+    figure = ratio_plot(table, settings, sides)
     if figure is None:
         return None
     from attnbench.reports.plots import save
@@ -456,7 +467,9 @@ def _ticks_through_one(low: float, high: float) -> list[float]:
     return [round(1 + k * step, 10) for k in range(math.ceil((low - 1) / step), math.floor((high - 1) / step) + 1)]
 
 
-def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
+def ratio_plot(table: pd.DataFrame, settings: Settings, sides: tuple[str, str] | None = None) -> Any:
+    """The figure of :func:`ratio_figure`; ``sides`` (BASE, NEW) are named under the ratio axis: compare.png sent alone
+    said "new / base" without saying which runs those were."""
     from attnbench.reports.figure_layout import DPI, VERDICT_COLOURS, finish, legend_right, value_axis
     from attnbench.reports.plots import matplotlib, plt, sns
 
@@ -481,7 +494,8 @@ def ratio_plot(table: pd.DataFrame, settings: Settings) -> Any:
     value_axis(axis, compared["ratio"], which="x", extra=[*(1 / (1 + floors)), *(1 + floors)], zero=False)
     if axis.get_xscale() == "linear":
         axis.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(_ticks_through_one(*axis.get_xlim())))
-    axis.set_xlabel("new / base median (< 1 is faster); grey: the case's floor")
+    named = f"\nnew: {sides[1]}, base: {sides[0]}" if sides else ""
+    axis.set_xlabel(f"new / base median (< 1 is faster); grey: the case's floor{named}")
     left_out = len(table) - len(compared)
     if left_out:
         axis.set_title(f"{left_out} case(s) not drawn: missing or not comparable (the table says why)", size=8)
@@ -562,11 +576,17 @@ def write_compare(
 
     table = comparison.table
     out_dir.mkdir(parents=True, exist_ok=True)
-    png = ratio_figure(table, out_dir / "compare.png", settings)
+    png = ratio_figure(table, out_dir / "compare.png", settings, (base.name, new.name))
     image = base64.b64encode(png.read_bytes()).decode() if png else None
 
     def fmt(value: Any, spec: str) -> str:
         return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+    def ran_on(path: Path) -> str:  # a merged folder: each of its runs
+        runs = parts(load_run(path))
+        return " | ".join(
+            environment_line(r.meta) if len(runs) == 1 else f"{r.name}: {environment_line(r.meta)}" for r in runs
+        )
 
     rows = [
         {
@@ -591,6 +611,8 @@ def write_compare(
         .render(
             base=str(base),
             new=str(new),
+            base_env=ran_on(base),
+            new_env=ran_on(new),
             summary=summary_line(comparison, settings),
             notes=comparison.notes,
             image=image,

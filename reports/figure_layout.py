@@ -70,6 +70,11 @@ def plain_ticks(axis: Any) -> None:
     whatever scale they got; categorical labels are left alone."""
     for each in [axis, *getattr(axis, "child_axes", [])]:
         for ticks in (each.xaxis, each.yaxis):
+            if each is not axis and ticks.get_scale() in ("log", "functionlog"):
+                # a second axis (decode's % of bandwidth) took its parent's log scale with powers of ten alone: over
+                # 12–200 % only "100" was labelled; it gets the 1-2-5 steps its parent's values have
+                _plain_log_ticks(ticks)
+                continue
             if isinstance(ticks.get_minor_formatter(), matplotlib.ticker.LogFormatter):
                 # a log axis' minor labels (2×10¹ beside a plain 100); a second axis gets them back when its
                 # parent turns log after it was made, so they are cleared here, once the panel is drawn

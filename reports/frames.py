@@ -70,6 +70,37 @@ def machine_label(environment: dict[str, Any]) -> str:
     return f"{label} @ {host}" if host else label
 
 
+def environment_line(meta: dict[str, Any]) -> str:
+    """What a run ran on and with, in one line for a reader: the machine (its threads of how many cores, the GPU's
+    driver), attnbench's version and commit (``+edits`` where its tracked files had changed), the checkout it ran
+    in where that differs, torch, Python, the plugins and when it started — what a colleague asks first, which the
+    pages held only in a JSON dump at their end (the compare page nowhere)."""
+    env = meta.get("environment") or {}
+    if not env:
+        return "no environment recorded (no meta.json)"
+    machine = machine_label(env)
+    if env.get("cpu_count") and not env.get("gpu_names"):
+        machine += f" ({env['cpu_count']} CPU cores)"
+    if env.get("nvidia_driver"):
+        machine += f", NVIDIA driver {env['nvidia_driver']}"
+    commit, dirty = env.get("git_commit"), env.get("git_dirty")
+    code = f"attnbench {env.get('attnbench_version', '?')}"
+    code += f" at {str(commit)[:12]}{'+edits' if dirty else ''}" if commit else " (not from a git checkout)"
+    workdir = env.get("workdir_commit")
+    if workdir and workdir != commit:
+        code += f", run in a checkout at {str(workdir)[:12]}{'+edits' if env.get('workdir_dirty') else ''}"
+    torch = f"torch {env.get('torch_version', '?')}" + (f" (CUDA {env['torch_cuda']})" if env.get("torch_cuda") else "")
+    parts = [machine, code, torch, f"Python {env.get('python', '?')}"]
+    parts += [f"{name} {version}" for name, version in (env.get("plugins") or {}).items()]
+    if meta.get("start_time"):
+        try:
+            stamp = pd.Timestamp(meta["start_time"])
+            parts.append(f"started {stamp:%Y-%m-%d %H:%M} {stamp.tzname() or ''}".rstrip())
+        except ValueError:
+            parts.append(f"started {meta['start_time']}")
+    return "; ".join(parts)
+
+
 def without_threads(label: str) -> str:
     """A :func:`machine_label` less its CPU thread count: the hardware and host, not a setting of the run."""
     return re.sub(r" ×\d+ threads", "", label)

@@ -299,6 +299,21 @@ def _run_rows(runs: pd.DataFrame, used: set[str]) -> list[dict[str, Any]]:
     return rows
 
 
+NOISE_SAID = {"repeats": "per-repeat medians", "samples": "samples' IQR", "none": "none recorded"}
+
+
+def noise_said(case: CaseHistory) -> str:
+    """Where a panel's bands come from, by how many of its runs: "per-repeat medians (3 runs), samples' IQR (1 run)"
+    — the panel said "noise: mixed", which a reader could not decode, and "noise: repeats" for the first."""
+    counts: dict[str, int] = {}
+    for series in case.series.values():
+        for point in series.points:
+            counts[point.noise_source] = counts.get(point.noise_source, 0) + 1
+    return ", ".join(
+        f"{NOISE_SAID.get(source, source)} ({n} run{'' if n == 1 else 's'})" for source, n in sorted(counts.items())
+    )
+
+
 def write_history(
     cases: list[CaseHistory],
     changes: pd.DataFrame,
@@ -321,7 +336,7 @@ def write_history(
                 "machines": machines_of(case),
                 "n_steps": len(case.steps),
                 "geometry": panel(case.series, colours, x_mode),
-                "noise": ", ".join(sorted({s.noise_source for s in case.series.values()})),
+                "noise": noise_said(case),
             }
         )
     table = [

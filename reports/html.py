@@ -18,7 +18,7 @@ import markupsafe
 import pandas as pd
 
 import attnbench
-from attnbench.reports.frames import Run, labels, machine_label, workload_label
+from attnbench.reports.frames import Run, environment_line, labels, machine_label, workload_label
 from attnbench.reports.out_folder import write_page
 from attnbench.reports.plots import speedup_table
 from attnbench.reports.pooled import RUNS, code_differences, pool_runs
@@ -55,7 +55,7 @@ CAPTIONS = {
     "the batch's sequences share the mask, so its label has no batch): empty tiles "
     "skipped, partial ones computed whole and masked, full ones computed plainly; work = pairs computed over visible. "
     "TFLOP/s count the visible pairs only, so a kernel at work 1.5× does 1.5× the credited work (masks.csv: "
-    "every mask at 128 × 128, 128 × 64 and each tile a contender's `choice` names; `attnbench masks --tile` for "
+    "every mask at 128 × 128, 128 × 64 and each tile a contender's choice column names; attnbench masks --tile for "
     "others).",
 }
 
@@ -245,6 +245,7 @@ def _run_block(run: Run) -> dict[str, Any]:
     return {
         "name": run.name,
         "machine": machine_label(environment),
+        "summary": environment_line(meta),
         "command": meta.get("command", "(unknown)"),
         "warnings": meta.get("warnings") or [],
         "ceilings": _ceilings(meta),
@@ -252,6 +253,16 @@ def _run_block(run: Run) -> dict[str, Any]:
             {k: v for k, v in details.items() if v is not None}, indent=2, default=str, ensure_ascii=False
         ),
     }
+
+
+LEGIBLE = 0.75  # a figure is never drawn below this share of its pixel size: its 7-point labels stay readable
+
+
+def _legible_width(png: Path) -> int:
+    """The narrowest a figure is drawn on the page, in CSS pixels: ``LEGIBLE`` × its width (a PNG's header holds it at
+    bytes 16–20). In an 800-pixel window the figures shrank to 43 % of their size and their labels to 4 pixels: below
+    this width a figure scrolls sideways in its box instead (the page's CSS)."""
+    return round(LEGIBLE * int.from_bytes(png.read_bytes()[16:20], "big"))
 
 
 def write_report(
@@ -284,6 +295,7 @@ def write_report(
                 "title": title,
                 "caption": CAPTIONS.get(path.name, ""),
                 "data": base64.b64encode(path.read_bytes()).decode(),
+                "min_width": _legible_width(path),
             }
             for title, path in figures
         ],

@@ -351,11 +351,13 @@ def throughput(
     return _facet_figure(facets(ok), "tflops", "TFLOP/s", colours, peak_lines, missing=missing)
 
 
-def memory(ok: pd.DataFrame, colours: dict[str, Any]) -> Any:
+def memory(ok: pd.DataFrame, colours: dict[str, Any], missing: dict[str, str] | None = None) -> Any:
+    """Peak working memory per panel; ``missing`` as the latency figure's: a panel where only fused_cpu reached
+    S512 read as if the others needed no memory there, when they had stalled."""
     with_memory = ok[ok["peak_mem_mb"].notna() & (ok["peak_mem_mb"] > 0)] if not ok.empty else ok
     if with_memory.empty:
         return None
-    return _facet_figure(facets(with_memory), "peak_mem_mb", "peak working memory (MiB)", colours)
+    return _facet_figure(facets(with_memory), "peak_mem_mb", "peak working memory (MiB)", colours, missing=missing)
 
 
 def speedup_table(ok: pd.DataFrame, baseline: str | None) -> tuple[pd.DataFrame, pd.Series]:
@@ -644,7 +646,7 @@ def draw_all(
     makers: list[tuple[str, str, Callable[[], Any]]] = [
         ("Latency", "latency.png", lambda: latency(ok, colours, missing)),
         ("Throughput", "tflops.png", lambda: throughput(ok, colours, ceilings, missing)),
-        ("Peak working memory", "memory.png", lambda: memory(ok, colours)),
+        ("Peak working memory", "memory.png", lambda: memory(ok, colours, missing)),
         ("Speedup over the baseline", "speedup.png", lambda: speedup(everything, colours, baseline)),
         ("Roofline", "roofline.png", lambda: roofline(everything, colours, ceilings)),
         (

@@ -442,6 +442,27 @@ def test_the_decode_figures_percent_axis_has_no_scientific_minor_labels():
     plt.close(figure)
 
 
+def test_the_decode_figures_percent_axis_is_labelled_in_1_2_5_steps_as_its_gb_s_axis():
+    """llama3.2-1b's decode steps at 9–29 GB/s under a 42 GB/s roof: the right axis ran 12–200 % with one label,
+    "100" (a second axis takes its parent's log scale with a label per decade only), so no row's share of the roof
+    could be read off it. It is labelled at 20, 50, 100 and 200, as the left axis at 10, 20 and 50."""
+    from attnbench.reports.plots import decode_bandwidth
+
+    frame = fabricate(impls=("bmm", "fused_cpu"), seq_k=[256, 512]).assign(seq_q=1, mask="causal_bottom_right")
+    frame["gbps"] = [17.0, 19.0, 9.0, 29.0]
+    ok = plottable(frame)
+    roofs = {("test cpu", "cpu", "float32"): Roofs(1.0, 42.3, 0.5, 40.0)}
+    figure = decode_bandwidth(ok, palette(sorted(set(ok["impl"]))), roofs)
+    figure.canvas.draw()
+    (percent,) = figure.axes[0].child_axes
+    low, high = sorted(percent.yaxis.get_view_interval())
+    shown = [
+        t.get_text() for t in percent.yaxis.get_ticklabels() if t.get_text() and low <= t.get_position()[1] <= high
+    ]
+    assert shown == ["20", "50", "100", "200"], shown
+    plt.close(figure)
+
+
 def test_a_decode_panel_of_one_kv_length_names_it_in_its_title():
     from attnbench.reports.plots import decode_bandwidth
 
@@ -522,6 +543,13 @@ def test_the_compare_figure_labels_one_draws_each_floor_and_counts_what_it_left_
     bars = axis.collections[-1].get_segments()
     assert [round(seg[1][0], 2) for seg in bars] == [1.02, 1.03, 1.14]  # each case's floor, not the threshold
     assert axis.get_title().startswith("1 case(s) not drawn")
+    plt.close(figure)
+    # compare.png sent alone said "new / base" without saying which runs those were
+    from attnbench.reports.figure_layout import text_overlaps
+
+    figure = ratio_plot(table, Settings(), ("quick-0401", "quick-0402"))
+    assert figure.axes[0].get_xlabel().endswith("floor\nnew: quick-0402, base: quick-0401")
+    assert text_overlaps(figure) == []
     plt.close(figure)
 
 
@@ -654,3 +682,22 @@ def test_a_figure_lists_the_contenders_it_leaves_out_and_why(tmp_path):
     plt.close(figure)
     drawn = dict(draw_all(frame, tmp_path, None, {}))
     assert "Latency" in drawn and drawn["Latency"].is_file()
+
+
+def test_every_line_figure_of_the_page_lists_the_contenders_it_leaves_out(tmp_path, monkeypatch):
+    """memory.png alone had no "not drawn" list: in a run where bmm and sdpa_flash stalled at S512, its panel showed
+    fused_cpu alone there, as if the others needed no memory, while latency.png and tflops.png said they stalled."""
+    from attnbench.reports import plots
+
+    frame = fabricate(impls=("bmm", "sdpa_flash", "fused_cpu"), seq_q=[256, 512])
+    frame.loc[(frame["impl"] != "fused_cpu") & (frame["seq_q"] == 512), "status"] = "stalled"
+    legends, save = {}, plots.save
+
+    def keep_legend(figure, path):
+        legends[path.name] = [h.get_label() for legend in figure.legends for h in legend.legend_handles]
+        return save(figure, path)
+
+    monkeypatch.setattr(plots, "save", keep_legend)
+    draw_all(frame, tmp_path, None, ROOFS)
+    for name in ("latency.png", "tflops.png", "memory.png"):
+        assert legends[name][-2:] == ["bmm: 1 stalled", "sdpa_flash: 1 stalled"], (name, legends[name])

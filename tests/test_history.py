@@ -367,7 +367,7 @@ def test_columns_a_newer_attnbench_adds_are_added_with_null_for_old_rows(cli, tm
     ).fetchall()
     con.close()
     assert rows == [("newer", 128, 3, "DOUBLE"), ("run", None, 1, "DOUBLE")]  # one repeat: its own median
-    for run_name, noise in (("newer", "repeats"), ("run", "samples")):
+    for run_name, noise in (("newer", "per-repeat medians (1 run)"), ("run", "samples&#39; IQR (1 run)")):
         page = tmp_path / f"history-{run_name}"  # not into the run's own folder: history refuses a folder of files
         code, _, err = cli("history", "--db", str(db), "--where", f"run={run_name}", "--out", str(page))
         assert code == 0, err
@@ -587,6 +587,19 @@ def test_runs_of_one_commit_are_spread_in_time_order_not_drawn_at_one_x():
     assert all(LEFT <= x <= WIDTH - RIGHT for x in xs.values())
     single, _ = _x_positions([point("r5", "c" * 40, 5)], "commit")
     assert list(single.values()) == [round(LEFT + (WIDTH - LEFT - RIGHT) / 2, 1)]
+
+
+def test_a_panel_says_where_its_bands_come_from_run_by_run_not_mixed():
+    """r1 run once (its samples' IQR) and three --repeat runs after it: the panel's footer said "noise: mixed"."""
+    from attnbench.reports.changes import SeriesChanges
+    from attnbench.reports.history import CaseHistory, noise_said
+
+    def point(run_id, source):
+        return Point(run_id, "a" * 40, False, pd.Timestamp("2026-11-29 04:00"), 1.0, 0.01, source)
+
+    points = [point("r1", "samples"), *(point(f"c{k}", "repeats") for k in range(3))]
+    case = CaseHistory(("bmm",), "bmm", "cpu float32 B1 H8 S128 D64 none fwd", {"vm": SeriesChanges(points)})
+    assert noise_said(case) == "per-repeat medians (3 runs), samples' IQR (1 run)"
 
 
 @pytest.mark.parametrize(

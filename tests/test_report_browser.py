@@ -171,3 +171,54 @@ def test_sort_a_column_and_show_a_hidden_one(browser, report):
     WebDriverWait(browser, 10).until(lambda _: "iqr_ms" in _headers(browser))
     assert any(v for v in _column(browser, "iqr_ms"))
     assert _severe(browser) == []
+
+
+def test_in_a_narrow_window_figures_keep_readable_labels_and_no_page_scrolls_sideways(browser, report, tmp_path):
+    """At 800 pixels the figures shrank to 43 % of their size (labels of 4 pixels, unreadable) and compare.html's
+    table ran past the window's edge. A figure now keeps 3/4 of its size and scrolls in its own box; the page does
+    not scroll sideways, compare's table scrolls in its own."""
+    from attnbench.cli import main
+
+    _, html = report
+    assert main(
+        ["compare", str(html.parent.parent / "run"), str(html.parent.parent / "run"), "--out", str(tmp_path)]
+    ) in (0, 1)
+    browser.set_window_size(800, 1000)
+    try:
+        _open(browser, html)
+        sizes = browser.execute_script(
+            "return Array.from(document.querySelectorAll('figure img'))"
+            ".map(i => [i.alt, i.getBoundingClientRect().width, i.naturalWidth])"
+        )
+        assert sizes and all(width >= min(natural, 0.75 * natural - 1) for _, width, natural in sizes), sizes
+        assert any(width < natural for _, width, natural in sizes)  # a figure wider than the window still shrinks
+        for page in (html, tmp_path / "compare.html"):
+            browser.get(page.as_uri())
+            wide = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+            assert wide[0] <= wide[1], (page.name, wide)
+    finally:
+        browser.set_window_size(1400, 1000)
+
+
+def test_printed_the_page_drops_the_tables_controls_and_fits_its_figures_to_the_paper(browser, report):
+    """On paper the filter panes, buttons, search box and pager printed as empty boxes, and a figure kept its screen
+    minimum width (wider than the sheet: cut at its edge)."""
+    _, html = report
+    browser.set_window_size(800, 1000)
+    try:
+        _open(browser, html)
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
+        shown = browser.execute_script(
+            f"return ['.dtsp-panesContainer', '.dt-buttons', '.dt-search', '.dt-paging', '.dt-length']"
+            f".map(s => document.querySelector('{TABLE}_wrapper ' + s))"
+            ".filter(e => e && getComputedStyle(e).display !== 'none').map(e => e.className)"
+        )
+        assert shown == []
+        widths = browser.execute_script(
+            "return Array.from(document.querySelectorAll('figure img'))"
+            ".map(i => [i.getBoundingClientRect().width, i.parentElement.getBoundingClientRect().width])"
+        )
+        assert widths and all(image <= figure + 3 for image, figure in widths), widths  # + its border
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
+        browser.set_window_size(1400, 1000)

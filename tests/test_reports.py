@@ -614,3 +614,78 @@ def test_the_environment_names_each_plugin_with_its_version_and_commit(tmp_path,
     assert found["edplug"] == f"1.0 at {sha[:12]}" and found["plainplug"] == "1.0" and "attnbench" not in found
     (clone / "kernel.py").write_text("X = 2\n")
     assert plugins()["edplug"] == f"1.0 at {sha[:12]}+edits"
+
+
+def test_the_report_and_compare_pages_say_near_their_top_what_each_run_ran_on_and_with(cli, two_runs, tmp_path):
+    """A colleague's first question — which machine, how many threads, which attnbench commit and torch — was
+    answered by report.html only in a JSON dump at its end, and by compare.html nowhere (it named the folders)."""
+    from attnbench.reports.frames import environment_line
+
+    run, other = two_runs
+    meta = json.loads((run / "meta.json").read_text())
+    env = meta["environment"]
+    line = environment_line(meta)
+    assert line.startswith(f"{env['cpu_name']} ×{env['threads']} threads @ {env['hostname']} ({env['cpu_count']} CPU")
+    assert f"torch {env['torch_version']}; Python {env['python']}" in line and "started " in line
+    commit = f"at {env['git_commit'][:12]}" if env["git_commit"] else "(not from a git checkout)"  # a plain install
+    assert f"attnbench {env['attnbench_version']} {commit}{'+edits' if env['git_dirty'] else ''};" in line
+    edited = {"git_commit": "a" * 40, "git_dirty": True, "workdir_commit": "f" * 40, "workdir_dirty": False}
+    said = "at aaaaaaaaaaaa+edits, run in a checkout at ffffffffffff;"
+    assert said in environment_line({**meta, "environment": {**env, **edited}})
+    assert cli("report", str(run), "--out", str(tmp_path / "report"))[0] == 0
+    page = (tmp_path / "report" / "report.html").read_text()
+    top = page[: page.index('<h2 id="headline">')]
+    assert f"<li>{run.name}: {line}</li>".replace("'", "&#39;") in top
+    assert cli("compare", str(run), str(other), "--out", str(tmp_path / "cmp"))[0] in (0, 1)
+    page = (tmp_path / "cmp" / "compare.html").read_text()
+    assert f"base: <code>{run}</code> — {line}<br>".replace("'", "&#39;") in page
+    assert f"new: <code>{other}</code> — Other CPU ×{env['threads']} threads @ elsewhere" in page
+
+
+def test_the_results_table_says_what_its_numeric_columns_measure_and_of_which_roof(tmp_path):
+    """The table's headings are the results' column names: `pct_of_peak` left a reader to guess whether it was a
+    share of the FMA roof, the bandwidth roof or torch's matmul. Every number the table shows by default is read
+    out under its heading: units, and for pct_of_peak the roof (the hardware roofline at the row's intensity)."""
+    from attnbench.reports.frames import Run
+    from attnbench.reports.html import write_report
+    from attnbench.reports.table import SHOWN
+    from attnbench.runner.results import make_row, rows_to_frame
+
+    frame = rows_to_frame([make_row("bmm", attnbench.Workload(1, 2, 2, 64, 64, 16), "ok", median_ms=1.0)])
+    frame = frame.assign(machine="cpu ×1 threads @ vm", run="a")
+    page = write_report(frame, [Run("a", tmp_path / "a", frame)], [], tmp_path, None, "attnbench report a").read_text()
+    start = page.index('<p class="sub" id="columns-read">')
+    said = " ".join(page[start : page.index("</p>", start)].split())
+    numeric = [c for c in SHOWN if c in frame and pd.api.types.is_numeric_dtype(frame[c]) and c != "case"]
+    assert "pct_of_peak" in numeric and all(f"<code>{c}</code>" in said for c in numeric), (numeric, said)
+    assert "<code>pct_of_peak</code>: TFLOP/s as a percentage of the hardware roofline at the row's arithmetic" in said
+
+
+def test_the_headlines_ratios_say_which_time_is_divided_by_which():
+    """ "margin 2.50×" and "speedup over baseline 2.50×" left a reader to guess the direction of each ratio (is 0.4×
+    or 2.5× the better?): each heading says it is the other's time over the fastest's, so above 1× is a lead."""
+    import tempfile
+
+    from attnbench.reports.html import write_report
+    from attnbench.runner.results import make_row, rows_to_frame
+
+    shape = attnbench.Workload(1, 2, 2, 64, 64, 16)
+    rows = [make_row("bmm", shape, "ok", median_ms=1.0), make_row("sdpa_flash", shape, "ok", median_ms=2.5)]
+    frame = rows_to_frame(rows).assign(machine="cpu ×1 threads @ vm", run="one")
+    with tempfile.TemporaryDirectory() as folder:
+        page = write_report(frame, [], [], Path(folder), "sdpa_flash", "attnbench report one").read_text()
+    table = page[page.index('id="headline-table"') :].split("</table>")[0]
+    heads = [re.sub(r"<[^>]+>", " ", h).split() for h in re.findall(r"<th>(.*?)</th>", table)]
+    assert ["margin", "runner-up's", "ms", "÷", "fastest's"] in heads
+    assert ["speedup", "over", "baseline", "baseline's", "ms", "÷", "fastest's"] in heads
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", table)
+    assert cells[1].startswith("bmm") and cells[5] == "sdpa_flash" and cells[6].startswith("2.50×"), cells
+    assert cells[7:9] == ["sdpa_flash", "2.50×"], cells  # the baseline, 2.5× the fastest's time
+
+
+def test_the_figure_captions_hold_no_markdown_which_the_page_shows_as_typed():
+    """The masks figure's caption showed `choice` and `attnbench masks --tile` with their backticks: captions are
+    escaped text on the page, not markdown."""
+    from attnbench.reports.html import CAPTIONS
+
+    assert [name for name, text in CAPTIONS.items() if "`" in text or "**" in text] == []
