@@ -9,10 +9,12 @@ import torch
 
 from attnbench import Workload, make_inputs
 from attnbench.contenders import registry
+from attnbench.errors import UsageError
 from attnbench.runner.cases import not_runnable, prepare_checked
 from attnbench.workload.flops import attention_bytes, kv_positions_read
 from attnbench.workload.paged import gather_pages, pool_bytes
 from attnbench.workload.prefix import shared_positions
+from attnbench.workload.sequences import draw_lengths, sequence_lengths
 
 from conftest import attnbench_cmd
 
@@ -129,8 +131,24 @@ def test_bytes_count_the_prefix_once_and_each_suffix_once():
     # a window that starts after the prefix reads none of it; padding's shortest sequences read less of it
     windowed = Workload(4, 8, 2, 1, 300, 16, mask="sliding_window", window=40, shared_prefix=256)
     assert kv_positions_read(windowed) == 4 * 40
-    padded = Workload(4, 8, 2, 1, 200, 16, mask="padding", shared_prefix=100)  # lengths 200, 150, 100, 50
-    assert kv_positions_read(padded) == 100 + (100 + 50)
+    padded = Workload(4, 8, 2, 1, 200, 16, mask="padding", shared_prefix=40)  # lengths 200, 150, 100, 50
+    assert kv_positions_read(padded) == 40 + (160 + 110 + 60 + 10)
+
+
+def test_every_sequence_holds_the_prefix_and_a_token_of_its_own():
+    """A shared prefix longer than a sequence was accepted: `--lengths uniform` drew caches of 2 keys beside a prefix
+    of 8, padding's shortest sequence held 50 keys of a 100-key prefix. Ragged lengths are now drawn after the
+    prefix (the longest still seq_kv), and a padding mask whose shortest sequence cannot hold the prefix is refused."""
+    for distribution in ("uniform", "longtail", "bimodal"):
+        w = Workload(16, 4, 2, 1, 64, 8, mask="causal_bottom_right", lengths=distribution, shared_prefix=48)
+        lengths = sequence_lengths(w)
+        assert lengths is not None
+        kv = [k for _, k in lengths]
+        assert min(kv) > 48 and max(kv) == 64, (distribution, kv)
+        assert kv == [48 + own for own in draw_lengths(distribution, 16, 64 - 48)]
+    with pytest.raises(UsageError, match="the shortest sequence holds 50 keys"):
+        Workload(4, 8, 2, 1, 200, 16, mask="padding", shared_prefix=50)
+    assert Workload(4, 8, 2, 1, 200, 16, mask="padding", shared_prefix=49).shared_prefix == 49
 
 
 def test_paged_tables_point_at_one_set_of_prefix_pages():

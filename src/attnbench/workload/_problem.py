@@ -41,6 +41,19 @@ from attnbench.workload.axes import (  # noqa: F401 - the vocabulary, also impor
 )
 
 
+def padding_lengths(batch: int, seq_k: int) -> list[int]:
+    """Valid key lengths per batch element of the ``padding`` mask, deterministic.
+
+    Batch 0 is full length and the last element is the shortest (Sk // 4, at least 1); the ones between
+    are spaced linearly. With a single batch element there is nothing to contrast, so its length is
+    3/4 of Sk (rounded down, at least 1) so that the mask still removes keys.
+    """
+    shortest = max(1, seq_k // 4)
+    if batch == 1:
+        return [max(1, (3 * seq_k) // 4)]
+    return [seq_k - (b * (seq_k - shortest)) // (batch - 1) for b in range(batch)]
+
+
 @dataclass(frozen=True)
 class Workload:
     """One case of a sweep, without the contender. `pass_` is the `pass` column (a Python keyword)."""
@@ -154,6 +167,17 @@ class Workload:
             raise UsageError(
                 f"shared_prefix {self.shared_prefix} with seq_kv {self.seq_k}: allowed 0 to {self.seq_k - 1} "
                 "(each sequence holds the prefix and at least one token of its own)"
+            )
+        if (
+            self.shared_prefix
+            and self.mask == "padding"
+            and self.shared_prefix >= min(padding_lengths(self.batch, self.seq_k))
+        ):
+            shortest = min(padding_lengths(self.batch, self.seq_k))
+            raise UsageError(
+                f"shared_prefix {self.shared_prefix} with mask padding: the shortest sequence holds {shortest} keys, "
+                f"so it would not hold the prefix and a token of its own; allowed: shared_prefix below {shortest}, "
+                "or ragged sequences over the prefix with --lengths (their own lengths drawn after it)"
             )
         if self.lengths != "equal" and self.mask == "padding":
             raise UsageError(

@@ -38,7 +38,7 @@ import zlib
 
 import torch
 
-from attnbench.workload._problem import Workload
+from attnbench.workload._problem import Workload, padding_lengths
 from attnbench.workload.sequences import (
     packed_document_lengths,
     ragged_key_ranges,
@@ -47,19 +47,6 @@ from attnbench.workload.sequences import (
     sequence_lengths,
     sequence_offsets,
 )
-
-
-def padding_lengths(batch: int, seq_k: int) -> list[int]:
-    """Valid key lengths per batch element, deterministic.
-
-    Batch 0 is full length and the last element is the shortest (Sk // 4, at least 1); the ones between
-    are spaced linearly. With a single batch element there is nothing to contrast, so its length is
-    3/4 of Sk (rounded down, at least 1) so that the mask still removes keys.
-    """
-    shortest = max(1, seq_k // 4)
-    if batch == 1:
-        return [max(1, (3 * seq_k) // 4)]
-    return [seq_k - (b * (seq_k - shortest)) // (batch - 1) for b in range(batch)]
 
 
 def document_lengths(seq: int, documents: int, lengths: str = "equal") -> list[int]:

@@ -14,7 +14,9 @@ row i sits at key position i + kv_len_b − q_len_b. Within a sequence:
 **Lengths** (axis ``lengths``): each sequence's key length kv_len_b is drawn, seeded, from a distribution with
 the sweep's ``seq_kv`` as its **maximum**: the padded tensor's size and the longest sequence's length
 exactly (a padded batch is padded to its longest sequence), every length within [1, seq_kv] — the
-convention stated here, as flash-attention's varlen benchmark states its own. Query lengths follow:
+convention stated here, as flash-attention's varlen benchmark states its own. Over a shared prefix of P tokens
+every sequence holds the prefix and a token of its own: the draw is of the lengths after it, in [1, seq_kv − P],
+and kv_len_b = P + that (the longest still seq_kv). Query lengths follow:
 q_len_b = min(seq, kv_len_b) (a decode step keeps its query rows; a square prefill has q_len_b = kv_len_b).
 
 * ``equal`` — every length the maximum (the plain batch);
@@ -108,7 +110,8 @@ def sequence_lengths(w: Workload) -> tuple[tuple[int, int], ...] | None:
     """Per sequence b, (q_len_b, kv_len_b); None for a batch whose sequences all span (Sq, Sk)."""
     if not is_ragged(w):
         return None
-    kv = draw_lengths(w.lengths, w.batch, w.seq_k)
+    prefix = w.shared_prefix  # every sequence holds the shared prefix: its own tokens are drawn after it
+    kv = [prefix + own for own in draw_lengths(w.lengths, w.batch, w.seq_k - prefix)]
     decodes = decode_count(w.batch, w.decode_share) if w.mask == "mixed" else 0
     return tuple((1 if b < decodes else min(w.seq_q, k), k) for b, k in enumerate(kv))
 
