@@ -4,6 +4,7 @@ in CI itself; the SLURM script is covered by the shard, merge and resume tests),
 import concurrent.futures
 import contextlib
 import io
+import itertools
 import os
 import re
 import shlex
@@ -332,3 +333,16 @@ def test_our_fused_kernels_names_every_option_of_ratios():
     section = README[README.index("## Our fused kernels") : README.index("## Workloads, masks and suites")]
     options = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", _help("ratios"))) - {"--help"}
     assert sorted(o for o in options if not re.search(rf"{re.escape(o)}(?![\w-])", section)) == []
+
+
+def test_every_table_ends_at_a_blank_line():
+    """On GitHub a line of text right under a table is one more row of it: the README's contenders table swallowed
+    the sentence after it ("`attnbench list` shows which are available here …") as a row of one cell. Every table
+    of the README and of each docs page ends at a blank line."""
+    run_on = []
+    for name, text in PAGES:
+        lines = FENCE.sub("", text).split("\n")
+        run_on += [
+            f"{name}: {b[:60]}" for a, b in itertools.pairwise(lines) if a.startswith("|") and b[:1] not in ("|", "")
+        ]
+    assert run_on == []
