@@ -288,18 +288,6 @@ def test_every_link_lands_and_every_docs_page_is_linked_from_the_readme():
     assert [name for name, text in DOCS.items() if not text.split("\n")[2].startswith("[← README](../README.md)")] == []
 
 
-def test_every_table_ends_before_the_text_after_it():
-    """A line of text straight after a table's last row is one more row of it on GitHub (the contenders' table
-    swallowed the paragraph under it, `attnbench list` and all): a blank line ends each table."""
-    glued = []
-    for name, text in PAGES:
-        lines = FENCE.sub("", text).split("\n")
-        for above, line in zip(["", *lines], lines, strict=False):
-            if above.startswith("|") and line.strip() and not line.startswith("|"):
-                glued.append(f"{name}: {line[:60]}")
-    assert not glued, "\n".join(glued)
-
-
 def test_the_columns_table_names_every_results_column():
     """Every column of results.csv has a row in the Columns table (docs/results.md) (nine were missing once), and the
     table names no column a run does not write."""
