@@ -222,7 +222,9 @@ def test_resume_of_a_run_whose_meta_is_damaged(cli, tmp_path, meta):
     from attnbench.runner.results import RunWriter
     from attnbench.workload import Workload
 
-    RunWriter(tmp_path / "run").start({"settings": {}}, [("bmm", Workload(1, 1, 1, 4, 4, 4))])
+    writer = RunWriter(tmp_path / "run")
+    writer.start({"settings": {}}, [("bmm", Workload(1, 1, 1, 4, 4, 4))])
+    writer.release()  # the run's process is gone
     (tmp_path / "run" / "meta.json").write_text(meta)
     code, out, err = cli("run", "--resume", str(tmp_path / "run"))
     assert code == 2 and out == "" and err.count("\n") == 1, err
@@ -235,7 +237,9 @@ def test_resume_of_a_run_whose_settings_lack_what_they_must_hold(cli, tmp_path):
     from attnbench.runner.results import RunWriter
     from attnbench.workload import Workload
 
-    RunWriter(tmp_path / "run").start({"settings": {"threads": 1}}, [("bmm", Workload(1, 1, 1, 4, 4, 4))])
+    writer = RunWriter(tmp_path / "run")
+    writer.start({"settings": {"threads": 1}}, [("bmm", Workload(1, 1, 1, 4, 4, 4))])
+    writer.release()  # the run's process is gone
     code, out, err = cli("run", "--resume", str(tmp_path / "run"))
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert "meta.json's run settings are damaged: budget_s, case_budget_s missing" in err
@@ -249,7 +253,9 @@ def test_truncated_rows_file_resumes_cleanly(tmp_path):
     w = Workload(1, 1, 1, 4, 4, 4)
     writer.start({"settings": {}}, [("bmm", w)])
     writer.rows_path.write_text('{"impl": "bmm", "status": "o')  # killed mid-write
+    writer.release()  # with its process
     reopened, _, plan = RunWriter.reopen(tmp_path / "run")
+    reopened.release()
     assert reopened.rows == [] and plan == [("bmm", w)]
     assert reopened.rows_path.read_text() == ""
 
@@ -270,3 +276,29 @@ def test_worker_reports_how_it_died(tmp_path):
         assert worker.run("bmm", Workload(1, 2, 2, 16, 16, 8))["status"] in CHECKED  # a fresh worker took over
     finally:
         worker.close()
+
+
+def test_a_run_folder_another_process_writes_is_not_resumed_beside_it(cli, tmp_path):
+    """`--resume` of a run still being written (a job thought dead, a second shell) ran beside it, and rows.jsonl
+    ended with 32 rows for a 24-case plan: a run holds its folder's lock while it lives, and a resume or an --out of
+    that folder is refused naming the process; once it is gone, the folder resumes."""
+    import os
+
+    from attnbench.runner._folder_lock import hold
+
+    tiny = ["--impl", "bmm", "--seq", "64", "--head-dim", "16", "--mask", "none", "--budget-s", "0.02", "--no-memory"]
+    out = tmp_path / "run"
+    assert cli("run", *tiny, "--out", str(out))[0] == 0
+    held = hold(out, "--out")  # as the run's own process holds it while it runs
+    try:
+        code, _, err = cli("run", "--resume", str(out))
+        assert code == 2 and err.strip().endswith(
+            f"--resume {out}: another attnbench process (pid {os.getpid()}) is writing this run folder now; wait "
+            "for it to end, or stop it and then resume"
+        ), err
+        code, _, err = cli("run", *tiny, "--out", str(out))
+        assert code == 2 and f"another attnbench process (pid {os.getpid()}) is writing a run there now" in err, err
+    finally:
+        if held is not None:
+            os.close(held)
+    assert cli("run", "--resume", str(out))[0] == 0

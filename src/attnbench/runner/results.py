@@ -24,6 +24,7 @@ import pandas as pd
 
 from attnbench.errors import UsageError, check_can_make
 from attnbench.measure import _gpu_state as gpu_state
+from attnbench.runner._folder_lock import hold, writer_pid
 from attnbench.workload import Workload, axes
 
 STATUSES = ("ok", "unavailable", "unsupported", "skipped", "oom", "timeout", "error", "incorrect", "stalled")
@@ -166,6 +167,9 @@ def _clean(value: Any) -> Any:
 def _held_run(out_dir: Path) -> str:
     """What to do with a folder that is taken: a run that stopped before its end (a job killed, then started again
     with the same --out, as a batch script's requeued task is) is continued with --resume, not begun again."""
+    pid = writer_pid(out_dir)
+    if pid is not None:
+        return f"another attnbench process{f' (pid {pid})' if pid else ''} is writing a run there now; choose a new one"
     try:
         meta = json.loads((out_dir / "meta.json").read_text())
         planned = len(json.loads((out_dir / "plan.json").read_text()))
@@ -193,6 +197,7 @@ class RunWriter:
         self.repeats_path = out_dir / "repeats.jsonl"  # one row per finished repeat, with --repeat N > 1
         self.rows: list[dict[str, Any]] = []
         self.partial: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # repeats of cases not yet complete
+        self.lock: int | None = None  # the folder's lock, held while this process lives (runner._folder_lock)
 
     @staticmethod
     def check_target(out_dir: Path, run: bool = False) -> None:
@@ -206,6 +211,7 @@ class RunWriter:
     def start(self, meta: dict[str, Any], plan: list[tuple[str, Workload]]) -> None:
         self.check_target(self.out_dir, run=True)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = hold(self.out_dir, "--out")
         self.rows_path.touch()
         entries = [{"impl": impl, "workload": dataclasses.asdict(w)} for impl, w in plan]
         write_text(self.plan_path, json.dumps(entries) + "\n")
@@ -219,23 +225,30 @@ class RunWriter:
             raise UsageError(f"--resume {out_dir}: no such folder (give the folder of the run to continue)")
         if not writer.plan_path.is_file() or not (out_dir / "meta.json").is_file():
             raise UsageError(f"--resume {out_dir}: not an attnbench run folder (no plan.json and meta.json)")
-        try:
-            meta = json.loads((out_dir / "meta.json").read_text())
-            plan = [(e["impl"], Workload(**e["workload"])) for e in json.loads(writer.plan_path.read_text())]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UsageError(f"--resume {out_dir}: plan.json or meta.json is damaged ({exc})") from None
-        if not isinstance(meta, dict) or not isinstance(meta.get("settings"), dict):  # the sweep reads them
-            raise UsageError(f"--resume {out_dir}: meta.json is damaged (no run settings: an object with 'settings')")
-        writer.rows.extend(_read_jsonl(writer.rows_path))
-        write_text(writer.rows_path, "".join(json.dumps(row) + "\n" for row in writer.rows))
-        finished = {case_key(row["impl"], row) for row in writer.rows}
-        repeats = _read_jsonl(writer.repeats_path)
-        for row in repeats:
-            key = case_key(row["impl"], row)
-            if key not in finished:
-                writer.partial.setdefault(key, []).append(row)
-        if writer.repeats_path.exists():
-            write_text(writer.repeats_path, "".join(json.dumps(row) + "\n" for row in repeats))
+        writer.lock = hold(out_dir, "--resume")  # before its rows are read: another writer may append to them
+        try:  # a folder found damaged is let go again
+            try:
+                meta = json.loads((out_dir / "meta.json").read_text())
+                plan = [(e["impl"], Workload(**e["workload"])) for e in json.loads(writer.plan_path.read_text())]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise UsageError(f"--resume {out_dir}: plan.json or meta.json is damaged ({exc})") from None
+            if not isinstance(meta, dict) or not isinstance(meta.get("settings"), dict):  # the sweep reads them
+                raise UsageError(
+                    f"--resume {out_dir}: meta.json is damaged (no run settings: an object with 'settings')"
+                )
+            writer.rows.extend(_read_jsonl(writer.rows_path))
+            write_text(writer.rows_path, "".join(json.dumps(row) + "\n" for row in writer.rows))
+            finished = {case_key(row["impl"], row) for row in writer.rows}
+            repeats = _read_jsonl(writer.repeats_path)
+            for row in repeats:
+                key = case_key(row["impl"], row)
+                if key not in finished:
+                    writer.partial.setdefault(key, []).append(row)
+            if writer.repeats_path.exists():
+                write_text(writer.repeats_path, "".join(json.dumps(row) + "\n" for row in repeats))
+        except BaseException:
+            writer.release()
+            raise
         return writer, meta, plan
 
     def append(self, row: dict[str, Any]) -> None:
@@ -271,6 +284,12 @@ class RunWriter:
         write_frame(frame, self.out_dir)
         self.write_meta(meta)
         return frame
+
+    def release(self) -> None:
+        """Let the folder go (its lock): the run has written its files, or stopped before."""
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         write_text(self.out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
