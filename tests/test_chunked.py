@@ -110,7 +110,10 @@ def test_label_tag_and_bad_values():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--mask", "chunked", "--chunk", "0"], "attnbench: error: --chunk value 0 must be a positive integer"),
+        (
+            ["--mask", "chunked", "--chunk", "0"],
+            "attnbench: error: --chunk value 0 must be a positive integer (mask chunked only; other cases ignore it)",
+        ),
         (["--mask", "chunked"], "attnbench: error: mask chunked needs chunk ≥ 1 (--chunk), got 0"),
     ],
 )

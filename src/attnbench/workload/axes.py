@@ -335,7 +335,11 @@ def _checked(axis: Axis, item: Any, label: str) -> Any:
     elif isinstance(item, bool) or not isinstance(item, axis.kind):
         raise UsageError(f"{label} value {item!r} must be {'an integer' if axis.kind is int else 'a string'}")
     if isinstance(item, int) and axis.rule is None and item < axis.low:
-        raise UsageError(f"{label} value {item} must be {'a positive' if axis.low else 'a non-negative'} integer")
+        # an axis of one mask (--window 0): its column reads 0 where it does not apply, which no flag need give
+        unused = f" ({axis.applies[0]} {axis.applies[1]} only; other cases ignore it)" if axis.applies else ""
+        raise UsageError(
+            f"{label} value {item} must be {'a positive' if axis.low else 'a non-negative'} integer{unused}"
+        )
     if isinstance(item, int) and axis.high is not None and item > axis.high:
         raise UsageError(f"{label} value {item} is past the sane upper bound; allowed: {axis.low} to {axis.high}")
     problem = axis.rule(item) if axis.rule is not None else None
