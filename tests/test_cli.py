@@ -45,6 +45,8 @@ BAD_INPUTS = [
     (["merge", "a"], "the following arguments are required: --out"),
     (["profile", "--impl", "nosuch"], "impl 'nosuch' is not known"),
     (["profile", "--impl", "bmm", "--calls", "0"], "--calls 0: must be a positive integer"),
+    (["history", "--since", "2026-11-20"], "--since is for --fail-on-regression: add it"),
+    (["history", "--fail-on-regression", "10", "--since", "last week"], "--since 'last week': not a date or time"),
     (["profile", "--impl", "bmm", "--pass", "bwd"], "--pass bwd: profile records the forward call only; allowed: fwd"),
     # workload features, model presets and absurd sizes (issues 12 and 13)
     (

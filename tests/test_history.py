@@ -158,6 +158,13 @@ def test_history_finds_exactly_the_planted_step_and_fails_on_it(history, cli, tm
     assert "regression: slowable cpu float32 B1 H8 S32 D64 none fwd on" in err and "(beyond 10%)" in err
     code, _, _ = cli("history", "--db", str(db), "--out", str(tmp_path / "gate2"), "--fail-on-regression", "60")
     assert code == 0  # a 25 % step is not beyond 60 %
+    # a nightly job failed every night after a slowdown it had accepted: --since keeps the gate to newer steps
+    first_after = pd.to_datetime(step["date_after"], utc=True)
+    gate = ["history", "--db", str(db), "--out", str(tmp_path / "gate3"), "--fail-on-regression", "10", "--since"]
+    code, out, err = cli(*gate, (first_after + pd.Timedelta(seconds=1)).isoformat())
+    assert code == 0 and "regression:" not in err and "1 slowdown(s) beyond 10% first seen before --since" in out
+    code, _, err = cli(*gate, first_after.isoformat())
+    assert code == 1 and "regression: slowable" in err
 
 
 @pytest.mark.slow

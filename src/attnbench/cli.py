@@ -643,6 +643,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             f"warning: --min-change {args.min_change:g} is {args.min_change:.0%} (a fraction: 0.05 is 5 %)",
             file=sys.stderr,
         )
+    since = _since(args.since, args.fail_on_regression)
     impls = [name for name in (args.impl or "").split(",") if name]
     out = _out(args, "history")
     refuse_empty("--db", args.db, str(DEFAULT_DB))
@@ -680,7 +681,13 @@ def cmd_history(args: argparse.Namespace) -> int:
     html = history.write_history(cases, changes, runs, out, args.x, args.command_line, settings)
     print(f"history: {html} (steps also in {out / 'changes.csv'})")
     if args.fail_on_regression is not None:
-        bad = history.regressions(changes, args.fail_on_regression)
+        bad = history.regressions(changes, args.fail_on_regression, since)
+        known = len(history.regressions(changes, args.fail_on_regression)) - len(bad)
+        if known:
+            print(
+                f"{known} slowdown(s) beyond {args.fail_on_regression:g}% first seen before --since {args.since}: "
+                "shown, not failed"
+            )
         for row in bad.to_dict("records"):
             print(
                 f"regression: {row['impl']} {row['workload']} on {row['machine']}: {row['change_pct']:+.1f}% "
@@ -691,6 +698,25 @@ def cmd_history(args: argparse.Namespace) -> int:
         if len(bad):
             return 1
     return 0
+
+
+def _since(text: str | None, fail_on_regression: float | None) -> Any:
+    """--since: a date or time (UTC unless it names its zone), for --fail-on-regression only."""
+    if text is None:
+        return None
+    if fail_on_regression is None:
+        raise UsageError("--since is for --fail-on-regression: add it, e.g. --fail-on-regression 10 --since 2026-11-20")
+    import pandas as pd
+
+    try:
+        when: Any = pd.Timestamp(text)
+    except ValueError:
+        when = pd.NaT
+    if pd.isna(when):
+        raise UsageError(
+            f"--since {text!r}: not a date or time; e.g. 2026-11-20 or 2026-11-20T06:00 (UTC unless given)"
+        )
+    return when.tz_localize("UTC") if when.tzinfo is None else when.tz_convert("UTC")
 
 
 def _add_history_commands(commands: Any) -> None:
@@ -730,6 +756,12 @@ def _add_history_commands(commands: Any) -> None:
         type=float,
         metavar="PCT",
         help="exit 1 when a series' newest step is a slowdown beyond PCT per cent",
+    )
+    p_history.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="with --fail-on-regression: only a step first seen in a run started at WHEN or later fails (a date or "
+        "time, UTC unless it says; a slowdown known before is shown, not failed)",
     )
     p_history.set_defaults(func=cmd_history)
 
