@@ -60,6 +60,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from attnbench.impls.fused_triton.interpreter_compat import squeeze_scalar_index
+
+# Triton 3.6's interpreter under NumPy 2.4: every loop bounded by a tensor failed (interpreter_compat says why)
+squeeze_scalar_index()
+
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
