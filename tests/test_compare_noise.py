@@ -1,5 +1,6 @@
 """compare calibrated by noise: A/A-safe under machine drift, still catching a real slowdown (issue 11)."""
 
+import json
 import re
 from pathlib import Path
 
@@ -41,8 +42,10 @@ def fake_run(seed: int, speed: float = 1.0, noise: float = 0.02, repeats: int = 
 
 
 def save(frame: pd.DataFrame, folder: Path) -> Path:
+    """A run folder as a run leaves it: its rows and a meta.json (one without would be read with a note)."""
     folder.mkdir(parents=True)
     frame.to_parquet(folder / "results.parquet")
+    (folder / "meta.json").write_text(json.dumps({"command": "a synthetic run (tests/test_compare_noise.py)"}))
     return folder
 
 
