@@ -302,3 +302,18 @@ def test_a_run_folder_another_process_writes_is_not_resumed_beside_it(cli, tmp_p
         if held is not None:
             os.close(held)
     assert cli("run", "--resume", str(out))[0] == 0
+
+
+def test_a_filesystem_that_cannot_lock_runs_unlocked(monkeypatch, tmp_path):
+    """flock fails with ENOLCK on some network mounts: a run there goes on without the lock, as before the lock,
+    instead of being refused as if another process held its folder."""
+    import errno
+
+    from attnbench.runner import _folder_lock
+
+    def cannot_lock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(_folder_lock.fcntl, "flock", cannot_lock)
+    assert _folder_lock.hold(tmp_path, "--out") is None
+    assert _folder_lock.writer_pid(tmp_path) is None

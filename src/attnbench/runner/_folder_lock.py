@@ -9,6 +9,7 @@ exist (Windows) nothing is locked.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -20,6 +21,7 @@ except ImportError:  # pragma: no cover - not on Linux or macOS
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = ".lock"
+HELD = (errno.EWOULDBLOCK, errno.EAGAIN)  # flock's answer where another process holds the lock
 
 
 def writer_pid(out_dir: Path) -> int | None:
@@ -30,7 +32,9 @@ def writer_pid(out_dir: Path) -> int | None:
     fd = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as exc:
+        if exc.errno not in HELD:  # cannot lock there at all: nobody is known to hold it
+            return None
         text = path.read_text().strip()
         return int(text) if text.isdigit() else 0
     finally:
@@ -46,8 +50,10 @@ def hold(out_dir: Path, flag: str) -> int | None:
     fd = os.open(out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as exc:
         os.close(fd)
+        if exc.errno not in HELD:  # a filesystem that cannot lock (some network mounts): run unlocked, as before
+            return None
         pid = writer_pid(out_dir)
         raise UsageError(
             f"{flag} {out_dir}: another attnbench process{f' (pid {pid})' if pid else ''} is writing this run folder "
