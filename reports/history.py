@@ -273,13 +273,15 @@ def change_records(cases: list[CaseHistory]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def regressions(changes: pd.DataFrame, pct: float, since: pd.Timestamp | None = None) -> pd.DataFrame:
-    """Series whose newest step is a slowdown beyond ``pct`` per cent; with ``since``, only a step whose first run
-    after it started then or later (one before is a slowdown already known: shown, not failed)."""
-    bad = changes[changes["newest"] & (changes["change_pct"] > pct)]
-    if since is None:
-        return bad
-    return bad[pd.to_datetime(bad["date_after"], utc=True) >= since]
+def regressions(changes: pd.DataFrame, pct: float) -> pd.DataFrame:
+    """Series whose newest step is a slowdown beyond ``pct`` per cent."""
+    return changes[changes["newest"] & (changes["change_pct"] > pct)]
+
+
+def first_seen_since(steps: pd.DataFrame, since: pd.Timestamp) -> pd.DataFrame:
+    """The steps whose first run after them started at ``since`` or later (``--since``: one before is a slowdown
+    already known, shown and not failed)."""
+    return steps[pd.to_datetime(steps["date_after"], utc=True) >= since]
 
 
 def _run_rows(runs: pd.DataFrame, used: set[str]) -> list[dict[str, Any]]:

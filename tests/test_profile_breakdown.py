@@ -149,16 +149,25 @@ def test_op_totals_sum_self_times_over_the_given_calls_only():
     assert op_totals([left_out])[1].self_cpu_time_total == 1000
 
 
+def _op(name, self_us, shapes=(), children=()):
+    """A profiler event as op_totals reads it: its name, self time (µs), operand shapes and child events."""
+    return SimpleNamespace(
+        name=name, self_cpu_time_total=self_us, input_shapes=list(shapes), cpu_children=list(children)
+    )
+
+
 def test_an_op_inside_a_softmax_or_matmul_counts_to_it():
     """sdpa_math's safe softmax spent most of its time in isneginf, all and where, which the breakdown put in
     `other` (28 % of the call at S256, softmax 10 %); the same where building a mask stays `other`."""
 
-    def op(name, self_us, children=()):
-        return SimpleNamespace(name=name, self_cpu_time_total=self_us, cpu_children=list(children))
-
-    safe = op("aten::_safe_softmax", 2, [op("aten::_softmax", 100), op("aten::isneginf", 50), op("aten::where", 60)])
-    matmul = op("aten::matmul", 1, [op("aten::reshape", 4), op("aten::bmm", 200)])
-    call = op("attnbench.call:my_softmax", 3, [op("aten::where", 40), matmul, safe])
+    op = _op
+    safe = op(
+        "aten::_safe_softmax",
+        2,
+        children=[op("aten::_softmax", 100), op("aten::isneginf", 50), op("aten::where", 60)],
+    )
+    matmul = op("aten::matmul", 1, children=[op("aten::reshape", 4), op("aten::bmm", 200)])
+    call = op("attnbench.call:my_softmax", 3, children=[op("aten::where", 40), matmul, safe])
     totals = {t.key: (t.self_cpu_time_total, t.category) for t in op_totals([call])}
     assert totals == {
         "attnbench.call:my_softmax": (3, "softmax"),  # the range's name is the contender's: its ops are not softmax
@@ -177,11 +186,7 @@ def test_a_matmul_says_which_product_of_attention_it_computes():
     """The breakdown's matmul held both products; a kernel author asks how the time splits between Q·Kᵀ and P·V.
     Shapes as bmm records them at B1 H2 Sq 8 Sk 32 D 16 Dv 24, and as sdpa_math's aten::matmul around its bmm."""
 
-    def op(name, self_us, shapes=(), children=()):
-        return SimpleNamespace(
-            name=name, self_cpu_time_total=self_us, input_shapes=list(shapes), cpu_children=list(children)
-        )
-
+    op = _op
     dims = (16, 32, 24)  # D, Sk, Dv
     scores = op("aten::bmm", 100, [[2, 8, 16], [2, 16, 32]], [op("aten::empty", 1)])
     matmul = op("aten::matmul", 2, [[1, 2, 8, 32], [1, 2, 32, 24]], [op("aten::reshape", 3), op("aten::bmm", 70)])

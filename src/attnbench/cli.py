@@ -681,8 +681,9 @@ def cmd_history(args: argparse.Namespace) -> int:
     html = history.write_history(cases, changes, runs, out, args.x, args.command_line, settings)
     print(f"history: {html} (steps also in {out / 'changes.csv'})")
     if args.fail_on_regression is not None:
-        bad = history.regressions(changes, args.fail_on_regression, since)
-        known = len(history.regressions(changes, args.fail_on_regression)) - len(bad)
+        every = history.regressions(changes, args.fail_on_regression)
+        bad = every if since is None else history.first_seen_since(every, since)
+        known = len(every) - len(bad)
         if known:
             print(
                 f"{known} slowdown(s) beyond {args.fail_on_regression:g}% first seen before --since {args.since}: "

@@ -23,7 +23,7 @@ def parse_fail_on(text: str | None) -> tuple[str, ...]:
         return ()
     named = [part.strip() for part in text.split(",")]
     unknown = [name for name in named if name not in FAILABLE]
-    if unknown or not named:
+    if unknown:
         allowed = ", ".join(FAILABLE)
         raise UsageError(
             f"--fail-on {text!r}: {', '.join(map(repr, unknown))} is not a row status; choose from {allowed}"

@@ -226,30 +226,36 @@ class RunWriter:
         if not writer.plan_path.is_file() or not (out_dir / "meta.json").is_file():
             raise UsageError(f"--resume {out_dir}: not an attnbench run folder (no plan.json and meta.json)")
         writer.lock = hold(out_dir, "--resume")  # before its rows are read: another writer may append to them
-        try:  # a folder found damaged is let go again
-            try:
-                meta = json.loads((out_dir / "meta.json").read_text())
-                plan = [(e["impl"], Workload(**e["workload"])) for e in json.loads(writer.plan_path.read_text())]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise UsageError(f"--resume {out_dir}: plan.json or meta.json is damaged ({exc})") from None
-            if not isinstance(meta, dict) or not isinstance(meta.get("settings"), dict):  # the sweep reads them
-                raise UsageError(
-                    f"--resume {out_dir}: meta.json is damaged (no run settings: an object with 'settings')"
-                )
-            writer.rows.extend(_read_jsonl(writer.rows_path))
-            write_text(writer.rows_path, "".join(json.dumps(row) + "\n" for row in writer.rows))
-            finished = {case_key(row["impl"], row) for row in writer.rows}
-            repeats = _read_jsonl(writer.repeats_path)
-            for row in repeats:
-                key = case_key(row["impl"], row)
-                if key not in finished:
-                    writer.partial.setdefault(key, []).append(row)
-            if writer.repeats_path.exists():
-                write_text(writer.repeats_path, "".join(json.dumps(row) + "\n" for row in repeats))
-        except BaseException:
+        try:
+            meta, plan = writer._read_back()
+        except BaseException:  # a folder found damaged is let go again
             writer.release()
             raise
         return writer, meta, plan
+
+    def _read_back(self) -> tuple[dict[str, Any], list[tuple[str, Workload]]]:
+        """A reopened folder's meta and plan, its finished rows and its unfinished cases' repeats (each file
+        rewritten up to a line a kill cut short)."""
+        try:
+            meta = json.loads((self.out_dir / "meta.json").read_text())
+            plan = [(e["impl"], Workload(**e["workload"])) for e in json.loads(self.plan_path.read_text())]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--resume {self.out_dir}: plan.json or meta.json is damaged ({exc})") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("settings"), dict):  # the sweep reads them
+            raise UsageError(
+                f"--resume {self.out_dir}: meta.json is damaged (no run settings: an object with 'settings')"
+            )
+        self.rows.extend(_read_jsonl(self.rows_path))
+        write_text(self.rows_path, "".join(json.dumps(row) + "\n" for row in self.rows))
+        finished = {case_key(row["impl"], row) for row in self.rows}
+        repeats = _read_jsonl(self.repeats_path)
+        for row in repeats:
+            key = case_key(row["impl"], row)
+            if key not in finished:
+                self.partial.setdefault(key, []).append(row)
+        if self.repeats_path.exists():
+            write_text(self.repeats_path, "".join(json.dumps(row) + "\n" for row in repeats))
+        return meta, plan
 
     def append(self, row: dict[str, Any]) -> None:
         row = {key: _clean(value) for key, value in row.items()}

@@ -194,51 +194,59 @@ def run_sweep(request: RunRequest, default_out: Path, say_late: bool = True) -> 
     resuming = request.resume is not None
     writer, meta, cases = _reopen(request) if resuming else _plan(request, default_out)
     try:  # the folder is this process's until its files are written (or it stops): then let go of it
-        settings = RunSettings.from_meta(meta["settings"])
-        _check_worker_can_load(cases, settings.isolate)
-        done = {case_key(row["impl"], row) for row in writer.rows}
-        todo = [(impl, w) for impl, w in cases if case_key(impl, {**w.as_row()}) not in done]
-        allocator = configure_cpu_allocator(settings.cpu_allocator)
-        warnings = environment_warnings() + plan_warnings([w for _, w in todo]) + _empty_shard(meta, cases)
-        for warning in warnings:
-            print(f"warning: {warning}", file=sys.stderr)
-        ceilings = _measure_ceilings(todo, settings.threads, settings.remeasure_ceilings and not resuming)
-        options = RunOptions(
-            budget_s=settings.budget_s,
-            case_budget_s=settings.case_budget_s,
-            threads=settings.threads,
-            seed=settings.seed,
-            measure_memory=settings.measure_memory,
-            ceilings=ceilings,
-        )
-        meta.update(
-            cpu_allocator=allocator,
-            warnings=warnings,
-            environment=environment(options.threads),
-            ceilings={**meta.get("ceilings", {}), **{d: asdict(c) for d, c in ceilings.items()}},
-            end_time=None,
-            finished=False,
-        )
-        meta.setdefault("start_time", now())
-        bandwidth = BandwidthWatch(meta, ceilings, options.threads)  # measured now and after the sweep
-        if resuming:
-            writer.write_meta(meta)
-            print(
-                f"resuming {writer.out_dir}: {len(done)} of {len(cases)} cases done, {len(todo)} to run",
-                file=sys.stderr,
-            )
-        else:
-            writer.start(meta, cases)
-        with StopSignals(writer.out_dir, _exit_at_once) as stop:  # until the results are written
-            interrupted = run_cases(todo, options, writer, settings, request.progress, stop, Reproducer.of_meta(meta))
-            for warning in bandwidth.after(interrupted):
-                if say_late:
-                    print(f"warning: {warning}", file=sys.stderr)
-                warnings.append(warning)
-            meta.update(end_time=now(), finished=not interrupted)
-            frame = writer.finish(meta)
+        return _sweep(request, writer, meta, cases, say_late)
     finally:
         writer.release()
+
+
+def _sweep(
+    request: RunRequest, writer: RunWriter, meta: dict[str, Any], cases: list[tuple[str, Workload]], say_late: bool
+) -> Finished:
+    """:func:`run_sweep` once its folder is planned or reopened (and held)."""
+    resuming = request.resume is not None
+    settings = RunSettings.from_meta(meta["settings"])
+    _check_worker_can_load(cases, settings.isolate)
+    done = {case_key(row["impl"], row) for row in writer.rows}
+    todo = [(impl, w) for impl, w in cases if case_key(impl, {**w.as_row()}) not in done]
+    allocator = configure_cpu_allocator(settings.cpu_allocator)
+    warnings = environment_warnings() + plan_warnings([w for _, w in todo]) + _empty_shard(meta, cases)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    ceilings = _measure_ceilings(todo, settings.threads, settings.remeasure_ceilings and not resuming)
+    options = RunOptions(
+        budget_s=settings.budget_s,
+        case_budget_s=settings.case_budget_s,
+        threads=settings.threads,
+        seed=settings.seed,
+        measure_memory=settings.measure_memory,
+        ceilings=ceilings,
+    )
+    meta.update(
+        cpu_allocator=allocator,
+        warnings=warnings,
+        environment=environment(options.threads),
+        ceilings={**meta.get("ceilings", {}), **{d: asdict(c) for d, c in ceilings.items()}},
+        end_time=None,
+        finished=False,
+    )
+    meta.setdefault("start_time", now())
+    bandwidth = BandwidthWatch(meta, ceilings, options.threads)  # measured now and after the sweep
+    if resuming:
+        writer.write_meta(meta)
+        print(
+            f"resuming {writer.out_dir}: {len(done)} of {len(cases)} cases done, {len(todo)} to run",
+            file=sys.stderr,
+        )
+    else:
+        writer.start(meta, cases)
+    with StopSignals(writer.out_dir, _exit_at_once) as stop:  # until the results are written
+        interrupted = run_cases(todo, options, writer, settings, request.progress, stop, Reproducer.of_meta(meta))
+        for warning in bandwidth.after(interrupted):
+            if say_late:
+                print(f"warning: {warning}", file=sys.stderr)
+            warnings.append(warning)
+        meta.update(end_time=now(), finished=not interrupted)
+        frame = writer.finish(meta)
     return Finished(frame, writer, meta, warnings, interrupted, stop)
 
 

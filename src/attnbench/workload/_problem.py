@@ -168,12 +168,8 @@ class Workload:
                 f"shared_prefix {self.shared_prefix} with seq_kv {self.seq_k}: allowed 0 to {self.seq_k - 1} "
                 "(each sequence holds the prefix and at least one token of its own)"
             )
-        if (
-            self.shared_prefix
-            and self.mask == "padding"
-            and self.shared_prefix >= min(padding_lengths(self.batch, self.seq_k))
-        ):
-            shortest = min(padding_lengths(self.batch, self.seq_k))
+        shortest = min(padding_lengths(self.batch, self.seq_k)) if self.shared_prefix and self.mask == "padding" else 0
+        if self.shared_prefix >= shortest > 0:
             raise UsageError(
                 f"shared_prefix {self.shared_prefix} with mask padding: the shortest sequence holds {shortest} keys, "
                 f"so it would not hold the prefix and a token of its own; allowed: shared_prefix below {shortest}, "

@@ -88,18 +88,20 @@ def sequence_ranges(w: Workload) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(lo[b, : rows[b]], hi[b, : rows[b]]) for b in range(lo.shape[0])]
 
 
-def sequence_keys(w: Workload) -> list[int]:
-    """Per entry of :func:`sequence_ranges`, the keys of its matrix: a ragged batch's sequence its own kv_len."""
+def _sequence_keys(w: Workload, count: int) -> list[int]:
+    """Per entry of :func:`sequence_ranges` (``count`` of them), the keys of its matrix: a ragged batch's sequence
+    its own kv_len."""
     lengths = sequence_lengths(w)
-    return [k for _, k in lengths] if lengths is not None else [w.seq_k] * len(sequence_ranges(w))
+    return [k for _, k in lengths] if lengths is not None else [w.seq_k] * count
 
 
-def sequence_states(w: Workload, block_m: int, block_n: int) -> list[torch.Tensor]:
-    """:func:`tile_states` of each of :func:`sequence_ranges`."""
-    return [
-        tile_states(lo, hi, keys, block_m, block_n)
-        for (lo, hi), keys in zip(sequence_ranges(w), sequence_keys(w), strict=True)
-    ]
+def sequence_states(
+    w: Workload, block_m: int, block_n: int, ranges: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+) -> list[torch.Tensor]:
+    """:func:`tile_states` of each of :func:`sequence_ranges` (``ranges``, where the caller has them)."""
+    ranges = sequence_ranges(w) if ranges is None else ranges
+    keys = _sequence_keys(w, len(ranges))
+    return [tile_states(lo, hi, k, block_m, block_n) for (lo, hi), k in zip(ranges, keys, strict=True)]
 
 
 def count_tiles(w: Workload, block_m: int, block_n: int, states: list[torch.Tensor] | None = None) -> TileCounts:
@@ -109,10 +111,10 @@ def count_tiles(w: Workload, block_m: int, block_n: int, states: list[torch.Tens
         raise ValueError(f"tile {block_m}x{block_n}: both sides must be positive")
     ranges = sequence_ranges(w)
     if states is None:
-        states = sequence_states(w, block_m, block_n)
+        states = sequence_states(w, block_m, block_n, ranges)
     weight = w.batch // len(ranges)  # a mask shared by the batch is counted once and weighed by it
     full = partial = empty = visible = computed = 0
-    for (lo, hi), keys, tiles in zip(ranges, sequence_keys(w), states, strict=True):
+    for (lo, hi), keys, tiles in zip(ranges, _sequence_keys(w, len(ranges)), states, strict=True):
         rows = _clipped_sizes(lo.numel(), block_m)  # each sequence's tiles clipped to its own matrix
         pairs_of_tile = rows.view(-1, 1) * _clipped_sizes(keys, block_n).view(1, -1)
         full += int((tiles == FULL).sum())
