@@ -222,3 +222,17 @@ def test_printed_the_page_drops_the_tables_controls_and_fits_its_figures_to_the_
     finally:
         browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
         browser.set_window_size(1400, 1000)
+
+
+def test_printed_the_results_table_has_every_row_the_filters_keep_not_only_the_screens_page(browser, report):
+    """The pager is not printed, so a printed or saved-as-PDF report held the first page of rows (25) and lost the
+    rest; on paper every filtered row is there, and the screen's page length is back after printing."""
+    frame, html = report
+    _open(browser, html)
+    count = f"return document.querySelectorAll('{TABLE} tbody tr').length"
+    screen = browser.execute_script(count)
+    assert screen < len(frame), "the report needs more rows than one page to show the loss"
+    browser.execute_script("window.dispatchEvent(new Event('beforeprint'))")
+    assert browser.execute_script(count) == len(frame)
+    browser.execute_script("window.dispatchEvent(new Event('afterprint'))")
+    assert browser.execute_script(count) == screen
