@@ -83,7 +83,7 @@ def visited_blocks(w, run, inputs):  # per (batch, row tile): key blocks visited
             expected.append(last // tile.block_n - first // tile.block_n + 1)
     return counted[:: w.heads, :, 0].flatten().tolist(), expected
 
-from attnbench.impls.fused_triton import decode_kernels, kernels
+from attnbench.impls.fused_triton import decode_kernels, forward_kernels
 launched = []  # the forward's (or the decode kernel's) specialisation flags, per launch
 kernels_run = []  # which of the two, per launch
 
@@ -102,7 +102,7 @@ class Recorded:
             return self.kernel[grid](*args, **kwargs)
         return launch
 
-kernels._forward_kernel = Recorded(kernels._forward_kernel, "fwd")
+forward_kernels._forward_kernel = Recorded(forward_kernels._forward_kernel, "fwd")
 decode_kernels._decode_split_kernel = Recorded(decode_kernels._decode_split_kernel, "decode")
 prefix_grids = []
 
@@ -114,7 +114,7 @@ class RecordedGrid:
         prefix_grids.append(list(grid))
         return self.kernel[grid]
 
-kernels._prefix_kernel = RecordedGrid(kernels._prefix_kernel)
+forward_kernels._prefix_kernel = RecordedGrid(forward_kernels._prefix_kernel)
 
 results = {}
 for name, spec in json.loads(sys.argv[1]).items():
@@ -508,7 +508,7 @@ def test_key_side_ranges_are_the_rows_that_see_each_key():
 def sm90(monkeypatch):
     """Launches become sm_90 compiles (``compile_report.CompiledLaunch``): {kernel name: compiled kernel}."""
     pytest.importorskip("triton")
-    from attnbench.impls.fused_triton import decode_kernels, flash, kernels
+    from attnbench.impls.fused_triton import decode_kernels, flash, forward_kernels
     from attnbench.impls.fused_triton.compile_report import CompiledLaunch
 
     compiled: dict[str, Any] = {}

@@ -297,11 +297,15 @@ def test_the_tuning_keys_cover_the_launchers_too():
     """A tile is tuned for a kernel as launched: the decode key hashes its launcher (split sizing, candidates) and
     the prefill keys flash's, so a change to either tunes afresh instead of reusing a tile tuned under the old."""
     flash = pytest.importorskip("attnbench.impls.fused_triton.flash")  # imports triton
-    from attnbench.impls.fused_triton import decode, decode_kernels, kernels
+    from attnbench.impls.fused_triton import backward_kernels, decode, decode_kernels, forward_kernels, shared_kernels
 
-    assert flash.KERNEL_SOURCE == tile_cache.source_hash(kernels, flash) != tile_cache.source_hash(kernels)
-    assert tile_cache.source_hash(kernels, decode_kernels, decode, flash) == flash.DECODE_SOURCE
-    assert tile_cache.source_hash(kernels, decode_kernels, flash) != flash.DECODE_SOURCE
+    assert (
+        flash.KERNEL_SOURCE
+        == tile_cache.source_hash(shared_kernels, forward_kernels, backward_kernels, flash)
+        != tile_cache.source_hash(shared_kernels, forward_kernels, backward_kernels)
+    )
+    assert tile_cache.source_hash(shared_kernels, decode_kernels, decode, flash) == flash.DECODE_SOURCE
+    assert tile_cache.source_hash(shared_kernels, decode_kernels, flash) != flash.DECODE_SOURCE
 
 
 def test_the_tiles_live_under_the_tuning_folder_where_one_is_set(monkeypatch, tmp_path):

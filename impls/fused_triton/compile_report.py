@@ -338,17 +338,17 @@ def report(
 ) -> list[tuple[Tile, Report | str]]:
     """Each tile (default: the tuner's candidates on a Hopper GPU, one per compiled kernel) and its ``Report``,
     or why it did not compile."""
-    from attnbench.impls.fused_triton import decode_kernels, kernels
+    from attnbench.impls.fused_triton import backward_kernels, decode_kernels, forward_kernels
 
     targets = [
-        (kernels, "_forward_kernel"),
+        (forward_kernels, "_forward_kernel"),
         (decode_kernels, "_decode_split_kernel"),
         (decode_kernels, "_decode_merge_kernel"),
     ]
-    skipped = [(kernels, "_preprocess_kernel")]  # the backward's Δ = rowsum(dO∘O): no product, no tile
+    skipped = [(backward_kernels, "_preprocess_kernel")]  # the backward's Δ = rowsum(dO∘O): no product, no tile
     if case in BACKWARD:
-        targets.append((kernels, BACKWARD[case]))
-        skipped.append((kernels, BACKWARD["dq" if case == "dkdv" else "dkdv"]))
+        targets.append((backward_kernels, BACKWARD[case]))
+        skipped.append((backward_kernels, BACKWARD["dq" if case == "dkdv" else "dkdv"]))
     results: list[tuple[Tile, Report | str]] = []
     with compiling(targets, skipped) as compiled:
         launch, candidates, name = _case(case, head_dim, mask, kv_dtype)

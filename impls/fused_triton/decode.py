@@ -83,7 +83,7 @@ def decodes(w: Workload) -> bool:
 
 def row_bounds(plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
     """Each query row's visible keys [lo, hi), int32 (B or 1, Sq) each on the plan's device, from the plan's
-    mask (the same ranges as ``kernels._row_ranges``)."""
+    mask (the same ranges as ``shared_kernels._row_ranges``)."""
     if plan.row_lo is not None and plan.row_hi is not None:
         lo, hi = plan.row_lo.long(), plan.row_hi.long()
     else:

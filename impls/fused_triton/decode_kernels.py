@@ -12,14 +12,14 @@ per query head it would read the whole cache once per head of a GQA group. These
 * **Masks** are per-row key ranges, ``RowLo``/``RowHi`` (B or 1, Sq) int32 built once per plan: every
   attnbench mask and a ragged batch's lengths, cut to the program's split of [key_start, key_end). Blocks
   every row sees in full run without an element mask, the others masked, blocks no row sees skipped
-  (``kernels._bounds``).
+  (``shared_kernels._bounds``).
 * **Paged caches read in place** (``PAGED``): k and v are the pool (N, Hkv, PAGE_SIZE, D); key j of
   sequence b is slot j % PAGE_SIZE of pool page ``PageTable[b, j // PAGE_SIZE]``, looked up per key, so
   any page size and a partial last page work and nothing is gathered.
 * **Narrow caches** (``KV_SCALED``): k and v loaded as stored (bf16, fp8 e4m3 / e5m2) and converted to
   q's type in registers; the float32 scales — per block of ``scale_block`` positions of a (sequence, kv
   head), or per pool page of a paged cache — multiply the score columns and the probability columns, as
-  in the forward kernel (``kernels._attend``).
+  in the forward kernel (``forward_kernels._attend``).
 * **MLA** (``SPLIT_D``, ``V_FROM_K``): the 576-wide product as 512 + 64 and the values taken from the key
   tile's first 512 channels: the latent cache is read once per split.
 * **Value halves** (``VALUE_PARTS`` 2, a tile's ``parts``): MLA's 64 × 512 fp32 output is 256 registers a thread
@@ -43,7 +43,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnbench.impls.fused_triton.kernels import LOG2E, _bounds, _dot, _kv_scales, _load, _offsets, _scores
+from attnbench.impls.fused_triton.shared_kernels import LOG2E, _bounds, _dot, _kv_scales, _load, _offsets, _scores
 
 
 @triton.jit
@@ -78,7 +78,7 @@ def _key_pointers(
 @triton.jit
 def _scale_columns(Scale, page, key_ok, scale_block, stride_page, PAGED: tl.constexpr, MASKED: tl.constexpr):
     """(BLOCK_N,) fp32: each key's cache scale: its pool page's (``Scale`` already at the kv head, pages
-    ``stride_page`` apart), or its block's of the sequence (``page`` is then the key: ``kernels._kv_scales``)."""
+    ``stride_page`` apart), or its block's of the sequence (``page`` is then the key: ``shared_kernels._kv_scales``)."""
     if not PAGED:
         return _kv_scales(Scale, page, key_ok, scale_block, MASKED)
     elif MASKED:
@@ -209,7 +209,7 @@ def _decode_block(
     KEYS_MAJOR: tl.constexpr,
     VALUE_PARTS: tl.constexpr,
 ):
-    """One block of keys into the tile's running (acc, m, l), as ``kernels._attend`` with the keys' rows
+    """One block of keys into the tile's running (acc, m, l), as ``forward_kernels._attend`` with the keys' rows
     found through the page table when paged. Rows-major the products are S = q·kᵀ (rows × keys) and
     O += P·V; ``KEYS_MAJOR`` makes the keys the products' rows: Sᵀ = k·qᵀ and Oᵀ += vᵀ·Pᵀ, with ``acc``
     (BLOCK_DV, BLOCK_M) and ``q`` (BLOCK_D, BLOCK_M) transposed by the caller. Keys-major is taken for MLA's

@@ -50,7 +50,14 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from attnbench.impls.fused_triton import decode, decode_kernels, kernels, layout_kernels
+from attnbench.impls.fused_triton import (
+    backward_kernels,
+    decode,
+    decode_kernels,
+    forward_kernels,
+    layout_kernels,
+    shared_kernels,
+)
 from attnbench.impls.fused_triton.decode import DECODE_MAX_QUERIES, Pages, is_view_of
 from attnbench.impls.fused_triton.tile_cache import source_hash
 from attnbench.impls.fused_triton.tiles import (
@@ -97,8 +104,8 @@ KERNELS = ("fwd", "dkdv", "dq")
 # prefix, dkdv, dq: one file) and this launcher (grids, layouts, flags); the decode kernel and its merge add their
 # own file and its launcher, ``decode`` (split sizing, candidates). An edit to any of them tunes afresh: session 26's
 # split-rounding trial, a change to ``decode`` alone, ran main's tiles tuned under main's split rule.
-KERNEL_SOURCE = source_hash(kernels, sys.modules[__name__])
-DECODE_SOURCE = source_hash(kernels, decode_kernels, decode, sys.modules[__name__])
+KERNEL_SOURCE = source_hash(shared_kernels, forward_kernels, backward_kernels, sys.modules[__name__])
+DECODE_SOURCE = source_hash(shared_kernels, decode_kernels, decode, sys.modules[__name__])
 
 
 def causal_offset(mask: str, seq_q: int, seq_k: int) -> int | None:
@@ -564,7 +571,7 @@ def _descriptor_ready(t: torch.Tensor) -> bool:
 
 
 def takes_descriptors(plan: Plan, k: torch.Tensor, v: torch.Tensor, v_from_k: bool) -> bool:
-    """Whether the forward reads k and v by tensor descriptors (``kernels._box``): a Hopper GPU (or the
+    """Whether the forward reads k and v by tensor descriptors (``shared_kernels._box``): a Hopper GPU (or the
     interpreter, so that the tests run this path), 16-bit q, k and v of one type (not an fp8 forward, whose v is
     read keys-contiguous), head dims that fill their tiles, v not read out of k's tile, and both tensors
     addressable (``_descriptor_ready``)."""
@@ -585,7 +592,7 @@ def _row_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int, int
 
 
 def _tile_grid(plan: Plan, heads: int, block: int, length: int) -> tuple[int]:
-    """One axis of batch·heads·tiles programs, tiles fastest (``kernels._tile_program``)."""
+    """One axis of batch·heads·tiles programs, tiles fastest (``shared_kernels._tile_program``)."""
     return (heads * plan.batch * cdiv(length, block),)
 
 
@@ -603,7 +610,7 @@ def prefix_level(
     v_from_k = is_view_of(v_prefix, k_prefix) and plan.block_dv == plan.block_d
 
     def launch(tile: Tile) -> None:
-        kernels._prefix_kernel[(plan.kv_heads * cdiv(rows, tile.block_m),)](
+        forward_kernels._prefix_kernel[(plan.kv_heads * cdiv(rows, tile.block_m),)](
             q,
             k_prefix,
             v_prefix,
@@ -689,7 +696,7 @@ def forward(
     def launch(tile: Tile) -> None:
         k_desc: Any = TensorDescriptor.from_tensor(k, [1, 1, tile.block_n, plan.block_d]) if tma else k
         v_desc: Any = TensorDescriptor.from_tensor(v, [1, 1, tile.block_n, plan.block_dv]) if tma else v
-        kernels._forward_kernel[_tile_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
+        forward_kernels._forward_kernel[_tile_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
             q,
             k,
             v,
@@ -763,7 +770,7 @@ def backward_grads(
     partials = None  # with sinks: (B·Hq, row blocks) parts of their gradient
     if sinks is not None:
         partials = torch.empty(plan.batch * plan.heads, blocks, dtype=torch.float32, device=q.device)
-    kernels._preprocess_kernel[_row_grid(plan, plan.heads, PREPROCESS_BLOCK_M, plan.seq_q)](
+    backward_kernels._preprocess_kernel[_row_grid(plan, plan.heads, PREPROCESS_BLOCK_M, plan.seq_q)](
         out,
         grad_out,
         delta,
@@ -791,7 +798,7 @@ def backward_grads(
     def launch_dkdv(tile: Tile) -> None:
         q_desc: Any = TensorDescriptor.from_tensor(q, [1, 1, tile.block_m, plan.block_d]) if tma else q
         do_desc: Any = TensorDescriptor.from_tensor(grad_out, [1, 1, tile.block_m, plan.block_dv]) if tma else grad_out
-        kernels._dkdv_kernel[_tile_grid(plan, plan.kv_heads, tile.block_n, plan.seq_k)](
+        backward_kernels._dkdv_kernel[_tile_grid(plan, plan.kv_heads, tile.block_n, plan.seq_k)](
             q,
             k,
             v,
@@ -831,7 +838,7 @@ def backward_grads(
     def launch_dq(tile: Tile) -> None:
         k_desc: Any = TensorDescriptor.from_tensor(k, [1, 1, tile.block_n, plan.block_d]) if tma else k
         v_desc: Any = TensorDescriptor.from_tensor(v, [1, 1, tile.block_n, plan.block_dv]) if tma else v
-        kernels._dq_kernel[_tile_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
+        backward_kernels._dq_kernel[_tile_grid(plan, plan.heads, tile.block_m, plan.seq_q)](
             q,
             k,
             v,

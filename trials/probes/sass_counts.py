@@ -23,7 +23,7 @@ import tempfile
 import torch
 import triton
 
-from attnbench.impls.fused_triton import compile_report, decode_kernels, kernels
+from attnbench.impls.fused_triton import compile_report, decode_kernels, forward_kernels
 
 NAMED = ("LDS.U8", "LDS.64", "LDS.128", "STS.128", "LDSM.16.M88.4", "LDSM.16.MT88.4", "SEL", "F2FP.F16.E4M3.UNPACK_B")
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)([^;]*);")
@@ -58,7 +58,7 @@ def line(counts: collections.Counter[str]) -> str:
 def main(argv: list[str]) -> int:
     case, dtype, tiles = argv[0], getattr(torch, argv[1]), argv[2:] or ["16,64,4,2"]
     targets = [
-        (kernels, "_forward_kernel"),
+        (forward_kernels, "_forward_kernel"),
         (decode_kernels, "_decode_split_kernel"),
         (decode_kernels, "_decode_merge_kernel"),
     ]
