@@ -110,7 +110,7 @@ from attnbench.runner.cases import prepare_checked
 from attnbench.workload import Workload
 
 launches = []
-kernel = flash.kernels._forward_kernel
+kernel = flash.forward_kernels._forward_kernel
 
 class Recorded:
     def __getitem__(self, grid):
@@ -119,7 +119,7 @@ class Recorded:
             return kernel[grid](*args, **kwargs)
         return launch
 
-flash.kernels._forward_kernel = Recorded()
+flash.forward_kernels._forward_kernel = Recorded()
 results = {}
 for name, spec in json.loads(sys.argv[1]).items():
     w = Workload(**spec)

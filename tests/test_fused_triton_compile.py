@@ -20,8 +20,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from attnbench.impls.fused_triton import backward_kernels as _triton_backward  # noqa: E402
 from attnbench.impls.fused_triton import flash as _triton_flash  # noqa: E402
-from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E402
+from attnbench.impls.fused_triton import forward_kernels as _triton_forward  # noqa: E402
 from attnbench.impls.fused_triton.compile_report import CompiledLaunch  # noqa: E402
 from attnbench.impls.fused_triton.tiles import Tile, shared_bytes  # noqa: E402
 
@@ -30,8 +31,12 @@ from attnbench.impls.fused_triton.tiles import Tile, shared_bytes  # noqa: E402
 def compiled(monkeypatch):
     """Launches become sm_90 compiles: {kernel name: compiled kernel}, filled as fused_triton launches."""
     kernels: dict[str, Any] = {}
-    for name in ("_forward_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"):
-        monkeypatch.setattr(_triton_kernels, name, CompiledLaunch(getattr(_triton_kernels, name), kernels))
+    for module, names in (
+        (_triton_forward, ("_forward_kernel",)),
+        (_triton_backward, ("_preprocess_kernel", "_dkdv_kernel", "_dq_kernel")),
+    ):
+        for name in names:
+            monkeypatch.setattr(module, name, CompiledLaunch(getattr(module, name), kernels))
     layout = _triton_flash.layout_kernels
     monkeypatch.setattr(layout, "_transpose_kernel", CompiledLaunch(layout._transpose_kernel, kernels))
     monkeypatch.setattr(_triton_flash, "INTERPRETED", False)

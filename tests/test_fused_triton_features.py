@@ -508,14 +508,17 @@ def test_key_side_ranges_are_the_rows_that_see_each_key():
 def sm90(monkeypatch):
     """Launches become sm_90 compiles (``compile_report.CompiledLaunch``): {kernel name: compiled kernel}."""
     pytest.importorskip("triton")
-    from attnbench.impls.fused_triton import decode_kernels, flash, forward_kernels
+    from attnbench.impls.fused_triton import backward_kernels, decode_kernels, flash, forward_kernels
     from attnbench.impls.fused_triton.compile_report import CompiledLaunch
 
     compiled: dict[str, Any] = {}
-    for name in ("_forward_kernel", "_prefix_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel"):
-        monkeypatch.setattr(kernels, name, CompiledLaunch(getattr(kernels, name), compiled))
-    for name in ("_decode_split_kernel", "_decode_merge_kernel"):
-        monkeypatch.setattr(decode_kernels, name, CompiledLaunch(getattr(decode_kernels, name), compiled))
+    for module, names in (
+        (forward_kernels, ("_forward_kernel", "_prefix_kernel")),
+        (backward_kernels, ("_preprocess_kernel", "_dkdv_kernel", "_dq_kernel")),
+        (decode_kernels, ("_decode_split_kernel", "_decode_merge_kernel")),
+    ):
+        for name in names:
+            monkeypatch.setattr(module, name, CompiledLaunch(getattr(module, name), compiled))
     monkeypatch.setattr(flash, "INTERPRETED", False)
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said out loud
     return compiled

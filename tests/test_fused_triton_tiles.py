@@ -19,10 +19,11 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from attnbench.impls.fused_triton import backward_kernels as _triton_backward  # noqa: E402
 from attnbench.impls.fused_triton import contender  # noqa: E402
 from attnbench.impls.fused_triton import decode_kernels as _triton_decode_kernels  # noqa: E402
 from attnbench.impls.fused_triton import flash as _triton_flash  # noqa: E402
-from attnbench.impls.fused_triton import kernels as _triton_kernels  # noqa: E402
+from attnbench.impls.fused_triton import forward_kernels as _triton_forward  # noqa: E402
 from attnbench.impls.fused_triton import smoke as _triton_smoke  # noqa: E402
 from attnbench.impls.fused_triton import tiles as _triton_tiles  # noqa: E402
 from attnbench.impls.fused_triton.tiles import CUDA_TILES, Tile, prune, shared_bytes  # noqa: E402
@@ -118,8 +119,12 @@ def mocked_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
     log: list[tuple[str, Any, dict[str, Any]]] = []
     timed: list[Tile] = []
-    for name in ("_forward_kernel", "_preprocess_kernel", "_dkdv_kernel", "_dq_kernel", "_prefix_kernel"):
-        monkeypatch.setattr(_triton_kernels, name, _Recorder(name, log))
+    for module, names in (
+        (_triton_forward, ("_forward_kernel", "_prefix_kernel")),
+        (_triton_backward, ("_preprocess_kernel", "_dkdv_kernel", "_dq_kernel")),
+    ):
+        for name in names:
+            monkeypatch.setattr(module, name, _Recorder(name, log))
     for name in ("_decode_split_kernel", "_decode_merge_kernel"):
         monkeypatch.setattr(_triton_decode_kernels, name, _Recorder(name, log))
     monkeypatch.setattr(_triton_flash, "INTERPRETED", False)

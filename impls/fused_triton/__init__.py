@@ -1,6 +1,7 @@
 """``fused_triton`` — attnbench's own FlashAttention-2 kernels, forward and backward, written in Triton (CUDA).
 
-This package holds them: the kernels in ``kernels.py`` (design: masks as per-row key ranges with fully
+This package holds them: the kernels, a file a family (``forward_kernels.py``, ``backward_kernels.py``,
+``decode_kernels.py``, what they share in ``shared_kernels.py``; design: masks as per-row key ranges with fully
 masked blocks skipped, GQA by head index, the head dim padded to a power of two, a backward that recomputes
 P from the saved log-sum-exp); the attention function, its plan and the autograd wrapper in ``flash.py``;
 tile candidates and tuning in ``tiles.py``; ``smoke.py``, ``nox -s gpu_smoke``'s check of every tile on a

@@ -1,10 +1,10 @@
 """fused_triton's Python side: the attention function, its plan, the launches and the autograd wrapper.
 
 ``flash_attention(q, k, v, ...)`` computes softmax(q·kᵀ·scale + mask [+ score modifiers])·v with the
-kernels of ``kernels`` (their docstring has the algorithm) and, when q, k, v or the sinks require grad,
-records a backward that runs the FlashAttention-2 backward kernels. q is (B, Hq, Sq, D), k (B, Hkv, Sk, D)
-and v (B, Hkv, Sk, Dv) — Dv may differ from D, and v may be a view of k (an MLA latent cache's first Dv
-channels: read in place through k's memory). Its keyword arguments:
+kernels of ``forward_kernels`` (``shared_kernels``' docstring has the algorithm) and, when q, k, v or the
+sinks require grad, records a backward that runs the FlashAttention-2 backward kernels (``backward_kernels``).
+q is (B, Hq, Sq, D), k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv) — Dv may differ from D, and v may be a view of k
+(an MLA latent cache's first Dv channels: read in place through k's memory). Its keyword arguments:
 
 * ``mask``: one of attnbench's masks (``none``, ``causal`` top-left, ``causal_bottom_right``,
   ``padding`` with ``lengths``, an int32 (B,) tensor of valid key counts; ``chunked`` with ``chunk``;
@@ -34,7 +34,7 @@ A :class:`Plan` holds everything about a call that does not change between calls
 the device, flags, scale) and the tile chosen for each kernel; fused_triton builds it and tunes it in
 ``prepare`` (``plan.tune``), so each timed call launches ``kernel[grid](..., BLOCK_M=…, num_warps=…)``
 directly. Tile choice, pruning and the tuning cache are in ``tiles`` (kept on disk by ``tile_cache``, keyed
-by ``KERNEL_SOURCE``, the hash of ``kernels``' source and this launcher's: editing either tunes afresh).
+by ``KERNEL_SOURCE``, the hash of the kernels' sources and this launcher's: editing any tunes afresh).
 """
 
 from __future__ import annotations
@@ -101,9 +101,10 @@ def _interpreting() -> bool:
 INTERPRETED = _interpreting()
 KERNELS = ("fwd", "dkdv", "dq")
 # The sources that decide what a tile's launch does, part of each tuning key: the kernels launched here (fwd,
-# prefix, dkdv, dq: one file) and this launcher (grids, layouts, flags); the decode kernel and its merge add their
-# own file and its launcher, ``decode`` (split sizing, candidates). An edit to any of them tunes afresh: session 26's
-# split-rounding trial, a change to ``decode`` alone, ran main's tiles tuned under main's split rule.
+# prefix, dkdv, dq: their families' files and the pieces they share) and this launcher (grids, layouts, flags);
+# the decode kernel and its merge add their own file, the shared pieces and its launcher, ``decode`` (split
+# sizing, candidates). An edit to any of them tunes afresh: session 26's split-rounding trial, a change to
+# ``decode`` alone, ran main's tiles tuned under main's split rule.
 KERNEL_SOURCE = source_hash(shared_kernels, forward_kernels, backward_kernels, sys.modules[__name__])
 DECODE_SOURCE = source_hash(shared_kernels, decode_kernels, decode, sys.modules[__name__])
 

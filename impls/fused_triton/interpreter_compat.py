@@ -2,7 +2,7 @@
 
 The interpreter holds each scalar of a kernel (a program id, an integer argument, a reduction's result) as a
 one-element NumPy array, and gives it to Python as an index (``range(start, end, BLOCK)`` over a loaded or
-reduced bound, as every key loop of ``kernels`` and ``decode_kernels`` has) by ``int(array)``. NumPy 2.4 turned
+reduced bound, as every key loop of the forward, backward and decode kernels has) by ``int(array)``. NumPy 2.4 turned
 that conversion of an array of one or more dimensions into a ``TypeError`` ("only 0-dimensional arrays can be
 converted to Python scalars"), so with Triton 3.6.0 — the GPU machine's version — every such kernel fails in the
 interpreter before its first block. Triton fixed it after 3.6 by squeezing the array first (triton-lang/triton
