@@ -159,6 +159,8 @@ def _pytest_benchmark_row(bench: dict[str, Any]) -> dict[str, Any]:
     stats = bench["stats"]
     median_ms = stats["median"] * 1e3
     flops, traffic = info.get("flops"), info.get("bytes")  # bytes: written since session 42's front end
+    tflops = flops / (median_ms * 1e-3) / 1e12 if flops else None
+    roof, matmul = info.get("roof_tflops"), info.get("matmul_roof_tflops")  # since session 43's front end
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
     row.update({key: info.get(key) for key in COLUMNS if key in info})
     row.update(
@@ -169,7 +171,9 @@ def _pytest_benchmark_row(bench: dict[str, Any]) -> dict[str, Any]:
         n_samples=stats["rounds"],
         calls_per_sample=stats.get("iterations", 1),
         timing_method="pytest-benchmark",
-        tflops=flops / (median_ms * 1e-3) / 1e12 if flops else None,
+        tflops=tflops,
+        pct_of_peak=100 * tflops / roof if tflops and roof else None,
+        pct_of_matmul=100 * tflops / matmul if tflops and matmul else None,
         gbps=traffic / (median_ms * 1e-3) / 1e9 if traffic else None,
         intensity=flops / traffic if flops and traffic else None,
         samples_ms=[t * 1e3 for t in stats["data"]] if stats.get("data") else None,

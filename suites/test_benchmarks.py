@@ -7,6 +7,7 @@ synchronises, so pytest-benchmark's wall-clock timer measures the kernel, not th
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -14,9 +15,28 @@ import torch
 
 from attnbench.contenders import registry
 from attnbench.contenders.contract import Unsupported
+from attnbench.measure._ceilings import Ceilings, load_ceilings
 from attnbench.runner.cases import not_runnable, prepare_checked
 from attnbench.workload import Workload
 from attnbench.workload.flops import attention_bytes
+
+
+@functools.cache
+def _ceilings(device: str, dtypes: tuple[str, ...], threads: int) -> Ceilings:
+    """This machine's roofs, as `attnbench run` measures and caches them (measured once per machine)."""
+    return load_ceilings(device, list(dtypes), threads)
+
+
+def _roofs(workload: Workload, flops: float, traffic: float) -> dict[str, float | None]:
+    """The hardware roof and torch's matmul roof at the case's intensity, TFLOP/s: a report of the JSON file reads
+    the row's ``pct_of_peak`` and ``pct_of_matmul`` from them, as a run's rows have them."""
+    dots = workload.compute_dtype  # an fp8 forward: the fp8 roofs
+    ceilings = _ceilings(workload.device, tuple(sorted({workload.dtype, dots})), torch.get_num_threads())
+    intensity = flops / traffic
+    return {
+        "roof_tflops": ceilings.roofline_tflops(dots, intensity),
+        "matmul_roof_tflops": ceilings.matmul_roofline_tflops(dots, intensity),
+    }
 
 
 def test_attention(benchmark: Any, attnbench_case: tuple[str, Workload]) -> None:
@@ -33,11 +53,13 @@ def test_attention(benchmark: Any, attnbench_case: tuple[str, Workload]) -> None
     except Unsupported as exc:
         pytest.skip(f"unsupported: {exc}")
     check = prepared.check
+    flops, traffic = contender.flops(workload), attention_bytes(workload)
     benchmark.extra_info.update(
         impl=impl,
         **workload.as_row(),
-        flops=contender.flops(workload),
-        bytes=attention_bytes(workload),  # the minimum bytes, as a run's rows count them: GB/s in a report
+        flops=flops,
+        bytes=traffic,  # the minimum bytes, as a run's rows count them: GB/s in a report
+        **_roofs(workload, flops, traffic),
         max_abs_err=check.max_abs_err,
         atol=check.atol,
         rtol=check.rtol,

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import sys
 
+from attnbench.reports.frames import load_run
 from attnbench.workload import Workload
 from attnbench.workload.flops import attention_bytes
 
@@ -47,7 +48,13 @@ def test_pytest_benchmark_front_end(tmp_path):
         fields = {f.name: info[f.name] for f in dataclasses.fields(Workload) if f.name in info}
         workload = Workload(**fields, pass_=info["pass"])
         assert info["bytes"] == attention_bytes(workload)  # the row's GB/s in a report of this file
+        assert info["roof_tflops"] > 0 and info["matmul_roof_tflops"] > 0  # its % of the roofs, as a run's rows
         assert bench["stats"]["median"] > 0
+    rows = load_run(report).frame
+    assert len(rows) == 4 and rows["pct_of_peak"].notna().all() and rows["pct_of_matmul"].notna().all()
+    for row, bench in zip(rows.to_dict("records"), benchmarks, strict=True):  # in the file's order
+        assert row["impl"] == bench["extra_info"]["impl"] and row["median_ms"] == bench["stats"]["median"] * 1e3
+        assert abs(row["pct_of_peak"] - 100 * row["tflops"] / bench["extra_info"]["roof_tflops"]) < 1e-9
 
 
 def test_bad_override_is_a_usage_error(tmp_path):
