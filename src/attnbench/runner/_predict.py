@@ -21,7 +21,7 @@ from attnbench.workload import Workload
 from attnbench.workload.flops import kv_channels
 from attnbench.workload.kv_cache import SCALE_BYTES, dequantized_bytes, scale_count
 from attnbench.workload.paged import gather_bytes, pool_bytes
-from attnbench.workload.reference import reference_bytes, sample_rows
+from attnbench.workload.reference import checked_row_count, reference_bytes
 
 CALLS_AT_LEAST = 3  # first call, one warm-up, one sample: a case costs at least this many calls
 MEMORY_HEADROOM = 0.7  # use at most this fraction of the free memory (the rest: other processes' growth)
@@ -81,7 +81,7 @@ def predict(contender: Contender, w: Workload, ceilings: Ceilings | None) -> Pre
     extra = contender.predicted_extra_bytes(w) + dequantized_bytes(w)  # a narrowed cache read back in the dtype
     if w.page_size and not contender.reads_pages(w):  # the harness's gather of the pages, in the timed call:
         extra = max(extra, gather_bytes(w))  # its temporary is freed before the contender's call begins
-    rows = w.seq_q if contender.kind == "module" else len(sample_rows(w.seq_q))
+    rows = w.seq_q if contender.kind == "module" else checked_row_count(w)
     check = reference_bytes(w, rows, repeated_keys=contender.kind == "scoring")
     seconds = contender.predicted_seconds(w, flops_per_s, bytes_per_s)
     held = input_bytes(w) + making_bytes(w) + output_bytes(w)

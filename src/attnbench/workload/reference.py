@@ -5,7 +5,9 @@ rules: it shares only the data — padding, document and per-sequence lengths �
 GQA heads by index, reads an fp8 KV cache as its stored values times their scales (``attnbench.workload.kv_cache``
 says what is stored; the dequantization is written here again, in float64), and works on a sample of
 query rows at long sequence lengths so that checking a 16k-token case costs a few hundred rows, not the
-whole S×S score matrix.
+whole S×S score matrix: :func:`checked_rows` — evenly spaced rows, and the rows where kernels go wrong, the
+edges of query tiles and of the mask's structure (the row ranges come from ``masks.key_ranges``, which only
+chooses which rows are checked; what a row should see is re-derived here).
 
 Learned sinks (gpt-oss) from their definition: with m a row's largest logit (sink included),
 out_i = Σ_j exp(s_ij − m)·v_j / (exp(sink_h − m) + Σ_j exp(s_ij − m)) over the visible keys j. A row that
@@ -20,17 +22,71 @@ import torch
 
 from attnbench.workload._problem import Workload
 from attnbench.workload.inputs import AttentionInputs
-from attnbench.workload.masks import document_lengths, padding_lengths
+from attnbench.workload.masks import document_lengths, key_ranges, padding_lengths
 from attnbench.workload.sequences import sequence_lengths
 
-MAX_CHECKED_ROWS = 256
+MAX_CHECKED_ROWS = 256  # evenly spaced query rows checked at long sequences (every row when there are fewer)
+# ... and at most this many more, where kernels go wrong in a row or two that evenly spaced rows step over: the
+# last and first rows of query tiles, and the rows at the mask's edges (a document's or chunk's first row, …).
+TILE_EDGE_ROWS = 128
+MASK_EDGE_ROWS = 128
+TILE_QUANTUM = 16  # tiles of 16 to 256 rows (MMA fragments, warps' rows, CTA tiles) start at multiples of 16 ...
+NEAR_END = 256  # ... checked at every multiple of 16 within this many rows of either end
+MIDDLE_TILE = 64  # and between, at a spread of multiples of 64: every residue mod 256 (64-, 128- and 256-row tiles)
 
 
 def sample_rows(seq_q: int, max_rows: int = MAX_CHECKED_ROWS) -> torch.Tensor:
-    """Query row indices to check: all rows when few, else evenly spaced ones including first and last."""
+    """Evenly spaced query row indices: all rows when few, else ``max_rows`` including the first and last."""
     if seq_q <= max_rows:
         return torch.arange(seq_q)
     return torch.linspace(0, seq_q - 1, max_rows).round().long().unique()
+
+
+def tile_edge_rows(seq_q: int) -> list[int]:
+    """The last and first rows of query tiles (b − 1 and b at a tile boundary b): at every multiple of 16 within
+    256 rows of either end, so the first and last tiles of every size from 16 to 256 rows, and at 32 multiples of
+    64 spread between them, a quarter of them each residue of b / 64 mod 4 (edges of 64-row tiles that are and are
+    not edges of 128- and 256-row tiles). A kernel wrong in one row of each tile (a store or mask off by one at a
+    tile's edge) is wrong in some of them: at most ``TILE_EDGE_ROWS`` rows."""
+    near = [b for b in range(TILE_QUANTUM, seq_q, TILE_QUANTUM) if b <= NEAR_END or b > seq_q - NEAR_END]
+    middle = [b // MIDDLE_TILE for b in range(NEAR_END + MIDDLE_TILE, seq_q - NEAR_END + 1, MIDDLE_TILE)]
+    spread = TILE_EDGE_ROWS // 2 - len(near)
+    if len(middle) > spread:  # evenly spaced, each moved within its 4 tiles to the residue its turn asks for
+        picks = [middle[round(n * (len(middle) - 1) / (spread - 1))] for n in range(spread)]
+        middle = sorted({min(max(t - t % 4 + n % 4, middle[0]), middle[-1]) for n, t in enumerate(picks)})
+    edges = near + [t * MIDDLE_TILE for t in middle]
+    return sorted({row for b in edges for row in (b - 1, b)})
+
+
+def mask_edge_rows(w: Workload) -> list[int]:
+    """Rows at the edges of the mask's structure: where a row's visible key range [lo, hi) moves by a different
+    step than its neighbour's (``masks.key_ranges``, any batch element) — a document's or chunk's first row and
+    the row before, the first row a sliding window leaves key 0 out of, the first row that sees a key (Sq > Sk),
+    a ragged sequence's last query row and first padding row — with the rows either side. Masks none, causal
+    and padding have none. At most ``MASK_EDGE_ROWS`` rows (evenly spaced edges when there are more)."""
+    lo, hi = key_ranges(w)
+    steps = torch.stack((lo.diff(dim=1), hi.diff(dim=1)))  # (2, B or 1, Sq − 1): from row i to row i + 1
+    edges = (steps[:, :, 1:] != steps[:, :, :-1]).any(0).any(0).nonzero().flatten() + 1
+    most = MASK_EDGE_ROWS // 3
+    if len(edges) > most:
+        edges = edges[torch.linspace(0, len(edges) - 1, most).round().long().unique()]
+    rows = (edges.view(-1, 1) + torch.tensor([-1, 0, 1])).flatten().clamp(0, w.seq_q - 1)
+    return sorted(set(rows.tolist()))
+
+
+def checked_rows(w: Workload) -> torch.Tensor:
+    """The query rows the correctness check compares (sorted): every row up to ``MAX_CHECKED_ROWS``; past that,
+    the evenly spaced ones (:func:`sample_rows`), the tiles' edge rows (:func:`tile_edge_rows`) and the mask's
+    (:func:`mask_edge_rows`) — at most twice ``MAX_CHECKED_ROWS``."""
+    if w.seq_q <= MAX_CHECKED_ROWS:
+        return torch.arange(w.seq_q)
+    edges = torch.tensor(tile_edge_rows(w.seq_q) + mask_edge_rows(w), dtype=torch.long)
+    return torch.cat((sample_rows(w.seq_q), edges)).unique()
+
+
+def checked_row_count(w: Workload) -> int:
+    """At most how many query rows :func:`checked_rows` gives (a closed form, for the memory model)."""
+    return min(w.seq_q, MAX_CHECKED_ROWS + TILE_EDGE_ROWS + MASK_EDGE_ROWS)
 
 
 def _visible(inputs: AttentionInputs, batch_index: int, rows: torch.Tensor) -> torch.Tensor | None:
