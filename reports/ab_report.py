@@ -8,7 +8,9 @@ workload label on the left; the height grows with the cases so labels never over
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,11 +139,29 @@ def write_ab(
     out: Path,
     meta: dict[str, Any],
 ) -> list[Path]:
-    """``ab.csv``, ``ab_samples.csv``, ``ab.png`` and ``meta.json`` in ``out`` (created); their paths."""
+    """``ab.csv``, ``ab_samples.csv``, ``ab.png`` and ``meta.json`` in ``out`` (created); their paths. All or none:
+    where one cannot be written (the disk full), those written before it go again, and the folder if made here —
+    verdicts without their samples or figure would pass for a whole A/B."""
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "ab.csv", out / "ab_samples.csv", out / "ab.png", out / "meta.json"]
-    pd.DataFrame(records).to_csv(paths[0], index=False)
-    samples_frame(records, samples).to_csv(paths[1], index=False)
-    plot_ratios(records, paths[2])
-    paths[3].write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    writes: list[Callable[[Path], object]] = [
+        lambda path: pd.DataFrame(records).to_csv(path, index=False),
+        lambda path: samples_frame(records, samples).to_csv(path, index=False),
+        lambda path: plot_ratios(records, path),
+        lambda path: path.write_text(json.dumps(meta, indent=2, default=str) + "\n"),
+    ]
+    path = out
+    try:
+        for path, write in zip(paths, writes, strict=True):
+            write(path)
+    except BaseException as exc:
+        for written in paths:
+            written.unlink(missing_ok=True)
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        if isinstance(exc, OSError) and exc.filename is None:  # say which file could not be written
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        raise
     return paths

@@ -26,6 +26,7 @@ Definitions first:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -148,6 +149,17 @@ def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
         raise UsageError(f"--db {path}: cannot open it as a DuckDB database ({reason})") from None
 
 
+def _damaged(path: Path, exc: duckdb.Error, write: bool = False) -> UsageError:
+    """A store that opened but cannot be read (cut short by a copy or a full disk, or its blocks damaged), or, opened
+    to be written, cannot be written either."""
+    reason = str(exc).splitlines()[0]
+    if write:
+        return UsageError(
+            f"--db {path}: cannot read or write it (a full disk, or a file damaged or cut short: {reason})"
+        )
+    return UsageError(f"--db {path}: cannot read it, the file is damaged or cut short ({reason})")
+
+
 def check_store(path: Path) -> None:
     """Raise a UsageError unless ``path`` is absent (a new store) or a store this attnbench can read."""
     if path.is_dir():
@@ -156,6 +168,8 @@ def check_store(path: Path) -> None:
         con = _connect(path, read_only=True)
         try:
             _schema_version(con, path)  # raises for another program's database or a newer schema
+        except duckdb.OperationalError as exc:
+            raise _damaged(path, exc) from None
         finally:
             con.close()
     else:
@@ -187,6 +201,8 @@ def open_store(path: Path, write: bool) -> Iterator[duckdb.DuckDBPyConnection]:
         elif version < SCHEMA_VERSION:
             con = _in_memory_copy(con, path, version)
         yield con
+    except duckdb.OperationalError as exc:  # an I/O error: a traceback before
+        raise _damaged(path, exc, write) from None
     finally:
         con.close()
 
@@ -329,6 +345,17 @@ def store_runs(paths: list[Path], db: Path) -> list[Stored]:
     folder adds the runs it was made of (module docstring)."""
     runs = load_for_store(paths)
     check_store(db)
+    new = not db.exists()
+    try:
+        return _store(runs, db)
+    except BaseException:  # a store this command began and could not finish (the disk full, Ctrl-C) is not left
+        if new:  # half-made: its tables without the columns that every reader asks for
+            for made in (db, db.with_name(f"{db.name}.wal")):
+                made.unlink(missing_ok=True)
+        raise
+
+
+def _store(runs: list[tuple[str, Run]], db: Path) -> list[Stored]:
     done = []
     with open_store(db, write=True) as con:
         for said, run in runs:
@@ -348,8 +375,14 @@ def store_runs(paths: list[Path], db: Path) -> list[Stored]:
                 con.execute(f"INSERT INTO runs ({columns}) VALUES ({marks})", list(record.values()))
                 _insert_rows(con, rid, frame)
                 con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
+            except BaseException as exc:
+                with contextlib.suppress(duckdb.Error):  # a COMMIT that failed has ended the transaction already
+                    con.execute("ROLLBACK")
+                if isinstance(exc, duckdb.OperationalError):  # the disk full: what failed, not the rollback
+                    reason = str(exc).splitlines()[0]
+                    raise UsageError(
+                        f"--db {db}: cannot store {said} ({reason}); the store keeps what it held before"
+                    ) from None
                 raise
             done.append(Stored(rid, said, "added" if found is None else "replaced", record["n_rows"]))
     return done

@@ -8,7 +8,9 @@ report, compare, ratios, merge, store, history, masks (``reports.masks``: its pi
 import).
 
 Bad input raises UsageError anywhere below; ``main`` prints it as one line and exits with code 2, before
-anything is written.
+anything is written. A file that cannot be written or read (the disk full, a read-only folder, a name too long) is
+one line and exit 2 as well, naming the file and saying what the command kept (a run: its finished rows and the
+``--resume`` command).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -1112,8 +1115,9 @@ def _interrupted_note(args: argparse.Namespace | None) -> str:
     was written), or nothing."""
     folders = [getattr(args, name, None) for name in ("resume", "out")] + [str(path) for path in _CLAIMED]
     for folder in filter(None, folders):
-        if (Path(folder) / "plan.json").is_file():
-            return f"finished rows are saved; continue with: attnbench run --resume {folder}"
+        with contextlib.suppress(OSError):  # a folder's name too long to look at
+            if (Path(folder) / "plan.json").is_file():
+                return f"finished rows are saved; continue with: attnbench run --resume {folder}"
     return "nothing was written"
 
 
@@ -1134,10 +1138,65 @@ def _remove_unfinished_pages() -> list[str]:
     return folders.remove_unfinished_pages() if folders is not None else []
 
 
+class _Terminal:
+    """``sys.stdout`` or ``sys.stderr`` while a command runs.
+
+    A reader that leaves early (``attnbench run … | head -1``, ``2>&1 | head``) made the next print raise
+    BrokenPipeError wherever it stood: a progress line in the middle of a sweep stopped the run after its first
+    case, exit 0 and no results files; a line of the summary skipped ``--store`` and turned ``--fail-on``'s exit 1
+    into 0. Here a write to a reader that has gone is dropped — the descriptor is pointed at /dev/null, so the
+    interpreter's last flush has nowhere to fail — and the command goes on to its end and its own exit code. A
+    character the stream's encoding lacks (``PYTHONIOENCODING=ascii``, a Latin-1 locale: ``—``, ``≈``, ``×``) is
+    replaced, where it was a UnicodeEncodeError traceback after the work was done."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.gone = False  # the reader has left: nothing more is written
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                try:
+                    self._stream.write(text)
+                except UnicodeEncodeError:
+                    encoding = getattr(self._stream, "encoding", None) or "ascii"
+                    self._stream.write(text.encode(encoding, "replace").decode(encoding))
+            except BrokenPipeError:
+                self._leave()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._leave()
+
+    def _leave(self) -> None:
+        self.gone = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a stream with no descriptor: nothing to do
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:  # isatty, encoding, fileno, … as the stream's
+        return getattr(self._stream, name)
+
+
+def _os_error(exc: OSError) -> str:
+    """An OSError as a line: the file it names, and why."""
+    why = exc.strerror or str(exc)
+    return f"{exc.filename}: {why}" if exc.filename else why
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = None
     _forget_claims()  # folders claimed before, outside a command (build_report from Python), are not this one's
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Terminal(sys.stdout), _Terminal(sys.stderr)
     try:
         check_one_tree()  # a core from one checkout with another's contenders and reports measures the wrong code
         args = build_parser().parse_args(argv)
@@ -1157,6 +1216,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `attnbench list | head`: the reader left, nothing is wrong
         sys.stderr.close()
         return 0
+    except OSError as exc:  # the disk filled, a folder turned read-only or vanished, a name too long: one line
+        kept = _remove_unfinished_pages()
+        print(f"attnbench: error: {_os_error(exc)}; {'; '.join([_interrupted_note(args), *kept])}", file=sys.stderr)
+        return 2
     finally:
         _remove_unfinished_pages()  # a command that failed (bad input found late, a bug) leaves no half a report
         _drop_empty_claims()
+        sys.stdout, sys.stderr = streams

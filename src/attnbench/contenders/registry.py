@@ -9,11 +9,14 @@ naming both sources.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -110,7 +113,8 @@ def _make_entry(name: str, source: str, loader: Callable[[], object], module: st
     when it is first asked). ``module``: the entry point's, to say when it resolved to a folder without code."""
     try:
         contender = _as_contender(loader(), name)
-    except Exception as exc:  # a plugin's import can fail in any way; it must not take the others down
+    except (Exception, SystemExit) as exc:  # a plugin's import can fail in any way, sys.exit() too (a script's
+        # module): it must not take the others down, nor end attnbench without a word
         shadowed = _folder_without_code(module, exc) if module else None
         said = errors.reason(exc, code=module)  # with the line of the plugin's own code that failed, if any
         why = f"{shadowed} — {said}" if shadowed else said
@@ -133,13 +137,41 @@ def _add(entries: dict[str, Entry], entry: Entry) -> None:
     entries[entry.name] = entry
 
 
+HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP held while the plugins import, and delivered once they are done. A
+    KeyboardInterrupt raised inside an extension's import cannot unwind through its C++ frames: a Ctrl-C in the
+    second Triton took to import (nanobind calling back into Python) aborted the process (``terminate called after
+    throwing an instance of 'nanobind::python_error'``, exit 134, a core dump) instead of saying "interrupted".
+    Main thread only (``signal`` allows no other); a signal ignored, or handled outside Python, is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {}
+    for signum in HELD_SIGNALS:
+        if signal.getsignal(signum) not in (signal.SIG_IGN, None):
+            previous[signum] = signal.signal(signum, lambda received, frame: pending.append(received))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if pending:  # as it would have landed: KeyboardInterrupt, or the default's exit for SIGTERM
+            signal.raise_signal(pending[0])
+
+
 def load(refresh: bool = False) -> dict[str, Entry]:
     """All contenders by name (a copy), loading entry points on first use."""
     global _cache
     if _cache is None or refresh:
         entries: dict[str, Entry] = {}
-        for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name):
-            _add(entries, _make_entry(ep.name, _source(ep), ep.load, ep.module))
+        with _signals_held():
+            for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name):
+                _add(entries, _make_entry(ep.name, _source(ep), ep.load, ep.module))
         for entry in _registered.values():
             _add(entries, entry)
         _cache = entries

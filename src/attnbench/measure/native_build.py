@@ -117,8 +117,15 @@ def compiler_version(compiler: str) -> str:
 def compile_library(compiler: str, sources: tuple[Path, ...], flags: tuple[str, ...], target: Path) -> str | None:
     """Compile ``sources`` into one library ``target``, atomically; None on success, else the compiler's first
     error line."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+    try:  # a cache folder that cannot be written (a read-only HOME, a file in the way) is a reason, not a crash
+        target.parent.mkdir(parents=True, exist_ok=True)
+        building = tempfile.TemporaryDirectory(dir=target.parent)
+    except OSError as exc:
+        return (
+            f"cannot write the cache folder {target.parent} ({exc.strerror or exc}); set ATTNBENCH_CACHE_DIR to a "
+            "folder you can write in"
+        )
+    with building as tmp:
         partial = Path(tmp) / target.name
         try:
             done = subprocess.run(
@@ -187,4 +194,4 @@ def _build(name: str, sources: tuple[Path, ...], headers: tuple[Path, ...], comp
             failures.append(f"built {target.name} but could not load it: {exc}")
             continue
         return Library(library, target, flags)
-    return f"could not build {name} ({'; '.join(failures)})"
+    return f"could not build {name} ({'; '.join(dict.fromkeys(failures))})"  # each reason once, not per variant

@@ -10,6 +10,7 @@ half a file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -24,7 +25,7 @@ import pandas as pd
 
 from attnbench.errors import UsageError, check_can_make
 from attnbench.measure import _gpu_state as gpu_state
-from attnbench.runner._folder_lock import hold, writer_pid
+from attnbench.runner._folder_lock import LOCK_NAME, hold, writer_pid
 from attnbench.workload import Workload, axes
 
 STATUSES = ("ok", "unavailable", "unsupported", "skipped", "oom", "timeout", "error", "incorrect", "stalled")
@@ -143,6 +144,10 @@ def replacing(path: Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as exc:  # the disk full: name the file being written, not its temporary name or none
+        if exc.filename not in (None, str(tmp)):
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
     finally:
         _unfinished.discard(tmp)
         tmp.unlink(missing_ok=True)
@@ -210,12 +215,22 @@ class RunWriter:
 
     def start(self, meta: dict[str, Any], plan: list[tuple[str, Workload]]) -> None:
         self.check_target(self.out_dir, run=True)
+        made = not self.out_dir.exists()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.lock = hold(self.out_dir, "--out")
-        self.rows_path.touch()
-        entries = [{"impl": impl, "workload": dataclasses.asdict(w)} for impl, w in plan]
-        write_text(self.plan_path, json.dumps(entries) + "\n")
-        self.write_meta(meta)
+        try:
+            self.rows_path.touch()
+            entries = [{"impl": impl, "workload": dataclasses.asdict(w)} for impl, w in plan]
+            write_text(self.plan_path, json.dumps(entries) + "\n")
+            self.write_meta(meta)
+        except BaseException:  # the disk full, Ctrl-C: no half-made folder is left to refuse the same --out again
+            self.release()
+            for name in ("meta.json", self.plan_path.name, self.rows_path.name, LOCK_NAME):
+                (self.out_dir / name).unlink(missing_ok=True)
+            if made:
+                with contextlib.suppress(OSError):
+                    self.out_dir.rmdir()
+            raise
 
     @classmethod
     def reopen(cls, out_dir: Path) -> tuple[RunWriter, dict[str, Any], list[tuple[str, Workload]]]:
@@ -259,10 +274,8 @@ class RunWriter:
 
     def append(self, row: dict[str, Any]) -> None:
         row = {key: _clean(value) for key, value in row.items()}
+        _append_line(self.rows_path, json.dumps(row) + "\n")
         self.rows.append(row)
-        with self.rows_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
 
     def repeats_done(self, key: tuple[Any, ...] | None = None) -> int:
         """Repeats kept of one unfinished case (by :func:`case_key`), or of every unfinished case."""
@@ -278,9 +291,7 @@ class RunWriter:
     def append_repeat(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         """Keep one repeat of a case (in repeats.jsonl too); returns every repeat of that case so far."""
         row = {key: _clean(value) for key, value in row.items()}
-        with self.repeats_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
+        _append_line(self.repeats_path, json.dumps(row) + "\n")
         rows = self.partial.setdefault(case_key(row["impl"], row), [])
         rows.append(row)
         return rows
@@ -299,6 +310,25 @@ class RunWriter:
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         write_text(self.out_dir / "meta.json", json.dumps(meta, indent=2, default=str) + "\n")
+
+
+def _append_line(path: Path, line: str) -> None:
+    """Append one whole line to ``path``, or nothing: a write that fails part-way (the disk filled) is cut back to
+    where the file ended, so the file never holds half a row (which made ``report`` refuse the run), and the
+    OSError names the file."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        end = os.fstat(fd).st_size
+        try:
+            data = memoryview(line.encode())
+            while data:
+                data = data[os.write(fd, data) :]
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # truncating frees space: it needs none
+                os.ftruncate(fd, end)
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+    finally:
+        os.close(fd)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
