@@ -232,6 +232,20 @@ def test_a_case_that_broke_in_new_fails_the_gate(cli, tmp_path):
     assert code == 0 and "broken" not in err
 
 
+def test_compare_help_names_every_file_compare_writes(cli, capsys, tmp_path):
+    """`attnbench compare --help` said its --out folder is "for compare.html and compare.png", though compare also
+    writes compare.csv, the file a script reads (docs/compare.md). The help names every file a comparison leaves."""
+    base, new = save(fake_run(0), tmp_path / "base"), save(fake_run(1), tmp_path / "new")
+    code, _, err = cli("compare", str(base), str(new), "--out", str(tmp_path / "cmp"))
+    assert code in (0, 1), err
+    written = sorted(path.name for path in (tmp_path / "cmp").iterdir())
+    assert written == ["compare.csv", "compare.html", "compare.png"]
+    with pytest.raises(SystemExit):
+        cli("compare", "--help")
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help: one space between words
+    assert [name for name in written if name not in text] == []
+
+
 def test_runs_with_different_repeats_are_bad_input(cli, tmp_path):
     base = save(fake_run(0, repeats=3), tmp_path / "base")
     new = save(fake_run(1, repeats=1), tmp_path / "new")

@@ -1064,7 +1064,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="yardstick: divide each case's times by the rate of the yardstick that matches "
         "its place on the roofline, timed in the same rounds (default raw)",
     )
-    p_compare.add_argument("--out", help="folder for compare.html and compare.png (default: runs/compare-…)")
+    p_compare.add_argument(
+        "--out", help="folder for compare.html, compare.png and compare.csv (default: runs/compare-…)"
+    )
     p_compare.set_defaults(func=cmd_compare)
 
     p_ratios = commands.add_parser("ratios", help="one contender vs peers in one run; exit 1 if a bound is missed")
