@@ -20,7 +20,7 @@ import pytest
 
 from attnbench.runner.results import case_key
 
-from conftest import attnbench_cmd, fake_distribution, run_subprocess
+from conftest import REPO, attnbench_cmd, fake_distribution, run_subprocess
 
 PAUSING = """
 import os
@@ -294,3 +294,32 @@ def test_a_write_cut_short_leaves_the_old_file_whole(tmp_path):
         raise KeyboardInterrupt
     assert path.read_text() == '{"finished": false}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]
+
+
+def test_import_attnbench_imports_neither_torch_nor_pandas():
+    """The package's names are lazy, so the command can import its heavy modules where a Ctrl-C is caught."""
+    code = "import sys, attnbench; print(sorted({'torch', 'pandas'} & set(sys.modules)), attnbench.Workload.__name__)"
+    result = run_subprocess(sys.executable, "-c", code)
+    assert result.returncode == 0 and result.stdout.split() == ["[]", "Workload"], result.stdout + result.stderr
+
+
+def test_a_ctrl_c_while_the_command_imports_is_one_line_and_130(monkeypatch, capsys):
+    """A Ctrl-C in the second the command takes to import torch and pandas printed Python's traceback of the
+    import; the command's entry point says it in one line, exit 130. The wiring: the `attnbench` script calls it."""
+    import importlib.abc
+
+    from attnbench.__main__ import entry
+    from attnbench.workload.suite import tomllib  # the standard library's, or tomli before Python 3.11
+
+    class Interrupting(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "attnbench.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "attnbench.cli")
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    assert entry() == 130
+    assert capsys.readouterr().err == "attnbench: interrupted while starting; nothing was written\n"
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"attnbench": "attnbench.__main__:entry"}
