@@ -271,10 +271,21 @@ def test_a_pytest_benchmark_json_with_other_benchmarks_keeps_attnbench_cases(cli
     assert "Traceback" not in err and not (tmp_path / "rep2").exists()
 
 
+def _cut_short_rows(run: Path) -> None:
+    """A run stopped before its results files, whose last row was cut short (an older attnbench, a copy)."""
+    (run / "results.parquet").unlink()
+    (run / "results.csv").unlink(missing_ok=True)
+    (run / "rows.jsonl").write_text('{"impl": "bmm"}\n{"impl": "bm')
+
+
 @pytest.mark.parametrize(
     ("setup", "message"),
     [
-        (lambda p: (p / "results.parquet").write_bytes(b"PAR1 truncated"), "results file is unreadable"),
+        (
+            lambda p: (p / "results.parquet").write_bytes(b"PAR1 truncated"),
+            "results.parquet: results file is unreadable",
+        ),
+        (_cut_short_rows, "rows.jsonl: results file is unreadable (JSONDecodeError"),
         (lambda p: (p / "meta.json").write_text("{not json"), "meta.json: not valid JSON"),
         (lambda p: pd.DataFrame({"x": [1]}).to_parquet(p / "results.parquet"), "not an attnbench results file"),
     ],

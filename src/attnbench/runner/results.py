@@ -386,11 +386,15 @@ def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def load_results(run_dir: Path) -> pd.DataFrame:
-    """A run folder's results as a DataFrame (Parquet, else the rows written so far)."""
-    parquet = run_dir / "results.parquet"
-    if parquet.exists():
-        return fill_feature_defaults(pd.read_parquet(parquet))
-    rows_path = run_dir / "rows.jsonl"
-    if rows_path.exists():
+    """A run folder's results as a DataFrame (Parquet, else the rows written so far); a file that cannot be read
+    (truncated, corrupt) is a UsageError naming it."""
+    parquet, rows_path = run_dir / "results.parquet", run_dir / "rows.jsonl"
+    path = parquet if parquet.exists() else rows_path if rows_path.exists() else None
+    if path is None:
+        raise UsageError(f"{run_dir}: no results.parquet or rows.jsonl; is this an attnbench run folder?")
+    try:
+        if path == parquet:
+            return fill_feature_defaults(pd.read_parquet(parquet))
         return rows_to_frame([json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()])
-    raise UsageError(f"{run_dir}: no results.parquet or rows.jsonl; is this an attnbench run folder?")
+    except Exception as exc:  # pyarrow, pandas and json raise many types for a corrupt file: say which file
+        raise UsageError(f"{path}: results file is unreadable ({type(exc).__name__}: {exc})") from None
