@@ -263,6 +263,23 @@ def test_missing_and_corrupt_databases_are_one_line_exit_2(cli, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.duckdb", "foreign.duckdb"]
 
 
+def test_a_store_that_holds_no_run_is_one_line_exit_2(cli, tmp_path):
+    """A store made and left without a run (an older attnbench's store whose first ingest failed, its tables made
+    but its rows table without columns) was a DuckDB BinderError traceback in `history`."""
+    from attnbench.reports.store import open_store
+
+    db = tmp_path / "empty.duckdb"
+    with open_store(db, write=True):
+        pass  # the tables of a new store, nothing in them
+    code, _, err = cli("history", "--db", str(db), "--out", str(tmp_path / "out"))
+    assert (
+        code == 2
+        and err
+        == f"attnbench: error: --db {db}: holds no run yet; store runs first with `attnbench store RUN… --db {db}`\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_history_out_of_other_files_or_under_a_file_is_refused(cli, tmp_path):
     db = tmp_path / "old.duckdb"
     v1_store(db, {"bmm": [1.0, 1.01, 0.99]}, "old box")

@@ -652,8 +652,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     refuse_empty("--db", args.db, str(DEFAULT_DB))
     db = Path(args.db) if args.db else DEFAULT_DB
     with open_store(db, write=False) as con:
-        frame = history.load_history(con, impls, args.where)
         runs = history.runs_table(con)
+        if runs.empty:
+            raise UsageError(f"--db {db}: holds no run yet; store runs first with `attnbench store RUN… --db {db}`")
+        frame = history.load_history(con, impls, args.where)
     if frame.empty:
         raise UsageError(f"--db {db}: no ok row to draw (with the --impl and --where given)")
     claim_report_folder(out, "history.html", ("history.html", "changes.csv"))  # after every check: nothing cleared
