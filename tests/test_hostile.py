@@ -268,3 +268,19 @@ def test_a_plugin_that_exits_is_unavailable_and_a_ctrl_c_waits_for_the_imports(t
     finally:
         signal.signal(signal.SIGINT, previous)
     assert sys.modules.pop("signalling_plugin").imported  # the import ran to its end; the interrupt came after it
+
+
+def test_a_full_disk_under_a_library_names_the_output_folder(one_run, cli, tmp_path, monkeypatch):
+    """matplotlib writing a figure into a full disk raises an OSError that names no file: the line said only "No
+    space left on device"; it names the folder the command was writing into, and the report leaves none of it."""
+    import matplotlib.figure
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    out = tmp_path / "page"
+    code, _, err = cli("report", str(one_run), "--out", str(out))
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"attnbench: error: No space left on device (writing into {out}); nothing was written"), err
+    assert not out.exists()

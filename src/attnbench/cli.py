@@ -1189,10 +1189,14 @@ class _Terminal:
         return getattr(self._stream, name)
 
 
-def _os_error(exc: OSError) -> str:
-    """An OSError as a line: the file it names, and why."""
+def _os_error(exc: OSError, args: argparse.Namespace | None = None) -> str:
+    """An OSError as a line: the file it names, and why; where it names none (a figure or table a library was
+    writing), the command's output folder."""
     why = exc.strerror or str(exc)
-    return f"{exc.filename}: {why}" if exc.filename else why
+    if exc.filename:
+        return f"{exc.filename}: {why}"
+    out = getattr(args, "out", None)
+    return f"{why} (writing into {out})" if out else why
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1222,7 +1226,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OSError as exc:  # the disk filled, a folder turned read-only or vanished, a name too long: one line
         kept = _remove_unfinished_pages()
-        print(f"attnbench: error: {_os_error(exc)}; {'; '.join([_interrupted_note(args), *kept])}", file=sys.stderr)
+        said = _os_error(exc, args)
+        print(f"attnbench: error: {said}; {'; '.join([_interrupted_note(args), *kept])}", file=sys.stderr)
         return 2
     finally:
         _remove_unfinished_pages()  # a command that failed (bad input found late, a bug) leaves no half a report
