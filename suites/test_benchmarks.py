@@ -61,6 +61,7 @@ def test_attention(benchmark: Any, attnbench_case: tuple[str, Workload]) -> None
         bytes=traffic,  # the minimum bytes, as a run's rows count them: GB/s in a report
         **_roofs(workload, flops, traffic),
         max_abs_err=check.max_abs_err,
+        rms_err=check.rms_err,
         atol=check.atol,
         rtol=check.rtol,
         correct=check.ok,

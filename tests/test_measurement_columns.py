@@ -189,6 +189,7 @@ def test_run_records_ceilings_memory_and_predictions(cli, tmp_path):
     for column in ("pct_of_peak", "pct_of_matmul", "peak_mem_mb", "predicted_ms", "predicted_mem_mb", "gbps"):
         assert ok[column].notna().all() and (ok[column] > 0).all(), column
     assert set(ok.timing_method) == {"timeit"} and ok.host_overhead_us.isna().all()
+    assert ((ok.rms_err > 0) & (ok.rms_err < ok.rtol)).all()  # the gate's average error, within its bound
     meta = json.loads((out / "meta.json").read_text())
     cpu = meta["ceilings"]["cpu"]
     assert cpu["matmul_tflops"]["float32"] > 0 and cpu["copy_gbps"] > 0

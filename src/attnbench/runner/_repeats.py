@@ -73,7 +73,7 @@ def pool_processes(rows: list[dict[str, Any]], medians: list[float]) -> tuple[di
         repeat_medians_ms=medians,
         samples_ms=[s for row in rows for s in listed(row.get("samples_ms"))],
     )
-    for column in ("max_abs_err", "grad_err", "peak_mem_mb"):
+    for column in ("max_abs_err", "rms_err", "grad_err", "peak_mem_mb"):
         values = [float(row[column]) for row in rows if _known(row.get(column))]
         merged[column] = max(values) if values else None
     scale = float(middle["median_ms"]) / median

@@ -57,7 +57,8 @@ class CheckResult:
     rtol: float
     checked_rows: int
     reason: str = ""
-    rms_err: float = 0.0  # the checked rows' RMS error relative to each row's size (relative_rms)
+    rms_err: float | None = None  # the checked rows' RMS error relative to each row's size (relative_rms); None
+    # where no output could be compared (not a tensor, the wrong shape, NaN or inf)
 
 
 def relative_rms(got: torch.Tensor, expected: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -138,6 +139,7 @@ def compare(
         return CheckResult(False, math.inf, atol, rtol, rows, f"output holds NaN or inf{at}")
     diff = (got - expected).abs()
     max_abs_err = float(diff.max()) if diff.numel() else 0.0
+    rms_err, per_row = relative_rms(got, expected) if expected.numel() else (0.0, expected)
     wrong = diff > atol + rtol * expected.abs()
     if diff.numel() and bool(wrong.any()):
         reason = f"max_abs_err {max_abs_err:.3g} over tolerance atol={atol:g} rtol={rtol:g}"
@@ -149,8 +151,7 @@ def compare(
                 f"row {row_index[row]} column {column}: {float(got.flatten()[worst]):.4g}, "
                 f"expected {float(expected.flatten()[worst]):.4g}"
             )
-        return CheckResult(False, max_abs_err, atol, rtol, rows, reason)
-    rms_err, per_row = relative_rms(got, expected) if expected.numel() else (0.0, expected)
+        return CheckResult(False, max_abs_err, atol, rtol, rows, reason, rms_err)
     if rms_limit is not None and rms_err > rms_limit:
         reason = (
             f"relative RMS error {rms_err:.3g} over {rms_limit:g}; every element is within atol={atol:g} "
