@@ -120,12 +120,7 @@ def _load_meta(folder: Path) -> dict[str, Any]:
 
 
 def _load_folder(path: Path) -> Run:
-    try:
-        frame = load_results(path)
-    except UsageError:
-        raise
-    except Exception as exc:  # pyarrow/pandas raise many types for a corrupt file; say which file
-        raise UsageError(f"{path}: results file is unreadable ({type(exc).__name__}: {exc})") from None
+    frame = load_results(path)  # a file it cannot read is a UsageError naming it
     missing = [c for c in ESSENTIAL if c not in frame.columns]
     if missing:
         raise UsageError(f"{path}: not an attnbench results file (missing columns: {', '.join(missing[:5])})")
