@@ -78,6 +78,8 @@ class Step:
     n_after: int
     median_before_ms: float
     median_after_ms: float
+    outliers_before: int = 0  # runs of the level before the step set aside as outliers (shown, never used)
+    outliers_after: int = 0
 
     @property
     def change_pct(self) -> float:
@@ -269,6 +271,8 @@ def detect(points: list[Point], alpha: float = ALPHA, min_change: float = MIN_CH
     edges = [0, *bounds, len(y)]
     for k, (p, _, before, after) in enumerate(_test(y, v, bounds)):
         start, cut, end = edges[k], edges[k + 1], edges[k + 2]
+        first = 0 if start == 0 else kept[start]  # a level's span in the whole series, outliers included
+        last = n if end == len(kept) else kept[end]
         result.steps.append(
             Step(
                 index=kept[cut],
@@ -280,6 +284,8 @@ def detect(points: list[Point], alpha: float = ALPHA, min_change: float = MIN_CH
                 n_after=end - cut,
                 median_before_ms=math.exp(before),
                 median_after_ms=math.exp(after),
+                outliers_before=sum(first <= i < kept[cut] for i in result.outliers),
+                outliers_after=sum(kept[cut] <= i < last for i in result.outliers),
             )
         )
     return result

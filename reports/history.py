@@ -244,6 +244,8 @@ def change_records(cases: list[CaseHistory]) -> pd.DataFrame:
                     "confidence": step.confidence,
                     "runs_before": step.n_before,
                     "runs_after": step.n_after,
+                    "outliers_before": step.outliers_before,
+                    "outliers_after": step.outliers_after,
                     "noise": series.noise_source,
                     "newest": step is series.newest_step(),
                 }
@@ -267,6 +269,8 @@ def change_records(cases: list[CaseHistory]) -> pd.DataFrame:
         "confidence",
         "runs_before",
         "runs_after",
+        "outliers_before",
+        "outliers_after",
         "noise",
         "newest",
     ]

@@ -150,7 +150,10 @@ def test_history_finds_exactly_the_planted_step_and_fails_on_it(history, cli, tm
     step = changes.iloc[0]
     assert (step["impl"], step["commit_before"], step["commit_after"]) == ("slowable", commits[4], commits[5])
     assert step["direction"] == "slower" and step["change_pct"] > 10 and step["confidence"] > 0.999
-    assert (step["runs_before"], step["runs_after"], step["noise"]) == (5, 5, "samples")
+    # a first run on a machine still busy with other work can be set aside as an outlier (CI, 2026-11-29: 2.2 ms,
+    # then 2.12-2.14): shown and counted, never used for the level
+    used_and_aside = (step["runs_before"] + step["outliers_before"], step["runs_after"] + step["outliers_after"])
+    assert (*used_and_aside, step["noise"]) == (5, 5, "samples") and step["outliers_after"] == 0
     assert f"slowable  cpu float32 B1 H8 S32 D64 none fwd  {commits[4][:7]} → {commits[5][:7]}" in out
 
     code, _, err = cli("history", "--db", str(db), "--out", str(tmp_path / "gate"), "--fail-on-regression", "10")
@@ -475,6 +478,16 @@ def test_detect_calls_one_deviant_run_an_outlier_not_two_steps_but_keeps_the_new
     assert spike.steps == [] and spike.outliers == [4]
     newest = detect(_series([1.0, 1.01, 0.99, 1.0, 1.0, 1.01, 0.99, 1.0, 1.3]))
     assert [(s.after.commit, s.n_after) for s in newest.steps] == [("c8", 1)] and newest.outliers == []
+
+
+def test_a_step_counts_the_outliers_set_aside_on_each_side():
+    """CI's slowable series of 2026-11-29: its first run slower while the machine was busy, then the planted step."""
+    found = detect(_series([2.2, 2.12, 2.12, 2.14, 2.14, 2.64, 2.64, 2.64, 2.7, 2.69], sigma=0.005))
+    (step,) = found.steps
+    assert found.outliers == [0]
+    assert (step.n_before, step.outliers_before, step.n_after, step.outliers_after) == (4, 1, 5, 0)
+    spike = detect(_series([1.0, 1.01, 0.99, 1.0, 1.0, 1.3, 1.31, 1.3, 2.0, 1.3, 1.29], sigma=0.005))
+    assert spike.outliers == [8] and [(s.n_after, s.outliers_after) for s in spike.steps] == [(5, 1)]
 
 
 def test_detect_weighs_noisy_runs_less_and_below_the_floor_is_no_step():

@@ -673,9 +673,11 @@ def cmd_history(args: argparse.Namespace) -> int:
         where = f"  [{row['machine']}]" if n_machines > 1 else ""
         commits = f"{str(row['commit_before'])[:7]} → {str(row['commit_after'])[:7]}"
         size = f"{row['change_pct']:+.1f}% {row['direction']}"
+        outliers = row["outliers_before"] + row["outliers_after"]
+        aside = f", {outliers} outlier run(s) set aside" if outliers else ""
         print(
             f"{row['impl']}  {row['workload']}{where}  {commits}  {size}  confidence {row['confidence']:.4f}"
-            f"  (runs {row['runs_before']}/{row['runs_after']}, noise: {row['noise']})"
+            f"  (runs {row['runs_before']}/{row['runs_after']}{aside}, noise: {row['noise']})"
         )
     settings = {
         "alpha": args.alpha,
