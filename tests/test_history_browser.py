@@ -64,6 +64,7 @@ def page(tmp_path_factory):
             folder = root / f"{host}-{n}"
             folder.mkdir()
             scale = 1.5 if (host == "box-a" and n >= 3) else 1.0  # box-a: bmm 50 % slower from commit 3
+            scale *= 1.2 if (host == "box-a" and n == 0) else 1.0  # and its first run an outlier, set aside
             derived = frame.copy()
             slowed = derived["impl"] == "bmm"
             derived.loc[slowed, "median_ms"] *= scale
@@ -103,6 +104,11 @@ def test_history_page_draws_every_case_and_its_steps(browser, page):
     )
     assert sorted(circles) == [2, 2, 10, 10, 12, 12]  # runs per case over both machines
     assert _visible(browser, "line.step.slower") == 2
+    assert list(changes["outliers_before"]) == [1, 1] and list(changes["runs_before"]) == [2, 2]
+    cells = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#changes-table tbody tr')).map(r => r.cells[11].textContent)"
+    )
+    assert cells == ["2 / 3 (+1 set aside)"] * 2
     browser.save_screenshot(str(page / "screenshot.png"))
 
 
