@@ -26,7 +26,7 @@ Score modifiers, applied to the scaled scores s = q·k·scale before the mask:
 * ``softcap`` — s → softcap · tanh(s / softcap) (Gemma-2).
 * ``alibi`` — s → s − slope_h · |i + offset − j| with slope_h = 2^(−8(h+1)/H) (:func:`alibi_slopes`).
 
-Counts (:func:`visible_pairs`, :func:`keys_read`) are closed forms — no loop over rows — so any size is
+Counts (:func:`visible_pairs`, :func:`key_span`) are closed forms — no loop over rows — so any size is
 priced in microseconds. The float64 reference (``attnbench.workload.reference``) re-derives each rule on its own,
 so a bug here shows as an ``incorrect`` row rather than silently agreeing with itself.
 """
@@ -238,11 +238,6 @@ def key_span(w: Workload) -> list[tuple[int, int]]:
     elif w.mask == "chunked":  # the first row that sees a key starts at its chunk's first key
         first = max(w.offset, 0) // w.chunk * w.chunk
     return [(first, end)] * w.batch
-
-
-def keys_read(w: Workload) -> list[int]:
-    """Per batch element, how many key positions some query row sees (see :func:`key_span`)."""
-    return [end - first for first, end in key_span(w)]
 
 
 def has_empty_rows(mask: str, seq_q: int, seq_k: int) -> bool:
