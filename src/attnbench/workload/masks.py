@@ -115,21 +115,6 @@ def dense_mask_of(w: Workload, device: str | torch.device) -> torch.Tensor | Non
     return visible.unsqueeze(1)
 
 
-def dense_mask(
-    mask: str,
-    batch: int,
-    seq_q: int,
-    seq_k: int,
-    device: str | torch.device,
-    *,
-    window: int = 0,
-    documents: int = 0,
-    chunk: int = 0,
-) -> torch.Tensor | None:
-    """:func:`dense_mask_of` from the mask's fields."""
-    return dense_mask_of(_shape(mask, batch, seq_q, seq_k, window, documents, chunk), device)
-
-
 def alibi_bias(w: Workload, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor:
     """(1, H, Sq, Sk): −slope_h · |i + offset − j|, the additive form of the alibi modifier; (B, H, Sq, Sk) for
     a ragged or mixed batch, each sequence with its own offset (``sequences.sequence_offsets``)."""
@@ -150,22 +135,6 @@ def modify_scores(scores: torch.Tensor, w: Workload, bias: torch.Tensor | None) 
         assert bias is not None
         return scores + bias
     return scores
-
-
-def _shape(mask: str, batch: int, seq_q: int, seq_k: int, window: int, documents: int, chunk: int = 0) -> Workload:
-    return Workload(
-        batch,
-        1,
-        1,
-        seq_q,
-        seq_k,
-        1,
-        mask=mask,
-        window=window,
-        documents=documents,
-        chunk=chunk,
-        decode_share=0.5 if mask == "mixed" else 0.0,
-    )
 
 
 def _clamped_sum(count: int, first: int, cap: int) -> int:
