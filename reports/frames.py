@@ -313,5 +313,5 @@ def group_label(row: Any) -> str:
     return f"{label} Sk{row['seq_k']}" if row["seq_k"] != row["seq_q"] else label
 
 
-def labels(frame: pd.DataFrame, with_seq: bool = True) -> list[str]:
-    return [workload_label(r, with_seq) for r in frame.to_dict("records")]
+def labels(frame: pd.DataFrame) -> list[str]:
+    return [workload_label(r) for r in frame.to_dict("records")]
