@@ -166,14 +166,13 @@ def run_vs_run(
     frames: list[pd.DataFrame],
     metas: list[dict[str, Any]],
     step_at: int,
-    settings: Settings | None = None,
     methods: tuple[str, ...] = METHODS,
     factors: tuple[float, ...] = SLOWDOWNS,
 ) -> pd.DataFrame:
     """One row per method (of :data:`METHODS`): A/A decisions and false alarms (and the list of them,
     ``aa_cases``), injected slowdowns (by ``factors``) caught, ``calib_step``'s real step caught (module
     docstring)."""
-    settings = settings or Settings()
+    settings = Settings()
     by_method = {"raw": frames, "yardstick": normalised(frames, metas)}
     histories = {name: _history_frame(runs) for name, runs in by_method.items()}  # with calib_step
     plain_histories = {name: frame[frame["impl"] != STEP] for name, frame in histories.items()}

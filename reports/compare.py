@@ -226,8 +226,6 @@ class Comparison:
 
     table: pd.DataFrame
     basis: str  # "repeats" or "samples"
-    shift: float  # run-wide change, log of a ratio (0 when not estimated)
-    shift_cases: int  # cases it was estimated from (0: not estimated)
     notes: list[str] = field(default_factory=list)
 
 
@@ -364,7 +362,7 @@ def compare_frames(
             "the thread count, so these verdicts weigh the setting as much as the code (compare runs made with the "
             "same --threads)",
         )
-    return Comparison(table, basis, shift, len(both) if estimate else 0, notes)
+    return Comparison(table, basis, notes)
 
 
 def _thread_counts(rows: pd.DataFrame, side: str) -> list[int]:

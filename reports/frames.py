@@ -19,7 +19,6 @@ its shards.
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -314,9 +313,5 @@ def group_label(row: Any) -> str:
     return f"{label} Sk{row['seq_k']}" if row["seq_k"] != row["seq_q"] else label
 
 
-def labels(frame: pd.DataFrame, with_seq: bool = True) -> list[str]:
-    return [workload_label(r, with_seq) for r in frame.to_dict("records")]
-
-
-def finite(value: Any) -> bool:
-    return value is not None and isinstance(value, int | float) and math.isfinite(value)
+def labels(frame: pd.DataFrame) -> list[str]:
+    return [workload_label(r) for r in frame.to_dict("records")]

@@ -30,7 +30,6 @@ import pandas as pd
 
 from attnbench.runner.results import REPEAT_YARDSTICK_COLUMNS, YARDSTICK_COLUMNS
 
-MODES = ("raw", "yardstick")
 SHORT = {"fma_gflops": "fma", "stream_gbps": "stream"}
 
 RidgeOf = Callable[[dict[Any, Any]], float | None]  # a row → the ridge point (FLOP/byte) of its run, if known

@@ -19,7 +19,6 @@ from attnbench.reports.changes import Point, SeriesChanges
 WIDTH, HEIGHT = 620, 230
 LEFT, RIGHT, TOP, BOTTOM = 58, 36, 14, 58
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
-X_MODES = ("commit", "date")
 
 
 def commit_label(commit: Any, dirty: Any) -> str:

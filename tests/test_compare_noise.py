@@ -176,7 +176,7 @@ def test_the_terminal_table_prints_each_note_once_and_the_floor_as_the_band_it_s
             "note": ["", ""],
         }
     )
-    shown, footnotes = terminal_table(Comparison(table, "repeats", 0.0, 0).table)
+    shown, footnotes = terminal_table(Comparison(table, "repeats").table)
     assert "floor_source" in shown.splitlines()[0] and "note" not in shown and footnotes == []
     counts = table.assign(floor_source=["history (5 runs)", "history (7 runs)"])  # one kind: no column
     assert "floor_source" not in terminal_table(counts)[0].splitlines()[0]

@@ -88,7 +88,7 @@ def _forward_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
 def test_mla_folds_the_heads_and_reads_the_values_in_the_keys(monkeypatch):
     w = FORWARD["mla_decode"]
     inputs = make_inputs(w)
-    assert folds(inputs.q, inputs.k, inputs.v, None)
+    assert folds(inputs.q, inputs.k, None)
     calls = _forward_calls(monkeypatch)
     contender.prepare(inputs, w)()
     assert calls == [{"k": inputs.k.data_ptr(), "v": inputs.k.data_ptr(), "k_shape": (2, 1, 150, 72), "rows": 32}]

@@ -16,7 +16,6 @@ from attnbench.runner._profiling import (
     OUTSIDE_OPS,
     OVERHEAD,
     UNATTRIBUTED,
-    named_share,
     nearest,
     op_totals,
     outside_op_stretches,
@@ -25,6 +24,13 @@ from attnbench.runner._profiling import (
 from conftest import BOOM_AT, plant_raising
 
 needs_compiler = pytest.mark.skipif(_cpu_kernel.unavailable_reason() is not None, reason="no C++ compiler here")
+
+
+def named_share(breakdown: pd.DataFrame) -> float:
+    """Fraction of a case's measured median that named categories (not ``other``/``unattributed``) explain."""
+    named = breakdown.loc[~breakdown["category"].isin(("other", UNATTRIBUTED)), "ms_per_call"].sum()
+    median = float(breakdown["median_ms"].iloc[0]) if len(breakdown) else 0.0
+    return float(named) / median if median > 0 else 0.0
 
 
 class NumpyKernel(attnbench.Contender):

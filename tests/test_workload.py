@@ -3,7 +3,7 @@ import torch
 
 from attnbench import UsageError, Workload
 from attnbench.workload.flops import attention_flops
-from attnbench.workload.masks import dense_mask, padding_lengths, visible_pairs
+from attnbench.workload.masks import dense_mask_of, padding_lengths, visible_pairs
 
 
 def test_workload_defaults_and_label():
@@ -40,10 +40,14 @@ def test_padding_lengths_have_a_full_and_a_short_sequence():
     assert padding_lengths(1, 100) == [75]  # one sequence: still masks something
 
 
+def dense_mask(mask: str, batch: int, seq_q: int, seq_k: int) -> torch.Tensor | None:
+    return dense_mask_of(Workload(batch, 1, 1, seq_q, seq_k, 1, mask=mask), "cpu")
+
+
 @pytest.mark.parametrize("mask", ["none", "causal", "causal_bottom_right", "padding"])
 @pytest.mark.parametrize(("seq_q", "seq_k"), [(5, 5), (3, 8), (8, 3)])
 def test_visible_pairs_match_the_dense_mask(mask, seq_q, seq_k):
-    dense = dense_mask(mask, 3, seq_q, seq_k, "cpu")
+    dense = dense_mask(mask, 3, seq_q, seq_k)
     expected = 3 * seq_q * seq_k if dense is None else int(dense.expand(3, 1, seq_q, seq_k).sum())
     assert visible_pairs(mask, 3, seq_q, seq_k) == expected
 
@@ -58,7 +62,7 @@ def test_causal_flops_with_sq_not_sk_use_exact_pair_count():
 
 
 def test_bottom_right_with_more_queries_than_keys_has_empty_rows():
-    dense = dense_mask("causal_bottom_right", 1, 6, 4, "cpu")
+    dense = dense_mask("causal_bottom_right", 1, 6, 4)
     assert dense is not None
     assert dense[0, 0].any(dim=-1).tolist() == [False, False, True, True, True, True]
     assert torch.equal(dense[0, 0, -1], torch.ones(4, dtype=torch.bool))

@@ -157,7 +157,7 @@ def fused_attention(
         stats: dict[str, int] = {}
         out = _FusedAttention.apply(q, k, v, sinks, scale, mask, lengths, threads, stats, options)
         return out, stats["tiles"]
-    if folds(q, k, v, options):
+    if folds(q, k, options):
         q, mask, options = _folded(q, k, mask, options)
     out32, _, tiles = _forward(
         q, k, v, scale=scale, mask=mask, lengths=lengths, threads=threads, keep_lse=False, options=options
@@ -165,7 +165,7 @@ def fused_attention(
     return _narrow(out32, q, v.shape[-1]).view(*leaves[0].shape[:3], v.shape[-1]), tiles
 
 
-def folds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: ScoreOptions | None) -> bool:
+def folds(q: torch.Tensor, k: torch.Tensor, options: ScoreOptions | None) -> bool:
     """Whether the forward folds each kv head's query heads into its query rows: with few query rows per head
     (decode, MLA's 128 heads over one latent cache) a work item of one head's rows would run the 6-row tiles
     nearly empty and read the keys once per head; folded, the G·Sq rows of a kv group share every key block

@@ -97,7 +97,7 @@ def _nvml_index(torch_index: int) -> int:
     return torch_index
 
 
-def open_watch(torch_index: int | None = None) -> Watch | None:
+def open_watch() -> Watch | None:
     """A Watch on torch's current CUDA device (found by PCI bus id where torch knows it), or None without
     nvidia-ml-py or a driver."""
     try:
@@ -105,7 +105,7 @@ def open_watch(torch_index: int | None = None) -> Watch | None:
         import torch
 
         nvml.nvmlInit()
-        index = torch.cuda.current_device() if torch_index is None else torch_index
+        index = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
         bus = getattr(props, "pci_bus_id", None)
         try:

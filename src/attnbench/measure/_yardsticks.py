@@ -11,9 +11,9 @@ its own samples:
   ``hardware.triad_array_bytes()`` (≥ 4 × the last-level cache), the next chunk each round, so the chunk
   read was evicted since its last visit and comes from memory: what a memory-bound case sees.
 
-Both are short (well under ``MAX_YARDSTICK_S`` each), so they add little to a round. Their figures are not
-roofs (one call, not the best of many): they move with the machine, which is the point. A machine where
-the kernels cannot be built has no yardsticks; the rows' columns stay empty.
+Both are short (a call of about ``FMA_S``, a read of ``STREAM_CHUNK_BYTES``), so they add little to a round. Their
+figures are not roofs (one call, not the best of many): they move with the machine, which is the point. A
+machine where the kernels cannot be built has no yardsticks; the rows' columns stay empty.
 
 A stalled machine (a VM descheduled, another process hogging the cores) shows in them: a gpt-oss decode row
 read 55.97 ms with an IQR of 0.32 ms while its FMA yardstick ran at 0.033 GFLOP/s, against 41 in a run where
@@ -51,8 +51,6 @@ from attnbench.measure.native_build import BuildError, cpu_flags
 
 FMA_S = 0.5e-3  # one FMA yardstick call lasts about this long
 STREAM_CHUNK_BYTES = 4 * 2**20  # one stream yardstick call reads this much
-MAX_YARDSTICK_S = 2e-3  # neither may take longer than this per round (the FMA sizing stops below it)
-NAMES = ("fma_gflops", "stream_gbps")
 STALL_FRACTION = 0.5  # a round whose FMA yardstick ran below this share of the quiet rate was stalled …
 STALL_SHARE = 0.1  # … and a case with this share of its rounds stalled or more was timed on a stalled machine,
 STALL_ROUNDS = 3  # … and no fewer than this many of them (or all, with fewer rounds): one preempted round is not it

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -32,10 +31,10 @@ def _governor_warnings() -> list[str]:
     return warnings
 
 
-def _other_work_warnings(window_s: float = 0.25, roots: Iterable[int] | None = None) -> list[str]:
-    """Other work competing for the CPU, named with what it used; only work outside attnbench's own tree
-    (``roots``, by default this process: see _other_work.py) counts."""
-    seen = other_work.measure(window_s, roots)
+def _other_work_warnings() -> list[str]:
+    """Other work competing for the CPU, named with what it used; only work outside attnbench's own tree (this
+    process's: see _other_work.py) counts."""
+    seen = other_work.measure()
     warning = seen.warning() if seen is not None else None
     return [warning] if warning else []
 

@@ -76,7 +76,6 @@ OVERHEAD = "python / dispatch overhead between ops"
 KERNEL_STRETCH_SHARE = 0.25  # a stretch without a torch op this share of its call or more is a kernel …
 KERNEL_STRETCH_MIN_US = 50.0  # … when it is this long too (Python between ops takes microseconds)
 UNATTRIBUTED = "unattributed"
-UNNAMED = ("other", UNATTRIBUTED)  # categories that say nothing about where the time went
 
 
 def category(op_name: str) -> str:
@@ -360,13 +359,6 @@ def _tables(
     breakdown.insert(2, "pct", 100 * breakdown["ms_per_call"] / median_ms if median_ms > 0 else 0.0)
     breakdown = breakdown.assign(median_ms=median_ms, profiled_ms=profiled_ms)
     return top.head(TOP_N), breakdown.sort_values("ms_per_call", ascending=False, ignore_index=True)
-
-
-def named_share(breakdown: pd.DataFrame) -> float:
-    """Fraction of a case's measured median that named categories (not ``other``/``unattributed``) explain."""
-    named = breakdown.loc[~breakdown["category"].isin(UNNAMED), "ms_per_call"].sum()
-    median = float(breakdown["median_ms"].iloc[0]) if len(breakdown) else 0.0
-    return float(named) / median if median > 0 else 0.0
 
 
 def write_tables(profiles: list[CaseProfile], out_dir: Path) -> tuple[Path, Path]:

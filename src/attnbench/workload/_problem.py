@@ -27,18 +27,7 @@ import torch
 
 from attnbench.errors import UsageError
 from attnbench.workload import axes
-from attnbench.workload.axes import (  # noqa: F401 - the vocabulary, also importable from here as before
-    BASIC_MASKS,
-    DEVICES,
-    DTYPE_ALIASES,
-    DTYPES,
-    MASKS,
-    MAX_SOFTCAP,
-    MODULES,
-    PASSES,
-    SCORE_MODS,
-    canonical_dtype,
-)
+from attnbench.workload.axes import DTYPES
 
 
 def padding_lengths(batch: int, seq_k: int) -> list[int]:

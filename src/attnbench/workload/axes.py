@@ -377,10 +377,10 @@ def _example(axis: Axis) -> str:
     return "512,1024" if axis.kind is int else "0.25,0.5" if axis.kind is float else "a,b"
 
 
-def parse_text(name: str, text: str, label: str | None = None) -> list[Any]:
+def parse_text(name: str, text: str) -> list[Any]:
     """A comma-separated flag value ('512,1024') as the axis' checked values."""
     axis = BY_NAME[name]
-    flag = label or axis.flag
+    flag = axis.flag
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or any(not item for item in items):
         gap = "no value" if not text.strip() else "an empty value (a comma at an end, or two together)"

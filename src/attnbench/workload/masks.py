@@ -26,7 +26,7 @@ Score modifiers, applied to the scaled scores s = q·k·scale before the mask:
 * ``softcap`` — s → softcap · tanh(s / softcap) (Gemma-2).
 * ``alibi`` — s → s − slope_h · |i + offset − j| with slope_h = 2^(−8(h+1)/H) (:func:`alibi_slopes`).
 
-Counts (:func:`visible_pairs`, :func:`keys_read`) are closed forms — no loop over rows — so any size is
+Counts (:func:`visible_pairs`, :func:`key_span`) are closed forms — no loop over rows — so any size is
 priced in microseconds. The float64 reference (``attnbench.workload.reference``) re-derives each rule on its own,
 so a bug here shows as an ``incorrect`` row rather than silently agreeing with itself.
 """
@@ -115,21 +115,6 @@ def dense_mask_of(w: Workload, device: str | torch.device) -> torch.Tensor | Non
     return visible.unsqueeze(1)
 
 
-def dense_mask(
-    mask: str,
-    batch: int,
-    seq_q: int,
-    seq_k: int,
-    device: str | torch.device,
-    *,
-    window: int = 0,
-    documents: int = 0,
-    chunk: int = 0,
-) -> torch.Tensor | None:
-    """:func:`dense_mask_of` from the mask's fields."""
-    return dense_mask_of(_shape(mask, batch, seq_q, seq_k, window, documents, chunk), device)
-
-
 def alibi_bias(w: Workload, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor:
     """(1, H, Sq, Sk): −slope_h · |i + offset − j|, the additive form of the alibi modifier; (B, H, Sq, Sk) for
     a ragged or mixed batch, each sequence with its own offset (``sequences.sequence_offsets``)."""
@@ -150,22 +135,6 @@ def modify_scores(scores: torch.Tensor, w: Workload, bias: torch.Tensor | None) 
         assert bias is not None
         return scores + bias
     return scores
-
-
-def _shape(mask: str, batch: int, seq_q: int, seq_k: int, window: int, documents: int, chunk: int = 0) -> Workload:
-    return Workload(
-        batch,
-        1,
-        1,
-        seq_q,
-        seq_k,
-        1,
-        mask=mask,
-        window=window,
-        documents=documents,
-        chunk=chunk,
-        decode_share=0.5 if mask == "mixed" else 0.0,
-    )
 
 
 def _clamped_sum(count: int, first: int, cap: int) -> int:
@@ -238,11 +207,6 @@ def key_span(w: Workload) -> list[tuple[int, int]]:
     elif w.mask == "chunked":  # the first row that sees a key starts at its chunk's first key
         first = max(w.offset, 0) // w.chunk * w.chunk
     return [(first, end)] * w.batch
-
-
-def keys_read(w: Workload) -> list[int]:
-    """Per batch element, how many key positions some query row sees (see :func:`key_span`)."""
-    return [end - first for first, end in key_span(w)]
 
 
 def has_empty_rows(mask: str, seq_q: int, seq_k: int) -> bool:

@@ -382,11 +382,11 @@ _MASK_GALLERY: tuple[dict[str, list[Any]], ...] = (
 )
 
 
-def mask_suite(name: str = "masks", description: str = "") -> Suite:
+def mask_suite() -> Suite:
     """Every mask once at :func:`profile_suite`'s size, each with the feature it needs (a 256-key window, 4
     documents, 256-key chunks, …): what ``attnbench masks`` shows when no --mask or --suite is given (bottom-right
     causal is causal there; --seq-kv tells them apart)."""
-    return Suite(name, description, 1.0, 60.0, tuple({**DEFAULTS, **ONE_CASE, **s} for s in _MASK_GALLERY))
+    return Suite("masks", "", 1.0, 60.0, tuple({**DEFAULTS, **ONE_CASE, **s} for s in _MASK_GALLERY))
 
 
 def model_suite() -> Suite:
