@@ -362,6 +362,12 @@ def test_base_revision_slower_kernel_is_slower_and_exit_1(plugin_repo, tmp_path)
     assert "1 case(s) slower beyond 2.0%" in done.stderr
 
 
+# serial: `same` or `unclear` at the default 2 % threshold needs a quiet machine. The verdict reads a 95 % interval, so
+# an A/A whose noise spreads wider than the threshold excludes 1, a verdict, in up to 5 % of runs: beside the other
+# worker and a busy loop on 2 cores (the full first phase, 2 rounds) 1 of this test's 4 A/A runs came back `faster`,
+# and of 40 more A/A runs beside such load 10 were `unclear`, one of them with its interval clear of 1 ([1.002, 1.021],
+# its ratio 1.011 just inside the threshold). test_ab_revision's comment-only tests are serial for the same reason.
+@pytest.mark.serial
 def test_a_comment_only_commit_is_not_slower(plugin_repo, tmp_path):
     kernel = plugin_repo / "abplug" / "kernel.py"
     kernel.write_text(kernel.read_text().replace('"""A plugin', '"""Only this comment changed. A plugin'))

@@ -10,10 +10,14 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
+import duckdb
+import pandas as pd
 import pytest
 
 from attnbench.cli import main
+from attnbench.runner.results import CASE_COLUMNS
 
 from conftest import REPO, run_subprocess
 
@@ -85,6 +89,34 @@ def _run_lane(commands: list[str], cwd, niceness: int = 0) -> list[tuple[str, ob
     ]
 
 
+def _refused_for_want_of_ok_rows(args: list[str], stderr: str, cwd: Path) -> bool:
+    """Whether a command that exited 2 said, in one line, that what it reads holds no ok row, and the runs' own records
+    agree: compare's two runs share no case ok in both (their results files), or the store holds no ok row with
+    history's --impl and --where. A run timed beside other work can end with every row `stalled` (its times a busy
+    machine's, kept and not ranked): with one busy loop beside the serial phase on 2 cores, all 16 rows of runs/mine
+    and all 16 of runs/mine-again, their threads waiting for a core 23-44 % of their time, and compare and both
+    history commands had nothing to read (1 run of 1)."""
+    if stderr.count("\n") != 1:
+        return False
+    if args[0] == "compare" and stderr.endswith("but none ran ok in both: nothing to compare\n"):
+        base, new = (pd.read_parquet(cwd / run / "results.parquet") for run in args[1:3])
+        both = base.merge(new, on=list(CASE_COLUMNS), suffixes=("_base", "_new"))
+        return not ((both["status_base"] == "ok") & (both["status_new"] == "ok")).any()
+    if args[0] == "history" and ("no ok row to draw" in stderr or "--impl: no ok row of" in stderr):
+        where = ["status = 'ok'"] + ([f"impl = '{args[args.index('--impl') + 1]}'"] if "--impl" in args else [])
+        where += [
+            "CAST({} AS VARCHAR) = '{}'".format(*args[i + 1].split("=", 1))
+            for i, a in enumerate(args)
+            if a == "--where"
+        ]
+        con = duckdb.connect(str(cwd / "runs" / "attnbench.duckdb"), read_only=True)
+        try:
+            return con.execute(f"SELECT count(*) FROM rows WHERE {' AND '.join(where)}").fetchone()[0] == 0
+        finally:
+            con.close()
+    return False
+
+
 @pytest.mark.slow
 @pytest.mark.serial  # its second lane takes only the cores the first leaves idle: nothing else may run beside them
 def test_readme_attnbench_commands_run_in_order(tmp_path):
@@ -105,7 +137,8 @@ def test_readme_attnbench_commands_run_in_order(tmp_path):
         args = shlex.split(command)[1:]
         allowed = (0, 1) if args[0] in ("compare", "ab") else (0,)  # compare, ab: exit 1 when a case got slower
         allowed = (0, 1) if "--fail-on-regression" in args else allowed  # history: 1 when the newest step is slower
-        assert result.returncode in allowed, (command, result.stderr[-2000:])
+        refused = _refused_for_want_of_ok_rows(args, result.stderr, tmp_path) if result.returncode == 2 else False
+        assert result.returncode in allowed or refused, (command, result.stderr[-2000:])
     assert (tmp_path / "runs" / "report" / "report.html").exists()
     assert (tmp_path / "runs" / "prof" / "top_ops.csv").exists()
     # The DuckDB query, in its Python form, over the store the commands above filled: `runs` counts runs.
@@ -113,8 +146,14 @@ def test_readme_attnbench_commands_run_in_order(tmp_path):
     (query,) = [body for language, body in blocks if language == "python" and "duckdb" in body]
     shown = run_subprocess(sys.executable, "-c", query, cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr[-2000:]
-    bmm = next(line for line in shown.stdout.splitlines() if line.startswith("│ bmm "))
-    assert bmm.split("│")[2].strip() == "2" and int(bmm.split("│")[3]) > 2  # runs/mine and runs/mine-again
+    # runs/mine and runs/mine-again, with their ok bmm rows: all 8 of each, but those timed while the machine stalled
+    ok_bmm = [
+        int(((frame["impl"] == "bmm") & (frame["status"] == "ok")).sum())
+        for frame in (pd.read_parquet(tmp_path / "runs" / run / "results.parquet") for run in ("mine", "mine-again"))
+    ]
+    bmm = [line.split("│") for line in shown.stdout.splitlines() if line.startswith("│ bmm ")]
+    counted = [(int(line[2]), int(line[3])) for line in bmm]
+    assert counted == ([(sum(n > 0 for n in ok_bmm), sum(ok_bmm))] if any(ok_bmm) else []), shown.stdout
 
 
 def test_readme_pytest_command_runs():
