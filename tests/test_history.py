@@ -180,7 +180,7 @@ def test_history_finds_exactly_the_planted_step_and_fails_on_it(history, cli, tm
     # a first run on a machine still busy with other work can be set aside as an outlier (CI, 2026-11-29: 2.2 ms,
     # then 2.12-2.14): shown and counted, never used for the level
     used_and_aside = (step["runs_before"] + step["outliers_before"], step["runs_after"] + step["outliers_after"])
-    assert (*used_and_aside, step["noise"]) == (len(before), len(after), "samples") and step["outliers_after"] == 0
+    assert (*used_and_aside, step["noise"]) == (len(before), len(after), "samples")
     assert f"slowable  cpu float32 B1 H8 S32 D64 none fwd  {last_before[:7]} → {first_after[:7]}" in out
 
     code, _, err = cli("history", "--db", str(db), "--out", str(tmp_path / "gate"), "--fail-on-regression", "10")
