@@ -172,8 +172,8 @@ def test_history_finds_exactly_the_planted_step_and_fails_on_it(history, cli, tm
     assert len(changes) == 1, changes
     step = changes.iloc[0]
     # slowable's ok runs on each side of the planted step (all five each, unless the machine stalled one: see ok_runs)
-    before = [n for n in ok_runs(repo, "slowable") if n <= 5]
-    after = [n for n in ok_runs(repo, "slowable") if n >= 6]
+    slowable_ok = ok_runs(repo, "slowable")
+    before, after = [n for n in slowable_ok if n <= 5], [n for n in slowable_ok if n >= 6]
     last_before, first_after = commits[before[-1] - 1], commits[after[0] - 1]
     assert (step["impl"], step["commit_before"], step["commit_after"]) == ("slowable", last_before, first_after)
     assert step["direction"] == "slower" and step["change_pct"] > 10 and step["confidence"] > 0.999
